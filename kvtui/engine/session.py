@@ -1,0 +1,585 @@
+"""The chat session: the ONE place that calls the model with past_key_values and moves the cursor.
+
+The decode loop is small typed steps (gpt-fast style): `send` renders the chat and prefills only the
+new suffix, `step` feeds the pending token and samples the next, `generate` repeats `step`. Every
+forward yields a frozen `StepSnapshot` built from shapes and counters, never from K/V copies.
+
+Shapes: input_ids / position_ids [1, n]; logits [1, 1, vocab] (logits_to_keep=1);
+cache K/V per layer [batch=1, kv_heads, slots, head_dim].
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from . import introspect
+from .diagnostics import Alarms, SpecialIds, check_feed
+from .sampling import Sampler, SamplerSettings, top_tokens, watched_tokens
+from .snapshot import BufferToken, Diagnostic, StepSnapshot, TokenBuffer, TopToken, VerifyResult
+
+
+class SessionError(Exception):
+    """A request the session refused; the session is unchanged and usable."""
+
+
+class CacheOverflowError(SessionError):
+    def __init__(self, capacity: int, used: int, requested: int):
+        self.capacity, self.used, self.requested = capacity, used, requested
+        super().__init__(
+            f"static cache overflow refused: capacity {capacity}, used {used}, requested {requested} more "
+            f"({used + requested - capacity} too many). Rewind, reset, or use a larger --max-cache-len."
+        )
+
+
+# Absolute tolerance on logits for `verify`, by dtype of the model.
+VERIFY_TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 0.5, "float16": 0.1}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    cache: str = "dynamic"  # "dynamic" | "static"
+    max_cache_len: int | None = None  # static capacity
+    max_new_tokens: int = 256
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    mode: str = "chat"  # "chat" (template) | "completion" (raw prompt, tokenizer(prompt))
+    system: str | None = None
+    chat_tokenize: str = "template"  # "template": the template's own ids; "text": tokenizer(rendered text)
+    top_k_shown: int = 10
+    watch: tuple[int, ...] = ()
+    prime_pad: int = 0  # reproduce the "prime the cache with pad tokens" mistake
+
+
+@dataclass
+class _Message:
+    role: str
+    content: str
+    start: int  # index in the buffer where its tokens begin (assistant: first generated token)
+
+
+class ChatSession:
+    def __init__(self, model, tokenizer, config: SessionConfig | None = None,
+                 on_snapshot: Callable[[StepSnapshot], None] | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.config = config or SessionConfig()
+        if self.config.mode not in ("chat", "completion"):
+            raise SessionError(f"unknown mode {self.config.mode!r}: use chat or completion")
+        if self.config.chat_tokenize not in ("template", "text"):
+            raise SessionError(f"unknown chat tokenization {self.config.chat_tokenize!r}: use template or text")
+        if self.config.mode == "chat" and not getattr(tokenizer, "chat_template", None):
+            raise SessionError("this tokenizer has no chat template: use completion mode (--mode completion)")
+        self.on_snapshot = on_snapshot
+        self.device = model.get_input_embeddings().weight.device
+        self.dtype = str(model.dtype).removeprefix("torch.")
+        self.sampler = Sampler(self.config.sampler, self.device)
+        self.special = self._special_ids()
+        self.stop_ids = self.special.eos
+        self._special_set = frozenset(getattr(tokenizer, "all_special_ids", []) or [])
+        self._pieces: dict[int, str] = {}
+        self._window = introspect.config_window(model.config)
+        self._accepts_cache_position = introspect.forward_accepts(model, "cache_position")
+        self._accepts_logits_to_keep = introspect.forward_accepts(model, "logits_to_keep")
+        self.cache = introspect.make_cache(self.config.cache, model.config, self.config.max_cache_len)
+        self.capacity = introspect.static_capacity(self.cache)
+        self.diagnostics: list[Diagnostic] = []
+        self.last: StepSnapshot | None = None
+        self.steps = 0
+        self._clear()
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def _clear(self) -> None:
+        self._tokens: list[BufferToken] = []  # append-only; a rewind starts a new list (see TokenBuffer)
+        self._primed = 0  # pad tokens at the front from --prime-pad, outside the chat's own positions
+        self._next_position = 0  # the cursor: next position id the session writes
+        self._messages: list[_Message] = []
+        if self.config.system and self.config.mode == "chat":
+            self._messages.append(_Message("system", self.config.system, 0))
+        self._turn = 0
+        self._turn_open = False
+        self._new_in_turn = 0
+        self.pending: TopToken | None = None  # next token, chosen but not fed yet
+        self.pending_forced = False
+        self._logits: torch.Tensor | None = None  # [vocab] float, raw logits of the last forward
+        self._alarms = Alarms()
+
+    @property
+    def buffer(self) -> TokenBuffer:
+        return TokenBuffer(self._tokens)
+
+    @property
+    def cursor(self) -> int:
+        return self._next_position
+
+    @property
+    def cache_length(self) -> int:
+        return introspect.seq_length(self.cache)
+
+    @property
+    def turn(self) -> int:
+        return self._turn
+
+    @property
+    def turn_open(self) -> bool:
+        return self._turn_open
+
+    @property
+    def turn_done(self) -> bool:
+        return self.pending is None or self._turn_done_after()
+
+    @property
+    def messages(self) -> list[dict]:
+        out = [{"role": m.role, "content": m.content} for m in self._messages]
+        if out and out[-1]["role"] == "assistant" and self._turn_open:
+            out[-1]["content"] = self._reply_text()
+        return out
+
+    def piece(self, token_id: int) -> str:
+        text = self._pieces.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._pieces[token_id] = text
+        return text
+
+    def _special_ids(self) -> SpecialIds:
+        tok, eos = self.tokenizer, set()
+        gen = getattr(self.model, "generation_config", None)
+        for source in (getattr(gen, "eos_token_id", None), tok.eos_token_id):
+            if isinstance(source, int):
+                eos.add(source)
+            elif source:
+                eos.update(int(i) for i in source)
+        eot = self._end_of_turn_id()
+        if eot is not None:
+            eos.add(eot)
+        return SpecialIds(bos=tok.bos_token_id, eos=frozenset(eos), pad=tok.pad_token_id)
+
+    def _end_of_turn_id(self) -> int | None:
+        """The first special token the template writes after an assistant's words (e.g. <|im_end|>)."""
+        if self.config.mode != "chat":
+            return None
+        marker = "kvtuimarker"
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False)
+        except Exception:  # templates that insist on other roles: no extra stop token
+            return None
+        tail = text[text.rfind(marker) + len(marker):]
+        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        for token_id in self.tokenizer(tail, add_special_tokens=False)["input_ids"]:
+            if token_id in special:
+                return token_id
+        return None
+
+    def _stops(self, token_id: int) -> bool:
+        return token_id in self.stop_ids
+
+    def _reply_text(self) -> str:
+        start = self._messages[-1].start
+        return self.tokenizer.decode([t.id for t in self._tokens[start:]], skip_special_tokens=True)
+
+    # ---- the forward -----------------------------------------------------------------------------
+
+    def _forward(self, fed: list[BufferToken], phase: str, found: list[Diagnostic] | None = None) -> StepSnapshot:
+        """Feed tokens through the model with their own position ids, then choose the next token."""
+        if not fed:
+            raise SessionError("nothing to feed")
+        cache_len = self.cache_length
+        if self.capacity is not None and cache_len + len(fed) > self.capacity:
+            error = CacheOverflowError(self.capacity, cache_len, len(fed))
+            self._record([Diagnostic("static-capacity", "error", str(error), self.steps + 1)])
+            raise error
+        step = self.steps + 1
+        found = list(found or []) + check_feed(step, fed, self._tokens[-1] if self._tokens else None, self.special, self.piece)
+        positions = [t.position for t in fed]
+        found += self._alarms.check_positions(step, positions, cache_len)
+
+        input_ids = torch.tensor([[t.id for t in fed]], device=self.device)  # [1, n]
+        kwargs = dict(input_ids=input_ids, position_ids=torch.tensor([positions], device=self.device),
+                      past_key_values=self.cache, use_cache=True)
+        if self._accepts_cache_position:  # 4.x: static layers write at cache_position
+            kwargs["cache_position"] = torch.arange(cache_len, cache_len + len(fed), device=self.device)
+        if self._accepts_logits_to_keep:  # the prefill needs only the last row of logits
+            kwargs["logits_to_keep"] = 1
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                out = self.model(**kwargs)  # updates self.cache in place
+        except BaseException:
+            self._restore(cache_len)
+            raise
+        logits = out.logits[0, -1].float()  # [vocab]
+        forward_ms = (time.perf_counter() - started) * 1000
+
+        snap_started = time.perf_counter()
+        self.steps = step
+        self._tokens.extend(fed)
+        self._next_position = positions[-1] + 1
+        self._logits = logits
+        scores = self.sampler.process(self._history(), logits)
+        self._new_in_turn += phase == "decode"
+        self.pending = self._make_pending(scores, self.sampler.choose(scores))
+        self.pending_forced = False
+        snapshot = self._snapshot(phase, fed, scores, found, forward_ms, snap_started)
+        return snapshot
+
+    def _history(self) -> torch.Tensor:
+        if not self.sampler.needs_history:
+            return torch.empty((1, 0), dtype=torch.long, device=self.device)
+        return torch.tensor([[t.id for t in self._tokens]], device=self.device)  # [1, n]: O(cache), opt-in
+
+    def _make_pending(self, scores: torch.Tensor, token_id: int) -> TopToken:
+        probs = torch.softmax(scores, dim=-1)
+        prob = probs[token_id]
+        return TopToken(id=token_id, text=self.piece(token_id), logit=float(scores[token_id]), prob=float(prob),
+                        rank=int((probs > prob).sum()) + 1)
+
+    def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started) -> StepSnapshot:
+        layers = introspect.layer_infos(self.cache, self._window)
+        cache_len = self.cache_length
+        found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
+        found += self._alarms.check_layers(self.steps, layers, self.capacity, cache_len, reserve=1)
+        self._record(found)
+        logits = self._logits
+        snapshot = StepSnapshot(
+            step=self.steps, phase=phase, turn=self._turn,
+            input_ids=tuple(t.id for t in fed), positions=tuple(t.position for t in fed),
+            cursor=self._next_position, cache_seq_length=cache_len, capacity=self.capacity, layers=layers,
+            topk=top_tokens(logits, self.config.top_k_shown, self.piece),
+            topk_processed=top_tokens(scores, self.config.top_k_shown, self.piece),
+            watched=watched_tokens(scores, self.config.watch, self.piece),
+            chosen=self.pending, chosen_forced=self.pending_forced, diagnostics=tuple(found),
+            forward_ms=forward_ms, snapshot_ms=(time.perf_counter() - snap_started) * 1000,
+            buffer=self.buffer, turn_done=self._turn_done_after(),
+        )
+        self.last = snapshot
+        if self.on_snapshot:
+            self.on_snapshot(snapshot)
+        return snapshot
+
+    def _turn_done_after(self) -> bool:
+        return self.pending is not None and (self._stops(self.pending.id) or self._new_in_turn >= self.config.max_new_tokens)
+
+    def _record(self, found) -> None:
+        self.diagnostics.extend(found)
+
+    def _restore(self, length: int) -> None:
+        """After a failed forward, bring the cache back to `length` tokens (some layers may have been written)."""
+        try:
+            if introspect.can_truncate(self.cache, length):
+                introspect.truncate(self.cache, length)
+            else:
+                self._recompute(self._tokens[:length])
+        except Exception:  # the cache is beyond repair: start it over from the buffer
+            introspect.reset(self.cache)
+            if self._tokens:
+                self._recompute(self._tokens)
+
+    # ---- turns -----------------------------------------------------------------------------------
+
+    def send(self, text: str) -> StepSnapshot:
+        """Add a user message (chat) or prompt text (completion) and prefill what the cache lacks."""
+        if self.config.prime_pad and not self._tokens:
+            self._prime()
+        if self.config.mode == "completion":
+            return self._send_completion(text)
+        self._close_turn()
+        messages = self.messages + [{"role": "user", "content": text}]
+        rendered = self._render(messages)
+        chat = self._tokens[self._primed:]
+        common = 0
+        limit = min(len(chat), len(rendered))
+        while common < limit and chat[common].id == rendered[common][0]:
+            common += 1
+        drift = []
+        if common < len(chat):
+            cached, fresh = chat[common], rendered[common][0] if common < len(rendered) else None
+            drift.append(Diagnostic(
+                "template-drift", "warning",
+                f"the cached tokens are not a prefix of the re-rendered chat: at index {common} the cache holds "
+                f"{self.piece(cached.id)!r} (id {cached.id}) but the template renders "
+                + (f"{self.piece(fresh)!r} (id {fresh})" if fresh is not None else "nothing")
+                + f"; rewinding {len(chat) - common} tokens to the common prefix", self.steps + 1))
+        if common == len(rendered):  # nothing new: re-feed the last token to get fresh logits
+            common -= 1
+        self._turn += 1
+        self._truncate(self._primed + common)
+        user_start = self._primed + common
+        fed = [self._buffer_token(token_id, origin, i, self._turn) for i, (token_id, origin) in
+               enumerate(rendered[common:], start=common)]
+        snapshot = self._prefill(fed, drift)
+        self._messages = [m for m in self._messages if m.start < user_start or m.role == "system"]
+        self._messages.append(_Message("user", text, user_start))
+        self._messages.append(_Message("assistant", "", len(self._tokens)))
+        return snapshot
+
+    def _send_completion(self, text: str) -> StepSnapshot:
+        self._close_turn()
+        self._turn += 1
+        first = not self._tokens[self._primed:]
+        rendered = self._tokenize(text, add_special=first)
+        base = len(self._tokens) - self._primed
+        fed = [self._buffer_token(token_id, origin, base + i, self._turn) for i, (token_id, origin) in
+               enumerate(rendered)]
+        snapshot = self._prefill(fed, [])
+        self._messages.append(_Message("assistant", "", len(self._tokens)))
+        return snapshot
+
+    def _prefill(self, fed: list[BufferToken], extra: list[Diagnostic]) -> StepSnapshot:
+        self._new_in_turn = 0
+        self._turn_open = True
+        return self._forward(fed, "prefill", extra)
+
+    def _close_turn(self) -> None:
+        if self._messages and self._messages[-1].role == "assistant":
+            self._messages[-1].content = self._reply_text()
+        self._turn_open = False
+        self.pending = None
+
+    def _buffer_token(self, token_id: int, origin: str, position: int, turn: int) -> BufferToken:
+        return BufferToken(position=position, id=token_id, piece=self.piece(token_id),
+                           special=token_id in self._special_set, origin=origin, turn=turn)
+
+    def _prime(self) -> None:
+        """The mistake being reproduced: a dummy pass of pad tokens, then the chat starts at position 0."""
+        pad = self.special.pad if self.special.pad is not None else (self.special.bos or 0)
+        fed = [self._buffer_token(pad, "primed", i, 0) for i in range(self.config.prime_pad)]
+        self._forward(fed, "prefill")
+        self._primed = len(fed)
+        self._next_position = 0  # ...and the cursor is reset as if the cache were empty
+        self.pending = None
+
+    # ---- rendering -------------------------------------------------------------------------------
+
+    def _render(self, messages: list[dict]) -> list[tuple[int, str]]:
+        """The whole chat as (id, origin) pairs, exactly as the model will see it."""
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:
+            raise SessionError(f"the chat template failed: {exc}") from exc
+        if self.config.chat_tokenize == "text":
+            return self._tokenize(text, add_special=True, messages=messages)
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        if hasattr(ids, "keys"):  # 5.x returns a BatchEncoding
+            ids = ids["input_ids"]
+        ids = list(ids[0]) if ids and isinstance(ids[0], list) else list(ids)
+        labelled = self._tokenize(text, add_special=False, messages=messages)
+        if [i for i, _ in labelled] != ids:  # origins from offsets only when they describe the same ids
+            return [(i, "template") for i in ids]
+        return labelled
+
+    def _tokenize(self, text: str, add_special: bool, messages: list[dict] | None = None) -> list[tuple[int, str]]:
+        """tokenizer(text) with an origin per token: what the tokenizer added is found by comparing
+        with add_special_tokens=False (flags like add_bos_token can lie)."""
+        bare = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = bare["input_ids"], bare["offset_mapping"]
+        spans = _content_spans(text, messages) if messages is not None else [(0, len(text), "user")]
+        origins = [_origin_at(start, end, spans) for start, end in offsets]
+        if not add_special:
+            return list(zip(ids, origins))
+        full = self.tokenizer(text)["input_ids"]
+        front = _find_sub(full, ids)
+        if front < 0:  # the tokenizer changed the text's own tokens: trust its ids, label them plainly
+            return [(i, "template" if messages is not None else "user") for i in full]
+        back = len(full) - front - len(ids)
+        return ([(i, "tokenizer-added") for i in full[:front]] + list(zip(ids, origins))
+                + [(i, "tokenizer-added") for i in full[len(full) - back:]])
+
+    # ---- decoding --------------------------------------------------------------------------------
+
+    def step(self) -> StepSnapshot:
+        """Feed the pending token (sampled or forced) and choose the next one."""
+        if self.pending is None:
+            raise SessionError("nothing to step: send a message first")
+        if self.turn_done and not self.pending_forced:
+            raise SessionError("the turn is over (end token or --max-new-tokens): send a message, rewind or force a token")
+        origin = "forced" if self.pending_forced else "assistant"
+        token = self._buffer_token(self.pending.id, origin, self._next_position, self._turn)
+        return self._forward([token], "decode")
+
+    def generate(self, cancel: threading.Event | None = None,
+                 on_step: Callable[[StepSnapshot], None] | None = None) -> StepSnapshot | None:
+        """Step until the turn ends or `cancel` is set; returns the last snapshot."""
+        last = self.last
+        while self.pending is not None and not self.turn_done and not (cancel and cancel.is_set()):
+            last = self.step()
+            if on_step:
+                on_step(last)
+        if self.turn_done:
+            self._close_turn_text()
+        return last
+
+    def _close_turn_text(self) -> None:
+        if self._messages and self._messages[-1].role == "assistant":
+            self._messages[-1].content = self._reply_text()
+
+    def force(self, token_id: int) -> TopToken:
+        """Replace the pending choice; the next `step` feeds it (origin 'forced')."""
+        vocab = self._logits.shape[-1] if self._logits is not None else None
+        if self._logits is None:
+            raise SessionError("nothing to force: send a message first")
+        if not 0 <= token_id < vocab:
+            raise SessionError(f"token id {token_id} is outside the vocabulary (0..{vocab - 1})")
+        scores = self.sampler.process(self._history(), self._logits)
+        self.pending = self._make_pending(scores, token_id)
+        self.pending_forced = True
+        self._turn_open = True
+        return self.pending
+
+    def set_sampler(self, settings: SamplerSettings) -> None:
+        self.sampler = Sampler(settings, self.device)
+        self.config = _replace(self.config, sampler=settings)
+
+    # ---- rewind, reset ---------------------------------------------------------------------------
+
+    def rewind(self, n: int = 1) -> StepSnapshot | None:
+        """Remove the last n cached tokens (cache and buffer together) and re-choose the next token."""
+        chat_len = len(self._tokens) - self._primed
+        if n < 1:
+            raise SessionError(f"rewind needs n >= 1, got {n}")
+        if n > chat_len:
+            raise SessionError(f"cannot rewind {n} tokens: the cache holds {chat_len}")
+        return self.rewind_to(self._primed + chat_len - n)
+
+    def rewind_to(self, length: int) -> StepSnapshot | None:
+        """Keep the first `length` buffer tokens. The last kept one is re-fed so the logits are fresh."""
+        if not self._primed <= length <= len(self._tokens):
+            raise SessionError(f"cannot rewind to {length}: the buffer holds {len(self._tokens)} tokens")
+        if length == self._primed:
+            self._truncate(length)
+            self.pending, self._logits = None, None
+            self._messages = [m for m in self._messages if m.role == "system"]
+            self._turn_open = False
+            return None
+        last = self._tokens[length - 1]
+        self._truncate(length - 1)
+        kept = [m for m in self._messages if m.start < length]
+        if not kept or kept[-1].role != "assistant":
+            kept.append(_Message("assistant", "", length))  # generation continues from the cut
+        self._messages = kept
+        self._turn_open = True
+        self._new_in_turn = len(self._tokens) + 1 - kept[-1].start
+        return self._forward([last], "rewind")
+
+    def _truncate(self, length: int) -> None:
+        """Cut cache and buffer to `length` tokens: crop when every layer still holds them, else recompute."""
+        if length >= len(self._tokens):
+            return
+        kept = self._tokens[:length]  # a new list: views handed out earlier stay valid
+        if introspect.can_truncate(self.cache, length):
+            introspect.truncate(self.cache, length)
+            self._tokens = kept
+        else:
+            self._record([Diagnostic(
+                "sliding-eviction", "info",
+                f"rewind to {length} needs states that sliding layers evicted: recomputing {length} tokens", self.steps)])
+            self._recompute(kept)
+        self._next_position = kept[-1].position + 1 if kept else 0
+        self.pending = None
+
+    def _recompute(self, tokens: list[BufferToken]) -> None:
+        introspect.reset(self.cache)
+        self._tokens = list(tokens)
+        if not tokens:
+            return
+        ids = torch.tensor([[t.id for t in tokens]], device=self.device)  # [1, n]
+        kwargs = dict(input_ids=ids, position_ids=torch.tensor([[t.position for t in tokens]], device=self.device),
+                      past_key_values=self.cache, use_cache=True)
+        if self._accepts_cache_position:
+            kwargs["cache_position"] = torch.arange(len(tokens), device=self.device)
+        if self._accepts_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        with torch.inference_mode():
+            self.model(**kwargs)
+
+    def reset(self) -> None:
+        """Empty the cache and the chat (the system prompt stays)."""
+        introspect.reset(self.cache)
+        self._clear()
+
+    # ---- verify ----------------------------------------------------------------------------------
+
+    def verify(self) -> VerifyResult:
+        """Compare the cached last logits with one no-cache forward over every cached token."""
+        if self._logits is None or not self._tokens:
+            raise SessionError("nothing to verify: send a message first")
+        started = time.perf_counter()
+        ids = torch.tensor([[t.id for t in self._tokens]], device=self.device)  # [1, n]
+        kwargs = dict(input_ids=ids, use_cache=False,
+                      position_ids=torch.arange(ids.shape[1], device=self.device).unsqueeze(0))  # what model(ids) does
+        if self._accepts_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        with torch.inference_mode():
+            fresh = self.model(**kwargs).logits[0, -1].float()  # [vocab]
+        cached = self._logits
+        diff = float((fresh - cached).abs().max())
+        tolerance = VERIFY_TOLERANCE.get(self.dtype, 1e-3)
+        k = self.config.top_k_shown
+        cached_top = torch.topk(cached, k).indices.tolist()
+        fresh_top = torch.topk(fresh, k).indices.tolist()
+        agree = _orders_agree(cached_top, fresh_top, fresh, tolerance)
+        result = VerifyResult(max_abs_diff=diff, tolerance=tolerance, topk_agree=agree, cached_top=tuple(cached_top),
+                              recomputed_top=tuple(fresh_top), tokens=len(self._tokens),
+                              ok=diff <= tolerance and agree, ms=(time.perf_counter() - started) * 1000)
+        if not result.ok:
+            self._record([Diagnostic(
+                "cache-mismatch", "error",
+                f"cached logits differ from a full recompute of {len(self._tokens)} tokens: max |diff| {diff:.3g} "
+                f"> {tolerance:g}{'' if agree else ', top-k order differs'}", self.steps)])
+        return result
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def _replace(config: SessionConfig, **changes) -> SessionConfig:
+    from dataclasses import replace
+    return replace(config, **changes)
+
+
+def _content_spans(text: str, messages: list[dict] | None) -> list[tuple[int, int, str]]:
+    """Character spans of each message's content inside the rendered text, found in order."""
+    spans, cursor = [], 0
+    for message in messages or []:
+        content = message.get("content") or ""
+        if not isinstance(content, str) or not content:
+            continue
+        at = text.find(content, cursor)
+        if at < 0:  # the template rewrote it (stripped, reformatted): its tokens count as template
+            continue
+        spans.append((at, at + len(content), message["role"]))
+        cursor = at + len(content)
+    return spans
+
+
+def _origin_at(start: int, end: int, spans) -> str:
+    if end <= start:
+        return "template"
+    for span_start, span_end, role in spans:
+        if span_start <= start and end <= span_end:
+            return role if role in ("system", "user", "assistant") else "template"
+    return "template"
+
+
+def _find_sub(full: list[int], part: list[int]) -> int:
+    """Index of `part` inside `full` (the tokenizer adds specials only around the text), or -1."""
+    for front in range(0, len(full) - len(part) + 1):
+        if full[front:front + len(part)] == part:
+            return front
+        if front > 4:  # tokenizers add at most a few tokens in front
+            break
+    return -1
+
+
+def _orders_agree(cached: list[int], fresh: list[int], fresh_logits: torch.Tensor, tolerance: float) -> bool:
+    """Same top-k order, treating tokens whose recomputed logits are within tolerance as ties."""
+    if set(cached) != set(fresh):
+        # a different member is fine only if it is tied with the k-th at the boundary
+        kth = float(fresh_logits[fresh[-1]])
+        return all(abs(float(fresh_logits[i]) - kth) <= tolerance for i in set(cached) ^ set(fresh))
+    return all(a == b or abs(float(fresh_logits[a]) - float(fresh_logits[b])) <= tolerance
+               for a, b in zip(cached, fresh))

@@ -1,0 +1,175 @@
+"""Frozen, plain-Python views of the session that the UI, the trace and the tests read.
+
+Nothing here holds a tensor: every field is an int, float, str, bool, tuple or None, so a snapshot
+can cross threads, be coalesced, be written to JSON and compared in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Sequence
+
+# Where a cached token came from.
+ORIGINS = ("template", "system", "user", "assistant", "forced", "tokenizer-added", "primed")
+SEVERITIES = ("info", "warning", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class BufferToken:
+    position: int  # the position id it was fed with (drives RoPE / learned positions)
+    id: int
+    piece: str  # decoded text of this single id, for display only (ids are the truth)
+    special: bool
+    origin: str  # one of ORIGINS
+    turn: int  # index of the chat turn (user message count) it belongs to
+
+
+class TokenBuffer(Sequence[BufferToken]):
+    """An immutable view of the first `length` tokens of an append-only list.
+
+    The session only ever appends to its list; a rewind starts a new list. So a view handed to the
+    UI never changes under it, and building one costs O(1) instead of copying 100k tokens.
+    """
+
+    __slots__ = ("_items", "_length")
+
+    def __init__(self, items: list[BufferToken], length: int | None = None):
+        self._items = items
+        self._length = len(items) if length is None else length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._length)  # bounded by the view, O(slice)
+            return self._items[start:stop:step]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError(index)
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[BufferToken]:
+        items = self._items
+        for i in range(self._length):
+            yield items[i]
+
+    def ids(self) -> list[int]:
+        return [t.id for t in self]
+
+    def __repr__(self) -> str:
+        return f"TokenBuffer(len={self._length})"
+
+
+@dataclass(frozen=True, slots=True)
+class LayerInfo:
+    index: int
+    kind: str  # "full", "sliding", "static", "static-sliding"
+    k_shape: tuple[int, ...]  # [batch, kv_heads, slots, head_dim]
+    v_shape: tuple[int, ...]
+    dtype: str
+    device: str
+    bytes: int  # K + V storage actually allocated
+    filled: int  # token slots holding real states
+    capacity: int | None  # slots it can hold; None = grows without bound
+    window: int | None  # sliding window, if any
+    seen: int  # tokens this layer has been fed in total
+    held_from: int  # first position it still holds (> 0 once a sliding layer evicted)
+
+
+@dataclass(frozen=True, slots=True)
+class TopToken:
+    id: int
+    text: str
+    logit: float
+    prob: float
+    rank: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    code: str
+    severity: str  # one of SEVERITIES
+    message: str
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepSnapshot:
+    step: int  # forward calls so far in this session, 1-based
+    phase: str  # "prefill", "decode", "rewind"
+    turn: int
+    input_ids: tuple[int, ...]  # what this forward fed
+    positions: tuple[int, ...]  # the position ids it was fed with
+    cursor: int  # next position id the session will write
+    cache_seq_length: int  # what the cache itself says (get_seq_length)
+    capacity: int | None  # static capacity, None for dynamic
+    layers: tuple[LayerInfo, ...]
+    topk: tuple[TopToken, ...]  # raw model distribution
+    topk_processed: tuple[TopToken, ...]  # after the sampler's LogitsProcessors
+    watched: tuple[TopToken, ...]  # tokens the user asked to follow, wherever they rank
+    chosen: TopToken | None  # the next token (sampled or forced), not yet in the cache
+    chosen_forced: bool
+    diagnostics: tuple[Diagnostic, ...]  # raised by this step
+    forward_ms: float
+    snapshot_ms: float
+    buffer: TokenBuffer = field(compare=False)  # every token in the cache, in order
+    turn_done: bool = False  # chosen is an end token (or max tokens reached)
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(layer.bytes for layer in self.layers)
+
+    def to_record(self) -> dict:
+        """The trace's `step` line (see README, trace schema 1)."""
+        return {
+            "type": "step",
+            "step": self.step,
+            "phase": self.phase,
+            "turn": self.turn,
+            "input_ids": list(self.input_ids),
+            "positions": list(self.positions),
+            "cursor": self.cursor,
+            "cache_seq_length": self.cache_seq_length,
+            "capacity": self.capacity,
+            "layers": [
+                {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(layer).items()}
+                for layer in self.layers
+            ],
+            "topk": [_top_record(t) for t in self.topk],
+            "topk_processed": [_top_record(t) for t in self.topk_processed],
+            "watched": [_top_record(t) for t in self.watched],
+            "chosen": None if self.chosen is None else {**_top_record(self.chosen), "forced": self.chosen_forced},
+            "turn_done": self.turn_done,
+            "diagnostics": [{"code": d.code, "severity": d.severity, "message": d.message} for d in self.diagnostics],
+            "ms": {"forward": round(self.forward_ms, 3), "snapshot": round(self.snapshot_ms, 3)},
+            "buffer_length": len(self.buffer),
+        }
+
+
+def _top_record(t: TopToken) -> dict:
+    return {"id": t.id, "text": t.text, "logit": t.logit, "prob": t.prob, "rank": t.rank}
+
+
+def buffer_record(buffer: Sequence[BufferToken]) -> dict:
+    """The trace's `buffer` line, written after each turn."""
+    return {
+        "type": "buffer",
+        "tokens": [
+            {"position": t.position, "id": t.id, "piece": t.piece, "special": t.special, "origin": t.origin, "turn": t.turn}
+            for t in buffer
+        ],
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyResult:
+    max_abs_diff: float
+    tolerance: float
+    topk_agree: bool  # same top-k ids in the same order (near-ties aside)
+    cached_top: tuple[int, ...]
+    recomputed_top: tuple[int, ...]
+    tokens: int  # how many tokens were recomputed
+    ok: bool
+    ms: float
