@@ -112,6 +112,11 @@ class ChatSession:
         return TokenBuffer(self._tokens)
 
     @property
+    def last_logits(self) -> torch.Tensor | None:
+        """Raw logits [vocab] of the last forward (for verify and tests; the UI never sees tensors)."""
+        return self._logits
+
+    @property
     def cursor(self) -> int:
         return self._next_position
 
@@ -308,11 +313,12 @@ class ChatSession:
             common -= 1
         self._turn += 1
         self._truncate(self._primed + common)
-        user_start = self._primed + common
         fed = [self._buffer_token(token_id, origin, i, self._turn) for i, (token_id, origin) in
                enumerate(rendered[common:], start=common)]
+        # the user message starts at its first own token; the header before it ends the previous message
+        user_start = next((self._primed + i for i in range(common, len(rendered)) if rendered[i][1] == "user"),
+                          self._primed + common)
         snapshot = self._prefill(fed, drift)
-        self._messages = [m for m in self._messages if m.start < user_start or m.role == "system"]
         self._messages.append(_Message("user", text, user_start))
         self._messages.append(_Message("assistant", "", len(self._tokens)))
         return snapshot

@@ -1,0 +1,50 @@
+"""Shared fixtures: tiny offline models (built once per session) and engine sessions on them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The embedded SmolLM2 is converted once into this directory, not into the user's real cache;
+# it lives under .cache/ so a local re-run of the suite does not convert again.
+os.environ.setdefault("KVTUI_CACHE_DIR", str(ROOT / ".cache" / "test-models"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """tiny_dir(arch, **build_tiny kwargs) -> a directory, built once per distinct request."""
+    from kvtui.tiny import build_tiny
+
+    built: dict[tuple, Path] = {}
+
+    def make(arch: str, **kwargs) -> Path:
+        key = (arch, tuple(sorted(kwargs.items())))
+        if key not in built:
+            out = tmp_path_factory.mktemp(f"tiny-{arch}")
+            built[key] = build_tiny(arch, out, **kwargs)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_dir):
+    """tiny_model(arch, **kwargs) -> (model, tokenizer), fp32 CPU, loaded through kvtui's loader."""
+    from kvtui.engine.loader import load_model
+
+    loaded: dict[Path, tuple] = {}
+
+    def make(arch: str, **kwargs):
+        path = tiny_dir(arch, **kwargs)
+        if path not in loaded:
+            result = load_model(str(path), dtype="float32", device="cpu")
+            loaded[path] = (result.model, result.tokenizer)
+        return loaded[path]
+
+    return make

@@ -1,0 +1,24 @@
+"""The engine imports no Textual or Rich: checked in a fresh interpreter."""
+
+import subprocess
+import sys
+
+
+def test_engine_imports_no_ui_libraries():
+    code = (
+        "import sys, kvtui.engine, kvtui.engine.session, kvtui.engine.loader, kvtui.engine.trace, "
+        "kvtui.engine.script, kvtui.tiny\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))\n"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"engine pulled in: {out.stdout.strip()}"
+
+
+def test_only_session_calls_the_model_with_a_cache():
+    from pathlib import Path
+
+    engine = Path(__file__).resolve().parents[2] / "kvtui"
+    callers = sorted(str(p.relative_to(engine)) for p in engine.rglob("*.py")
+                     if "past_key_values=" in p.read_text())
+    assert callers == ["engine/session.py"]
