@@ -151,6 +151,11 @@ def can_truncate(cache, new_length: int) -> bool:
 
 def truncate(cache, new_length: int) -> None:
     """Drop every state at position >= new_length. Call `can_truncate` first."""
+    with torch.inference_mode():  # the states were written under inference mode
+        _truncate_layers(cache, new_length)
+
+
+def _truncate_layers(cache, new_length: int) -> None:
     cache_len = seq_length(cache)
     for layer in cache.layers:
         kind = _layer_kind(layer)
@@ -178,7 +183,8 @@ def _truncate_static(layer, new_length: int) -> None:
 
 
 def reset(cache) -> None:
-    cache.reset()
+    with torch.inference_mode():
+        cache.reset()
 
 
 def attention_heads(config) -> tuple[int | None, int | None]:

@@ -76,9 +76,9 @@ class ChatSession:
         self.device = model.get_input_embeddings().weight.device
         self.dtype = str(model.dtype).removeprefix("torch.")
         self.sampler = Sampler(self.config.sampler, self.device)
+        self._special_set = _special_token_ids(tokenizer)
         self.special = self._special_ids()
         self.stop_ids = self.special.eos
-        self._special_set = frozenset(getattr(tokenizer, "all_special_ids", []) or [])
         self._pieces: dict[int, str] = {}
         self._window = introspect.config_window(model.config)
         self._accepts_cache_position = introspect.forward_accepts(model, "cache_position")
@@ -174,9 +174,8 @@ class ChatSession:
         except Exception:  # templates that insist on other roles: no extra stop token
             return None
         tail = text[text.rfind(marker) + len(marker):]
-        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
         for token_id in self.tokenizer(tail, add_special_tokens=False)["input_ids"]:
-            if token_id in special:
+            if token_id in self._special_set:
                 return token_id
         return None
 
@@ -510,11 +509,15 @@ class ChatSession:
     # ---- verify ----------------------------------------------------------------------------------
 
     def verify(self) -> VerifyResult:
-        """Compare the cached last logits with one no-cache forward over every cached token."""
-        if self._logits is None or not self._tokens:
+        """Compare the cached last logits with one no-cache forward over the chat's tokens.
+
+        The reference is what the cache should hold: every token of the chat, at positions 0..n-1,
+        and no primed pads (they are not part of the conversation, which is the point of that alarm)."""
+        chat = self._tokens[self._primed:]
+        if self._logits is None or not chat:
             raise SessionError("nothing to verify: send a message first")
         started = time.perf_counter()
-        ids = torch.tensor([[t.id for t in self._tokens]], device=self.device)  # [1, n]
+        ids = torch.tensor([[t.id for t in chat]], device=self.device)  # [1, n]
         kwargs = dict(input_ids=ids, use_cache=False,
                       position_ids=torch.arange(ids.shape[1], device=self.device).unsqueeze(0))  # what model(ids) does
         if self._accepts_logits_to_keep:
@@ -529,13 +532,14 @@ class ChatSession:
         fresh_top = torch.topk(fresh, k).indices.tolist()
         agree = _orders_agree(cached_top, fresh_top, fresh, tolerance)
         result = VerifyResult(max_abs_diff=diff, tolerance=tolerance, topk_agree=agree, cached_top=tuple(cached_top),
-                              recomputed_top=tuple(fresh_top), tokens=len(self._tokens),
+                              recomputed_top=tuple(fresh_top), tokens=len(chat),
                               ok=diff <= tolerance and agree, ms=(time.perf_counter() - started) * 1000)
         if not result.ok:
             self._record([Diagnostic(
                 "cache-mismatch", "error",
-                f"cached logits differ from a full recompute of {len(self._tokens)} tokens: max |diff| {diff:.3g} "
-                f"> {tolerance:g}{'' if agree else ', top-k order differs'}", self.steps)])
+                f"cached logits differ from a full recompute of {len(chat)} tokens: max |diff| {diff:.3g} "
+                f"> {tolerance:g}{'' if agree else ', top-k order differs'}"
+                + (f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""), self.steps)])
         return result
 
 
@@ -545,6 +549,15 @@ class ChatSession:
 def _replace(config: SessionConfig, **changes) -> SessionConfig:
     from dataclasses import replace
     return replace(config, **changes)
+
+
+def _special_token_ids(tokenizer) -> frozenset[int]:
+    """Declared special tokens plus added tokens flagged special (<|im_start|> is often only the latter)."""
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for token_id, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(added, "special", False):
+            ids.add(int(token_id))
+    return frozenset(ids)
 
 
 def _content_spans(text: str, messages: list[dict] | None) -> list[tuple[int, int, str]]:
