@@ -113,6 +113,13 @@ def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, th
     sys.exit(app.return_code or 0)
 
 
+# The session options' defaults, for callers that build the app without the command line (tests, serve).
+DEFAULT_OPTIONS = {p.name: p.default for p in run.params if p.name in {
+    "cache", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "mode",
+    "system", "chat_tokenize", "prime_pad", "show_top", "watch", "dtype", "device", "device_map"}}
+DEFAULT_OPTIONS["watch"] = ()
+
+
 def build_session_config(options: dict, tokenizer=None):
     """Turn CLI options into a SessionConfig (watch tokens are resolved with the tokenizer)."""
     from .engine.sampling import SamplerSettings
@@ -163,7 +170,7 @@ def _run_headless(model, script, trace_path, verify_every, fail_on, options) -> 
         return run_script(session, script, trace_path=trace_path, model_source=loaded.source, model_path=loaded.path,
                           verify_every=verify_every, fail_on=fail_on, console=console)
     except (ModelLoadError, SessionError, TraceError, ValueError) as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        click.echo(f"kvtui: error: {exc}", err=True)  # one line, unwrapped, on stderr
         return 2
 
 

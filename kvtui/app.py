@@ -1,0 +1,522 @@
+"""The Textual app: the only place with the generation worker. Widgets render snapshots, nothing else.
+
+Threads: the model loads and every engine action runs in one exclusive thread worker (group
+"engine"); a lock keeps a cancelled worker and its successor from touching the session at once.
+Workers talk to the UI only through `post_message` (thread-safe); snapshots coalesce in run mode.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Footer, Input
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from .engine.snapshot import Diagnostic, StepSnapshot, buffer_record
+from .themes import DEFAULT_THEME, load_themes
+from .widgets.chat_pane import ChatPane
+from .widgets.cursor_pane import CursorPane
+from .widgets.diagnostics_pane import DiagnosticsPane
+from .widgets.help_screen import HelpScreen
+from .widgets.layers_pane import LayersPane
+from .widgets.sampler_modal import SamplerModal
+from .widgets.status_bar import StatusBar
+from .widgets.token_buffer import TokenBufferPane
+from .widgets.topk_pane import TopKPane
+
+HISTORY_STEPS = 512  # snapshots kept for "jump to step"; older steps live in the trace on disk
+PANES = {"b": "buffer", "c": "cursor", "l": "layers", "k": "topk", "d": "diagnostics"}
+
+
+# ---- messages from the workers (posted from threads) ---------------------------------------------
+
+
+@dataclass
+class SnapshotReady(Message):
+    snapshot: StepSnapshot
+    messages: list[dict]
+    diagnostics: tuple[Diagnostic, ...]
+    running: bool
+
+    def can_replace(self, message: Message) -> bool:
+        # In run mode only the newest snapshot matters: it carries everything a pane needs.
+        return isinstance(message, SnapshotReady)
+
+
+@dataclass
+class SessionState(Message):
+    """Non-step changes: rewinds to empty, resets, verify results, refusals."""
+
+    messages: list[dict]
+    diagnostics: tuple[Diagnostic, ...]
+    note: str = ""
+    severity: str = "information"
+
+
+@dataclass
+class ModelReady(Message):
+    description: str
+    query_heads: int | None
+    kv_heads: int | None
+
+
+@dataclass
+class LoadProgress(Message):
+    text: str
+    fraction: float | None
+
+
+@dataclass
+class LoadFailed(Message):
+    error: str
+
+
+class KvtuiApp(App):
+    TITLE = "kvtui"
+    CSS_PATH = "app.tcss"
+    BINDINGS = [
+        Binding("space,s", "step", "step"),
+        Binding("r", "run", "run"),
+        Binding("p", "pause", "pause"),
+        Binding("escape", "stop", "stop turn", show=False),
+        Binding("u", "rewind", "rewind 1"),
+        Binding("backspace", "rewind_to", "rewind to selected", show=False),
+        Binding("f", "force", "force selected top-k", show=False),
+        Binding("v", "verify", "verify"),
+        Binding("m", "toggle_step_mode", "step mode"),
+        Binding("o", "sampler", "sampler"),
+        Binding("i", "focus_input", "type", show=False),
+        Binding("g", "live", "back to live step", show=False),
+        Binding("X", "reset", "reset cache and chat", show=False),
+        Binding("ctrl+s", "save_trace", "save trace"),
+        Binding("f12", "screenshot", "screenshot (SVG)", show=False),
+        Binding("t", "next_theme", "theme", show=False),
+        Binding("b", "toggle_pane('buffer')", "show/hide token buffer", show=False),
+        Binding("c", "toggle_pane('cursor')", "show/hide cursor", show=False),
+        Binding("l", "toggle_pane('layers')", "show/hide layers", show=False),
+        Binding("k", "toggle_pane('topk')", "show/hide top-k", show=False),
+        Binding("d", "toggle_pane('diagnostics')", "show/hide diagnostics", show=False),
+        Binding("question_mark,f1", "help", "help"),
+        Binding("q,ctrl+q", "quit", "quit", priority=False),
+    ]
+
+    def __init__(self, model: str | None = None, options: dict | None = None, theme_name: str = DEFAULT_THEME,
+                 script=None, trace_path: Path | None = None, verify_every: int = 0, loaded=None):
+        super().__init__()
+        from .cli import DEFAULT_OPTIONS
+
+        self.model_name = model
+        self.options = {**DEFAULT_OPTIONS, **(options or {})}
+        self.script_turns = list(script.turns) if script else []
+        self.trace_path = trace_path
+        self.verify_every = verify_every
+        self._preloaded = loaded
+        self.session = None  # touched only inside engine workers (under _engine_lock)
+        self._engine_lock = threading.Lock()
+        self._writer = None
+        self._spool: Path | None = None
+        self.step_mode = False
+        self.running = False
+        self.latest: StepSnapshot | None = None
+        self.history: deque[StepSnapshot] = deque(maxlen=HISTORY_STEPS)
+        self.pinned_step: int | None = None
+        self.diagnostics: tuple[Diagnostic, ...] = ()
+        self.app_diagnostics: list[Diagnostic] = []  # worker errors: the engine never saw them
+        self.messages: list[dict] = []
+        self.model_text = "loading model…"
+        self.hidden: set[str] = set()
+        self._recent_ms: deque[float] = deque(maxlen=16)
+        self._themes = load_themes()
+        for theme in self._themes.values():
+            self.register_theme(theme)
+        self.theme = theme_name if theme_name in self._themes or theme_name in self.available_themes else DEFAULT_THEME
+
+    # ---- layout ----------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            yield ChatPane(id="chat")
+            with Vertical(id="inspect"):
+                yield TokenBufferPane(id="buffer")
+                with Horizontal(id="row2"):
+                    yield CursorPane(id="cursor")
+                    yield TopKPane(id="topk")
+                with Horizontal(id="row3"):
+                    yield LayersPane(id="layers")
+                    yield DiagnosticsPane(id="diagnostics")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._apply_layout()
+        self.query_one(ChatPane).input.focus()
+        self._update_title()
+        self.load_worker()
+
+    def on_resize(self) -> None:
+        self._apply_layout()
+
+    def _apply_layout(self) -> None:
+        """Reflow: small terminals fold the lower row away (toggle it back with l / d)."""
+        width, height = self.size
+        self.screen.set_class(width < 110, "narrow")
+        self.screen.set_class(height < 32, "short")
+        self.screen.set_class(self.theme == "kvtui-projector", "roomy")
+        for name in PANES.values():
+            self.query_one(f"#{name}").display = name not in self.hidden
+        row3_visible = not ({"layers", "diagnostics"} <= self.hidden)
+        self.query_one("#row3").display = row3_visible
+        self.query_one("#row2").display = not ({"cursor", "topk"} <= self.hidden)
+
+    # ---- loading -----------------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="load")
+    def load_worker(self) -> None:
+        from . import cli
+        from .engine import introspect
+        from .engine.loader import ModelLoadError
+        from .engine.session import ChatSession, SessionError
+        from .engine.trace import TraceError, TraceWriter, header_record
+
+        try:
+            loaded = self._preloaded or cli.load(
+                self.model_name, self.options,
+                progress=lambda text, fraction=None: self.post_message(LoadProgress(text, fraction)))
+            config = cli.build_session_config(self.options, loaded.tokenizer)
+            with self._engine_lock:
+                self.session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self._on_engine_snapshot)
+                if self.trace_path is None:
+                    fd, spool = tempfile.mkstemp(prefix="kvtui-", suffix=".jsonl")
+                    os.close(fd)
+                    self._spool = Path(spool)
+                self._writer = TraceWriter(self.trace_path or self._spool,
+                                           header_record(self.session, loaded.source, loaded.path))
+        except (ModelLoadError, SessionError, TraceError, ValueError) as exc:
+            self.post_message(LoadFailed(str(exc)))
+            return
+        session = self.session
+        query, kv = introspect.attention_heads(loaded.model.config)
+        sampler = session.config.sampler.describe()
+        capacity = f" {session.capacity}" if session.capacity else ""
+        self.post_message(ModelReady(
+            f"{loaded.source} · {type(loaded.model).__name__} · {loaded.device} · {loaded.dtype} · "
+            f"{session.config.cache}{capacity} cache · {sampler}", query, kv))
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        share = f" {message.fraction:.0%}" if message.fraction is not None else ""
+        self.query_one(StatusBar).set_text(f"⏳ {message.text}{share}")
+
+    def on_model_ready(self, message: ModelReady) -> None:
+        self.model_text = message.description
+        self.query_one(StatusBar).set_text(message.description)
+        self.query_one(LayersPane).set_model_info(message.query_heads, message.kv_heads)
+        self._show_next_script_turn()
+        self.notify("model ready: type a message and press Enter", timeout=3)
+
+    def on_load_failed(self, message: LoadFailed) -> None:
+        self.model_text = f"no model: {message.error}"
+        self.query_one(StatusBar).set_text(f"✗ {message.error}")
+        self.notify(message.error, title="model not loaded", severity="error", timeout=30)
+
+    # ---- engine actions (one worker at a time; each cancels the one before) ---------------------
+
+    def _engine(self, action: str, argument=None) -> None:
+        if self.session is None:
+            self.notify("the model is not loaded yet" if "✗" not in self.model_text else self.model_text,
+                        severity="warning")
+            return
+        self.engine_worker(action, argument)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
+    def engine_worker(self, action: str, argument=None) -> None:
+        from .engine.session import SessionError
+
+        worker = get_current_worker()
+        with self._engine_lock:
+            if worker.is_cancelled:
+                return
+            session = self.session
+            try:
+                if action == "send":
+                    session.send(argument)
+                    if not self.step_mode:
+                        self._run(session, worker)
+                elif action == "step":
+                    session.step()
+                elif action == "run":
+                    self._run(session, worker)
+                elif action == "rewind":
+                    self._after_rewind(session, session.rewind(argument))
+                elif action == "rewind_to":
+                    self._after_rewind(session, session.rewind_to(argument))
+                elif action == "force":
+                    token = session.force(argument)
+                    session.step()
+                    if not self.step_mode:
+                        self._run(session, worker)
+                    self._state(session, f"forced {token.text!r} (id {token.id}, rank {token.rank})")
+                elif action == "verify":
+                    result = session.verify()
+                    verdict = "matches" if result.ok else "DIFFERS FROM"
+                    self._state(session, f"cache {verdict} a full recompute of {result.tokens} tokens: max |diff| "
+                                         f"{result.max_abs_diff:.2e} (tolerance {result.tolerance:g}), top-k "
+                                         f"{'agrees' if result.topk_agree else 'differs'} · {result.ms:.0f} ms",
+                                "information" if result.ok else "error")
+                elif action == "sampler":
+                    session.set_sampler(argument)
+                    self._state(session, f"sampler: {argument.describe()}")
+                elif action == "reset":
+                    session.reset()
+                    self._state(session, "cache and chat reset")
+            except SessionError as exc:
+                self._state(session, str(exc), "error")
+            finally:
+                self.running = False
+
+    def _run(self, session, worker: Worker) -> None:
+        self.running = True
+        before = session.turn
+        session.generate(cancel=worker.cancelled_event)
+        if session.turn_done and session.turn == before and self._writer:
+            self._writer.write(buffer_record(session.buffer))
+
+    def _after_rewind(self, session, snapshot) -> None:
+        if snapshot is None:
+            self._state(session, "cache empty")
+
+    def _on_engine_snapshot(self, snapshot: StepSnapshot) -> None:
+        """Called by the session in the worker thread after every forward."""
+        session = self.session
+        if self._writer:
+            self._writer.write(snapshot.to_record())
+        if self.verify_every and snapshot.step % self.verify_every == 0:
+            session.verify()
+        self.post_message(SnapshotReady(snapshot, session.messages, tuple(session.diagnostics), self.running))
+
+    def _state(self, session, note: str = "", severity: str = "information") -> None:
+        self.post_message(SessionState(session.messages, tuple(session.diagnostics), note, severity))
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:
+            error = event.worker.error
+            text = f"{type(error).__name__}: {error}"
+            step = self.latest.step if self.latest else 0
+            self.app_diagnostics.append(Diagnostic("worker-error", "error", f"{event.worker.name}: {text}", step))
+            self._show_diagnostics()
+            self.notify(text, title="error in the model worker (session kept)", severity="error", timeout=10)
+
+    # ---- snapshots -> panes ----------------------------------------------------------------------
+
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        snapshot = message.snapshot
+        self.latest = snapshot
+        self.history.append(snapshot)
+        self.messages, self.diagnostics = message.messages, message.diagnostics
+        if snapshot.phase == "decode":
+            self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
+        if self.pinned_step is None:
+            self._show(snapshot)
+        self._show_chat()
+        self._show_diagnostics()
+        speed = 1000 * len(self._recent_ms) / sum(self._recent_ms) if self._recent_ms else None
+        self.query_one(StatusBar).show(snapshot, self.model_text, speed)
+
+    def on_session_state(self, message: SessionState) -> None:
+        self.messages, self.diagnostics = message.messages, message.diagnostics
+        self._show_chat()
+        self._show_diagnostics()
+        if message.note:
+            self.notify(message.note, severity=message.severity, timeout=6 if message.severity != "error" else 12)
+        if not self.messages:
+            self.latest = None
+            self._show(None)
+
+    def _show(self, snapshot: StepSnapshot | None) -> None:
+        for pane in (TokenBufferPane, CursorPane, LayersPane, TopKPane):
+            self.query_one(pane).show(snapshot)
+
+    def _show_chat(self) -> None:
+        chat = self.query_one(ChatPane)
+        chat.show_messages(self.messages)
+        snapshot = self.latest
+        if snapshot is not None:
+            chat.show_reuse(self._reuse_text(snapshot))
+
+    @staticmethod
+    def _reuse_text(snapshot: StepSnapshot) -> str:
+        return (f"turn {snapshot.turn} · cache {snapshot.cache_seq_length} tokens · step {snapshot.step} "
+                f"({snapshot.phase}, fed {len(snapshot.input_ids)})")
+
+    def _show_diagnostics(self) -> None:
+        merged = tuple(sorted(self.diagnostics + tuple(self.app_diagnostics), key=lambda d: d.step))
+        self.query_one(DiagnosticsPane).show_diagnostics(merged)
+
+    # ---- user actions ----------------------------------------------------------------------------
+
+    @on(Input.Submitted, "#message")
+    def send_message(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text and self.script_turns:
+            text = self.script_turns.pop(0)
+        if not text:
+            return
+        event.input.value = ""
+        self.pinned_step = None
+        self._engine("send", text)
+        self.query_one(TokenBufferPane).focus()
+        self._show_next_script_turn()
+
+    def _show_next_script_turn(self) -> None:
+        placeholder = (f"Enter sends the script's next turn: {self.script_turns[0]}" if self.script_turns
+                       else "Type a message, Enter to send")
+        self.query_one(ChatPane).input.placeholder = placeholder
+
+    def action_focus_input(self) -> None:
+        self.query_one(ChatPane).input.focus()
+
+    def action_step(self) -> None:
+        self._engine("step")
+
+    def action_run(self) -> None:
+        self._engine("run")
+
+    def action_pause(self) -> None:
+        self.workers.cancel_group(self, "engine")
+
+    def action_stop(self) -> None:
+        if isinstance(self.focused, Input):
+            self.query_one(TokenBufferPane).focus()
+            return
+        if self.pinned_step is not None:
+            self.action_live()
+            return
+        self.workers.cancel_group(self, "engine")
+
+    def action_rewind(self) -> None:
+        self._engine("rewind", 1)
+
+    def action_rewind_to(self) -> None:
+        index = self.query_one(TokenBufferPane).selected_index
+        if index is None:
+            self.notify("select a token in the buffer first (arrows or click)", severity="warning")
+            return
+        self._engine("rewind_to", index)
+
+    def action_force(self) -> None:
+        token_id = self.query_one(TopKPane).selected_token_id
+        if token_id is None:
+            self.notify("select a token in the top-k pane first", severity="warning")
+            return
+        self._engine("force", token_id)
+
+    @on(TopKPane.Force)
+    def force_from_pane(self, message: TopKPane.Force) -> None:
+        self._engine("force", message.token_id)
+
+    def action_verify(self) -> None:
+        self._engine("verify")
+
+    def action_reset(self) -> None:
+        self._engine("reset")
+
+    def action_toggle_step_mode(self) -> None:
+        self.step_mode = not self.step_mode
+        self._update_title()
+        self.notify("step mode: Enter prefills, space steps" if self.step_mode else "run mode: Enter runs the turn",
+                    timeout=3)
+
+    def _update_title(self) -> None:
+        self.sub_title = "step mode" if self.step_mode else "run mode"
+
+    def action_sampler(self) -> None:
+        if self.session is None:
+            self.notify("the model is not loaded yet", severity="warning")
+            return
+
+        def apply(settings) -> None:
+            if settings is not None:
+                self._engine("sampler", settings)
+
+        self.push_screen(SamplerModal(self.session.config.sampler), apply)
+
+    @on(LayersPane.LayerSelected)
+    def layer_selected(self, message: LayersPane.LayerSelected) -> None:
+        self.query_one(TokenBufferPane).selected_layer = message.index
+
+    @on(DiagnosticsPane.JumpTo)
+    def jump_to(self, message: DiagnosticsPane.JumpTo) -> None:
+        found = next((s for s in self.history if s.step == message.step), None)
+        if found is None:
+            self.notify(f"step {message.step} is older than the last {HISTORY_STEPS} kept in memory "
+                        f"(it is in the trace)", severity="warning")
+            return
+        self.pinned_step = message.step
+        self._show(found)
+        self.notify(f"showing step {message.step}: press g (or Esc) to go back to the live step", timeout=5)
+
+    def action_live(self) -> None:
+        self.pinned_step = None
+        self._show(self.latest)
+
+    def action_toggle_pane(self, name: str) -> None:
+        self.hidden ^= {name}
+        self._apply_layout()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.BINDINGS))
+
+    def action_next_theme(self) -> None:
+        names = sorted(self._themes)
+        self.theme = names[(names.index(self.theme) + 1) % len(names)] if self.theme in names else names[0]
+        self._apply_layout()
+        self.notify(f"theme: {self.theme}", timeout=2)
+
+    def action_save_trace(self) -> None:
+        if self._writer is None:
+            self.notify("nothing recorded yet", severity="warning")
+            return
+        if self.trace_path is not None:
+            self.notify(f"the trace is being written to {self.trace_path}", timeout=5)
+            return
+        target = Path.cwd() / f"kvtui-trace-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        try:
+            partial = target.with_suffix(".jsonl.part")
+            shutil.copyfile(self._spool, partial)
+            os.replace(partial, target)  # never a half-written trace under the real name
+        except OSError as exc:
+            self.notify(f"could not save the trace to {target}: {exc}", severity="error")
+            return
+        self.notify(f"trace saved to {target}", timeout=6)
+
+    def action_screenshot(self) -> None:
+        path = self.save_screenshot()
+        self.notify(f"screenshot saved to {path}", timeout=6)
+
+    async def action_quit(self) -> None:
+        """Quit at any moment: cancel the engine, wait for its thread to finish its forward, then exit."""
+        self.workers.cancel_group(self, "engine")
+        for worker in list(self.workers):
+            if worker.group == "engine":
+                try:
+                    await worker.wait()
+                except Exception:  # a failed or cancelled worker is finished all the same
+                    pass
+        self.exit()
+
+    def on_unmount(self) -> None:
+        if self._writer:
+            self._writer.close()
+        if self._spool and self._spool.exists():
+            self._spool.unlink()

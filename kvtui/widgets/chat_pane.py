@@ -1,0 +1,70 @@
+"""The chat pane: the transcript with roles, the reply streaming token by token, and the input box."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Input, Static
+
+ROLE_STYLE = {"system": "chat--system", "user": "chat--user", "assistant": "chat--assistant"}
+
+
+class ChatPane(Vertical):
+    """Shows `messages` (role, content dicts) and owns the input; the app handles Input.Submitted."""
+
+    DEFAULT_CSS = """
+    ChatPane { border: round $panel; border-title-color: $text-muted; }
+    ChatPane > VerticalScroll { height: 1fr; }
+    ChatPane .message { margin: 0 0 1 0; }
+    ChatPane .chat--user { color: $primary; }
+    ChatPane .chat--assistant { color: $foreground; }
+    ChatPane .chat--system { color: $text-muted; }
+    ChatPane #reuse { color: $text-muted; height: auto; }
+    ChatPane Input { dock: bottom; }
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.border_title = "chat"
+        self._shown: list[tuple[str, str]] = []
+
+    def compose(self) -> ComposeResult:
+        yield VerticalScroll(id="transcript")
+        yield Static("", id="reuse")
+        yield Input(placeholder="Type a message, Enter to send", id="message")
+
+    @property
+    def input(self) -> Input:
+        return self.query_one("#message", Input)
+
+    def show_messages(self, messages: list[dict], pending: str | None = None) -> None:
+        """Update only what changed: new messages are mounted, the streaming reply is re-rendered."""
+        transcript = self.query_one("#transcript", VerticalScroll)
+        rows = [(m["role"], m["content"]) for m in messages]
+        if pending and rows and rows[-1][0] == "assistant":
+            rows[-1] = ("assistant", rows[-1][1] + pending)
+        children = list(transcript.children)
+        if len(rows) < len(children) or any(self._shown[i][0] != rows[i][0] for i in range(min(len(rows), len(self._shown)))):
+            transcript.remove_children()
+            children, self._shown = [], []
+        for index, (role, content) in enumerate(rows):
+            if index < len(children):
+                if self._shown[index] != (role, content):
+                    children[index].update(self._render(role, content, streaming=index == len(rows) - 1 and bool(pending)))
+            else:
+                transcript.mount(Static(self._render(role, content), classes=f"message {ROLE_STYLE.get(role, '')}"))
+        self._shown = rows
+        transcript.scroll_end(animate=False)
+
+    def show_reuse(self, text: str) -> None:
+        self.query_one("#reuse", Static).update(text)
+
+    @staticmethod
+    def _render(role: str, content: str, streaming: bool = False) -> Text:
+        text = Text()
+        text.append(f"{role}: ", style="bold")
+        text.append(content or ("…" if role == "assistant" else ""))
+        if streaming:
+            text.append("▌", style="blink")
+        return text

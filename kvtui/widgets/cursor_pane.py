@@ -1,0 +1,236 @@
+"""The cursor pane: where the session writes next, what the cache says it holds, and whether they agree.
+
+`render_cursor(snapshot)` is the whole pane as a rich `Text` (pure, testable without an App);
+`CursorPane` is a thin `Static` around it. Everything here is O(layers): the buffer is never read.
+
+This module also holds the small theme palette the other panes share (`theme_palette`): Rich cells
+inside a DataTable cannot use CSS variables, so the panes resolve `$error`, `$warning`... from the
+running app's theme into plain Rich style strings and re-render when the theme changes.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from rich.color import Color, ColorParseError
+from rich.text import Text
+from textual.app import App
+from textual.widgets import Static
+
+from kvtui.engine.snapshot import StepSnapshot
+
+Palette = Mapping[str, str]
+
+# Rich style strings per role; the hex values are Textual's default dark theme.
+DEFAULT_PALETTE: dict[str, str] = {
+    "primary": "#0178D4",
+    "accent": "#FEA62B",
+    "success": "#4EBF71",
+    "warning": "#FEA62B",
+    "error": "#B93C5B",
+    "info": "#0178D4",
+    "muted": "dim",
+}
+
+_ROLE_VARIABLES = {  # palette role -> Textual theme variable
+    "primary": "primary",
+    "accent": "accent",
+    "success": "success",
+    "warning": "warning",
+    "error": "error",
+    # Textual's default accent is the same orange as its warning, so "info" follows $primary
+    # (blue / cyan-ish in the kvtui themes) to stay distinguishable from warnings.
+    "info": "primary",
+}
+
+
+def theme_palette(app: App | None) -> dict[str, str]:
+    """Resolve the palette roles from the app's current theme; fall back to DEFAULT_PALETTE."""
+    palette = dict(DEFAULT_PALETTE)
+    if app is None:
+        return palette
+    try:
+        variables = app.theme_variables or app.get_css_variables()
+    except Exception:  # no theme yet (app not running): keep the defaults
+        return palette
+    for role, name in _ROLE_VARIABLES.items():
+        value = variables.get(name)
+        if not value:
+            continue
+        try:
+            Color.parse(value)
+        except ColorParseError:  # e.g. "auto 60%": not a Rich colour
+            continue
+        palette[role] = value
+    return palette
+
+
+def role_style(palette: Palette | None, role: str, extra: str = "") -> str:
+    """A Rich style string for a palette role, e.g. role_style(p, "error", "bold") -> "bold #B93C5B"."""
+    style = (palette or DEFAULT_PALETTE).get(role) or DEFAULT_PALETTE.get(role, "")
+    return f"{extra} {style}".strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# pure rendering
+# ---------------------------------------------------------------------------------------------
+
+
+def format_positions(positions: tuple[int, ...]) -> str:
+    """'37..52 (16 tokens)', '53', or '-' -- O(1): only the ends are read."""
+    n = len(positions)
+    if n == 0:
+        return "-"
+    if n == 1:
+        return str(positions[0])
+    first, last = positions[0], positions[-1]
+    gaps = "" if last - first + 1 == n else ", not contiguous"
+    return f"{first}..{last} ({n} tokens{gaps})"
+
+
+def kind_summary(snapshot: StepSnapshot) -> str | None:
+    """'full 120 · sliding 7 held of 120 seen (window 8)' when layer kinds hold different counts.
+
+    None when every layer holds the same number of tokens (nothing to explain).
+    """
+    layers = snapshot.layers
+    if not layers or len({layer.filled for layer in layers}) <= 1:
+        return None
+    kinds: dict[str, list] = {}
+    for layer in layers:
+        kinds.setdefault(layer.kind, []).append(layer)
+    parts = []
+    for kind, group in kinds.items():
+        filled = sorted({layer.filled for layer in group})
+        seen = max(layer.seen for layer in group)
+        windows = sorted({layer.window for layer in group if layer.window is not None})
+        held = str(filled[0]) if len(filled) == 1 else f"{filled[0]}-{filled[-1]}"
+        text = f"{kind} {held}" if filled == [seen] else f"{kind} {held} held of {seen} seen"
+        if windows:
+            text += f" (window {'/'.join(map(str, windows))})"
+        parts.append(text)
+    return " · ".join(parts)
+
+
+def capacity_bar(used: int, capacity: int, width: int = 20) -> str:
+    """A text bar of `width` cells, eighths included."""
+    if capacity <= 0:
+        return "░" * width
+    fraction = min(max(used / capacity, 0.0), 1.0)
+    eighths = round(fraction * width * 8)
+    full, part = divmod(eighths, 8)
+    bar = "█" * full + ("▏▎▍▌▋▊▉"[part - 1] if part else "")
+    return bar + "░" * (width - len(bar))
+
+
+def has_alarm(snapshot: StepSnapshot | None) -> bool:
+    return snapshot is not None and snapshot.cursor != snapshot.cache_seq_length
+
+
+def render_cursor(snapshot: StepSnapshot | None, palette: Palette | None = None) -> Text:
+    """The cursor pane's content. O(layers)."""
+    text = Text(no_wrap=False, overflow="fold")
+    if snapshot is None:
+        text.append("no step yet", style=role_style(palette, "muted"))
+        return text
+
+    phase_role = {"prefill": "primary", "decode": "success", "rewind": "warning"}.get(snapshot.phase, "accent")
+    text.append("step ", style=role_style(palette, "muted"))
+    text.append(str(snapshot.step), style="bold")
+    text.append(" · ")
+    text.append(snapshot.phase, style=role_style(palette, phase_role, "bold"))
+    text.append(" · turn ", style=role_style(palette, "muted"))
+    text.append(str(snapshot.turn))
+    if snapshot.turn_done:
+        text.append(" · turn done", style=role_style(palette, "muted"))
+    text.append("\n")
+
+    alarm = has_alarm(snapshot)
+    text.append("cursor ", style=role_style(palette, "muted"))
+    text.append(str(snapshot.cursor), style="bold")
+    text.append(" · cache length ", style=role_style(palette, "muted"))
+    text.append(str(snapshot.cache_seq_length), style=role_style(palette, "error", "bold") if alarm else "bold")
+    text.append("\n")
+
+    kinds = kind_summary(snapshot)
+    if kinds:
+        text.append("held ", style=role_style(palette, "muted"))
+        text.append(kinds)
+        text.append("\n")
+
+    if snapshot.capacity is not None:
+        used, capacity = snapshot.cache_seq_length, snapshot.capacity
+        fraction = used / capacity if capacity > 0 else 1.0
+        role = "success" if fraction < 0.75 else "warning" if fraction < 0.95 else "error"
+        text.append("capacity ", style=role_style(palette, "muted"))
+        text.append(capacity_bar(used, capacity), style=role_style(palette, role))
+        text.append(f" {used}/{capacity}")
+        text.append(f" ({fraction:.0%})", style=role_style(palette, "muted"))
+        text.append("\n")
+
+    text.append("fed ", style=role_style(palette, "muted"))
+    text.append(format_positions(snapshot.positions))
+    text.append(f" · forward {snapshot.forward_ms:.1f} ms", style=role_style(palette, "muted"))
+
+    if alarm:
+        text.append("\n")
+        text.append(
+            f"ALARM cursor {snapshot.cursor} ≠ cache length {snapshot.cache_seq_length}",
+            style=role_style(palette, "error", "bold reverse"),
+        )
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# widget
+# ---------------------------------------------------------------------------------------------
+
+
+class CursorPane(Static):
+    """Cursor, cache length, per-kind fill, static capacity, fed positions and the cursor alarm."""
+
+    DEFAULT_CSS = """
+    CursorPane {
+        height: auto;
+        padding: 0 1;
+        border: round $primary;
+        border-title-color: $primary;
+        color: $foreground;
+    }
+    CursorPane.-alarm {
+        border: round $error;
+        border-title-color: $error;
+    }
+    """
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(render_cursor(None), name=name, id=id, classes=classes)
+        self.border_title = "cursor"
+        self._snapshot: StepSnapshot | None = None
+        self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
+
+    def on_mount(self) -> None:
+        self._palette = theme_palette(self.app)
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        self._render_snapshot()
+
+    def _theme_changed(self, _theme) -> None:
+        self._palette = theme_palette(self.app)
+        self._render_snapshot()
+
+    @property
+    def snapshot(self) -> StepSnapshot | None:
+        return self._snapshot
+
+    @property
+    def alarm(self) -> bool:
+        """True while the shown snapshot's cursor disagrees with the cache length."""
+        return has_alarm(self._snapshot)
+
+    def show(self, snapshot: StepSnapshot | None) -> None:
+        self._snapshot = snapshot
+        self._render_snapshot()
+
+    def _render_snapshot(self) -> None:
+        self.update(render_cursor(self._snapshot, self._palette))
+        self.set_class(self.alarm, "-alarm")

@@ -1,0 +1,41 @@
+"""The help screen: every key, generated from the app's bindings so it cannot drift from them."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+NOTES = """
+Send a message with Enter in the input box (i focuses it, Esc leaves it). By default the reply runs to
+the end of the turn; in step mode (m) only the prompt is prefilled and you step with space.
+Select a token in the buffer (arrows, click) and press backspace to rewind the cache to it.
+Select a row in top-k and press f to force that token instead of the sampled one.
+--attention (opt-in) costs O(cache) per step: it reads the newest query's attention over every position.
+"""
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [Binding("escape,q,question_mark,f1", "app.pop_screen", "close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll { width: 90; max-width: 95%; height: 80%; border: thick $primary; background: $surface; padding: 1 2; }
+    """
+
+    def __init__(self, bindings: list[Binding]):
+        super().__init__()
+        self._bindings = bindings
+
+    def compose(self) -> ComposeResult:
+        table = Table(title="kvtui keys", expand=True, show_edge=False)
+        table.add_column("key", style="bold", no_wrap=True)
+        table.add_column("does")
+        for binding in self._bindings:
+            keys = ", ".join(k.strip() for k in binding.key.split(","))
+            table.add_row(keys, binding.description)
+        with VerticalScroll():
+            yield Static(table)
+            yield Static(NOTES.strip())

@@ -1,0 +1,274 @@
+"""The layers pane: one DataTable row per cache layer, a totals line below.
+
+`layer_cells(layer)` / `layer_rows(snapshot)` / `render_totals(...)` are pure (testable without an
+App); `LayersPane` updates the table's cells in place when the layer count is unchanged, so a new
+step repaints no more than the cells that changed and the cursor never jumps. O(layers) per step.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Static
+
+from kvtui.engine.snapshot import LayerInfo, StepSnapshot
+from kvtui.widgets.cursor_pane import DEFAULT_PALETTE, Palette, role_style, theme_palette
+
+# (key, label) of the table's columns, in order.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("index", "#"),
+    ("kind", "kind"),
+    ("k_shape", "K shape"),
+    ("v_shape", "V shape"),
+    ("dtype", "dtype"),
+    ("device", "device"),
+    ("bytes", "bytes"),
+    ("filled", "filled/cap"),
+    ("window", "window"),
+)
+
+_KIND_ROLES = {"full": "primary", "sliding": "accent", "static": "success", "static-sliding": "warning"}
+
+
+def format_bytes(n: int) -> str:
+    """1023 -> '1023 B', 1536 -> '1.5 KiB', 3 MiB -> '3.0 MiB'."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_shape(shape: tuple[int, ...]) -> str:
+    return "×".join(str(d) for d in shape) if shape else "-"
+
+
+def format_filled(filled: int, capacity: int | None) -> str:
+    return f"{filled}/{'∞' if capacity is None else capacity}"
+
+
+def format_window(layer: LayerInfo) -> str:
+    if layer.window is None:
+        return "-"
+    return f"{layer.window} from {layer.held_from}" if layer.held_from > 0 else str(layer.window)
+
+
+def layer_cells(layer: LayerInfo, palette: Palette | None = None) -> tuple[Text, ...]:
+    """The cells of one layer's row, in COLUMNS order (Text, never markup: pieces stay literal)."""
+    full = layer.capacity is not None and layer.filled >= layer.capacity
+    evicted = layer.held_from > 0
+    return (
+        Text(str(layer.index), justify="right"),
+        Text(layer.kind, style=role_style(palette, _KIND_ROLES.get(layer.kind, "accent"))),
+        Text(format_shape(layer.k_shape)),
+        Text(format_shape(layer.v_shape)),
+        Text(layer.dtype),
+        Text(layer.device),
+        Text(format_bytes(layer.bytes), justify="right"),
+        Text(format_filled(layer.filled, layer.capacity), justify="right",
+             style=role_style(palette, "warning") if full else ""),
+        Text(format_window(layer), style=role_style(palette, "accent") if evicted else ""),
+    )
+
+
+class LayerRow(NamedTuple):
+    key: str
+    index: int
+    cells: tuple[Text, ...]
+
+
+def layer_rows(snapshot: StepSnapshot | None, palette: Palette | None = None) -> list[LayerRow]:
+    if snapshot is None:
+        return []
+    return [LayerRow(f"layer-{layer.index}", layer.index, layer_cells(layer, palette)) for layer in snapshot.layers]
+
+
+def head_summary(query_heads: int | None, kv_heads: int | None) -> str:
+    """'KV heads 2 vs query heads 4 (GQA ×2)'."""
+    if kv_heads is None:
+        return "" if query_heads is None else f"query heads {query_heads}"
+    if query_heads is None:
+        return f"KV heads {kv_heads}"
+    text = f"KV heads {kv_heads} vs query heads {query_heads}"
+    if kv_heads == query_heads:
+        return text + " (MHA)"
+    if kv_heads == 1:
+        return text + " (MQA)"
+    if kv_heads and query_heads % kv_heads == 0:
+        return text + f" (GQA ×{query_heads // kv_heads})"
+    return text
+
+
+def render_totals(
+    snapshot: StepSnapshot | None,
+    query_heads: int | None = None,
+    kv_heads: int | None = None,
+    palette: Palette | None = None,
+) -> Text:
+    """'total 1.5 MiB · 4 layers (2 full, 2 sliding) · KV heads 2 vs query heads 4 (GQA ×2)'."""
+    text = Text()
+    if snapshot is None or not snapshot.layers:
+        text.append("no layers yet", style=role_style(palette, "muted"))
+        return text
+    layers = snapshot.layers
+    if kv_heads is None and len(layers[0].k_shape) == 4:
+        kv_heads = layers[0].k_shape[1]  # [batch, kv_heads, slots, head_dim]
+    kinds: dict[str, int] = {}
+    for layer in layers:
+        kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+    text.append("total ", style=role_style(palette, "muted"))
+    text.append(format_bytes(snapshot.cache_bytes), style="bold")
+    text.append(f" · {len(layers)} layers (", style=role_style(palette, "muted"))
+    text.append(", ".join(f"{n} {kind}" for kind, n in kinds.items()), style=role_style(palette, "muted"))
+    text.append(")", style=role_style(palette, "muted"))
+    heads = head_summary(query_heads, kv_heads)
+    if heads:
+        text.append(" · ")
+        text.append(heads)
+    return text
+
+
+class LayersPane(Vertical):
+    """Per-layer K/V shapes, dtype, device, bytes, fill and window; posts LayerSelected."""
+
+    DEFAULT_CSS = """
+    LayersPane {
+        height: 1fr;
+        border: round $primary;
+        border-title-color: $primary;
+    }
+    LayersPane:focus-within {
+        border: round $accent;
+    }
+    LayersPane > DataTable {
+        height: 1fr;
+    }
+    LayersPane > #layers-totals {
+        height: auto;
+        padding: 0 1;
+        color: $text-muted;
+    }
+    """
+
+    class LayerSelected(Message):
+        """The user moved the row cursor to (or pressed enter on) a layer."""
+
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.border_title = "layers"
+        self._snapshot: StepSnapshot | None = None
+        self._rows: list[LayerRow] = []
+        self._query_heads: int | None = None
+        self._kv_heads: int | None = None
+        self._selected: int | None = None
+        self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
+
+    def compose(self) -> ComposeResult:
+        table: DataTable = DataTable(id="layers-table", cursor_type="row", zebra_stripes=True)
+        for key, label in COLUMNS:
+            table.add_column(label, key=key)
+        yield table
+        yield Static(render_totals(None), id="layers-totals")
+
+    def on_mount(self) -> None:
+        self._palette = theme_palette(self.app)
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        if self._snapshot is not None:
+            self._refresh_table(force=True)
+
+    def _theme_changed(self, _theme) -> None:
+        self._palette = theme_palette(self.app)
+        self._refresh_table(force=True)
+
+    # -- public API -----------------------------------------------------------------------------
+
+    @property
+    def table(self) -> DataTable:
+        return self.query_one("#layers-table", DataTable)
+
+    @property
+    def selected_layer(self) -> int | None:
+        """Index (LayerInfo.index) of the layer under the row cursor, None with no layers."""
+        return self._selected
+
+    def set_model_info(self, query_heads: int | None, kv_heads: int | None) -> None:
+        self._query_heads, self._kv_heads = query_heads, kv_heads
+        if self.is_mounted:
+            self._update_totals()
+
+    def show(self, snapshot: StepSnapshot | None) -> None:
+        self._snapshot = snapshot
+        if self.is_mounted:
+            self._refresh_table()
+
+    def select_layer(self, index: int) -> None:
+        """Move the row cursor to the layer with LayerInfo.index == index (if shown)."""
+        for row, layer_row in enumerate(self._rows):
+            if layer_row.index == index:
+                self.table.move_cursor(row=row)
+                return
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _refresh_table(self, force: bool = False) -> None:
+        table = self.table
+        new_rows = layer_rows(self._snapshot, self._palette)
+        same_shape = len(new_rows) == len(self._rows) and all(
+            a.key == b.key for a, b in zip(new_rows, self._rows)
+        )
+        if same_shape:
+            for old, new in zip(self._rows, new_rows):
+                if force or old.cells != new.cells:
+                    for (column, _), before, after in zip(COLUMNS, old.cells, new.cells):
+                        if force or before != after:
+                            table.update_cell(new.key, column, after)
+        else:
+            cursor = table.cursor_row
+            table.clear()
+            for row in new_rows:
+                table.add_row(*row.cells, key=row.key)
+            if new_rows:
+                table.move_cursor(row=min(max(cursor, 0), len(new_rows) - 1), scroll=False)
+        self._rows = new_rows
+        self._update_totals()
+        self._sync_selection(post=True)
+
+    def _update_totals(self) -> None:
+        self.query_one("#layers-totals", Static).update(
+            render_totals(self._snapshot, self._query_heads, self._kv_heads, self._palette)
+        )
+
+    def _current_layer(self) -> int | None:
+        row = self.table.cursor_row
+        if 0 <= row < len(self._rows):
+            return self._rows[row].index
+        return None
+
+    def _sync_selection(self, post: bool, always: bool = False) -> None:
+        # Read the cursor as it is now, not as the event saw it: a rebuild (clear, add, move back)
+        # then yields one consistent selection instead of a flicker through row 0.
+        current = self._current_layer()
+        changed = current != self._selected
+        self._selected = current
+        if post and current is not None and (changed or always):
+            self.post_message(self.LayerSelected(current))
+
+    @on(DataTable.RowHighlighted, "#layers-table")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        self._sync_selection(post=True)
+
+    @on(DataTable.RowSelected, "#layers-table")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self._sync_selection(post=True, always=True)

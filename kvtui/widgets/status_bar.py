@@ -1,0 +1,59 @@
+"""The status bar: model, device, dtype, cache kind, speed, cache bytes, and two sparklines."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import Sparkline, Static
+
+from ..engine.snapshot import StepSnapshot
+
+HISTORY = 120  # points per sparkline
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+class StatusBar(Horizontal):
+    DEFAULT_CSS = """
+    StatusBar { height: 1; background: $panel; }
+    StatusBar #status-text { width: 1fr; height: 1; }
+    StatusBar Sparkline { width: 16; height: 1; margin: 0 1; }
+    StatusBar .label { width: auto; color: $text-muted; }
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.latency: deque[float] = deque(maxlen=HISTORY)
+        self.cache_size: deque[float] = deque(maxlen=HISTORY)
+        self.model_text = "loading model…"
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.model_text, id="status-text")
+        yield Static("ms", classes="label")
+        yield Sparkline([], id="latency", summary_function=max)
+        yield Static("cache", classes="label")
+        yield Sparkline([], id="cache-size", summary_function=max)
+
+    def set_text(self, text: str) -> None:
+        self.model_text = text
+        self.query_one("#status-text", Static).update(text)
+
+    def show(self, snapshot: StepSnapshot | None, model_text: str, tokens_per_s: float | None) -> None:
+        if snapshot is None:
+            self.set_text(model_text)
+            return
+        self.latency.append(snapshot.forward_ms)
+        self.cache_size.append(snapshot.cache_bytes)
+        speed = f"{tokens_per_s:.1f} tok/s" if tokens_per_s else "- tok/s"
+        self.set_text(f"{model_text} │ {speed} │ step {snapshot.forward_ms:.1f} ms │ "
+                      f"cache {human_bytes(snapshot.cache_bytes)}")
+        self.query_one("#latency", Sparkline).data = list(self.latency)
+        self.query_one("#cache-size", Sparkline).data = list(self.cache_size)

@@ -1,0 +1,321 @@
+"""The top-k pane: the step's candidate next tokens as probability bars, and the watched tokens.
+
+`topk_rows(snapshot, mode)` and `render_header(snapshot, mode)` are pure (testable without an
+App). By default the pane shows the distribution after the sampler's processors, with the raw
+probability of each token in a small column; `t` toggles to the raw distribution (the small column
+then shows the processed probability). `f` or enter on a row posts `TopKPane.Force`. O(k) per step.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Static
+
+from kvtui.engine.snapshot import StepSnapshot, TopToken
+from kvtui.widgets.cursor_pane import DEFAULT_PALETTE, Palette, role_style, theme_palette
+
+Mode = Literal["processed", "raw"]
+MODES: tuple[Mode, Mode] = ("processed", "raw")
+
+BAR_WIDTH = 12
+PIECE_WIDTH = 24
+CHOSEN_MARK = "▶"
+WATCHED_MARK = "◇"
+
+
+def columns(mode: Mode) -> tuple[tuple[str, str], ...]:
+    """(key, label) of the table's columns; the 'other' column is the other distribution."""
+    return (
+        ("mark", " "),
+        ("rank", "#"),
+        ("token", "token"),
+        ("id", "id"),
+        ("prob", "prob"),
+        ("bar", mode),
+        ("other", "raw" if mode == "processed" else "proc"),
+        ("logit", "logit"),
+    )
+
+
+def format_piece(text: str, width: int = PIECE_WIDTH) -> str:
+    """repr-like, in single quotes: newlines as ↵, other control/invisible characters escaped."""
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append("↵")
+        elif ch == "'":
+            out.append("\\'")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    body = "".join(out)
+    if len(body) > width:
+        body = body[: width - 1] + "…"
+    return f"'{body}'"
+
+
+def format_prob(p: float) -> str:
+    """0.4213 -> '42.1%', 0.0012 -> '0.12%', 3e-7 -> '<0.01%', 0 -> '0%'."""
+    pct = p * 100
+    if pct >= 1 or pct == 0:
+        return f"{pct:.1f}%" if pct else "0%"
+    if pct >= 0.01:
+        return f"{pct:.2f}%"
+    return "<0.01%"
+
+
+def format_logit(logit: float) -> str:
+    return "-inf" if logit <= -1e30 else f"{logit:.2f}"
+
+
+def prob_bar(p: float, width: int = BAR_WIDTH) -> str:
+    """A left-aligned bar of `width` cells in eighths, padded with spaces."""
+    eighths = round(min(max(p, 0.0), 1.0) * width * 8)
+    full, part = divmod(eighths, 8)
+    bar = "█" * full + ("▏▎▍▌▋▊▉"[part - 1] if part else "")
+    return bar.ljust(width)
+
+
+class TopKRow(NamedTuple):
+    key: str  # row key: "top-<i>" or "watch-<i>" (position, so rows are reused step to step)
+    token: TopToken
+    watched: bool  # a row of the watched list (below the top-k)
+    cells: tuple[Text, ...]
+
+
+def _cells(
+    token: TopToken,
+    rank: int,
+    *,
+    other: TopToken | None,
+    chosen: bool,
+    forced: bool,
+    watched_row: bool,
+    is_watched: bool,
+    palette: Palette | None,
+) -> tuple[Text, ...]:
+    bold = "bold" if chosen else ""
+    mark = (CHOSEN_MARK if chosen else " ") + (WATCHED_MARK if is_watched else " ")
+    piece = format_piece(token.text)
+    if chosen and forced:
+        piece += " (forced)"
+    bar_role = "accent" if chosen else "muted" if watched_row else "primary"
+    return (
+        Text(mark, style=role_style(palette, "accent", "bold")),
+        Text(f"#{rank}" if watched_row else str(rank), justify="right",
+             style=role_style(palette, "muted") if watched_row else ""),
+        Text(piece, style=role_style(palette, "accent", bold) if chosen else ""),
+        Text(str(token.id), justify="right", style=bold),
+        Text(format_prob(token.prob), justify="right", style=bold),
+        Text(prob_bar(token.prob), style=role_style(palette, bar_role)),
+        Text("·" if other is None else format_prob(other.prob), justify="right", style=role_style(palette, "muted")),
+        Text(format_logit(token.logit), justify="right", style=role_style(palette, "muted")),
+    )
+
+
+def topk_rows(snapshot: StepSnapshot | None, mode: Mode = "processed", palette: Palette | None = None) -> list[TopKRow]:
+    """The top-k rows of `mode` then one row per watched token. O(k + watched)."""
+    if snapshot is None:
+        return []
+    shown, other = (
+        (snapshot.topk_processed, snapshot.topk) if mode == "processed" else (snapshot.topk, snapshot.topk_processed)
+    )
+    other_by_id = {t.id: t for t in other}
+    watched_ids = {t.id for t in snapshot.watched}
+    chosen_id = None if snapshot.chosen is None else snapshot.chosen.id
+    forced = snapshot.chosen_forced
+    rows = []
+    for i, token in enumerate(shown):
+        rank = token.rank or i + 1
+        cells = _cells(token, rank, other=other_by_id.get(token.id), chosen=token.id == chosen_id, forced=forced,
+                       watched_row=False, is_watched=token.id in watched_ids, palette=palette)
+        rows.append(TopKRow(f"top-{i}", token, False, cells))
+    # Watched tokens are measured on the processed distribution; their rank is their own.
+    for i, token in enumerate(snapshot.watched):
+        cells = _cells(token, token.rank, other=None, chosen=token.id == chosen_id, forced=forced,
+                       watched_row=True, is_watched=True, palette=palette)
+        rows.append(TopKRow(f"watch-{i}", token, True, cells))
+    return rows
+
+
+def render_header(snapshot: StepSnapshot | None, mode: Mode = "processed", palette: Palette | None = None) -> Text:
+    """'processed (t: raw) · chosen ▶ ' the' 262 42.1% (forced)'."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    text.append(mode, style=role_style(palette, "accent", "bold"))
+    text.append(f" (t: {'raw' if mode == 'processed' else 'processed'})", style=role_style(palette, "muted"))
+    if snapshot is None:
+        text.append(" · no step yet", style=role_style(palette, "muted"))
+        return text
+    chosen = snapshot.chosen
+    if chosen is None:
+        text.append(" · nothing chosen", style=role_style(palette, "muted"))
+    else:
+        text.append(" · chosen ", style=role_style(palette, "muted"))
+        text.append(f"{CHOSEN_MARK} {format_piece(chosen.text)} {chosen.id}", style=role_style(palette, "accent", "bold"))
+        text.append(f" {format_prob(chosen.prob)}")
+        if chosen.rank:
+            text.append(f" rank {chosen.rank}", style=role_style(palette, "muted"))
+        if snapshot.chosen_forced:
+            text.append(" (forced)", style=role_style(palette, "warning", "bold"))
+    if snapshot.watched:
+        text.append(f" · {WATCHED_MARK} watched {len(snapshot.watched)}", style=role_style(palette, "muted"))
+    return text
+
+
+class TopKPane(Vertical):
+    """Top-k bars (processed or raw), the chosen token, watched tokens; posts Force."""
+
+    BINDINGS = [
+        Binding("f", "force", "Force token"),
+        Binding("t", "toggle_mode", "Raw/processed"),
+    ]
+
+    DEFAULT_CSS = """
+    TopKPane {
+        height: 1fr;
+        border: round $primary;
+        border-title-color: $primary;
+    }
+    TopKPane:focus-within {
+        border: round $accent;
+    }
+    TopKPane > #topk-header {
+        height: 1;
+        padding: 0 1;
+        color: $text-muted;
+    }
+    TopKPane > DataTable {
+        height: 1fr;
+    }
+    """
+
+    class Force(Message):
+        """The user asked to force this alternative as the next token."""
+
+        def __init__(self, token_id: int, text: str) -> None:
+            super().__init__()
+            self.token_id = token_id
+            self.text = text
+
+    def __init__(
+        self, *, mode: Mode = "processed", name: str | None = None, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        self.border_title = "top-k"
+        self._mode: Mode = mode
+        self._snapshot: StepSnapshot | None = None
+        self._rows: list[TopKRow] = []
+        self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
+
+    def compose(self) -> ComposeResult:
+        yield Static(render_header(None, self._mode), id="topk-header")
+        table: DataTable = DataTable(id="topk-table", cursor_type="row")
+        self._add_columns(table)
+        yield table
+
+    def _add_columns(self, table: DataTable) -> None:
+        for key, label in columns(self._mode):
+            table.add_column(label, key=key)
+
+    def on_mount(self) -> None:
+        self._palette = theme_palette(self.app)
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        self._refresh(force=True)
+
+    def _theme_changed(self, _theme) -> None:
+        self._palette = theme_palette(self.app)
+        self._refresh(force=True)
+
+    # -- public API -----------------------------------------------------------------------------
+
+    @property
+    def table(self) -> DataTable:
+        return self.query_one("#topk-table", DataTable)
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: Mode) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        if mode == self._mode:
+            return
+        self._mode = mode
+        if self.is_mounted:
+            table = self.table
+            cursor = table.cursor_row
+            table.clear(columns=True)
+            self._add_columns(table)
+            self._rows = []
+            self._refresh(cursor=cursor)
+
+    @property
+    def selected_token(self) -> TopToken | None:
+        if not self.is_mounted:
+            return None
+        row = self.table.cursor_row
+        return self._rows[row].token if 0 <= row < len(self._rows) else None
+
+    @property
+    def selected_token_id(self) -> int | None:
+        token = self.selected_token
+        return None if token is None else token.id
+
+    def show(self, snapshot: StepSnapshot | None) -> None:
+        self._snapshot = snapshot
+        if self.is_mounted:
+            self._refresh()
+
+    def action_toggle_mode(self) -> None:
+        self.mode = "raw" if self._mode == "processed" else "processed"
+
+    def action_force(self) -> None:
+        token = self.selected_token
+        if token is not None:
+            self.post_message(self.Force(token.id, token.text))
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _refresh(self, force: bool = False, cursor: int | None = None) -> None:
+        table = self.table
+        new_rows = topk_rows(self._snapshot, self._mode, self._palette)
+        same_shape = len(new_rows) == len(self._rows) and all(a.key == b.key for a, b in zip(new_rows, self._rows))
+        keys = [key for key, _ in columns(self._mode)]
+        if same_shape:
+            for old, new in zip(self._rows, new_rows):
+                for column, before, after in zip(keys, old.cells, new.cells):
+                    if force or before != after:
+                        table.update_cell(new.key, column, after)
+        else:
+            if cursor is None:
+                cursor = table.cursor_row
+            table.clear()
+            for row in new_rows:
+                table.add_row(*row.cells, key=row.key)
+            if new_rows:
+                table.move_cursor(row=min(max(cursor, 0), len(new_rows) - 1), scroll=False)
+        self._rows = new_rows
+        self.query_one("#topk-header", Static).update(render_header(self._snapshot, self._mode, self._palette))
+
+    @on(DataTable.RowSelected, "#topk-table")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if 0 <= event.cursor_row < len(self._rows):
+            token = self._rows[event.cursor_row].token
+            self.post_message(self.Force(token.id, token.text))
+
+    @on(DataTable.RowHighlighted, "#topk-table")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()

@@ -1,0 +1,508 @@
+"""The four snapshot panes: pure render functions, then each widget in a tiny host App."""
+
+from __future__ import annotations
+
+from math import prod
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.widgets import DataTable
+
+from kvtui.engine.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken
+from kvtui.widgets.cursor_pane import CursorPane, capacity_bar, format_positions, kind_summary, render_cursor
+from kvtui.widgets.diagnostics_pane import (
+    DiagnosticsPane,
+    diagnostic_cells,
+    render_detail,
+    severity_counts,
+    title_for,
+    truncate,
+)
+from kvtui.widgets.layers_pane import (
+    LayersPane,
+    format_bytes,
+    format_shape,
+    head_summary,
+    layer_cells,
+    layer_rows,
+    render_totals,
+)
+from kvtui.widgets.topk_pane import TopKPane, format_piece, format_prob, prob_bar, render_header, topk_rows
+
+# ---------------------------------------------------------------------------------------------
+# factory
+# ---------------------------------------------------------------------------------------------
+
+
+class ExplodingBuffer(TokenBuffer):
+    """A buffer that fails if a pane reads it token by token (panes must stay O(layers)/O(k))."""
+
+    def __iter__(self):
+        raise AssertionError("a pane iterated snapshot.buffer")
+
+    def __getitem__(self, index):
+        raise AssertionError("a pane indexed snapshot.buffer")
+
+
+def make_layer(
+    index: int,
+    kind: str = "full",
+    filled: int = 37,
+    *,
+    capacity: int | None = None,
+    window: int | None = None,
+    seen: int | None = None,
+    held_from: int = 0,
+    kv_heads: int = 2,
+    head_dim: int = 16,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> LayerInfo:
+    slots = capacity if capacity is not None else filled
+    shape = (1, kv_heads, slots, head_dim)
+    return LayerInfo(
+        index=index, kind=kind, k_shape=shape, v_shape=shape, dtype=dtype, device=device,
+        bytes=2 * prod(shape) * 4, filled=filled, capacity=capacity, window=window,
+        seen=filled if seen is None else seen, held_from=held_from,
+    )
+
+
+def tok(token_id: int, text: str, prob: float, logit: float = 1.0, rank: int = 0) -> TopToken:
+    return TopToken(id=token_id, text=text, logit=logit, prob=prob, rank=rank)
+
+
+RAW = (tok(11, " the", 0.50, 9.5, 1), tok(22, " a", 0.25, 8.8, 2), tok(33, "\n", 0.125, 8.1, 3), tok(44, "[b]x", 0.05, 7.2, 4))
+PROCESSED = (tok(11, " the", 0.60, 9.5, 1), tok(22, " a", 0.30, 8.8, 2), tok(33, "\n", 0.10, 8.1, 3))
+WATCHED = (tok(99, " zebra", 0.0004, -2.0, 731),)
+
+
+def make_snapshot(
+    *,
+    step: int = 5,
+    phase: str = "decode",
+    cursor: int = 37,
+    cache_seq_length: int | None = None,
+    capacity: int | None = None,
+    layers: tuple[LayerInfo, ...] | None = None,
+    positions: tuple[int, ...] = (36,),
+    topk: tuple[TopToken, ...] = RAW,
+    topk_processed: tuple[TopToken, ...] = PROCESSED,
+    watched: tuple[TopToken, ...] = WATCHED,
+    chosen: TopToken | None = PROCESSED[0],
+    chosen_forced: bool = False,
+    diagnostics: tuple[Diagnostic, ...] = (),
+    buffer: TokenBuffer | None = None,
+) -> StepSnapshot:
+    if cache_seq_length is None:
+        cache_seq_length = cursor
+    if layers is None:
+        layers = (make_layer(0, filled=cache_seq_length), make_layer(1, filled=cache_seq_length))
+    if buffer is None:
+        buffer = TokenBuffer([
+            BufferToken(position=i, id=100 + i, piece=f"t{i}", special=False, origin="user", turn=1)
+            for i in range(cache_seq_length)
+        ])
+    return StepSnapshot(
+        step=step, phase=phase, turn=1, input_ids=tuple(range(len(positions))), positions=positions,
+        cursor=cursor, cache_seq_length=cache_seq_length, capacity=capacity, layers=layers,
+        topk=topk, topk_processed=topk_processed, watched=watched, chosen=chosen,
+        chosen_forced=chosen_forced, diagnostics=diagnostics, forward_ms=12.5, snapshot_ms=0.4, buffer=buffer,
+    )
+
+
+def make_diagnostics(n: int, start_step: int = 1) -> list[Diagnostic]:
+    severities = ("info", "warning", "error")
+    return [
+        Diagnostic(code=f"CODE_{i}", severity=severities[i % 3], message=f"message number {i}", step=start_step + i)
+        for i in range(n)
+    ]
+
+
+def plain(cells) -> list[str]:
+    return [getattr(cell, "plain", str(cell)) for cell in cells]
+
+
+# ---------------------------------------------------------------------------------------------
+# host app
+# ---------------------------------------------------------------------------------------------
+
+
+class HostApp(App):
+    CSS = """
+    CursorPane { height: auto; }
+    LayersPane, TopKPane, DiagnosticsPane { height: 12; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer_selected: list[int] = []
+        self.forces: list[tuple[int, str]] = []
+        self.jumps: list[tuple[int, Diagnostic]] = []
+        self.stray: list[object] = []
+
+    def compose(self) -> ComposeResult:
+        yield CursorPane(id="cursor")
+        yield LayersPane(id="layers")
+        yield TopKPane(id="topk")
+        yield DiagnosticsPane(id="diagnostics")
+
+    def on_layers_pane_layer_selected(self, message: LayersPane.LayerSelected) -> None:
+        self.layer_selected.append(message.index)
+
+    # Textual derives the handler name from the class name: TopKPane -> "top_kpane".
+    def on_top_kpane_force(self, message: TopKPane.Force) -> None:
+        self.forces.append((message.token_id, message.text))
+
+    def on_diagnostics_pane_jump_to(self, message: DiagnosticsPane.JumpTo) -> None:
+        self.jumps.append((message.step, message.diagnostic))
+
+    def on_data_table_row_selected(self, message: DataTable.RowSelected) -> None:
+        self.stray.append(message)  # the panes translate these; none should reach the app
+
+
+def static_text(widget) -> str:
+    return widget.visual.plain
+
+
+# ---------------------------------------------------------------------------------------------
+# cursor pane
+# ---------------------------------------------------------------------------------------------
+
+
+def test_render_cursor_shows_step_cursor_cache_length_and_positions():
+    snap = make_snapshot(step=7, phase="prefill", cursor=53, positions=tuple(range(37, 53)))
+    text = render_cursor(snap).plain
+    assert "step 7" in text and "prefill" in text
+    assert "cursor 53" in text and "cache length 53" in text
+    assert "37..52 (16 tokens)" in text
+    assert "ALARM" not in text
+
+
+def test_render_cursor_alarm_only_when_cursor_differs():
+    assert "ALARM" not in render_cursor(make_snapshot(cursor=40, cache_seq_length=40)).plain
+    text = render_cursor(make_snapshot(cursor=40, cache_seq_length=44)).plain
+    assert "ALARM cursor 40 ≠ cache length 44" in text
+
+
+def test_render_cursor_none():
+    assert "no step" in render_cursor(None).plain
+
+
+def test_format_positions():
+    assert format_positions(()) == "-"
+    assert format_positions((53,)) == "53"
+    assert format_positions(tuple(range(37, 53))) == "37..52 (16 tokens)"
+    assert "not contiguous" in format_positions((1, 5, 9))
+
+
+def test_kind_summary_when_sliding_layers_hold_fewer():
+    layers = (
+        make_layer(0, "full", 120),
+        make_layer(1, "sliding", 7, window=8, seen=120, held_from=113),
+    )
+    snap = make_snapshot(cursor=120, layers=layers)
+    assert kind_summary(snap) == "full 120 · sliding 7 held of 120 seen (window 8)"
+    assert "full 120 · sliding 7 held" in render_cursor(snap).plain
+    # all layers agree: nothing to explain
+    assert kind_summary(make_snapshot(cursor=37)) is None
+
+
+def test_render_cursor_static_capacity_bar():
+    layers = (make_layer(0, "static", 37, capacity=64),)
+    text = render_cursor(make_snapshot(cursor=37, capacity=64, layers=layers)).plain
+    assert "37/64" in text and "58%" in text
+    assert "█" in text
+    assert capacity_bar(0, 10, width=10) == "░" * 10
+    assert capacity_bar(10, 10, width=10) == "█" * 10
+    assert "capacity" not in render_cursor(make_snapshot()).plain  # dynamic: no bar
+
+
+async def test_cursor_pane_alarm_in_app():
+    app = HostApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one(CursorPane)
+        assert pane.border_title == "cursor"
+        pane.show(make_snapshot(cursor=40, buffer=ExplodingBuffer([], 40)))
+        await pilot.pause()
+        text = static_text(pane)
+        assert "cursor 40" in text and "cache length 40" in text
+        assert "ALARM" not in text and not pane.has_class("-alarm") and not pane.alarm
+
+        pane.show(make_snapshot(cursor=40, cache_seq_length=44, buffer=ExplodingBuffer([], 44)))
+        await pilot.pause()
+        assert "ALARM cursor 40 ≠ cache length 44" in static_text(pane)
+        assert pane.has_class("-alarm") and pane.alarm
+
+        pane.show(make_snapshot(cursor=45, cache_seq_length=45))
+        await pilot.pause()
+        assert "ALARM" not in static_text(pane) and not pane.has_class("-alarm")
+
+        pane.show(None)
+        await pilot.pause()
+        assert "no step" in static_text(pane)
+
+
+# ---------------------------------------------------------------------------------------------
+# layers pane
+# ---------------------------------------------------------------------------------------------
+
+
+def test_format_helpers():
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(3 * 1024 * 1024) == "3.0 MiB"
+    assert format_shape((1, 2, 37, 16)) == "1×2×37×16"
+
+
+def test_layer_cells():
+    cells = plain(layer_cells(make_layer(3, "full", 37)))
+    # index, kind, K, V, dtype, device, bytes, filled/cap, window
+    assert cells == ["3", "full", "1×2×37×16", "1×2×37×16", "float32", "cpu", "9.2 KiB", "37/∞", "-"]
+    static = plain(layer_cells(make_layer(0, "static-sliding", 8, capacity=8, window=8, seen=40, held_from=32)))
+    assert static[2] == "1×2×8×16" and static[7] == "8/8" and static[8] == "8 from 32"
+
+
+def test_render_totals_and_heads():
+    snap = make_snapshot(layers=(make_layer(0, "full", 37), make_layer(1, "sliding", 8, window=8, seen=37)))
+    text = render_totals(snap, query_heads=4, kv_heads=2).plain
+    assert format_bytes(snap.cache_bytes) in text
+    assert "2 layers (1 full, 1 sliding)" in text
+    assert "KV heads 2 vs query heads 4 (GQA ×2)" in text
+    # kv heads read from the K shape when not given
+    assert "KV heads 2" in render_totals(snap).plain
+    assert head_summary(4, 4).endswith("(MHA)") and head_summary(8, 1).endswith("(MQA)")
+    assert "no layers" in render_totals(None).plain
+
+
+def test_layer_rows_keys():
+    rows = layer_rows(make_snapshot())
+    assert [r.key for r in rows] == ["layer-0", "layer-1"] and [r.index for r in rows] == [0, 1]
+    assert layer_rows(None) == []
+
+
+async def test_layers_pane_rows_update_in_place_and_selection():
+    app = HostApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one(LayersPane)
+        assert pane.border_title == "layers"
+        pane.set_model_info(query_heads=4, kv_heads=2)
+        pane.show(make_snapshot(cursor=37, buffer=ExplodingBuffer([], 37)))
+        await pilot.pause()
+        table = pane.table
+        assert table.row_count == 2
+        row = plain(table.get_row_at(0))
+        assert row[0] == "0" and row[2] == "1×2×37×16" and row[6] == "9.2 KiB" and row[7] == "37/∞"
+        assert "KV heads 2 vs query heads 4" in static_text(pane.query_one("#layers-totals"))
+        keys = [r.key for r in table.ordered_rows]
+
+        # same layer count: cells change, rows (keys) are reused
+        pane.show(make_snapshot(cursor=38))
+        await pilot.pause()
+        assert [r.key for r in table.ordered_rows] == keys
+        assert all(a is b for a, b in zip((r.key for r in table.ordered_rows), keys))
+        assert plain(table.get_row_at(1))[7] == "38/∞"
+        assert table.get_cell_at((0, 2)).plain == "1×2×38×16"
+
+        # moving the cursor posts LayerSelected
+        table.focus()
+        await pilot.press("down")
+        await pilot.pause()
+        assert app.layer_selected[-1] == 1 and pane.selected_layer == 1
+
+        # a different layer count rebuilds, the cursor stays on the same row
+        pane.show(make_snapshot(cursor=39, layers=tuple(make_layer(i, filled=39) for i in range(4))))
+        await pilot.pause()
+        assert table.row_count == 4 and table.cursor_row == 1 and pane.selected_layer == 1
+        assert app.layer_selected[-1] == 1
+
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        assert app.layer_selected[-2:] == [2, 2]  # highlight, then enter re-posts
+        assert not app.stray
+
+
+# ---------------------------------------------------------------------------------------------
+# top-k pane
+# ---------------------------------------------------------------------------------------------
+
+
+def test_format_piece_and_prob():
+    assert format_piece(" the") == "' the'"
+    assert format_piece("a\nb") == "'a↵b'"
+    assert format_piece("\t\x00") == "'\\t\\x00'"
+    assert format_piece("x" * 40).endswith("…'")
+    assert format_prob(0.4213) == "42.1%"
+    assert format_prob(0.0012) == "0.12%"
+    assert format_prob(3e-7) == "<0.01%"
+    assert format_prob(0.0) == "0%"
+    assert prob_bar(1.0, 4) == "████" and prob_bar(0.5, 4) == "██  " and prob_bar(0.0, 4) == "    "
+
+
+def test_topk_rows_processed_default():
+    rows = topk_rows(make_snapshot())
+    assert [r.key for r in rows] == ["top-0", "top-1", "top-2", "watch-0"]
+    first = plain(rows[0].cells)  # mark, rank, token, id, prob, bar, other(raw), logit
+    assert first[0].startswith("▶") and first[1] == "1" and first[2] == "' the'" and first[3] == "11"
+    assert first[4] == "60.0%" and first[6] == "50.0%" and first[7] == "9.50"
+    assert "█" in first[5]
+    assert plain(rows[2].cells)[2] == "'↵'"
+    assert not plain(rows[1].cells)[0].startswith("▶")
+    watched = plain(rows[3].cells)
+    assert rows[3].watched and watched[1] == "#731" and watched[4] == "0.04%" and "◇" in watched[0]
+
+
+def test_topk_rows_raw_and_forced():
+    snap = make_snapshot(chosen=RAW[3], chosen_forced=True)
+    rows = topk_rows(snap, "raw")
+    assert [r.token.id for r in rows[:4]] == [11, 22, 33, 44]
+    chosen = plain(rows[3].cells)
+    assert chosen[0].startswith("▶") and chosen[2] == "'[b]x' (forced)"
+    assert chosen[6] == "·"  # not in the processed top-k
+    header = render_header(snap, "raw").plain
+    assert "raw" in header and "▶ '[b]x' 44" in header and "(forced)" in header
+    assert "processed" in render_header(make_snapshot()).plain
+
+
+async def test_topk_pane_force_on_row_two_and_toggle():
+    app = HostApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one(TopKPane)
+        assert pane.border_title == "top-k"
+        pane.show(make_snapshot(buffer=ExplodingBuffer([], 37)))
+        await pilot.pause()
+        table = pane.table
+        assert table.row_count == 4
+        assert plain(table.get_row_at(0))[2] == "' the'"
+        assert table.get_cell_at((0, 0)).plain.startswith("▶")
+
+        table.focus()
+        await pilot.press("down", "down")  # row 2
+        await pilot.pause()
+        assert pane.selected_token_id == 33
+        await pilot.press("f")
+        await pilot.pause()
+        assert app.forces == [(33, "\n")]
+        await pilot.press("up", "enter")
+        await pilot.pause()
+        assert app.forces[-1] == (22, " a")
+
+        # a new step with as many rows reuses them
+        keys = [r.key for r in table.ordered_rows]
+        pane.show(make_snapshot(chosen=PROCESSED[1], chosen_forced=True))
+        await pilot.pause()
+        assert all(a is b for a, b in zip((r.key for r in table.ordered_rows), keys))
+        assert table.get_cell_at((1, 2)).plain == "' a' (forced)"
+
+        # t: raw distribution, markup-looking pieces stay literal
+        await pilot.press("t")
+        await pilot.pause()
+        assert pane.mode == "raw" and table.row_count == 5
+        assert table.get_cell_at((3, 2)).plain == "'[b]x'"
+        assert "raw" in static_text(pane.query_one("#topk-header"))
+        assert not app.stray
+
+
+# ---------------------------------------------------------------------------------------------
+# diagnostics pane
+# ---------------------------------------------------------------------------------------------
+
+
+def test_diagnostic_helpers():
+    d = Diagnostic(code="CURSOR_MISMATCH", severity="error", message="x" * 200, step=12)
+    cells = plain(diagnostic_cells(d, width=40))
+    assert cells[:3] == ["12", "error", "CURSOR_MISMATCH"]
+    assert len(cells[3]) == 40 and cells[3].endswith("…")
+    assert render_detail(d).plain.endswith("x" * 200)  # the full text
+    assert truncate("a\nb") == "a b"
+    counts = severity_counts(make_diagnostics(5))  # info, warning, error, info, warning
+    assert counts == {"info": 2, "warning": 2, "error": 1}
+    assert title_for(counts) == "diagnostics · 1 error · 2 warnings · 2 info"
+    assert title_for({"error": 2, "warning": 1, "info": 0}) == "diagnostics · 2 errors · 1 warning"
+    assert title_for(severity_counts([])) == "diagnostics"
+
+
+async def test_diagnostics_pane_append_rebuild_and_jump():
+    app = HostApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one(DiagnosticsPane)
+        all_diags = make_diagnostics(6, start_step=10)
+        pane.show_diagnostics(all_diags[:3])
+        await pilot.pause()
+        table = pane.table
+        assert table.row_count == 3
+        assert plain(table.get_row_at(2)) == ["12", "error", "CODE_2", "message number 2"]
+        assert pane.border_title == "diagnostics · 1 error · 1 warning · 1 info"
+        assert pane.has_class("-errors")
+        keys = [r.key for r in table.ordered_rows]
+
+        # append-only: the three shown rows keep their keys (same objects), three are added
+        pane.show_diagnostics(all_diags)
+        await pilot.pause()
+        assert table.row_count == 6
+        now = [r.key for r in table.ordered_rows]
+        assert all(a is b for a, b in zip(now[:3], keys))
+        assert table.cursor_row == 5  # followed the tail
+        assert "message number 5" in static_text(pane.query_one("#diagnostics-detail"))
+        assert pane.border_title == "diagnostics · 2 errors · 2 warnings · 2 info"
+
+        # same list again: nothing changes
+        pane.show_diagnostics(list(all_diags))
+        await pilot.pause()
+        assert [r.key for r in table.ordered_rows] == now and table.row_count == 6
+
+        # enter on a row posts JumpTo with its step
+        table.focus()
+        table.move_cursor(row=1)
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.jumps == [(11, all_diags[1])]
+        assert pane.selected_diagnostic == all_diags[1]
+        assert table.tooltip == "message number 1"
+
+        # shorter (a reset): rebuilt
+        reset = make_diagnostics(2, start_step=1)
+        pane.show_diagnostics(reset)
+        await pilot.pause()
+        assert table.row_count == 2
+        assert not any(a is b for a, b in zip((r.key for r in table.ordered_rows), keys))
+        assert plain(table.get_row_at(0))[0] == "1"
+        assert pane.border_title == "diagnostics · 1 warning · 1 info" and not pane.has_class("-errors")
+
+        pane.show_diagnostics([])
+        await pilot.pause()
+        assert table.row_count == 0 and pane.border_title == "diagnostics"
+        pane.show(make_snapshot())  # accepted, no-op
+        assert not app.stray
+
+
+async def test_panes_accept_snapshots_before_mount():
+    app = HostApp()
+    snap = make_snapshot(cursor=40, cache_seq_length=44)
+    layers, topk, diags = LayersPane(), TopKPane(), DiagnosticsPane()
+    layers.show(snap)
+    topk.show(snap)
+    diags.show_diagnostics(make_diagnostics(2))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.mount(layers, topk, diags)
+        await pilot.pause()
+        assert layers.table.row_count == 2
+        assert topk.table.row_count == 4
+        assert diags.table.row_count == 2
+
+
+@pytest.mark.parametrize("theme", ["textual-light", "nord"])
+async def test_theme_change_rerenders(theme):
+    app = HostApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one(TopKPane)
+        pane.show(make_snapshot())
+        cursor = app.query_one(CursorPane)
+        cursor.show(make_snapshot(cursor=1, cache_seq_length=2))
+        await pilot.pause()
+        app.theme = theme
+        await pilot.pause()
+        await pilot.pause()
+        error = app.theme_variables["error"]
+        assert pane.table.row_count == 4
+        assert any(error.lower() in str(span.style).lower() for span in cursor.content.spans)
