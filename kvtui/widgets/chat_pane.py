@@ -51,9 +51,9 @@ class ChatPane(Vertical):
         for index, (role, content) in enumerate(rows):
             if index < len(children):
                 if self._shown[index] != (role, content):
-                    children[index].update(self._render(role, content, streaming=index == len(rows) - 1 and bool(pending)))
+                    children[index].update(self._message_text(role, content, streaming=index == len(rows) - 1 and bool(pending)))
             else:
-                transcript.mount(Static(self._render(role, content), classes=f"message {ROLE_STYLE.get(role, '')}"))
+                transcript.mount(Static(self._message_text(role, content), classes=f"message {ROLE_STYLE.get(role, '')}"))
         self._shown = rows
         transcript.scroll_end(animate=False)
 
@@ -61,7 +61,7 @@ class ChatPane(Vertical):
         self.query_one("#reuse", Static).update(text)
 
     @staticmethod
-    def _render(role: str, content: str, streaming: bool = False) -> Text:
+    def _message_text(role: str, content: str, streaming: bool = False) -> Text:
         text = Text()
         text.append(f"{role}: ", style="bold")
         text.append(content or ("…" if role == "assistant" else ""))

@@ -138,6 +138,7 @@ class DiagnosticsPane(Vertical):
         self._pending: Sequence[Diagnostic] | None = None  # given before mount
         self._counts = severity_counts(())
         self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
+        self._ready = False
 
     def compose(self) -> ComposeResult:
         table: DataTable = DataTable(id="diagnostics-table", cursor_type="row")
@@ -147,6 +148,7 @@ class DiagnosticsPane(Vertical):
         yield Static(render_detail(None), id="diagnostics-detail")
 
     def on_mount(self) -> None:
+        self._ready = True  # is_mounted only turns True after on_mount returns
         self._palette = theme_palette(self.app)
         self.app.theme_changed_signal.subscribe(self, self._theme_changed)
         if self._pending is not None:
@@ -175,7 +177,7 @@ class DiagnosticsPane(Vertical):
 
     @property
     def selected_diagnostic(self) -> Diagnostic | None:
-        if not self.is_mounted:
+        if not self._ready:
             return None
         row = self.table.cursor_row
         return self._shown[row] if 0 <= row < len(self._shown) else None
@@ -184,7 +186,7 @@ class DiagnosticsPane(Vertical):
         """Snapshots carry only their own step's diagnostics: feed the full list to show_diagnostics."""
 
     def show_diagnostics(self, diagnostics: Sequence[Diagnostic]) -> None:
-        if not self.is_mounted:
+        if not self._ready:
             self._pending = diagnostics
             return
         shown = self._shown

@@ -172,6 +172,7 @@ class LayersPane(Vertical):
         self._kv_heads: int | None = None
         self._selected: int | None = None
         self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
+        self._ready = False
 
     def compose(self) -> ComposeResult:
         table: DataTable = DataTable(id="layers-table", cursor_type="row", zebra_stripes=True)
@@ -181,6 +182,7 @@ class LayersPane(Vertical):
         yield Static(render_totals(None), id="layers-totals")
 
     def on_mount(self) -> None:
+        self._ready = True  # is_mounted only turns True after on_mount returns
         self._palette = theme_palette(self.app)
         self.app.theme_changed_signal.subscribe(self, self._theme_changed)
         if self._snapshot is not None:
@@ -203,12 +205,12 @@ class LayersPane(Vertical):
 
     def set_model_info(self, query_heads: int | None, kv_heads: int | None) -> None:
         self._query_heads, self._kv_heads = query_heads, kv_heads
-        if self.is_mounted:
+        if self._ready:
             self._update_totals()
 
     def show(self, snapshot: StepSnapshot | None) -> None:
         self._snapshot = snapshot
-        if self.is_mounted:
+        if self._ready:
             self._refresh_table()
 
     def select_layer(self, index: int) -> None:
@@ -231,7 +233,9 @@ class LayersPane(Vertical):
                 if force or old.cells != new.cells:
                     for (column, _), before, after in zip(COLUMNS, old.cells, new.cells):
                         if force or before != after:
-                            table.update_cell(new.key, column, after)
+                            # update_width only when the width changes: otherwise the column is not re-measured
+                            # and a wider value would be cropped (a narrower one re-measures the column).
+                            table.update_cell(new.key, column, after, update_width=before.cell_len != after.cell_len)
         else:
             cursor = table.cursor_row
             table.clear()

@@ -27,13 +27,12 @@ from rich.segment import Segment
 from rich.style import Style
 from textual import events
 from textual.binding import Binding, BindingType
-from textual.color import Color
 from textual.geometry import Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ..engine.snapshot import ORIGINS, BufferToken, LayerInfo, StepSnapshot
+from ..engine.snapshot import ORIGINS, BufferToken, LayerInfo, StepSnapshot, TopToken
 
 EMPTY_TEXT = "cache empty — send a message"
 CURSOR_GLYPH = "▌"
@@ -135,7 +134,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
         & > .token-buffer--primed { color: $text-error 55%; text-style: italic; }
         & > .token-buffer--special { background: $accent 22%; text-style: bold; }
 
-        & > .token-buffer--last-forward { background: $primary 30%; }
+        & > .token-buffer--last-forward { background: $foreground 15%; }
         & > .token-buffer--evicted { color: $text-disabled; text-style: strike; }
         & > .token-buffer--cursor { color: $text-accent; background: $accent 35%; text-style: bold; }
         & > .token-buffer--attention { background: $warning; }
@@ -185,6 +184,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
         self._selected_layer: int | None = None
         self._attention: Sequence[float] | None = None
         self._grid = self._compute_grid(0)
+        self._height = 0
         self._styles: dict[tuple, Style] = {}
 
     # ------------------------------------------------------------------ public API
@@ -244,7 +244,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
             clamped = True
             self._select(count - 1, scroll=False)
         self._relayout()
-        if follow:
+        if follow and self.is_mounted:  # (before mount, the first on_resize scrolls to the tail)
             self.scroll_end(animate=False, immediate=True, x_axis=False)
         elif clamped:
             self._scroll_to_index(count - 1)
@@ -253,8 +253,6 @@ class TokenBufferPane(ScrollView, can_focus=True):
     def show_buffer(self, buffer: Sequence[BufferToken], cursor: int | None = None, last_forward_count: int = 0,
                     pending_text: str | None = None, layers: tuple[LayerInfo, ...] = ()) -> None:
         """Convenience for callers without a StepSnapshot (e.g. a trace viewer)."""
-        from ..engine.snapshot import TopToken
-
         if cursor is None:
             cursor = buffer[-1].position + 1 if len(buffer) else 0
         chosen = None if pending_text is None else TopToken(id=-1, text=pending_text, logit=0.0, prob=0.0)
@@ -321,13 +319,22 @@ class TokenBufferPane(ScrollView, can_focus=True):
     def _relayout(self) -> None:
         width = self.scrollable_content_region.width
         self._grid = grid = self._compute_grid(width)
+        self._height = self.scrollable_content_region.height
         self.virtual_size = Size(width, grid.rows)
         self.refresh()
 
+    def on_mount(self) -> None:
+        self._update_subtitle()
+        self._relayout()
+
     def on_resize(self, event: events.Resize) -> None:
+        old, old_height = self._grid, self._height
+        at_end = old.width == 0 or self.scroll_offset.y >= old.rows - old_height
         self._relayout()
         if self._selected is not None:
             self._scroll_to_index(self._selected)
+        elif at_end:  # keep following the tail (also: the first layout after a show() before mount)
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
@@ -442,10 +449,12 @@ class TokenBufferPane(ScrollView, can_focus=True):
             self._scroll_to_index(index)
         self._update_subtitle()
         self.refresh()
-        if changed and self._snapshot is not None:
+        if changed and self._snapshot is not None and self.is_attached:
             self.post_message(self.Selected(index, self._snapshot.buffer[index], self))
 
     def _scroll_to_index(self, index: int) -> None:
+        if not self.is_mounted:
+            return
         row = index // self._grid.cols
         height = max(1, self.scrollable_content_region.height)
         top = self.scroll_offset.y

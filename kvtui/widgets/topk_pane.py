@@ -216,6 +216,7 @@ class TopKPane(Vertical):
         self._snapshot: StepSnapshot | None = None
         self._rows: list[TopKRow] = []
         self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
+        self._ready = False
 
     def compose(self) -> ComposeResult:
         yield Static(render_header(None, self._mode), id="topk-header")
@@ -228,6 +229,7 @@ class TopKPane(Vertical):
             table.add_column(label, key=key)
 
     def on_mount(self) -> None:
+        self._ready = True  # is_mounted only turns True after on_mount returns
         self._palette = theme_palette(self.app)
         self.app.theme_changed_signal.subscribe(self, self._theme_changed)
         self._refresh(force=True)
@@ -253,7 +255,7 @@ class TopKPane(Vertical):
         if mode == self._mode:
             return
         self._mode = mode
-        if self.is_mounted:
+        if self._ready:
             table = self.table
             cursor = table.cursor_row
             table.clear(columns=True)
@@ -263,7 +265,7 @@ class TopKPane(Vertical):
 
     @property
     def selected_token(self) -> TopToken | None:
-        if not self.is_mounted:
+        if not self._ready:
             return None
         row = self.table.cursor_row
         return self._rows[row].token if 0 <= row < len(self._rows) else None
@@ -275,7 +277,7 @@ class TopKPane(Vertical):
 
     def show(self, snapshot: StepSnapshot | None) -> None:
         self._snapshot = snapshot
-        if self.is_mounted:
+        if self._ready:
             self._refresh()
 
     def action_toggle_mode(self) -> None:
@@ -297,7 +299,8 @@ class TopKPane(Vertical):
             for old, new in zip(self._rows, new_rows):
                 for column, before, after in zip(keys, old.cells, new.cells):
                     if force or before != after:
-                        table.update_cell(new.key, column, after)
+                        # update_width only when the width changes (else a wider value would be cropped).
+                        table.update_cell(new.key, column, after, update_width=before.cell_len != after.cell_len)
         else:
             if cursor is None:
                 cursor = table.cursor_row

@@ -303,6 +303,14 @@ async def test_layers_pane_rows_update_in_place_and_selection():
         assert plain(table.get_row_at(1))[7] == "38/∞"
         assert table.get_cell_at((0, 2)).plain == "1×2×38×16"
 
+        # a wider value in place widens its column (DataTable only re-measures when told to)
+        pane.show(make_snapshot(cursor=100000))
+        await pilot.pause()
+        assert table.columns["filled"].content_width >= len("100000/∞")
+        assert table.columns["bytes"].content_width >= len(format_bytes(2 * 2 * 100000 * 16 * 4))
+        pane.show(make_snapshot(cursor=38))
+        await pilot.pause()
+
         # moving the cursor posts LayerSelected
         table.focus()
         await pilot.press("down")
