@@ -113,7 +113,7 @@ class KvtuiApp(App):
     ]
 
     def __init__(self, model: str | None = None, options: dict | None = None, theme_name: str = DEFAULT_THEME,
-                 script=None, trace_path: Path | None = None, verify_every: int = 0, loaded=None):
+                 script=None, trace_path: Path | None = None, verify_every: int = 0, loaded=None, clock=None):
         super().__init__()
         from .cli import DEFAULT_OPTIONS
 
@@ -123,6 +123,7 @@ class KvtuiApp(App):
         self.trace_path = trace_path
         self.verify_every = verify_every
         self._preloaded = loaded
+        self._clock = clock
         self.session = None  # touched only inside engine workers (under _engine_lock)
         self._engine_lock = threading.Lock()
         self._writer = None
@@ -196,7 +197,9 @@ class KvtuiApp(App):
                 progress=lambda text, fraction=None: self.post_message(LoadProgress(text, fraction)))
             config = cli.build_session_config(self.options, loaded.tokenizer)
             with self._engine_lock:
-                self.session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self._on_engine_snapshot)
+                extra = {"clock": self._clock} if self._clock else {}
+                self.session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self._on_engine_snapshot,
+                                           **extra)
                 if self.trace_path is None:
                     fd, spool = tempfile.mkstemp(prefix="kvtui-", suffix=".jsonl")
                     os.close(fd)

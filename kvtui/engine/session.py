@@ -63,8 +63,10 @@ class _Message:
 
 class ChatSession:
     def __init__(self, model, tokenizer, config: SessionConfig | None = None,
-                 on_snapshot: Callable[[StepSnapshot], None] | None = None):
+                 on_snapshot: Callable[[StepSnapshot], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.model, self.tokenizer = model, tokenizer
+        self._clock = clock  # injectable so screenshot tests get stable timings
         self.config = config or SessionConfig()
         if self.config.mode not in ("chat", "completion"):
             raise SessionError(f"unknown mode {self.config.mode!r}: use chat or completion")
@@ -209,7 +211,7 @@ class ChatSession:
             kwargs["cache_position"] = torch.arange(cache_len, cache_len + len(fed), device=self.device)
         if self._accepts_logits_to_keep:  # the prefill needs only the last row of logits
             kwargs["logits_to_keep"] = 1
-        started = time.perf_counter()
+        started = self._clock()
         try:
             with torch.inference_mode():
                 out = self.model(**kwargs)  # updates self.cache in place
@@ -217,9 +219,9 @@ class ChatSession:
             self._restore(cache_len)
             raise
         logits = out.logits[0, -1].float()  # [vocab]
-        forward_ms = (time.perf_counter() - started) * 1000
+        forward_ms = (self._clock() - started) * 1000
 
-        snap_started = time.perf_counter()
+        snap_started = self._clock()
         self.steps = step
         self._tokens.extend(fed)
         self._next_position = positions[-1] + 1
@@ -257,7 +259,7 @@ class ChatSession:
             topk_processed=top_tokens(scores, self.config.top_k_shown, self.piece),
             watched=watched_tokens(scores, self.config.watch, self.piece),
             chosen=self.pending, chosen_forced=self.pending_forced, diagnostics=tuple(found),
-            forward_ms=forward_ms, snapshot_ms=(time.perf_counter() - snap_started) * 1000,
+            forward_ms=forward_ms, snapshot_ms=(self._clock() - snap_started) * 1000,
             buffer=self.buffer, turn_done=self._turn_done_after(),
         )
         self.last = snapshot
@@ -516,7 +518,7 @@ class ChatSession:
         chat = self._tokens[self._primed:]
         if self._logits is None or not chat:
             raise SessionError("nothing to verify: send a message first")
-        started = time.perf_counter()
+        started = self._clock()
         ids = torch.tensor([[t.id for t in chat]], device=self.device)  # [1, n]
         kwargs = dict(input_ids=ids, use_cache=False,
                       position_ids=torch.arange(ids.shape[1], device=self.device).unsqueeze(0))  # what model(ids) does
@@ -533,7 +535,7 @@ class ChatSession:
         agree = _orders_agree(cached_top, fresh_top, fresh, tolerance)
         result = VerifyResult(max_abs_diff=diff, tolerance=tolerance, topk_agree=agree, cached_top=tuple(cached_top),
                               recomputed_top=tuple(fresh_top), tokens=len(chat),
-                              ok=diff <= tolerance and agree, ms=(time.perf_counter() - started) * 1000)
+                              ok=diff <= tolerance and agree, ms=(self._clock() - started) * 1000)
         if not result.ok:
             self._record([Diagnostic(
                 "cache-mismatch", "error",

@@ -27,13 +27,13 @@ class HelpScreen(ModalScreen):
 
     def __init__(self, bindings: list[Binding]):
         super().__init__()
-        self._bindings = bindings
+        self._key_bindings = bindings
 
     def compose(self) -> ComposeResult:
         table = Table(title="kvtui keys", expand=True, show_edge=False)
         table.add_column("key", style="bold", no_wrap=True)
         table.add_column("does")
-        for binding in self._bindings:
+        for binding in self._key_bindings:
             keys = ", ".join(k.strip() for k in binding.key.split(","))
             table.add_row(keys, binding.description)
         with VerticalScroll():

@@ -1,0 +1,34 @@
+"""Waiting helpers for pilot tests: the engine runs in a thread, so tests wait on conditions."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+async def wait_for(pilot, predicate, timeout: float = 30.0, what: str = "condition"):
+    """Let the app and its worker threads run until predicate() holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+async def wait_idle(pilot, app, timeout: float = 30.0):
+    """Until no engine worker is running and the last snapshot reached the panes."""
+    await wait_for(pilot, lambda: not any(w.group == "engine" and not w.is_finished for w in app.workers),
+                   timeout, "the engine worker to finish")
+    await pilot.pause(0.1)
+
+
+
+class FakeClock:
+    """Each reading advances 1 ms: snapshot timings become deterministic."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
