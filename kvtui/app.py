@@ -137,7 +137,8 @@ class KvtuiApp(App):
         self.app_diagnostics: list[Diagnostic] = []  # worker errors: the engine never saw them
         self.messages: list[dict] = []
         self.model_text = "loading model…"
-        self.hidden: set[str] = set()
+        self.hidden: set[str] = set()  # panes the user hid
+        self.shown: set[str] = set()  # panes the user showed although the layout folds them
         self._recent_ms: deque[float] = deque(maxlen=16)
         self._themes = load_themes()
         for theme in self._themes.values():
@@ -170,16 +171,20 @@ class KvtuiApp(App):
         self._apply_layout()
 
     def _apply_layout(self) -> None:
-        """Reflow: small terminals fold the lower row away (toggle it back with l / d)."""
+        """Reflow: short terminals fold the lower row away unless the user shows it (l / d)."""
         width, height = self.size
         self.screen.set_class(width < 110, "narrow")
         self.screen.set_class(height < 32, "short")
         self.screen.set_class(self.theme == "kvtui-projector", "roomy")
+        hidden = self._hidden_panes()
         for name in PANES.values():
-            self.query_one(f"#{name}").display = name not in self.hidden
-        row3_visible = not ({"layers", "diagnostics"} <= self.hidden)
-        self.query_one("#row3").display = row3_visible
-        self.query_one("#row2").display = not ({"cursor", "topk"} <= self.hidden)
+            self.query_one(f"#{name}").display = name not in hidden
+        self.query_one("#row2").display = not ({"cursor", "topk"} <= hidden)
+        self.query_one("#row3").display = not ({"layers", "diagnostics"} <= hidden)
+
+    def _hidden_panes(self) -> set[str]:
+        folded = {"layers", "diagnostics"} if self.size.height < 32 or self.theme == "kvtui-projector" else set()
+        return self.hidden | (folded - self.shown)
 
     # ---- loading -----------------------------------------------------------------------------------
 
@@ -474,7 +479,12 @@ class KvtuiApp(App):
         self._show(self.latest)
 
     def action_toggle_pane(self, name: str) -> None:
-        self.hidden ^= {name}
+        if name in self._hidden_panes():
+            self.hidden.discard(name)
+            self.shown.add(name)
+        else:
+            self.hidden.add(name)
+            self.shown.discard(name)
         self._apply_layout()
 
     def action_help(self) -> None:

@@ -121,11 +121,11 @@ class TokenBufferPane(ScrollView, can_focus=True):
         border-subtitle-align: left;
         &:focus { border: round $accent; }
 
-        & > .token-buffer--gutter { color: $text-muted; background: $panel; }
+        & > .token-buffer--gutter { color: $foreground 55%; background: $panel; }
         & > .token-buffer--separator { color: $foreground 18%; }
-        & > .token-buffer--empty { color: $text-muted; text-style: italic; }
+        & > .token-buffer--empty { color: $foreground 60%; text-style: italic; }
 
-        & > .token-buffer--template { color: $text-muted; }
+        & > .token-buffer--template { color: $foreground 70%; }
         & > .token-buffer--system { color: $text-secondary; }
         & > .token-buffer--user { color: $text-primary; }
         & > .token-buffer--assistant { color: $text-success; }

@@ -1,0 +1,38 @@
+"""SVG snapshots of the main screen after a few steps, on a deterministic tiny model, in two themes and two sizes.
+
+Update after an intended change of the look: `make test PYTEST_ARGS="tests/ui/test_snapshots.py --snapshot-update"`,
+then look at the SVGs in tests/ui/__snapshots__ before committing them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Input
+
+from kvtui.app import KvtuiApp
+from pilot_helpers import FakeClock, wait_for, wait_idle
+
+
+async def three_steps(pilot):
+    app = pilot.app
+    await wait_for(pilot, lambda: app.session is not None, what="the model to load")
+    app.step_mode = True
+    chat_input = app.query_one("#message", Input)
+    chat_input.cursor_blink = False
+    chat_input.focus()
+    chat_input.value = "What is k?"
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: app.latest is not None, what="the prefill")
+    await wait_idle(pilot, app)
+    for _ in range(3):
+        await pilot.press("space")
+        await wait_idle(pilot, app)
+    app.clear_notifications()
+    await pilot.pause(0.2)
+
+
+@pytest.mark.parametrize("theme", ["kvtui-dark", "kvtui-light"])
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_main_screen(snap_compare, tiny_loaded, theme, size):
+    app = KvtuiApp(loaded=tiny_loaded("qwen2"), options={"max_new_tokens": 8}, theme_name=theme, clock=FakeClock())
+    assert snap_compare(app, terminal_size=size, run_before=three_steps)
