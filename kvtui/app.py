@@ -36,8 +36,9 @@ from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 from .widgets.topk_pane import TopKPane
 
+REFRESH_HZ = 8  # pane repaints per second at most while the model runs
 HISTORY_STEPS = 512  # snapshots kept for "jump to step"; older steps live in the trace on disk
-PANES = {"b": "buffer", "c": "cursor", "l": "layers", "k": "topk", "d": "diagnostics"}
+PANES = ("buffer", "cursor", "topk", "layers", "diagnostics")
 
 
 # ---- messages from the workers (posted from threads) ---------------------------------------------
@@ -103,11 +104,11 @@ class KvtuiApp(App):
         Binding("ctrl+s", "save_trace", "save trace"),
         Binding("f12", "screenshot", "screenshot (SVG)", show=False),
         Binding("t", "next_theme", "theme", show=False),
-        Binding("b", "toggle_pane('buffer')", "show/hide token buffer", show=False),
-        Binding("c", "toggle_pane('cursor')", "show/hide cursor", show=False),
-        Binding("l", "toggle_pane('layers')", "show/hide layers", show=False),
-        Binding("k", "toggle_pane('topk')", "show/hide top-k", show=False),
-        Binding("d", "toggle_pane('diagnostics')", "show/hide diagnostics", show=False),
+        Binding("f2", "toggle_pane('buffer')", "show/hide token buffer", show=False),
+        Binding("f3", "toggle_pane('cursor')", "show/hide cursor", show=False),
+        Binding("f4", "toggle_pane('topk')", "show/hide top-k", show=False),
+        Binding("f5", "toggle_pane('layers')", "show/hide layers", show=False),
+        Binding("f6", "toggle_pane('diagnostics')", "show/hide diagnostics", show=False),
         Binding("question_mark,f1", "help", "help"),
         Binding("q,ctrl+q", "quit", "quit", priority=False),
     ]
@@ -140,6 +141,8 @@ class KvtuiApp(App):
         self.hidden: set[str] = set()  # panes the user hid
         self.shown: set[str] = set()  # panes the user showed although the layout folds them
         self._recent_ms: deque[float] = deque(maxlen=16)
+        self._last_paint = 0.0
+        self._paint_timer = None
         self._themes = load_themes()
         for theme in self._themes.values():
             self.register_theme(theme)
@@ -171,13 +174,13 @@ class KvtuiApp(App):
         self._apply_layout()
 
     def _apply_layout(self) -> None:
-        """Reflow: short terminals fold the lower row away unless the user shows it (l / d)."""
+        """Reflow: short terminals fold the lower row away unless the user shows it (F5 / F6)."""
         width, height = self.size
         self.screen.set_class(width < 110, "narrow")
         self.screen.set_class(height < 32, "short")
         self.screen.set_class(self.theme == "kvtui-projector", "roomy")
         hidden = self._hidden_panes()
-        for name in PANES.values():
+        for name in PANES:
             self.query_one(f"#{name}").display = name not in hidden
         self.query_one("#row2").display = not ({"cursor", "topk"} <= hidden)
         self.query_one("#row3").display = not ({"layers", "diagnostics"} <= hidden)
@@ -334,6 +337,20 @@ class KvtuiApp(App):
         self.messages, self.diagnostics = message.messages, message.diagnostics
         if snapshot.phase == "decode":
             self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
+        self.query_one(StatusBar).record(snapshot)
+        # Repaint at most REFRESH_HZ times a second: on 2 cores every repaint is time the model waits for.
+        wait = self._last_paint + 1 / REFRESH_HZ - time.monotonic()
+        if wait <= 0:
+            self._paint()
+        elif self._paint_timer is None:
+            self._paint_timer = self.set_timer(wait, self._paint)
+
+    def _paint(self) -> None:
+        self._paint_timer = None
+        self._last_paint = time.monotonic()
+        snapshot = self.latest
+        if snapshot is None:
+            return
         if self.pinned_step is None:
             self._show(snapshot)
         self._show_chat()

@@ -46,12 +46,15 @@ class StatusBar(Horizontal):
         self.model_text = text
         self.query_one("#status-text", Static).update(text)
 
+    def record(self, snapshot: StepSnapshot) -> None:
+        """One sparkline point per step, even when repaints are throttled."""
+        self.latency.append(snapshot.forward_ms)
+        self.cache_size.append(snapshot.cache_bytes)
+
     def show(self, snapshot: StepSnapshot | None, model_text: str, tokens_per_s: float | None) -> None:
         if snapshot is None:
             self.set_text(model_text)
             return
-        self.latency.append(snapshot.forward_ms)
-        self.cache_size.append(snapshot.cache_bytes)
         speed = f"{tokens_per_s:.1f} tok/s" if tokens_per_s else "- tok/s"
         self.set_text(f"{model_text} │ {speed} │ step {snapshot.forward_ms:.1f} ms │ "
                       f"cache {human_bytes(snapshot.cache_bytes)}")

@@ -230,10 +230,10 @@ async def test_help_sampler_and_pane_toggles(tiny_loaded):
         await pilot.pause(0.1)
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
-        await pilot.press("l")
+        await pilot.press("f5")
         await pilot.pause(0.1)
         assert not app.query_one(LayersPane).display
-        await pilot.press("l")
+        await pilot.press("f5")
         await pilot.pause(0.1)
         assert app.query_one(LayersPane).display
         await pilot.press("o")
