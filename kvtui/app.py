@@ -36,7 +36,7 @@ from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 from .widgets.topk_pane import TopKPane
 
-REFRESH_HZ = 8  # pane repaints per second at most while the model runs
+REFRESH_HZ = 2  # pane repaints per second at most while the model runs: on 2 cores each repaint holds the GIL the model needs
 HISTORY_STEPS = 512  # snapshots kept for "jump to step"; older steps live in the trace on disk
 PANES = ("buffer", "cursor", "topk", "layers", "diagnostics")
 
