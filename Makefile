@@ -37,7 +37,7 @@ $(COMPAT)/.kvtui-installed: pyproject.toml Makefile
 	touch $@
 
 test-compat: $(COMPAT)/.kvtui-installed
-	$(COMPAT)/bin/python -m pytest -q -m "not ui" tests/engine $(PYTEST_ARGS)
+	$(COMPAT)/bin/python -m pytest -q tests/engine $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py

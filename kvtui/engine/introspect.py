@@ -182,11 +182,6 @@ def _truncate_static(layer, new_length: int) -> None:
         layer.cumulative_length = new_length
 
 
-def reset(cache) -> None:
-    with torch.inference_mode():
-        cache.reset()
-
-
 def attention_heads(config) -> tuple[int | None, int | None]:
     """(query heads, KV heads) from the text config, for the layers pane's totals."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

@@ -85,7 +85,7 @@ class ChatSession:
         self._window = introspect.config_window(model.config)
         self._accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         self._accepts_logits_to_keep = introspect.forward_accepts(model, "logits_to_keep")
-        self.cache = introspect.make_cache(self.config.cache, model.config, self.config.max_cache_len)
+        self._new_cache()
         self.capacity = introspect.static_capacity(self.cache)
         self.diagnostics: list[Diagnostic] = []
         self.last: StepSnapshot | None = None
@@ -281,7 +281,7 @@ class ChatSession:
             else:
                 self._recompute(self._tokens[:length])
         except Exception:  # the cache is beyond repair: start it over from the buffer
-            introspect.reset(self.cache)
+            self._new_cache()
             if self._tokens:
                 self._recompute(self._tokens)
 
@@ -488,8 +488,12 @@ class ChatSession:
         self._next_position = kept[-1].position + 1 if kept else 0
         self.pending = None
 
+    def _new_cache(self) -> None:
+        # A fresh object rather than cache.reset(): 4.x resets dynamic layers by zeroing, then appends after the zeros.
+        self.cache = introspect.make_cache(self.config.cache, self.model.config, self.config.max_cache_len)
+
     def _recompute(self, tokens: list[BufferToken]) -> None:
-        introspect.reset(self.cache)
+        self._new_cache()
         self._tokens = list(tokens)
         if not tokens:
             return
@@ -505,7 +509,7 @@ class ChatSession:
 
     def reset(self) -> None:
         """Empty the cache and the chat (the system prompt stays)."""
-        introspect.reset(self.cache)
+        self._new_cache()
         self._clear()
 
     # ---- verify ----------------------------------------------------------------------------------
