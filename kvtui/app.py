@@ -340,7 +340,9 @@ class KvtuiApp(App):
         self.query_one(StatusBar).record(snapshot)
         # Repaint at most REFRESH_HZ times a second: on 2 cores every repaint is time the model waits for.
         wait = self._last_paint + 1 / REFRESH_HZ - time.monotonic()
-        if wait <= 0:
+        if wait <= 0 or not message.running:  # single steps paint at once
+            if self._paint_timer is not None:
+                self._paint_timer.stop()
             self._paint()
         elif self._paint_timer is None:
             self._paint_timer = self.set_timer(wait, self._paint)

@@ -19,6 +19,7 @@ async def wait_idle(pilot, app, timeout: float = 30.0):
     """Until no engine worker is running and the last snapshot reached the panes."""
     await wait_for(pilot, lambda: not any(w.group == "engine" and not w.is_finished for w in app.workers),
                    timeout, "the engine worker to finish")
+    await wait_for(pilot, lambda: app._paint_timer is None, timeout, "the throttled repaint")
     await pilot.pause(0.1)
 
 
