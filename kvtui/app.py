@@ -484,7 +484,7 @@ class KvtuiApp(App):
 
     @on(DiagnosticsPane.JumpTo)
     def jump_to(self, message: DiagnosticsPane.JumpTo) -> None:
-        found = next((s for s in self.history if s.step == message.step), None)
+        found = self._find_step(message.step)
         if found is None:
             self.notify(f"step {message.step} is older than the last {HISTORY_STEPS} kept in memory "
                         f"(it is in the trace)", severity="warning")
@@ -492,6 +492,9 @@ class KvtuiApp(App):
         self.pinned_step = message.step
         self._show(found)
         self.notify(f"showing step {message.step}: press g (or Esc) to go back to the live step", timeout=5)
+
+    def _find_step(self, step: int) -> StepSnapshot | None:
+        return next((s for s in self.history if s.step == step), None)
 
     def action_live(self) -> None:
         self.pinned_step = None

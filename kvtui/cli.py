@@ -174,6 +174,22 @@ def _run_headless(model, script, trace_path, verify_every, fail_on, options) -> 
         return 2
 
 
+@main.command("replay")
+@click.argument("trace_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--theme", default="kvtui-dark", show_default=True)
+def replay(trace_path, theme):
+    """Open the TUI on a recorded trace (no model needed): space/u step, r plays."""
+    from .engine.trace import TraceError
+
+    try:
+        from .replay_app import ReplayApp
+
+        app = ReplayApp(trace_path, theme_name=theme)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from None
+    app.run()
+
+
 @main.command("tiny")
 @click.option("--arch", type=click.Choice(["llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2"]), required=True)
 @click.option("--bos/--no-bos", default=None, help="Post-processor adds BOS (default: the architecture's habit).")

@@ -116,6 +116,9 @@ class StepSnapshot:
     snapshot_ms: float
     buffer: TokenBuffer = field(compare=False)  # every token in the cache, in order
     turn_done: bool = False  # chosen is an end token (or max tokens reached)
+    # opt-in (--attention, O(cache)): the newest query's attention over the positions one layer holds
+    attention: tuple[float, ...] | None = None  # mean over heads, one weight per held position
+    attention_layer: int | None = None
 
     @property
     def cache_bytes(self) -> int:
@@ -130,6 +133,7 @@ class StepSnapshot:
             "turn": self.turn,
             "input_ids": list(self.input_ids),
             "positions": list(self.positions),
+            "fed": [_token_record(t) for t in self.buffer[len(self.buffer) - len(self.input_ids):]],
             "cursor": self.cursor,
             "cache_seq_length": self.cache_seq_length,
             "capacity": self.capacity,
@@ -145,6 +149,8 @@ class StepSnapshot:
             "diagnostics": [{"code": d.code, "severity": d.severity, "message": d.message} for d in self.diagnostics],
             "ms": {"forward": round(self.forward_ms, 3), "snapshot": round(self.snapshot_ms, 3)},
             "buffer_length": len(self.buffer),
+            **({"attention": {"layer": self.attention_layer, "weights": list(self.attention)}}
+               if self.attention is not None else {}),
         }
 
 
@@ -152,15 +158,13 @@ def _top_record(t: TopToken) -> dict:
     return {"id": t.id, "text": t.text, "logit": t.logit, "prob": t.prob, "rank": t.rank}
 
 
+def _token_record(t: BufferToken) -> dict:
+    return {"position": t.position, "id": t.id, "piece": t.piece, "special": t.special, "origin": t.origin, "turn": t.turn}
+
+
 def buffer_record(buffer: Sequence[BufferToken]) -> dict:
     """The trace's `buffer` line, written after each turn."""
-    return {
-        "type": "buffer",
-        "tokens": [
-            {"position": t.position, "id": t.id, "piece": t.piece, "special": t.special, "origin": t.origin, "turn": t.turn}
-            for t in buffer
-        ],
-    }
+    return {"type": "buffer", "tokens": [_token_record(t) for t in buffer]}
 
 
 @dataclass(frozen=True, slots=True)

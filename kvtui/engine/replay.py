@@ -1,0 +1,89 @@
+"""Replay a recorded trace without a model: rebuild every step's snapshot from its trace line.
+
+The buffer is rebuilt the way the session built it: each step truncates to what the cache held
+before it (buffer_length - fed) and appends the fed tokens; lists are shared between steps
+(append-only, a truncation starts a new list), so holding every step costs O(total tokens).
+"""
+
+from __future__ import annotations
+
+from .snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken
+from .trace import Trace, TraceError
+
+ROLES = {"system": "system", "user": "user", "assistant": "assistant", "forced": "assistant"}
+
+
+class Replay:
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.header = trace.header
+        self.snapshots: list[StepSnapshot] = []
+        items: list[BufferToken] = []
+        for number, record in enumerate(trace.steps, start=1):
+            fed = [_token(t) for t in record.get("fed") or []]
+            if len(fed) != len(record["input_ids"]):
+                raise TraceError(f"{trace.path}: step {record['step']} has no 'fed' tokens (recorded by an older kvtui?)")
+            keep = record.get("buffer_length", len(items) + len(fed)) - len(fed)
+            if keep < len(items):
+                items = items[:keep]  # a rewind or a template drift: a new list, earlier views stay valid
+            items.extend(fed)
+            self.snapshots.append(_snapshot(record, TokenBuffer(items)))
+        self.diagnostics: tuple[Diagnostic, ...] = tuple(d for s in self.snapshots for d in s.diagnostics)
+
+    def __len__(self) -> int:
+        return len(self.snapshots)
+
+    def describe(self) -> str:
+        h = self.header
+        return (f"replay · {h.get('model', '?')} · {h.get('model_class', '?')} · {h.get('device', '?')} · "
+                f"{h.get('dtype', '?')} · {h.get('cache', '?')} cache · transformers {h.get('transformers', '?')}")
+
+
+def transcript(buffer) -> list[dict]:
+    """The chat as recorded: runs of tokens by role (template markup left out)."""
+    messages: list[dict] = []
+    for token in buffer:
+        role = ROLES.get(token.origin)
+        if role is None:
+            continue
+        if messages and messages[-1]["role"] == role and messages[-1]["turn"] == token.turn:
+            messages[-1]["content"] += token.piece
+        else:
+            messages.append({"role": role, "content": token.piece, "turn": token.turn})
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _token(record: dict) -> BufferToken:
+    return BufferToken(position=record["position"], id=record["id"], piece=record["piece"],
+                       special=record["special"], origin=record["origin"], turn=record.get("turn", 0))
+
+
+def _top(record: dict | None) -> TopToken | None:
+    if record is None:
+        return None
+    return TopToken(id=record["id"], text=record["text"], logit=record["logit"], prob=record["prob"],
+                    rank=record.get("rank", 0))
+
+
+def _snapshot(record: dict, buffer: TokenBuffer) -> StepSnapshot:
+    step = record["step"]
+    layers = tuple(LayerInfo(index=l["index"], kind=l["kind"], k_shape=tuple(l["k_shape"]), v_shape=tuple(l["v_shape"]),
+                             dtype=l["dtype"], device=l["device"], bytes=l["bytes"], filled=l["filled"],
+                             capacity=l.get("capacity"), window=l.get("window"), seen=l.get("seen", l["filled"]),
+                             held_from=l.get("held_from", 0))
+                   for l in record["layers"])
+    attention = record.get("attention")
+    ms = record.get("ms") or {}
+    return StepSnapshot(
+        step=step, phase=record.get("phase", "decode"), turn=record.get("turn", 0),
+        input_ids=tuple(record["input_ids"]), positions=tuple(record["positions"]), cursor=record["cursor"],
+        cache_seq_length=record["cache_seq_length"], capacity=record.get("capacity"), layers=layers,
+        topk=tuple(_top(t) for t in record["topk"]), topk_processed=tuple(_top(t) for t in record.get("topk_processed", [])),
+        watched=tuple(_top(t) for t in record.get("watched", [])), chosen=_top(record.get("chosen")),
+        chosen_forced=bool((record.get("chosen") or {}).get("forced")),
+        diagnostics=tuple(Diagnostic(d["code"], d["severity"], d["message"], step) for d in record.get("diagnostics", [])),
+        forward_ms=ms.get("forward", 0.0), snapshot_ms=ms.get("snapshot", 0.0), buffer=buffer,
+        turn_done=record.get("turn_done", False),
+        attention=tuple(attention["weights"]) if attention else None,
+        attention_layer=attention["layer"] if attention else None,
+    )

@@ -1,0 +1,95 @@
+"""Replay: a recorded session comes back step by step, without a model, exactly as it was recorded."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtui.engine import ChatSession, SessionConfig
+from kvtui.engine.replay import Replay, transcript
+from kvtui.engine.snapshot import buffer_record
+from kvtui.engine.trace import TraceError, TraceWriter, header_record, read_trace
+from kvtui.replay_app import ReplayApp
+from kvtui.widgets.cursor_pane import CursorPane
+from kvtui.widgets.token_buffer import TokenBufferPane
+from pilot_helpers import wait_for
+
+
+@pytest.fixture
+def recorded(tiny_model, tmp_path):
+    """A live session with a rewind and a forced token, recorded to a trace; returns (path, live snapshots)."""
+    model, tok = tiny_model("qwen2")
+    path = tmp_path / "session.jsonl"
+    live = []
+    session = ChatSession(model, tok, SessionConfig(max_new_tokens=5))
+    with TraceWriter(path, header_record(session, "tiny-qwen2", "tiny")) as writer:
+        def record(snapshot):
+            live.append(snapshot)
+            writer.write(snapshot.to_record())
+
+        session.on_snapshot = record
+        session.send("What is k?")
+        session.generate()
+        writer.write(buffer_record(session.buffer))
+        session.rewind(3)
+        session.force(session.last.topk[1].id)
+        session.step()
+        session.send("And m?")
+        session.generate()
+        writer.write(buffer_record(session.buffer))
+    return path, live
+
+
+def test_replayed_snapshots_equal_the_live_ones(recorded):
+    path, live = recorded
+    replay = Replay(read_trace(path))
+    assert len(replay) == len(live)
+    for got, want in zip(replay.snapshots, live):
+        assert got.buffer.ids() == want.buffer.ids()
+        assert [(t.position, t.origin, t.piece) for t in got.buffer] == [(t.position, t.origin, t.piece) for t in want.buffer]
+        assert (got.step, got.phase, got.cursor, got.cache_seq_length) == (want.step, want.phase, want.cursor,
+                                                                           want.cache_seq_length)
+        assert got.layers == want.layers
+        assert [t.id for t in got.topk] == [t.id for t in want.topk]
+        assert got.chosen.id == want.chosen.id and got.chosen_forced == want.chosen_forced
+    assert any(s.phase == "rewind" for s in replay.snapshots)
+    roles = [m["role"] for m in transcript(replay.snapshots[-1].buffer)]
+    assert roles[:2] == ["user", "assistant"] and "user" in roles[2:]
+
+
+async def test_replay_app_steps_forward_and_back_without_a_model(recorded, monkeypatch):
+    import kvtui.engine.loader as loader
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("replay must not load a model")
+
+    monkeypatch.setattr(loader, "load_model", no_model)
+    path, live = recorded
+    app = ReplayApp(path)
+    async with app.run_test(size=(140, 45)) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None, what="the first recorded step")
+        assert app.latest.step == live[0].step
+        for _ in range(3):
+            await pilot.press("space")
+            await wait_for(pilot, lambda: app.latest.step == live[app.position].step, what="a step")
+        assert app.position == 3
+        pane = app.query_one(TokenBufferPane)
+        assert len(pane.snapshot.buffer) == len(live[3].buffer)
+        assert f"cursor {live[3].cursor}" in " ".join(app.query_one(CursorPane).visual.plain.split())
+        await pilot.press("u")
+        await wait_for(pilot, lambda: app.position == 2, what="a step back")
+        await pilot.pause(0.1)
+        assert app.latest.step == live[2].step
+        await pilot.press("r")  # play to the end
+        await wait_for(pilot, lambda: app.position == len(live) - 1, timeout=20, what="playing to the end")
+        await pilot.press("v")  # read-only: says so, keeps going
+        await pilot.pause(0.2)
+        assert any("read-only" in str(n.message) for n in app._notifications)
+
+
+def test_replay_of_a_corrupt_trace_names_file_and_line(recorded, tmp_path):
+    path, _ = recorded
+    lines = path.read_text().splitlines()
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2] + "\n")
+    with pytest.raises(TraceError, match=r"broken.jsonl:4: not valid JSON"):
+        ReplayApp(broken)
