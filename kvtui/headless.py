@@ -24,7 +24,10 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
     writer = TraceWriter(trace_path, header_record(session, model_source, model_path)) if trace_path else None
     steps_at_verify = [0]
 
+    in_steps: set[int] = set()  # diagnostics already written inside a step line
+
     def on_snapshot(snapshot: StepSnapshot) -> None:
+        in_steps.update(id(d) for d in snapshot.diagnostics)
         if writer:
             writer.write(snapshot.to_record())
         if verify_every and snapshot.step - steps_at_verify[0] >= verify_every:
@@ -53,6 +56,11 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
                 error = str(exc)
             elapsed = time.perf_counter() - started
             if writer:
+                # refusals and verify results happen outside a forward: they get lines of their own
+                for d in session.diagnostics[before_diag:]:
+                    if id(d) not in in_steps:
+                        writer.write({"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity,
+                                      "message": d.message})
                 writer.write(buffer_record(session.buffer))
             reply = session.messages[-1]["content"] if session.messages and session.messages[-1]["role"] == "assistant" else ""
             new_diags = session.diagnostics[before_diag:]

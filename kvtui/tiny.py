@@ -277,6 +277,18 @@ SPECS: dict[str, ArchSpec] = {
 }
 
 
+# Named alternative templates, for reproducing template pitfalls (`template="counter"`).
+NAMED_TEMPLATES = {
+    # Stamps the message count into the first message, the way templates that print today's date
+    # re-render earlier turns: the cached prefix no longer matches the next rendering.
+    "counter": (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if loop.first %}[{{ messages|length }} messages] "
+        "{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+}
+
+
 def build_tiny(
     arch: str,
     out_dir: str | Path,
@@ -316,7 +328,7 @@ def build_tiny(
         spec,
         add_bos=spec.default_bos if bos is None else bos,
         add_eos=eos,
-        template=spec.template if template is None else template,
+        template=spec.template if template is None else NAMED_TEMPLATES.get(template, template),
     )
     _save_tokenizer(tok, out)
     window = spec.default_window if sliding_window is None else sliding_window

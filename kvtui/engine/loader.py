@@ -509,6 +509,34 @@ def _check_causal_lm(config: Any, shown: str) -> None:
         )
 
 
+def tiny_model_dir(spec: str, progress: Progress | None = None) -> Path:
+    """`tiny:ARCH[,key=value...]` (keys: bos, eos, window, layers, seed, template): a tiny random model
+    built offline once into the cache directory, so samples can name the pitfall model they need."""
+    from kvtui.tiny import build_tiny
+
+    arch, *pairs = spec.removeprefix("tiny:").split(",")
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key in ("bos", "eos"):
+            kwargs[key] = value.lower() in ("1", "true", "yes")
+        elif key in ("window", "layers", "seed"):
+            kwargs["sliding_window" if key == "window" else key] = int(value)
+        elif key == "template":
+            kwargs["template"] = value
+        else:
+            raise ModelLoadError(f"{spec}: unknown tiny-model key {key!r} (bos, eos, window, layers, seed, template)")
+    safe = "".join(c if c.isalnum() or c in "=-_," else "_" for c in spec.removeprefix("tiny:"))
+    out = cache_root() / "tiny" / safe
+    if not (out / "config.json").is_file():
+        _report(progress, f"building tiny model {spec}", None)
+        try:
+            build_tiny(arch, out, **kwargs)
+        except ValueError as exc:
+            raise ModelLoadError(f"{spec}: {exc}") from None
+    return out
+
+
 def load_model(
     name_or_path: str | None = None,
     *,
@@ -548,7 +576,9 @@ def load_model(
         if not source.strip():
             raise ModelLoadError("empty model name")
         expanded = Path(os.path.expanduser(source))
-        if expanded.is_dir():
+        if source.startswith("tiny:"):
+            path = tiny_model_dir(source, progress)
+        elif expanded.is_dir():
             path = expanded.resolve()
         elif expanded.is_file():
             if expanded.suffix.lower() != ".gguf":

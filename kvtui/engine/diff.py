@@ -1,0 +1,340 @@
+"""Compare two traces step by step and report the first step where they diverge.
+
+Two runs of the same chat should feed the same tokens at the same positions, choose the same next
+token, rank the same top-k and fill the cache by the same amount, whatever cache kind or library
+version produced them. `diff_traces` walks both traces in step order and stops at the first step
+where one of these differs, checked in this order:
+
+1. `input_ids`   the tokens the forward fed
+2. `positions`   the position ids they were fed with
+3. `chosen`      the next token (sampled or forced)
+4. `topk`        the raw top-k order; adjacent swaps of near-tied tokens (logits within
+                 `tie_tolerance` in either trace) are not a divergence
+5. `cache_seq_length`, then `layers` (each layer's `filled`; `seen` when the two layers are of
+                 different kinds, e.g. dynamic `sliding` vs `static-sliding`, which hold a different
+                 number of slots by design)
+
+Differences that do not change what the model computes -- the cache kind and capacity, the slots a
+static layer preallocates, library versions, dtype, device, model path -- are reported as notes.
+A trace with fewer steps diverges at its first missing step ("trace B ends at step N").
+
+Pure Python over the records of `kvtui.engine.trace.read_trace`: no torch, no UI library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .trace import Trace
+
+# Header fields whose difference is worth a note (never a divergence), in report order.
+HEADER_NOTES = ("model", "model_path", "model_class", "layers", "dtype", "device", "cache", "capacity", "mode",
+                "sampler", "seed", "transformers", "torch", "python", "kvtui")
+
+FIELDS = ("input_ids", "positions", "chosen", "topk", "cache_seq_length", "layers", "steps")
+
+
+@dataclass
+class DiffResult:
+    agree: bool
+    step: int | None  # the step number (as the traces number it) of the first divergence
+    field: str | None  # one of FIELDS, None when they agree
+    detail: str  # one readable sentence (or a few) saying what differs, or what agreed
+    # At the divergence: max |logit difference| over the tokens in both top-k lists (None when they
+    # share none). When they agree: the largest such gap over every compared step.
+    logit_gap: float | None
+    notes: list[str] = field(default_factory=list)  # differences that are not a divergence
+    steps_compared: int = 0  # steps found equal before the divergence (all of them when they agree)
+    # The chosen token's logit in each trace at the divergence step (None when absent).
+    chosen_logits: tuple[float | None, float | None] = (None, None)
+
+
+def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
+    """The first step where traces `a` and `b` diverge (see the module docstring for the order)."""
+    if tie_tolerance < 0:
+        raise ValueError(f"tie_tolerance must be >= 0, got {tie_tolerance}")
+    notes = _header_notes(a.header, b.header)
+    pieces = token_pieces(a) | token_pieces(b)
+    layer_notes = _LayerNotes()
+    max_gap: float | None = None
+    compared = 0
+    renumbered = False
+    for sa, sb in zip(a.steps, b.steps):
+        step = sa.get("step", compared + 1)
+        if sb.get("step", step) != step and not renumbered:
+            renumbered = True
+            notes.append(f"step numbers differ from the {compared + 1}th step record on: A {step}, B {sb.get('step')} "
+                         f"(reported by A's numbering)")
+        gap = _logit_gap(sa, sb)
+        found = _compare_step(sa, sb, tie_tolerance, pieces, layer_notes)
+        if found is not None:
+            field_name, detail = found
+            notes += layer_notes.render()
+            notes += _verify_notes(a, "A") + _verify_notes(b, "B")
+            return DiffResult(False, step, field_name, detail, gap, notes, compared, _chosen_logits(sa, sb))
+        if gap is not None:
+            max_gap = gap if max_gap is None else max(max_gap, gap)
+        compared += 1
+    notes += layer_notes.render()
+    notes += _verify_notes(a, "A") + _verify_notes(b, "B")
+    if len(a.steps) != len(b.steps):
+        shorter, longer, name = (b, a, "B") if len(b.steps) < len(a.steps) else (a, b, "A")
+        last = shorter.steps[-1].get("step", len(shorter.steps)) if shorter.steps else 0
+        missing = longer.steps[len(shorter.steps)]
+        other = "A" if name == "B" else "B"
+        ends = f"trace {name} ends at step {last}" if shorter.steps else f"trace {name} has no steps"
+        detail = (f"{ends}; trace {other} goes on to step {longer.steps[-1].get('step', len(longer.steps))} "
+                  f"({len(longer.steps) - len(shorter.steps)} more)")
+        if shorter.steps:
+            detail += "; the steps both traces hold agree"
+        return DiffResult(False, missing.get("step", len(shorter.steps) + 1), "steps", detail, None, notes, compared)
+    detail = f"the traces agree over all {compared} steps"
+    if max_gap is not None:
+        detail += f" (largest top-k logit difference {max_gap:.3g})"
+    return DiffResult(True, None, None, detail, max_gap, notes, compared)
+
+
+# ---- one step ----------------------------------------------------------------------------------
+
+
+def _compare_step(sa: dict, sb: dict, tol: float, pieces: dict[int, str],
+                  layer_notes: "_LayerNotes") -> tuple[str, str] | None:
+    ids_a, ids_b = list(sa.get("input_ids") or []), list(sb.get("input_ids") or [])
+    if ids_a != ids_b:
+        return "input_ids", _sequence_detail("fed tokens", ids_a, ids_b, pieces)
+    pos_a, pos_b = list(sa.get("positions") or []), list(sb.get("positions") or [])
+    if pos_a != pos_b:
+        return "positions", _sequence_detail("position ids", pos_a, pos_b, None)
+    ca, cb = sa.get("chosen"), sb.get("chosen")
+    id_a, id_b = (ca or {}).get("id"), (cb or {}).get("id")
+    if id_a != id_b:
+        return "chosen", (f"the next token differs: A chose {_token(id_a, ca, pieces)}"
+                          f"{_forced(ca)}, B chose {_token(id_b, cb, pieces)}{_forced(cb)}")
+    topk = _compare_topk(sa.get("topk") or [], sb.get("topk") or [], tol, pieces)
+    if topk is not None:
+        return "topk", topk
+    la, lb = sa.get("cache_seq_length"), sb.get("cache_seq_length")
+    if la != lb:
+        return "cache_seq_length", f"the cache holds {la} tokens in A, {lb} in B"
+    return _compare_layers(sa.get("layers") or [], sb.get("layers") or [], layer_notes)
+
+
+def _compare_layers(layers_a: list[dict], layers_b: list[dict], notes: "_LayerNotes") -> tuple[str, str] | None:
+    if len(layers_a) != len(layers_b):
+        return "layers", f"A has {len(layers_a)} cache layers, B has {len(layers_b)}"
+    for la, lb in zip(layers_a, layers_b):
+        index = la.get("index")
+        kind_a, kind_b = la.get("kind"), lb.get("kind")
+        notes.see(index, la, lb)
+        if kind_a == kind_b:
+            if la.get("filled") != lb.get("filled"):
+                return "layers", (f"layer {index} ({kind_a}) holds {la.get('filled')} filled slots in A, "
+                                  f"{lb.get('filled')} in B")
+        else:
+            # Different kinds hold a different number of slots by design (a dynamic sliding layer keeps
+            # window-1, a static one the window): what must agree is how many tokens each was fed.
+            seen_a, seen_b = la.get("seen", la.get("filled")), lb.get("seen", lb.get("filled"))
+            if seen_a != seen_b:
+                return "layers", (f"layer {index} was fed {seen_a} tokens in A ({kind_a}), "
+                                  f"{seen_b} in B ({kind_b})")
+    return None
+
+
+def _compare_topk(top_a: list[dict], top_b: list[dict], tol: float, pieces: dict[int, str]) -> str | None:
+    """None when the id orders agree up to adjacent swaps of near-ties, else what differs."""
+    n = min(len(top_a), len(top_b))
+    ids_a = [t["id"] for t in top_a]
+    ids_b = [t["id"] for t in top_b]
+    if ids_a[:n] == ids_b[:n]:
+        return None
+    logits_a = {t["id"]: t["logit"] for t in top_a}
+    logits_b = {t["id"]: t["logit"] for t in top_b}
+
+    def tied(x: int, y: int) -> bool:
+        for logits in (logits_a, logits_b):
+            if x in logits and y in logits and abs(logits[x] - logits[y]) <= tol:
+                return True
+        # the two sides of the list's cut-off: each token is known in one trace only
+        if x in logits_a and y in logits_b and x not in logits_b and y not in logits_a:
+            return abs(logits_a[x] - logits_b[y]) <= tol
+        return False
+
+    work = list(ids_a)  # A's order, rewritten into B's by swaps of tied neighbours
+    for rank in range(n):
+        want = ids_b[rank]
+        if work[rank] == want:
+            continue
+        if want in work[rank + 1:]:
+            at = work.index(want, rank + 1)
+            while at > rank:  # bubble `want` up, one adjacent swap at a time
+                if not tied(work[at - 1], want):
+                    return _topk_detail(rank, ids_a, ids_b, logits_a, logits_b, pieces, tol, blocker=work[at - 1])
+                work[at - 1], work[at] = work[at], work[at - 1]
+                at -= 1
+        elif tied(work[rank], want):  # B ranks a token A's list cut off, tied with A's own
+            work[rank] = want
+        else:
+            return _topk_detail(rank, ids_a, ids_b, logits_a, logits_b, pieces, tol)
+    return None
+
+
+def _topk_detail(rank, ids_a, ids_b, logits_a, logits_b, pieces, tol, blocker=None) -> str:
+    a, b = ids_a[rank], ids_b[rank]
+    text = (f"top-k order differs at rank {rank + 1}: A has {_piece(a, pieces)} (logit {_fmt(logits_a.get(a))}), "
+            f"B has {_piece(b, pieces)} (logit {_fmt(logits_b.get(b))})")
+    x, y = (blocker, b) if blocker is not None else (a, b)
+    gaps = [abs(lg[x] - lg[y]) for lg in (logits_a, logits_b) if x in lg and y in lg]
+    if gaps:
+        text += f"; {_piece(x, pieces)} and {_piece(y, pieces)} are {min(gaps):.3g} apart, more than the tie tolerance {tol:g}"
+    else:
+        text += f"; no trace ranks both, so it is not a near-tie (tolerance {tol:g})"
+    return text
+
+
+# ---- details -----------------------------------------------------------------------------------
+
+
+def _sequence_detail(what: str, a: list, b: list, pieces: dict[int, str] | None) -> str:
+    at = first_difference(a, b)
+    show = (lambda v: _piece(v, pieces)) if pieces is not None else str
+    text = f"{what}: {len(a)} in A, {len(b)} in B; first difference at index {at}: "
+    text += f"A {show(a[at]) if at < len(a) else '(ends)'}, B {show(b[at]) if at < len(b) else '(ends)'}"
+    return text
+
+
+def _token(token_id, record, pieces) -> str:
+    if token_id is None:
+        return "nothing"
+    logit = (record or {}).get("logit")
+    return _piece(token_id, pieces) + (f" (logit {_fmt(logit)})" if logit is not None else "")
+
+
+def _forced(record) -> str:
+    return " (forced)" if (record or {}).get("forced") else ""
+
+
+def _piece(token_id, pieces: dict[int, str]) -> str:
+    text = pieces.get(token_id)
+    return f"{text!r} (id {token_id})" if text is not None else f"id {token_id}"
+
+
+def _fmt(value) -> str:
+    return "?" if value is None else f"{value:.6g}"
+
+
+def first_difference(a: list, b: list) -> int | None:
+    """Index of the first differing item (the shorter length when one is a prefix), None if equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def token_pieces(trace: Trace) -> dict[int, str]:
+    """id -> text, from the buffers and the top-k lists (step records carry ids only)."""
+    out: dict[int, str] = {}
+    for buffer in trace.buffers:
+        for token in buffer.get("tokens", []):
+            if "id" in token and "piece" in token:
+                out.setdefault(token["id"], token["piece"])
+    for step in trace.steps:
+        for key in ("topk", "topk_processed"):
+            for token in step.get(key) or []:
+                out.setdefault(token.get("id"), token.get("text"))
+        chosen = step.get("chosen")
+        if chosen and "text" in chosen:
+            out.setdefault(chosen.get("id"), chosen["text"])
+    return out
+
+
+def _logit_gap(sa: dict, sb: dict) -> float | None:
+    """max |logit_A - logit_B| over the tokens in both raw top-k lists."""
+    la = {t["id"]: t["logit"] for t in sa.get("topk") or [] if t.get("logit") is not None}
+    lb = {t["id"]: t["logit"] for t in sb.get("topk") or [] if t.get("logit") is not None}
+    common = la.keys() & lb.keys()
+    return max((abs(la[i] - lb[i]) for i in common), default=None)
+
+
+def _chosen_logits(sa: dict, sb: dict) -> tuple[float | None, float | None]:
+    return (sa.get("chosen") or {}).get("logit"), (sb.get("chosen") or {}).get("logit")
+
+
+# ---- notes -------------------------------------------------------------------------------------
+
+
+def _header_notes(ha: dict, hb: dict) -> list[str]:
+    notes = []
+    for key in HEADER_NOTES:
+        if key in ha or key in hb:
+            va, vb = ha.get(key), hb.get(key)
+            if va != vb:
+                notes.append(f"header {key}: A {va!r}, B {vb!r}")
+    return notes
+
+
+class _LayerNotes:
+    """Per-layer differences of cache kind, capacity and allocated slots: grouped, reported once."""
+
+    def __init__(self):
+        self.kinds: dict[tuple, list[int]] = {}
+        self.capacities: dict[tuple, list[int]] = {}
+        self.slots: dict[tuple, list[int]] = {}
+        self.filled: dict[tuple, list[int]] = {}
+
+    def see(self, index, la: dict, lb: dict) -> None:
+        kinds = (la.get("kind"), lb.get("kind"))
+        if kinds[0] != kinds[1]:
+            _add(self.kinds, kinds, index)
+            if la.get("filled") != lb.get("filled"):
+                _add(self.filled, kinds, index)
+        caps = (la.get("capacity"), lb.get("capacity"))
+        if caps[0] != caps[1]:
+            _add(self.capacities, caps, index)
+        sa, sb = _slots(la), _slots(lb)
+        if sa != sb and (kinds[0] != kinds[1] or str(kinds[0]).startswith("static")):
+            _add(self.slots, kinds, index)
+
+    def render(self) -> list[str]:
+        out = []
+        for (ka, kb), layers in self.kinds.items():
+            out.append(f"cache layer kind differs: {ka} in A, {kb} in B ({_layers(layers)}); not a divergence")
+        for (ca, cb), layers in self.capacities.items():
+            out.append(f"layer capacity differs: {_cap(ca)} in A, {_cap(cb)} in B ({_layers(layers)})")
+        for (ka, kb), layers in self.slots.items():
+            out.append(f"allocated K/V slots differ ({ka} in A, {kb} in B; {_layers(layers)}): "
+                       f"a static cache preallocates its capacity")
+        for (ka, kb), layers in self.filled.items():
+            out.append(f"held slots differ by design ({ka} in A, {kb} in B; {_layers(layers)}): "
+                       f"compared by tokens fed instead")
+        return out
+
+
+def _add(groups: dict, key, index) -> None:
+    layers = groups.setdefault(key, [])
+    if index not in layers:
+        layers.append(index)
+
+
+def _slots(layer: dict):
+    shape = layer.get("k_shape") or []
+    return shape[-2] if len(shape) >= 2 else None
+
+
+def _cap(value) -> str:
+    return "unbounded" if value is None else str(value)
+
+
+def _layers(indices: list) -> str:
+    indices = sorted(i for i in indices if i is not None)
+    if not indices:
+        return "layers ?"
+    if len(indices) > 1 and indices == list(range(indices[0], indices[-1] + 1)):
+        return f"layers {indices[0]}-{indices[-1]}"
+    return ("layer " if len(indices) == 1 else "layers ") + ", ".join(map(str, indices))
+
+
+def _verify_notes(trace: Trace, name: str) -> list[str]:
+    failed = [e for e in trace.events if e.get("type") == "verify" and e.get("ok") is False]
+    if not failed:
+        return []
+    steps = ", ".join(str(e.get("step")) for e in failed[:5]) + (" …" if len(failed) > 5 else "")
+    return [f"trace {name} recorded {len(failed)} failed verify(s) (steps {steps})"]
