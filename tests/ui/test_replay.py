@@ -93,3 +93,17 @@ def test_replay_of_a_corrupt_trace_names_file_and_line(recorded, tmp_path):
     broken.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2] + "\n")
     with pytest.raises(TraceError, match=r"broken.jsonl:4: not valid JSON"):
         ReplayApp(broken)
+
+
+def test_shipped_traces_replay():
+    from pathlib import Path
+
+    traces = sorted((Path(__file__).resolve().parents[2] / "samples").glob("*.trace.jsonl"))
+    assert traces, "samples/ ships at least one recorded trace"
+    for path in traces:
+        replay = Replay(read_trace(path))
+        last = replay.snapshots[-1]
+        assert last.cursor == last.cache_seq_length == len(last.buffer)
+        assert replay.header["model_class"] and len(read_trace(path).buffers) >= 1
+        roles = [m["role"] for m in transcript(last.buffer)]
+        assert roles.count("user") == len(read_trace(path).buffers)
