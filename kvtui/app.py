@@ -20,11 +20,13 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
+from textual.reactive import reactive
 from textual.widgets import Footer, Input
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from .engine.snapshot import Diagnostic, StepSnapshot, buffer_record
+from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult, buffer_record
 from .themes import DEFAULT_THEME, load_themes
 from .widgets.chat_pane import ChatPane
 from .widgets.cursor_pane import CursorPane
@@ -52,8 +54,9 @@ class SnapshotReady(Message):
     running: bool
 
     def can_replace(self, message: Message) -> bool:
-        # In run mode only the newest snapshot matters: it carries everything a pane needs.
-        return isinstance(message, SnapshotReady)
+        # In run mode only the newest decode snapshot matters: it carries everything a pane needs.
+        # A prefill is kept: the reuse meter reads what it fed.
+        return isinstance(message, SnapshotReady) and message.snapshot.phase == "decode"
 
 
 @dataclass
@@ -64,6 +67,7 @@ class SessionState(Message):
     diagnostics: tuple[Diagnostic, ...]
     note: str = ""
     severity: str = "information"
+    verify: VerifyResult | None = None
 
 
 @dataclass
@@ -86,6 +90,7 @@ class LoadFailed(Message):
 
 class KvtuiApp(App):
     TITLE = "kvtui"
+    step_mode = reactive(False)  # Enter only prefills; space steps
     CSS_PATH = "app.tcss"
     BINDINGS = [
         Binding("space,s", "step", "step"),
@@ -96,12 +101,14 @@ class KvtuiApp(App):
         Binding("backspace", "rewind_to", "rewind to selected", show=False),
         Binding("f", "force", "force selected top-k", show=False),
         Binding("v", "verify", "verify"),
+        Binding("w", "watch", "watch the selected top-k token", show=False),
         Binding("m", "toggle_step_mode", "step mode"),
         Binding("o", "sampler", "sampler"),
         Binding("i", "focus_input", "type", show=False),
         Binding("g", "live", "back to live step", show=False),
         Binding("X", "reset", "reset cache and chat", show=False),
         Binding("ctrl+s", "save_trace", "save trace"),
+        Binding("e", "export_cache", "export the cache (safetensors)", show=False),
         Binding("f12", "screenshot", "screenshot (SVG)", show=False),
         Binding("t", "next_theme", "theme", show=False),
         Binding("f2", "toggle_pane('buffer')", "show/hide token buffer", show=False),
@@ -129,7 +136,6 @@ class KvtuiApp(App):
         self._engine_lock = threading.Lock()
         self._writer = None
         self._spool: Path | None = None
-        self.step_mode = False
         self.running = False
         self.latest: StepSnapshot | None = None
         self.history: deque[StepSnapshot] = deque(maxlen=HISTORY_STEPS)
@@ -142,6 +148,8 @@ class KvtuiApp(App):
         self.shown: set[str] = set()  # panes the user showed although the layout folds them
         self._recent_ms: deque[float] = deque(maxlen=16)
         self._last_paint = 0.0
+        self._prefill: StepSnapshot | None = None  # this turn's prefill, for the reuse meter
+        self._last_verify: VerifyResult | None = None
         self._paint_timer = None
         self._themes = load_themes()
         for theme in self._themes.values():
@@ -252,6 +260,7 @@ class KvtuiApp(App):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
     def engine_worker(self, action: str, argument=None) -> None:
+        from .engine.export import ExportError, export_cache
         from .engine.session import SessionError
 
         worker = get_current_worker()
@@ -284,14 +293,18 @@ class KvtuiApp(App):
                     self._state(session, f"cache {verdict} a full recompute of {result.tokens} tokens: max |diff| "
                                          f"{result.max_abs_diff:.2e} (tolerance {result.tolerance:g}), top-k "
                                          f"{'agrees' if result.topk_agree else 'differs'} · {result.ms:.0f} ms",
-                                "information" if result.ok else "error")
+                                "information" if result.ok else "error", verify=result)
                 elif action == "sampler":
                     session.set_sampler(argument)
                     self._state(session, f"sampler: {argument.describe()}")
                 elif action == "reset":
                     session.reset()
                     self._state(session, "cache and chat reset")
-            except SessionError as exc:
+                elif action == "export":
+                    path = export_cache(session, Path.cwd() / f"kvtui-cache-step{session.steps}.safetensors")
+                    self._state(session, f"cache at step {session.steps} exported to {path} "
+                                         "(kvtui.engine.export.load_cache reads it back)")
+            except (SessionError, ExportError) as exc:
                 self._state(session, str(exc), "error")
             finally:
                 self.running = False
@@ -316,8 +329,8 @@ class KvtuiApp(App):
             session.verify()
         self.post_message(SnapshotReady(snapshot, session.messages, tuple(session.diagnostics), self.running))
 
-    def _state(self, session, note: str = "", severity: str = "information") -> None:
-        self.post_message(SessionState(session.messages, tuple(session.diagnostics), note, severity))
+    def _state(self, session, note: str = "", severity: str = "information", verify=None) -> None:
+        self.post_message(SessionState(session.messages, tuple(session.diagnostics), note, severity, verify))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR:
@@ -337,6 +350,8 @@ class KvtuiApp(App):
         self.messages, self.diagnostics = message.messages, message.diagnostics
         if snapshot.phase == "decode":
             self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
+        elif snapshot.phase == "prefill":
+            self._prefill = snapshot
         self.query_one(StatusBar).record(snapshot)
         # Repaint at most REFRESH_HZ times a second: on 2 cores every repaint is time the model waits for.
         wait = self._last_paint + 1 / REFRESH_HZ - time.monotonic()
@@ -355,6 +370,10 @@ class KvtuiApp(App):
             return
         if self.pinned_step is None:
             self._show(snapshot)
+            buffer_pane = self.query_one(TokenBufferPane)
+            if snapshot.attention is not None:
+                peak = max(snapshot.attention) or 1.0
+                buffer_pane.attention = [w / peak for w in snapshot.attention]
         self._show_chat()
         self._show_diagnostics()
         speed = 1000 * len(self._recent_ms) / sum(self._recent_ms) if self._recent_ms else None
@@ -362,6 +381,8 @@ class KvtuiApp(App):
 
     def on_session_state(self, message: SessionState) -> None:
         self.messages, self.diagnostics = message.messages, message.diagnostics
+        if message.verify is not None:
+            self._last_verify = message.verify
         self._show_chat()
         self._show_diagnostics()
         if message.note:
@@ -381,10 +402,22 @@ class KvtuiApp(App):
         if snapshot is not None:
             chat.show_reuse(self._reuse_text(snapshot))
 
-    @staticmethod
-    def _reuse_text(snapshot: StepSnapshot) -> str:
-        return (f"turn {snapshot.turn} · cache {snapshot.cache_seq_length} tokens · step {snapshot.step} "
-                f"({snapshot.phase}, fed {len(snapshot.input_ids)})")
+    def _reuse_text(self, snapshot: StepSnapshot) -> str:
+        """The reuse meter: what this turn took from the cache, what it fed, what a re-encode would cost."""
+        prefill = self._prefill
+        if prefill is None or prefill.turn != snapshot.turn:
+            return f"turn {snapshot.turn} · cache {snapshot.cache_seq_length} tokens · step {snapshot.step}"
+        fed = len(prefill.input_ids)
+        reused = len(prefill.buffer) - fed
+        share = reused / len(prefill.buffer) if len(prefill.buffer) else 0.0
+        text = (f"turn {snapshot.turn} · reused {reused} cached tokens, fed {fed} ({share:.0%} reuse) · "
+                f"prefill {prefill.forward_ms:.0f} ms")
+        verify = self._last_verify
+        if verify is not None:
+            text += f" · full re-encode of {verify.tokens} tokens: {verify.ms:.0f} ms"
+        else:
+            text += " · v measures a full re-encode"
+        return text
 
     def _show_diagnostics(self) -> None:
         merged = tuple(sorted(self.diagnostics + tuple(self.app_diagnostics), key=lambda d: d.step))
@@ -455,17 +488,26 @@ class KvtuiApp(App):
     def action_verify(self) -> None:
         self._engine("verify")
 
+    def action_export_cache(self) -> None:
+        self._engine("export")
+
     def action_reset(self) -> None:
         self._engine("reset")
 
+    def watch_step_mode(self) -> None:
+        self._update_title()
+
     def action_toggle_step_mode(self) -> None:
         self.step_mode = not self.step_mode
-        self._update_title()
         self.notify("step mode: Enter prefills, space steps" if self.step_mode else "run mode: Enter runs the turn",
                     timeout=3)
 
     def _update_title(self) -> None:
         self.sub_title = "step mode" if self.step_mode else "run mode"
+        try:
+            self.query_one(ChatPane).border_title = f"{self.title} · {self.sub_title}"
+        except NoMatches:  # not composed yet: on_mount sets it
+            pass
 
     def action_sampler(self) -> None:
         if self.session is None:
@@ -481,6 +523,18 @@ class KvtuiApp(App):
     @on(LayersPane.LayerSelected)
     def layer_selected(self, message: LayersPane.LayerSelected) -> None:
         self.query_one(TokenBufferPane).selected_layer = message.index
+        if self.session is not None:
+            self.session.attention_layer = message.index  # an int swap, read at the next forward
+
+    def action_watch(self) -> None:
+        token = self.query_one(TopKPane).selected_token
+        if token is None or self.session is None:
+            self.notify("select a token in the top-k pane first", severity="warning")
+            return
+        session = self.session
+        if token.id not in session.watch_ids:
+            session.watch_ids = session.watch_ids + (token.id,)  # a tuple swap, read at the next forward
+        self.notify(f"watching {token.text!r} (id {token.id}): its rank shows in top-k from the next step", timeout=4)
 
     @on(DiagnosticsPane.JumpTo)
     def jump_to(self, message: DiagnosticsPane.JumpTo) -> None:

@@ -46,6 +46,8 @@ def session_options(func):
         click.option("--show-top", type=click.IntRange(1, 100), default=10, show_default=True,
                      help="How many top-k tokens each snapshot keeps."),
         click.option("--watch", multiple=True, help="A token (text or id) to follow in every step's distribution."),
+        click.option("--attention", is_flag=True,
+                     help="Shade the buffer by the newest token's attention (eager attention; costs O(cache) per step)."),
         click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
                      show_default=True),
         click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps."),
@@ -78,8 +80,13 @@ def main():
 @click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
               help="Headless exit code is 1 when a diagnostic at or above this fired.")
 @click.option("--theme", default="kvtui-dark", show_default=True, help="TUI theme (see themes/).")
+@click.option("--export-cache-at", type=click.IntRange(1), default=None,
+              help="Headless: save the cache as safetensors right after forward step N.")
+@click.option("--export-cache", "export_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where --export-cache-at writes (default cache-stepN.safetensors).")
 @click.pass_context
-def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, theme, **options):
+def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, theme, export_cache_at, export_path,
+        **options):
     """Open the TUI, or with --headless run a script."""
     from .engine.script import ScriptError, load_script
 
@@ -104,7 +111,8 @@ def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, th
     if headless:
         if script is None:
             raise click.UsageError("--headless needs --script FILE")
-        sys.exit(_run_headless(model, script, trace_path, verify_every, fail_on, options))
+        export = (export_cache_at, export_path or Path(f"cache-step{export_cache_at}.safetensors")) if export_cache_at else None
+        sys.exit(_run_headless(model, script, trace_path, verify_every, fail_on, options, export))
     from .app import KvtuiApp
 
     app = KvtuiApp(model=model, options=options, theme_name=theme, script=script, trace_path=trace_path,
@@ -116,7 +124,7 @@ def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, th
 # The session options' defaults, for callers that build the app without the command line (tests, serve).
 DEFAULT_OPTIONS = {p.name: p.default for p in run.params if p.name in {
     "cache", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "mode",
-    "system", "chat_tokenize", "prime_pad", "show_top", "watch", "dtype", "device", "device_map"}}
+    "system", "chat_tokenize", "prime_pad", "show_top", "watch", "attention", "dtype", "device", "device_map"}}
 DEFAULT_OPTIONS["watch"] = ()
 
 
@@ -133,7 +141,7 @@ def build_session_config(options: dict, tokenizer=None):
     return SessionConfig(cache=cache, max_cache_len=max_cache_len, max_new_tokens=options["max_new_tokens"],
                          sampler=sampler, mode=options["mode"], system=options.get("system"),
                          chat_tokenize=options["chat_tokenize"], top_k_shown=options["show_top"], watch=watch,
-                         prime_pad=options["prime_pad"])
+                         prime_pad=options["prime_pad"], attention=bool(options.get("attention")))
 
 
 def resolve_token(tokenizer, text: str) -> int:
@@ -151,12 +159,13 @@ def load(model, options, progress=None):
     from .engine.loader import load_model
 
     return load_model(model, dtype=options["dtype"], device=options["device"], device_map=options["device_map"],
-                      progress=progress)
+                      attn_implementation="eager" if options.get("attention") else None, progress=progress)
 
 
-def _run_headless(model, script, trace_path, verify_every, fail_on, options) -> int:
+def _run_headless(model, script, trace_path, verify_every, fail_on, options, export=None) -> int:
     from rich.console import Console
 
+    from .engine.export import ExportError
     from .engine.loader import ModelLoadError
     from .engine.session import ChatSession, SessionError
     from .engine.trace import TraceError
@@ -168,8 +177,8 @@ def _run_headless(model, script, trace_path, verify_every, fail_on, options) -> 
             loaded = load(model, options, progress=lambda message, fraction=None: status.update(message))
         session = ChatSession(loaded.model, loaded.tokenizer, build_session_config(options, loaded.tokenizer))
         return run_script(session, script, trace_path=trace_path, model_source=loaded.source, model_path=loaded.path,
-                          verify_every=verify_every, fail_on=fail_on, console=console)
-    except (ModelLoadError, SessionError, TraceError, ValueError) as exc:
+                          verify_every=verify_every, fail_on=fail_on, console=console, export=export)
+    except (ModelLoadError, SessionError, TraceError, ExportError, ValueError) as exc:
         click.echo(f"kvtui: error: {exc}", err=True)  # one line, unwrapped, on stderr
         return 2
 
@@ -208,6 +217,12 @@ def tiny(arch, bos, eos, sliding_window, layers, seed, out):
         raise click.ClickException(str(exc)) from None
     click.echo(f"built a tiny {arch} model in {path}")
 
+
+from .commands.diff_cmd import diff  # noqa: E402  (commands live in their own modules)
+from .commands.serve_cmd import serve  # noqa: E402
+
+main.add_command(diff)
+main.add_command(serve)
 
 if __name__ == "__main__":
     main()

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .engine.export import export_cache
 from .engine.session import ChatSession, SessionError
 from .engine.script import Script
 from .engine.snapshot import SEVERITIES, StepSnapshot, buffer_record
@@ -18,18 +19,22 @@ STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
 
 
 def run_script(session: ChatSession, script: Script, *, trace_path=None, model_source: str = "", model_path: str = "",
-               verify_every: int = 0, fail_on: str = "error", console: Console | None = None) -> int:
+               verify_every: int = 0, fail_on: str = "error", console: Console | None = None,
+               export: tuple[int, object] | None = None) -> int:
     """Run every turn; returns the exit code (1 when a diagnostic at or above `fail_on` fired)."""
     console = console or Console()
     writer = TraceWriter(trace_path, header_record(session, model_source, model_path)) if trace_path else None
     steps_at_verify = [0]
 
     in_steps: set[int] = set()  # diagnostics already written inside a step line
+    exported: list = []
 
     def on_snapshot(snapshot: StepSnapshot) -> None:
         in_steps.update(id(d) for d in snapshot.diagnostics)
         if writer:
             writer.write(snapshot.to_record())
+        if export and snapshot.step == export[0]:
+            exported.append(export_cache(session, export[1]))
         if verify_every and snapshot.step - steps_at_verify[0] >= verify_every:
             steps_at_verify[0] = snapshot.step
             result = session.verify()
@@ -78,6 +83,9 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
                       highlight=False)
     if trace_path:
         console.print(f"trace written to {trace_path}")
+    if export:
+        console.print(f"cache at step {export[0]} exported to {exported[0]}" if exported
+                      else f"[yellow]no cache exported: the run ended before step {export[0]}[/]")
     threshold = SEVERITIES.index(fail_on)
     failing = [d for d in session.diagnostics if SEVERITIES.index(d.severity) >= threshold]
     if failing:

@@ -47,7 +47,7 @@ def print_report(console: Console, a: Trace, b: Trace, result: DiffResult, tie_t
     for note in result.notes:
         console.print(f"[dim]note[/]  {escape(note)}", soft_wrap=True, highlight=False)
     if result.agree:
-        console.print(f"[bold green]agree[/]  {escape(result.detail)} (tie tolerance {tie_tolerance:g})",
+        console.print(f"[bold green]agree[/]  {escape(result.detail)}; tie tolerance {tie_tolerance:g}",
                       soft_wrap=True, highlight=False)
         return
     console.print(f"[bold red]diverge at step {result.step}[/] ([bold]{result.field}[/]): {escape(result.detail)}",

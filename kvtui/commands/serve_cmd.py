@@ -74,15 +74,16 @@ def serve(ctx: click.Context, model: str | None, host: str, port: int, title: st
 
     command = app_command(argv)
     if public_url is None:
-        # textual-serve builds the page's websocket URL from this; 0.0.0.0 / :: are not reachable addresses.
-        shown_host = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else host
+        # textual-serve builds the page's websocket URL from this, so it must be an address a browser can
+        # use: the wildcard addresses become loopback (pass --public-url for other machines).
+        shown_host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
         if ":" in shown_host and not shown_host.startswith("["):
-            shown_host = f"[{shown_host}]"
+            shown_host = f"[{shown_host}]"  # IPv6 literal
         public_url = f"http://{shown_host}:{port}"
     public_url = public_url.rstrip("/")
     server = Server(command, host=host, port=port, title=title or f"kvtui {model or ''}".strip(),
                     public_url=public_url)
-    click.echo(f"kvtui: serving on {public_url}  (Ctrl+C to stop)", err=False)
+    click.echo(f"kvtui: serving on {public_url}  (Ctrl+C to stop)")
     sys.stdout.flush()
     server.serve()
 

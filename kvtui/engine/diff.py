@@ -143,12 +143,12 @@ def _compare_layers(layers_a: list[dict], layers_b: list[dict], notes: "_LayerNo
 def _compare_topk(top_a: list[dict], top_b: list[dict], tol: float, pieces: dict[int, str]) -> str | None:
     """None when the id orders agree up to adjacent swaps of near-ties, else what differs."""
     n = min(len(top_a), len(top_b))
-    ids_a = [t["id"] for t in top_a]
-    ids_b = [t["id"] for t in top_b]
+    ids_a = [t.get("id") for t in top_a]
+    ids_b = [t.get("id") for t in top_b]
     if ids_a[:n] == ids_b[:n]:
         return None
-    logits_a = {t["id"]: t["logit"] for t in top_a}
-    logits_b = {t["id"]: t["logit"] for t in top_b}
+    logits_a = {t.get("id"): t["logit"] for t in top_a if t.get("logit") is not None}
+    logits_b = {t.get("id"): t["logit"] for t in top_b if t.get("logit") is not None}
 
     def tied(x: int, y: int) -> bool:
         for logits in (logits_a, logits_b):

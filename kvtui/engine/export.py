@@ -18,6 +18,7 @@ export and a failed export leaves nothing behind. No UI library is imported here
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -131,6 +132,11 @@ def _write_atomically(path: Path, tensors: dict[str, torch.Tensor], metadata: di
 
     tmp: str | None = None
     try:
+        for ancestor in (path.parent, *path.parent.parents):  # a regular file in the way: say so
+            if ancestor.exists():
+                if not ancestor.is_dir():
+                    raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(ancestor))
+                break
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
             raise IsADirectoryError(21, "is a directory")
@@ -170,10 +176,7 @@ def load_cache(path: str | os.PathLike) -> CacheExport:
             tensors = {name: handle.get_tensor(name) for name in names}
     except (SafetensorError, OSError, ValueError) as exc:
         raise ExportError(f"{path}: not a readable safetensors file: {exc}") from exc
-    try:
-        meta = {key: json.loads(value) for key, value in raw.items()}
-    except json.JSONDecodeError as exc:
-        raise ExportError(f"{path}: metadata is not kvtui's (not JSON: {exc.msg})") from None
+    meta = {key: _decode(value) for key, value in raw.items()}
     if meta.get("schema") != SCHEMA:
         raise ExportError(f"{path}: unknown cache export schema {meta.get('schema')!r} (this kvtui reads {SCHEMA})")
     layers = list(meta.get("layers") or [])
@@ -186,6 +189,14 @@ def load_cache(path: str | os.PathLike) -> CacheExport:
         except KeyError as exc:
             raise ExportError(f"{path}: the export lacks tensor {exc.args[0]}") from None
     return CacheExport(keys=keys, values=values, tokens=list(meta.get("tokens") or []), layers=layers, meta=meta)
+
+
+def _decode(value: str):
+    """kvtui writes JSON; other writers' metadata (e.g. {"format": "pt"}) stays a plain string."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
 
 
 def to_dynamic_cache(export: CacheExport, config):

@@ -52,6 +52,7 @@ class SessionConfig:
     top_k_shown: int = 10
     watch: tuple[int, ...] = ()
     prime_pad: int = 0  # reproduce the "prime the cache with pad tokens" mistake
+    attention: bool = False  # opt-in, O(cache) per step: needs a model loaded with attn_implementation="eager"
 
 
 @dataclass
@@ -82,6 +83,9 @@ class ChatSession:
         self.special = self._special_ids()
         self.stop_ids = self.special.eos
         self._pieces: dict[int, str] = {}
+        # Read once per forward; plain attribute swaps, so the UI may set them from its thread.
+        self.watch_ids: tuple[int, ...] = tuple(self.config.watch)
+        self.attention_layer: int = -1  # which layer's attention to report (-1 = the last)
         self._window = introspect.config_window(model.config)
         self._accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         self._accepts_logits_to_keep = introspect.forward_accepts(model, "logits_to_keep")
@@ -211,6 +215,8 @@ class ChatSession:
             kwargs["cache_position"] = torch.arange(cache_len, cache_len + len(fed), device=self.device)
         if self._accepts_logits_to_keep:  # the prefill needs only the last row of logits
             kwargs["logits_to_keep"] = 1
+        if self.config.attention:
+            kwargs["output_attentions"] = True
         started = self._clock()
         try:
             with torch.inference_mode():
@@ -225,13 +231,13 @@ class ChatSession:
         self.steps = step
         self._tokens.extend(fed)
         self._next_position = positions[-1] + 1
+        attention = self._newest_attention(out) if self.config.attention else None
         self._logits = logits
         scores = self.sampler.process(self._history(), logits)
         self._new_in_turn += phase == "decode"
         self.pending = self._make_pending(scores, self.sampler.choose(scores))
         self.pending_forced = False
-        snapshot = self._snapshot(phase, fed, scores, found, forward_ms, snap_started)
-        return snapshot
+        return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention)
 
     def _history(self) -> torch.Tensor:
         if not self.sampler.needs_history:
@@ -244,7 +250,18 @@ class ChatSession:
         return TopToken(id=token_id, text=self.piece(token_id), logit=float(scores[token_id]), prob=float(prob),
                         rank=int((probs > prob).sum()) + 1)
 
-    def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started) -> StepSnapshot:
+    def _newest_attention(self, out) -> tuple[int, tuple[float, ...]] | None:
+        """(layer, weights): the newest query's attention, mean over heads, one weight per buffer index."""
+        attentions = getattr(out, "attentions", None)
+        if not attentions or attentions[self.attention_layer] is None:
+            return None
+        layer = self.attention_layer % len(attentions)
+        weights = attentions[layer][0, :, -1, :].float().mean(dim=0)  # [heads, q, kv] -> [kv]
+        total = len(self._tokens)
+        held = weights[-total:].tolist()  # a sliding layer sees only its window: the rest is 0
+        return layer, tuple([0.0] * (total - len(held)) + held)
+
+    def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started, attention=None) -> StepSnapshot:
         layers = introspect.layer_infos(self.cache, self._window)
         cache_len = self.cache_length
         found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
@@ -257,10 +274,11 @@ class ChatSession:
             cursor=self._next_position, cache_seq_length=cache_len, capacity=self.capacity, layers=layers,
             topk=top_tokens(logits, self.config.top_k_shown, self.piece),
             topk_processed=top_tokens(scores, self.config.top_k_shown, self.piece),
-            watched=watched_tokens(scores, self.config.watch, self.piece),
+            watched=watched_tokens(scores, self.watch_ids, self.piece),
             chosen=self.pending, chosen_forced=self.pending_forced, diagnostics=tuple(found),
             forward_ms=forward_ms, snapshot_ms=(self._clock() - snap_started) * 1000,
             buffer=self.buffer, turn_done=self._turn_done_after(),
+            attention=attention[1] if attention else None, attention_layer=attention[0] if attention else None,
         )
         self.last = snapshot
         if self.on_snapshot:

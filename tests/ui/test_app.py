@@ -248,3 +248,36 @@ async def test_help_sampler_and_pane_toggles(tiny_loaded):
         await wait_idle(pilot, app)
         # top-k 5 after the processors: at most 5 tokens keep probability
         assert sum(1 for t in app.latest.topk_processed if t.prob > 0) <= 5
+
+
+async def test_reuse_meter_and_watch(tiny_loaded):
+    from kvtui.widgets.chat_pane import ChatPane
+
+    app = make_app(tiny_loaded("qwen2"), max_new_tokens=3)
+    async with app.run_test(size=SIZE) as pilot:
+        await start(pilot, app, step_mode=False)
+        first = app._prefill
+        assert first is not None and len(first.buffer) - len(first.input_ids) == 0
+        chat_input = app.query_one("#message", Input)
+        chat_input.focus()
+        chat_input.value = "And m?"
+        await pilot.press("enter")
+        await wait_idle(pilot, app)
+        second = app._prefill
+        reused = len(second.buffer) - len(second.input_ids)
+        assert reused > 0 and second.turn == 2
+        reuse = app.query_one(ChatPane).query_one("#reuse").visual.plain
+        assert f"reused {reused} cached tokens, fed {len(second.input_ids)}" in reuse
+        await pilot.press("v")
+        await wait_idle(pilot, app)
+        await wait_for(pilot, lambda: "full re-encode of" in app.query_one(ChatPane).query_one("#reuse").visual.plain,
+                       what="the re-encode cost")
+        # watch the third top-k token: from the next step it is reported wherever it ranks
+        topk = app.query_one(TopKPane)
+        topk.table.focus()
+        topk.table.move_cursor(row=2)
+        watched = topk.selected_token_id
+        await pilot.press("w")
+        await pilot.press("u")  # a rewind re-feeds a token: a new step
+        await wait_idle(pilot, app)
+        assert [t.id for t in app.latest.watched] == [watched]

@@ -1,0 +1,215 @@
+"""`kvtui diff`: the first step where two traces diverge, on real headless traces of a tiny qwen2."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from kvtui.commands.diff_cmd import diff as diff_command
+from kvtui.engine.diff import diff_traces
+from kvtui.engine.trace import read_trace
+
+TURNS = ["What is k?", "And m?"]
+OTHER_TURNS = ["What is k?", "And x equal to 7?"]  # the second turn differs
+
+
+@pytest.fixture(scope="module")
+def traces(tiny_dir, tiny_model, tmp_path_factory):
+    """Headless runs of a tiny qwen2: name -> trace path. Three through the CLI, side by side (each costs
+    a few seconds, mostly imports), and the different chat through the same runner in this process."""
+    model = tiny_dir("qwen2")
+    root = tmp_path_factory.mktemp("diff")
+    same, other = root / "chat.json", root / "other.json"
+    same.write_text(json.dumps({"turns": TURNS, "system": "You are terse."}))
+    other.write_text(json.dumps({"turns": OTHER_TURNS, "system": "You are terse."}))
+    runs = {
+        "a": [],
+        "a2": [],
+        "static": ["--cache", "static", "--max-cache-len", "512"],
+    }
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tiny runs side by side
+    procs = {}
+    for name, extra in runs.items():
+        out = root / f"{name}.jsonl"
+        procs[name] = (out, subprocess.Popen(
+            [sys.executable, "-m", "kvtui.cli", str(model), "--headless", "--script", str(same), "--trace", str(out),
+             "--max-new-tokens", "5", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+    paths = {"other": run_in_process(tiny_model, model, other, root / "other.jsonl")}
+    for name, (out, proc) in procs.items():
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, output
+        paths[name] = out
+    return paths
+
+
+def run_in_process(tiny_model, model_dir, script_path, trace_path):
+    """What `kvtui MODEL --headless --script S --trace T --max-new-tokens 5` does, without a new interpreter."""
+    import io
+
+    from rich.console import Console
+
+    from kvtui.cli import DEFAULT_OPTIONS, build_session_config
+    from kvtui.engine import ChatSession
+    from kvtui.engine.script import load_script
+    from kvtui.headless import run_script
+
+    model, tokenizer = tiny_model("qwen2")
+    script = load_script(script_path)
+    options = {**DEFAULT_OPTIONS, "max_new_tokens": 5, "system": script.system, "mode": script.mode}
+    session = ChatSession(model, tokenizer, build_session_config(options, tokenizer))
+    code = run_script(session, script, trace_path=trace_path, model_source=str(model_dir), model_path=str(model_dir),
+                      console=Console(file=io.StringIO()))
+    assert code == 0
+    return trace_path
+
+
+def run_diff(*args):
+    result = CliRunner().invoke(diff_command, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_same_script_twice_agrees(traces):
+    a, b = read_trace(traces["a"]), read_trace(traces["a2"])
+    result = diff_traces(a, b)
+    assert result.agree and result.step is None and result.field is None
+    assert result.steps_compared == len(a.steps) == len(b.steps) > 2
+    assert result.logit_gap == 0.0
+    code, out, err = run_diff(traces["a"], traces["a2"])
+    assert code == 0, out + err
+    assert "agree" in out and f"all {len(a.steps)} steps" in flat(out)
+
+
+def test_dynamic_and_static_caches_agree_and_the_cache_kind_is_a_note(traces):
+    a, s = read_trace(traces["a"]), read_trace(traces["static"])
+    # greedy fp32: the same tokens fed and chosen, logits equal up to float noise
+    assert [x["input_ids"] for x in a.steps] == [x["input_ids"] for x in s.steps]
+    assert [x["chosen"]["id"] for x in a.steps] == [x["chosen"]["id"] for x in s.steps]
+    assert {layer["kind"] for x in s.steps for layer in x["layers"]} == {"static"}
+    result = diff_traces(a, s)
+    assert result.agree, result.detail
+    assert result.steps_compared == len(a.steps)
+    assert result.logit_gap is not None and result.logit_gap <= 1e-4
+    notes = "\n".join(result.notes)
+    assert "header cache: A 'dynamic', B 'static'" in notes
+    assert "header capacity: A None, B 512" in notes
+    assert "full in A, static in B" in notes  # layer kind and preallocated slots
+    code, out, _ = run_diff(traces["a"], traces["static"])
+    assert code == 0 and "static" in out and "agree" in out
+
+
+def test_a_different_second_turn_diverges_at_its_prefill(traces):
+    a, other = read_trace(traces["a"]), read_trace(traces["other"])
+    turn2 = next(x["step"] for x in a.steps if x["turn"] == 2)
+    assert a.steps[turn2 - 1]["phase"] == "prefill"
+    result = diff_traces(a, other)
+    assert not result.agree
+    assert result.step == turn2 and result.field == "input_ids"
+    assert result.steps_compared == turn2 - 1
+    assert result.logit_gap is not None and all(v is not None for v in result.chosen_logits)
+    assert "first difference at index" in result.detail
+    code, out, _ = run_diff(traces["a"], traces["other"])
+    assert code == 1
+    assert f"diverge at step {turn2}" in flat(out) and "input_ids" in out
+
+
+def test_a_trace_truncated_mid_line_is_unreadable(traces, tmp_path):
+    lines = traces["a"].read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines[:4]) + lines[4][: len(lines[4]) // 2])
+    code, out, err = run_diff(traces["a"], cut)
+    assert code == 2 and out == ""
+    assert f"{cut}:5" in err and "truncated" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = run_diff(tmp_path / "missing.jsonl", traces["a"])
+    assert code == 2 and "no such trace file" in err
+
+
+def test_a_trace_cut_at_a_line_ends_early(traces, tmp_path):
+    a = read_trace(traces["a"])
+    lines = traces["a"].read_text().splitlines(keepends=True)
+    assert [json.loads(line)["type"] for line in lines[:5]] == ["header"] + ["step"] * 4
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines[:5]))  # header + 4 steps: a run killed between two steps
+    result = diff_traces(a, read_trace(cut))
+    assert not result.agree and result.field == "steps" and result.step == 5
+    assert "trace B ends at step 4" in result.detail and result.steps_compared == 4
+    swapped = diff_traces(read_trace(cut), a)
+    assert "trace A ends at step 4" in swapped.detail
+    code, out, _ = run_diff(traces["a"], cut)
+    assert code == 1 and "trace B ends at step 4" in flat(out)
+
+
+def _with_swapped_ranks(trace, step_index: int, gap: float):
+    """Traces A', B' equal to `trace` but for one step's top-k ranks 2 and 3: B' lists them the other
+    way round; both give the two tokens logits `gap` apart (the chosen token, rank 1, stays)."""
+    a, b = copy.deepcopy(trace), copy.deepcopy(trace)
+    for t in (a, b):
+        top = t.steps[step_index]["topk"]
+        top[1]["logit"] = top[0]["logit"] - 0.1
+        top[2]["logit"] = top[1]["logit"] - gap
+    top = b.steps[step_index]["topk"]
+    top[1]["id"], top[2]["id"] = top[2]["id"], top[1]["id"]
+    return a, b
+
+
+@pytest.mark.parametrize("gap,agree", [(1e-5, True), (0.5, False)])
+def test_swapped_near_ties_are_not_a_divergence(traces, tmp_path, gap, agree):
+    trace = read_trace(traces["a"])
+    a, b = _with_swapped_ranks(trace, 3, gap)
+    result = diff_traces(a, b, tie_tolerance=1e-3)
+    assert result.agree is agree, result.detail
+    if not agree:
+        assert result.step == trace.steps[3]["step"] and result.field == "topk"
+        assert "rank 2" in result.detail and "0.5 apart" in result.detail
+        # the same through the command, from files
+        pa, pb = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+        for path, t in ((pa, a), (pb, b)):
+            path.write_text("".join(json.dumps(r) + "\n" for r in [t.header, *t.steps]))
+        code, out, _ = run_diff(pa, pb)
+        assert code == 1 and "topk" in out
+        # a tolerance wider than the gap makes it a tie
+        code, _, _ = run_diff(pa, pb, "--tie-tolerance", "0.6")
+        assert code == 0
+
+
+def test_topk_tie_at_the_cut_off_and_a_chain_of_ties():
+    from kvtui.engine.diff import _compare_topk
+
+    def top(pairs):
+        return [{"id": i, "logit": v} for i, v in pairs]
+
+    # token 4 and token 5 tie for the last place: each list keeps a different one
+    assert _compare_topk(top([(1, 3.0), (2, 2.0), (4, 1.0)]), top([(1, 3.0), (2, 2.0), (5, 1.0000001)]), 1e-3, {}) is None
+    assert _compare_topk(top([(1, 3.0), (2, 2.0), (4, 1.0)]), top([(1, 3.0), (2, 2.0), (5, 0.5)]), 1e-3, {}) is not None
+    # three tokens tied: any order of them is the same ranking
+    a = top([(1, 3.0), (2, 2.0), (3, 2.0), (4, 2.0)])
+    b = top([(1, 3.0), (4, 2.0), (3, 2.0), (2, 2.0)])
+    assert _compare_topk(a, b, 1e-3, {}) is None
+    c = top([(1, 3.0), (4, 2.0), (2, 2.0), (3, 1.0)])
+    d = top([(1, 3.0), (3, 1.0), (4, 2.0), (2, 2.0)])
+    assert _compare_topk(c, d, 1e-3, {}) is not None
+
+
+def test_diff_is_wired_into_the_kvtui_command(traces):
+    from kvtui.cli import main
+
+    assert "diff" in main.commands
+    result = CliRunner().invoke(main, ["diff", str(traces["a"]), str(traces["other"])])
+    assert result.exit_code == 1 and "input_ids" in result.stdout
+
+
+def test_the_diff_and_export_engines_import_no_ui_libraries():
+    code = (
+        "import sys, kvtui.engine.diff, kvtui.engine.export\n"
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
