@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from textual.css.query import NoMatches
+
 from .app import KvtuiApp, SessionState, SnapshotReady
 from .engine.replay import Replay, transcript
 from .engine.trace import read_trace
@@ -33,6 +35,13 @@ class ReplayApp(KvtuiApp):
         self.query_one("#buffer").focus()
         if len(self.replay):
             self._goto(0)
+
+    def _update_title(self) -> None:
+        self.sub_title = "replay"
+        try:
+            self.query_one(ChatPane).border_title = f"kvtui · replay · {self.trace_path.name}"
+        except NoMatches:  # not composed yet
+            pass
 
     def _goto(self, index: int) -> None:
         index = max(0, min(index, len(self.replay) - 1))
