@@ -17,7 +17,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from kvtui.engine.snapshot import LayerInfo, StepSnapshot
-from kvtui.widgets.cursor_pane import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
 # (key, label) of the table's columns, in order.
 COLUMNS: tuple[tuple[str, str], ...] = (

@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from kvtui.engine.snapshot import StepSnapshot, TopToken
-from kvtui.widgets.cursor_pane import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
 Mode = Literal["processed", "raw"]
 MODES: tuple[Mode, Mode] = ("processed", "raw")

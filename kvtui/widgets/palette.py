@@ -1,0 +1,61 @@
+"""Theme colours for Rich cells: DataTable cells cannot use CSS variables, so the panes resolve
+`$error`, `$warning`... from the running app's theme into plain Rich style strings, and re-render
+when the theme changes."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from rich.color import Color, ColorParseError
+from textual.app import App
+
+Palette = Mapping[str, str]
+
+# Rich style strings per role; the hex values are Textual's default dark theme.
+DEFAULT_PALETTE: dict[str, str] = {
+    "primary": "#0178D4",
+    "accent": "#FEA62B",
+    "success": "#4EBF71",
+    "warning": "#FEA62B",
+    "error": "#B93C5B",
+    "info": "#0178D4",
+    "muted": "dim",
+}
+
+_ROLE_VARIABLES = {  # palette role -> Textual theme variable
+    "primary": "primary",
+    "accent": "accent",
+    "success": "success",
+    "warning": "warning",
+    "error": "error",
+    # Textual's default accent is the same orange as its warning, so "info" follows $primary
+    # (blue / cyan-ish in the kvtui themes) to stay distinguishable from warnings.
+    "info": "primary",
+}
+
+
+def theme_palette(app: App | None) -> dict[str, str]:
+    """Resolve the palette roles from the app's current theme; fall back to DEFAULT_PALETTE."""
+    palette = dict(DEFAULT_PALETTE)
+    if app is None:
+        return palette
+    try:
+        variables = app.theme_variables or app.get_css_variables()
+    except Exception:  # no theme yet (app not running): keep the defaults
+        return palette
+    for role, name in _ROLE_VARIABLES.items():
+        value = variables.get(name)
+        if not value:
+            continue
+        try:
+            Color.parse(value)
+        except ColorParseError:  # e.g. "auto 60%": not a Rich colour
+            continue
+        palette[role] = value
+    return palette
+
+
+def role_style(palette: Palette | None, role: str, extra: str = "") -> str:
+    """A Rich style string for a palette role, e.g. role_style(p, "error", "bold") -> "bold #B93C5B"."""
+    style = (palette or DEFAULT_PALETTE).get(role) or DEFAULT_PALETTE.get(role, "")
+    return f"{extra} {style}".strip()
