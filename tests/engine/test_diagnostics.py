@@ -214,3 +214,15 @@ def test_static_cache_chat_matches_full_forward(tiny_model):
                 session.step()
         session.rewind(2)
         assert session.verify().ok
+
+
+def test_a_model_without_chat_template_gets_a_clear_error_and_completion_mode_works(tiny_dir):
+    from kvtui.engine.loader import load_model
+
+    loaded = load_model(str(tiny_dir("qwen2")), dtype="float32", device="cpu")
+    loaded.tokenizer.chat_template = None
+    with pytest.raises(SessionError, match="no chat template.*--mode completion"):
+        ChatSession(loaded.model, loaded.tokenizer, SessionConfig())
+    session = ChatSession(loaded.model, loaded.tokenizer, SessionConfig(mode="completion", max_new_tokens=2))
+    snapshot = session.send("The variable k is equal to 5.")
+    assert snapshot.buffer.ids() == loaded.tokenizer("The variable k is equal to 5.")["input_ids"]
