@@ -55,8 +55,11 @@ class SnapshotReady(Message):
 
     def can_replace(self, message: Message) -> bool:
         # In run mode only the newest decode snapshot matters: it carries everything a pane needs.
-        # A prefill is kept: the reuse meter reads what it fed.
-        return isinstance(message, SnapshotReady) and message.snapshot.phase == "decode"
+        # A prefill is kept (the reuse meter reads what it fed), and so is a step that raised an
+        # alarm (the diagnostics pane jumps to it).
+        # Textual asks the queued (older) message whether the next one may supersede it.
+        return (isinstance(message, SnapshotReady) and self.snapshot.phase == "decode"
+                and not self.snapshot.diagnostics)
 
 
 @dataclass

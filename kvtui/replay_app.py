@@ -33,6 +33,9 @@ class ReplayApp(KvtuiApp):
         chat.input.disabled = True
         chat.input.placeholder = f"replaying {self.trace_path.name}: {len(self.replay)} steps (space/u to step, r to play)"
         self.query_one("#buffer").focus()
+        if self.replay.trace.truncated:  # read_trace dropped a last line cut short by a crash
+            self.notify(f"the recording was interrupted: {len(self.replay)} finished steps", severity="warning",
+                        timeout=10)
         if len(self.replay):
             self._goto(0)
 

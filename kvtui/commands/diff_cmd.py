@@ -33,7 +33,8 @@ def diff(trace_a: Path, trace_b: Path, tie_tolerance: float) -> None:
     Exit 0 when they agree, 1 when they diverge, 2 when a trace cannot be read.
     """
     try:
-        a, b = read_trace(trace_a), read_trace(trace_b)
+        # strict: a diff of a trace cut mid-line would silently compare fewer steps
+        a, b = read_trace(trace_a, strict=True), read_trace(trace_b, strict=True)
     except TraceError as exc:
         click.echo(f"kvtui: error: {' '.join(str(exc).split())}", err=True)  # one line, on stderr
         sys.exit(2)

@@ -20,14 +20,20 @@ class Replay:
         self.snapshots: list[StepSnapshot] = []
         items: list[BufferToken] = []
         for number, record in enumerate(trace.steps, start=1):
-            fed = [_token(t) for t in record.get("fed") or []]
+            try:
+                fed = [_token(t) for t in record.get("fed") or []]
+            except (KeyError, TypeError, AttributeError) as exc:
+                raise TraceError(f"{trace.path}: step line {number}: a fed token is malformed ({exc!r})") from None
             if len(fed) != len(record["input_ids"]):
                 raise TraceError(f"{trace.path}: step {record['step']} has no 'fed' tokens (recorded by an older kvtui?)")
-            keep = record.get("buffer_length", len(items) + len(fed)) - len(fed)
-            if keep < len(items):
-                items = items[:keep]  # a rewind or a template drift: a new list, earlier views stay valid
-            items.extend(fed)
-            self.snapshots.append(_snapshot(record, TokenBuffer(items)))
+            try:
+                keep = record.get("buffer_length", len(items) + len(fed)) - len(fed)
+                if keep < len(items):
+                    items = items[:keep]  # a rewind or a template drift: a new list, earlier views stay valid
+                items.extend(fed)
+                self.snapshots.append(_snapshot(record, TokenBuffer(items)))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise TraceError(f"{trace.path}: step line {number}: a field is missing or malformed ({exc!r})") from None
         self.diagnostics: tuple[Diagnostic, ...] = tuple(d for s in self.snapshots for d in s.diagnostics)
 
     def __len__(self) -> int:

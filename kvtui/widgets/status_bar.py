@@ -47,7 +47,7 @@ class StatusBar(Horizontal):
         self.query_one("#status-text", Static).update(text)
 
     def record(self, snapshot: StepSnapshot) -> None:
-        """One sparkline point per step, even when repaints are throttled."""
+        """One sparkline point per snapshot received (repaints are throttled; run mode may coalesce steps)."""
         self.latency.append(snapshot.forward_ms)
         self.cache_size.append(snapshot.cache_bytes)
 

@@ -281,3 +281,21 @@ async def test_reuse_meter_and_watch(tiny_loaded):
         await pilot.press("u")  # a rewind re-feeds a token: a new step
         await wait_idle(pilot, app)
         assert [t.id for t in app.latest.watched] == [watched]
+
+
+def test_only_plain_decode_snapshots_are_coalesced():
+    """Textual asks the queued (older) message whether the next may supersede it."""
+    from kvtui.app import SnapshotReady
+    from kvtui.engine.snapshot import Diagnostic, StepSnapshot, TokenBuffer
+
+    def message(phase, diagnostics=()):
+        snapshot = StepSnapshot(step=1, phase=phase, turn=1, input_ids=(1,), positions=(0,), cursor=1,
+                                cache_seq_length=1, capacity=None, layers=(), topk=(), topk_processed=(), watched=(),
+                                chosen=None, chosen_forced=False, diagnostics=diagnostics, forward_ms=0.0,
+                                snapshot_ms=0.0, buffer=TokenBuffer([]))
+        return SnapshotReady(snapshot, [], (), True)
+
+    newer = message("decode")
+    assert message("decode").can_replace(newer)
+    assert not message("prefill").can_replace(newer)
+    assert not message("decode", (Diagnostic("sliding-eviction", "info", "m", 1),)).can_replace(newer)
