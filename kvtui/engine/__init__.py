@@ -1,13 +1,22 @@
 """The inspection engine: loads a model, owns the chat session and its cache, emits snapshots.
 
 It imports no Textual and no Rich (a test checks), so it runs headless, in tests and in notebooks.
+Exports resolve lazily: the TUI imports `kvtui.engine.snapshot` for its first frame without paying
+for torch and transformers, which load in the model worker.
 """
 
-from .sampling import SamplerSettings
-from .session import CacheOverflowError, ChatSession, SessionConfig, SessionError
-from .snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
+from importlib import import_module
 
-__all__ = [
-    "BufferToken", "CacheOverflowError", "ChatSession", "Diagnostic", "LayerInfo", "SamplerSettings",
-    "SessionConfig", "SessionError", "StepSnapshot", "TokenBuffer", "TopToken", "VerifyResult",
-]
+_EXPORTS = {
+    "SamplerSettings": "settings",
+    "CacheOverflowError": "session", "ChatSession": "session", "SessionConfig": "session", "SessionError": "session",
+    "BufferToken": "snapshot", "Diagnostic": "snapshot", "LayerInfo": "snapshot", "StepSnapshot": "snapshot",
+    "TokenBuffer": "snapshot", "TopToken": "snapshot", "VerifyResult": "snapshot",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

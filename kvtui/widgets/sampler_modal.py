@@ -7,7 +7,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from ..engine.sampling import SamplerSettings
+from ..engine.settings import SamplerSettings
 
 FIELDS = (("temperature", float, "0 = greedy"), ("top_k", int, "0 = off"), ("top_p", float, "1 = off"),
           ("repetition_penalty", float, "1 = off"), ("seed", int, "integer"))

@@ -22,3 +22,10 @@ def test_only_session_calls_the_model_with_a_cache():
     callers = sorted(str(p.relative_to(engine)) for p in engine.rglob("*.py")
                      if "past_key_values=" in p.read_text())
     assert callers == ["engine/session.py"]
+
+
+def test_the_tui_draws_without_importing_torch():
+    """The first frame must not wait for torch and transformers: they load in the model worker."""
+    code = "import sys, kvtui.cli, kvtui.app\nprint(','.join(m for m in ('torch', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
