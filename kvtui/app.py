@@ -49,7 +49,7 @@ PANES = ("buffer", "cursor", "topk", "layers", "diagnostics")
 @dataclass
 class SnapshotReady(Message):
     snapshot: StepSnapshot
-    messages: list[dict]
+    messages: list[dict] | None  # None while running between repaints: decoding the reply is O(reply)
     diagnostics: tuple[Diagnostic, ...]
     running: bool
 
@@ -151,6 +151,7 @@ class KvtuiApp(App):
         self.shown: set[str] = set()  # panes the user showed although the layout folds them
         self._recent_ms: deque[float] = deque(maxlen=16)
         self._last_paint = 0.0
+        self._messages_at = 0.0  # worker thread: when the transcript was last decoded
         self._prefill: StepSnapshot | None = None  # this turn's prefill, for the reuse meter
         self._last_verify: VerifyResult | None = None
         self._paint_timer = None
@@ -318,6 +319,7 @@ class KvtuiApp(App):
         session.generate(cancel=worker.cancelled_event)
         if session.turn_done and session.turn == before and self._writer:
             self._writer.write(buffer_record(session.buffer))
+        self._state(session)  # the whole reply, whatever the throttled snapshots carried
 
     def _after_rewind(self, session, snapshot) -> None:
         if snapshot is None:
@@ -330,7 +332,11 @@ class KvtuiApp(App):
             self._writer.write(snapshot.to_record())
         if self.verify_every and snapshot.step % self.verify_every == 0:
             session.verify()
-        self.post_message(SnapshotReady(snapshot, session.messages, tuple(session.diagnostics), self.running))
+        messages = None
+        now = time.monotonic()
+        if not self.running or snapshot.phase != "decode" or now - self._messages_at >= 1 / REFRESH_HZ:
+            messages, self._messages_at = session.messages, now
+        self.post_message(SnapshotReady(snapshot, messages, tuple(session.diagnostics), self.running))
 
     def _state(self, session, note: str = "", severity: str = "information", verify=None) -> None:
         self.post_message(SessionState(session.messages, tuple(session.diagnostics), note, severity, verify))
@@ -350,7 +356,9 @@ class KvtuiApp(App):
         snapshot = message.snapshot
         self.latest = snapshot
         self.history.append(snapshot)
-        self.messages, self.diagnostics = message.messages, message.diagnostics
+        self.diagnostics = message.diagnostics
+        if message.messages is not None:
+            self.messages = message.messages
         if snapshot.phase == "decode":
             self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
         elif snapshot.phase == "prefill":
@@ -369,8 +377,8 @@ class KvtuiApp(App):
         self._paint_timer = None
         self._last_paint = time.monotonic()
         snapshot = self.latest
-        if snapshot is None:
-            return
+        if snapshot is None or not self.is_running or self._exit or not self.query(TokenBufferPane):
+            return  # a timer that fires during teardown has no panes left to paint
         if self.pinned_step is None:
             self._show(snapshot)
             buffer_pane = self.query_one(TokenBufferPane)
@@ -608,6 +616,8 @@ class KvtuiApp(App):
         self.exit()
 
     def on_unmount(self) -> None:
+        if self._paint_timer is not None:
+            self._paint_timer.stop()
         if self._writer:
             self._writer.close()
         if self._spool and self._spool.exists():
