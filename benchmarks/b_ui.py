@@ -1,0 +1,502 @@
+"""4. UI: token pane apply + repaint at 1k/10k/100k tokens, time to first frame (subprocess), key
+latency while the model runs, and tokens/s of the TUI's run mode vs the headless engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from common import ROOT, in_worker, log, summary
+
+PANE_SIZE = (160, 48)
+APP_SIZE = (160, 48)
+
+# ---- the token pane ---------------------------------------------------------------------------------
+
+WORDS = ["The", " cache", " holds", " every", " token", ",", " and", " its", " position", ".", "\n", " k", " =",
+         " 5", " multiplied", " by", " 11", " is", " 55", "?", " Let", "'s", " start", "<|im_start|>", "<|im_end|>",
+         "user", "assistant", " 🙂", "\t", " résumé", " 変数"]
+ORIGIN_CYCLE = ["template", "system", "user", "user", "assistant", "assistant", "assistant", "forced"]
+
+
+def synthetic_tokens(count: int):
+    from kvtui.engine.snapshot import BufferToken
+
+    tokens = []
+    for i in range(count):
+        piece = WORDS[(i * 7) % len(WORDS)]
+        special = piece.startswith("<|")
+        origin = "template" if special else ORIGIN_CYCLE[(i // 13) % len(ORIGIN_CYCLE)]
+        tokens.append(BufferToken(position=i, id=(i * 31) % 49152, piece=piece, special=special, origin=origin,
+                                  turn=i // 500))
+    return tokens
+
+
+def synthetic_snapshot(tokens, length: int, step: int):
+    from kvtui.engine.snapshot import LayerInfo, StepSnapshot, TokenBuffer, TopToken
+
+    layers = tuple(LayerInfo(index=i, kind="full", k_shape=(1, 3, length, 64), v_shape=(1, 3, length, 64),
+                             dtype="float32", device="cpu", bytes=2 * 3 * length * 64 * 4, filled=length,
+                             capacity=None, window=None, seen=length, held_from=0) for i in range(30))
+    chosen = TopToken(id=42, text=" next", logit=12.5, prob=0.61, rank=1)
+    return StepSnapshot(step=step, phase="decode", turn=length // 500, input_ids=(tokens[length - 1].id,),
+                        positions=(length - 1,), cursor=length, cache_seq_length=length, capacity=None,
+                        layers=layers, topk=(chosen,), topk_processed=(chosen,), watched=(), chosen=chosen,
+                        chosen_forced=False, diagnostics=(), forward_ms=60.0, snapshot_ms=1.0,
+                        buffer=TokenBuffer(tokens, length), turn_done=False)
+
+
+async def _after_refresh(widget) -> None:
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    widget.call_after_refresh(lambda: done.done() or done.set_result(None))
+    await asyncio.wait_for(done, 10)
+
+
+async def _pane_bench(sizes: list[int], repeats: int) -> dict:
+    from textual.app import App
+
+    from kvtui.widgets.token_buffer import TokenBufferPane
+
+    class PaneHost(App):
+        def compose(self):
+            yield TokenBufferPane(id="buffer")
+
+    tokens = synthetic_tokens(max(sizes) + repeats + 8)
+    app = PaneHost()
+    out = {}
+    async with app.run_test(size=PANE_SIZE) as pilot:
+        pane = app.query_one(TokenBufferPane)
+        for n in sizes:
+            pane.show(synthetic_snapshot(tokens, n, 1))  # warm: styles, grid, lru caches
+            await pilot.pause()
+            await _after_refresh(pane)
+            show_us, lines_ms, both_ms, cycle_ms, cycle_cpu_ms = [], [], [], [], []
+            height = pane.scrollable_content_region.height
+            for r in range(repeats):
+                snap = synthetic_snapshot(tokens, n + 1 + r, r + 2)  # one token more per step, as in decode
+                t0 = time.perf_counter()
+                pane.show(snap)
+                t1 = time.perf_counter()
+                for y in range(height):
+                    pane.render_line(y)
+                t2 = time.perf_counter()
+                show_us.append((t1 - t0) * 1e6)
+                lines_ms.append((t2 - t1) * 1000)
+                both_ms.append((t2 - t0) * 1000)
+                # the real repaint: show() then the app's next screen refresh (compositor, styles, output)
+                snap = synthetic_snapshot(tokens, n + 2 + r, r + 2)
+                await asyncio.sleep(0)
+                c0, w0 = time.process_time(), time.perf_counter()
+                pane.show(snap)
+                await _after_refresh(pane)
+                cycle_ms.append((time.perf_counter() - w0) * 1000)
+                cycle_cpu_ms.append((time.process_time() - c0) * 1000)
+            visible = pane.visible_range()
+            out[n] = {"show_us": summary(show_us), "render_visible_ms": summary(lines_ms),
+                      "show_plus_render_ms": summary(both_ms), "refresh_cycle_ms": summary(cycle_ms),
+                      "refresh_cycle_cpu_ms": summary(cycle_cpu_ms), "visible_lines": height,
+                      "visible_tokens": len(visible), "tail_visible": visible.stop >= n}
+            log(f"  pane {n} tokens: show {out[n]['show_us']['median']:.0f} us, show+render {height} lines "
+                f"{out[n]['show_plus_render_ms']['median']:.2f} ms, refresh cycle "
+                f"{out[n]['refresh_cycle_ms']['median']:.2f} ms wall / {out[n]['refresh_cycle_cpu_ms']['median']:.2f} ms CPU")
+    return out
+
+
+def bench_pane(sizes=(1000, 10000, 100000), repeats: int = 30) -> dict:
+    return asyncio.run(_pane_bench(list(sizes), repeats))
+
+
+# ---- time to first frame (fresh interpreter) --------------------------------------------------------
+
+FIRST_FRAME_CHILD = r"""
+import os, sys, time
+t_start = time.time()
+import kvtui.app
+t_import = time.time()
+torch_imported = "torch" in sys.modules
+transformers_imported = "transformers" in sys.modules
+from kvtui.app import KvtuiApp
+
+out_path, model_dir = sys.argv[1], sys.argv[2]
+
+class FirstFrame(KvtuiApp):
+    CSS_PATH = os.path.join(os.path.dirname(kvtui.app.__file__), KvtuiApp.CSS_PATH)  # relative to kvtui/app.py
+
+    def on_mount(self):
+        super().on_mount()
+        self.call_after_refresh(self._first_frame)
+
+    def _first_frame(self):
+        import json
+        t = time.time()
+        loaded = self.session is not None
+        with open(out_path, "w") as f:
+            json.dump({"start": t_start, "imported": t_import, "constructed": t_constructed, "frame": t,
+                       "torch_at_import": torch_imported, "transformers_at_import": transformers_imported,
+                       "model_loaded_at_frame": loaded}, f)
+        os._exit(0)  # the model loader thread is still importing/loading: do not wait for it
+
+app = FirstFrame(model=model_dir)
+t_constructed = time.time()
+app.run(headless=True, size=(160, 48))
+"""
+
+IMPORT_CHILD = r"""
+import sys, time, json
+t0 = time.time()
+import torch
+t1 = time.time()
+import transformers
+from transformers import DynamicCache
+t2 = time.time()
+import textual.app, textual.widgets
+t3 = time.time()
+print(json.dumps({"torch": t1 - t0, "transformers": t2 - t1, "textual": t3 - t2}))
+"""
+
+
+def bench_first_frame(model_dir: Path, repeats: int = 3) -> dict:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    rows = []
+    for _ in range(repeats + 1):  # the first run warms the OS file cache; discarded
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "frame.json"
+            t0 = time.time()
+            proc = subprocess.run([sys.executable, "-c", FIRST_FRAME_CHILD, str(out), str(model_dir)], env=env,
+                                  cwd=ROOT, capture_output=True, text=True, timeout=120)
+            t_exit = time.time()
+            if not out.exists():
+                raise RuntimeError(f"first-frame child failed: {proc.stderr[-2000:]}")
+            data = json.loads(out.read_text())
+        rows.append({"interpreter_ms": (data["start"] - t0) * 1000, "import_ms": (data["imported"] - data["start"]) * 1000,
+                     "construct_ms": (data["constructed"] - data["imported"]) * 1000,
+                     "mount_to_frame_ms": (data["frame"] - data["constructed"]) * 1000,
+                     "spawn_to_frame_ms": (data["frame"] - t0) * 1000, "exit_ms": (t_exit - t0) * 1000,
+                     "torch_at_import": data["torch_at_import"], "transformers_at_import": data["transformers_at_import"],
+                     "model_loaded_at_frame": data["model_loaded_at_frame"]})
+    rows = rows[1:]
+    split = []
+    for _ in range(repeats):
+        proc = subprocess.run([sys.executable, "-c", IMPORT_CHILD], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        split.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    result = {key: summary([r[key] for r in rows]) for key in
+              ("interpreter_ms", "import_ms", "construct_ms", "mount_to_frame_ms", "spawn_to_frame_ms")}
+    result["torch_at_import"] = all(r["torch_at_import"] for r in rows)
+    result["transformers_at_import"] = all(r["transformers_at_import"] for r in rows)
+    result["model_loaded_at_frame"] = any(r["model_loaded_at_frame"] for r in rows)
+    result["import_torch_ms"] = summary([s["torch"] * 1000 for s in split])
+    result["import_transformers_ms"] = summary([s["transformers"] * 1000 for s in split])
+    result["import_textual_ms"] = summary([s["textual"] * 1000 for s in split])
+    log(f"  first frame: spawn->frame {result['spawn_to_frame_ms']['median']:.0f} ms (import kvtui.app "
+        f"{result['import_ms']['median']:.0f} ms, torch imported by it: {result['torch_at_import']})")
+    return result
+
+
+# ---- the real app: run mode speed, key latency ------------------------------------------------------
+
+
+def _engine_busy(app) -> bool:
+    return any(w.group == "engine" and not w.is_finished for w in app.workers)
+
+
+async def _wait(predicate, timeout: float, poll: float = 0.001) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(poll)
+    return True
+
+
+def _send_key(app, key: str, char: str | None) -> None:
+    """What Pilot.press does, minus its wait-for-idle (which waits up to 1 s while the model runs)."""
+    from textual import events
+
+    event = events.Key(key, char)
+    event.set_sender(app)
+    app._driver.send_message(event)
+
+
+class _Stamps:
+    """Wraps session.on_snapshot: a perf_counter stamp per forward, in the engine thread."""
+
+    def __init__(self, session):
+        self.inner = session.on_snapshot
+        self.stamps: list[tuple[float, str, int]] = []
+        session.on_snapshot = self
+        self.reply_decodes = 0  # calls of session._reply_text (a full decode of the reply so far)
+        original = session._reply_text
+
+        def counted():
+            self.reply_decodes += 1
+            return original()
+
+        session._reply_text = counted
+
+    def __call__(self, snapshot):
+        self.stamps.append((time.perf_counter(), snapshot.phase, snapshot.step))
+        if self.inner:
+            self.inner(snapshot)
+
+    def decode_rate(self) -> tuple[float, int]:
+        """tokens/s between the prefill's snapshot and the last decode snapshot (same as headless)."""
+        decode = [t for t, phase, _ in self.stamps if phase == "decode"]
+        prefill = [t for t, phase, _ in self.stamps if phase == "prefill"]
+        if not decode or not prefill:
+            return float("nan"), 0
+        return len(decode) / (decode[-1] - prefill[-1]), len(decode)
+
+
+def headless_rate(loaded, prompt: str, n_new: int) -> tuple[float, int]:
+    from kvtui.engine.session import ChatSession, SessionConfig
+
+    session = ChatSession(loaded.model, loaded.tokenizer, SessionConfig(max_new_tokens=n_new))
+    session.stop_ids = frozenset()
+    stamps = _Stamps(session)
+    session.send(prompt)
+    session.generate()
+    return stamps.decode_rate()
+
+
+async def _tui_round(loaded, prompt: str, n_new: int, profile_out: Path | None = None,
+                     key_tests: bool = False, key_repeats: int = 5) -> dict:
+    from textual.widgets import Input
+
+    from kvtui.app import KvtuiApp
+
+    app = KvtuiApp(loaded=loaded, options={"max_new_tokens": n_new if not key_tests else 10**6})
+    result: dict = {}
+    async with app.run_test(size=APP_SIZE) as pilot:
+        await _wait(lambda: app.session is not None, 60, 0.01)
+        app.session.stop_ids = frozenset()
+        stamps = _Stamps(app.session)
+        app.step_mode = False
+        box = app.query_one("#message", Input)
+        box.focus()
+        box.value = prompt
+        spy = None
+        t_send = time.perf_counter()
+        _send_key(app, "enter", "\r")
+        if profile_out is not None:
+            await _wait(lambda: any(p == "decode" for _, p, _ in stamps.stamps), 60, 0.005)
+            spy = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--rate", str(PROFILE_RATE),
+                                    "--threads", "--format", "raw", "--duration", str(PROFILE_SECONDS),
+                                    "--output", str(profile_out)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, text=True)
+        if key_tests:
+            result.update(await _key_latencies(app, stamps, key_repeats))
+            _send_key(app, "p", "p")
+            await _wait(lambda: not _engine_busy(app), 60, 0.005)
+        else:
+            await _wait(lambda: any(p == "decode" for _, p, _ in stamps.stamps), 60, 0.01)
+            await _wait(lambda: not _engine_busy(app), 600, 0.01)
+        if spy is not None:
+            try:
+                _, err = spy.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                err = "timeout"
+            result["profile_rc"] = spy.returncode
+            result["profile_err"] = (err or "")[-500:]
+        await _wait(lambda: getattr(app, "_paint_timer", None) is None, 5, 0.01)
+        await pilot.pause()
+        rate, n = stamps.decode_rate()
+        result.update({"tps": rate, "decode_tokens": n, "reply_decodes": stamps.reply_decodes, "send_to_first_ms": (stamps.stamps[0][0] - t_send) * 1000
+                       if stamps.stamps else float("nan")})
+        await pilot.pause()
+    return result
+
+
+async def _key_latencies(app, stamps: _Stamps, repeats: int) -> dict:
+    """While the model runs: F5 (toggle the layers pane) -> display flipped / next screen refresh; and
+    p (pause) -> engine worker finished; r resumes between pause tests."""
+    layers = app.query_one("#layers")
+    toggle_handled, toggle_painted, pause_ms, steps_after = [], [], [], []
+    await _wait(lambda: len(stamps.stamps) > 5, 60, 0.005)
+    for i in range(repeats * 2):
+        before = layers.display
+        t0 = time.perf_counter()
+        _send_key(app, "f5", None)
+        await _wait(lambda: layers.display != before, 10)
+        t1 = time.perf_counter()
+        await _after_refresh(app.screen)
+        t2 = time.perf_counter()
+        toggle_handled.append((t1 - t0) * 1000)
+        toggle_painted.append((t2 - t0) * 1000)
+        await asyncio.sleep(0.15 + 0.05 * (i % 3))  # de-phase from the 2 Hz repaint timer
+    for i in range(repeats):
+        await _wait(lambda: _engine_busy(app), 10, 0.005)
+        await asyncio.sleep(0.2 + 0.07 * i)
+        step_at = len(stamps.stamps)
+        t0 = time.perf_counter()
+        _send_key(app, "p", "p")
+        # the worker's state turns CANCELLED at once; the thread is done when it releases the engine lock
+        await _wait(lambda: not _engine_busy(app) and not app._engine_lock.locked(), 30)
+        pause_ms.append((time.perf_counter() - t0) * 1000)
+        steps_after.append(len(stamps.stamps) - step_at)
+        _send_key(app, "r", "r")
+        await _wait(lambda: len(stamps.stamps) > step_at + 3, 30, 0.005)
+    return {"toggle_handled_ms": summary(toggle_handled), "toggle_painted_ms": summary(toggle_painted),
+            "pause_ms": summary(pause_ms), "forwards_after_pause": summary(steps_after),
+            "step_ms": summary([(b - a) * 1000 for (a, pa, _), (b, pb, _) in zip(stamps.stamps, stamps.stamps[1:])
+                                if pa == pb == "decode"])}
+
+
+def bench_keys(loaded, prompt: str, repeats: int = 5) -> dict:
+    result = asyncio.run(_tui_round(loaded, prompt, 0, key_tests=True, key_repeats=repeats))
+    return result
+
+
+def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, profile_dir: Path | None = None,
+                   deadline: float | None = None) -> dict:
+    """Interleaved per round (order rotated):
+    - headless: ChatSession.generate in a fresh worker thread (where the TUI runs it);
+    - headless_main: the same in the main thread (where `kvtui --headless` runs it);
+    - tui: KvtuiApp run mode as shipped (repaints throttled to REFRESH_HZ);
+    - tui_unthrottled: the same with kvtui.app.REFRESH_HZ patched to 1e6 for that round only (every coalesced
+      snapshot repaints at once: the behaviour before the throttle);
+    - tui_no_paint: REFRESH_HZ patched to 1e-9 (no repaint until the turn ends): what the app costs per step
+      without painting (SnapshotReady dispatch, status bar record, trace line, session.messages).
+    Fresh app per round, run_test headless, 160x48."""
+    import kvtui.app as app_module
+
+    shipped_hz = app_module.REFRESH_HZ
+    runs: dict[str, list[float]] = {"headless": [], "headless_main": [], "tui_no_paint": [], "tui": [],
+                                    "tui_unthrottled": []}
+    decodes: list[float] = []
+    hz = {"tui": shipped_hz, "tui_unthrottled": 1_000_000, "tui_no_paint": 1e-9}
+    in_worker(headless_rate, loaded, prompt, 8)  # warm-up
+    names = list(runs)
+    for r in range(rounds):
+        if r >= 2 and deadline is not None and time.perf_counter() > deadline:
+            log("  run mode: skipping further rounds (time budget)")
+            break
+        for which in names[r % len(names):] + names[:r % len(names)]:
+            if which == "headless":
+                runs[which].append(in_worker(headless_rate, loaded, prompt, n_new)[0])
+            elif which == "headless_main":
+                runs[which].append(headless_rate(loaded, prompt, n_new)[0])
+            else:
+                app_module.REFRESH_HZ = hz[which]
+                try:
+                    round_result = asyncio.run(_tui_round(loaded, prompt, n_new))
+                    runs[which].append(round_result["tps"])
+                    if which == "tui":
+                        decodes.append(round_result["reply_decodes"] / max(1, round_result["decode_tokens"]))
+                finally:
+                    app_module.REFRESH_HZ = shipped_hz
+        log(f"  run mode round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()) + " tok/s")
+    done = len(runs["tui"])
+    result = {"n_new": n_new, "refresh_hz": shipped_hz, "rounds": done, "reply_decodes_per_forward": summary(decodes),
+              **{f"{k}_tps": summary(v) for k, v in runs.items()},
+              "ratio": summary([t / h for t, h in zip(runs["tui"], runs["headless"])]),
+              "ratio_unthrottled": summary([t / h for t, h in zip(runs["tui_unthrottled"], runs["headless"])]),
+              "ratio_no_paint": summary([t / h for t, h in zip(runs["tui_no_paint"], runs["headless"])]),
+              "ratio_main_vs_worker": summary([m / h for m, h in zip(runs["headless_main"], runs["headless"])])}
+    if profile_dir is not None:
+        raw = profile_dir / "tui-run-mode.txt"
+        prof = asyncio.run(_tui_round(loaded, prompt, n_new, profile_out=raw))
+        result["profiled_tps"] = prof["tps"]
+        result["profile"] = (summarize_profile(raw, PROFILE_RATE, PROFILE_SECONDS) if raw.exists() and raw.stat().st_size
+                             else {"error": prof.get("profile_err")})
+        log(f"  profiled TUI round: {prof['tps']:.2f} tok/s; on-CPU share: {result['profile'].get('share', {})}")
+    return result
+
+
+# ---- py-spy raw (collapsed) output -------------------------------------------------------------------
+
+# On-CPU sampling (py-spy's default: idle threads are skipped; a thread waiting for the GIL sleeps in a futex,
+# so it counts as idle). py-spy's --gil mode was tried and dropped: on this box it attributed only ~15 % of
+# wall time to any GIL holder while the tiny model's engine thread was plainly busy.
+PROFILE_RATE = 150
+PROFILE_SECONDS = 4
+
+CATEGORIES = [  # first match wins, checked against the whole stack of a UI-thread sample
+    ("waiting in select (idle loop)", ("EpollSelector.select",)),
+    ("kvtui pane show()/_paint", ("_paint (kvtui/app.py", "show (kvtui/widgets", "_show (kvtui/app.py")),
+    ("Textual compositor / render", ("_compositor.py", "render_lines", "render_line", "_styles_cache.py", "strip.py",
+                                     "_render", "segment.py")),
+    ("Textual layout / CSS", ("_arrange.py", "_layout", "stylesheet.py", "styles.py", "_resolve.py", "box_model")),
+    ("message dispatch", ("message_pump.py", "_dispatch_message", "on_snapshot_ready")),
+]
+
+
+_GENERIC = {"Widget", "StylesCache", "Compositor", "Screen", "Console", "Segment", "Text", "Strip", "MessagePump",
+            "App", "DOMNode", "Content", "Visual", "KvtuiApp", "Timer", "ScrollView", "Vertical", "Horizontal",
+            "Container", "ScrollableContainer", "VerticalScroll"}
+_WIDGET_FRAME = re.compile(r"^(\w+)\.(render_line|render_lines|_render_line|_render_line_in_row|_render_cell|render_strips|"
+                           r"render|_render_content|show|show_messages|show_diagnostics|update|set_model_info|record)\b")
+
+
+def _widget_of(frames: list[str]) -> str:
+    """The innermost widget-level frame of a UI-thread sample (which pane's work it was), or idle/other."""
+    found = None
+    for frame in frames:
+        m = _WIDGET_FRAME.match(frame)
+        if m and m.group(1) not in _GENERIC:
+            found = f"{m.group(1)}.{m.group(2)}"
+    if found:
+        return found
+    if any("EpollSelector.select" in f for f in frames):
+        return "(idle: select)"
+    return "(other: event loop, layout, compositor glue)"
+
+
+def summarize_profile(path: Path, rate: int, seconds: float) -> dict:
+    threads: Counter = Counter()
+    ui_cats: Counter = Counter()
+    ui_leaf: Counter = Counter()
+    engine_leaf: Counter = Counter()
+    ui_widgets: Counter = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        try:
+            n = int(count)
+        except ValueError:
+            continue
+        frames = stack.split(";")
+        head = frames[0]
+        if "bench-" in head:  # the benchmark's own sampler threads (idle in Event.wait)
+            continue
+        if "MainThread" in head:
+            who = "UI thread (asyncio loop)"
+        elif "engine_worker" in stack or "session.py" in stack:
+            who = "engine worker thread"
+        else:
+            who = "other threads"
+        if "py-spy" in head:
+            continue
+        threads[who] += n
+        total += n
+        leaf = frames[-1] if frames else "?"
+        if who.startswith("UI"):
+            for name, needles in CATEGORIES:
+                if any(needle in stack for needle in needles):
+                    ui_cats[name] += n
+                    break
+            else:
+                ui_cats["other"] += n
+            ui_leaf[leaf] += n
+            ui_widgets[_widget_of(frames)] += n
+        elif who.startswith("engine"):
+            engine_leaf[leaf] += n
+    return {
+        "ui_widgets": {k: round(v / (rate * seconds), 3) for k, v in ui_widgets.most_common(8)},
+        "samples": total, "rate": rate,
+        "share": {k: round(v / (rate * seconds), 3) for k, v in threads.most_common()},
+        "ui_categories": {k: round(v / (rate * seconds), 3) for k, v in ui_cats.most_common()},
+        "ui_top": [(leaf, round(n / (rate * seconds), 3)) for leaf, n in ui_leaf.most_common(8)],
+        "engine_top": [(leaf, round(n / (rate * seconds), 3)) for leaf, n in engine_leaf.most_common(8)],
+    }
