@@ -48,3 +48,16 @@ def tiny_model(tiny_dir):
         return loaded[path]
 
     return make
+
+
+@pytest.fixture
+def tiny_loaded(tiny_model):
+    """tiny_loaded(arch, **kwargs) -> LoadedModel with a fixed name (stable screenshots), as the app takes it."""
+    from kvtui.engine.loader import LoadedModel
+
+    def make(arch: str = "qwen2", **kwargs) -> LoadedModel:
+        model, tokenizer = tiny_model(arch, **kwargs)
+        return LoadedModel(model=model, tokenizer=tokenizer, source=f"tiny-{arch}", path=f"tiny-{arch}",
+                           dtype="float32", device="cpu")
+
+    return make

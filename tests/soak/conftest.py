@@ -1,22 +1,8 @@
-"""Fixtures for the soak, crash and property tests: a tiny model as the app loads it, one torch thread."""
+"""Fixtures for the soak, crash and property tests: one torch thread (tiny_loaded is in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-from kvtui.engine.loader import LoadedModel
-
-
-@pytest.fixture
-def soak_loaded(tiny_model):
-    """soak_loaded(arch, **kwargs) -> LoadedModel on a tiny model (same shape as tests/ui's tiny_loaded)."""
-
-    def make(arch: str = "qwen2", **kwargs) -> LoadedModel:
-        model, tokenizer = tiny_model(arch, **kwargs)
-        return LoadedModel(model=model, tokenizer=tokenizer, source=f"tiny-{arch}", path=f"tiny-{arch}",
-                           dtype="float32", device="cpu")
-
-    return make
 
 
 @pytest.fixture

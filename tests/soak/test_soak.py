@@ -145,8 +145,8 @@ async def run_until(pilot, app, steps: int, turns: list[int]) -> None:
     await pilot.pause(0.2)
 
 
-async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_bounded(soak_loaded, one_torch_thread):
-    loaded = soak_loaded("qwen2")  # built first: building starts tqdm's monitor thread
+async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_bounded(tiny_loaded, one_torch_thread):
+    loaded = tiny_loaded("qwen2")  # built first: building starts tqdm's monitor thread
     process = psutil.Process()
     gc.collect()
     threads_before = {t.ident for t in threading.enumerate()}
