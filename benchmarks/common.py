@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -183,44 +182,6 @@ def rss_bytes() -> int:
     import psutil
 
     return psutil.Process().memory_info().rss
-
-
-class PeakRSS:
-    """Polls this process's RSS in a thread (every ~0.5 ms) to catch transient peaks of torch allocations
-    (large CPU tensors are mmap'ed and returned to the OS on free, so RSS follows them)."""
-
-    def __init__(self, interval: float = 0.0005):
-        import psutil
-
-        self._proc = psutil.Process()
-        self.interval = interval
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="bench-rss")
-
-    def _loop(self) -> None:
-        proc = self._proc
-        while not self._stop.is_set():
-            rss = proc.memory_info().rss
-            if rss > self.peak:
-                self.peak = rss
-            time.sleep(self.interval)
-
-    def __enter__(self) -> "PeakRSS":
-        self.before = self._proc.memory_info().rss
-        self.peak = self.before
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self.after = self._proc.memory_info().rss
-        self.peak = max(self.peak, self.after)
-
-
-def python_exe() -> str:
-    return sys.executable
 
 
 def in_worker(fn, *args, **kwargs):
