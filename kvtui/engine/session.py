@@ -208,13 +208,7 @@ class ChatSession:
         positions = [t.position for t in fed]
         found += self._alarms.check_positions(step, positions, cache_len)
 
-        input_ids = torch.tensor([[t.id for t in fed]], device=self.device)  # [1, n]
-        kwargs = dict(input_ids=input_ids, position_ids=torch.tensor([positions], device=self.device),
-                      past_key_values=self.cache, use_cache=True)
-        if self._accepts_cache_position:  # 4.x: static layers write at cache_position
-            kwargs["cache_position"] = torch.arange(cache_len, cache_len + len(fed), device=self.device)
-        if self._accepts_logits_to_keep:  # the prefill needs only the last row of logits
-            kwargs["logits_to_keep"] = 1
+        kwargs = self._cached_forward_kwargs(fed, cache_len)
         if self.config.attention:
             kwargs["output_attentions"] = True
         started = self._clock()
@@ -238,6 +232,17 @@ class ChatSession:
         self.pending = self._make_pending(scores, self.sampler.choose(scores))
         self.pending_forced = False
         return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention)
+
+    def _cached_forward_kwargs(self, tokens: list[BufferToken], cache_len: int) -> dict:
+        """Arguments of a forward that writes `tokens` into self.cache after `cache_len` cached ones."""
+        kwargs = dict(input_ids=torch.tensor([[t.id for t in tokens]], device=self.device),  # [1, n]
+                      position_ids=torch.tensor([[t.position for t in tokens]], device=self.device),  # [1, n]
+                      past_key_values=self.cache, use_cache=True)
+        if self._accepts_cache_position:  # 4.x: static layers write at cache_position
+            kwargs["cache_position"] = torch.arange(cache_len, cache_len + len(tokens), device=self.device)
+        if self._accepts_logits_to_keep:  # the prefill needs only the last row of logits
+            kwargs["logits_to_keep"] = 1
+        return kwargs
 
     def _history(self) -> torch.Tensor:
         if not self.sampler.needs_history:
@@ -360,8 +365,7 @@ class ChatSession:
         return self._forward(fed, "prefill", extra)
 
     def _close_turn(self) -> None:
-        if self._messages and self._messages[-1].role == "assistant":
-            self._messages[-1].content = self._reply_text()
+        self._close_turn_text()
         self._turn_open = False
         self.pending = None
 
@@ -515,15 +519,8 @@ class ChatSession:
         self._tokens = list(tokens)
         if not tokens:
             return
-        ids = torch.tensor([[t.id for t in tokens]], device=self.device)  # [1, n]
-        kwargs = dict(input_ids=ids, position_ids=torch.tensor([[t.position for t in tokens]], device=self.device),
-                      past_key_values=self.cache, use_cache=True)
-        if self._accepts_cache_position:
-            kwargs["cache_position"] = torch.arange(len(tokens), device=self.device)
-        if self._accepts_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
         with torch.inference_mode():
-            self.model(**kwargs)
+            self.model(**self._cached_forward_kwargs(tokens, 0))
 
     def reset(self) -> None:
         """Empty the cache and the chat (the system prompt stays)."""
