@@ -193,3 +193,67 @@ def attention_heads(config) -> tuple[int | None, int | None]:
 def config_window(config) -> int | None:
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     return getattr(text, "sliding_window", None)
+
+
+# ---- fingerprints: has the cache changed between two forwards? (kvtui watch) ------------------------
+
+
+def fingerprint(cache) -> tuple:
+    """Per layer (tokens seen, K shape, K/V storage addresses, sums of the first and last filled slot).
+
+    O(layers): the sums reduce one slot per layer on its device and come back in one transfer, so an
+    in-place write at either end, a crop, a reset or replaced tensors all change it."""
+    cache_len = seq_length(cache)
+    rows, probes = [], []
+    for layer in getattr(cache, "layers", ()):
+        kind = _layer_kind(layer)
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not (isinstance(keys, torch.Tensor) and keys.dim() == 4 and isinstance(values, torch.Tensor)):
+            rows.append((kind, -1, (), 0, 0))
+            continue
+        seen, filled = _layer_counts(layer, kind, cache_len)
+        rows.append((kind, seen, tuple(keys.shape), keys.data_ptr(), values.data_ptr()))
+        if filled > 0:
+            for index in (0, filled - 1):
+                probes.append(keys.narrow(-2, index, 1).float().sum() + values.narrow(-2, index, 1).float().sum())
+        else:
+            probes.extend([keys.new_zeros((), dtype=torch.float32)] * 2)
+    sums = torch.stack(probes).tolist() if probes else []
+    out, cursor = [], 0
+    for row in rows:
+        if row[1] < 0:
+            out.append(row + (None, None))
+        else:
+            out.append(row + (sums[cursor], sums[cursor + 1]))
+            cursor += 2
+    return tuple(out)
+
+
+def describe_change(before: tuple, after: tuple) -> str | None:
+    """What changed between two fingerprints, in words; None if nothing did."""
+    if before == after:
+        return None
+    if len(before) != len(after):
+        return f"its layer count changed from {len(before)} to {len(after)}"
+    old = max((row[1] for row in before), default=0)
+    new = max((row[1] for row in after), default=0)
+    if new == 0 < old:
+        return f"emptied: {old} -> 0 tokens (reset)"
+    if new < old:
+        return f"shortened from {old} to {new} tokens (cropped)"
+    if new > old:
+        return f"grew from {old} to {new} tokens (written outside a forward)"
+    replaced = [i for i, (a, b) in enumerate(zip(before, after)) if a[3:5] != b[3:5]]
+    if replaced:
+        return f"K/V tensors replaced in {_layer_list(replaced, len(after))}"
+    edited = [i for i, (a, b) in enumerate(zip(before, after)) if a[5:] != b[5:]]
+    if edited:
+        return f"K/V values edited in place in {_layer_list(edited, len(after))}"
+    return "its layer shapes changed"
+
+
+def _layer_list(indices: list[int], total: int) -> str:
+    if len(indices) == total:
+        return f"all {total} layers"
+    shown = ", ".join(map(str, indices[:6])) + (", ..." if len(indices) > 6 else "")
+    return f"{len(indices)} of {total} layers ({shown})"

@@ -7,7 +7,7 @@ before it (buffer_length - fed) and appends the fed tokens; lists are shared bet
 
 from __future__ import annotations
 
-from .snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken
+from .snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
 from .trace import Trace, TraceError
 
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "forced": "assistant"}
@@ -18,23 +18,45 @@ class Replay:
         self.trace = trace
         self.header = trace.header
         self.snapshots: list[StepSnapshot] = []
-        items: list[BufferToken] = []
-        for number, record in enumerate(trace.steps, start=1):
-            try:
-                fed = [_token(t) for t in record.get("fed") or []]
-            except (KeyError, TypeError, AttributeError) as exc:
-                raise TraceError(f"{trace.path}: step line {number}: a fed token is malformed ({exc!r})") from None
-            if len(fed) != len(record["input_ids"]):
-                raise TraceError(f"{trace.path}: step {record['step']} has no 'fed' tokens (recorded by an older kvtui?)")
-            try:
-                keep = record.get("buffer_length", len(items) + len(fed)) - len(fed)
-                if keep < len(items):
-                    items = items[:keep]  # a rewind or a template drift: a new list, earlier views stay valid
-                items.extend(fed)
-                self.snapshots.append(_snapshot(record, TokenBuffer(items)))
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise TraceError(f"{trace.path}: step line {number}: a field is missing or malformed ({exc!r})") from None
-        self.diagnostics: tuple[Diagnostic, ...] = tuple(d for s in self.snapshots for d in s.diagnostics)
+        self._items: list[BufferToken] = []
+        self._row_items: list[list[BufferToken]] = []
+        for record in trace.steps:
+            self.add(record)
+
+    def add(self, record: dict) -> StepSnapshot:
+        """Rebuild one more step (a live source appends as records arrive)."""
+        number = len(self.snapshots) + 1
+        path = self.trace.path
+        try:
+            fed = [_token(t) for t in record.get("fed") or []]
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise TraceError(f"{path}: step line {number}: a fed token is malformed ({exc!r})") from None
+        if len(fed) != len(record["input_ids"]):
+            raise TraceError(f"{path}: step {record['step']} has no 'fed' tokens (recorded by an older kvtui?)")
+        try:
+            self._items = _extend(self._items, record.get("buffer_length", len(self._items) + len(fed)), fed)
+            rows = None
+            if record.get("rows"):
+                while len(self._row_items) < len(record["rows"]):
+                    self._row_items.append([])
+                views = []
+                for view in record["rows"]:
+                    index = view["row"]
+                    row_fed = [_token(t) for t in view["fed"]]
+                    self._row_items[index] = _extend(self._row_items[index], view["buffer_length"], row_fed)
+                    views.append(RowView(row=index, input_ids=tuple(view["input_ids"]), positions=tuple(view["positions"]),
+                                         topk=tuple(_top(t) for t in view["topk"]),
+                                         buffer=TokenBuffer(self._row_items[index])))
+                rows = tuple(views)
+            snapshot = _snapshot(record, TokenBuffer(self._items), rows)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise TraceError(f"{path}: step line {number}: a field is missing or malformed ({exc!r})") from None
+        self.snapshots.append(snapshot)
+        return snapshot
+
+    @property
+    def diagnostics(self) -> tuple[Diagnostic, ...]:
+        return tuple(d for s in self.snapshots for d in s.diagnostics)
 
     def __len__(self) -> int:
         return len(self.snapshots)
@@ -59,6 +81,15 @@ def transcript(buffer) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
+def _extend(items: list[BufferToken], length: int, fed: list[BufferToken]) -> list[BufferToken]:
+    """The buffer after a step: what the cache held before it (length - fed), then the fed tokens."""
+    keep = length - len(fed)
+    if keep < len(items):
+        items = items[:keep]  # a rewind, a crop or a template drift: a new list, earlier views stay valid
+    items.extend(fed)
+    return items
+
+
 def _token(record: dict) -> BufferToken:
     return BufferToken(position=record["position"], id=record["id"], piece=record["piece"],
                        special=record["special"], origin=record["origin"], turn=record.get("turn", 0))
@@ -71,7 +102,7 @@ def _top(record: dict | None) -> TopToken | None:
                     rank=record.get("rank", 0))
 
 
-def _snapshot(record: dict, buffer: TokenBuffer) -> StepSnapshot:
+def _snapshot(record: dict, buffer: TokenBuffer, rows=None) -> StepSnapshot:
     step = record["step"]
     layers = tuple(LayerInfo(index=l["index"], kind=l["kind"], k_shape=tuple(l["k_shape"]), v_shape=tuple(l["v_shape"]),
                              dtype=l["dtype"], device=l["device"], bytes=l["bytes"], filled=l["filled"],
@@ -92,4 +123,18 @@ def _snapshot(record: dict, buffer: TokenBuffer) -> StepSnapshot:
         turn_done=record.get("turn_done", False),
         attention=tuple(attention["weights"]) if attention else None,
         attention_layer=attention["layer"] if attention else None,
+        **_watch_fields(record, rows),
     )
+
+
+def _watch_fields(record: dict, rows) -> dict:
+    if record.get("source", "session") == "session":
+        return {}
+    requested = record.get("requested") or {}
+    maybe = lambda values: None if values is None else tuple(values)  # noqa: E731
+    return {"source": record["source"], "caller": record.get("caller"), "cache_id": record.get("cache_id"),
+            "cache_length_before": record.get("cache_length_before"),
+            "requested_positions": maybe(requested.get("position_ids")),
+            "requested_cache_position": maybe(requested.get("cache_position")),
+            "positions_source": record.get("positions_source"), "batch": record.get("batch", 1),
+            "row": record.get("row", 0), "rows": rows}

@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence
 
 # Where a cached token came from.
-ORIGINS = ("template", "system", "user", "assistant", "forced", "tokenizer-added", "primed")
+ORIGINS = ("template", "system", "user", "assistant", "forced", "tokenizer-added", "primed",
+           "fed", "pad")  # fed / pad: tokens a watched program fed (pad: masked out by its attention mask)
 SEVERITIES = ("info", "warning", "error")
 
 
@@ -96,6 +97,17 @@ class Diagnostic:
 
 
 @dataclass(frozen=True, slots=True)
+class RowView:
+    """One batch row of a watched forward (batch > 1): what it fed and what its cache row holds."""
+
+    row: int
+    input_ids: tuple[int, ...]
+    positions: tuple[int, ...]  # applied
+    topk: tuple[TopToken, ...]
+    buffer: TokenBuffer = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class StepSnapshot:
     step: int  # forward calls so far in this session, 1-based
     phase: str  # "prefill", "decode", "rewind"
@@ -119,6 +131,27 @@ class StepSnapshot:
     # opt-in (--attention, O(cache)): the newest query's attention over the positions one layer holds
     attention: tuple[float, ...] | None = None  # mean over heads, one weight per held position
     attention_layer: int | None = None
+    # watched programs (kvtui.watch): what the caller asked for, next to what the model applied
+    source: str = "session"  # "session" (kvtui's own chat) | "watch" (a probed program)
+    caller: str | None = None  # "file.py:42": the line of the user's code that made this forward
+    cache_id: str | None = None  # e.g. "DynamicCache#1": which cache object the forward used
+    cache_length_before: int | None = None
+    requested_positions: tuple[int, ...] | None = None  # position_ids the caller passed (row 0)
+    requested_cache_position: tuple[int, ...] | None = None  # cache_position the caller passed
+    positions_source: str | None = None  # how `positions` were read: rotary / embedding / derived
+    batch: int = 1
+    row: int = 0  # the batch row this snapshot's input_ids/positions/topk/buffer describe
+    rows: tuple[RowView, ...] | None = None  # every row, when batch > 1
+
+    def for_row(self, row: int) -> "StepSnapshot":
+        """The same step seen from another batch row (the TUI's row picker)."""
+        if not self.rows or not 0 <= row < len(self.rows) or row == self.row:
+            return self
+        from dataclasses import replace
+
+        view = self.rows[row]
+        return replace(self, input_ids=view.input_ids, positions=view.positions, topk=view.topk,
+                       topk_processed=view.topk, buffer=view.buffer, row=row)
 
     @property
     def cache_bytes(self) -> int:
@@ -151,7 +184,27 @@ class StepSnapshot:
             "buffer_length": len(self.buffer),
             **({"attention": {"layer": self.attention_layer, "weights": list(self.attention)}}
                if self.attention is not None else {}),
+            **(self._watch_record() if self.source != "session" else {}),
         }
+
+    def _watch_record(self) -> dict:
+        record = {
+            "source": self.source, "caller": self.caller, "cache_id": self.cache_id,
+            "cache_length_before": self.cache_length_before,
+            "requested": {"position_ids": _maybe_list(self.requested_positions),
+                          "cache_position": _maybe_list(self.requested_cache_position)},
+            "positions_source": self.positions_source, "batch": self.batch, "row": self.row,
+        }
+        if self.rows:
+            record["rows"] = [{"row": r.row, "input_ids": list(r.input_ids), "positions": list(r.positions),
+                               "fed": [_token_record(t) for t in r.buffer[len(r.buffer) - len(r.input_ids):]],
+                               "buffer_length": len(r.buffer), "topk": [_top_record(t) for t in r.topk]}
+                              for r in self.rows]
+        return record
+
+
+def _maybe_list(values):
+    return None if values is None else list(values)
 
 
 def _top_record(t: TopToken) -> dict:

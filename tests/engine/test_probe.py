@@ -1,0 +1,251 @@
+"""kvtui.watch on someone else's loop: every watched step equals an independent recomputation
+(applied positions, cache length, per-layer shapes, top-k probabilities), alarms name the caller's
+line, and detaching leaves the model exactly as it was."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import DynamicCache, StaticCache
+
+from kvtui.engine.probe import watch
+
+ARCHES = [
+    ("llama", {}),  # GQA (2 KV heads for 4 query heads)
+    ("qwen2", {}),
+    ("gemma3", {"sliding_window": 8}),  # sliding + full layers, evicting
+    ("gpt2", {}),  # learned absolute positions: read at wpe
+]
+PROMPT = "Let's start by defining a variable k equal to 5. What is k?"
+
+
+def full_probs(model, ids, mask=None):
+    """An independent recomputation: one no-cache forward over everything fed so far -> probs [batch, vocab]."""
+    kwargs = {}
+    if mask is not None:  # left padding: positions count attended tokens only, as generate does
+        kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+    with torch.inference_mode():
+        return torch.softmax(model(input_ids=ids, use_cache=False, **kwargs).logits[:, -1].float(), -1)
+
+
+def check_layers(snapshot, cache):
+    assert len(snapshot.layers) == len(cache.layers)
+    for info, layer in zip(snapshot.layers, cache.layers):
+        assert info.k_shape == tuple(layer.keys.shape) and info.v_shape == tuple(layer.values.shape)
+
+
+def check_topk(snapshot_topk, probs_row):
+    top = torch.topk(probs_row, 3)
+    assert [t.id for t in snapshot_topk[:3]] == top.indices.tolist()
+    assert [t.prob for t in snapshot_topk[:3]] == pytest.approx(top.values.tolist(), abs=1e-5)
+
+
+@pytest.mark.parametrize("arch,kwargs", ARCHES, ids=[a for a, _ in ARCHES])
+def test_hand_written_loop_matches_recompute(tiny_model, arch, kwargs):
+    model, tokenizer = tiny_model(arch, **kwargs)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]  # [1, n]
+    snapshots = []
+    with watch(model, tokenizer, on_snapshot=snapshots.append) as watcher:
+        cache = DynamicCache(config=model.config)
+        fed = ids
+        with torch.inference_mode():
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+            for _ in range(12):
+                token = out.logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
+                fed = torch.cat([fed, token], dim=-1)
+                out = model(input_ids=token, past_key_values=cache, use_cache=True)
+                snapshot = snapshots[-1]
+                length = fed.shape[1]
+                assert snapshot.positions == (length - 1,)  # applied, read at the position module
+                assert snapshot.cache_length_before == length - 1
+                assert snapshot.cache_seq_length == int(cache.get_seq_length()) == length
+                assert snapshot.buffer.ids() == fed[0].tolist()
+                check_layers(snapshot, cache)
+                check_topk(snapshot.topk, full_probs(model, fed)[0])
+    assert snapshots[0].phase == "prefill" and snapshots[0].positions == tuple(range(ids.shape[1]))
+    assert snapshots[0].positions_source == ("embedding" if arch == "gpt2" else "rotary")
+    assert all(s.caller.endswith(f"test_probe.py:{s.caller.rsplit(':', 1)[1]}") for s in snapshots)
+    assert {d.code for d in watcher.diagnostics} <= {"sliding-eviction"}, watcher.diagnostics
+    if arch == "gemma3":
+        assert any(d.code == "sliding-eviction" for d in watcher.diagnostics)
+
+
+@pytest.mark.parametrize("arch,kwargs", ARCHES, ids=[a for a, _ in ARCHES])
+def test_generate_matches_recompute(tiny_model, arch, kwargs):
+    model, tokenizer = tiny_model(arch, **kwargs)
+    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    snapshots = []
+    with watch(model, tokenizer, on_snapshot=snapshots.append) as watcher:
+        out = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id or 0)
+    assert len(snapshots) == out.shape[1] - ids.shape[1]  # one forward per new token (the last is not fed)
+    for index, snapshot in enumerate(snapshots):
+        length = ids.shape[1] + index  # tokens in the cache after this forward
+        assert snapshot.cache_seq_length == length
+        assert snapshot.buffer.ids() == out[0, :length].tolist()
+        assert snapshot.positions[-1] == length - 1
+        check_topk(snapshot.topk, full_probs(model, out[:, :length])[0])
+        if index:
+            assert snapshot.input_ids == (int(out[0, length - 1]),)
+    assert snapshots[-1].caller.split(":")[0].endswith("test_probe.py")  # the generate() line, not transformers
+    assert {d.code for d in watcher.diagnostics} <= {"sliding-eviction"}, watcher.diagnostics
+
+
+def test_left_padded_batch_generate_rows(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    tokenizer.padding_side = "left"
+    texts = ["hello world", "What is the capital of France? Tell me"]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    pad = tokenizer.pad_token_id
+    snapshots = []
+    try:
+        with watch(model, tokenizer, on_snapshot=snapshots.append) as watcher:
+            out = model.generate(**enc, max_new_tokens=5, do_sample=False, pad_token_id=pad)
+    finally:
+        tokenizer.padding_side = "right"
+    first, last = snapshots[0], snapshots[-1]
+    assert first.batch == 2 and len(first.rows) == 2
+    short = first.rows[0]
+    n_pads = int((enc["attention_mask"][0] == 0).sum())
+    assert n_pads > 0 and [t.origin for t in short.buffer[:n_pads]] == ["pad"] * n_pads
+    assert all(t.origin == "fed" for t in short.buffer[n_pads:])
+    # every row's top-k equals a full forward with the same mask and positions
+    length = last.cache_seq_length
+    mask = torch.cat([enc["attention_mask"], torch.ones(2, length - enc["input_ids"].shape[1], dtype=torch.long)], -1)
+    probs = full_probs(model, out[:, :length], mask)
+    for row in range(2):
+        assert last.rows[row].buffer.ids() == out[row, :length].tolist()
+        check_topk(last.rows[row].topk, probs[row])
+        assert last.for_row(row).topk == last.rows[row].topk
+    assert last.rows[0].positions == (length - 1 - n_pads,)  # counted over attended tokens only
+    assert {d.code for d in watcher.diagnostics} == set(), watcher.diagnostics  # masked pads are no alarm
+
+
+def test_static_cache_and_overflow(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    ids = tokenizer("hello world foo bar", return_tensors="pt")["input_ids"]
+    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + 2)
+    with watch(model, tokenizer) as watcher:
+        with torch.inference_mode():
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            token = torch.tensor([[5]])
+            model(input_ids=token, past_key_values=cache, use_cache=True)
+            model(input_ids=token, past_key_values=cache, use_cache=True)
+            with pytest.raises(IndexError):
+                model(input_ids=token, past_key_values=cache, use_cache=True)
+    assert watcher.last.capacity == ids.shape[1] + 2
+    assert watcher.last.cache_seq_length == ids.shape[1] + 2
+    assert all(layer.filled == ids.shape[1] + 2 for layer in watcher.last.layers)
+    codes = [(d.code, d.severity) for d in watcher.diagnostics]
+    assert ("static-capacity", "warning") in codes and ("static-capacity", "error") in codes
+    overflow = next(d for d in watcher.diagnostics if d.severity == "error")
+    assert "1 too many" in overflow.message and "test_probe.py:" in overflow.message
+
+
+def test_primed_pads_and_own_cursor(tiny_model):
+    """The motivating bug: a cache primed with pads, a private cursor passed as cache_position."""
+    model, tokenizer = tiny_model("llama")
+    pad = tokenizer.pad_token_id
+    with watch(model, tokenizer) as watcher:
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=torch.full((1, 16), pad), past_key_values=cache, use_cache=True)
+            cp = 0
+            ids = tokenizer("hello world", return_tensors="pt")["input_ids"]
+            model(input_ids=ids, past_key_values=cache, use_cache=True,
+                  cache_position=torch.arange(cp, cp + ids.shape[1]))
+    codes = {d.code for d in watcher.diagnostics}
+    assert {"pad-in-cache", "cursor-mismatch", "ignored-argument"} <= codes, codes
+    mismatch = next(d for d in watcher.diagnostics if d.code == "cursor-mismatch")
+    assert "holds 16 tokens" in mismatch.message and "test_probe.py:" in mismatch.message
+    assert watcher.last.cursor == ids.shape[1] and watcher.last.cache_seq_length == 16 + ids.shape[1]
+
+
+def test_position_gap_from_explicit_positions(tiny_model):
+    model, tokenizer = tiny_model("qwen2")
+    with watch(model, tokenizer) as watcher:
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[5, 6, 7]]), past_key_values=cache)
+            model(input_ids=torch.tensor([[8]]), past_key_values=cache, position_ids=torch.tensor([[0]]))
+    gap = [d for d in watcher.diagnostics if d.code == "position-gap"]
+    assert len(gap) == 1 and "applied at position 0 but 3 attended tokens precede it" in gap[0].message
+    assert watcher.last.positions == (0,) and watcher.last.requested_positions == (0,)
+
+
+def test_cache_edits_are_named(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    with watch(model, tokenizer) as watcher:
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[5, 6, 7, 8]]), past_key_values=cache)
+            cache.crop(-1)  # a named method: caught as it happens
+            model(input_ids=torch.tensor([[9]]), past_key_values=cache)
+            cache.layers[0].keys[:, :, -1] = 0  # a raw in-place write: caught at the next forward
+            model(input_ids=torch.tensor([[10]]), past_key_values=cache)
+    edits = [d for d in watcher.diagnostics if d.code == "cache-edited"]
+    assert len(edits) == 2, edits
+    assert "crop(-1)" in edits[0].message and "4 -> 3 tokens" in edits[0].message
+    assert "edited in place in 1 of 2 layers (0)" in edits[1].message
+    assert watcher.last.buffer.ids() == [5, 6, 7, 9, 10]  # the cropped token left the buffer too
+
+
+def test_tokenizer_added_eos_and_trace(tiny_model, tmp_path):
+    """The hidden EOS: tokenizer defaults append one the text does not contain (prompt 862, cache 863)."""
+    model, tokenizer = tiny_model("llama", eos=True)
+    trace = tmp_path / "run.jsonl"
+    with watch(model, tokenizer, trace=trace) as watcher:
+        ids = tokenizer("hello world", return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            model(input_ids=ids, use_cache=True)
+    codes = {d.code for d in watcher.diagnostics}
+    assert codes == {"tokenizer-added-special", "eos-in-context"}, watcher.diagnostics
+    assert watcher.last.buffer[-1].origin == "tokenizer-added"
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert records[0]["type"] == "header" and records[0]["source"] == "watch"
+    step = next(r for r in records if r["type"] == "step")
+    assert step["source"] == "watch" and step["caller"].startswith("tests") and step["cache_id"] == "DynamicCache#1"
+    assert {d["code"] for d in step["diagnostics"]} == codes
+
+
+def test_detach_removes_every_hook(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    hooks = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())  # noqa: E731
+    before = hooks()
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.inference_mode():
+        reference = model(input_ids=ids).logits
+    cache = DynamicCache(config=model.config)
+    with watch(model, tokenizer):
+        with torch.inference_mode():
+            model(input_ids=ids, past_key_values=cache)
+        assert hooks() > before
+    assert hooks() == before
+    assert "crop" not in vars(cache)  # the instance wrappers are gone too
+    with torch.inference_mode():
+        assert torch.equal(model(input_ids=ids).logits, reference)
+
+
+def test_replay_reads_watched_trace(tiny_model, tmp_path):
+    from kvtui.engine.replay import Replay
+    from kvtui.engine.trace import read_trace
+
+    model, tokenizer = tiny_model("llama")
+    trace = tmp_path / "gen.jsonl"
+    snapshots = []
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(["hi", "hello world foo"], return_tensors="pt", padding=True)
+        with watch(model, tokenizer, trace=trace, on_snapshot=snapshots.append):
+            model.generate(**enc, max_new_tokens=3, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    finally:
+        tokenizer.padding_side = "right"
+    replay = Replay(read_trace(trace))
+    assert len(replay) == len(snapshots)
+    for live, replayed in zip(snapshots, replay.snapshots):
+        # every compared field, watch fields included (timings are rounded in the trace)
+        assert replayed == replace(live, forward_ms=replayed.forward_ms, snapshot_ms=replayed.snapshot_ms)
+        assert replayed.buffer.ids() == live.buffer.ids()
+        for row in range(2):
+            assert replayed.rows[row].buffer.ids() == live.rows[row].buffer.ids()
