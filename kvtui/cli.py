@@ -220,9 +220,11 @@ def tiny(arch, bos, eos, sliding_window, layers, seed, out):
 
 from .commands.diff_cmd import diff  # noqa: E402  (commands live in their own modules)
 from .commands.serve_cmd import serve  # noqa: E402
+from .commands.watch_cmd import watch  # noqa: E402
 
 main.add_command(diff)
 main.add_command(serve)
+main.add_command(watch)
 
 if __name__ == "__main__":
     main()

@@ -24,6 +24,10 @@ CODES = (
     "pad-in-cache",
     "cache-mismatch",
     "worker-error",
+    # watched programs (kvtui watch)
+    "cache-edited",
+    "ignored-argument",
+    "padding-side",
 )
 
 

@@ -401,22 +401,22 @@ class Watcher:
             return call
 
     def _check_request(self, call: _Call, probe: _Probe) -> None:
+        """Alarms about what the caller asked for; each fires when it starts or changes, not every step."""
         step = self.steps + 1
         at = f" [{call.caller}]"
-        if call.requested_cache_position is not None:
-            if not probe.accepts_cache_position:
-                call.found.append(Diagnostic(
-                    "ignored-argument", "warning",
+        alarms = self._alarms.setdefault("request", Alarms())
+        ignored = call.requested_cache_position is not None and not probe.accepts_cache_position
+        call.found += alarms._transition("ignored-argument", call.caller if ignored else None, lambda: Diagnostic(
+            "ignored-argument", "warning",
                     f"cache_position={_span(call.requested_cache_position)} was passed but this transformers version "
                     f"ignores it (models take no cache_position since 5.4): the model wrote at the cache's own length "
                     f"{call.cache_length_before} and took positions from position_ids or that length" + at, step))
-            first = call.requested_cache_position[0] if call.requested_cache_position else call.cache_length_before
-            if first != call.cache_length_before:
-                call.found.append(Diagnostic(
-                    "cursor-mismatch", "error",
-                    f"the caller's cache_position starts at {first} but the cache holds {call.cache_length_before} "
-                    f"tokens (off by {first - call.cache_length_before:+d}): its own cursor disagrees with the cache" + at,
-                    step))
+        first = call.requested_cache_position[0] if call.requested_cache_position else call.cache_length_before
+        offset = first - call.cache_length_before
+        call.found += alarms._transition("cursor-mismatch", str(offset) if offset else None, lambda: Diagnostic(
+            "cursor-mismatch", "error",
+            f"the caller's cache_position starts at {first} but the cache holds {call.cache_length_before} "
+            f"tokens (off by {offset:+d}): its own cursor disagrees with the cache" + at, step))
         capacity = introspect.static_capacity(call.cache) if call.cache is not None else None
         if capacity is not None and call.cache_length_before + call.n > capacity:
             call.found.append(Diagnostic(
@@ -447,6 +447,9 @@ class Watcher:
             snapshot = self._snapshot(call, step, cache, track, logits)
             snapshot = replace(snapshot, forward_ms=forward_ms, snapshot_ms=(time.perf_counter() - snap_started) * 1000)
             self.last = snapshot
+            self._last_call = call
+            if logits is not None and logits.dim() == 3:
+                self._last_logits = logits[0, -1].detach().float().clone()  # [vocab], for verify
             self.diagnostics.extend(snapshot.diagnostics)
             if self._writer is not None:
                 self._writer.write(snapshot.to_record())
@@ -473,6 +476,12 @@ class Watcher:
                                special=ids[i] in special, turn=self.turn,
                                origin="pad" if not mask[i] else "tokenizer-added" if (row == 0 and i in added) else "fed")
                    for i in range(call.n)]
+            right_pads = call.n - 1 - max((i for i, m in enumerate(mask) if m), default=call.n - 1)
+            if call.n > 1 and right_pads and not any(d.code == "padding-side" for d in found):
+                found.append(Diagnostic(
+                    "padding-side", "warning",
+                    f"row {row} ends with {right_pads} pad(s): its next token is predicted from padding "
+                    f"(decoder-only models need padding_side='left') [{call.caller}]", step))
             if row == 0:  # alarms read row 0; a program's rows share its code path
                 found += self._check_feed(call, step, fed, before, bos, eos, pad)
                 found += self._check_drift(call, step, rows[0], ids)
@@ -527,6 +536,36 @@ class Watcher:
         last = logits[:, -1].float()  # [batch, vocab]
         return [top_tokens(last[row], self.top_k, self.piece) for row in range(min(batch, last.shape[0]))] + \
             [()] * max(0, batch - last.shape[0])
+
+    # ---- verify ----------------------------------------------------------------------------------
+
+    def verify(self) -> dict:
+        """Compare the last forward's logits (row 0) with one no-cache forward over what its cache row
+        holds (attended tokens, positions 0..n-1). Runs in the program's thread, between two forwards."""
+        from .session import VERIFY_TOLERANCE
+
+        snapshot, logits = self.last, getattr(self, "_last_logits", None)
+        if snapshot is None or logits is None:
+            raise ValueError("nothing to verify yet: the program has not run a forward")
+        tokens = [t.id for t in snapshot.buffer if t.origin != "pad" and t.id >= 0]
+        model = self._last_call.probe.model
+        device = model.get_input_embeddings().weight.device
+        ids = torch.tensor([tokens], device=device)  # [1, n]
+        with torch.inference_mode():
+            fresh = model(input_ids=ids, use_cache=False,
+                          position_ids=torch.arange(len(tokens), device=device).unsqueeze(0)).logits[0, -1].float()
+        diff = float((fresh - logits.to(fresh.device)).abs().max())
+        tolerance = VERIFY_TOLERANCE.get(str(model.dtype).removeprefix("torch."), 1e-3)
+        k = self.top_k
+        cached_top, fresh_top = torch.topk(logits, k).indices.tolist(), torch.topk(fresh, k).indices.tolist()
+        ok = diff <= tolerance and cached_top[:3] == fresh_top[:3]
+        if not ok:
+            self._diagnose([Diagnostic(
+                "cache-mismatch", "error",
+                f"the program's cached logits differ from a full recompute of {len(tokens)} tokens: max |diff| "
+                f"{diff:.3g} > {tolerance:g}", self.steps)])
+        return {"max_abs_diff": diff, "tolerance": tolerance, "topk_agree": cached_top[:3] == fresh_top[:3],
+                "cached_top": cached_top, "recomputed_top": fresh_top, "tokens": len(tokens), "ok": ok}
 
     # ---- checks ----------------------------------------------------------------------------------
 
@@ -689,7 +728,7 @@ class Watcher:
                 return
             shown = ", ".join(_short_arg(a) for a in args)
             self._diagnose([Diagnostic(
-                "cache-edited", "warning" if after < before or name == "reset" else "info",
+                "cache-edited", "info",  # the program called the cache's own method: said, not blamed
                 f"{track.name}.{name}({shown}) at [{caller_line(self._skip or _library_dirs())}]: "
                 f"{before} -> {after} tokens outside a forward", self.steps)])
 

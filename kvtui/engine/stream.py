@@ -1,0 +1,277 @@
+"""The one protocol between a source of steps and a viewer (no Textual, no Rich).
+
+Records flow one way as JSON lines, the trace's own records (header, model, step, diagnostic) plus
+a few stream-only ones; commands flow the other way as words, one per line.
+
+  source -> viewer   {"type": "header" | "model" | "step" | "diagnostic", ...}   (trace schema 1)
+                     {"type": "paused", "step": N}            the program waits before its next forward
+                     {"type": "break", "step": N, "code": ..} break-on-alarm stopped it after step N
+                     {"type": "verify", "step": N, ...}       a verify result (as in traces)
+                     {"type": "notice", "text": ...}          a one-line answer to a command
+                     {"type": "program-exit", "code": N}      the program ended with exit code N
+                     {"type": "output", "stream": "stdout" | "stderr", "text": ...}   (added by the parent)
+  viewer -> source   pause | run | step | break on | break off | verify | watch ID | quit
+
+`kvtui watch` runs the user's program in a child process (`python -m kvtui.engine.stream ...`):
+its stdout/stderr stay its own (the parent shows them in a pane), records go through a pipe of their
+own, and when the viewer goes away (the control pipe closes) the child exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Iterator
+
+COMMANDS = ("pause", "run", "step", "break on", "break off", "verify", "watch", "quit")
+STREAM_ONLY = ("paused", "break", "notice", "program-exit", "output")
+
+
+def encode(record: dict) -> bytes:
+    return (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+class RecordPipe:
+    """The child's end of the record stream: one JSON line per record, written whole under a lock."""
+
+    def __init__(self, fd: int):
+        self._file: IO[bytes] = os.fdopen(fd, "wb", buffering=0)
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, record: dict) -> None:
+        if self.closed:
+            return
+        data = encode(record)
+        with self._lock:
+            try:
+                self._file.write(data)
+            except (BrokenPipeError, OSError):
+                self.closed = True
+
+
+# ---- the child: a gate the viewer controls --------------------------------------------------------
+
+
+def control_gate(control_fd: int, pipe: RecordPipe, start_paused: bool = False, break_on_alarm: bool = False):
+    """A probe Gate that holds the program before a forward while the viewer says pause."""
+    from .probe import Gate
+
+    class ControlGate(Gate):
+        def __init__(self):
+            self.paused = start_paused
+            self.break_on_alarm = break_on_alarm
+            self.allowed = 0  # forwards a "step" lets through while paused
+            self.requests: list[str] = []  # commands that must run in the program's thread (verify)
+            self.watcher = None
+            self._condition = threading.Condition()
+            threading.Thread(target=self._read, args=(control_fd,), name="kvtui-control", daemon=True).start()
+
+        def _read(self, fd: int) -> None:
+            with os.fdopen(fd, "r", encoding="utf-8") as commands:
+                for line in commands:
+                    self._command(line.strip())
+            # the viewer is gone (quit, crash or SIGKILL): the watched program goes with it
+            os._exit(143)
+
+        def _command(self, command: str) -> None:
+            with self._condition:
+                if command == "pause":
+                    self.paused = True
+                elif command == "run":
+                    self.paused, self.allowed = False, 0
+                elif command == "step":
+                    self.allowed += 1
+                elif command in ("break on", "break off"):
+                    self.break_on_alarm = command == "break on"
+                    pipe.send({"type": "notice", "text": f"break on alarm: {command.split()[1]}"})
+                elif command == "verify" or command.startswith("watch "):
+                    self.requests.append(command)
+                elif command == "quit":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                self._condition.notify_all()
+
+        def before_forward(self, watcher) -> None:
+            self.watcher = watcher
+            with self._condition:
+                self._serve(watcher)
+                if self.paused and not self.allowed:
+                    pipe.send({"type": "paused", "step": watcher.steps})
+                while self.paused and not self.allowed:
+                    self._condition.wait(0.5)
+                    self._serve(watcher)
+                if self.paused and self.allowed:
+                    self.allowed -= 1
+
+        def _serve(self, watcher) -> None:
+            """Run requests in the program's thread, between two of its forwards (nothing else touches the cache)."""
+            while self.requests:
+                command = self.requests.pop(0)
+                if command.startswith("watch "):
+                    token_id = int(command.split()[1])
+                    watcher.watch_ids = watcher.watch_ids + (token_id,)
+                    pipe.send({"type": "notice", "text": f"watching token {token_id} from the next step"})
+                elif command == "verify":
+                    try:
+                        result = watcher.verify()
+                        pipe.send({"type": "verify", "step": watcher.steps, **result})
+                    except Exception as exc:  # a refusal, said in one line
+                        pipe.send({"type": "notice", "text": f"verify: {exc}", "severity": "error"})
+
+        def after_step(self, watcher, snapshot) -> None:
+            if self.break_on_alarm and any(d.severity in ("warning", "error") for d in snapshot.diagnostics):
+                with self._condition:
+                    self.paused = True
+                    self.allowed = 0
+                codes = sorted({d.code for d in snapshot.diagnostics if d.severity != "info"})
+                pipe.send({"type": "break", "step": snapshot.step, "codes": codes})
+
+    return ControlGate()
+
+
+def child_main(argv: list[str] | None = None) -> int:
+    """`python -m kvtui.engine.stream --records-fd W --control-fd R [--trace P] [--paused] [-m] TARGET ARGS...`"""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="kvtui-watch-child")
+    parser.add_argument("--records-fd", type=int, required=True)
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--trace", default=None)
+    parser.add_argument("--paused", action="store_true")
+    parser.add_argument("--break-on-alarm", action="store_true")
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("-m", dest="module", action="store_true")
+    parser.add_argument("target")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    options = parser.parse_args(argv)
+
+    from .probe import AutoAttach, Watcher
+    from .program import run_program
+
+    pipe = RecordPipe(options.records_fd)
+    gate = control_gate(options.control_fd, pipe, options.paused, options.break_on_alarm)
+    header_sent = []
+
+    def on_event(record: dict) -> None:
+        if record["type"] == "model" and not header_sent:
+            header_sent.append(True)
+            pipe.send(watcher.header())
+        pipe.send(record)
+
+    watcher = Watcher(trace=options.trace, top_k=options.top_k, gate=gate, program=[options.target, *options.args],
+                      on_snapshot=lambda snapshot: pipe.send(snapshot.to_record()), on_event=on_event)
+    attach = AutoAttach(watcher).install()
+    try:
+        code = run_program(options.target, options.args, module=options.module)
+    finally:
+        attach.uninstall()
+        watcher.detach()
+    pipe.send({"type": "program-exit", "code": code, "steps": watcher.steps})
+    return code
+
+
+# ---- the parent: a program as a source of records ----------------------------------------------------
+
+
+class ProgramSource:
+    """Runs `kvtui watch`'s program in a child process; `records()` yields its records and output lines."""
+
+    supports = {"pause", "run", "step", "break", "verify", "watch"}
+
+    def __init__(self, target: str, args: list[str], module: bool = False, trace: str | os.PathLike | None = None,
+                 paused: bool = False, break_on_alarm: bool = False, top_k: int = 10, cwd: str | None = None):
+        self.argv = [target, *args]
+        records_read, records_write = os.pipe()
+        control_read, control_write = os.pipe()
+        command = [sys.executable, "-m", "kvtui.engine.stream", "--records-fd", str(records_write),
+                   "--control-fd", str(control_read), "--top-k", str(top_k)]
+        if trace:
+            command += ["--trace", str(Path(trace).resolve())]
+        if paused:
+            command.append("--paused")
+        if break_on_alarm:
+            command.append("--break-on-alarm")
+        if module:
+            command.append("-m")
+        command += ["--", target, *args]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(command, pass_fds=(records_write, control_read), stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
+                                        start_new_session=True)
+        os.close(records_write)
+        os.close(control_read)
+        self._control = os.fdopen(control_write, "w", encoding="utf-8", buffering=1)
+        self._queue: queue.Queue = queue.Queue()
+        self._open = 3
+        threading.Thread(target=self._read_records, args=(records_read,), daemon=True).start()
+        for name, stream in (("stdout", self.process.stdout), ("stderr", self.process.stderr)):
+            threading.Thread(target=self._read_output, args=(name, stream), daemon=True).start()
+
+    def _read_records(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as records:
+            for line in records:
+                try:
+                    self._queue.put(json.loads(line))
+                except ValueError:
+                    continue  # a line cut by a killed child
+        self._queue.put(None)
+
+    def _read_output(self, name: str, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            self._queue.put({"type": "output", "stream": name, "text": raw.decode("utf-8", "replace").rstrip("\n")})
+        self._queue.put(None)
+
+    def records(self, stop: threading.Event | None = None) -> Iterator[dict]:
+        """Every record until the child and its pipes are done (or `stop` is set)."""
+        while self._open:
+            if stop is not None and stop.is_set():
+                return
+            try:
+                record = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if record is None:
+                self._open -= 1
+                continue
+            yield record
+        code = self.process.wait()
+        yield {"type": "process-exit", "code": code}
+
+    def send(self, command: str) -> None:
+        try:
+            self._control.write(command + "\n")
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # the program is gone: nothing to control
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, grace: float = 2.0) -> None:
+        """End the program and everything it started: close the control pipe, then TERM, then KILL."""
+        try:
+            self._control.close()
+        except OSError:
+            pass
+        if self.process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())
