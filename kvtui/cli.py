@@ -186,9 +186,19 @@ def _run_headless(model, script, trace_path, verify_every, fail_on, options, exp
 @main.command("replay")
 @click.argument("trace_path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--theme", default="kvtui-dark", show_default=True)
-def replay(trace_path, theme):
+@click.option("--follow", is_flag=True, help="Keep reading: show steps as another process appends them.")
+def replay(trace_path, theme, follow):
     """Open the TUI on a recorded trace (no model needed): space/u step, r plays."""
     from .engine.trace import TraceError
+
+    if follow:
+        if not trace_path.is_file():
+            raise click.BadParameter(f"{trace_path}: no such trace file (yet)", param_hint="TRACE_PATH")
+        from .engine.stream import FollowSource
+        from .watch_app import WatchApp
+
+        WatchApp(source=FollowSource(trace_path), title=f"follow {trace_path.name}", theme_name=theme).run()
+        return
 
     try:
         from .replay_app import ReplayApp

@@ -239,6 +239,8 @@ class Watcher:
         self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
         self._skip = None
         self._lock = threading.RLock()
+        self._started = False  # the header is out (first forward)
+        self._waiting: list[dict] = []  # records raised before it
         self.errors: list[str] = []
 
     # ---- attaching -------------------------------------------------------------------------------
@@ -283,17 +285,28 @@ class Watcher:
     # ---- records ---------------------------------------------------------------------------------
 
     def _event(self, record: dict) -> None:
-        if record["type"] == "model" and self._writer is None and self.trace_path is not None and len(self.probes) == 1:
-            self._open_trace(self.probes[0])
+        """Every non-step record, to the trace and to on_event. The header goes first, at the first
+        forward (when the model's weights, device and dtype are final): what comes before it waits."""
+        if not self._started and record["type"] != "header":
+            self._waiting.append(record)
+            return
         if self._writer is not None:
             self._writer.write(record)
         if self.on_event is not None:
             self.on_event(record)
 
-    def _open_trace(self, probe: _Probe) -> None:
+    def _start(self, probe: _Probe) -> None:
         from .trace import TraceWriter
 
-        self._writer = TraceWriter(self.trace_path, self.header(probe))
+        header = self.header(probe)
+        if self.trace_path is not None:
+            self._writer = TraceWriter(self.trace_path, header)
+        self._started = True
+        if self.on_event is not None:
+            self.on_event(header)
+        waiting, self._waiting = self._waiting, []
+        for record in waiting:
+            self._event(record)
 
     def header(self, probe: _Probe | None = None) -> dict:
         import platform
@@ -439,6 +452,8 @@ class Watcher:
             logits = getattr(output, "logits", None)
             if logits is None and isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 logits = output[0]
+            if not self._started:
+                self._start(call.probe)
             self.steps += 1
             step = self.steps
             if call.n > 1:

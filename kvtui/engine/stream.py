@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -156,16 +157,8 @@ def child_main(argv: list[str] | None = None) -> int:
 
     pipe = RecordPipe(options.records_fd)
     gate = control_gate(options.control_fd, pipe, options.paused, options.break_on_alarm)
-    header_sent = []
-
-    def on_event(record: dict) -> None:
-        if record["type"] == "model" and not header_sent:
-            header_sent.append(True)
-            pipe.send(watcher.header())
-        pipe.send(record)
-
     watcher = Watcher(trace=options.trace, top_k=options.top_k, gate=gate, program=[options.target, *options.args],
-                      on_snapshot=lambda snapshot: pipe.send(snapshot.to_record()), on_event=on_event)
+                      on_snapshot=lambda snapshot: pipe.send(snapshot.to_record()), on_event=pipe.send)
     attach = AutoAttach(watcher).install()
     try:
         code = run_program(options.target, options.args, module=options.module)
@@ -224,7 +217,9 @@ class ProgramSource:
 
     def _read_output(self, name: str, stream) -> None:
         for raw in iter(stream.readline, b""):
-            self._queue.put({"type": "output", "stream": name, "text": raw.decode("utf-8", "replace").rstrip("\n")})
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            text = next((part for part in reversed(text.split("\r")) if part), "")  # a progress bar's last state
+            self._queue.put({"type": "output", "stream": name, "text": text})
         self._queue.put(None)
 
     def records(self, stop: threading.Event | None = None) -> Iterator[dict]:
@@ -271,6 +266,51 @@ class ProgramSource:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+class FollowSource:
+    """A trace file that another process is still writing (`kvtui replay --follow`): its records, then
+    new ones as they are appended. Read-only: it takes no commands."""
+
+    supports: set[str] = set()
+
+    def __init__(self, path: str | os.PathLike, poll: float = 0.2):
+        self.path, self.poll = Path(path), poll
+
+    def records(self, stop: threading.Event | None = None) -> Iterator[dict]:
+        from .trace import TraceError
+
+        try:
+            handle = open(self.path, "rb")
+        except OSError as exc:
+            raise TraceError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
+        with handle:
+            pending = b""
+            number = 0
+            while not (stop is not None and stop.is_set()):
+                chunk = handle.readline()
+                if not chunk:
+                    time.sleep(self.poll)
+                    continue
+                pending += chunk
+                if not pending.endswith(b"\n"):  # the writer is mid-line: wait for the rest
+                    continue
+                line, pending = pending, b""
+                number += 1
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    raise TraceError(f"{self.path}:{number}: not valid JSON") from None
+                if isinstance(record, dict) and "type" in record:
+                    yield record
+
+    def send(self, command: str) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
 if __name__ == "__main__":

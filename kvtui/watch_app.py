@@ -1,0 +1,240 @@
+"""`kvtui watch SCRIPT` and `kvtui replay --follow TRACE`: the same panes on a live stream of step
+records. The source (a program in a child process, or a trace file still being written) is an
+argument: the app reads its records in a worker thread and sends it commands (pause, step, run, ...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual import work
+from textual.binding import Binding
+from textual.message import Message
+from textual.worker import get_current_worker
+
+from .app import KvtuiApp, SnapshotReady
+from .engine.snapshot import Diagnostic
+from .widgets.chat_pane import ChatPane
+from .widgets.program_output import ProgramOutput, printable
+from .widgets.status_bar import StatusBar
+from .widgets.token_buffer import TokenBufferPane
+
+OBSERVE_ONLY = {
+    "send": "a watched program writes its own prompts: kvtui only observes its forwards",
+    "rewind": "rewinding would change the program's cache behind its back: kvtui only observes",
+    "rewind_to": "rewinding would change the program's cache behind its back: kvtui only observes",
+    "force": "forcing a token would change the program: kvtui only observes its forwards",
+    "reset": "resetting would change the program's cache: kvtui only observes",
+    "sampler": "the program samples on its own: its sampler is not kvtui's",
+    "export": "export is not available for a watched program yet (pause, then use the trace)",
+}
+
+
+@dataclass
+class StreamEvent(Message):
+    """A record from the source that is not a step: output, pauses, breaks, notices, the end."""
+
+    record: dict
+    diagnostics: tuple[Diagnostic, ...] | None = None  # every alarm so far, when this record added one
+
+
+class WatchApp(KvtuiApp):
+    BINDINGS = [
+        Binding("b", "break_on_alarm", "break on alarm"),
+        Binding("n", "next_row", "next batch row", show=False),
+        *KvtuiApp.BINDINGS,
+    ]
+
+    def __init__(self, target: str | None = None, args: list[str] | None = None, *, module: bool = False,
+                 trace_path: Path | None = None, paused: bool = False, break_on_alarm: bool = False, top_k: int = 10,
+                 theme_name: str | None = None, source=None, title: str | None = None):
+        kwargs = {"theme_name": theme_name} if theme_name else {}
+        super().__init__(model=None, **kwargs)
+        from .engine.replay import Replay
+        from .engine.trace import Trace
+
+        self._source_args = dict(target=target, args=list(args or []), module=module, trace=trace_path, paused=paused,
+                                 break_on_alarm=break_on_alarm, top_k=top_k)
+        self.source = source
+        self.label = title or (f"{'-m ' if module else ''}{target}" if target else "stream")
+        self.replay = Replay(Trace(Path(self.label), {}))
+        self.row = 0
+        self.paused = paused
+        self.break_on_alarm = break_on_alarm
+        self.ended: int | None = None  # the program's exit code once it ended
+        self.stream_diagnostics: list[Diagnostic] = []
+
+    # ---- the source --------------------------------------------------------------------------------
+
+    def load_worker(self) -> None:
+        chat = self.query_one(ChatPane)
+        chat.query_one("#transcript").display = False
+        chat.mount(ProgramOutput(id="program-output"), before=chat.query_one("#reuse"))
+        chat.input.disabled = True
+        chat.input.placeholder = "space step · r run · p pause · b break on alarm · n next row · q quit"
+        self.query_one(TokenBufferPane).focus()
+        if self.source is None:
+            from .engine.stream import ProgramSource
+
+            self.source = ProgramSource(**self._source_args)
+        self.model_text = f"watching {self.label} · waiting for its first model…"
+        self.query_one(StatusBar).set_text(self.model_text)
+        self.pump()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="stream")
+    def pump(self) -> None:
+        """Read the source's records; steps become snapshots (rebuilt exactly as replay does)."""
+        worker = get_current_worker()
+        diagnostics: list[Diagnostic] = []
+        for record in self.source.records(stop=worker.cancelled_event):
+            kind = record.get("type")
+            if kind == "step":
+                snapshot = self.replay.add(record)
+                diagnostics.extend(snapshot.diagnostics)
+                self.post_message(SnapshotReady(snapshot, None, tuple(diagnostics), running=not self.paused))
+                continue
+            if kind == "diagnostic":
+                diagnostics.append(Diagnostic(record["code"], record["severity"], record["message"], record["step"]))
+            elif kind == "header":
+                self.replay.header = record
+            self.post_message(StreamEvent(record, tuple(diagnostics) if kind == "diagnostic" else None))
+
+    def on_stream_event(self, message: StreamEvent) -> None:
+        record = message.record
+        kind = record.get("type")
+        if message.diagnostics is not None:
+            self.diagnostics = message.diagnostics
+            self._show_diagnostics()
+        if kind == "output":
+            self.query_one(ProgramOutput).add(record["stream"], record["text"])
+        elif kind == "header":
+            self.model_text = (f"watching {self.label} · {record.get('model_class', '?')} · {record.get('device', '?')} · "
+                               f"{record.get('dtype', '?')} · transformers {record.get('transformers', '?')}")
+            self.query_one(StatusBar).set_text(self.model_text)
+        elif kind == "paused":
+            self.paused = True
+            self._update_title()
+        elif kind == "break":
+            self.paused = True
+            self._update_title()
+            self.notify(f"break on alarm after step {record['step']}: {', '.join(record.get('codes', []))} "
+                        "(space steps, r runs)", severity="warning", timeout=8)
+        elif kind == "verify":
+            verdict = "matches" if record["ok"] else "DIFFERS FROM"
+            self.notify(f"the program's cache {verdict} a full recompute of {record['tokens']} tokens: max |diff| "
+                        f"{record['max_abs_diff']:.2e} (tolerance {record['tolerance']:g})",
+                        severity="information" if record["ok"] else "error", timeout=10)
+        elif kind == "notice":
+            self.notify(printable(record["text"]), severity=record.get("severity", "information"), timeout=5)
+        elif kind in ("program-exit", "process-exit"):
+            if self.ended is None:
+                self.ended = record.get("code", 0)
+                self.paused = False
+                self._update_title()
+                self.notify(f"the program ended (exit code {self.ended}): everything stays here to inspect; q quits",
+                            timeout=8)
+
+    # ---- what the panes show ----------------------------------------------------------------------
+
+    def _show(self, snapshot) -> None:
+        super()._show(snapshot.for_row(self.row) if snapshot is not None else None)
+
+    def _reuse_text(self, snapshot) -> str:
+        rows = f" · row {self.row + 1}/{snapshot.batch} (n: next)" if snapshot.batch > 1 else ""
+        asked = ""
+        if snapshot.requested_cache_position:
+            asked = f" · asked cache_position {snapshot.requested_cache_position[0]}.."
+        elif snapshot.requested_positions:
+            asked = f" · asked position_ids {snapshot.requested_positions[0]}.."
+        return (f"step {snapshot.step} at {snapshot.caller} · {snapshot.cache_id or 'no cache'} "
+                f"{snapshot.cache_length_before}→{snapshot.cache_seq_length}{asked}{rows}")
+
+    def _update_title(self) -> None:
+        state = ("ended" if self.ended is not None else "paused" if self.paused else "running")
+        self.sub_title = state
+        try:
+            self.query_one(ChatPane).border_title = f"kvtui · watch · {self.label} · {state}"
+        except Exception:  # not composed yet
+            pass
+
+    # ---- keys --------------------------------------------------------------------------------------
+
+    def _send(self, command: str) -> bool:
+        if self.source is None or command.split()[0] not in getattr(self.source, "supports", ()):
+            self.notify("this stream is read-only (a trace being followed)", severity="warning")
+            return False
+        if self.ended is not None:
+            self.notify(f"the program has ended (exit code {self.ended})", severity="warning")
+            return False
+        self.source.send(command)
+        return True
+
+    def _engine(self, action: str, argument=None) -> None:
+        if action == "step":
+            if self._send("pause") and self._send("step"):
+                self.paused = True
+                self._update_title()
+        elif action == "run":
+            if self._send("run"):
+                self.paused = False
+                self._update_title()
+        elif action == "verify":
+            if self._send("verify"):
+                self.notify("verify runs in the program between two of its forwards", timeout=3)
+        else:
+            self.notify(OBSERVE_ONLY.get(action, f"'{action}' is not available for a watched program"),
+                        severity="warning")
+
+    def action_pause(self) -> None:
+        if self._send("pause"):
+            self.paused = True
+            self._update_title()
+
+    def action_stop(self) -> None:
+        if self.pinned_step is not None:
+            self.action_live()
+
+    def action_break_on_alarm(self) -> None:
+        self.break_on_alarm = not self.break_on_alarm
+        self._send("break on" if self.break_on_alarm else "break off")
+
+    def action_next_row(self) -> None:
+        batch = self.latest.batch if self.latest is not None else 1
+        self.row = (self.row + 1) % batch
+        if batch == 1:
+            self.notify("batch of one: no other row", timeout=2)
+        if self.latest is not None and self.pinned_step is None:
+            self._show(self.latest)
+            self._show_chat()
+
+    def action_watch(self) -> None:
+        from .widgets.topk_pane import TopKPane
+
+        token = self.query_one(TopKPane).selected_token
+        if token is None:
+            self.notify("select a token in the top-k pane first", severity="warning")
+            return
+        self._send(f"watch {token.id}")
+
+    def action_sampler(self) -> None:
+        self._engine("sampler")
+
+    def action_save_trace(self) -> None:
+        path = self._source_args.get("trace")
+        self.notify(f"the trace is being written to {path}" if path else
+                    "start with --trace FILE to record a watched program", timeout=5)
+
+    def _find_step(self, step: int):
+        return next((s for s in self.replay.snapshots if s.step == step), None)
+
+    async def action_quit(self) -> None:
+        """Quit at any moment: the program (and whatever it started) is stopped cleanly first."""
+        self.workers.cancel_group(self, "stream")
+        if self.source is not None:
+            self.source.stop()
+        self.exit()
+
+    def on_unmount(self) -> None:
+        if self.source is not None:
+            self.source.stop()
+        super().on_unmount()

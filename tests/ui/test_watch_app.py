@@ -1,0 +1,130 @@
+"""`kvtui watch` in the TUI (Pilot): the program runs in its own process; pause blocks it before its
+next forward, step lets exactly one through, break-on-alarm stops right after the alarm's step, and
+quitting mid-run leaves no process behind."""
+
+import asyncio
+import os
+import textwrap
+
+import pytest
+
+from kvtui.watch_app import WatchApp
+from kvtui.widgets.program_output import ProgramOutput
+
+from pilot_helpers import wait_for
+
+PROGRAM = textwrap.dedent('''
+    import sys, time
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    tok = AutoTokenizer.from_pretrained(sys.argv[1])
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+    cache = DynamicCache(config=model.config)
+    ids = tok("hello world", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model(input_ids=ids, past_key_values=cache)
+        for step in range(int(sys.argv[2])):
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            # step 3 of the loop passes a cursor that starts from 0: an alarm
+            extra = {"cache_position": torch.tensor([0])} if step == 2 else {}
+            out = model(input_ids=token, past_key_values=cache, **extra)
+            print(f"forward {step + 2}", flush=True)
+            time.sleep(float(sys.argv[3]))
+''')
+
+
+@pytest.fixture
+def program(tmp_path, tiny_dir):
+    path = tmp_path / "loop.py"
+    path.write_text(PROGRAM)
+    return path, tiny_dir("llama")
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+async def test_pause_step_run_and_output(program):
+    path, model = program
+    app = WatchApp(str(path), [str(model), "4", "0"], paused=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.paused and app.source is not None, 60, "the program to start paused")
+        await pilot.pause(3.0)  # time enough to load the tiny model: still no forward while paused
+        assert app.latest is None and app.source.running
+        await pilot.press("space")
+        await wait_for(pilot, lambda: app.latest is not None, 60, "one step")
+        await pilot.pause(1.5)
+        assert app.latest.step == 1 and app.latest.phase == "prefill"  # exactly one forward went through
+        await pilot.press("space")
+        await wait_for(pilot, lambda: app.latest.step == 2, 30, "the second step")
+        await pilot.pause(1.0)
+        assert app.latest.step == 2
+        await pilot.press("r")
+        await wait_for(pilot, lambda: app.ended is not None, 60, "the program to end")
+        assert app.ended == 0 and app.latest.step == 5
+        assert app.latest.source == "watch" and app.latest.caller.endswith("loop.py:16")
+        output = app.query_one(ProgramOutput)
+        await wait_for(pilot, lambda: any("forward 5" in line for line in output.lines), 10, "the program's output")
+        assert {d.code for d in app.diagnostics} == {"ignored-argument", "cursor-mismatch"}
+        await pilot.press("u")  # observe-only keys say why, nothing breaks
+        await pilot.press("q")
+    assert gone(app.source.process.pid)
+
+
+async def test_break_on_alarm_stops_at_the_alarm_step(program):
+    path, model = program
+    app = WatchApp(str(path), [str(model), "6", "0"], break_on_alarm=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None and app.paused, 60, "the break")
+        await pilot.pause(1.5)
+        assert app.latest.step == 4  # the forward with the bad cache_position (prefill + 3 decodes)
+        assert {d.code for d in app.latest.diagnostics} == {"ignored-argument", "cursor-mismatch"}
+        await pilot.press("space")  # one more forward, then held again
+        await wait_for(pilot, lambda: app.latest.step == 5, 30, "one step past the break")
+        await pilot.pause(1.0)
+        assert app.latest.step == 5 and app.source.running
+        await pilot.press("q")
+    assert gone(app.source.process.pid)
+
+
+async def test_quit_mid_run_leaves_no_process(program):
+    path, model = program
+    app = WatchApp(str(path), [str(model), "1000", "0.05"])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None and app.latest.step >= 3, 60, "the program to run")
+        pid = app.source.process.pid
+        await pilot.press("q")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 2.0
+    while not gone(pid) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    assert gone(pid)
+
+
+async def test_follow_a_trace_being_written(tmp_path, tiny_model):
+    """replay --follow: steps appear as another process (here: a watcher in this test) appends them."""
+    import torch
+
+    from kvtui.engine.probe import watch
+    from kvtui.engine.stream import FollowSource
+
+    model, tokenizer = tiny_model("llama")
+    trace = tmp_path / "live.jsonl"
+    watcher = watch(model, tokenizer, trace=trace)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[5, 6, 7]]))
+    app = WatchApp(source=FollowSource(trace), title="follow live.jsonl")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None, 30, "the first step")
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[8, 9]]))
+        await wait_for(pilot, lambda: app.latest.step == 2, 30, "the appended step")
+        assert app.latest.buffer.ids() == [8, 9]  # a new cache (none passed): its own buffer
+        await pilot.press("space")  # read-only: says so
+        await pilot.press("q")
+    watcher.detach()
