@@ -60,6 +60,7 @@ def main() -> int:
     import b_caches
     import b_overhead
     import b_ui
+    import b_watch
 
     from transformers.utils import logging as hf_logging
 
@@ -85,6 +86,12 @@ def main() -> int:
     results["overhead_tiny"] = b_overhead.bench(tiny.model, tiny.tokenizer, "tiny llama", n_new=128,
                                                 repeats=3 if q else 5, paired_runs=2)
     loads["1. overhead"] = section.stop()
+
+    # ---- 5. watching a program (kvtui watch / kvtui.watch) ------------------------------------------------
+    log("5. watching a program: unwatched vs watched vs after detach (SmolLM2 hand-written loop)")
+    section = BackgroundLoad().start()
+    results["watch"] = b_watch.bench(smol.model, smol.tokenizer, n_new=24 if q else 48, repeats=2 if q else 3)
+    loads["5. watch"] = section.stop()
 
     # ---- 2. scale (child process: its memory readings are its own) ----------------------------------
     log("2. scale")
@@ -226,6 +233,25 @@ def _overhead_ratio(o: dict) -> float:
 
 def _verdict(ok: bool | None) -> str:
     return "–" if ok is None else ("**met**" if ok else "**missed**")
+
+
+def watch_report(r: dict) -> list[str]:
+    w = r.get("watch")
+    if not w:
+        return []
+    return [
+        "", "## 5. Watching a program (`kvtui watch`, `kvtui.watch`)", "",
+        f"A hand-written SmolLM2 decode loop ({w['n_new']} tokens, template ids, DynamicCache, argmax), run "
+        "unwatched, watched (probe + trace file, headless) and unwatched again after detach, interleaved per repeat.",
+        "",
+        "| variant | decode s | ratio to unwatched |", "|---|---|---|",
+        f"| unwatched | {fmt_stat(w['unwatched_s'], 2)} | 1 |",
+        f"| watched (probe + trace) | {fmt_stat(w['watched_s'], 2)} | {fmt_stat(w['watched_ratio'], 3)} |",
+        f"| after detach | {fmt_stat(w['after_detach_s'], 2)} | {fmt_stat(w['after_ratio'], 3)} |",
+        "",
+        f"Greedy tokens identical in all three: {w['same_tokens']}. Hooks left on the model after detach: "
+        f"{w['hooks_after_detach']} (0 means an unwatched model runs exactly as before). Target: watched ≤ 1.05.",
+    ]
 
 
 def report(r: dict) -> str:
@@ -512,6 +538,7 @@ def report(r: dict) -> str:
     add(FINDINGS_HEADER)
     add("")
     add(findings(r))
+    lines += watch_report(r)
     return "\n".join(lines) + "\n"
 
 

@@ -249,3 +249,56 @@ def test_replay_reads_watched_trace(tiny_model, tmp_path):
         assert replayed.buffer.ids() == live.buffer.ids()
         for row in range(2):
             assert replayed.rows[row].buffer.ids() == live.rows[row].buffer.ids()
+
+
+def test_beam_search_rows_follow_reorders(tiny_model):
+    """generate(num_beams=2): one buffer per beam row; generate's own reorders are followed, not alarms."""
+    model, tokenizer = tiny_model("llama")
+    ids = tokenizer("hello world", return_tensors="pt")["input_ids"]
+    snapshots = []
+    with watch(model, tokenizer, on_snapshot=snapshots.append) as watcher:
+        out = model.generate(ids, max_new_tokens=4, num_beams=2, do_sample=False, early_stopping=False,
+                             pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True)
+    last = snapshots[-1]
+    assert last.batch == 2 and len(last.rows) == 2
+    assert all(len(r.buffer) == last.cache_seq_length for r in last.rows)
+    assert all(r.buffer.ids()[: ids.shape[1]] == ids[0].tolist() for r in last.rows)
+    # the winning beam's tokens are one of the rows' buffers (plus the final token, never fed)
+    best = out.sequences[0].tolist()
+    assert any(r.buffer.ids() == best[: len(r.buffer)] for r in last.rows)
+    assert {d.code for d in watcher.diagnostics} == set(), watcher.diagnostics
+
+
+def test_pipeline_is_watched(tiny_dir):
+    from transformers import pipeline
+
+    from kvtui.engine.probe import AutoAttach, Watcher
+
+    watcher = Watcher()
+    attach = AutoAttach(watcher).install()
+    try:
+        pipe = pipeline("text-generation", model=str(tiny_dir("qwen2")), device="cpu")
+        pipe("hello world", max_new_tokens=3, do_sample=False)
+    finally:
+        attach.uninstall()
+        watcher.detach()
+    assert len(watcher.probes) == 0 and watcher.steps == 3  # prefill + 2 decodes (the last token is not fed)
+    assert watcher.last.caller.split(":")[0].endswith("test_probe.py")
+    assert watcher.tokenizer is not None and watcher.last.buffer[0].piece == watcher.tokenizer.decode([watcher.last.buffer[0].id])
+
+
+def test_verify_between_forwards(tiny_model):
+    model, tokenizer = tiny_model("qwen2")
+    with watch(model, tokenizer) as watcher:
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[5, 6, 7, 8]]), past_key_values=cache)
+            model(input_ids=torch.tensor([[9]]), past_key_values=cache)
+        good = watcher.verify()
+        with torch.inference_mode():
+            cache.layers[0].values.mul_(0.5)  # corrupt the cache, then feed through it
+            model(input_ids=torch.tensor([[10]]), past_key_values=cache)
+        bad = watcher.verify()
+    assert good["ok"] and good["tokens"] == 5 and good["max_abs_diff"] < 1e-4
+    assert not bad["ok"] and bad["tokens"] == 6
+    assert {"cache-edited", "cache-mismatch"} <= {d.code for d in watcher.diagnostics}

@@ -82,3 +82,12 @@ def test_bad_input_is_one_line_and_exit_2(args, hint):
     result = watch(*args)
     assert result.returncode == 2
     assert hint in result.stderr and "Traceback" not in result.stderr
+
+
+def test_module_mode_runs_with_its_args(tmp_path):
+    (tmp_path / "mytool").mkdir()
+    (tmp_path / "mytool" / "__init__.py").write_text("")
+    (tmp_path / "mytool" / "__main__.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
+    result = watch("--headless", "-m", "mytool", "--flag", "x", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "args ['--flag', 'x']\n"
