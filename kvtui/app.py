@@ -26,7 +26,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Input
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult, buffer_record
+from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult
 from .themes import DEFAULT_THEME, load_themes
 from .widgets.chat_pane import ChatPane
 from .widgets.cursor_pane import CursorPane
@@ -137,7 +137,7 @@ class KvtuiApp(App):
         self._clock = clock
         self.session = None  # touched only inside engine workers (under _engine_lock)
         self._engine_lock = threading.Lock()
-        self._writer = None
+        self._recorder = None  # the engine's one trace writer, beside the session
         self._spool: Path | None = None
         self.running = False
         self.latest: StepSnapshot | None = None
@@ -208,8 +208,9 @@ class KvtuiApp(App):
         from . import cli
         from .engine import introspect
         from .engine.loader import ModelLoadError
+        from .engine.recorder import Recorder
         from .engine.session import ChatSession, SessionError
-        from .engine.trace import TraceError, TraceWriter, header_record
+        from .engine.trace import TraceError
 
         try:
             loaded = self._preloaded or cli.load(
@@ -224,8 +225,8 @@ class KvtuiApp(App):
                     fd, spool = tempfile.mkstemp(prefix="kvtui-", suffix=".jsonl")
                     os.close(fd)
                     self._spool = Path(spool)
-                self._writer = TraceWriter(self.trace_path or self._spool,
-                                           header_record(self.session, loaded.source, loaded.path))
+                self._recorder = Recorder(self.session, self.trace_path or self._spool, model_source=loaded.source,
+                                          model_path=loaded.path, verify_every=self.verify_every)
         except (ModelLoadError, SessionError, TraceError, ValueError) as exc:
             self.post_message(LoadFailed(str(exc)))
             return
@@ -315,10 +316,7 @@ class KvtuiApp(App):
 
     def _run(self, session, worker: Worker) -> None:
         self.running = True
-        before = session.turn
         session.generate(cancel=worker.cancelled_event)
-        if session.turn_done and session.turn == before and self._writer:
-            self._writer.write(buffer_record(session.buffer))
         self._state(session)  # the whole reply, whatever the throttled snapshots carried
 
     def _after_rewind(self, session, snapshot) -> None:
@@ -328,10 +326,6 @@ class KvtuiApp(App):
     def _on_engine_snapshot(self, snapshot: StepSnapshot) -> None:
         """Called by the session in the worker thread after every forward."""
         session = self.session
-        if self._writer:
-            self._writer.write(snapshot.to_record())
-        if self.verify_every and snapshot.step % self.verify_every == 0:
-            session.verify()
         messages = None
         now = time.monotonic()
         if not self.running or snapshot.phase != "decode" or now - self._messages_at >= 1 / REFRESH_HZ:
@@ -542,9 +536,7 @@ class KvtuiApp(App):
         if token is None or self.session is None:
             self.notify("select a token in the top-k pane first", severity="warning")
             return
-        session = self.session
-        if token.id not in session.watch_ids:
-            session.watch_ids = session.watch_ids + (token.id,)  # a tuple swap, read at the next forward
+        self.session.watch_token(token.id)  # a tuple swap, read at the next forward; recorded
         self.notify(f"watching {token.text!r} (id {token.id}): its rank shows in top-k from the next step", timeout=4)
 
     @on(DiagnosticsPane.JumpTo)
@@ -584,7 +576,7 @@ class KvtuiApp(App):
         self.notify(f"theme: {self.theme}", timeout=2)
 
     def action_save_trace(self) -> None:
-        if self._writer is None:
+        if self._recorder is None:
             self.notify("nothing recorded yet", severity="warning")
             return
         if self.trace_path is not None:
@@ -618,7 +610,7 @@ class KvtuiApp(App):
     def on_unmount(self) -> None:
         if self._paint_timer is not None:
             self._paint_timer.stop()
-        if self._writer:
-            self._writer.close()
+        if self._recorder:
+            self._recorder.close()
         if self._spool and self._spool.exists():
             self._spool.unlink()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,8 +11,8 @@ from rich.table import Table
 from .engine.export import export_cache
 from .engine.session import ChatSession, SessionError
 from .engine.script import Script
-from .engine.snapshot import SEVERITIES, StepSnapshot, buffer_record
-from .engine.trace import TraceWriter, header_record
+from .engine.recorder import Recorder, failing
+from .engine.snapshot import StepSnapshot
 
 STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
 
@@ -23,23 +22,13 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
                export: tuple[int, object] | None = None) -> int:
     """Run every turn; returns the exit code (1 when a diagnostic at or above `fail_on` fired)."""
     console = console or Console()
-    writer = TraceWriter(trace_path, header_record(session, model_source, model_path)) if trace_path else None
-    steps_at_verify = [0]
-
-    in_steps: set[int] = set()  # diagnostics already written inside a step line
+    recorder = Recorder(session, trace_path, model_source=model_source, model_path=model_path,
+                        verify_every=verify_every)
     exported: list = []
 
     def on_snapshot(snapshot: StepSnapshot) -> None:
-        in_steps.update(id(d) for d in snapshot.diagnostics)
-        if writer:
-            writer.write(snapshot.to_record())
         if export and snapshot.step == export[0]:
             exported.append(export_cache(session, export[1]))
-        if verify_every and snapshot.step - steps_at_verify[0] >= verify_every:
-            steps_at_verify[0] = snapshot.step
-            result = session.verify()
-            if writer:
-                writer.write({"type": "verify", "step": snapshot.step, **asdict(result)})
 
     session.on_snapshot = on_snapshot
     table = Table(title=f"kvtui · {model_source or 'model'} · {session.config.cache} cache · "
@@ -60,13 +49,6 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
             except SessionError as exc:
                 error = str(exc)
             elapsed = time.perf_counter() - started
-            if writer:
-                # refusals and verify results happen outside a forward: they get lines of their own
-                for d in session.diagnostics[before_diag:]:
-                    if id(d) not in in_steps:
-                        writer.write({"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity,
-                                      "message": d.message})
-                writer.write(buffer_record(session.buffer))
             reply = session.messages[-1]["content"] if session.messages and session.messages[-1]["role"] == "assistant" else ""
             new_diags = session.diagnostics[before_diag:]
             codes = ", ".join(sorted({d.code for d in new_diags}))
@@ -75,8 +57,7 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
                           f"{generated / elapsed:.1f}" if generated and elapsed > 0 else "-", codes or "-")
     finally:
         session.on_snapshot = None
-        if writer:
-            writer.close()
+        recorder.close()
     console.print(table)
     for d in session.diagnostics:
         console.print(f"[{STYLE[d.severity]}]{d.severity:>7}[/] step {d.step:>4}  [bold]{d.code}[/]  {escape(d.message)}",
@@ -86,10 +67,9 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
     if export:
         console.print(f"cache at step {export[0]} exported to {exported[0]}" if exported
                       else f"[yellow]no cache exported: the run ended before step {export[0]}[/]")
-    threshold = SEVERITIES.index(fail_on)
-    failing = [d for d in session.diagnostics if SEVERITIES.index(d.severity) >= threshold]
-    if failing:
-        console.print(f"[bold red]{len(failing)} diagnostic(s) at or above {fail_on}[/]")
+    failed = failing(session.diagnostics, fail_on)
+    if failed:
+        console.print(f"[bold red]{len(failed)} diagnostic(s) at or above {fail_on}[/]")
         return 1
     return 0
 

@@ -59,6 +59,8 @@ def export_cache(session, path: str | os.PathLike) -> Path:
     tensors, layers = _layer_tensors(session)
     metadata = _metadata(session, layers)
     _write_atomically(path, tensors, metadata)
+    if hasattr(session, "note_export"):
+        session.note_export(path)
     return path
 
 

@@ -76,6 +76,7 @@ class ChatSession:
         if self.config.mode == "chat" and not getattr(tokenizer, "chat_template", None):
             raise SessionError("this tokenizer has no chat template: use completion mode (--mode completion)")
         self.on_snapshot = on_snapshot
+        self.on_event: Callable[[str, object], None] | None = None  # the recorder (engine/recorder.py) listens here
         self.device = model.get_input_embeddings().weight.device
         self.dtype = str(model.dtype).removeprefix("torch.")
         self.sampler = Sampler(self.config.sampler, self.device)
@@ -107,6 +108,7 @@ class ChatSession:
             self._messages.append(_Message("system", self.config.system, 0))
         self._turn = 0
         self._turn_open = False
+        self._turn_recorded = False  # the recorder got this turn's "turn-end"
         self._new_in_turn = 0
         self.pending: TopToken | None = None  # next token, chosen but not fed yet
         self.pending_forced = False
@@ -271,7 +273,7 @@ class ChatSession:
         cache_len = self.cache_length
         found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
         found += self._alarms.check_layers(self.steps, layers, self.capacity, cache_len, reserve=1)
-        self._record(found)
+        self._record(found, in_step=True)
         logits = self._logits
         snapshot = StepSnapshot(
             step=self.steps, phase=phase, turn=self._turn,
@@ -286,15 +288,25 @@ class ChatSession:
             attention=attention[1] if attention else None, attention_layer=attention[0] if attention else None,
         )
         self.last = snapshot
+        self._emit("step", snapshot)
         if self.on_snapshot:
             self.on_snapshot(snapshot)
+        if snapshot.turn_done and self._turn_open and not self._turn_recorded:
+            self._turn_recorded = True
+            self._emit("turn-end", None)
         return snapshot
 
     def _turn_done_after(self) -> bool:
         return self.pending is not None and (self._stops(self.pending.id) or self._new_in_turn >= self.config.max_new_tokens)
 
-    def _record(self, found) -> None:
+    def _record(self, found, in_step: bool = False) -> None:
         self.diagnostics.extend(found)
+        if found and not in_step:  # raised outside a forward: a record of their own
+            self._emit("diagnostics", list(found))
+
+    def _emit(self, kind: str, payload) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, payload)
 
     def _restore(self, length: int) -> None:
         """After a failed forward, bring the cache back to `length` tokens (some layers may have been written)."""
@@ -362,6 +374,7 @@ class ChatSession:
     def _prefill(self, fed: list[BufferToken], extra: list[Diagnostic]) -> StepSnapshot:
         self._new_in_turn = 0
         self._turn_open = True
+        self._turn_recorded = False
         return self._forward(fed, "prefill", extra)
 
     def _close_turn(self) -> None:
@@ -457,11 +470,24 @@ class ChatSession:
         self.pending = self._make_pending(scores, token_id)
         self.pending_forced = True
         self._turn_open = True
+        self._turn_recorded = False
+        self._emit("force", {"id": token_id, "text": self.pending.text, "rank": self.pending.rank})
         return self.pending
 
     def set_sampler(self, settings: SamplerSettings) -> None:
         self.sampler = Sampler(settings, self.device)
         self.config = _replace(self.config, sampler=settings)
+        self._emit("sampler", {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p,
+                               "repetition_penalty": settings.repetition_penalty, "seed": settings.seed})
+
+    def watch_token(self, token_id: int) -> None:
+        """Follow a token's probability and rank from the next step (a tuple swap: safe from the UI thread)."""
+        if token_id not in self.watch_ids:
+            self.watch_ids = self.watch_ids + (token_id,)
+            self._emit("watch", {"id": token_id, "text": self.piece(token_id)})
+
+    def note_export(self, path) -> None:
+        self._emit("export", {"path": str(path)})
 
     # ---- rewind, reset ---------------------------------------------------------------------------
 
@@ -478,6 +504,8 @@ class ChatSession:
         """Keep the first `length` buffer tokens. The last kept one is re-fed so the logits are fresh."""
         if not self._primed <= length <= len(self._tokens):
             raise SessionError(f"cannot rewind to {length}: the buffer holds {len(self._tokens)} tokens")
+        self._emit("rewind", {"to_length": length, "from_length": len(self._tokens)})
+        self._turn_recorded = False
         if length == self._primed:
             self._truncate(length)
             self.pending, self._logits = None, None
@@ -526,6 +554,7 @@ class ChatSession:
         """Empty the cache and the chat (the system prompt stays)."""
         self._new_cache()
         self._clear()
+        self._emit("reset", {})
 
     # ---- verify ----------------------------------------------------------------------------------
 
@@ -561,6 +590,7 @@ class ChatSession:
                 f"cached logits differ from a full recompute of {len(chat)} tokens: max |diff| {diff:.3g} "
                 f"> {tolerance:g}{'' if agree else ', top-k order differs'}"
                 + (f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""), self.steps)])
+        self._emit("verify", result)
         return result
 
 

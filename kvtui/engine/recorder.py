@@ -1,0 +1,62 @@
+"""The one recorder: the only code that writes a session's trace, whatever drove it (TUI keys, a
+headless script). It listens to the session's events and owns the recording policy (verify every N
+steps), so the same script through any front end writes the same trace, timings aside.
+
+Record kinds (trace schema 1): header, step, diagnostic (raised outside a forward), verify, buffer
+(after each turn), rewind, force, sampler, watch, reset, export.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from .snapshot import SEVERITIES, Diagnostic, buffer_record
+from .trace import TraceWriter, header_record
+
+EVENT_KINDS = ("step", "diagnostics", "verify", "turn-end", "rewind", "force", "sampler", "watch", "reset", "export")
+
+
+class Recorder:
+    def __init__(self, session, path: str | Path | None, *, model_source: str = "", model_path: str = "",
+                 verify_every: int = 0):
+        self.session = session
+        self.path = Path(path) if path is not None else None
+        self.verify_every = verify_every
+        self._verified_at = 0  # the step of the last verify
+        self.writer = TraceWriter(path, header_record(session, model_source, model_path)) if path is not None else None
+        session.on_event = self.on_event
+
+    def on_event(self, kind: str, payload) -> None:
+        session = self.session
+        if kind == "step":
+            self._write(payload.to_record())
+            if self.verify_every and payload.step - self._verified_at >= self.verify_every:
+                self._verified_at = payload.step
+                session.verify()  # emits its own "verify" event
+        elif kind == "diagnostics":
+            for d in payload:
+                self._write({"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity,
+                             "message": d.message})
+        elif kind == "verify":
+            self._write({"type": "verify", "step": session.steps, **asdict(payload)})
+        elif kind == "turn-end":
+            self._write(buffer_record(session.buffer))
+        else:  # rewind, force, sampler, watch, reset, export: what happened, at which step
+            self._write({"type": kind, "step": session.steps, **payload})
+
+    def _write(self, record: dict) -> None:
+        if self.writer is not None:
+            self.writer.write(record)
+
+    def close(self) -> None:
+        if self.session.on_event == self.on_event:
+            self.session.on_event = None
+        if self.writer is not None:
+            self.writer.close()
+
+
+def failing(diagnostics, fail_on: str) -> list[Diagnostic]:
+    """The alarms at or above `fail_on` (info, warning, error): the one rule behind --fail-on."""
+    threshold = SEVERITIES.index(fail_on)
+    return [d for d in diagnostics if SEVERITIES.index(d.severity) >= threshold]
