@@ -209,7 +209,7 @@ def replay(trace_path, theme):
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def tiny(arch, bos, eos, sliding_window, layers, seed, out):
     """Build a tiny random model with a real tokenizer and chat template, offline."""
-    from .tiny import build_tiny
+    from .engine.models.tiny import build_tiny
 
     try:
         path = build_tiny(arch, out, bos=bos, eos=eos, sliding_window=sliding_window, layers=layers, seed=seed)

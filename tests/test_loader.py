@@ -1,6 +1,6 @@
 """Tests for kvtui.engine.loader: local dirs, hub-cache ids, errors, and the embedded SmolLM2.
 
-Everything is offline. The tiny Llama is built here (not with kvtui.tiny) so this file
+Everything is offline. The tiny Llama is built here (not with kvtui.engine.models.tiny) so this file
 depends only on the loader. The embedded-model test converts the real GGUF once
 (~25 s on 2 cores) into a session tmp dir via KVTUI_CACHE_DIR, never the user cache.
 """

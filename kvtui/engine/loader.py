@@ -512,7 +512,7 @@ def _check_causal_lm(config: Any, shown: str) -> None:
 def tiny_model_dir(spec: str, progress: Progress | None = None) -> Path:
     """`tiny:ARCH[,key=value...]` (keys: bos, eos, window, layers, seed, template): a tiny random model
     built offline once into the cache directory, so samples can name the pitfall model they need."""
-    from kvtui.tiny import build_tiny
+    from kvtui.engine.models.tiny import build_tiny
 
     arch, *pairs = spec.removeprefix("tiny:").split(",")
     kwargs: dict[str, Any] = {}
