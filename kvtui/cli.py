@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .options import ARCHES, AppConfig, OptionError, build_session_config, load, run_options
+from .options import ARCHES, DEFAULT_THEME, AppConfig, OptionError, build_session_config, load, run_options
 
 
 class DefaultGroup(click.Group):
@@ -136,6 +136,19 @@ def replay(trace_path, theme):
     except TraceError as exc:
         _bad_input(str(exc))
     app.run()
+
+
+@main.command("themes")
+def themes():
+    """List the themes: the shipped ones and yours (*.toml in the user themes dir)."""
+    from .locations import user_themes_dir
+
+    _check_theme(DEFAULT_THEME)
+    from .themes import theme_files
+
+    for path in theme_files():
+        click.echo(f"{Path(path.name).stem:24} {path}")
+    click.echo(f"\nyour themes: {user_themes_dir()}/*.toml (Textual Theme fields; same name replaces a shipped one)")
 
 
 @main.command("tiny")

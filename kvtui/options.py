@@ -72,7 +72,7 @@ def run_options(func):
         click.option("--verbose", "-v", is_flag=True,
                      help="Headless: print every turn and reply in full (default: one line per turn)."),
         click.option("--theme", default=DEFAULT_THEME, show_default=True,
-                     help="TUI theme (`kvtui themes` lists them; user themes in the config dir)."),
+                     help="TUI theme (`kvtui themes` lists them, with the user themes dir)."),
         click.option("--export-cache-at", type=click.IntRange(1), default=None,
                      help="Headless: save the cache as safetensors right after forward step N."),
         click.option("--export-cache", "export_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
