@@ -145,7 +145,8 @@ class FirstFrame(KvtuiApp):
                        "model_loaded_at_frame": loaded}, f)
         os._exit(0)  # the model loader thread is still importing/loading: do not wait for it
 
-app = FirstFrame(model=model_dir)
+from kvtui.options import AppConfig
+app = FirstFrame(AppConfig(model=model_dir))
 t_constructed = time.time()
 app.run(headless=True, size=(160, 48))
 """
@@ -274,8 +275,9 @@ async def _tui_round(loaded, prompt: str, n_new: int, profile_out: Path | None =
     from textual.widgets import Input
 
     from kvtui.app import KvtuiApp
+    from kvtui.options import AppConfig
 
-    app = KvtuiApp(loaded=loaded, options={"max_new_tokens": n_new if not key_tests else 10**6})
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": n_new if not key_tests else 10**6}), loaded=loaded)
     result: dict = {}
     async with app.run_test(size=APP_SIZE) as pilot:
         await _wait(lambda: app.session is not None, 60, 0.01)

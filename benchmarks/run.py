@@ -55,7 +55,7 @@ def main() -> int:
     import torch
 
     from kvtui.engine.loader import load_model
-    from kvtui.tiny import build_tiny
+    from kvtui.engine.models.tiny import build_tiny
 
     import b_caches
     import b_overhead

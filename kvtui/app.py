@@ -27,6 +27,8 @@ from textual.widgets import Footer, Input
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult
+from .fmt import printable
+from .options import AppConfig, build_session_config, load
 from .themes import DEFAULT_THEME, load_themes
 from .widgets.chat_pane import ChatPane
 from .widgets.cursor_pane import CursorPane
@@ -123,16 +125,18 @@ class KvtuiApp(App):
         Binding("q,ctrl+q", "quit", "quit", priority=False),
     ]
 
-    def __init__(self, model: str | None = None, options: dict | None = None, theme_name: str = DEFAULT_THEME,
-                 script=None, trace_path: Path | None = None, verify_every: int = 0, loaded=None, clock=None):
+    def __init__(self, config: AppConfig | None = None, *, loaded=None, clock=None):
+        """`config`: a ready AppConfig (the CLI builds and validates it); `loaded`: an already loaded model."""
         super().__init__()
-        from .cli import DEFAULT_OPTIONS
-
-        self.model_name = model
-        self.options = {**DEFAULT_OPTIONS, **(options or {})}
-        self.script_turns = list(script.turns) if script else []
-        self.trace_path = trace_path
-        self.verify_every = verify_every
+        config = config or AppConfig()
+        self.config = config
+        self.model_name = config.model
+        self.options = config.options
+        self.script_turns = list(config.script.turns) if config.script else []
+        self.trace_path = config.trace_path
+        self.verify_every = config.verify_every
+        self._queued: str | None = None  # a message sent before the model was ready: sent once it is
+        self._load_failed = False
         self._preloaded = loaded
         self._clock = clock
         self.session = None  # touched only inside engine workers (under _engine_lock)
@@ -158,7 +162,14 @@ class KvtuiApp(App):
         self._themes = load_themes()
         for theme in self._themes.values():
             self.register_theme(theme)
-        self.theme = theme_name if theme_name in self._themes or theme_name in self.available_themes else DEFAULT_THEME
+        theme = config.theme
+        self.theme = theme if theme in self._themes or theme in self.available_themes else DEFAULT_THEME
+
+    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
+               markup: bool = False) -> None:
+        """Every notification shows its text literally: no markup, control characters escaped."""
+        super().notify(printable(message, newlines=True), title=printable(title), severity=severity,
+                       timeout=timeout, markup=markup)
 
     # ---- layout ----------------------------------------------------------------------------------
 
@@ -205,7 +216,6 @@ class KvtuiApp(App):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="load")
     def load_worker(self) -> None:
-        from . import cli
         from .engine import introspect
         from .engine.loader import ModelLoadError
         from .engine.recorder import Recorder
@@ -213,10 +223,10 @@ class KvtuiApp(App):
         from .engine.trace import TraceError
 
         try:
-            loaded = self._preloaded or cli.load(
+            loaded = self._preloaded or load(
                 self.model_name, self.options,
                 progress=lambda text, fraction=None: self.post_message(LoadProgress(text, fraction)))
-            config = cli.build_session_config(self.options, loaded.tokenizer)
+            config = build_session_config(self.options, loaded.tokenizer)
             with self._engine_lock:
                 extra = {"clock": self._clock} if self._clock else {}
                 self.session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self._on_engine_snapshot,
@@ -247,9 +257,18 @@ class KvtuiApp(App):
         self.query_one(StatusBar).set_text(message.description)
         self.query_one(LayersPane).set_model_info(message.query_heads, message.kv_heads)
         self._show_next_script_turn()
-        self.notify("model ready: type a message and press Enter", timeout=3)
+        if self._queued is not None:  # typed while the model loaded: send it now
+            text, self._queued = self._queued, None
+            self.notify(f"model ready: sending {text!r}", timeout=3)
+            self._engine("send", text)
+        else:
+            self.notify("model ready: type a message and press Enter", timeout=3)
 
     def on_load_failed(self, message: LoadFailed) -> None:
+        self._load_failed = True
+        if self._queued is not None:
+            self.notify(f"not sent (no model): {self._queued!r}", severity="warning", timeout=10)
+            self._queued = None
         self.model_text = f"no model: {message.error}"
         self.query_one(StatusBar).set_text(f"✗ {message.error}")
         self.notify(message.error, title="model not loaded", severity="error", timeout=30)
@@ -257,6 +276,11 @@ class KvtuiApp(App):
     # ---- engine actions (one worker at a time; each cancels the one before) ---------------------
 
     def _engine(self, action: str, argument=None) -> None:
+        if self.session is None and action == "send" and not self._load_failed:
+            replaced = " (replaces the one queued before)" if self._queued is not None else ""
+            self._queued = argument
+            self.notify(f"queued {argument!r}{replaced}: it is sent when the model is ready", timeout=4)
+            return
         if self.session is None:
             self.notify("the model is not loaded yet" if "✗" not in self.model_text else self.model_text,
                         severity="warning")

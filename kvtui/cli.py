@@ -8,8 +8,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-
-THEMES_DIR = Path(__file__).resolve().parent.parent / "themes"
+from .options import ARCHES, DEFAULT_THEME, AppConfig, OptionError, build_session_config, load, run_options
 
 
 class DefaultGroup(click.Group):
@@ -23,42 +22,6 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-def session_options(func):
-    """The model, cache and sampler options shared by the TUI and the headless runner."""
-    options = [
-        click.option("--cache", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
-                     help="Cache kind: DynamicCache(config=...) or StaticCache."),
-        click.option("--max-cache-len", type=click.IntRange(1), default=None,
-                     help="Static cache capacity in tokens (default 2048 with --cache static)."),
-        click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True),
-        click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 is greedy."),
-        click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0 is off."),
-        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
-        click.option("--repetition-penalty", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True),
-        click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--mode", type=click.Choice(["chat", "completion"]), default="chat", show_default=True,
-                     help="chat: the chat template; completion: tokenizer(prompt) on raw text."),
-        click.option("--system", default=None, help="System prompt (chat mode)."),
-        click.option("--chat-tokenize", type=click.Choice(["template", "text"]), default="template", show_default=True,
-                     help="template: the template's own ids; text: tokenizer(rendered text), the double-BOS pitfall."),
-        click.option("--prime-pad", type=click.IntRange(0), default=0,
-                     help="Reproduce the mistake of priming the cache with N pad tokens."),
-        click.option("--show-top", type=click.IntRange(1, 100), default=10, show_default=True,
-                     help="How many top-k tokens each snapshot keeps."),
-        click.option("--watch", multiple=True, help="A token (text or id) to follow in every step's distribution."),
-        click.option("--attention", is_flag=True,
-                     help="Shade the buffer by the newest token's attention (eager attention; costs O(cache) per step)."),
-        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-                     show_default=True),
-        click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps."),
-        click.option("--device-map", default=None, help="'auto' spreads a large model over devices (accelerate)."),
-        click.argument("model", required=False),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvtui")
 def main():
@@ -70,23 +33,10 @@ def main():
 
 
 @main.command("run")
-@session_options
-@click.option("--headless", is_flag=True, help="No TUI: run --script and print a summary.")
-@click.option("--script", "script_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="JSON/YAML script ({turns, system, mode, prompt}) or .txt (one user turn per line).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write a JSON Lines trace here.")
-@click.option("--verify-every", type=click.IntRange(0), default=0, help="Verify against a full recompute every N steps.")
-@click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
-              help="Headless exit code is 1 when a diagnostic at or above this fired.")
-@click.option("--theme", default="kvtui-dark", show_default=True, help="TUI theme (see themes/).")
-@click.option("--export-cache-at", type=click.IntRange(1), default=None,
-              help="Headless: save the cache as safetensors right after forward step N.")
-@click.option("--export-cache", "export_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where --export-cache-at writes (default cache-stepN.safetensors).")
+@run_options
 @click.pass_context
-def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, theme, export_cache_at, export_path,
-        **options):
+def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, verbose, theme, export_cache_at,
+        export_path, **options):
     """Open the TUI, or with --headless run a script."""
     from .engine.script import ScriptError, load_script
 
@@ -95,12 +45,20 @@ def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, th
         try:
             script = load_script(script_path)
         except ScriptError as exc:
-            raise click.ClickException(str(exc)) from None
-        # A script's own options apply unless given on the command line.
+            _bad_input(str(exc))
+        params = {p.name: p for p in ctx.command.params}
+        # A script's own options apply unless given on the command line; they pass the same checks.
         for key, value in script.options.items():
             if key == "model":
+                if not isinstance(value, str):
+                    _bad_input(f"{script_path}: option 'model' must be a string")
                 model = model or value
-            elif key == "verify_every":
+                continue
+            try:
+                value = params[key].type.convert(value, params[key], ctx)
+            except click.BadParameter as exc:
+                _bad_input(f"{script_path}: option {key!r}: {exc.format_message()}")
+            if key == "verify_every":
                 if ctx.get_parameter_source("verify_every").name == "DEFAULT":
                     verify_every = value
             elif ctx.get_parameter_source(key).name == "DEFAULT":
@@ -112,57 +70,37 @@ def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, th
         if script is None:
             raise click.UsageError("--headless needs --script FILE")
         export = (export_cache_at, export_path or Path(f"cache-step{export_cache_at}.safetensors")) if export_cache_at else None
-        sys.exit(_run_headless(model, script, trace_path, verify_every, fail_on, options, export))
+        sys.exit(_run_headless(model, script, trace_path, verify_every, fail_on, options, export, verbose))
+    _check_theme(theme)
     from .app import KvtuiApp
 
-    app = KvtuiApp(model=model, options=options, theme_name=theme, script=script, trace_path=trace_path,
-                   verify_every=verify_every)
+    app = KvtuiApp(AppConfig(model=model, options=options, theme=theme, script=script, trace_path=trace_path,
+                             verify_every=verify_every))
     app.run()
     sys.exit(app.return_code or 0)
 
 
-# The session options' defaults, for callers that build the app without the command line (tests, serve).
-DEFAULT_OPTIONS = {p.name: p.default for p in run.params if p.name in {
-    "cache", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "mode",
-    "system", "chat_tokenize", "prime_pad", "show_top", "watch", "attention", "dtype", "device", "device_map"}}
-DEFAULT_OPTIONS["watch"] = ()
+def _bad_input(message: str) -> None:
+    """Bad input: one line on stderr, exit 2 (never a traceback)."""
+    from .fmt import printable
+
+    click.echo(f"kvtui: error: {printable(' '.join(message.split()))}", err=True)
+    sys.exit(2)
 
 
-def build_session_config(options: dict, tokenizer=None):
-    """Turn CLI options into a SessionConfig (watch tokens are resolved with the tokenizer)."""
-    from .engine.sampling import SamplerSettings
-    from .engine.session import SessionConfig
+def _check_theme(theme: str) -> None:
+    """Every theme file must load (a user's broken file names itself) and --theme must name one."""
+    from .themes import ThemeFileError, load_themes
 
-    cache = options["cache"]
-    max_cache_len = options.get("max_cache_len") or (2048 if cache == "static" else None)
-    sampler = SamplerSettings(temperature=options["temperature"], top_k=options["top_k"], top_p=options["top_p"],
-                              repetition_penalty=options["repetition_penalty"], seed=options["seed"])
-    watch = tuple(resolve_token(tokenizer, w) for w in options.get("watch") or ()) if tokenizer else ()
-    return SessionConfig(cache=cache, max_cache_len=max_cache_len, max_new_tokens=options["max_new_tokens"],
-                         sampler=sampler, mode=options["mode"], system=options.get("system"),
-                         chat_tokenize=options["chat_tokenize"], top_k_shown=options["show_top"], watch=watch,
-                         prime_pad=options["prime_pad"], attention=bool(options.get("attention")))
+    try:
+        names = set(load_themes())
+    except ThemeFileError as exc:
+        _bad_input(f"theme file {exc}")
+    if theme not in names and theme not in ("textual-dark", "textual-light"):
+        _bad_input(f"no theme named {theme!r}; available: {', '.join(sorted(names))}")
 
 
-def resolve_token(tokenizer, text: str) -> int:
-    """A watched token: a number is an id; text must encode to exactly one token."""
-    if str(text).isdigit():
-        return int(text)
-    ids = tokenizer(str(text), add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        raise click.BadParameter(f"{text!r} is {len(ids)} tokens {ids}; watch one token (or give its id)",
-                                 param_hint="--watch")
-    return ids[0]
-
-
-def load(model, options, progress=None):
-    from .engine.loader import load_model
-
-    return load_model(model, dtype=options["dtype"], device=options["device"], device_map=options["device_map"],
-                      attn_implementation="eager" if options.get("attention") else None, progress=progress)
-
-
-def _run_headless(model, script, trace_path, verify_every, fail_on, options, export=None) -> int:
+def _run_headless(model, script, trace_path, verify_every, fail_on, options, export=None, verbose=False) -> int:
     from rich.console import Console
 
     from .engine.export import ExportError
@@ -177,10 +115,10 @@ def _run_headless(model, script, trace_path, verify_every, fail_on, options, exp
             loaded = load(model, options, progress=lambda message, fraction=None: status.update(message))
         session = ChatSession(loaded.model, loaded.tokenizer, build_session_config(options, loaded.tokenizer))
         return run_script(session, script, trace_path=trace_path, model_source=loaded.source, model_path=loaded.path,
-                          verify_every=verify_every, fail_on=fail_on, console=console, export=export)
-    except (ModelLoadError, SessionError, TraceError, ExportError, ValueError) as exc:
-        click.echo(f"kvtui: error: {exc}", err=True)  # one line, unwrapped, on stderr
-        return 2
+                          verify_every=verify_every, fail_on=fail_on, console=console, export=export,
+                          verbose=verbose)
+    except (ModelLoadError, SessionError, TraceError, ExportError, OptionError, ValueError) as exc:
+        _bad_input(str(exc))  # one line, unwrapped, on stderr
 
 
 @main.command("replay")
@@ -191,6 +129,7 @@ def replay(trace_path, theme, follow):
     """Open the TUI on a recorded trace (no model needed): space/u step, r plays."""
     from .engine.trace import TraceError
 
+    _check_theme(theme)
     if follow:
         if not trace_path.is_file():
             raise click.BadParameter(f"{trace_path}: no such trace file (yet)", param_hint="TRACE_PATH")
@@ -205,12 +144,25 @@ def replay(trace_path, theme, follow):
 
         app = ReplayApp(trace_path, theme_name=theme)
     except TraceError as exc:
-        raise click.ClickException(str(exc)) from None
+        _bad_input(str(exc))
     app.run()
 
 
+@main.command("themes")
+def themes():
+    """List the themes: the shipped ones and yours (*.toml in the user themes dir)."""
+    from .locations import user_themes_dir
+
+    _check_theme(DEFAULT_THEME)
+    from .themes import theme_files
+
+    for path in theme_files():
+        click.echo(f"{Path(path.name).stem:24} {path}")
+    click.echo(f"\nyour themes: {user_themes_dir()}/*.toml (Textual Theme fields; same name replaces a shipped one)")
+
+
 @main.command("tiny")
-@click.option("--arch", type=click.Choice(["llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2"]), required=True)
+@click.option("--arch", type=click.Choice(ARCHES), required=True)
 @click.option("--bos/--no-bos", default=None, help="Post-processor adds BOS (default: the architecture's habit).")
 @click.option("--eos/--no-eos", default=False, show_default=True, help="Post-processor appends EOS (the 862→863 bug).")
 @click.option("--sliding-window", type=click.IntRange(2), default=None, help="Window for mistral / gemma3.")
@@ -219,20 +171,22 @@ def replay(trace_path, theme, follow):
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def tiny(arch, bos, eos, sliding_window, layers, seed, out):
     """Build a tiny random model with a real tokenizer and chat template, offline."""
-    from .tiny import build_tiny
+    from .engine.models.tiny import build_tiny
 
     try:
         path = build_tiny(arch, out, bos=bos, eos=eos, sliding_window=sliding_window, layers=layers, seed=seed)
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        _bad_input(str(exc))
     click.echo(f"built a tiny {arch} model in {path}")
 
 
 from .commands.diff_cmd import diff  # noqa: E402  (commands live in their own modules)
+from .commands.samples_cmd import samples  # noqa: E402
 from .commands.serve_cmd import serve  # noqa: E402
 from .commands.watch_cmd import watch  # noqa: E402
 
 main.add_command(diff)
+main.add_command(samples)
 main.add_command(serve)
 main.add_command(watch)
 

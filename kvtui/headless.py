@@ -13,14 +13,19 @@ from .engine.session import ChatSession, SessionError
 from .engine.script import Script
 from .engine.recorder import Recorder, failing
 from .engine.snapshot import StepSnapshot
+from .fmt import one_line, printable
 
 STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
 
 
 def run_script(session: ChatSession, script: Script, *, trace_path=None, model_source: str = "", model_path: str = "",
                verify_every: int = 0, fail_on: str = "error", console: Console | None = None,
-               export: tuple[int, object] | None = None) -> int:
-    """Run every turn; returns the exit code (1 when a diagnostic at or above `fail_on` fired)."""
+               export: tuple[int, object] | None = None, verbose: bool = False) -> int:
+    """Run every turn; returns the exit code (1 when a diagnostic at or above `fail_on` fired).
+
+    The summary has one line per turn (texts cut with …) unless `verbose`, which prints them whole.
+    Every text from the user or the model is printed with its control characters escaped.
+    """
     console = console or Console()
     recorder = Recorder(session, trace_path, model_source=model_source, model_path=model_path,
                         verify_every=verify_every)
@@ -31,11 +36,14 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
             exported.append(export_cache(session, export[1]))
 
     session.on_snapshot = on_snapshot
-    table = Table(title=f"kvtui · {model_source or 'model'} · {session.config.cache} cache · "
-                        f"{session.config.sampler.describe()}", expand=True)
+    table = Table(title=escape(f"kvtui · {printable(model_source or 'model')} · {session.config.cache} cache · "
+                               f"{session.config.sampler.describe()}"), expand=True)
     for column, justify in (("turn", "right"), ("you", "left"), ("model", "left"), ("fed", "right"),
                             ("new", "right"), ("cache", "right"), ("tok/s", "right"), ("alarms", "left")):
-        table.add_column(column, justify=justify, overflow="fold")
+        text = column in ("you", "model", "alarms")
+        table.add_column(column, justify=justify, overflow="fold" if verbose or not text else "ellipsis",
+                         no_wrap=not (verbose and text), ratio=2 if column in ("you", "model") else None)
+    shown = (lambda s: printable(s, newlines=True)) if verbose else one_line
     try:
         for number, text in enumerate(script.turns, start=1):
             before_diag, before_len = len(session.diagnostics), session.cache_length
@@ -52,7 +60,8 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
             reply = session.messages[-1]["content"] if session.messages and session.messages[-1]["role"] == "assistant" else ""
             new_diags = session.diagnostics[before_diag:]
             codes = ", ".join(sorted({d.code for d in new_diags}))
-            table.add_row(str(number), escape(_short(text)), escape(_short(reply)) if not error else f"[red]{escape(error)}[/]",
+            table.add_row(str(number), escape(shown(text)),
+                          escape(shown(reply)) if not error else f"[red]{escape(shown(error))}[/]",
                           str(fed), str(generated), f"{before_len}→{session.cache_length}",
                           f"{generated / elapsed:.1f}" if generated and elapsed > 0 else "-", codes or "-")
     finally:
@@ -60,10 +69,10 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
         recorder.close()
     console.print(table)
     for d in session.diagnostics:
-        console.print(f"[{STYLE[d.severity]}]{d.severity:>7}[/] step {d.step:>4}  [bold]{d.code}[/]  {escape(d.message)}",
+        console.print(f"[{STYLE[d.severity]}]{d.severity:>7}[/] step {d.step:>4}  [bold]{d.code}[/]  {escape(printable(d.message))}",
                       highlight=False)
     if trace_path:
-        console.print(f"trace written to {trace_path}")
+        console.print(f"trace written to {escape(printable(trace_path))}")
     if export:
         console.print(f"cache at step {export[0]} exported to {exported[0]}" if exported
                       else f"[yellow]no cache exported: the run ended before step {export[0]}[/]")
@@ -72,8 +81,3 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
         console.print(f"[bold red]{len(failed)} diagnostic(s) at or above {fail_on}[/]")
         return 1
     return 0
-
-
-def _short(text: str, limit: int = 80) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"

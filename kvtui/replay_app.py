@@ -9,6 +9,7 @@ from textual.css.query import NoMatches
 from .app import KvtuiApp, SessionState, SnapshotReady
 from .engine.replay import Replay, transcript
 from .engine.trace import read_trace
+from .options import AppConfig
 from .widgets.chat_pane import ChatPane
 from .widgets.status_bar import StatusBar
 
@@ -19,8 +20,7 @@ class ReplayApp(KvtuiApp):
     """Engine actions move through the recorded steps instead of calling a model."""
 
     def __init__(self, trace_path: Path, theme_name: str | None = None):
-        kwargs = {"theme_name": theme_name} if theme_name else {}
-        super().__init__(model=None, **kwargs)
+        super().__init__(AppConfig(theme=theme_name) if theme_name else AppConfig())
         self.replay = Replay(read_trace(trace_path))  # TraceError (file:line) before any screen opens
         self.trace_path = Path(trace_path)
         self.position = -1

@@ -1,15 +1,21 @@
-"""Themes: TOML files in themes/ (and any user directory), turned into Textual `Theme` objects."""
+"""Themes: TOML files shipped in the package and in the user's config dir, turned into Textual `Theme`s.
+
+Shipped themes come first; a user theme with the same name replaces the shipped one.
+"""
 
 from __future__ import annotations
 
 import tomllib
 from dataclasses import fields
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from textual.theme import Theme
 
-THEMES_DIR = Path(__file__).resolve().parent.parent / "themes"
-DEFAULT_THEME = "kvtui-dark"
+from .locations import shipped, user_themes_dir
+from .options import DEFAULT_THEME
+
+__all__ = ["DEFAULT_THEME", "ThemeFileError", "load_theme", "load_themes", "theme_files"]
 _ALLOWED = {f.name for f in fields(Theme)}
 
 
@@ -17,10 +23,10 @@ class ThemeFileError(Exception):
     """A theme file that cannot be used: names the file and the problem."""
 
 
-def load_theme(path: Path) -> Theme:
+def load_theme(path: Path | Traversable) -> Theme:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ThemeFileError(f"{path}: {exc}") from None
     unknown = set(data) - _ALLOWED
     if unknown:
@@ -32,13 +38,22 @@ def load_theme(path: Path) -> Theme:
         theme = Theme(**data)
         theme.to_color_system()  # parses every colour: a typo fails here, not at run time
     except Exception as exc:
-        raise ThemeFileError(f"{path}: {exc}") from None
+        raise ThemeFileError(f"{path}: {' '.join(str(exc).split())}") from None
     return theme
 
 
-def load_themes(directory: Path = THEMES_DIR) -> dict[str, Theme]:
+def theme_files(user_dir: Path | None = None) -> list[Path | Traversable]:
+    """The shipped theme files, then the user's (``~/.config/kvtui/themes/*.toml``)."""
+    shipped_files = sorted((f for f in shipped("themes").iterdir() if f.name.endswith(".toml")), key=lambda f: f.name)
+    user_dir = user_themes_dir() if user_dir is None else user_dir
+    user_files = sorted(user_dir.glob("*.toml")) if user_dir.is_dir() else []
+    return [*shipped_files, *user_files]
+
+
+def load_themes(user_dir: Path | None = None) -> dict[str, Theme]:
+    """Every theme by name; a broken file raises ThemeFileError naming it."""
     themes = {}
-    for path in sorted(directory.glob("*.toml")):
+    for path in theme_files(user_dir):
         theme = load_theme(path)
         themes[theme.name] = theme
     return themes

@@ -14,6 +14,7 @@ from textual.worker import get_current_worker
 
 from .app import KvtuiApp, SnapshotReady
 from .engine.snapshot import Diagnostic
+from .options import AppConfig
 from .widgets.chat_pane import ChatPane
 from .widgets.program_output import ProgramOutput, printable
 from .widgets.status_bar import StatusBar
@@ -48,8 +49,7 @@ class WatchApp(KvtuiApp):
     def __init__(self, target: str | None = None, args: list[str] | None = None, *, module: bool = False,
                  trace_path: Path | None = None, paused: bool = False, break_on_alarm: bool = False, top_k: int = 10,
                  theme_name: str | None = None, source=None, title: str | None = None):
-        kwargs = {"theme_name": theme_name} if theme_name else {}
-        super().__init__(model=None, **kwargs)
+        super().__init__(AppConfig(theme=theme_name) if theme_name else AppConfig())
         from .engine.replay import Replay
         from .engine.trace import Trace
 

@@ -19,7 +19,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """tiny_dir(arch, **build_tiny kwargs) -> a directory, built once per distinct request."""
-    from kvtui.tiny import build_tiny
+    from kvtui.engine.models.tiny import build_tiny
 
     built: dict[tuple, Path] = {}
 

@@ -1,6 +1,6 @@
 """Tests for kvtui.engine.loader: local dirs, hub-cache ids, errors, and the embedded SmolLM2.
 
-Everything is offline. The tiny Llama is built here (not with kvtui.tiny) so this file
+Everything is offline. The tiny Llama is built here (not with kvtui.engine.models.tiny) so this file
 depends only on the loader. The embedded-model test converts the real GGUF once
 (~25 s on 2 cores) into a session tmp dir via KVTUI_CACHE_DIR, never the user cache.
 """
@@ -18,7 +18,8 @@ import platformdirs
 import pytest
 import torch
 
-from kvtui.engine import loader
+from kvtui.engine.models import embedded
+from kvtui.engine.models import common as loader_common
 from kvtui.engine.loader import LoadedModel, ModelLoadError, load_model
 
 SENTENCES = [
@@ -252,14 +253,14 @@ def test_hub_id_from_local_cache(tiny_dir: Path, tmp_path: Path, monkeypatch: py
 
 
 def test_cache_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv(loader.CACHE_ENV, raising=False)
-    assert loader.cache_root() == Path(platformdirs.user_cache_dir("kvtui"))
-    monkeypatch.setenv(loader.CACHE_ENV, str(tmp_path))
-    assert loader.embedded_cache_dir() == tmp_path / "models" / "SmolLM2-135M-Instruct-Q4_1"
+    monkeypatch.delenv(loader_common.CACHE_ENV, raising=False)
+    assert loader_common.cache_root() == Path(platformdirs.user_cache_dir("kvtui"))
+    monkeypatch.setenv(loader_common.CACHE_ENV, str(tmp_path))
+    assert embedded.embedded_cache_dir() == tmp_path / "models" / "SmolLM2-135M-Instruct-Q4_1"
 
 
 def test_find_embedded_gguf() -> None:
-    path = loader.find_embedded_gguf()
+    path = embedded.find_embedded_gguf()
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert path.is_file() and path.stat().st_size > 50_000_000
 
@@ -270,7 +271,7 @@ def test_missing_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
 
     monkeypatch.setattr(importlib.metadata, "distribution", no_dist)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    monkeypatch.setenv(loader.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(loader_common.CACHE_ENV, str(tmp_path))
     with pytest.raises(ModelLoadError) as info:
         load_model(None)
     assert str(info.value) == (
@@ -283,19 +284,19 @@ def test_interrupted_conversion_leaves_nothing(monkeypatch: pytest.MonkeyPatch, 
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setenv(loader.CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(loader, "_convert_gguf", half_convert)
+    monkeypatch.setenv(loader_common.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(embedded, "_convert_gguf", half_convert)
     with pytest.raises(KeyboardInterrupt):
-        loader.embedded_model_dir()
+        embedded.embedded_model_dir()
     models = tmp_path / "models"
     assert list(models.iterdir()) == []  # no final dir, no temp dir
 
     def failing_convert(gguf_path: Path, out: Path, progress) -> None:
         raise RuntimeError("disk full\nmore detail")
 
-    monkeypatch.setattr(loader, "_convert_gguf", failing_convert)
+    monkeypatch.setattr(embedded, "_convert_gguf", failing_convert)
     with pytest.raises(ModelLoadError) as info:
-        loader.embedded_model_dir()
+        embedded.embedded_model_dir()
     assert str(info.value) == "converting the embedded model failed: disk full"
     assert list(models.iterdir()) == []
 
@@ -305,7 +306,7 @@ def embedded_cache(tmp_path_factory: pytest.TempPathFactory):
     """KVTUI_CACHE_DIR pointing at a session tmp dir, so the real user cache is never written."""
     root = tmp_path_factory.mktemp("kvtui-cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(loader.CACHE_ENV, str(root))
+        mp.setenv(loader_common.CACHE_ENV, str(root))
         yield root
 
 
@@ -318,7 +319,7 @@ def test_embedded_model_converts_once_then_loads_from_cache(embedded_cache: Path
     assert lm.source == "SmolLM2-135M-Instruct (embedded)"
     final = embedded_cache / "models" / "SmolLM2-135M-Instruct-Q4_1"
     assert Path(lm.path) == final
-    assert (final / loader.MARKER).is_file()
+    assert (final / embedded.MARKER).is_file()
     assert sorted(p.name for p in final.parent.iterdir()) == [final.name]  # no temp dirs left
     assert any(m.startswith("converting embedded SmolLM2") for m, _ in first)
     fractions = [f for _, f in first if f is not None]
@@ -364,6 +365,6 @@ def test_embedded_model_converts_once_then_loads_from_cache(embedded_cache: Path
     assert second and not any("convert" in m.lower() for m, _ in second)
     assert again.path == lm.path
     assert again.model.config.num_hidden_layers == 30
-    assert loader.embedded_model_dir() == final  # no work once complete
+    assert embedded.embedded_model_dir() == final  # no work once complete
     print(f"\nembedded SmolLM2: first load (conversion) {convert_s:.1f} s, cached load {cached_s:.1f} s")
     assert cached_s < convert_s

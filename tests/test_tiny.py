@@ -1,4 +1,4 @@
-"""kvtui.tiny: offline tiny models must load through the Auto* classes like real checkpoints."""
+"""kvtui.engine.models.tiny: offline tiny models must load through the Auto* classes like real checkpoints."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-import kvtui.tiny as tiny
-from kvtui.tiny import ARCHES, build_tiny
+import kvtui.engine.models.tiny as tiny
+from kvtui.engine.models.tiny import ARCHES, build_tiny
 
 # What each arch should look like by default, written out independently of tiny.SPECS.
 EXPECTED = {

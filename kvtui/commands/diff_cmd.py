@@ -16,6 +16,7 @@ from rich.table import Table
 
 from ..engine.diff import DiffResult, diff_traces, first_difference, token_pieces
 from ..engine.trace import Trace, TraceError, read_trace
+from ..fmt import positions, printable
 
 TOP_SHOWN = 5
 
@@ -46,12 +47,12 @@ def diff(trace_a: Path, trace_b: Path, tie_tolerance: float) -> None:
 def print_report(console: Console, a: Trace, b: Trace, result: DiffResult, tie_tolerance: float) -> None:
     console.print(_summary(a, b))
     for note in result.notes:
-        console.print(f"[dim]note[/]  {escape(note)}", soft_wrap=True, highlight=False)
+        console.print(f"[dim]note[/]  {_literal(note)}", soft_wrap=True, highlight=False)
     if result.agree:
-        console.print(f"[bold green]agree[/]  {escape(result.detail)}; tie tolerance {tie_tolerance:g}",
+        console.print(f"[bold green]agree[/]  {_literal(result.detail)}; tie tolerance {tie_tolerance:g}",
                       soft_wrap=True, highlight=False)
         return
-    console.print(f"[bold red]diverge at step {result.step}[/] ([bold]{result.field}[/]): {escape(result.detail)}",
+    console.print(f"[bold red]diverge at step {result.step}[/] ([bold]{result.field}[/]): {_literal(result.detail)}",
                   soft_wrap=True, highlight=False)
     facts = [f"{result.steps_compared} step(s) agreed before it"]
     if result.logit_gap is not None:
@@ -83,7 +84,7 @@ def _summary(a: Trace, b: Trace) -> Table:
     ]
     for name, va, vb in rows:
         style = "" if va == vb or name == "trace" else "yellow"
-        table.add_row(name, escape(va), escape(vb), style=style)
+        table.add_row(name, _literal(va), _literal(vb), style=style)
     return table
 
 
@@ -102,7 +103,7 @@ def _step_table(a: Trace, b: Trace, step: int | None) -> Table | None:
     rows = [
         ("phase · turn", lambda s: f"{s.get('phase')} · {s.get('turn')}"),
         ("fed", lambda s: _fed(s.get("input_ids") or [], at, pieces)),
-        ("positions", lambda s: _range(s.get("positions") or [])),
+        ("positions", lambda s: positions(s.get("positions") or [])),
         ("chosen", lambda s: _top(s.get("chosen"))),
         ("top-k", lambda s: "\n".join(_top(t) for t in (s.get("topk") or [])[:TOP_SHOWN])),
         ("cache length", lambda s: str(s.get("cache_seq_length"))),
@@ -111,8 +112,13 @@ def _step_table(a: Trace, b: Trace, step: int | None) -> Table | None:
     for name, show in rows:
         va = show(sa) if sa is not None else "(no such step)"
         vb = show(sb) if sb is not None else "(no such step)"
-        table.add_row(name, escape(va), escape(vb), style="" if va == vb else "yellow")
+        table.add_row(name, _literal(va), _literal(vb), style="" if va == vb else "yellow")
     return table
+
+
+def _literal(text: str) -> str:
+    """Trace text shown as it is: no markup, control characters and bidi overrides escaped."""
+    return escape(printable(text, newlines=True))
 
 
 def _find(trace: Trace, step: int) -> dict | None:
@@ -131,14 +137,6 @@ def _fed(ids: list, at: int | None, pieces: dict) -> str:
         shown[at - start] = f"[{shown[at - start]}]"  # the first difference
     return (f"{len(ids)} token(s): " + ("… " if start else "") + " ".join(shown)
             + (" …" if stop < len(ids) else ""))
-
-
-def _range(values: list) -> str:
-    if not values:
-        return "-"
-    if values == list(range(values[0], values[0] + len(values))):
-        return f"{values[0]}..{values[-1]}" if len(values) > 1 else str(values[0])
-    return " ".join(map(str, values))
 
 
 def _top(record: dict | None) -> str:

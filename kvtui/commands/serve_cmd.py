@@ -12,6 +12,8 @@ import sys
 
 import click
 
+from ..options import run_command
+
 # Options that make no sense in a served session.
 _REFUSED = {"--headless": "--headless has no screen to serve; run it without `serve`"}
 
@@ -34,10 +36,8 @@ def _check_pass_through(argv: list[str]) -> str | None:
         name = arg.split("=", 1)[0]
         if name in _REFUSED:
             raise click.UsageError(_REFUSED[name])
-    from kvtui.cli import run  # imported here: cli.py imports this module
-
     try:
-        with run.make_context("kvtui", list(argv)) as run_ctx:
+        with run_command().make_context("kvtui", list(argv)) as run_ctx:
             return run_ctx.params.get("model")
     except click.ClickException as exc:
         raise click.UsageError(f"in the options passed to the TUI: {exc.format_message()}") from None

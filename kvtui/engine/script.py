@@ -66,7 +66,12 @@ def _validate(path: Path, data) -> Script:
     if mode not in ("chat", "completion"):
         raise ScriptError(f"{path}: mode must be 'chat' or 'completion', not {mode!r}")
     turns = []
-    for index, turn in enumerate(data.get("turns") or []):
+    listed = data.get("turns")
+    if listed is not None and not isinstance(listed, list):
+        # a string would be iterated one character per turn
+        raise ScriptError(f"{path}: 'turns' must be a list of strings, not {type(listed).__name__}"
+                          + (f' (one turn: "turns": [{json.dumps(listed)}])' if isinstance(listed, str) else ""))
+    for index, turn in enumerate(listed or []):
         if isinstance(turn, dict):
             role = turn.get("role", "user")
             if role != "user" or set(turn) - {"role", "content"}:

@@ -7,6 +7,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input, Static
 
+from ..fmt import printable
+
 ROLE_STYLE = {"system": "chat--system", "user": "chat--user", "assistant": "chat--assistant"}
 
 
@@ -58,13 +60,14 @@ class ChatPane(Vertical):
         transcript.scroll_end(animate=False)
 
     def show_reuse(self, text: str) -> None:
-        self.query_one("#reuse", Static).update(text)
+        self.query_one("#reuse", Static).update(Text(printable(text)))
 
     @staticmethod
     def _message_text(role: str, content: str, streaming: bool = False) -> Text:
         text = Text()
         text.append(f"{role}: ", style="bold")
-        text.append(content or ("…" if role == "assistant" else ""))
+        # control characters and bidi overrides from the user or the model are shown, never interpreted
+        text.append(printable(content, newlines=True) or ("…" if role == "assistant" else ""))
         if streaming:
             text.append("▌", style="blink")
         return text

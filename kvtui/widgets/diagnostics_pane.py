@@ -18,6 +18,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
+from kvtui.fmt import one_line, printable
 from kvtui.engine.snapshot import SEVERITIES, Diagnostic, StepSnapshot
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
@@ -32,7 +33,7 @@ _SEVERITY_ROLES = {"info": "info", "warning": "warning", "error": "error"}
 
 
 def truncate(message: str, width: int = MESSAGE_WIDTH) -> str:
-    flat = " ".join(message.split())  # one line in the cell
+    flat = one_line(message)  # one line in the cell, control characters escaped
     return flat if len(flat) <= width else flat[: max(width - 1, 0)] + "…"
 
 
@@ -83,7 +84,7 @@ def render_detail(diagnostic: Diagnostic | None, palette: Palette | None = None)
     text.append(f"step {diagnostic.step} ", style=role_style(palette, "muted"))
     text.append(f"{diagnostic.severity} {diagnostic.code}", style=severity_style(diagnostic.severity, palette))
     text.append(": ")
-    text.append(diagnostic.message)
+    text.append(printable(diagnostic.message, newlines=True))
     return text
 
 
@@ -233,7 +234,7 @@ class DiagnosticsPane(Vertical):
     def _update_detail(self) -> None:
         diagnostic = self.selected_diagnostic
         self.query_one("#diagnostics-detail", Static).update(render_detail(diagnostic, self._palette))
-        self.table.tooltip = None if diagnostic is None else diagnostic.message
+        self.table.tooltip = None if diagnostic is None else printable(diagnostic.message, newlines=True)
 
     @on(DataTable.RowHighlighted, "#diagnostics-table")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:

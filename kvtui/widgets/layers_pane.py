@@ -17,6 +17,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from kvtui.engine.snapshot import LayerInfo, StepSnapshot
+from kvtui.fmt import size as format_bytes
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
 # (key, label) of the table's columns, in order.
@@ -33,16 +34,6 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 _KIND_ROLES = {"full": "primary", "sliding": "accent", "static": "success", "static-sliding": "warning"}
-
-
-def format_bytes(n: int) -> str:
-    """1023 -> '1023 B', 1536 -> '1.5 KiB', 3 MiB -> '3.0 MiB'."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_shape(shape: tuple[int, ...]) -> str:

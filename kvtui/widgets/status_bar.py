@@ -4,21 +4,15 @@ from __future__ import annotations
 
 from collections import deque
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Sparkline, Static
 
 from ..engine.snapshot import StepSnapshot
+from ..fmt import printable, size
 
 HISTORY = 120  # points per sparkline
-
-
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 class StatusBar(Horizontal):
@@ -44,7 +38,8 @@ class StatusBar(Horizontal):
 
     def set_text(self, text: str) -> None:
         self.model_text = text
-        self.query_one("#status-text", Static).update(text)
+        # Text, not markup; a model name or an error may hold control characters: shown escaped
+        self.query_one("#status-text", Static).update(Text(printable(text)))
 
     def record(self, snapshot: StepSnapshot) -> None:
         """One sparkline point per snapshot received (repaints are throttled; run mode may coalesce steps)."""
@@ -57,6 +52,6 @@ class StatusBar(Horizontal):
             return
         speed = f"{tokens_per_s:.1f} tok/s" if tokens_per_s else "- tok/s"
         self.set_text(f"{model_text} │ {speed} │ step {snapshot.forward_ms:.1f} ms │ "
-                      f"cache {human_bytes(snapshot.cache_bytes)}")
+                      f"cache {size(snapshot.cache_bytes)}")
         self.query_one("#latency", Sparkline).data = list(self.latency)
         self.query_one("#cache-size", Sparkline).data = list(self.cache_size)

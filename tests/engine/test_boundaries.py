@@ -7,7 +7,7 @@ import sys
 def test_engine_imports_no_ui_libraries():
     code = (
         "import sys, kvtui.engine, kvtui.engine.session, kvtui.engine.loader, kvtui.engine.trace, "
-        "kvtui.engine.script, kvtui.tiny\n"
+        "kvtui.engine.script, kvtui.engine.models.tiny\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))\n"
         "print(','.join(bad))"
     )

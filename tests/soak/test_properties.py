@@ -20,7 +20,7 @@ from kvtui.headless import run_script
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow],
                     print_blob=True)
 
-# Words the tiny tokenizer was trained on (kvtui.tiny.CORPUS), so texts tokenize into a few ids each.
+# Words the tiny tokenizer was trained on (kvtui.engine.models.tiny.CORPUS), so texts tokenize into a few ids each.
 WORDS = ("k", "variable", "equal", "to", "5", "cat", "sun", "window", "cache", "token", "key", "value", "the",
          "attention", "layer", "sky", "blue", "Paris", "France", "hello", "story", "quick", "fox", "dog", "42",
          "What", "is", "multiplied", "by", "3", "?", "!", ".", ",", "please", "answer")

@@ -24,6 +24,7 @@ import torch
 from textual.widgets import Input, Sparkline
 
 from kvtui.app import HISTORY_STEPS, KvtuiApp
+from kvtui.options import AppConfig
 from kvtui.engine.snapshot import BufferToken, StepSnapshot
 from kvtui.widgets import status_bar
 from kvtui.widgets.status_bar import StatusBar
@@ -151,7 +152,7 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
     gc.collect()
     threads_before = {t.ident for t in threading.enumerate()}
     files_before = {f.path for f in process.open_files()}
-    app = KvtuiApp(loaded=loaded, options={"max_new_tokens": STEPS})
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": STEPS}), loaded=loaded)
 
     async with app.run_test(size=(140, 45)) as pilot:
         await wait_for(pilot, lambda: app.session is not None, 60, "the model to load")

@@ -7,6 +7,7 @@ import sys
 from textual.widgets import Input
 
 from kvtui.app import KvtuiApp
+from kvtui.options import AppConfig
 from kvtui.widgets.cursor_pane import CursorPane
 from kvtui.widgets.diagnostics_pane import DiagnosticsPane
 from kvtui.widgets.layers_pane import LayersPane, format_shape
@@ -20,7 +21,7 @@ SIZE = (140, 45)
 
 
 def make_app(loaded, **options):
-    return KvtuiApp(loaded=loaded, options={"max_new_tokens": 8, **options})
+    return KvtuiApp(AppConfig(options={"max_new_tokens": 8, **options}), loaded=loaded)
 
 
 async def start(pilot, app, text="What is k?", step_mode=True):
@@ -191,7 +192,7 @@ async def test_worker_exception_is_shown_and_the_session_survives(tiny_loaded):
 
 
 async def test_missing_model_is_a_clear_error_and_the_app_keeps_running(tmp_path):
-    app = KvtuiApp(model=str(tmp_path / "no-such-model"))
+    app = KvtuiApp(AppConfig(model=str(tmp_path / "no-such-model")))
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: "no model" in app.model_text, what="the load error")
         assert "does not exist" in app.model_text

@@ -10,6 +10,7 @@ import pytest
 from textual.widgets import Input
 
 from kvtui.app import KvtuiApp
+from kvtui.options import AppConfig
 from pilot_helpers import FakeClock, wait_for, wait_idle
 
 
@@ -34,5 +35,5 @@ async def three_steps(pilot):
 @pytest.mark.parametrize("theme", ["kvtui-dark", "kvtui-light"])
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
 def test_main_screen(snap_compare, tiny_loaded, theme, size):
-    app = KvtuiApp(loaded=tiny_loaded("qwen2"), options={"max_new_tokens": 8}, theme_name=theme, clock=FakeClock())
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}, theme=theme), loaded=tiny_loaded("qwen2"), clock=FakeClock())
     assert snap_compare(app, terminal_size=size, run_before=three_steps)

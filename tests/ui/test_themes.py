@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 
 from kvtui.app import KvtuiApp
-from kvtui.themes import THEMES_DIR, ThemeFileError, load_theme, load_themes
+from kvtui.options import AppConfig
+from kvtui.themes import ThemeFileError, load_theme, load_themes
 
-FILES = sorted(THEMES_DIR.glob("*.toml"))
+FILES = sorted((Path(__file__).resolve().parents[2] / "themes").glob("*.toml"))
 
 
 def test_the_required_themes_exist():
@@ -18,7 +19,7 @@ def test_the_required_themes_exist():
 async def test_theme_file_loads_and_renders(path: Path, tmp_path):
     theme = load_theme(path)
     assert theme.name == path.stem
-    app = KvtuiApp(model=str(tmp_path / "none"), theme_name=theme.name)
+    app = KvtuiApp(AppConfig(model=str(tmp_path / "none"), theme=theme.name))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause(0.1)
         assert app.theme == theme.name

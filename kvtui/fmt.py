@@ -1,0 +1,63 @@
+"""Text for people: one small module every view uses (TUI panes, notifications, the headless summary,
+`kvtui diff`). Torch-free and UI-library-free, so the engine's callers and the front ends share it.
+
+- `printable(text)`: control characters, escape sequences and bidi overrides made visible (`\\x1b`,
+  `\\u202e`), never interpreted by the terminal. Model output and user input pass through it.
+- `one_line(text, limit)`: whitespace collapsed, escaped, cut with … (summary tables).
+- `size(n)`: bytes as `1023 B`, `1.5 KiB`, `3.0 MiB`.
+- `positions(values)`: `3..7` for a run, else the numbers.
+"""
+
+from __future__ import annotations
+
+# Bidirectional formatting characters: they reorder the rest of a terminal line.
+BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_SEPARATORS = frozenset("\u2028\u2029\x85")  # Unicode line/paragraph separators, NEL
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def unsafe(ch: str) -> bool:
+    """A character a terminal would act on instead of showing (C0/C1 controls, DEL, bidi overrides)."""
+    code = ord(ch)
+    return code < 0x20 or 0x7F <= code < 0xA0 or ch in BIDI or ch in _SEPARATORS
+
+
+def printable(text: object, *, newlines: bool = False) -> str:
+    """`text` with every control character escaped; `newlines=True` keeps line breaks (and tabs) as they are."""
+    text = str(text)
+    if not any(unsafe(ch) for ch in text):
+        return text
+    keep = "\n\t" if newlines else ""
+    return "".join(_escape(ch) if unsafe(ch) and ch not in keep else ch for ch in text)
+
+
+def one_line(text: object, limit: int | None = None) -> str:
+    """Whitespace runs collapsed to one space, controls escaped, cut to `limit` characters with …."""
+    text = printable(" ".join(str(text).split()))
+    if limit is not None and len(text) > limit:
+        return text[: max(0, limit - 1)] + "…"
+    return text
+
+
+def size(n: int | float) -> str:
+    """1023 -> '1023 B', 1536 -> '1.5 KiB', 3 MiB -> '3.0 MiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def positions(values) -> str:
+    """[3, 4, 5] -> '3..5'; [7] -> '7'; [] -> '-'; anything else: the numbers."""
+    values = list(values)
+    if not values:
+        return "-"
+    if values == list(range(values[0], values[0] + len(values))):
+        return f"{values[0]}..{values[-1]}" if len(values) > 1 else str(values[0])
+    return " ".join(map(str, values))

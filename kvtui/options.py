@@ -1,0 +1,151 @@
+"""Every option of `kvtui [MODEL]` with its default, in one torch-free module.
+
+The CLI, the app, `kvtui serve` (which checks what it passes through) and replay import it; nothing here
+imports the CLI, the app or torch (the engine is imported lazily, inside the functions that need it).
+`AppConfig` is the ready configuration the app takes: options merged over the defaults, validated once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+DEFAULT_THEME = "kvtui-dark"
+ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")  # `kvtui tiny --arch`
+STATIC_DEFAULT_CAPACITY = 2048
+
+
+class OptionError(ValueError):
+    """An option value that cannot be used: one line naming the option."""
+
+
+def session_options(func):
+    """The model, cache and sampler options shared by the TUI and the headless runner."""
+    options = [
+        click.option("--cache", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
+                     help="Cache kind: DynamicCache(config=...) or StaticCache."),
+        click.option("--max-cache-len", type=click.IntRange(1), default=None,
+                     help=f"Static cache capacity in tokens (default {STATIC_DEFAULT_CAPACITY} with --cache static)."),
+        click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True),
+        click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 is greedy."),
+        click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0 is off."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
+        click.option("--repetition-penalty", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--mode", type=click.Choice(["chat", "completion"]), default="chat", show_default=True,
+                     help="chat: the chat template; completion: tokenizer(prompt) on raw text."),
+        click.option("--system", default=None, help="System prompt (chat mode)."),
+        click.option("--chat-tokenize", type=click.Choice(["template", "text"]), default="template", show_default=True,
+                     help="template: the template's own ids; text: tokenizer(rendered text), the double-BOS pitfall."),
+        click.option("--prime-pad", type=click.IntRange(0), default=0,
+                     help="Reproduce the mistake of priming the cache with N pad tokens."),
+        click.option("--show-top", type=click.IntRange(1, 100), default=10, show_default=True,
+                     help="How many top-k tokens each snapshot keeps."),
+        click.option("--watch", multiple=True, help="A token (text or id) to follow in every step's distribution."),
+        click.option("--attention", is_flag=True,
+                     help="Shade the buffer by the newest token's attention (eager attention; costs O(cache) per step)."),
+        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+                     show_default=True),
+        click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps."),
+        click.option("--device-map", default=None, help="'auto' spreads a large model over devices (accelerate)."),
+        click.argument("model", required=False),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def run_options(func):
+    """`kvtui run`'s own options (TUI and headless) on top of the session options."""
+    options = [
+        click.option("--headless", is_flag=True, help="No TUI: run --script and print a summary."),
+        click.option("--script", "script_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="JSON/YAML script ({turns, system, mode, prompt}) or .txt (one user turn per line)."),
+        click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Write a JSON Lines trace here."),
+        click.option("--verify-every", type=click.IntRange(0), default=0,
+                     help="Verify against a full recompute every N steps."),
+        click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
+                     help="Headless exit code is 1 when a diagnostic at or above this fired."),
+        click.option("--verbose", "-v", is_flag=True,
+                     help="Headless: print every turn and reply in full (default: one line per turn)."),
+        click.option("--theme", default=DEFAULT_THEME, show_default=True,
+                     help="TUI theme (`kvtui themes` lists them, with the user themes dir)."),
+        click.option("--export-cache-at", type=click.IntRange(1), default=None,
+                     help="Headless: save the cache as safetensors right after forward step N."),
+        click.option("--export-cache", "export_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Where --export-cache-at writes (default cache-stepN.safetensors)."),
+    ]
+    func = session_options(func)
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def run_command(callback=None) -> click.Command:
+    """A `run` command with every option (the CLI gives it its callback; serve parses with a bare one)."""
+    return click.command("run")(run_options(callback or (lambda **_: None)))
+
+
+SESSION_KEYS = ("cache", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
+                "seed", "mode", "system", "chat_tokenize", "prime_pad", "show_top", "watch", "attention", "dtype",
+                "device", "device_map")
+# The session options' defaults, for callers that build the app without the command line (tests, serve).
+DEFAULT_OPTIONS = {p.name: p.default for p in run_command().params if p.name in SESSION_KEYS}
+DEFAULT_OPTIONS["watch"] = ()
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """What the TUI runs: the model, every session option (defaults filled in), theme, script, trace."""
+
+    model: str | None = None
+    options: dict = field(default_factory=dict)
+    theme: str = DEFAULT_THEME
+    script: object | None = None  # a kvtui.engine.script.Script
+    trace_path: Path | None = None
+    verify_every: int = 0
+
+    def __post_init__(self):
+        unknown = set(self.options) - set(DEFAULT_OPTIONS)
+        if unknown:
+            raise OptionError(f"unknown options {sorted(unknown)}")
+        object.__setattr__(self, "options", {**DEFAULT_OPTIONS, **self.options})
+
+
+def build_session_config(options: dict, tokenizer=None):
+    """Turn options into a SessionConfig (watch tokens are resolved with the tokenizer)."""
+    from .engine.sampling import SamplerSettings
+    from .engine.session import SessionConfig
+
+    options = {**DEFAULT_OPTIONS, **options}
+    cache = options["cache"]
+    max_cache_len = options.get("max_cache_len") or (STATIC_DEFAULT_CAPACITY if cache == "static" else None)
+    sampler = SamplerSettings(temperature=options["temperature"], top_k=options["top_k"], top_p=options["top_p"],
+                              repetition_penalty=options["repetition_penalty"], seed=options["seed"])
+    watch = tuple(resolve_token(tokenizer, w) for w in options.get("watch") or ()) if tokenizer else ()
+    return SessionConfig(cache=cache, max_cache_len=max_cache_len, max_new_tokens=options["max_new_tokens"],
+                         sampler=sampler, mode=options["mode"], system=options.get("system"),
+                         chat_tokenize=options["chat_tokenize"], top_k_shown=options["show_top"], watch=watch,
+                         prime_pad=options["prime_pad"], attention=bool(options.get("attention")))
+
+
+def resolve_token(tokenizer, text: str) -> int:
+    """A watched token: a number is an id; text must encode to exactly one token."""
+    if str(text).isdigit():
+        return int(text)
+    ids = tokenizer(str(text), add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise OptionError(f"--watch {text!r} is {len(ids)} tokens {ids}; watch one token (or give its id)")
+    return ids[0]
+
+
+def load(model: str | None, options: dict, progress=None):
+    """Load the model the options name (dtype, device, device map, eager attention for --attention)."""
+    from .engine.loader import load_model
+
+    options = {**DEFAULT_OPTIONS, **options}
+    return load_model(model, dtype=options["dtype"], device=options["device"], device_map=options["device_map"],
+                      attn_implementation="eager" if options.get("attention") else None, progress=progress)
