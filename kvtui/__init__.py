@@ -1,6 +1,6 @@
 """kvtui: a terminal inspector for the live KV cache of Hugging Face transformers models."""
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401  (one place, read by the engine too)
 
 
 def watch(model, tokenizer=None, trace=None, **options):

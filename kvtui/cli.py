@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .options import ARCHES, DEFAULT_THEME, AppConfig, OptionError, build_session_config, load, run_options
 
 

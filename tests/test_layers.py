@@ -13,13 +13,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kvtui"
 
 # Lower layers never import higher ones. Same layer: allowed, as long as there is no circle.
 LAYERS = [
-    ("base", ["kvtui", "kvtui.fmt"]),
+    ("base", ["kvtui._version", "kvtui.fmt"]),
     ("engine", ["kvtui.engine"]),
     ("options", ["kvtui.options", "kvtui.locations"]),
     ("widgets", ["kvtui.themes", "kvtui.widgets"]),
-    ("app", ["kvtui.app", "kvtui.replay_app", "kvtui.headless"]),
+    ("app", ["kvtui.app", "kvtui.replay_app", "kvtui.watch_app", "kvtui.headless"]),
     ("commands", ["kvtui.commands"]),
     ("cli", ["kvtui.cli"]),
+    ("api", ["kvtui"]),  # the package itself: `kvtui.watch(...)`, a lazy facade over the engine
 ]
 
 

@@ -101,7 +101,7 @@ def _dtype(session) -> torch.dtype:
 def _metadata(session, layers: list[dict]) -> dict[str, str]:
     import transformers
 
-    from kvtui import __version__
+    from kvtui._version import __version__
 
     buffer = session.buffer
     tokens = [{"position": t.position, "id": t.id, "piece": t.piece, "special": t.special, "origin": t.origin,

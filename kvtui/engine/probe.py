@@ -313,7 +313,7 @@ class Watcher:
 
         import transformers
 
-        from kvtui import __version__
+        from kvtui._version import __version__
 
         from .trace import SCHEMA
 

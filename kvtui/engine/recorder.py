@@ -50,6 +50,7 @@ class Recorder:
             self.writer.write(record)
 
     def close(self) -> None:
+        self.session.record_turn_end()  # the last turn, if it ended without its end token
         if self.session.on_event == self.on_event:
             self.session.on_event = None
         if self.writer is not None:

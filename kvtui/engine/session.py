@@ -291,9 +291,8 @@ class ChatSession:
         self._emit("step", snapshot)
         if self.on_snapshot:
             self.on_snapshot(snapshot)
-        if snapshot.turn_done and self._turn_open and not self._turn_recorded:
-            self._turn_recorded = True
-            self._emit("turn-end", None)
+        if snapshot.turn_done:
+            self.record_turn_end()
         return snapshot
 
     def _turn_done_after(self) -> bool:
@@ -379,8 +378,15 @@ class ChatSession:
 
     def _close_turn(self) -> None:
         self._close_turn_text()
+        self.record_turn_end()  # a turn cut short (a refusal, a pause) still gets its buffer line
         self._turn_open = False
         self.pending = None
+
+    def record_turn_end(self) -> None:
+        """Tell the recorder the turn is over (once per turn): it writes the buffer line."""
+        if self._turn_open and not self._turn_recorded:
+            self._turn_recorded = True
+            self._emit("turn-end", None)
 
     def _buffer_token(self, token_id: int, origin: str, position: int, turn: int) -> BufferToken:
         return BufferToken(position=position, id=token_id, piece=self.piece(token_id),

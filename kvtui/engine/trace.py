@@ -34,7 +34,7 @@ def header_record(session, model_source: str, model_path: str) -> dict:
     import torch
     import transformers
 
-    from kvtui import __version__
+    from kvtui._version import __version__
 
     model, settings = session.model, session.config.sampler
     return {
