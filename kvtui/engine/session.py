@@ -42,8 +42,10 @@ VERIFY_TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 0.5, "float16"
 
 @dataclass(frozen=True)
 class SessionConfig:
-    cache: str = "dynamic"  # "dynamic" | "static"
+    cache: str = "dynamic"  # "dynamic" | "static" | "quantized" | "offloaded"
     max_cache_len: int | None = None  # static capacity
+    cache_bits: int = 4  # quantized cache: bits per value (quanto 2|4, hqq 1|2|3|4|8; fp8 ignores it)
+    cache_backend: str = "quanto"  # quantized cache: "quanto" | "hqq" | "fp8"
     max_new_tokens: int = 256
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     mode: str = "chat"  # "chat" (template) | "completion" (raw prompt, tokenizer(prompt))
@@ -299,7 +301,8 @@ class ChatSession:
     def _restore(self, length: int) -> None:
         """After a failed forward, bring the cache back to `length` tokens (some layers may have been written)."""
         try:
-            if introspect.can_truncate(self.cache, length):
+            # a linear layer's state was changed in place by the failed forward: only a recompute undoes it
+            if introspect.can_truncate(self.cache, length) and not introspect.has_linear_layers(self.cache):
                 introspect.truncate(self.cache, length)
             else:
                 self._recompute(self._tokens[:length])
@@ -499,20 +502,38 @@ class ChatSession:
         if length >= len(self._tokens):
             return
         kept = self._tokens[:length]  # a new list: views handed out earlier stay valid
-        if introspect.can_truncate(self.cache, length):
+        blocker = introspect.truncate_blocker(self.cache, length)
+        if blocker is None:
+            recorded = introspect.records_past(self.cache)
             introspect.truncate(self.cache, length)
             self._tokens = kept
-        else:
+            if recorded:
+                self._record([Diagnostic(
+                    "state-rewind", "info",
+                    f"rewind to {length}: conv states cropped exactly with transformers' past recording", self.steps)])
+        elif blocker == "sliding":
             self._record([Diagnostic(
                 "sliding-eviction", "info",
                 f"rewind to {length} needs states that sliding layers evicted: recomputing {length} tokens", self.steps)])
+            self._recompute(kept)
+        else:
+            why = ("conv/recurrent (SSM, linear-attention) states summarize every token and cannot be cropped"
+                   if blocker == "state" else "quantized K/V cannot be cut per token")
+            self._record([Diagnostic(
+                "state-rewind", "info", f"rewind to {length}: {why}; recomputed {length} tokens from the token buffer",
+                self.steps)])
             self._recompute(kept)
         self._next_position = kept[-1].position + 1 if kept else 0
         self.pending = None
 
     def _new_cache(self) -> None:
         # A fresh object rather than cache.reset(): 4.x resets dynamic layers by zeroing, then appends after the zeros.
-        self.cache = introspect.make_cache(self.config.cache, self.model.config, self.config.max_cache_len)
+        try:
+            self.cache = introspect.make_cache(self.config.cache, self.model.config, self.config.max_cache_len,
+                                               bits=self.config.cache_bits, backend=self.config.cache_backend)
+        except ValueError as exc:
+            raise SessionError(str(exc)) from None
+        introspect.activate_past_recording(self.cache)  # conv-only layers (LFM2): rewinds crop exactly
 
     def _recompute(self, tokens: list[BufferToken]) -> None:
         self._new_cache()
