@@ -104,4 +104,6 @@ def _snapshot(record: dict, buffer: TokenBuffer) -> StepSnapshot:
         turn_done=record.get("turn_done", False),
         attention=tuple(attention["weights"]) if attention else None,
         attention_layer=attention["layer"] if attention else None,
+        compiled="compile" in record, compile_ms=(record.get("compile") or {}).get("compile_ms"),
+        recompiles=(record.get("compile") or {}).get("recompiles", 0),
     )

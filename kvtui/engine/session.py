@@ -55,6 +55,7 @@ class SessionConfig:
     watch: tuple[int, ...] = ()
     prime_pad: int = 0  # reproduce the "prime the cache with pad tokens" mistake
     attention: bool = False  # opt-in, O(cache) per step: needs a model loaded with attn_implementation="eager"
+    compile: bool = False  # static cache only: torch.compile the one-token decode forward
 
 
 @dataclass
@@ -91,8 +92,17 @@ class ChatSession:
         self._window = introspect.config_window(model.config)
         self._accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         self._accepts_logits_to_keep = introspect.forward_accepts(model, "logits_to_keep")
+        if self.config.cache == "offloaded" and self.device.type != "cuda":
+            raise SessionError(f"--cache offloaded needs the model on a CUDA device (transformers' offloading moves "
+                               f"layers with CUDA streams); this model is on {self.device.type}")
+        if self.config.compile and self.config.cache != "static":
+            raise SessionError("--compile needs --cache static: a dynamic cache changes shape every step, "
+                               "so a compiled forward would recompile every step")
         self._new_cache()
         self.capacity = introspect.static_capacity(self.cache)
+        self._compiled = None  # torch.compile(model.forward) for one-token decode steps, built on first use
+        self.compiles = 0  # graphs compiled so far (the first one included): more than one means recompiles
+        self.compile_ms_total = 0.0
         self.diagnostics: list[Diagnostic] = []
         self.last: StepSnapshot | None = None
         self.steps = 0
@@ -213,15 +223,24 @@ class ChatSession:
         kwargs = self._cached_forward_kwargs(fed, cache_len)
         if self.config.attention:
             kwargs["output_attentions"] = True
+        compiled = self.config.compile and len(fed) == 1 and not self.config.attention
+        graphs_before = _graph_count() if compiled else 0
         started = self._clock()
         try:
             with torch.inference_mode():
-                out = self.model(**kwargs)  # updates self.cache in place
+                out = self._decode_forward()(**kwargs) if compiled else self.model(**kwargs)  # updates self.cache in place
         except BaseException:
             self._restore(cache_len)
             raise
         logits = out.logits[0, -1].float()  # [vocab]
         forward_ms = (self._clock() - started) * 1000
+        compile_ms = None
+        if compiled:
+            new_graphs = _graph_count() - graphs_before
+            if new_graphs:  # this step compiled: its time is compile time, not a slow step
+                self.compiles += new_graphs
+                self.compile_ms_total += forward_ms
+                compile_ms = forward_ms
 
         snap_started = self._clock()
         self.steps = step
@@ -233,7 +252,20 @@ class ChatSession:
         self._new_in_turn += phase == "decode"
         self.pending = self._make_pending(scores, self.sampler.choose(scores))
         self.pending_forced = False
-        return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention)
+        return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms)
+
+    def _decode_forward(self):
+        """model.forward under torch.compile, the way transformers documents it for a static cache
+        (fixed shapes: one token, a preallocated cache). "reduce-overhead" adds CUDA graphs on a GPU;
+        on CPU the default mode (inductor, C++ codegen) is used."""
+        if self._compiled is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._compiled = torch.compile(self.model.forward, mode=mode, fullgraph=False, dynamic=False)
+        return self._compiled
+
+    @property
+    def recompiles(self) -> int:
+        return max(0, self.compiles - 1)
 
     def _cached_forward_kwargs(self, tokens: list[BufferToken], cache_len: int) -> dict:
         """Arguments of a forward that writes `tokens` into self.cache after `cache_len` cached ones."""
@@ -268,7 +300,8 @@ class ChatSession:
         held = weights[-total:].tolist()  # a sliding layer sees only its window: the rest is 0
         return layer, tuple([0.0] * (total - len(held)) + held)
 
-    def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started, attention=None) -> StepSnapshot:
+    def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started, attention=None,
+                  compile_ms=None) -> StepSnapshot:
         layers = introspect.layer_infos(self.cache, self._window)
         cache_len = self.cache_length
         found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
@@ -286,6 +319,7 @@ class ChatSession:
             forward_ms=forward_ms, snapshot_ms=(self._clock() - snap_started) * 1000,
             buffer=self.buffer, turn_done=self._turn_done_after(),
             attention=attention[1] if attention else None, attention_layer=attention[0] if attention else None,
+            compiled=self.config.compile, compile_ms=compile_ms, recompiles=self.recompiles,
         )
         self.last = snapshot
         if self.on_snapshot:
@@ -543,6 +577,9 @@ class ChatSession:
         with torch.inference_mode():
             self.model(**self._cached_forward_kwargs(tokens, 0))
 
+    def _quant_bits(self) -> int:
+        return 4 if self.config.cache_backend == "fp8" else self.config.cache_bits  # e4m3: 3 mantissa bits + sign
+
     def reset(self) -> None:
         """Empty the cache and the chat (the system prompt stays)."""
         self._new_cache()
@@ -569,6 +606,9 @@ class ChatSession:
         cached = self._logits
         diff = float((fresh - cached).abs().max())
         tolerance = VERIFY_TOLERANCE.get(self.dtype, 1e-3)
+        quantized = self.config.cache == "quantized"
+        if quantized:  # lossy by design: the bound scales with the logits' range and the bits kept
+            tolerance = max(tolerance, quantized_tolerance(self._quant_bits(), fresh))
         k = self.config.top_k_shown
         cached_top = torch.topk(cached, k).indices.tolist()
         fresh_top = torch.topk(fresh, k).indices.tolist()
@@ -580,12 +620,29 @@ class ChatSession:
             self._record([Diagnostic(
                 "cache-mismatch", "error",
                 f"cached logits differ from a full recompute of {len(chat)} tokens: max |diff| {diff:.3g} "
-                f"> {tolerance:g}{'' if agree else ', top-k order differs'}"
+                f"> {tolerance:g}{' (quantized cache bound)' if quantized else ''}{'' if agree else ', top-k order differs'}"
                 + (f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""), self.steps)])
         return result
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+
+
+def _graph_count() -> int:
+    """Graphs torch.compile has built in this process (dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def quantized_tolerance(bits: int, fresh_logits: torch.Tensor) -> float:
+    """What verify allows a quantized cache: 2**-(bits-1) of the recomputed logits' range.
+
+    A heuristic, not a proof: per-group quantization to b bits rounds each value by up to half a step
+    (2**-b of its group's range); attention and the layers after it mix those errors, so the bound on
+    the logits is taken one bit looser, relative to their own spread. fp8 (e4m3) keeps 3 mantissa bits."""
+    spread = float(fresh_logits.max() - fresh_logits.min())
+    return spread * 2.0 ** -(bits - 1)
 
 
 def _replace(config: SessionConfig, **changes) -> SessionConfig:

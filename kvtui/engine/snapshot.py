@@ -129,6 +129,11 @@ class StepSnapshot:
     # opt-in (--attention, O(cache)): the newest query's attention over the positions one layer holds
     attention: tuple[float, ...] | None = None  # mean over heads, one weight per held position
     attention_layer: int | None = None
+    # --compile: whether this session runs decode steps compiled; compile_ms is set on a step whose
+    # forward included compiling (its forward_ms is compile time then); recompiles: graphs after the first
+    compiled: bool = False
+    compile_ms: float | None = None
+    recompiles: int = 0
 
     @property
     def cache_bytes(self) -> int:
@@ -161,6 +166,7 @@ class StepSnapshot:
             "buffer_length": len(self.buffer),
             **({"attention": {"layer": self.attention_layer, "weights": list(self.attention)}}
                if self.attention is not None else {}),
+            **({"compile": {"compile_ms": self.compile_ms, "recompiles": self.recompiles}} if self.compiled else {}),
         }
 
 
