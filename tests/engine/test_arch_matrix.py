@@ -196,3 +196,18 @@ def test_readme_matrix_is_current(tiny_model):
     found = pattern.search(text)
     assert found, "README has no architecture matrix: run with KVTUI_UPDATE_MATRIX=1"
     assert found.group(0) == table, "README's architecture matrix is stale: run with KVTUI_UPDATE_MATRIX=1"
+
+
+def test_layers_pane_shows_states_of_non_kv_layers(tiny_model):
+    from kvtui.widgets.layers_pane import layer_cells
+
+    model, tokenizer = tiny_model("jamba")
+    session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=2))
+    session.send(TURNS[0])
+    ssm = next(layer for layer in session.last.layers if layer.kind == "ssm")
+    cells = [c.plain for c in layer_cells(ssm)]
+    conv, recurrent = session.cache.layers[ssm.index].conv_states[0], session.cache.layers[ssm.index].recurrent_states[0]
+    assert cells[1] == "ssm"
+    assert cells[2] == "conv " + "×".join(map(str, conv.shape))
+    assert cells[3] == "recurrent " + "×".join(map(str, recurrent.shape))
+    assert ssm.bytes == conv.untyped_storage().nbytes() + recurrent.untyped_storage().nbytes() > 0
