@@ -51,9 +51,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for all three runs (0: torch's default)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "COMPILE.md"))
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     loaded = load_model(None, dtype="float32", device="auto")
     model, tokenizer = loaded.model, loaded.tokenizer
     results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
