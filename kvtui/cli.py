@@ -34,7 +34,7 @@ def session_options(func):
         click.option("--cache-backend", type=click.Choice(["quanto", "hqq", "fp8"]), default="quanto", show_default=True,
                      help="Quantized cache backend (quanto: pip install optimum-quanto; hqq: pip install hqq; "
                      "fp8: built in, ignores --cache-bits)."),
-        click.option("--compile", "compile_decode", is_flag=True,
+        click.option("--compile", "compile_decode", is_flag=True, default=False,
                      help="Static cache: torch.compile the one-token decode forward (counts recompiles)."),
         click.option("--max-cache-len", type=click.IntRange(1), default=None,
                      help="Static cache capacity in tokens (default 2048 with --cache static)."),
