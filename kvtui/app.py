@@ -377,7 +377,7 @@ class KvtuiApp(App):
         self.diagnostics = message.diagnostics
         if message.messages is not None:
             self.messages = message.messages
-        if snapshot.phase == "decode":
+        if snapshot.phase == "decode" and snapshot.compile_ms is None:  # a compiling step is not a slow step
             self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
         elif snapshot.phase == "prefill":
             self._prefill = snapshot

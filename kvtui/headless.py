@@ -68,6 +68,9 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
         session.on_snapshot = None
         recorder.close()
     console.print(table)
+    if session.config.compile:
+        console.print(f"--compile: {session.compiles} graph(s) compiled in {session.compile_ms_total / 1000:.1f} s "
+                      f"(inside the first turn's tok/s), {session.recompiles} recompile(s)", highlight=False)
     for d in session.diagnostics:
         console.print(f"[{STYLE[d.severity]}]{d.severity:>7}[/] step {d.step:>4}  [bold]{d.code}[/]  {escape(printable(d.message))}",
                       highlight=False)

@@ -24,8 +24,16 @@ class OptionError(ValueError):
 def session_options(func):
     """The model, cache and sampler options shared by the TUI and the headless runner."""
     options = [
-        click.option("--cache", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
-                     help="Cache kind: DynamicCache(config=...) or StaticCache."),
+        click.option("--cache", type=click.Choice(["dynamic", "static", "quantized", "offloaded"]), default="dynamic",
+                     show_default=True, help="Cache kind: DynamicCache(config=...), StaticCache, QuantizedCache, "
+                     "or DynamicCache(offloading=True)."),
+        click.option("--cache-bits", type=click.Choice(["2", "4"]), default="4", show_default=True,
+                     help="Quantized cache: bits per value."),
+        click.option("--cache-backend", type=click.Choice(["quanto", "hqq", "fp8"]), default="quanto", show_default=True,
+                     help="Quantized cache backend (quanto: pip install optimum-quanto; hqq: pip install hqq; "
+                     "fp8: built in, ignores --cache-bits)."),
+        click.option("--compile", "compile_decode", is_flag=True, default=False,
+                     help="Static cache: torch.compile the one-token decode forward (counts recompiles)."),
         click.option("--max-cache-len", type=click.IntRange(1), default=None,
                      help=f"Static cache capacity in tokens (default {STATIC_DEFAULT_CAPACITY} with --cache static)."),
         click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True),
@@ -89,7 +97,7 @@ def run_command(callback=None) -> click.Command:
     return click.command("run")(run_options(callback or (lambda **_: None)))
 
 
-SESSION_KEYS = ("cache", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
+SESSION_KEYS = ("cache", "cache_bits", "cache_backend", "compile_decode", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
                 "seed", "mode", "system", "chat_tokenize", "prime_pad", "show_top", "watch", "attention", "dtype",
                 "device", "device_map")
 # The session options' defaults, for callers that build the app without the command line (tests, serve).
@@ -127,7 +135,9 @@ def build_session_config(options: dict, tokenizer=None):
                               repetition_penalty=options["repetition_penalty"], seed=options["seed"])
     watch = tuple(resolve_token(tokenizer, w) for w in options.get("watch") or ()) if tokenizer else ()
     return SessionConfig(cache=cache, max_cache_len=max_cache_len, max_new_tokens=options["max_new_tokens"],
-                         sampler=sampler, mode=options["mode"], system=options.get("system"),
+                         cache_bits=int(options.get("cache_bits") or 4),
+                         cache_backend=options.get("cache_backend") or "quanto",
+                         compile=bool(options.get("compile_decode")), sampler=sampler, mode=options["mode"], system=options.get("system"),
                          chat_tokenize=options["chat_tokenize"], top_k_shown=options["show_top"], watch=watch,
                          prime_pad=options["prime_pad"], attention=bool(options.get("attention")))
 

@@ -21,6 +21,7 @@ CODES = (
     "template-drift",
     "static-capacity",
     "sliding-eviction",
+    "state-rewind",
     "pad-in-cache",
     "cache-mismatch",
     "worker-error",

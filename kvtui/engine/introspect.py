@@ -25,18 +25,73 @@ def _version(text: str) -> tuple[int, int]:
 TRANSFORMERS_VERSION = _version(transformers.__version__)
 
 
-def make_cache(kind: str, config, max_cache_len: int | None = None):
+CACHE_KINDS = ("dynamic", "static", "quantized", "offloaded")
+QUANT_BACKENDS = ("quanto", "hqq", "fp8")
+# Group size and full-precision window of the quantized cache: small enough that a short chat quantizes.
+QUANT_GROUP = 32
+QUANT_RESIDUAL = 32
+
+
+def make_cache(kind: str, config, max_cache_len: int | None = None, *, bits: int = 4, backend: str = "quanto"):
     """A fresh cache of the kind asked for, with per-layer types from the config (sliding or full)."""
     if kind == "dynamic":
         try:
-            return DynamicCache(config=config)
+            cache = DynamicCache(config=config)
         except TypeError:  # very old signature: full layers only
-            return DynamicCache()
-    if kind == "static":
+            cache = DynamicCache()
+    elif kind == "offloaded":
+        try:
+            cache = DynamicCache(config=config, offloading=True)
+        except TypeError as exc:
+            raise ValueError(f"this transformers ({transformers.__version__}) has no offloaded DynamicCache: {exc}") from None
+    elif kind == "static":
         if not max_cache_len or max_cache_len < 1:
             raise ValueError("a static cache needs --max-cache-len N (N >= 1)")
-        return StaticCache(config=config, max_cache_len=max_cache_len)
-    raise ValueError(f"unknown cache kind {kind!r}: use dynamic or static")
+        cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    elif kind == "quantized":
+        cache = _quantized_cache(config, bits, backend)
+    else:
+        raise ValueError(f"unknown cache kind {kind!r}: use {', '.join(CACHE_KINDS)}")
+    _tag_state_kind(cache, config)
+    return cache
+
+
+def _quantized_cache(config, bits: int, backend: str):
+    try:
+        from transformers import QuantizedCache
+    except ImportError:
+        raise ValueError(f"this transformers ({transformers.__version__}) has no QuantizedCache") from None
+    if backend not in QUANT_BACKENDS:
+        raise ValueError(f"unknown quantization backend {backend!r}: use {', '.join(QUANT_BACKENDS)}")
+    if backend == "fp8":
+        kwargs = {}
+    else:
+        kwargs = dict(nbits=bits, q_group_size=QUANT_GROUP, residual_length=QUANT_RESIDUAL)
+    try:
+        return QuantizedCache(backend=backend, config=config, **kwargs)
+    except ImportError as exc:  # the backend package is missing
+        raise ValueError(f"the {backend} quantized cache needs its package: {_first_line(exc)}") from None
+    except (ValueError, TypeError) as exc:  # e.g. sliding or linear layers: "only ... full attention layers"
+        raise ValueError(f"quantized cache refused by transformers: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _tag_state_kind(cache, config) -> None:
+    """Remember what a linear layer's state is (ssm, linear attention, conv): the cache object cannot tell."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if any(hasattr(text, name) for name in ("mamba_d_state", "ssm_state_size", "state_size")):
+        kind = "ssm"  # Mamba / Mamba-2 blocks (Jamba, Falcon-H1, Bamba, ...)
+    elif hasattr(text, "linear_conv_kernel_dim") or hasattr(text, "linear_key_head_dim"):
+        kind = "linear"  # gated delta rule / linear attention (Qwen3-Next, Qwen3.5)
+    else:
+        kind = None  # decided from the states: conv-only layers are "conv"
+    try:
+        cache._kvtui_state_kind = kind
+    except AttributeError:  # a cache class with __slots__: fall back to the states
+        pass
 
 
 def seq_length(cache) -> int:
@@ -54,12 +109,53 @@ def forward_accepts(model, name: str) -> bool:
     return name in _forward_parameters(type(model).forward)
 
 
-def _layer_kind(layer) -> str:
+def _is_linear(layer) -> bool:
+    """A layer with conv / recurrent state (Mamba, linear attention, short conv), possibly next to K/V."""
+    return hasattr(layer, "conv_states") and hasattr(layer, "recurrent_states")
+
+
+def _is_quantized(layer) -> bool:
+    return hasattr(layer, "_quantized_keys")
+
+
+def _has_kv(layer) -> bool:
+    keys = getattr(layer, "keys", None)
+    return isinstance(keys, torch.Tensor) and keys.dim() == 4 and bool(getattr(layer, "is_initialized", True))
+
+
+def _attention_kind(layer) -> str:
     static = hasattr(layer, "max_cache_len")
     sliding = bool(getattr(layer, "is_sliding", False)) or "Sliding" in type(layer).__name__
     if static:
         return "static-sliding" if sliding else "static"
     return "sliding" if sliding else "full"
+
+
+def _layer_kind(layer) -> str:
+    if _is_quantized(layer):
+        return "quantized"
+    if type(layer).__name__ == "DummyLayer":
+        return "none"  # holds nothing (shared-KV or attention-free layers)
+    return _attention_kind(layer)
+
+
+def _state_kind(cache, layer) -> str:
+    kind = getattr(cache, "_kvtui_state_kind", None)
+    if kind:
+        return kind
+    recurrent = any(t is not None for t in layer.recurrent_states.values())
+    return "linear" if recurrent else "conv"
+
+
+def _linear_states(layer) -> tuple[tuple[tuple[str, tuple[int, ...]], ...], int]:
+    """((name, shape), ...) and their storage bytes: conv windows and recurrent (SSM / delta-rule) states."""
+    named, total, several = [], 0, len(layer.conv_states) > 1
+    for prefix, states in (("conv", layer.conv_states), ("recurrent", layer.recurrent_states)):
+        for index, tensor in states.items():
+            if isinstance(tensor, torch.Tensor):
+                named.append((f"{prefix}{index}" if several else prefix, tuple(tensor.shape)))
+                total += _storage_bytes(tensor)
+    return tuple(named), total
 
 
 def _storage_bytes(tensor) -> int:
@@ -96,23 +192,100 @@ def _layer_counts(layer, kind: str, cache_len: int) -> tuple[int, int]:
     return seen, min(seen, slots)
 
 
+def _tensor_bytes(obj, seen: set) -> int:
+    """Storage bytes of the tensors in a quantized state (plain tensors, tensor subclasses, tuples, dicts)."""
+    if isinstance(obj, torch.Tensor):
+        flatten = getattr(obj, "__tensor_flatten__", None)
+        if flatten is not None and type(obj) is not torch.Tensor:  # quanto's QTensor: its inner tensors
+            names, _ = flatten()
+            return sum(_tensor_bytes(getattr(obj, name), seen) for name in names)
+        try:
+            storage = obj.untyped_storage()
+            key = storage.data_ptr()
+            if key in seen:
+                return 0
+            seen.add(key)
+            return storage.nbytes()
+        except (AttributeError, RuntimeError):
+            return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(_tensor_bytes(item, seen) for item in obj)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(item, seen) for item in obj.values())
+    return 0
+
+
+def _quantized_shape(q) -> tuple[int, ...]:
+    """The logical [batch, heads, tokens, head_dim] of a quantized state (HQQ packs it: its meta keeps it)."""
+    if isinstance(q, tuple) and len(q) == 2 and isinstance(q[1], dict) and "shape" in q[1]:
+        return tuple(int(d) for d in q[1]["shape"])  # HQQ: (packed, meta)
+    if isinstance(q, tuple):
+        q = q[0]  # fp8: (tensor, scale)
+    return tuple(q.shape) if isinstance(q, torch.Tensor) else ()
+
+
+def _quantized_info(index: int, layer, offloaded: bool) -> LayerInfo:
+    residual = layer.keys.shape[-2] if _has_kv(layer) else 0
+    stored = _quantized_shape(layer._quantized_keys) if layer._quantized_keys is not None else ()
+    stored_v = _quantized_shape(layer._quantized_values) if layer._quantized_values is not None else ()
+    seen = int(layer.cumulative_length)
+    seen_ids: set = set()
+    quant_bytes = _tensor_bytes(layer._quantized_keys, seen_ids) + _tensor_bytes(layer._quantized_values, seen_ids)
+    residual_bytes = (_storage_bytes(layer.keys) + _storage_bytes(layer.values)) if residual else 0
+    dtype = getattr(layer, "dtype", None)
+    # K/V shapes: what the layer answers for (quantized part + full-precision window), [b, heads, seen, dim]
+    k_shape = stored[:2] + (seen,) + stored[3:] if len(stored) == 4 else ()
+    v_shape = stored_v[:2] + (seen,) + stored_v[3:] if len(stored_v) == 4 else ()
+    return LayerInfo(
+        index=index, kind="quantized", k_shape=k_shape, v_shape=v_shape,
+        dtype=str(dtype).removeprefix("torch.") if dtype is not None else "-",
+        device=str(layer.device) if getattr(layer, "device", None) is not None else "-",
+        bytes=quant_bytes + residual_bytes, filled=seen, capacity=None, window=None, seen=seen, held_from=0,
+        quant_bits=int(getattr(layer, "nbits", 8)), quant_group=getattr(layer, "q_group_size", None),
+        quant_bytes=quant_bytes, residual=residual, residual_capacity=getattr(layer, "residual_length", None),
+        offloaded=offloaded,
+    )
+
+
 def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...]:
     """One LayerInfo per cache layer, from shapes and counters only."""
     cache_len = seq_length(cache)
+    offloading = bool(getattr(cache, "offloading", False))
+    only_non_sliding = bool(getattr(cache, "only_non_sliding", False))
     infos = []
     for index, layer in enumerate(cache.layers):
         kind = _layer_kind(layer)
+        if kind == "quantized":
+            infos.append(_quantized_info(index, layer, offloading))
+            continue
+        linear = _is_linear(layer)
+        states, state_bytes = _linear_states(layer) if linear else ((), 0)
+        offloaded = offloading and not linear and kind != "none" and not (only_non_sliding and "sliding" in kind)
+        if linear and not _has_kv(layer) and not hasattr(layer, "max_cache_len") and not isinstance(
+                getattr(layer, "keys", None), torch.Tensor):
+            # conv / recurrent state only: it summarizes every token it was fed, in a fixed-size state
+            state_kind = _state_kind(cache, layer)
+            infos.append(LayerInfo(
+                index=index, kind=state_kind, k_shape=(), v_shape=(),
+                dtype=str(layer.dtype).removeprefix("torch.") if layer.dtype is not None else "-",
+                device=str(layer.device) if layer.device is not None else "-", bytes=state_bytes,
+                filled=cache_len if states else 0, capacity=None, window=None, seen=cache_len if states else 0,
+                held_from=0, states=states, state_bytes=state_bytes))
+            continue
+        if linear:
+            kind = f"{kind}+{_state_kind(cache, layer)}"
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         has_states = keys is not None and keys.dim() == 4
-        seen, filled = _layer_counts(layer, kind, cache_len)
-        if kind == "full":
+        base = kind.split("+")[0]
+        seen, filled = _layer_counts(layer, base, cache_len)
+        if base in ("full", "none"):
             capacity, window = None, None
-        elif kind == "sliding":
+        elif base == "sliding":
             window = int(getattr(layer, "sliding_window", config_window or 0)) or None
             capacity = window - 1 if window else None  # it keeps the last window-1 between steps
         else:
             capacity = int(layer.max_cache_len)
-            window = capacity if kind == "static-sliding" else None
+            window = capacity if base == "static-sliding" else None
         infos.append(
             LayerInfo(
                 index=index,
@@ -121,12 +294,15 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
                 v_shape=tuple(values.shape) if has_states else (),
                 dtype=str(keys.dtype).removeprefix("torch.") if has_states else "-",
                 device=str(keys.device) if has_states else "-",
-                bytes=_storage_bytes(keys) + _storage_bytes(values) if has_states else 0,
+                bytes=(_storage_bytes(keys) + _storage_bytes(values) if has_states else 0) + state_bytes,
                 filled=filled,
                 capacity=capacity,
                 window=window,
                 seen=seen,
                 held_from=seen - filled,
+                states=states,
+                state_bytes=state_bytes,
+                offloaded=offloaded,
             )
         )
     return tuple(infos)
@@ -138,14 +314,59 @@ def static_capacity(cache) -> int | None:
     return min(full_static) if full_static else None
 
 
-def can_truncate(cache, new_length: int) -> bool:
-    """Whether every layer still holds the states of positions [0, new_length)."""
+def truncate_blocker(cache, new_length: int) -> str | None:
+    """Why the cache cannot be cut back to `new_length` tokens in place, or None if it can.
+
+    "sliding": a sliding layer evicted states that are needed; "state": a conv / recurrent (SSM,
+    linear-attention) state summarizes every token and has no past to go back to (transformers'
+    past recording keeps conv windows only, not recurrent states); "quantized": the quantized part
+    cannot be cut per token. The caller recomputes from the token buffer then."""
+    cache_len = seq_length(cache)
+    if new_length >= cache_len:
+        return None
     for layer in cache.layers:
+        if _is_linear(layer) and not _linear_croppable(layer):
+            return "state"
         kind = _layer_kind(layer)
+        if kind == "quantized":
+            return "quantized"
         if kind in ("sliding", "static-sliding"):
-            seen, filled = _layer_counts(layer, kind, seq_length(cache))
+            seen, filled = _layer_counts(layer, kind, cache_len)
             if seen > new_length and filled < seen:  # evicted states cannot come back
-                return False
+                return "sliding"
+    return None
+
+
+def _linear_croppable(layer) -> bool:
+    """A conv-only layer recording its past can be cropped exactly; a recurrent state never can."""
+    if not getattr(layer, "record_past", False):
+        return not any(t is not None for t in list(layer.conv_states.values()) + list(layer.recurrent_states.values()))
+    return not any(t is not None for t in layer.recurrent_states.values())
+
+
+def can_truncate(cache, new_length: int) -> bool:
+    """Whether every layer still holds the states of positions [0, new_length) and can be cut back to them."""
+    return truncate_blocker(cache, new_length) is None
+
+
+def has_linear_layers(cache) -> bool:
+    return any(_is_linear(layer) for layer in cache.layers)
+
+
+def records_past(cache) -> bool:
+    """Whether a linear layer of this cache records its past (so a crop is exact)."""
+    return any(_is_linear(layer) and getattr(layer, "record_past", False) for layer in cache.layers)
+
+
+def activate_past_recording(cache) -> bool:
+    """Turn on transformers' past recording when every linear layer is conv-only (LFM2): crops are exact then.
+
+    Returns whether it was turned on. Layers with a recurrent state gain nothing from it (their crop
+    cannot go back), so those caches are left as they are and rewinds recompute instead."""
+    linear = [layer for layer in cache.layers if _is_linear(layer)]
+    if not linear or not hasattr(cache, "activate_past_recording") or getattr(cache, "_kvtui_state_kind", None):
+        return False  # no linear layers, an old transformers, or a known recurrent (ssm / linear) state
+    cache.activate_past_recording()
     return True
 
 
@@ -158,6 +379,9 @@ def truncate(cache, new_length: int) -> None:
 def _truncate_layers(cache, new_length: int) -> None:
     cache_len = seq_length(cache)
     for layer in cache.layers:
+        if _is_linear(layer) and not _has_kv(layer):
+            layer.crop(-(cache_len - new_length))  # conv-only with past recording (see truncate_blocker)
+            continue
         kind = _layer_kind(layer)
         seen, _ = _layer_counts(layer, kind, cache_len)
         remove = seen - new_length

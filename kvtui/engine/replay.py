@@ -102,12 +102,24 @@ def _top(record: dict | None) -> TopToken | None:
                     rank=record.get("rank", 0))
 
 
+def _extra_layer_fields(record: dict) -> dict:
+    """The LayerInfo fields added after trace schema 1 came out; absent in older traces (defaults then)."""
+    out = {}
+    if record.get("states"):
+        out["states"] = tuple((str(name), tuple(shape)) for name, shape in record["states"])
+    for key in ("state_bytes", "quant_bits", "quant_group", "quant_bytes", "residual", "residual_capacity",
+                "offloaded"):
+        if key in record:
+            out[key] = record[key]
+    return out
+
+
 def _snapshot(record: dict, buffer: TokenBuffer, rows=None) -> StepSnapshot:
     step = record["step"]
     layers = tuple(LayerInfo(index=l["index"], kind=l["kind"], k_shape=tuple(l["k_shape"]), v_shape=tuple(l["v_shape"]),
                              dtype=l["dtype"], device=l["device"], bytes=l["bytes"], filled=l["filled"],
                              capacity=l.get("capacity"), window=l.get("window"), seen=l.get("seen", l["filled"]),
-                             held_from=l.get("held_from", 0))
+                             held_from=l.get("held_from", 0), **_extra_layer_fields(l))
                    for l in record["layers"])
     attention = record.get("attention")
     ms = record.get("ms") or {}
@@ -123,6 +135,8 @@ def _snapshot(record: dict, buffer: TokenBuffer, rows=None) -> StepSnapshot:
         turn_done=record.get("turn_done", False),
         attention=tuple(attention["weights"]) if attention else None,
         attention_layer=attention["layer"] if attention else None,
+        compiled="compile" in record, compile_ms=(record.get("compile") or {}).get("compile_ms"),
+        recompiles=(record.get("compile") or {}).get("recompiles", 0),
         **_watch_fields(record, rows),
     )
 

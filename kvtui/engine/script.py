@@ -9,7 +9,8 @@ from pathlib import Path
 KEYS = {"turns", "system", "mode", "prompt", "description", "expect", "options"}
 # Session/CLI options a script may set for itself (command-line flags still win).
 OPTION_KEYS = {"cache", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
-               "seed", "chat_tokenize", "prime_pad", "verify_every", "model"}
+               "seed", "chat_tokenize", "prime_pad", "verify_every", "model", "cache_bits", "cache_backend",
+               "compile_decode"}
 
 
 class ScriptError(Exception):

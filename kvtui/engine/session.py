@@ -42,8 +42,10 @@ VERIFY_TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 0.5, "float16"
 
 @dataclass(frozen=True)
 class SessionConfig:
-    cache: str = "dynamic"  # "dynamic" | "static"
+    cache: str = "dynamic"  # "dynamic" | "static" | "quantized" | "offloaded"
     max_cache_len: int | None = None  # static capacity
+    cache_bits: int = 4  # quantized cache: bits per value (quanto 2|4, hqq 1|2|3|4|8; fp8 ignores it)
+    cache_backend: str = "quanto"  # quantized cache: "quanto" | "hqq" | "fp8"
     max_new_tokens: int = 256
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     mode: str = "chat"  # "chat" (template) | "completion" (raw prompt, tokenizer(prompt))
@@ -53,6 +55,7 @@ class SessionConfig:
     watch: tuple[int, ...] = ()
     prime_pad: int = 0  # reproduce the "prime the cache with pad tokens" mistake
     attention: bool = False  # opt-in, O(cache) per step: needs a model loaded with attn_implementation="eager"
+    compile: bool = False  # static cache only: torch.compile the one-token decode forward
 
 
 @dataclass
@@ -90,8 +93,17 @@ class ChatSession:
         self._window = introspect.config_window(model.config)
         self._accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         self._accepts_logits_to_keep = introspect.forward_accepts(model, "logits_to_keep")
+        if self.config.cache == "offloaded" and self.device.type != "cuda":
+            raise SessionError(f"--cache offloaded needs the model on a CUDA device (transformers' offloading moves "
+                               f"layers with CUDA streams); this model is on {self.device.type}")
+        if self.config.compile and self.config.cache != "static":
+            raise SessionError("--compile needs --cache static: a dynamic cache changes shape every step, "
+                               "so a compiled forward would recompile every step")
         self._new_cache()
         self.capacity = introspect.static_capacity(self.cache)
+        self._compiled = None  # torch.compile(model.forward) for one-token decode steps, built on first use
+        self.compiles = 0  # graphs compiled so far (the first one included): more than one means recompiles
+        self.compile_ms_total = 0.0
         self.diagnostics: list[Diagnostic] = []
         self.last: StepSnapshot | None = None
         self.steps = 0
@@ -213,15 +225,24 @@ class ChatSession:
         kwargs = self._cached_forward_kwargs(fed, cache_len)
         if self.config.attention:
             kwargs["output_attentions"] = True
+        compiled = self.config.compile and len(fed) == 1 and not self.config.attention
+        graphs_before = _graph_count() if compiled else 0
         started = self._clock()
         try:
             with torch.inference_mode():
-                out = self.model(**kwargs)  # updates self.cache in place
+                out = self._decode_forward()(**kwargs) if compiled else self.model(**kwargs)  # updates self.cache in place
         except BaseException:
             self._restore(cache_len)
             raise
         logits = out.logits[0, -1].float()  # [vocab]
         forward_ms = (self._clock() - started) * 1000
+        compile_ms = None
+        if compiled:
+            new_graphs = _graph_count() - graphs_before
+            if new_graphs:  # this step compiled: its time is compile time, not a slow step
+                self.compiles += new_graphs
+                self.compile_ms_total += forward_ms
+                compile_ms = forward_ms
 
         snap_started = self._clock()
         self.steps = step
@@ -233,7 +254,20 @@ class ChatSession:
         self._new_in_turn += phase == "decode"
         self.pending = self._make_pending(scores, self.sampler.choose(scores))
         self.pending_forced = False
-        return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention)
+        return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms)
+
+    def _decode_forward(self):
+        """model.forward under torch.compile, the way transformers documents it for a static cache
+        (fixed shapes: one token, a preallocated cache). "reduce-overhead" adds CUDA graphs on a GPU;
+        on CPU the default mode (inductor, C++ codegen) is used."""
+        if self._compiled is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._compiled = torch.compile(self.model.forward, mode=mode, fullgraph=False, dynamic=False)
+        return self._compiled
+
+    @property
+    def recompiles(self) -> int:
+        return max(0, self.compiles - 1)
 
     def _cached_forward_kwargs(self, tokens: list[BufferToken], cache_len: int) -> dict:
         """Arguments of a forward that writes `tokens` into self.cache after `cache_len` cached ones."""
@@ -268,7 +302,8 @@ class ChatSession:
         held = weights[-total:].tolist()  # a sliding layer sees only its window: the rest is 0
         return layer, tuple([0.0] * (total - len(held)) + held)
 
-    def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started, attention=None) -> StepSnapshot:
+    def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started, attention=None,
+                  compile_ms=None) -> StepSnapshot:
         layers = introspect.layer_infos(self.cache, self._window)
         cache_len = self.cache_length
         found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
@@ -286,6 +321,7 @@ class ChatSession:
             forward_ms=forward_ms, snapshot_ms=(self._clock() - snap_started) * 1000,
             buffer=self.buffer, turn_done=self._turn_done_after(),
             attention=attention[1] if attention else None, attention_layer=attention[0] if attention else None,
+            compiled=self.config.compile, compile_ms=compile_ms, recompiles=self.recompiles,
         )
         self.last = snapshot
         self._emit("step", snapshot)
@@ -310,7 +346,8 @@ class ChatSession:
     def _restore(self, length: int) -> None:
         """After a failed forward, bring the cache back to `length` tokens (some layers may have been written)."""
         try:
-            if introspect.can_truncate(self.cache, length):
+            # a linear layer's state was changed in place by the failed forward: only a recompute undoes it
+            if introspect.can_truncate(self.cache, length) and not introspect.has_linear_layers(self.cache):
                 introspect.truncate(self.cache, length)
             else:
                 self._recompute(self._tokens[:length])
@@ -533,20 +570,38 @@ class ChatSession:
         if length >= len(self._tokens):
             return
         kept = self._tokens[:length]  # a new list: views handed out earlier stay valid
-        if introspect.can_truncate(self.cache, length):
+        blocker = introspect.truncate_blocker(self.cache, length)
+        if blocker is None:
+            recorded = introspect.records_past(self.cache)
             introspect.truncate(self.cache, length)
             self._tokens = kept
-        else:
+            if recorded:
+                self._record([Diagnostic(
+                    "state-rewind", "info",
+                    f"rewind to {length}: conv states cropped exactly with transformers' past recording", self.steps)])
+        elif blocker == "sliding":
             self._record([Diagnostic(
                 "sliding-eviction", "info",
                 f"rewind to {length} needs states that sliding layers evicted: recomputing {length} tokens", self.steps)])
+            self._recompute(kept)
+        else:
+            why = ("conv/recurrent (SSM, linear-attention) states summarize every token and cannot be cropped"
+                   if blocker == "state" else "quantized K/V cannot be cut per token")
+            self._record([Diagnostic(
+                "state-rewind", "info", f"rewind to {length}: {why}; recomputed {length} tokens from the token buffer",
+                self.steps)])
             self._recompute(kept)
         self._next_position = kept[-1].position + 1 if kept else 0
         self.pending = None
 
     def _new_cache(self) -> None:
         # A fresh object rather than cache.reset(): 4.x resets dynamic layers by zeroing, then appends after the zeros.
-        self.cache = introspect.make_cache(self.config.cache, self.model.config, self.config.max_cache_len)
+        try:
+            self.cache = introspect.make_cache(self.config.cache, self.model.config, self.config.max_cache_len,
+                                               bits=self.config.cache_bits, backend=self.config.cache_backend)
+        except ValueError as exc:
+            raise SessionError(str(exc)) from None
+        introspect.activate_past_recording(self.cache)  # conv-only layers (LFM2): rewinds crop exactly
 
     def _recompute(self, tokens: list[BufferToken]) -> None:
         self._new_cache()
@@ -555,6 +610,9 @@ class ChatSession:
             return
         with torch.inference_mode():
             self.model(**self._cached_forward_kwargs(tokens, 0))
+
+    def _quant_bits(self) -> int:
+        return 4 if self.config.cache_backend == "fp8" else self.config.cache_bits  # e4m3: 3 mantissa bits + sign
 
     def reset(self) -> None:
         """Empty the cache and the chat (the system prompt stays)."""
@@ -583,6 +641,9 @@ class ChatSession:
         cached = self._logits
         diff = float((fresh - cached).abs().max())
         tolerance = VERIFY_TOLERANCE.get(self.dtype, 1e-3)
+        quantized = self.config.cache == "quantized"
+        if quantized:  # lossy by design: the bound scales with the logits' range and the bits kept
+            tolerance = max(tolerance, quantized_tolerance(self._quant_bits(), fresh))
         k = self.config.top_k_shown
         cached_top = torch.topk(cached, k).indices.tolist()
         fresh_top = torch.topk(fresh, k).indices.tolist()
@@ -594,13 +655,30 @@ class ChatSession:
             self._record([Diagnostic(
                 "cache-mismatch", "error",
                 f"cached logits differ from a full recompute of {len(chat)} tokens: max |diff| {diff:.3g} "
-                f"> {tolerance:g}{'' if agree else ', top-k order differs'}"
+                f"> {tolerance:g}{' (quantized cache bound)' if quantized else ''}{'' if agree else ', top-k order differs'}"
                 + (f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""), self.steps)])
         self._emit("verify", result)
         return result
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+
+
+def _graph_count() -> int:
+    """Graphs torch.compile has built in this process (dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def quantized_tolerance(bits: int, fresh_logits: torch.Tensor) -> float:
+    """What verify allows a quantized cache: 2**-(bits-1) of the recomputed logits' range.
+
+    A heuristic, not a proof: per-group quantization to b bits rounds each value by up to half a step
+    (2**-b of its group's range); attention and the layers after it mix those errors, so the bound on
+    the logits is taken one bit looser, relative to their own spread. fp8 (e4m3) keeps 3 mantissa bits."""
+    spread = float(fresh_logits.max() - fresh_logits.min())
+    return spread * 2.0 ** -(bits - 1)
 
 
 def _replace(config: SessionConfig, **changes) -> SessionConfig:

@@ -66,8 +66,9 @@ class TokenBuffer(Sequence[BufferToken]):
 @dataclass(frozen=True, slots=True)
 class LayerInfo:
     index: int
-    kind: str  # "full", "sliding", "static", "static-sliding"
-    k_shape: tuple[int, ...]  # [batch, kv_heads, slots, head_dim]
+    kind: str  # "full", "sliding", "static", "static-sliding", "quantized"; non-KV: "conv", "linear", "ssm";
+    # a layer holding K/V and a recurrent state (Falcon-H1) is "full+ssm"
+    k_shape: tuple[int, ...]  # [batch, kv_heads, slots, head_dim]; MLA: [batch, 1, slots, kv_lora_rank]
     v_shape: tuple[int, ...]
     dtype: str
     device: str
@@ -77,6 +78,15 @@ class LayerInfo:
     window: int | None  # sliding window, if any
     seen: int  # tokens this layer has been fed in total
     held_from: int  # first position it still holds (> 0 once a sliding layer evicted)
+    # Additive fields (defaults keep older code and traces working):
+    states: tuple[tuple[str, tuple[int, ...]], ...] = ()  # non-KV states by name: ("conv", shape), ("ssm", shape)
+    state_bytes: int = 0  # storage of those states (included in `bytes`)
+    quant_bits: int | None = None  # quantized K/V: bits per value (fp8: 8)
+    quant_group: int | None = None  # quantization group size (None: per tensor)
+    quant_bytes: int = 0  # storage of the quantized K/V, scales and zero points (included in `bytes`)
+    residual: int = 0  # quantized layers: newest tokens still held in full precision
+    residual_capacity: int | None = None  # tokens the full-precision window takes before it is quantized
+    offloaded: bool = False  # the cache moves this layer off its compute device between uses
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +162,11 @@ class StepSnapshot:
         view = self.rows[row]
         return replace(self, input_ids=view.input_ids, positions=view.positions, topk=view.topk,
                        topk_processed=view.topk, buffer=view.buffer, row=row)
+    # --compile: whether this session runs decode steps compiled; compile_ms is set on a step whose
+    # forward included compiling (its forward_ms is compile time then); recompiles: graphs after the first
+    compiled: bool = False
+    compile_ms: float | None = None
+    recompiles: int = 0
 
     @property
     def cache_bytes(self) -> int:
@@ -185,6 +200,7 @@ class StepSnapshot:
             **({"attention": {"layer": self.attention_layer, "weights": list(self.attention)}}
                if self.attention is not None else {}),
             **(self._watch_record() if self.source != "session" else {}),
+            **({"compile": {"compile_ms": self.compile_ms, "recompiles": self.recompiles}} if self.compiled else {}),
         }
 
     def _watch_record(self) -> dict:

@@ -51,6 +51,9 @@ def header_record(session, model_source: str, model_path: str) -> dict:
         "dtype": session.dtype,
         "device": str(session.device),
         "cache": session.config.cache,
+        **({"cache_bits": session.config.cache_bits, "cache_backend": session.config.cache_backend}
+           if session.config.cache == "quantized" else {}),
+        **({"compile": True} if session.config.compile else {}),
         "capacity": session.capacity,
         "mode": session.config.mode,
         "sampler": {

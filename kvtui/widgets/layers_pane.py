@@ -50,15 +50,31 @@ def format_window(layer: LayerInfo) -> str:
     return f"{layer.window} from {layer.held_from}" if layer.held_from > 0 else str(layer.window)
 
 
+def format_kind(layer: LayerInfo) -> str:
+    """'full', 'ssm', or for a quantized layer 'quantized 4b · 12 fp' (bits, tokens still in full precision)."""
+    if layer.quant_bits is not None:
+        return f"quantized {layer.quant_bits}b · {layer.residual} fp"
+    return layer.kind + (" (offloaded)" if layer.offloaded else "")
+
+
+def state_cells(layer: LayerInfo) -> tuple[str, str]:
+    """K/V columns: K/V shapes; a layer without K/V shows its conv / recurrent state shapes there instead."""
+    if layer.k_shape or not layer.states:
+        return format_shape(layer.k_shape), format_shape(layer.v_shape)
+    shown = [f"{name} {format_shape(shape)}" for name, shape in layer.states]
+    return shown[0], ", ".join(shown[1:]) or "-"
+
+
 def layer_cells(layer: LayerInfo, palette: Palette | None = None) -> tuple[Text, ...]:
     """The cells of one layer's row, in COLUMNS order (Text, never markup: pieces stay literal)."""
     full = layer.capacity is not None and layer.filled >= layer.capacity
     evicted = layer.held_from > 0
+    k_text, v_text = state_cells(layer)
     return (
         Text(str(layer.index), justify="right"),
-        Text(layer.kind, style=role_style(palette, _KIND_ROLES.get(layer.kind, "accent"))),
-        Text(format_shape(layer.k_shape)),
-        Text(format_shape(layer.v_shape)),
+        Text(format_kind(layer), style=role_style(palette, _KIND_ROLES.get(layer.kind, "accent"))),
+        Text(k_text),
+        Text(v_text),
         Text(layer.dtype),
         Text(layer.device),
         Text(format_bytes(layer.bytes), justify="right"),

@@ -15,6 +15,16 @@ from ..fmt import printable, size
 HISTORY = 120  # points per sparkline
 
 
+def step_text(snapshot: StepSnapshot) -> str:
+    """'step 12.3 ms', or with --compile 'compile 8.1 s · 0 recompiles' on the step that compiled."""
+    if not snapshot.compiled:
+        return f"step {snapshot.forward_ms:.1f} ms"
+    recompiles = f"{snapshot.recompiles} recompile{'' if snapshot.recompiles == 1 else 's'}"
+    if snapshot.compile_ms is not None:
+        return f"compile {snapshot.compile_ms / 1000:.1f} s · {recompiles}"
+    return f"step {snapshot.forward_ms:.1f} ms · compiled · {recompiles}"
+
+
 class StatusBar(Horizontal):
     DEFAULT_CSS = """
     StatusBar { height: 1; background: $panel; }
@@ -51,7 +61,7 @@ class StatusBar(Horizontal):
             self.set_text(model_text)
             return
         speed = f"{tokens_per_s:.1f} tok/s" if tokens_per_s else "- tok/s"
-        self.set_text(f"{model_text} │ {speed} │ step {snapshot.forward_ms:.1f} ms │ "
+        self.set_text(f"{model_text} │ {speed} │ {step_text(snapshot)} │ "
                       f"cache {size(snapshot.cache_bytes)}")
         self.query_one("#latency", Sparkline).data = list(self.latency)
         self.query_one("#cache-size", Sparkline).data = list(self.cache_size)

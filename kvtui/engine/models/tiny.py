@@ -20,6 +20,13 @@ from pathlib import Path
 from typing import Callable
 
 ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")
+# Every family the architecture matrix builds (tests/engine/test_arch_matrix.py); ARCHES are the
+# ones the `kvtui tiny` command offers.
+MATRIX_ARCHES = ARCHES + (
+    "qwen3_moe", "mixtral", "gemma", "gemma2", "gemma3_mm", "phi3", "gpt_neox", "opt", "falcon", "stablelm",
+    "starcoder2", "olmo2", "cohere", "granite", "deepseek_v3", "gpt_oss", "smollm3",
+    "qwen3_next", "lfm2", "falcon_h1", "jamba",
+)
 
 # Model dimensions shared by every arch: small enough to build in well under a second.
 HIDDEN = 64
@@ -203,6 +210,43 @@ def _gpt2_config(vocab, layers, window, ids):
     )
 
 
+def _family_config(class_name: str, *, drop: tuple[str, ...] = (), llama_style: bool = True, **extra):
+    """A make_config for a family whose config takes the Llama-style kwargs (minus `drop`) plus `extra`."""
+
+    def make(vocab, layers, window, ids):
+        import transformers
+
+        kwargs = _decoder_kwargs(vocab, layers, ids) if llama_style else dict(vocab_size=vocab, **ids)
+        for name in drop:
+            kwargs.pop(name, None)
+        kwargs.update({k: (v(layers, window) if callable(v) else v) for k, v in extra.items()})
+        return getattr(transformers, class_name)(**kwargs)
+
+    return make
+
+
+def _alternating(full_every: int, sliding: str = "sliding_attention", full: str = "full_attention"):
+    """layer_types with every `full_every`-th layer (and the last) full, the rest `sliding`."""
+    return lambda layers, window: [full if (i + 1) % full_every == 0 or i == layers - 1 else sliding
+                                   for i in range(layers)]
+
+
+def _gemma3_mm_config(vocab, layers, window, ids):
+    """Gemma3ForConditionalGeneration: the Gemma 3 text decoder behind a tiny SigLIP vision tower."""
+    from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
+
+    ids = dict(ids)
+    image = {name: ids.pop(name) for name in ("image_token_id", "boi_token_id", "eoi_token_id")}
+    text = Gemma3TextConfig(
+        **_decoder_kwargs(vocab, layers, ids), sliding_window=window, layer_types=gemma3_layer_types(layers),
+        query_pre_attn_scalar=HEAD_DIM, tie_word_embeddings=True)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=16, patch_size=4)
+    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                        image_token_index=image["image_token_id"], boi_token_index=image["boi_token_id"],
+                        eoi_token_index=image["eoi_token_id"], tie_word_embeddings=True, **ids)
+
+
 def _decoder_kwargs(vocab, layers, ids):
     """Config kwargs shared by the Llama-style decoders (RoPE, RMSNorm, GQA)."""
     return dict(
@@ -276,6 +320,81 @@ SPECS: dict[str, ArchSpec] = {
     ),
 }
 
+_GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")
+
+
+def _chatml(make_config, **fields) -> ArchSpec:
+    """A family tokenized the Qwen way (ChatML, no BOS added): the template is what matters to the cache."""
+    defaults = dict(specials=_CHATML, bos="<|endoftext|>", eos="<|im_end|>", pad="<|endoftext|>", unk=None,
+                    eot="<|im_end|>", template=CHATML_TEMPLATE, default_bos=False, default_layers=2,
+                    default_window=None, make_config=make_config)
+    return ArchSpec(**{**defaults, **fields})
+
+
+def _gemma(make_config, **fields) -> ArchSpec:
+    defaults = dict(specials=_GEMMA_SPECIALS, bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", eot="<end_of_turn>",
+                    template=GEMMA_TEMPLATE, default_bos=False, default_layers=2, default_window=None,
+                    make_config=make_config)
+    return ArchSpec(**{**defaults, **fields})
+
+
+def _LAYERS(layers, window):
+    return layers
+
+
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+SPECS.update({
+    "qwen3_moe": _chatml(_family_config("Qwen3MoeConfig", **_MOE, tie_word_embeddings=True),
+                         pretokenize_regex=QWEN_PRETOKENIZE_REGEX),
+    "mixtral": _chatml(_family_config("MixtralConfig", num_local_experts=4, num_experts_per_tok=2,
+                                      sliding_window=lambda layers, window: window, tie_word_embeddings=False),
+                       default_window=8),
+    "gemma": _gemma(_family_config("GemmaConfig", tie_word_embeddings=True)),
+    "gemma2": _gemma(_family_config("Gemma2Config", sliding_window=lambda layers, window: window,
+                                    layer_types=_alternating(2), query_pre_attn_scalar=HEAD_DIM,
+                                    tie_word_embeddings=True), default_window=8),
+    "gemma3_mm": _gemma(_gemma3_mm_config, default_window=8,
+                        specials=_GEMMA_SPECIALS + ("<start_of_image>", "<end_of_image>", "<image_soft_token>")),
+    "phi3": _chatml(_family_config("Phi3Config", drop=("head_dim",), tie_word_embeddings=False)),
+    "gpt_neox": _chatml(_family_config(
+        "GPTNeoXConfig", llama_style=False, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=_LAYERS,
+        num_attention_heads=HEADS, max_position_embeddings=MAX_POSITIONS, rotary_pct=0.25)),
+    "opt": _chatml(_family_config(
+        "OPTConfig", llama_style=False, hidden_size=HIDDEN, ffn_dim=INTERMEDIATE, num_hidden_layers=_LAYERS,
+        num_attention_heads=HEADS, max_position_embeddings=MAX_POSITIONS, word_embed_proj_dim=HIDDEN)),
+    "falcon": _chatml(_family_config(
+        "FalconConfig", llama_style=False, hidden_size=HIDDEN, num_hidden_layers=_LAYERS, num_attention_heads=HEADS,
+        num_kv_heads=KV_HEADS, new_decoder_architecture=True, max_position_embeddings=MAX_POSITIONS)),
+    "stablelm": _chatml(_family_config("StableLmConfig", drop=("head_dim",), partial_rotary_factor=0.25)),
+    "starcoder2": _chatml(_family_config("Starcoder2Config", drop=("head_dim",),
+                                         sliding_window=lambda layers, window: window), default_window=8),
+    "olmo2": _chatml(_family_config("Olmo2Config", drop=("head_dim",))),
+    "cohere": _chatml(_family_config("CohereConfig", drop=("head_dim",))),
+    "granite": _chatml(_family_config("GraniteConfig", drop=("head_dim",))),
+    "deepseek_v3": _chatml(_family_config(
+        "DeepseekV3Config", drop=("head_dim",), kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1, num_key_value_heads=HEADS)),
+    "gpt_oss": _chatml(_family_config("GptOssConfig", num_local_experts=4, num_experts_per_tok=2,
+                                      sliding_window=lambda layers, window: window, layer_types=_alternating(2)),
+                       default_window=8),
+    "smollm3": _chatml(_family_config("SmolLM3Config")),
+    "qwen3_next": _chatml(_family_config(
+        "Qwen3NextConfig", **_MOE, shared_expert_intermediate_size=32, linear_conv_kernel_dim=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=_alternating(2, sliding="linear_attention")), pretokenize_regex=QWEN_PRETOKENIZE_REGEX),
+    "lfm2": _chatml(_family_config("Lfm2Config", drop=("head_dim",), conv_L_cache=3,
+                                   layer_types=_alternating(2, sliding="conv"))),
+    "falcon_h1": _chatml(_family_config(
+        "FalconH1Config", mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
+        mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=16)),
+    "jamba": _chatml(_family_config(
+        "JambaConfig", drop=("head_dim",), num_experts=1, num_experts_per_tok=1, attn_layer_period=2,
+        attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, use_mamba_kernels=False,
+        mamba_d_state=8, mamba_d_conv=4, mamba_expand=1)),
+})
+
 
 # Named alternative templates, for reproducing template pitfalls (`template="counter"`).
 NAMED_TEMPLATES = {
@@ -309,12 +428,13 @@ def build_tiny(
     """
     spec = SPECS.get(arch)
     if spec is None:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHES)}")
+        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(MATRIX_ARCHES)}")
     if sliding_window is not None:
         if spec.default_window is None:
             raise ValueError(
                 f"arch {arch!r} has no sliding-window attention; "
-                "sliding_window is only supported for mistral and gemma3"
+                "sliding_window is only supported for "
+                + ", ".join(a for a in MATRIX_ARCHES if SPECS[a].default_window is not None)
             )
         if sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
@@ -412,11 +532,17 @@ def _build_model(spec: ArchSpec, tok, *, layers: int, window: int | None, seed: 
         eos_token_id=tok.convert_tokens_to_ids(spec.eos),
         pad_token_id=tok.convert_tokens_to_ids(spec.pad),
     )
+    if "<image_soft_token>" in spec.specials:  # multimodal: the config names its image tokens
+        ids.update(image_token_id=tok.convert_tokens_to_ids("<image_soft_token>"),
+                   boi_token_id=tok.convert_tokens_to_ids("<start_of_image>"),
+                   eoi_token_id=tok.convert_tokens_to_ids("<end_of_image>"))
+    bos_eos_pad = {k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     cfg = spec.make_config(len(tok), layers, window, ids)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).to(torch.float32).eval()
 
     # Stop on the end-of-turn token too, like instruct checkpoints do.
+    ids = bos_eos_pad
     eos_ids = [ids["eos_token_id"]]
     eot_id = tok.convert_tokens_to_ids(spec.eot)
     if eot_id not in eos_ids:

@@ -1,0 +1,155 @@
+"""Quantized, offloaded and compiled static caches: real storage in LayerInfo, verify's measured error,
+greedy tokens of the compiled static run identical to the uncompiled one."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from kvtui.engine import ChatSession, SessionConfig
+from kvtui.engine.replay import _snapshot
+from kvtui.engine.session import SessionError
+from kvtui.engine.snapshot import TokenBuffer
+
+TURNS = ["Let's start by defining a variable k equal to 5. What is k?", "Now multiply k by 3. What is k?"]
+
+BACKENDS = [("fp8", 4)]
+for name, module in (("quanto", "optimum.quanto"), ("hqq", "hqq")):
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    if found:
+        BACKENDS += [(name, 4), (name, 2)]
+
+
+def _chat(session, turns=TURNS):
+    for turn in turns:
+        session.send(turn)
+        session.generate()
+    return session.last
+
+
+def _storage(obj, seen) -> int:
+    """Independent byte count: every distinct storage under a quantized state."""
+    if isinstance(obj, torch.Tensor):
+        if type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
+            return sum(_storage(getattr(obj, n), seen) for n in obj.__tensor_flatten__()[0])
+        ptr = obj.untyped_storage().data_ptr()
+        if ptr in seen:
+            return 0
+        seen.add(ptr)
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, (tuple, list)):
+        return sum(_storage(o, seen) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_storage(o, seen) for o in obj.values())
+    return 0
+
+
+@pytest.mark.parametrize("backend,bits", BACKENDS, ids=[f"{b}-{n}bit" for b, n in BACKENDS])
+def test_quantized_cache_reports_storage_and_measured_error(tiny_model, backend, bits):
+    model, tokenizer = tiny_model("llama")
+    session = ChatSession(model, tokenizer, SessionConfig(cache="quantized", cache_backend=backend, cache_bits=bits,
+                                                          max_new_tokens=8))
+    last = _chat(session)
+    cache_len = session.cache_length
+    assert cache_len > 32  # past the full-precision window: most tokens are quantized
+    for info, layer in zip(last.layers, session.cache.layers, strict=True):
+        assert info.kind == "quantized"
+        assert info.quant_bits == (8 if backend == "fp8" else bits)
+        assert info.seen == info.filled == cache_len and info.k_shape[2] == cache_len
+        seen: set = set()
+        quant = _storage(layer._quantized_keys, seen) + _storage(layer._quantized_values, seen)
+        residual = layer.keys.shape[-2] if layer.keys.dim() == 4 else 0
+        assert info.quant_bytes == quant > 0
+        assert info.residual == residual
+        full_precision = (layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes()) if residual else 0
+        assert info.bytes == quant + full_precision
+    # fp32 K/V of every token would take this much; the quantized layers must be smaller (fp8 keeps its window too)
+    dense = sum(2 * i.k_shape[0] * i.k_shape[1] * i.k_shape[2] * i.k_shape[3] * 4 for i in last.layers)
+    assert last.cache_bytes < dense
+    result = session.verify()
+    assert result.max_abs_diff > 1e-6  # lossy: it is really quantized (not silently full precision)
+    assert result.max_abs_diff <= result.tolerance and result.ok, result
+    # the trace round-trips the new fields
+    again = _snapshot(last.to_record(), TokenBuffer(list(last.buffer)))
+    assert again.layers == last.layers
+
+
+def test_quantized_rewind_recomputes_and_stays_consistent(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    session = ChatSession(model, tokenizer, SessionConfig(cache="quantized", cache_backend="fp8", max_new_tokens=6))
+    _chat(session)
+    n = session.cache_length
+    session.rewind(4)
+    assert session.cache_length == n - 4 == len(session.buffer)
+    assert any(d.code == "state-rewind" and "quantized" in d.message for d in session.diagnostics)
+    assert session.verify().ok
+
+
+def test_unknown_backend_and_missing_package_are_one_line_refusals(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    with pytest.raises(SessionError, match="unknown quantization backend 'nope'"):
+        ChatSession(model, tokenizer, SessionConfig(cache="quantized", cache_backend="nope"))
+
+
+def test_offloaded_cache_on_cpu_is_a_one_line_refusal(tiny_model):
+    """transformers' offloaded update waits on torch.cuda streams: on a CPU-only torch it would raise
+    "Torch not compiled with CUDA enabled" mid-forward. kvtui refuses up front instead."""
+    model, tokenizer = tiny_model("qwen3")
+    with pytest.raises(SessionError, match="--cache offloaded needs the model on a CUDA device"):
+        ChatSession(model, tokenizer, SessionConfig(cache="offloaded"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="transformers' offloaded cache needs CUDA")
+def test_offloaded_cache_is_exact_and_shows_device(tiny_model):
+    model, tokenizer = tiny_model("qwen3")
+    model = model.to("cuda")
+    try:
+        _offloaded_run(model, tokenizer)
+    finally:
+        model.to("cpu")  # the fixture's model is shared
+
+
+def _offloaded_run(model, tokenizer):
+    session = ChatSession(model, tokenizer, SessionConfig(cache="offloaded", max_new_tokens=5))
+    last = _chat(session)
+    assert session.cache.offloading
+    for info, layer in zip(last.layers, session.cache.layers, strict=True):
+        assert info.offloaded and info.device == str(layer.keys.device)
+    ids = torch.tensor([[t.id for t in last.buffer]], device="cuda")
+    with torch.inference_mode():
+        full = model(input_ids=ids, use_cache=False).logits[0, -1]
+    assert torch.allclose(session.last_logits, full, atol=1e-5)
+    session.rewind(2)
+    assert session.verify().ok
+
+
+def test_compile_needs_a_static_cache(tiny_model):
+    model, tokenizer = tiny_model("llama")
+    with pytest.raises(SessionError, match="--compile needs --cache static"):
+        ChatSession(model, tokenizer, SessionConfig(compile=True))
+
+
+def test_compiled_static_decode_gives_identical_greedy_tokens(tiny_model):
+    torch._dynamo.reset()
+    model, tokenizer = tiny_model("llama")
+    runs = {}
+    for compiled in (False, True):
+        session = ChatSession(model, tokenizer, SessionConfig(cache="static", max_cache_len=160, compile=compiled,
+                                                              max_new_tokens=8))
+        snaps = []
+        for turn in TURNS:
+            session.send(turn)
+            session.generate(on_step=snaps.append)
+        runs[compiled] = (session.buffer.ids(), snaps, session)
+    assert runs[True][0] == runs[False][0]  # greedy tokens identical
+    snaps, session = runs[True][1], runs[True][2]
+    assert all(s.compiled for s in snaps)
+    assert snaps[0].compile_ms is not None and snaps[0].compile_ms > 0  # the first decode step compiled
+    assert session.compiles >= 1 and snaps[-1].recompiles == session.recompiles
+    assert all(s.compile_ms is None for s in snaps[1:]) or session.recompiles > 0
+    assert session.verify().ok
