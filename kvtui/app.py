@@ -110,6 +110,7 @@ class KvtuiApp(App):
         Binding("m", "toggle_step_mode", "step mode"),
         Binding("o", "sampler", "sampler"),
         Binding("i", "focus_input", "type", show=False),
+        Binding("enter", "next_script_turn", "send the script's next turn", show=False),
         Binding("g", "live", "back to live step", show=False),
         Binding("X", "reset", "reset cache and chat", show=False),
         Binding("ctrl+s", "save_trace", "save trace"),
@@ -240,6 +241,9 @@ class KvtuiApp(App):
         except (ModelLoadError, SessionError, TraceError, ValueError) as exc:
             self.post_message(LoadFailed(str(exc)))
             return
+        except Exception as exc:  # anything else at load: said as such, never a half-started app
+            self.post_message(LoadFailed(f"{type(exc).__name__}: {exc}"))
+            return
         session = self.session
         query, kv = introspect.attention_heads(loaded.model.config)
         sampler = session.config.sampler.describe()
@@ -271,7 +275,8 @@ class KvtuiApp(App):
             self._queued = None
         self.model_text = f"no model: {message.error}"
         self.query_one(StatusBar).set_text(f"✗ {message.error}")
-        self.notify(message.error, title="model not loaded", severity="error", timeout=30)
+        self.notify(f"{message.error}\nq quits; fix the model or the options and start kvtui again",
+                    title="model not loaded", severity="error", timeout=30)
 
     # ---- engine actions (one worker at a time; each cancels the one before) ---------------------
 
@@ -366,7 +371,8 @@ class KvtuiApp(App):
             step = self.latest.step if self.latest else 0
             self.app_diagnostics.append(Diagnostic("worker-error", "error", f"{event.worker.name}: {text}", step))
             self._show_diagnostics()
-            self.notify(text, title="error in the model worker (session kept)", severity="error", timeout=10)
+            self.notify(f"{text}\nthe session is as it was before this action: go on, v verifies it, q quits",
+                        title="error in the model worker (session kept)", severity="error", timeout=10)
 
     # ---- snapshots -> panes ----------------------------------------------------------------------
 
@@ -467,9 +473,17 @@ class KvtuiApp(App):
         self.query_one(TokenBufferPane).focus()
         self._show_next_script_turn()
 
+    def action_next_script_turn(self) -> None:
+        """Enter outside the input (the cache pane has the focus after a send): the script's next turn."""
+        if not self.script_turns:
+            return
+        self.pinned_step = None
+        self._engine("send", self.script_turns.pop(0))
+        self._show_next_script_turn()
+
     def _show_next_script_turn(self) -> None:
-        placeholder = (f"Enter sends the script's next turn: {self.script_turns[0]}" if self.script_turns
-                       else "Type a message, Enter to send")
+        placeholder = (f"Enter (here or in the cache pane) sends the script's next turn: {self.script_turns[0]}"
+                       if self.script_turns else "Type a message, Enter to send")
         self.query_one(ChatPane).input.placeholder = placeholder
 
     def action_focus_input(self) -> None:

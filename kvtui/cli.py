@@ -72,6 +72,7 @@ def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, ve
         export = (export_cache_at, export_path or Path(f"cache-step{export_cache_at}.safetensors")) if export_cache_at else None
         sys.exit(_run_headless(model, script, trace_path, verify_every, fail_on, options, export, verbose))
     _check_theme(theme)
+    _check_watch_words(model, options)
     from .app import KvtuiApp
 
     app = KvtuiApp(AppConfig(model=model, options=options, theme=theme, script=script, trace_path=trace_path,
@@ -88,16 +89,28 @@ def _bad_input(message: str) -> None:
     sys.exit(2)
 
 
-def _check_theme(theme: str) -> None:
-    """Every theme file must load (a user's broken file names itself) and --theme must name one."""
-    from .themes import ThemeFileError, load_themes
+def _check_watch_words(model, options: dict) -> None:
+    """--watch words need the tokenizer: load it (not the model) and resolve them before any screen."""
+    if not options.get("watch"):
+        return
+    from .engine.loader import ModelLoadError, load_tokenizer
+    from .options import OptionError, resolve_token
 
     try:
-        names = set(load_themes())
-    except ThemeFileError as exc:
-        _bad_input(f"theme file {exc}")
-    if theme not in names and theme not in ("textual-dark", "textual-light"):
-        _bad_input(f"no theme named {theme!r}; available: {', '.join(sorted(names))}")
+        tokenizer = load_tokenizer(model)
+        for word in options["watch"]:
+            resolve_token(tokenizer, word)
+    except (ModelLoadError, OptionError) as exc:
+        _bad_input(str(exc))
+
+
+def _check_theme(theme: str) -> None:
+    """Every theme file must load (a user's broken file names itself) and --theme must name one."""
+    from .themes import theme_error
+
+    error = theme_error(theme)
+    if error:
+        _bad_input(error)
 
 
 def _run_headless(model, script, trace_path, verify_every, fail_on, options, export=None, verbose=False) -> int:

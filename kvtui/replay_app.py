@@ -7,7 +7,7 @@ from pathlib import Path
 from textual.css.query import NoMatches
 
 from .app import KvtuiApp, SessionState, SnapshotReady
-from .engine.replay import Replay, transcript
+from .engine.replay import Replay, describe_event, transcript
 from .engine.trace import read_trace
 from .options import AppConfig
 from .widgets.chat_pane import ChatPane
@@ -52,6 +52,11 @@ class ReplayApp(KvtuiApp):
         snapshot = self.replay.snapshots[index]
         diagnostics = tuple(d for s in self.replay.snapshots[: index + 1] for d in s.diagnostics)
         self.post_message(SnapshotReady(snapshot, transcript(snapshot.buffer), diagnostics, running=False))
+        if self._player is None:  # stepping: say what happened right after this step (not while playing)
+            for event in self.replay.events_at(snapshot.step):
+                failed = event.get("type") == "verify" and not event.get("ok")
+                self.notify(describe_event(event), title=f"after step {snapshot.step}",
+                            severity="error" if failed else "information", timeout=6)
 
     def _engine(self, action: str, argument=None) -> None:
         if action == "step":

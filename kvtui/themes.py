@@ -15,7 +15,7 @@ from textual.theme import Theme
 from .locations import shipped, user_themes_dir
 from .options import DEFAULT_THEME
 
-__all__ = ["DEFAULT_THEME", "ThemeFileError", "load_theme", "load_themes", "theme_files"]
+__all__ = ["DEFAULT_THEME", "ThemeFileError", "load_theme", "load_themes", "theme_error", "theme_files"]
 _ALLOWED = {f.name for f in fields(Theme)}
 
 
@@ -57,3 +57,14 @@ def load_themes(user_dir: Path | None = None) -> dict[str, Theme]:
         theme = load_theme(path)
         themes[theme.name] = theme
     return themes
+
+
+def theme_error(theme: str) -> str | None:
+    """Why `theme` cannot be used (a broken theme file, or no such name), or None: checked before any screen."""
+    try:
+        names = set(load_themes())
+    except ThemeFileError as exc:
+        return f"theme file {exc}"
+    if theme not in names and theme not in ("textual-dark", "textual-light"):
+        return f"no theme named {theme!r}; available: {', '.join(sorted(names))}"
+    return None

@@ -16,7 +16,8 @@ from .app import KvtuiApp, SnapshotReady
 from .engine.snapshot import Diagnostic
 from .options import AppConfig
 from .widgets.chat_pane import ChatPane
-from .widgets.program_output import ProgramOutput, printable
+from .fmt import printable
+from .widgets.program_output import ProgramOutput
 from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 

@@ -22,6 +22,21 @@ def _files():
     return sorted((f for f in shipped("samples").iterdir() if f.name.endswith(SUFFIXES)), key=lambda f: f.name)
 
 
+def _programs():
+    """The sample programs for `kvtui watch` (samples/programs/*.py), with what each hides."""
+    folder = shipped("samples") / "programs"
+    if not folder.is_dir():
+        return []
+    return sorted((f for f in folder.iterdir() if f.name.endswith(".py")), key=lambda f: f.name)
+
+
+def _program_expects(program) -> str:
+    for line in program.read_text(encoding="utf-8").splitlines():
+        if line.startswith("kvtui-expects:"):
+            return line.partition(":")[2].strip()
+    return "-"
+
+
 def _describe(sample) -> tuple[str, str, str]:
     """(model, what it shows, what it raises) from a script's own fields."""
     try:
@@ -50,8 +65,14 @@ def samples(ctx: click.Context) -> None:
         model, shows, raises = _describe(sample)
         click.echo(f"{sample.name}  [{one_line(model)}]  raises: {one_line(raises)}")
         click.echo(f"    {one_line(shows, max(20, width - 4))}")
-    click.echo(f"\n{len(files)} files. Run one: kvtui --headless --script FILE (after `kvtui samples copy DIR`), "
-               "or in the TUI: kvtui --script FILE")
+    programs = _programs()
+    for program in programs:
+        first = program.read_text(encoding="utf-8").split('"""')[1].strip().splitlines()[0] if '"""' in program.read_text(
+            encoding="utf-8") else ""
+        click.echo(f"programs/{program.name}  raises: {one_line(_program_expects(program))}")
+        click.echo(f"    {one_line(first, max(20, width - 4))} (kvtui watch programs/{program.name} MODEL_DIR)")
+    click.echo(f"\n{len(files)} scripts, {len(programs)} programs. Run one: kvtui --headless --script FILE (after "
+               "`kvtui samples copy DIR`), in the TUI: kvtui --script FILE, a program: kvtui watch FILE MODEL_DIR")
 
 
 @samples.command("copy")
@@ -60,7 +81,9 @@ def samples(ctx: click.Context) -> None:
 def copy(directory: Path, force: bool) -> None:
     """Copy the samples into DIRECTORY (created if needed) to run and edit them."""
     files = _files()
+    programs = _programs()
     clashes = [f.name for f in files if (directory / f.name).exists()]
+    clashes += [f"programs/{f.name}" for f in programs if (directory / "programs" / f.name).exists()]
     if clashes and not force:
         click.echo(f"kvtui: error: {directory} already has {', '.join(clashes)} (--force overwrites)", err=True)
         sys.exit(2)
@@ -68,7 +91,11 @@ def copy(directory: Path, force: bool) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         for f in files:
             (directory / f.name).write_bytes(f.read_bytes())
+        if programs:
+            (directory / "programs").mkdir(exist_ok=True)
+        for f in programs:
+            (directory / "programs" / f.name).write_bytes(f.read_bytes())
     except OSError as exc:
         click.echo(f"kvtui: error: cannot copy the samples to {directory}: {exc.strerror or exc}", err=True)
         sys.exit(2)
-    click.echo(f"copied {len(files)} samples to {directory}")
+    click.echo(f"copied {len(files)} samples and {len(programs)} programs to {directory}")

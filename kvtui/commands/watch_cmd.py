@@ -37,6 +37,11 @@ def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_to
         raise click.BadParameter(f"{target}: no such file", param_hint="SCRIPT")
     if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
         raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
+    if not headless:
+        from ..themes import theme_error
+
+        if theme_error(theme):
+            raise click.BadParameter(theme_error(theme), param_hint="--theme")
     if headless:
         sys.exit(run_headless(target, list(args), module, trace_path, fail_on, show_top))
     from ..watch_app import WatchApp
@@ -52,6 +57,7 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
     else the program's own exit code."""
     from ..engine.probe import AutoAttach, Watcher
     from ..engine.program import run_program
+    from ..fmt import printable
 
     watcher = Watcher(trace=str(trace_path) if trace_path else None, top_k=top_k, program=[target, *args])
     attach = AutoAttach(watcher).install()
@@ -62,10 +68,10 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
         models = ", ".join(f"{p.name} ({type(p.model).__name__})" for p in watcher.probes) or "none"
         watcher.detach()
     err = click.get_text_stream("stderr")
-    click.echo(f"kvtui watch: {watcher.steps} forwards watched · models: {_printable(models)} · "
+    click.echo(f"kvtui watch: {watcher.steps} forwards watched · models: {printable(models)} · "
                f"program exit code {code}", file=err)
     for d in watcher.diagnostics:
-        click.echo(f"{d.severity:>7} step {d.step:>4}  {d.code}  {_printable(d.message)}", file=err)
+        click.echo(f"{d.severity:>7} step {d.step:>4}  {d.code}  {printable(d.message)}", file=err)
     if trace_path:
         click.echo(f"trace written to {trace_path}", file=err)
     threshold = SEVERITIES.index(fail_on)
@@ -74,8 +80,3 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
         click.echo(f"{len(failing)} alarm(s) at or above {fail_on}", file=err)
         return 1
     return code
-
-
-def _printable(text: str) -> str:
-    """Control characters shown escaped, never interpreted by the terminal."""
-    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)

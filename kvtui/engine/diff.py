@@ -31,7 +31,10 @@ from .trace import Trace
 HEADER_NOTES = ("model", "model_path", "model_class", "layers", "dtype", "device", "cache", "capacity", "mode",
                 "sampler", "seed", "transformers", "torch", "python", "kvtui")
 
-FIELDS = ("input_ids", "positions", "chosen", "topk", "cache_seq_length", "layers", "steps")
+FIELDS = ("input_ids", "positions", "chosen", "topk", "cache_seq_length", "layers", "steps", "verify", "events")
+# Event records compared after the steps (timings and file paths are not compared)
+EVENT_KINDS = ("verify", "diagnostic", "rewind", "force", "sampler", "watch", "reset", "export")
+EVENT_IGNORED = ("ms", "path")
 
 
 @dataclass
@@ -59,6 +62,7 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
     max_gap: float | None = None
     compared = 0
     renumbered = False
+    first_event = _compare_events(a, b)
     for sa, sb in zip(a.steps, b.steps):
         step = sa.get("step", compared + 1)
         if sb.get("step", step) != step and not renumbered:
@@ -67,6 +71,9 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
                          f"(reported by A's numbering)")
         gap = _logit_gap(sa, sb)
         found = _compare_step(sa, sb, tie_tolerance, pieces, layer_notes)
+        if first_event is not None and first_event[0] < step:  # what happened before this step comes first
+            event_step, field_name, detail = first_event
+            return DiffResult(False, event_step, field_name, detail, None, notes + layer_notes.render(), compared)
         if found is not None:
             field_name, detail = found
             notes += layer_notes.render()
@@ -88,6 +95,9 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
         if shorter.steps:
             detail += "; the steps both traces hold agree"
         return DiffResult(False, missing.get("step", len(shorter.steps) + 1), "steps", detail, None, notes, compared)
+    if first_event is not None:
+        step, field_name, detail = first_event
+        return DiffResult(False, step, field_name, detail, None, notes, compared)
     detail = f"the traces agree over all {compared} steps"
     if max_gap is not None:
         detail += f" (largest top-k logit difference {max_gap:.3g})"
@@ -330,6 +340,43 @@ def _layers(indices: list) -> str:
     if len(indices) > 1 and indices == list(range(indices[0], indices[-1] + 1)):
         return f"layers {indices[0]}-{indices[-1]}"
     return ("layer " if len(indices) == 1 else "layers ") + ", ".join(map(str, indices))
+
+
+def _events(trace: Trace) -> list[dict]:
+    return [{k: v for k, v in e.items() if k not in EVENT_IGNORED} for e in trace.events if e.get("type") in EVENT_KINDS]
+
+
+def _compare_events(a: Trace, b: Trace) -> tuple[int, str, str] | None:
+    """The first recorded event (verify, refusal, rewind, force, ...) that differs: (step, field, detail)."""
+    ea, eb = _events(a), _events(b)
+    for x, y in zip(ea, eb):
+        if x == y or (x.get("type") == y.get("type") == "verify" and x.get("ok") == y.get("ok")
+                      and x.get("step") == y.get("step")):
+            continue
+        step = x.get("step") or y.get("step") or 0
+        if x.get("type") == y.get("type") == "verify":
+            failed, ok = (x, "B") if not x.get("ok") else (y, "A")
+            bad = "A" if ok == "B" else "B"
+            return step, "verify", (f"verify at step {step}: ok in {ok}, failed in {bad} (max |diff| "
+                                    f"{_fmt(failed.get('max_abs_diff'))} > {_fmt(failed.get('tolerance'))})")
+        return step, "events", f"at step {step}: A recorded {_event_text(x)}, B recorded {_event_text(y)}"
+    if len(ea) != len(eb):
+        extra, name = (ea[len(eb)], "A") if len(ea) > len(eb) else (eb[len(ea)], "B")
+        step = extra.get("step") or 0
+        if extra.get("type") == "verify" and not extra.get("ok"):
+            return step, "verify", f"verify at step {step} failed in {name} only"
+        return step, "events", f"only {name} recorded {_event_text(extra)} (at step {step})"
+    return None
+
+
+def _event_text(event: dict) -> str:
+    kind = event.get("type")
+    if kind == "diagnostic":
+        return f"{event.get('severity')} {event.get('code')}"
+    if kind == "verify":
+        return "a verify that " + ("passed" if event.get("ok") else "failed")
+    details = ", ".join(f"{k}={v!r}" for k, v in event.items() if k not in ("type", "step"))
+    return f"{kind} ({details})" if details else str(kind)
 
 
 def _verify_notes(trace: Trace, name: str) -> list[str]:

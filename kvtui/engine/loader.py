@@ -87,29 +87,9 @@ def _check_causal_lm(config: Any, shown: str) -> None:
         )
 
 
-def load_model(
-    name_or_path: str | None = None,
-    *,
-    dtype: str = "auto",
-    device: str = "auto",
-    device_map: str | None = None,
-    attn_implementation: str | None = None,
-    progress: Progress | None = None,
-) -> LoadedModel:
-    """Load a causal LM + tokenizer; see the module docstring for accepted sources.
-
-    ``dtype``: auto (float32 on cpu/mps, bfloat16 on cuda -- float16 if bf16 is
-    unsupported), float32/fp32, bfloat16/bf16, float16/fp16.
-    ``device``: auto (cuda, else mps, else cpu), cpu, cuda, cuda:N, mps.
-    ``device_map`` (e.g. "auto") is handed to ``from_pretrained`` (accelerate) instead
-    of moving the model to ``device``.  ``progress(message, fraction)`` is called at
-    each stage; ``fraction`` is overall progress in 0..1, or None when unknown.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    target = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, target)
-
+def resolve_source(name_or_path: str | None, progress: Progress | None = None):
+    """(source, shown, directory, gguf file or None, progress share used) for a model name: the embedded
+    model (converted once), a `tiny:` spec (built once), a local directory or .gguf, or a hub id cached locally."""
     gguf_file: str | None = None
     load_lo = 0.0
     if name_or_path is None:
@@ -143,6 +123,47 @@ def load_model(
                     f"model '{source}' is neither a local directory nor in the local Hugging Face cache (no network here)"
                 )
             path = snap
+    return source, shown, path, gguf_file, load_lo
+
+
+def load_tokenizer(name_or_path: str | None):
+    """Only the tokenizer of a model (to check options like --watch before loading any weights)."""
+    from transformers import AutoTokenizer
+
+    _, _, path, gguf_file, _ = resolve_source(name_or_path)
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    try:
+        return AutoTokenizer.from_pretrained(str(path), **kwargs)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load a tokenizer from {path}: {first_line(exc)}") from exc
+
+
+def load_model(
+    name_or_path: str | None = None,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | None = None,
+    attn_implementation: str | None = None,
+    progress: Progress | None = None,
+) -> LoadedModel:
+    """Load a causal LM + tokenizer; see the module docstring for accepted sources.
+
+    ``dtype``: auto (float32 on cpu/mps, bfloat16 on cuda -- float16 if bf16 is
+    unsupported), float32/fp32, bfloat16/bf16, float16/fp16.
+    ``device``: auto (cuda, else mps, else cpu), cpu, cuda, cuda:N, mps.
+    ``device_map`` (e.g. "auto") is handed to ``from_pretrained`` (accelerate) instead
+    of moving the model to ``device``.  ``progress(message, fraction)`` is called at
+    each stage; ``fraction`` is overall progress in 0..1, or None when unknown.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    target = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, target)
+
+    source, shown, path, gguf_file, load_lo = resolve_source(name_or_path, progress)
 
     prog = scaled(progress, load_lo, 1.0)
     common: dict[str, Any] = {"local_files_only": True}

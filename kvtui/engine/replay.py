@@ -20,8 +20,16 @@ class Replay:
         self.snapshots: list[StepSnapshot] = []
         self._items: list[BufferToken] = []
         self._row_items: list[list[BufferToken]] = []
+        self._events: dict[int, list[dict]] = {}  # step -> what happened right after it (rewind, force, verify...)
+        for event in trace.events:
+            if isinstance(event.get("step"), int):
+                self._events.setdefault(event["step"], []).append(event)
         for record in trace.steps:
             self.add(record)
+
+    def events_at(self, step: int) -> list[dict]:
+        """The records written after step `step` and before the next one: verify, rewind, force, sampler..."""
+        return self._events.get(step, [])
 
     def add(self, record: dict) -> StepSnapshot:
         """Rebuild one more step (a live source appends as records arrive)."""
@@ -79,6 +87,30 @@ def transcript(buffer) -> list[dict]:
         else:
             messages.append({"role": role, "content": token.piece, "turn": token.turn})
     return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def describe_event(event: dict) -> str:
+    """One line for a recorded event, as replay shows it."""
+    kind = event.get("type")
+    if kind == "rewind":
+        return f"rewind: the cache went back from {event.get('from_length')} to {event.get('to_length')} tokens"
+    if kind == "force":
+        return f"forced {event.get('text')!r} (id {event.get('id')}, rank {event.get('rank')}) as the next token"
+    if kind == "sampler":
+        return ("sampler changed: " + ", ".join(f"{k} {event[k]}" for k in
+                                                ("temperature", "top_k", "top_p", "repetition_penalty", "seed") if k in event))
+    if kind == "watch":
+        return f"watching {event.get('text')!r} (id {event.get('id')})"
+    if kind == "verify":
+        verdict = "matched" if event.get("ok") else "DIFFERED FROM"
+        return f"verify: the cache {verdict} a full recompute (max |diff| {event.get('max_abs_diff', 0):.2e})"
+    if kind == "diagnostic":
+        return f"{event.get('severity')} {event.get('code')}: {event.get('message')}"
+    if kind == "reset":
+        return "the cache and the chat were reset"
+    if kind == "export":
+        return f"the cache was exported to {event.get('path')}"
+    return str(kind)
 
 
 def _extend(items: list[BufferToken], length: int, fed: list[BufferToken]) -> list[BufferToken]:

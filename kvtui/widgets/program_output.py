@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from textual.widgets import Log
 
+from ..fmt import printable  # a program's ESC[2J must not clear kvtui's screen
+
 MAX_LINES = 5000
-
-
-def printable(text: str) -> str:
-    """Control characters escaped: a program's ESC[2J must not clear kvtui's screen."""
-    return "".join(c if c.isprintable() or c in " \t" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class ProgramOutput(Log):
@@ -22,4 +19,4 @@ class ProgramOutput(Log):
         self.border_title = "program output"
 
     def add(self, stream: str, text: str) -> None:
-        self.write_line(("stderr│ " if stream == "stderr" else "") + printable(text))
+        self.write_line(("stderr│ " if stream == "stderr" else "") + printable(text, newlines=True))

@@ -74,8 +74,10 @@ def _is_kvtui(kind: type) -> bool:
     return isinstance(module, str) and module.startswith("kvtui.")
 
 
-def measure(app) -> dict:
-    """RSS, live snapshots, tensors and kvtui objects no snapshot holds (type() checks: no __class__ lookups)."""
+def measure(app, before: frozenset[int] = frozenset()) -> dict:
+    """RSS, live snapshots, tensors and kvtui objects no snapshot holds (type() checks: no __class__ lookups).
+    `before`: ids of kvtui objects alive before the app started (module constants such as the tiny-model
+    specs), which are not the app's doing."""
     gc.collect()
     objects = gc.get_objects()
     snapshots = [o for o in objects if type(o) is StepSnapshot]
@@ -94,7 +96,8 @@ def measure(app) -> dict:
                     found.append(ref)
         frontier = found
     kinds = Counter(type(o).__qualname__ for o in objects
-                    if _is_kvtui(type(o)) and type(o) not in (StepSnapshot, BufferToken) and id(o) not in held)
+                    if _is_kvtui(type(o)) and type(o) not in (StepSnapshot, BufferToken) and id(o) not in held
+                    and id(o) not in before)
     return {
         "step": app.session.steps,
         "rss": psutil.Process().memory_info().rss,
@@ -150,6 +153,7 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
     loaded = tiny_loaded("qwen2")  # built first: building starts tqdm's monitor thread
     process = psutil.Process()
     gc.collect()
+    constants = frozenset(id(o) for o in gc.get_objects() if _is_kvtui(type(o)))
     threads_before = {t.ident for t in threading.enumerate()}
     files_before = {f.path for f in process.open_files()}
     app = KvtuiApp(AppConfig(options={"max_new_tokens": STEPS}), loaded=loaded)
@@ -166,9 +170,9 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
         await wait_for(pilot, lambda: app.latest is not None and not engine_busy(app), 60, "the prefill")
         turns = [1]
         await run_until(pilot, app, EARLY, turns)
-        early = measure(app)
+        early = measure(app, constants)
         await run_until(pilot, app, STEPS, turns)
-        late = measure(app)
+        late = measure(app, constants)
         steps = app.session.steps
         assert steps >= STEPS and app.latest.step == steps
 
