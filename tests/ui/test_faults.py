@@ -1,0 +1,81 @@
+"""Fault injection: an exception at load, in a step, in verify and in export is a clear message in the
+TUI (what happened, what to do next), the session stays as it was, and `q` still quits."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Input
+
+from kvtui.app import KvtuiApp
+from kvtui.options import AppConfig
+from kvtui.widgets.status_bar import StatusBar
+
+from pilot_helpers import wait_for, wait_idle
+
+SIZE = (140, 45)
+
+
+def notices(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def send(pilot, app, text="What is k?"):
+    await wait_for(pilot, lambda: app.session is not None, what="the model to load")
+    app.step_mode = True
+    box = app.query_one("#message", Input)
+    box.focus()
+    box.value = text
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: app.latest is not None, what="the prefill")
+    await wait_idle(pilot, app)
+
+
+async def test_exception_at_load_is_said_and_q_quits(monkeypatch):
+    import kvtui.app as app_module
+
+    def broken_load(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(app_module, "load", broken_load)
+    app = KvtuiApp(AppConfig(model="whatever"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app._load_failed, what="the load failure")
+        await pilot.pause(0.2)
+        assert "RuntimeError: disk on fire" in app.query_one(StatusBar).model_text
+        assert any("disk on fire" in n and "q quits" in n for n in notices(app))
+        await pilot.press("space")  # keys still answer (no model: they say so)
+        await pilot.press("q")
+    assert app.return_code in (0, None)
+
+
+@pytest.mark.parametrize("action,key", [("step", "space"), ("verify", "v"), ("export", "e")])
+async def test_exception_in_an_action_keeps_the_session(tiny_loaded, monkeypatch, tmp_path, action, key):
+    monkeypatch.chdir(tmp_path)  # export writes into the working directory
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}), loaded=tiny_loaded("qwen2"))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app)
+        before = (app.latest.step, app.session.buffer.ids())
+        if action == "export":
+            import kvtui.engine.export as export_module
+
+            def broken(*args, **kwargs):
+                raise OSError("no space left on device")
+
+            monkeypatch.setattr(export_module, "export_cache", broken)
+        else:
+            def broken(*args, **kwargs):
+                raise RuntimeError(f"simulated failure in {action}")
+
+            monkeypatch.setattr(app.session, action, broken)
+        await pilot.press(key)
+        await wait_for(pilot, lambda: app.app_diagnostics, what="the worker error")
+        await wait_idle(pilot, app)
+        message = app.app_diagnostics[-1].message
+        assert app.app_diagnostics[-1].code == "worker-error" and ("simulated failure" in message or "no space" in message)
+        assert any("session is as it was" in n and "q quits" in n for n in notices(app))
+        assert (app.latest.step, app.session.buffer.ids()) == before  # nothing half done
+        monkeypatch.undo()
+        await pilot.press("space")  # still usable
+        await wait_idle(pilot, app)
+        assert app.latest.step == before[0] + 1
+        await pilot.press("q")
