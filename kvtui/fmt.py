@@ -4,11 +4,15 @@
 - `printable(text)`: control characters, escape sequences and bidi overrides made visible (`\\x1b`,
   `\\u202e`), never interpreted by the terminal. Model output and user input pass through it.
 - `one_line(text, limit)`: whitespace collapsed, escaped, cut with … (summary tables).
+- `token_text(piece)`: one token's text on one line, the same in every pane (`↵` `→`, escapes).
 - `size(n)`: bytes as `1023 B`, `1.5 KiB`, `3.0 MiB`.
 - `positions(values)`: `3..7` for a run, else the numbers.
 """
 
 from __future__ import annotations
+
+import unicodedata
+from functools import lru_cache
 
 # Bidirectional formatting characters: they reorder the rest of a terminal line.
 BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -61,3 +65,31 @@ def positions(values) -> str:
     if values == list(range(values[0], values[0] + len(values))):
         return f"{values[0]}..{values[-1]}" if len(values) > 1 else str(values[0])
     return " ".join(map(str, values))
+
+
+_VISIBLE = {"\n": "↵", "\r": "␍", "\t": "→"}
+_ESCAPED_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+
+
+@lru_cache(maxsize=16384)
+def token_text(piece: str) -> str:
+    """A token's piece as one printable line: `↵` `→` for newline/tab, `·` for the spaces of an
+    all-whitespace piece, other control/format characters as `\\xNN` / `\\uNNNN` escapes."""
+    if not piece:
+        return "∅"
+    only_space = piece.isspace()
+    out: list[str] = []
+    for ch in piece:
+        if ch in _VISIBLE:
+            out.append(_VISIBLE[ch])
+        elif only_space and unicodedata.category(ch) == "Zs":
+            out.append("·")
+        elif unicodedata.category(ch) in _ESCAPED_CATEGORIES:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    text = "".join(out)
+    if unicodedata.combining(text[0]) or unicodedata.category(text[0]) in ("Mn", "Me"):
+        text = "◌" + text  # a lone combining mark would otherwise fuse with the separator
+    return text

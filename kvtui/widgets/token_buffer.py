@@ -17,7 +17,6 @@ cursor style, at `snapshot.cursor`.
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar, Sequence
@@ -33,6 +32,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from ..engine.snapshot import ORIGINS, BufferToken, LayerInfo, StepSnapshot, TopToken
+from ..fmt import token_text as display_piece
 
 EMPTY_TEXT = "cache empty — send a message"
 CURSOR_GLYPH = "▌"
@@ -41,32 +41,6 @@ SEPARATOR = "│"
 MIN_CELL, MAX_CELL = 4, 25  # cell width incl. separator: a piece shows at most 24 cells
 ATTENTION_LEVELS = 8  # attention weights are quantized so shaded styles stay cacheable
 
-_VISIBLE = {"\n": "↵", "\r": "␍", "\t": "→"}
-_ESCAPED_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
-
-
-@lru_cache(maxsize=16384)
-def display_piece(piece: str) -> str:
-    """A token's piece as one printable line: `↵` `→` for newline/tab, `·` for the spaces of an
-    all-whitespace piece, other control/format characters as `\\xNN` / `\\uNNNN` escapes."""
-    if not piece:
-        return "∅"
-    only_space = piece.isspace()
-    out: list[str] = []
-    for ch in piece:
-        if ch in _VISIBLE:
-            out.append(_VISIBLE[ch])
-        elif only_space and unicodedata.category(ch) == "Zs":
-            out.append("·")
-        elif unicodedata.category(ch) in _ESCAPED_CATEGORIES:
-            code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
-        else:
-            out.append(ch)
-    text = "".join(out)
-    if unicodedata.combining(text[0]) or unicodedata.category(text[0]) in ("Mn", "Me"):
-        text = "◌" + text  # a lone combining mark would otherwise fuse with the separator
-    return text
 
 
 @lru_cache(maxsize=16384)

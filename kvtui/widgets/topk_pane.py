@@ -19,6 +19,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from kvtui.engine.snapshot import StepSnapshot, TopToken
+from kvtui.fmt import token_text
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
 Mode = Literal["processed", "raw"]
@@ -45,20 +46,8 @@ def columns(mode: Mode) -> tuple[tuple[str, str], ...]:
 
 
 def format_piece(text: str, width: int = PIECE_WIDTH) -> str:
-    """repr-like, in single quotes: newlines as ↵, other control/invisible characters escaped."""
-    out = []
-    for ch in text:
-        if ch == "\n":
-            out.append("↵")
-        elif ch == "'":
-            out.append("\\'")
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch.isprintable():
-            out.append(ch)
-        else:
-            out.append(ch.encode("unicode_escape").decode("ascii"))
-    body = "".join(out)
+    """The token's text as every pane shows it (fmt.token_text), quoted and cut to `width`."""
+    body = token_text(text)
     if len(body) > width:
         body = body[: width - 1] + "…"
     return f"'{body}'"

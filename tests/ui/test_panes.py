@@ -337,7 +337,7 @@ async def test_layers_pane_rows_update_in_place_and_selection():
 def test_format_piece_and_prob():
     assert format_piece(" the") == "' the'"
     assert format_piece("a\nb") == "'a↵b'"
-    assert format_piece("\t\x00") == "'\\t\\x00'"
+    assert format_piece("\t\x00") == "'→\\x00'"  # the same token text as the buffer pane (fmt.token_text)
     assert format_piece("x" * 40).endswith("…'")
     assert format_prob(0.4213) == "42.1%"
     assert format_prob(0.0012) == "0.12%"
