@@ -20,17 +20,19 @@ from kvtui.engine.snapshot import LayerInfo, StepSnapshot
 from kvtui.fmt import size as format_bytes
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
-# (key, label) of the table's columns, in order.
+# (key, label) of the table's columns, in order: the numbers people compare first, the long shapes and
+# the per-layer dtype/device (also in the totals line when every layer shares them) last, so a narrow
+# pane cuts those, never the bytes.
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("index", "#"),
     ("kind", "kind"),
+    ("bytes", "bytes"),
+    ("filled", "filled/cap"),
+    ("window", "window"),
     ("k_shape", "K shape"),
     ("v_shape", "V shape"),
     ("dtype", "dtype"),
     ("device", "device"),
-    ("bytes", "bytes"),
-    ("filled", "filled/cap"),
-    ("window", "window"),
 )
 
 _KIND_ROLES = {"full": "primary", "sliding": "accent", "static": "success", "static-sliding": "warning"}
@@ -73,14 +75,14 @@ def layer_cells(layer: LayerInfo, palette: Palette | None = None) -> tuple[Text,
     return (
         Text(str(layer.index), justify="right"),
         Text(format_kind(layer), style=role_style(palette, _KIND_ROLES.get(layer.kind, "accent"))),
-        Text(k_text),
-        Text(v_text),
-        Text(layer.dtype),
-        Text(layer.device),
         Text(format_bytes(layer.bytes), justify="right"),
         Text(format_filled(layer.filled, layer.capacity), justify="right",
              style=role_style(palette, "warning") if full else ""),
         Text(format_window(layer), style=role_style(palette, "accent") if evicted else ""),
+        Text(k_text),
+        Text(v_text),
+        Text(layer.dtype),
+        Text(layer.device),
     )
 
 
@@ -134,6 +136,10 @@ def render_totals(
     text.append(f" · {len(layers)} layers (", style=role_style(palette, "muted"))
     text.append(", ".join(f"{n} {kind}" for kind, n in kinds.items()), style=role_style(palette, "muted"))
     text.append(")", style=role_style(palette, "muted"))
+    kinds_of = {(layer.dtype, layer.device) for layer in layers if layer.dtype != "-"}
+    if len(kinds_of) == 1:
+        dtype, device = next(iter(kinds_of))
+        text.append(f" · {dtype} on {device}", style=role_style(palette, "muted"))
     heads = head_summary(query_heads, kv_heads)
     if heads:
         text.append(" · ")

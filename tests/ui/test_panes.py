@@ -256,10 +256,10 @@ def test_format_helpers():
 
 def test_layer_cells():
     cells = plain(layer_cells(make_layer(3, "full", 37)))
-    # index, kind, K, V, dtype, device, bytes, filled/cap, window
-    assert cells == ["3", "full", "1×2×37×16", "1×2×37×16", "float32", "cpu", "9.2 KiB", "37/∞", "-"]
+    # index, kind, bytes, filled/cap, window, K, V, dtype, device
+    assert cells == ["3", "full", "9.2 KiB", "37/∞", "-", "1×2×37×16", "1×2×37×16", "float32", "cpu"]
     static = plain(layer_cells(make_layer(0, "static-sliding", 8, capacity=8, window=8, seen=40, held_from=32)))
-    assert static[2] == "1×2×8×16" and static[7] == "8/8" and static[8] == "8 from 32"
+    assert static[5] == "1×2×8×16" and static[3] == "8/8" and static[4] == "8 from 32"
 
 
 def test_render_totals_and_heads():
@@ -268,6 +268,7 @@ def test_render_totals_and_heads():
     assert format_bytes(snap.cache_bytes) in text
     assert "2 layers (1 full, 1 sliding)" in text
     assert "KV heads 2 vs query heads 4 (GQA ×2)" in text
+    assert "float32 on cpu" in text  # every layer shares them: said once
     # kv heads read from the K shape when not given
     assert "KV heads 2" in render_totals(snap).plain
     assert head_summary(4, 4).endswith("(MHA)") and head_summary(8, 1).endswith("(MQA)")
@@ -291,7 +292,7 @@ async def test_layers_pane_rows_update_in_place_and_selection():
         table = pane.table
         assert table.row_count == 2
         row = plain(table.get_row_at(0))
-        assert row[0] == "0" and row[2] == "1×2×37×16" and row[6] == "9.2 KiB" and row[7] == "37/∞"
+        assert row[0] == "0" and row[5] == "1×2×37×16" and row[2] == "9.2 KiB" and row[3] == "37/∞"
         assert "KV heads 2 vs query heads 4" in static_text(pane.query_one("#layers-totals"))
         keys = [r.key for r in table.ordered_rows]
 
@@ -300,8 +301,8 @@ async def test_layers_pane_rows_update_in_place_and_selection():
         await pilot.pause()
         assert [r.key for r in table.ordered_rows] == keys
         assert all(a is b for a, b in zip((r.key for r in table.ordered_rows), keys))
-        assert plain(table.get_row_at(1))[7] == "38/∞"
-        assert table.get_cell_at((0, 2)).plain == "1×2×38×16"
+        assert plain(table.get_row_at(1))[3] == "38/∞"
+        assert table.get_cell_at((0, 5)).plain == "1×2×38×16"
 
         # a wider value in place widens its column (DataTable only re-measures when told to)
         pane.show(make_snapshot(cursor=100000))

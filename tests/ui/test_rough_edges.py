@@ -40,3 +40,29 @@ async def test_a_message_sent_before_the_model_is_ready_is_sent_when_it_is(tiny_
             assert app.messages[0]["content"] == "What is k?"
     finally:
         app_module.load = real_load
+
+
+async def test_layers_pane_keeps_the_bytes_column_in_view_at_160_columns(tiny_loaded):
+    """At 160x48 the layers pane is about 59 cells wide: with SmolLM2's shapes (30 layers of
+    1×3×225×64) the bytes, with their unit, must be visible without scrolling; the long shapes and
+    dtype/device come after them (and dtype/device are in the totals line)."""
+    from test_panes import make_layer, make_snapshot
+
+    from kvtui.widgets.layers_pane import LayersPane
+
+    layers = tuple(make_layer(i, "full", 225, kv_heads=3, head_dim=64) for i in range(30))
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": 4}), loaded=tiny_loaded("llama"))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.session is not None, what="the model")
+        pane = app.query_one(LayersPane)
+        pane.show(make_snapshot(cursor=225, cache_seq_length=225, layers=layers))
+        await pilot.pause(0.2)
+        table = pane.table
+        width = table.scrollable_content_region.width
+        keys = [str(key.value) for key in table.columns]
+        upto = keys[: keys.index("bytes") + 1]
+        reach = sum(table.columns[k].get_render_width(table) for k in table.columns if str(k.value) in upto)
+        assert width < 70 and reach <= width, (reach, width)
+        row = [str(cell) for cell in table.get_row_at(0)]
+        assert row[keys.index("bytes")] == "337.5 KiB"
+        assert "float32 on cpu" in str(pane.query_one("#layers-totals").render())
