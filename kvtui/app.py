@@ -93,6 +93,26 @@ class LoadFailed(Message):
     error: str
 
 
+def _ui_cpu() -> float | None:
+    """CPU seconds the UI (main) thread has used so far; None where the OS cannot tell."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(threading.main_thread().ident))
+    except (AttributeError, OSError, TypeError):
+        return None
+
+
+def _ui_ms_since(before: float | None) -> float | None:
+    after = _ui_cpu()
+    return None if before is None or after is None else (after - before) * 1000
+
+
+def _load_note(ui_ms: float | None, measured_ms: float) -> str:
+    """' (UI busy 120 ms meanwhile)' when the UI thread took a real share of the CPU during a timing."""
+    if ui_ms is None or ui_ms < 20 or ui_ms < 0.1 * measured_ms:
+        return ""
+    return f" (UI busy {ui_ms:.0f} ms meanwhile)"
+
+
 class KvtuiApp(App):
     TITLE = "kvtui"
     step_mode = reactive(False)  # Enter only prefills; space steps
@@ -159,6 +179,10 @@ class KvtuiApp(App):
         self._messages_at = 0.0  # worker thread: when the transcript was last decoded
         self._prefill: StepSnapshot | None = None  # this turn's prefill, for the reuse meter
         self._last_verify: VerifyResult | None = None
+        # CPU the UI thread used while the prefill / the last verify ran: the two timings of the reuse
+        # meter are only comparable when neither was slowed by the UI (on 2 cores it competes)
+        self._prefill_ui_ms: float | None = None
+        self._verify_ui_ms: float | None = None
         self._paint_timer = None
         self._themes = load_themes()
         for theme in self._themes.values():
@@ -304,7 +328,9 @@ class KvtuiApp(App):
             session = self.session
             try:
                 if action == "send":
+                    ui_before = _ui_cpu()
                     session.send(argument)
+                    self._prefill_ui_ms = _ui_ms_since(ui_before)
                     if not self.step_mode:
                         self._run(session, worker)
                 elif action == "step":
@@ -322,7 +348,9 @@ class KvtuiApp(App):
                         self._run(session, worker)
                     self._state(session, f"forced {token.text!r} (id {token.id}, rank {token.rank})")
                 elif action == "verify":
+                    ui_before = _ui_cpu()
                     result = session.verify()
+                    self._verify_ui_ms = _ui_ms_since(ui_before)
                     verdict = "matches" if result.ok else "DIFFERS FROM"
                     self._state(session, f"cache {verdict} a full recompute of {result.tokens} tokens: max |diff| "
                                          f"{result.max_abs_diff:.2e} (tolerance {result.tolerance:g}), top-k "
@@ -446,10 +474,11 @@ class KvtuiApp(App):
         reused = len(prefill.buffer) - fed
         share = reused / len(prefill.buffer) if len(prefill.buffer) else 0.0
         text = (f"turn {snapshot.turn} · reused {reused} cached tokens, fed {fed} ({share:.0%} reuse) · "
-                f"prefill {prefill.forward_ms:.0f} ms")
+                f"prefill {prefill.forward_ms:.0f} ms{_load_note(self._prefill_ui_ms, prefill.forward_ms)}")
         verify = self._last_verify
         if verify is not None:
-            text += f" · full re-encode of {verify.tokens} tokens: {verify.ms:.0f} ms"
+            text += (f" · full re-encode of {verify.tokens} tokens: {verify.ms:.0f} ms"
+                     f"{_load_note(self._verify_ui_ms, verify.ms)}")
         else:
             text += " · v measures a full re-encode"
         return text

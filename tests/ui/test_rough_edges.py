@@ -66,3 +66,48 @@ async def test_layers_pane_keeps_the_bytes_column_in_view_at_160_columns(tiny_lo
         row = [str(cell) for cell in table.get_row_at(0)]
         assert row[keys.index("bytes")] == "337.5 KiB"
         assert "float32 on cpu" in str(pane.query_one("#layers-totals").render())
+
+
+async def test_reuse_meter_says_when_the_ui_was_busy_during_a_timing(tiny_loaded):
+    """The reuse meter compares the prefill with a full re-encode (v): a figure taken while the UI
+    thread was busy says so, so a learner is not told that caching was slower."""
+    import time as clock
+
+    from kvtui.widgets.chat_pane import ChatPane
+
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": 4}), loaded=tiny_loaded("qwen2"))
+    async with app.run_test(size=(140, 45)) as pilot:
+        await wait_for(pilot, lambda: app.session is not None, what="the model")
+        session = app.session
+
+        class SlowModel:  # the forward takes 300 ms of wall time (sleeping: no CPU of its own)
+            def __init__(self, model):
+                self._model = model
+
+            def __getattr__(self, name):
+                return getattr(self._model, name)
+
+            def __call__(self, **kwargs):
+                clock.sleep(0.3)
+                return self._model(**kwargs)
+
+        def burn():  # the UI thread works 8 ms of every 10
+            end = clock.thread_time() + 0.008
+            while clock.thread_time() < end:
+                pass
+
+        real = session.model
+        session.model = SlowModel(real)
+        burner = app.set_interval(0.01, burn)
+        app.step_mode = True
+        box = app.query_one("#message")
+        box.focus()
+        box.value = "What is k?"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.latest is not None, what="the prefill")
+        burner.stop()
+        session.model = real
+        await wait_idle(pilot, app)
+        text = str(app.query_one(ChatPane).query_one("#reuse").render())
+        assert "prefill" in text and "UI busy" in text, text
+        assert app._prefill_ui_ms is not None and app._prefill_ui_ms >= 20
