@@ -208,6 +208,9 @@ def test_layers_pane_shows_states_of_non_kv_layers(tiny_model):
     cells = [c.plain for c in layer_cells(ssm)]
     conv, recurrent = session.cache.layers[ssm.index].conv_states[0], session.cache.layers[ssm.index].recurrent_states[0]
     assert cells[1] == "ssm"
-    assert cells[2] == "conv " + "×".join(map(str, conv.shape))
-    assert cells[3] == "recurrent " + "×".join(map(str, recurrent.shape))
+    from kvtui.widgets.layers_pane import COLUMNS
+
+    keys = [key for key, _ in COLUMNS]
+    assert cells[keys.index("k_shape")] == "conv " + "×".join(map(str, conv.shape))
+    assert cells[keys.index("v_shape")] == "recurrent " + "×".join(map(str, recurrent.shape))
     assert ssm.bytes == conv.untyped_storage().nbytes() + recurrent.untyped_storage().nbytes() > 0

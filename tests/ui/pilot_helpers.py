@@ -24,6 +24,20 @@ async def wait_idle(pilot, app, timeout: float = 30.0):
 
 
 
+async def start(pilot, app, text="What is k?", step_mode=True):
+    """Wait for the model, then send `text` from the input (step mode: only the prefill runs)."""
+    from textual.widgets import Input
+
+    await wait_for(pilot, lambda: app.session is not None, what="the model to load")
+    app.step_mode = step_mode
+    chat_input = app.query_one("#message", Input)
+    chat_input.focus()
+    chat_input.value = text
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: app.latest is not None, what="the prefill")
+    await wait_idle(pilot, app)
+
+
 class FakeClock:
     """Each reading advances 1 ms: snapshot timings become deterministic."""
 

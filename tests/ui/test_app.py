@@ -15,24 +15,13 @@ from kvtui.widgets.status_bar import StatusBar
 from kvtui.widgets.token_buffer import TokenBufferPane
 from kvtui.widgets.topk_pane import TopKPane
 
-from pilot_helpers import wait_for, wait_idle
+from pilot_helpers import start, wait_for, wait_idle
 
 SIZE = (140, 45)
 
 
 def make_app(loaded, **options):
     return KvtuiApp(AppConfig(options={"max_new_tokens": 8, **options}), loaded=loaded)
-
-
-async def start(pilot, app, text="What is k?", step_mode=True):
-    await wait_for(pilot, lambda: app.session is not None, what="the model to load")
-    app.step_mode = step_mode
-    chat_input = app.query_one("#message", Input)
-    chat_input.focus()
-    chat_input.value = text
-    await pilot.press("enter")
-    await wait_for(pilot, lambda: app.latest is not None, what="the prefill")
-    await wait_idle(pilot, app)
 
 
 def cursor_text(app) -> str:

@@ -4,30 +4,18 @@ TUI (what happened, what to do next), the session stays as it was, and `q` still
 from __future__ import annotations
 
 import pytest
-from textual.widgets import Input
 
 from kvtui.app import KvtuiApp
 from kvtui.options import AppConfig
 from kvtui.widgets.status_bar import StatusBar
 
-from pilot_helpers import wait_for, wait_idle
+from pilot_helpers import start, wait_for, wait_idle
 
 SIZE = (140, 45)
 
 
 def notices(app) -> list[str]:
     return [n.message for n in app._notifications]
-
-
-async def send(pilot, app, text="What is k?"):
-    await wait_for(pilot, lambda: app.session is not None, what="the model to load")
-    app.step_mode = True
-    box = app.query_one("#message", Input)
-    box.focus()
-    box.value = text
-    await pilot.press("enter")
-    await wait_for(pilot, lambda: app.latest is not None, what="the prefill")
-    await wait_idle(pilot, app)
 
 
 async def test_exception_at_load_is_said_and_q_quits(monkeypatch):
@@ -53,7 +41,7 @@ async def test_exception_in_an_action_keeps_the_session(tiny_loaded, monkeypatch
     monkeypatch.chdir(tmp_path)  # export writes into the working directory
     app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}), loaded=tiny_loaded("qwen2"))
     async with app.run_test(size=SIZE) as pilot:
-        await send(pilot, app)
+        await start(pilot, app)
         before = (app.latest.step, app.session.buffer.ids())
         if action == "export":
             import kvtui.engine.export as export_module
