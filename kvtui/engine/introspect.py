@@ -423,10 +423,12 @@ def config_window(config) -> int | None:
 
 
 def fingerprint(cache) -> tuple:
-    """Per layer (tokens seen, K shape, K/V storage addresses, sums of the first and last filled slot).
+    """Per layer (tokens seen, K shape, K/V storage addresses, then K/V's in-place write counters or,
+    for inference tensors that keep none, sums of K and of V over the first and last filled slot).
 
-    O(layers): the sums reduce one slot per layer on its device and come back in one transfer, so an
-    in-place write at either end, a crop, a reset or replaced tensors all change it."""
+    O(layers): counters are attributes; the sums reduce two slots per layer on its device and come
+    back in one transfer. A crop, a reset, replaced tensors or an in-place write all change it (for
+    inference tensors, an in-place write at either end of the filled slots)."""
     cache_len = seq_length(cache)
     rows, probes = [], []
     for layer in getattr(cache, "layers", ()):
@@ -437,12 +439,16 @@ def fingerprint(cache) -> tuple:
             continue
         seen, filled = _layer_counts(layer, kind, cache_len)
         rows.append((kind, seen, tuple(keys.shape), keys.data_ptr(), values.data_ptr()))
-        if filled > 0:
-            for index in (0, filled - 1):
-                probes.append(keys.narrow(-2, index, 1).float().sum() + values.narrow(-2, index, 1).float().sum())
+        versions = _versions(keys, values)
+        if versions is not None:  # autograd's counter of in-place writes: free to read
+            rows[-1] += versions
+            probes += [None, None]
+        elif filled > 0:  # inference tensors keep no counter: sum slots 0 and filled-1 (views, no copy)
+            ends = slice(0, filled, max(1, filled - 1))
+            probes += [keys[:, :, ends], values[:, :, ends]]
         else:
-            probes.extend([keys.new_zeros((), dtype=torch.float32)] * 2)
-    sums = torch.stack(probes).tolist() if probes else []
+            probes += [None, None]
+    sums = _sums(probes)
     out, cursor = [], 0
     for row in rows:
         if row[1] < 0:
@@ -451,6 +457,25 @@ def fingerprint(cache) -> tuple:
             out.append(row + (sums[cursor], sums[cursor + 1]))
             cursor += 2
     return tuple(out)
+
+
+def _versions(keys, values) -> tuple[int, int] | None:
+    if keys.is_inference() or values.is_inference():
+        return None
+    return keys._version, values._version
+
+
+def _sums(views: list) -> list[float | None]:
+    """The sum of each small view, in as few device calls as possible (one when the layers look alike)."""
+    present = [v for v in views if v is not None]
+    if not present:
+        return [None] * len(views)
+    if len({(v.shape, v.dtype, v.device) for v in present}) == 1:
+        totals = torch.stack(present).sum(dim=tuple(range(1, present[0].dim() + 1)), dtype=torch.float32).tolist()
+    else:
+        totals = torch.stack([v.sum(dtype=torch.float32) for v in present]).tolist()
+    found = iter(totals)
+    return [next(found) if v is not None else None for v in views]
 
 
 def describe_change(before: tuple, after: tuple) -> str | None:

@@ -240,6 +240,9 @@ class Watcher:
         self._skip = None
         self._lock = threading.RLock()
         self._started = False  # the header is out (first forward)
+        self._specials_key: tuple | None = None
+        self._capacities: dict[int, tuple[weakref.ref, int | None]] = {}
+        self._specials_value: tuple = ()
         self._waiting: list[dict] = []  # records raised before it
         self.errors: list[str] = []
 
@@ -356,6 +359,12 @@ class Watcher:
         return text
 
     def _specials(self):
+        key = (id(self.tokenizer), len(self.probes))
+        if self._specials_key != key:  # read once per tokenizer: the sets cost more than a forward's bookkeeping
+            self._specials_key, self._specials_value = key, self._read_specials()
+        return self._specials_value
+
+    def _read_specials(self):
         tok = self.tokenizer
         if tok is None:
             return None, frozenset(), None, frozenset()
@@ -430,7 +439,7 @@ class Watcher:
             "cursor-mismatch", "error",
             f"the caller's cache_position starts at {first} but the cache holds {call.cache_length_before} "
             f"tokens (off by {offset:+d}): its own cursor disagrees with the cache" + at, step))
-        capacity = introspect.static_capacity(call.cache) if call.cache is not None else None
+        capacity = self._capacity(call.cache) if call.cache is not None else None
         if capacity is not None and call.cache_length_before + call.n > capacity:
             call.found.append(Diagnostic(
                 "static-capacity", "error",
@@ -504,7 +513,7 @@ class Watcher:
             views.append((ids, fed))
         found += self._check_positions(call, step, applied)
         layers = introspect.layer_infos(cache, probe.window) if cache is not None and hasattr(cache, "layers") else ()
-        capacity = introspect.static_capacity(cache) if cache is not None and hasattr(cache, "layers") else None
+        capacity = self._capacity(cache) if cache is not None and hasattr(cache, "layers") else None
         alarms = self._alarms.setdefault(track.name if track else "-", Alarms())
         found += [_at(d, call.caller) for d in alarms.check_layers(step, layers, capacity, cache_len, reserve=1)]
         if track is not None:
@@ -670,6 +679,15 @@ class Watcher:
         return set()
 
     # ---- caches ----------------------------------------------------------------------------------
+
+    def _capacity(self, cache) -> int | None:
+        """A static cache's capacity, read once per cache object (it never changes)."""
+        key = id(cache)
+        if key not in self._capacities or self._capacities[key][0]() is not cache:
+            if len(self._capacities) > 64:  # forget caches that are gone
+                self._capacities = {k: v for k, v in self._capacities.items() if v[0]() is not None}
+            self._capacities[key] = (weakref.ref(cache), introspect.static_capacity(cache))
+        return self._capacities[key][1]
 
     def _track(self, cache) -> _CacheTrack:
         track = self._tracks.get(id(cache))

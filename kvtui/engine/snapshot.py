@@ -6,7 +6,7 @@ can cross threads, be coalesced, be written to JSON and compared in tests.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterator, Sequence
 
 # Where a cached token came from.
@@ -87,6 +87,9 @@ class LayerInfo:
     residual: int = 0  # quantized layers: newest tokens still held in full precision
     residual_capacity: int | None = None  # tokens the full-precision window takes before it is quantized
     offloaded: bool = False  # the cache moves this layer off its compute device between uses
+
+
+_LAYER_FIELDS = tuple(f.name for f in fields(LayerInfo))
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,10 +188,7 @@ class StepSnapshot:
             "cursor": self.cursor,
             "cache_seq_length": self.cache_seq_length,
             "capacity": self.capacity,
-            "layers": [
-                {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(layer).items()}
-                for layer in self.layers
-            ],
+            "layers": [_layer_record(layer) for layer in self.layers],
             "topk": [_top_record(t) for t in self.topk],
             "topk_processed": [_top_record(t) for t in self.topk_processed],
             "watched": [_top_record(t) for t in self.watched],
@@ -217,6 +217,15 @@ class StepSnapshot:
                                "buffer_length": len(r.buffer), "topk": [_top_record(t) for t in r.topk]}
                               for r in self.rows]
         return record
+
+
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _layer_record(layer: LayerInfo) -> dict:
+    # field by field, not dataclasses.asdict: asdict deep-copies and cost ~3 ms a step on 30 layers
+    return {name: _plain(getattr(layer, name)) for name in _LAYER_FIELDS}
 
 
 def _maybe_list(values):

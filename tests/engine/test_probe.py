@@ -302,3 +302,18 @@ def test_verify_between_forwards(tiny_model):
     assert good["ok"] and good["tokens"] == 5 and good["max_abs_diff"] < 1e-4
     assert not bad["ok"] and bad["tokens"] == 6
     assert {"cache-edited", "cache-mismatch"} <= {d.code for d in watcher.diagnostics}
+
+
+def test_in_place_write_in_the_middle_is_caught_under_no_grad(tiny_model):
+    """Outside inference mode the cache tensors count their in-place writes: any slot, any layer."""
+    model, tokenizer = tiny_model("llama")
+    with watch(model, tokenizer) as watcher:
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[5, 6, 7, 8, 9]]), past_key_values=cache)
+            cache.layers[1].values[:, :, 2] += 1.0  # the middle of layer 1
+            model(input_ids=torch.tensor([[10]]), past_key_values=cache)
+            model(input_ids=torch.tensor([[11]]), past_key_values=cache)  # nothing edited before this one
+    edits = [d for d in watcher.diagnostics if d.code == "cache-edited"]
+    assert len(edits) == 1 and edits[0].step == 2, edits
+    assert "edited in place in 1 of 2 layers (1)" in edits[0].message
