@@ -328,7 +328,7 @@ class KvtuiApp(App):
             session = self.session
             try:
                 if action == "send":
-                    ui_before = self._ui_cpu()
+                    ui_before = self._ui_cpu_now()
                     session.send(argument)
                     self._prefill_ui_ms = _ui_ms_since(ui_before)
                     if not self.step_mode:
@@ -348,7 +348,7 @@ class KvtuiApp(App):
                         self._run(session, worker)
                     self._state(session, f"forced {token.text!r} (id {token.id}, rank {token.rank})")
                 elif action == "verify":
-                    ui_before = self._ui_cpu()
+                    ui_before = self._ui_cpu_now()
                     result = session.verify()
                     self._verify_ui_ms = _ui_ms_since(ui_before)
                     verdict = "matches" if result.ok else "DIFFERS FROM"
@@ -371,7 +371,7 @@ class KvtuiApp(App):
             finally:
                 self.running = False
 
-    def _ui_cpu(self) -> float | None:
+    def _ui_cpu_now(self) -> float | None:
         # with an injected clock (tests, screenshots) every timing is fake: no real load note either
         return None if self._clock is not None else _ui_cpu()
 

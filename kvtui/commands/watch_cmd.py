@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-SEVERITIES = ("info", "warning", "error")
+from ..engine.snapshot import SEVERITIES
 
 
 @click.command("watch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
@@ -55,18 +55,13 @@ def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_to
 def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on: str, top_k: int = 10) -> int:
     """Run the program in this process under the probe; exit 1 if an alarm at/above fail_on fired,
     else the program's own exit code."""
-    from ..engine.probe import AutoAttach, Watcher
-    from ..engine.program import run_program
+    from ..engine.probe import Watcher, run_watched
+    from ..engine.recorder import failing
     from ..fmt import printable
 
     watcher = Watcher(trace=str(trace_path) if trace_path else None, top_k=top_k, program=[target, *args])
-    attach = AutoAttach(watcher).install()
-    try:
-        code = run_program(target, args, module=module)
-    finally:
-        attach.uninstall()
-        models = ", ".join(f"{p.name} ({type(p.model).__name__})" for p in watcher.probes) or "none"
-        watcher.detach()
+    code, watched = run_watched(watcher, target, args, module=module)
+    models = ", ".join(watched) or "none"
     err = click.get_text_stream("stderr")
     click.echo(f"kvtui watch: {watcher.steps} forwards watched · models: {printable(models)} · "
                f"program exit code {code}", file=err)
@@ -74,9 +69,8 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
         click.echo(f"{d.severity:>7} step {d.step:>4}  {d.code}  {printable(d.message)}", file=err)
     if trace_path:
         click.echo(f"trace written to {trace_path}", file=err)
-    threshold = SEVERITIES.index(fail_on)
-    failing = [d for d in watcher.diagnostics if SEVERITIES.index(d.severity) >= threshold]
-    if failing:
-        click.echo(f"{len(failing)} alarm(s) at or above {fail_on}", file=err)
+    failed = failing(watcher.diagnostics, fail_on)
+    if failed:
+        click.echo(f"{len(failed)} alarm(s) at or above {fail_on}", file=err)
         return 1
     return code

@@ -90,7 +90,7 @@ class Alarms:
     def __init__(self):
         self.active: dict[str, str] = {}
 
-    def _transition(self, code: str, key: str | None, make) -> list[Diagnostic]:
+    def transition(self, code: str, key: str | None, make) -> list[Diagnostic]:
         if key is None:
             self.active.pop(code, None)
             return []
@@ -103,7 +103,7 @@ class Alarms:
         offset = positions[0] - cache_len_before if positions else 0
         contiguous = all(b == a + 1 for a, b in zip(positions, positions[1:]))
         key = None if offset == 0 and contiguous else f"{offset}:{contiguous}"
-        return self._transition("position-gap", key, lambda: Diagnostic(
+        return self.transition("position-gap", key, lambda: Diagnostic(
             "position-gap", "error",
             f"fed positions start at {positions[0]} but the cache already holds {cache_len_before} tokens "
             f"(offset {offset:+d}{'' if contiguous else ', and they are not contiguous'}): RoPE sees the wrong distances",
@@ -111,7 +111,7 @@ class Alarms:
 
     def check_cursor(self, step: int, cursor: int, cache_len: int) -> list[Diagnostic]:
         gap = cursor - cache_len  # news only when the gap appears or changes
-        return self._transition("cursor-mismatch", None if gap == 0 else str(gap), lambda: Diagnostic(
+        return self.transition("cursor-mismatch", None if gap == 0 else str(gap), lambda: Diagnostic(
             "cursor-mismatch", "error",
             f"cursor (next position {cursor}) differs from the cache length {cache_len} by {gap:+d}", step))
 
@@ -135,7 +135,7 @@ class Alarms:
         if capacity is not None:
             left = capacity - cache_len
             near = left <= max(reserve, capacity // 10)
-            found += self._transition("static-capacity", "near" if near else None, lambda: Diagnostic(
+            found += self.transition("static-capacity", "near" if near else None, lambda: Diagnostic(
                 "static-capacity", "warning",
                 f"static cache {cache_len}/{capacity} full: {left} slots left", step))
         return found

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .replay import describe_event
 from .trace import Trace
 
 # Header fields whose difference is worth a note (never a divergence), in report order.
@@ -359,24 +360,14 @@ def _compare_events(a: Trace, b: Trace) -> tuple[int, str, str] | None:
             bad = "A" if ok == "B" else "B"
             return step, "verify", (f"verify at step {step}: ok in {ok}, failed in {bad} (max |diff| "
                                     f"{_fmt(failed.get('max_abs_diff'))} > {_fmt(failed.get('tolerance'))})")
-        return step, "events", f"at step {step}: A recorded {_event_text(x)}, B recorded {_event_text(y)}"
+        return step, "events", f"at step {step}: A recorded {describe_event(x)}, B recorded {describe_event(y)}"
     if len(ea) != len(eb):
         extra, name = (ea[len(eb)], "A") if len(ea) > len(eb) else (eb[len(ea)], "B")
         step = extra.get("step") or 0
         if extra.get("type") == "verify" and not extra.get("ok"):
             return step, "verify", f"verify at step {step} failed in {name} only"
-        return step, "events", f"only {name} recorded {_event_text(extra)} (at step {step})"
+        return step, "events", f"only {name} recorded {describe_event(extra)} (at step {step})"
     return None
-
-
-def _event_text(event: dict) -> str:
-    kind = event.get("type")
-    if kind == "diagnostic":
-        return f"{event.get('severity')} {event.get('code')}"
-    if kind == "verify":
-        return "a verify that " + ("passed" if event.get("ok") else "failed")
-    details = ", ".join(f"{k}={v!r}" for k, v in event.items() if k not in ("type", "step"))
-    return f"{kind} ({details})" if details else str(kind)
 
 
 def _verify_notes(trace: Trace, name: str) -> list[str]:

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -36,6 +36,7 @@ import torch
 from . import introspect
 from .diagnostics import Alarms
 from .sampling import top_tokens, watched_tokens
+from .session import VERIFY_TOLERANCE, find_sub
 from .snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer
 
 TOP_K = 10
@@ -312,19 +313,12 @@ class Watcher:
             self._event(record)
 
     def header(self, probe: _Probe | None = None) -> dict:
-        import platform
-
-        import transformers
-
-        from kvtui._version import __version__
-
-        from .trace import SCHEMA
+        from .trace import header_start
 
         probe = probe or (self.probes[0] if self.probes else None)
         model = probe.model if probe else None
         return {
-            "type": "header", "schema": SCHEMA, "kvtui": __version__, "transformers": transformers.__version__,
-            "torch": torch.__version__, "python": platform.python_version(),
+            **header_start(),
             "model": probe.name if probe else "?", "model_path": probe.name if probe else "?",
             "model_class": type(model).__name__ if model is not None else "?",
             "layers": getattr(model.config, "num_hidden_layers", None) if model is not None else None,
@@ -428,14 +422,14 @@ class Watcher:
         at = f" [{call.caller}]"
         alarms = self._alarms.setdefault("request", Alarms())
         ignored = call.requested_cache_position is not None and not probe.accepts_cache_position
-        call.found += alarms._transition("ignored-argument", call.caller if ignored else None, lambda: Diagnostic(
+        call.found += alarms.transition("ignored-argument", call.caller if ignored else None, lambda: Diagnostic(
             "ignored-argument", "warning",
                     f"cache_position={_span(call.requested_cache_position)} was passed but this transformers version "
                     f"ignores it (models take no cache_position since 5.4): the model wrote at the cache's own length "
                     f"{call.cache_length_before} and took positions from position_ids or that length" + at, step))
         first = call.requested_cache_position[0] if call.requested_cache_position else call.cache_length_before
         offset = first - call.cache_length_before
-        call.found += alarms._transition("cursor-mismatch", str(offset) if offset else None, lambda: Diagnostic(
+        call.found += alarms.transition("cursor-mismatch", str(offset) if offset else None, lambda: Diagnostic(
             "cursor-mismatch", "error",
             f"the caller's cache_position starts at {first} but the cache holds {call.cache_length_before} "
             f"tokens (off by {offset:+d}): its own cursor disagrees with the cache" + at, step))
@@ -468,8 +462,7 @@ class Watcher:
             if call.n > 1:
                 self.turn += 1
             track = self._track(cache) if cache is not None else None
-            snapshot = self._snapshot(call, step, cache, track, logits)
-            snapshot = replace(snapshot, forward_ms=forward_ms, snapshot_ms=(time.perf_counter() - snap_started) * 1000)
+            snapshot = self._snapshot(call, step, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_call = call
             if logits is not None and logits.dim() == 3:
@@ -481,7 +474,8 @@ class Watcher:
                 self.on_snapshot(snapshot)
         self.gate.after_step(self, snapshot)
 
-    def _snapshot(self, call: _Call, step: int, cache, track: _CacheTrack | None, logits) -> StepSnapshot:
+    def _snapshot(self, call: _Call, step: int, cache, track: _CacheTrack | None, logits, forward_ms: float,
+                  snap_started: float) -> StepSnapshot:
         probe = call.probe
         bos, eos, pad, special = self._specials()
         applied = self._applied(call)  # [batch][n]
@@ -533,7 +527,8 @@ class Watcher:
             input_ids=tuple(views[0][0]) if views else (), positions=tuple(applied[0]) if applied else (),
             cursor=cursor, cache_seq_length=cache_len, capacity=capacity, layers=layers,
             topk=top_rows[0] if top_rows else (), topk_processed=top_rows[0] if top_rows else (), watched=watched,
-            chosen=None, chosen_forced=False, diagnostics=tuple(found), forward_ms=0.0, snapshot_ms=0.0,
+            chosen=None, chosen_forced=False, diagnostics=tuple(found), forward_ms=forward_ms,
+            snapshot_ms=(time.perf_counter() - snap_started) * 1000,
             buffer=buffers[0] if buffers else TokenBuffer([]), source="watch", caller=call.caller,
             cache_id=track.name if track else None, cache_length_before=call.cache_length_before,
             requested_positions=tuple(requested) if requested is not None else None,
@@ -566,8 +561,6 @@ class Watcher:
     def verify(self) -> dict:
         """Compare the last forward's logits (row 0) with one no-cache forward over what its cache row
         holds (attended tokens, positions 0..n-1). Runs in the program's thread, between two forwards."""
-        from .session import VERIFY_TOLERANCE
-
         snapshot, logits = self.last, getattr(self, "_last_logits", None)
         if snapshot is None or logits is None:
             raise ValueError("nothing to verify yet: the program has not run a forward")
@@ -643,7 +636,7 @@ class Watcher:
                 real += 1
             if key:
                 break
-        return alarms._transition("position-gap", key, lambda: Diagnostic(
+        return alarms.transition("position-gap", key, lambda: Diagnostic(
             "position-gap", "error", f"{message} [{call.caller}]", step))
 
     def _check_drift(self, call: _Call, step: int, row: list[BufferToken], ids: list[int]) -> list[Diagnostic]:
@@ -907,7 +900,7 @@ def _saw_call(watchers, original, tok, args, kwargs, result) -> None:
     added: set[int] = set()
     if kwargs.get("add_special_tokens", True):
         bare = original(tok, text, add_special_tokens=False)["input_ids"]
-        front = next((f for f in range(0, min(5, len(ids) - len(bare) + 1)) if ids[f:f + len(bare)] == bare), -1)
+        front = find_sub(ids, bare)
         if front >= 0:
             added = set(range(front)) | set(range(front + len(bare), len(ids)))
     for watcher in watchers:
@@ -974,6 +967,21 @@ class AutoAttach:
     def uninstall(self) -> None:
         while self._undo:
             self._undo.pop()()
+
+
+def run_watched(watcher: Watcher, target: str, args: list[str], module: bool = False) -> tuple[int, list[str]]:
+    """Run a program (script or module) with every causal LM it builds watched by `watcher`; the hooks are
+    gone afterwards. Returns (the program's exit code, "name (Class)" of each model it watched)."""
+    from .program import run_program
+
+    attach = AutoAttach(watcher).install()
+    try:
+        code = run_program(target, args, module=module)
+    finally:
+        attach.uninstall()
+        models = [f"{p.name} ({type(p.model).__name__})" for p in watcher.probes]
+        watcher.detach()
+    return code, models
 
 
 def _is_causal_lm(model) -> bool:

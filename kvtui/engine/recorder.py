@@ -14,14 +14,11 @@ from pathlib import Path
 from .snapshot import SEVERITIES, Diagnostic, buffer_record
 from .trace import TraceWriter, header_record
 
-EVENT_KINDS = ("step", "diagnostics", "verify", "turn-end", "rewind", "force", "sampler", "watch", "reset", "export")
-
 
 class Recorder:
     def __init__(self, session, path: str | Path | None, *, model_source: str = "", model_path: str = "",
                  verify_every: int = 0):
         self.session = session
-        self.path = Path(path) if path is not None else None
         self.verify_every = verify_every
         self._verified_at = 0  # the step of the last verify
         self.writer = TraceWriter(path, header_record(session, model_source, model_path)) if path is not None else None

@@ -109,7 +109,7 @@ def describe_event(event: dict) -> str:
     if kind == "reset":
         return "the cache and the chat were reset"
     if kind == "export":
-        return f"the cache was exported to {event.get('path')}"
+        return "the cache was exported" + (f" to {event['path']}" if event.get("path") else "")
     return str(kind)
 
 

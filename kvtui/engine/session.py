@@ -467,7 +467,7 @@ class ChatSession:
         if not add_special:
             return list(zip(ids, origins))
         full = self.tokenizer(text)["input_ids"]
-        front = _find_sub(full, ids)
+        front = find_sub(full, ids)
         if front < 0:  # the tokenizer changed the text's own tokens: trust its ids, label them plainly
             return [(i, "template" if messages is not None else "user") for i in full]
         back = len(full) - front - len(ids)
@@ -719,8 +719,9 @@ def _origin_at(start: int, end: int, spans) -> str:
     return "template"
 
 
-def _find_sub(full: list[int], part: list[int]) -> int:
-    """Index of `part` inside `full` (the tokenizer adds specials only around the text), or -1."""
+def find_sub(full: list[int], part: list[int]) -> int:
+    """Index of `part` inside `full` (the tokenizer adds specials only around the text), or -1.
+    Also how the probe finds what a watched program's tokenizer call added."""
     for front in range(0, len(full) - len(part) + 1):
         if full[front:front + len(part)] == part:
             return front

@@ -152,19 +152,13 @@ def child_main(argv: list[str] | None = None) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
 
-    from .probe import AutoAttach, Watcher
-    from .program import run_program
+    from .probe import Watcher, run_watched
 
     pipe = RecordPipe(options.records_fd)
     gate = control_gate(options.control_fd, pipe, options.paused, options.break_on_alarm)
     watcher = Watcher(trace=options.trace, top_k=options.top_k, gate=gate, program=[options.target, *options.args],
                       on_snapshot=lambda snapshot: pipe.send(snapshot.to_record()), on_event=pipe.send)
-    attach = AutoAttach(watcher).install()
-    try:
-        code = run_program(options.target, options.args, module=options.module)
-    finally:
-        attach.uninstall()
-        watcher.detach()
+    code, _ = run_watched(watcher, options.target, options.args, module=options.module)
     pipe.send({"type": "program-exit", "code": code, "steps": watcher.steps})
     return code
 

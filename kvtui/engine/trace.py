@@ -30,20 +30,21 @@ class TruncatedTailError(TraceError):
         super().__init__(f"{path}:{number}: the last line is truncated (the recording was interrupted mid-line)")
 
 
-def header_record(session, model_source: str, model_path: str) -> dict:
+def header_start() -> dict:
+    """The first fields of every trace header, whoever records: the type, schema and versions."""
     import torch
     import transformers
 
     from kvtui._version import __version__
 
+    return {"type": "header", "schema": SCHEMA, "kvtui": __version__, "transformers": transformers.__version__,
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+def header_record(session, model_source: str, model_path: str) -> dict:
     model, settings = session.model, session.config.sampler
     return {
-        "type": "header",
-        "schema": SCHEMA,
-        "kvtui": __version__,
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
+        **header_start(),
         "model": model_source,
         "model_path": model_path,
         "model_class": type(model).__name__,
