@@ -1,8 +1,9 @@
-"""The Textual app: the only place with the generation worker. Widgets render snapshots, nothing else.
+"""The Textual app. Widgets render snapshots, nothing else.
 
-Threads: the model loads and every engine action runs in one exclusive thread worker (group
-"engine"); a lock keeps a cancelled worker and its successor from touching the session at once.
-Workers talk to the UI only through `post_message` (thread-safe); snapshots coalesce in run mode.
+The model runs in the engine process (engine/host.py), never in this interpreter: keys become
+commands on its control pipe, and one thread worker (the pump, group "engine") reads its records,
+rebuilds each step's snapshot and posts it (`post_message` is thread-safe; snapshots coalesce in
+run mode). If the engine process dies, the app says so and R restarts it with the chat so far.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from textual import on, work
@@ -26,9 +27,10 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Input
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult
+from .engine.remote import RemoteSession, diagnostics_from
+from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult, _token_record
 from .fmt import printable
-from .options import AppConfig, build_session_config, load
+from .options import AppConfig
 from .themes import DEFAULT_THEME, load_themes
 from .widgets.chat_pane import ChatPane
 from .widgets.cursor_pane import CursorPane
@@ -54,6 +56,7 @@ class SnapshotReady(Message):
     messages: list[dict] | None  # None while running between repaints: decoding the reply is O(reply)
     diagnostics: tuple[Diagnostic, ...]
     running: bool
+    facts: dict | None = None  # the engine's `session` record just before this step (steps, turn, cache length)
 
     def can_replace(self, message: Message) -> bool:
         # In run mode only the newest decode snapshot matters: it carries everything a pane needs.
@@ -66,20 +69,27 @@ class SnapshotReady(Message):
 
 @dataclass
 class SessionState(Message):
-    """Non-step changes: rewinds to empty, resets, verify results, refusals."""
+    """Non-step changes: rewinds to empty, resets, verify results, refusals; the engine's `state` record
+    after each command (`record`: its facts, None for sources that have none)."""
 
     messages: list[dict]
     diagnostics: tuple[Diagnostic, ...]
     note: str = ""
     severity: str = "information"
     verify: VerifyResult | None = None
+    record: dict | None = None
 
 
 @dataclass
 class ModelReady(Message):
-    description: str
-    query_heads: int | None
-    kv_heads: int | None
+    record: dict  # the engine's `ready` record
+
+
+@dataclass
+class EngineExited(Message):
+    """The engine process ended without being asked to (an exception, an out-of-memory kill)."""
+
+    error: str
 
 
 @dataclass
@@ -113,6 +123,18 @@ def _load_note(ui_ms: float | None, measured_ms: float) -> str:
     return f" (UI busy {ui_ms:.0f} ms meanwhile)"
 
 
+def _exit_reason(code: int | None, stderr: deque) -> str:
+    """Why the engine process ended, in one line: the signal (an out-of-memory kill is SIGKILL) or its error."""
+    import signal
+
+    last = next((line for line in reversed(stderr) if line.strip()), "")
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+        oom = " (the out-of-memory killer sends this)" if name == "SIGKILL" else ""
+        return f"killed by {name}{oom}" + (f": {last}" if last else "")
+    return f"exited with code {code}" + (f": {last}" if last else "")
+
+
 class KvtuiApp(App):
     TITLE = "kvtui"
     step_mode = reactive(False)  # Enter only prefills; space steps
@@ -133,6 +155,7 @@ class KvtuiApp(App):
         Binding("enter", "next_script_turn", "send the script's next turn", show=False),
         Binding("g", "live", "back to live step", show=False),
         Binding("X", "reset", "reset cache and chat", show=False),
+        Binding("R", "restart_engine", "restart a stopped engine (replays the chat)", show=False),
         Binding("ctrl+s", "save_trace", "save trace"),
         Binding("e", "export_cache", "export the cache (safetensors)", show=False),
         Binding("f12", "screenshot", "screenshot (SVG)", show=False),
@@ -146,8 +169,11 @@ class KvtuiApp(App):
         Binding("q,ctrl+q", "quit", "quit", priority=False),
     ]
 
-    def __init__(self, config: AppConfig | None = None, *, loaded=None, clock=None):
-        """`config`: a ready AppConfig (the CLI builds and validates it); `loaded`: an already loaded model."""
+    def __init__(self, config: AppConfig | None = None, *, loaded=None, clock=None, loader=None, engine_setup=None):
+        """`config`: a ready AppConfig (the CLI builds and validates it). The rest go to the engine process
+        and must pickle: `loaded`, an already loaded model; `loader`, a function returning one (instead of
+        loading config.model); `clock`, the session's clock; `engine_setup(session)`, called there once
+        the session exists."""
         super().__init__()
         config = config or AppConfig()
         self.config = config
@@ -158,12 +184,17 @@ class KvtuiApp(App):
         self.verify_every = config.verify_every
         self._queued: str | None = None  # a message sent before the model was ready: sent once it is
         self._load_failed = False
-        self._preloaded = loaded
+        self._engine_objects = dict(loaded=loaded, loader=loader, clock=clock, engine_setup=engine_setup)
         self._clock = clock
-        self.session = None  # touched only inside engine workers (under _engine_lock)
-        self._engine_lock = threading.Lock()
-        self._recorder = None  # the engine's one trace writer, beside the session
+        self.session: RemoteSession | None = None  # the engine's session as its records say; None until ready
+        self.source = None  # the engine process (engine/stream.py EngineSource)
+        self._setup_path: Path | None = None
         self._spool: Path | None = None
+        self._pending = 0  # commands sent to the engine and not answered yet
+        self._engine_dead: str | None = None  # why the engine process ended, until R restarts it
+        self._quitting = False
+        self._ui_before_prefill: float | None = None
+        self._ui_before_verify: float | None = None
         self.running = False
         self.latest: StepSnapshot | None = None
         self.history: deque[StepSnapshot] = deque(maxlen=HISTORY_STEPS)
@@ -237,53 +268,101 @@ class KvtuiApp(App):
         folded = {"layers", "diagnostics"} if self.size.height < 32 or self.theme == "kvtui-projector" else set()
         return self.hidden | (folded - self.shown)
 
-    # ---- loading -----------------------------------------------------------------------------------
+    # ---- the engine process -------------------------------------------------------------------------
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="load")
     def load_worker(self) -> None:
-        from .engine import introspect
-        from .engine.loader import ModelLoadError
-        from .engine.recorder import Recorder
-        from .engine.session import ChatSession, SessionError
-        from .engine.trace import TraceError
+        """Start the engine process; it loads the model and streams its progress."""
+        self.pump()
 
+    @property
+    def engine_busy(self) -> bool:
+        """A command is still running in the engine (or on its way there)."""
+        return self._pending > 0
+
+    def _write_setup(self, append: bool = False) -> Path:
+        from .engine.host import EngineSetup, write_setup
+
+        if self._setup_path is None:
+            fd, path = tempfile.mkstemp(prefix="kvtui-engine-", suffix=".pickle")
+            os.close(fd)
+            self._setup_path = Path(path)
+        if self.trace_path is None and self._spool is None:
+            fd, spool = tempfile.mkstemp(prefix="kvtui-", suffix=".jsonl")
+            os.close(fd)
+            self._spool = Path(spool)
+        trace = self.trace_path or self._spool
+        write_setup(EngineSetup(model=self.model_name, options=self.options, trace_path=str(trace),
+                                verify_every=self.verify_every, append=append, **self._engine_objects),
+                    self._setup_path)
+        return self._setup_path
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
+    def pump(self, restore: dict | None = None) -> None:
+        """Start the engine process and turn its records into messages, until it ends."""
+        from .engine.replay import SnapshotBuilder
+        from .engine.stream import EngineSource
+
+        worker = get_current_worker()
         try:
-            loaded = self._preloaded or load(
-                self.model_name, self.options,
-                progress=lambda text, fraction=None: self.post_message(LoadProgress(text, fraction)))
-            config = build_session_config(self.options, loaded.tokenizer)
-            with self._engine_lock:
-                extra = {"clock": self._clock} if self._clock else {}
-                self.session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self._on_engine_snapshot,
-                                           **extra)
-                if self.trace_path is None:
-                    fd, spool = tempfile.mkstemp(prefix="kvtui-", suffix=".jsonl")
-                    os.close(fd)
-                    self._spool = Path(spool)
-                self._recorder = Recorder(self.session, self.trace_path or self._spool, model_source=loaded.source,
-                                          model_path=loaded.path, verify_every=self.verify_every)
-        except (ModelLoadError, SessionError, TraceError, ValueError) as exc:
-            self.post_message(LoadFailed(str(exc)))
+            setup = self._write_setup(append=restore is not None)
+        except Exception as exc:  # a model object that does not pickle, a full disk
+            self.post_message(LoadFailed(f"could not hand the model to the engine process: {type(exc).__name__}: {exc}"))
             return
-        except Exception as exc:  # anything else at load: said as such, never a half-started app
-            self.post_message(LoadFailed(f"{type(exc).__name__}: {exc}"))
-            return
-        session = self.session
-        query, kv = introspect.attention_heads(loaded.model.config)
-        sampler = session.config.sampler.describe()
-        capacity = f" {session.capacity}" if session.capacity else ""
-        self.post_message(ModelReady(
-            f"{loaded.source} · {type(loaded.model).__name__} · {loaded.device} · {loaded.dtype} · "
-            f"{session.config.cache}{capacity} cache · {sampler}", query, kv))
+        source = self.source = EngineSource(setup)
+        if restore is not None:
+            source.command("restore", restore)  # runs as soon as the model is loaded
+        if not hasattr(self, "_builder"):
+            self._builder = SnapshotBuilder("engine")  # kept across restarts: the buffer goes on
+        builder = self._builder
+        diagnostics: tuple[Diagnostic, ...] = ()
+        messages = facts = None
+        errors: deque[str] = deque(maxlen=20)
+        failed = False
+        for record in source.records(stop=worker.cancelled_event):
+            kind = record.get("type")
+            if kind == "session":
+                facts = record
+                messages = record.get("messages")
+                if "diagnostics" in record:
+                    diagnostics = diagnostics_from(record["diagnostics"])
+            elif kind == "step":
+                snapshot = builder.add(record)
+                self.post_message(SnapshotReady(snapshot, messages, diagnostics, bool(facts and facts["running"]), facts))
+                messages = facts = None
+            elif kind == "state":
+                diagnostics = diagnostics_from(record["diagnostics"])
+                verify = VerifyResult(**{**record["verify"], "cached_top": tuple(record["verify"]["cached_top"]),
+                                         "recomputed_top": tuple(record["verify"]["recomputed_top"])}) \
+                    if record.get("verify") else None
+                self.post_message(SessionState(record["messages"], diagnostics, record.get("note", ""),
+                                               record.get("severity", "information"), verify, record))
+            elif kind == "progress":
+                self.post_message(LoadProgress(record["text"], record.get("fraction")))
+            elif kind == "ready":
+                self.post_message(ModelReady(record))
+            elif kind == "load-failed":
+                failed = True
+                self.post_message(LoadFailed(record["error"]))
+            elif kind == "output" and record["stream"] == "stderr" and record["text"].strip():
+                errors.append(record["text"])
+            elif kind == "process-exit" and not failed and not self._quitting:
+                self.post_message(EngineExited(_exit_reason(record["code"], errors)))
 
     def on_load_progress(self, message: LoadProgress) -> None:
         share = f" {message.fraction:.0%}" if message.fraction is not None else ""
         self.query_one(StatusBar).set_text(f"⏳ {message.text}{share}")
 
     def on_model_ready(self, message: ModelReady) -> None:
-        self.model_text = message.description
-        self.query_one(StatusBar).set_text(message.description)
-        self.query_one(LayersPane).set_model_info(message.query_heads, message.kv_heads)
+        restarted = self._engine_dead is not None
+        self._engine_dead = None
+        self.session = RemoteSession(message.record)
+        if self.latest is not None:
+            self.session.buffer = self.latest.buffer
+        self.model_text = self.session.description
+        self.query_one(StatusBar).set_text(self.model_text)
+        self.query_one(LayersPane).set_model_info(self.session.query_heads, self.session.kv_heads)
+        if restarted:
+            return  # the restore command was queued with the start: its state says what happened
         self._show_next_script_turn()
         if self._queued is not None:  # typed while the model loaded: send it now
             text, self._queued = self._queued, None
@@ -302,99 +381,62 @@ class KvtuiApp(App):
         self.notify(f"{message.error}\nq quits; fix the model or the options and start kvtui again",
                     title="model not loaded", severity="error", timeout=30)
 
-    # ---- engine actions (one worker at a time; each cancels the one before) ---------------------
+    def on_engine_exited(self, message: EngineExited) -> None:
+        self._engine_dead = message.error
+        self._pending = 0
+        self.running = False
+        step = self.latest.step if self.latest else 0
+        self.app_diagnostics.append(Diagnostic("worker-error", "error", f"engine process: {message.error}", step))
+        self._show_diagnostics()
+        self.query_one(StatusBar).set_text(f"✗ engine stopped: {message.error} · R restarts it")
+        self.notify(f"{message.error}\nR restarts the engine and replays the chat so far into a fresh cache; "
+                    "q quits", title="the engine process died", severity="error", timeout=30)
+
+    def action_restart_engine(self) -> None:
+        """R: a fresh engine process; the chat so far is fed into its new cache in one forward."""
+        if self._engine_dead is None:
+            self.notify("the engine is running: R restarts it only after it stopped", timeout=3)
+            return
+        restore = None
+        if self.session is not None:
+            tokens = self.latest.buffer if self.latest is not None else ()
+            restore = {"tokens": [_token_record(t) for t in tokens], "state": self.session.restorable}
+        self.session = None
+        self._pending = 1 if restore else 0
+        self.query_one(StatusBar).set_text("⏳ restarting the engine")
+        self.pump(restore)
+
+    # ---- engine commands ---------------------------------------------------------------------------
 
     def _engine(self, action: str, argument=None) -> None:
-        if self.session is None and action == "send" and not self._load_failed:
+        if self.session is None and action == "send" and not self._load_failed and self._engine_dead is None:
             replaced = " (replaces the one queued before)" if self._queued is not None else ""
             self._queued = argument
             self.notify(f"queued {argument!r}{replaced}: it is sent when the model is ready", timeout=4)
+            return
+        if self._engine_dead is not None:
+            self.notify(f"the engine process stopped ({self._engine_dead}): R restarts it", severity="warning")
             return
         if self.session is None:
             self.notify("the model is not loaded yet" if "✗" not in self.model_text else self.model_text,
                         severity="warning")
             return
-        self.engine_worker(action, argument)
-
-    @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
-    def engine_worker(self, action: str, argument=None) -> None:
-        from .engine.export import ExportError, export_cache
-        from .engine.session import SessionError
-
-        worker = get_current_worker()
-        with self._engine_lock:
-            if worker.is_cancelled:
-                return
-            session = self.session
-            try:
-                if action == "send":
-                    ui_before = self._ui_cpu_now()
-                    session.send(argument)
-                    self._prefill_ui_ms = _ui_ms_since(ui_before)
-                    if not self.step_mode:
-                        self._run(session, worker)
-                elif action == "step":
-                    session.step()
-                elif action == "run":
-                    self._run(session, worker)
-                elif action == "rewind":
-                    self._after_rewind(session, session.rewind(argument))
-                elif action == "rewind_to":
-                    self._after_rewind(session, session.rewind_to(argument))
-                elif action == "force":
-                    token = session.force(argument)
-                    session.step()
-                    if not self.step_mode:
-                        self._run(session, worker)
-                    self._state(session, f"forced {token.text!r} (id {token.id}, rank {token.rank})")
-                elif action == "verify":
-                    ui_before = self._ui_cpu_now()
-                    result = session.verify()
-                    self._verify_ui_ms = _ui_ms_since(ui_before)
-                    verdict = "matches" if result.ok else "DIFFERS FROM"
-                    self._state(session, f"cache {verdict} a full recompute of {result.tokens} tokens: max |diff| "
-                                         f"{result.max_abs_diff:.2e} (tolerance {result.tolerance:g}), top-k "
-                                         f"{'agrees' if result.topk_agree else 'differs'} · {result.ms:.0f} ms",
-                                "information" if result.ok else "error", verify=result)
-                elif action == "sampler":
-                    session.set_sampler(argument)
-                    self._state(session, f"sampler: {argument.describe()}")
-                elif action == "reset":
-                    session.reset()
-                    self._state(session, "cache and chat reset")
-                elif action == "export":
-                    path = export_cache(session, Path.cwd() / f"kvtui-cache-step{session.steps}.safetensors")
-                    self._state(session, f"cache at step {session.steps} exported to {path} "
-                                         "(kvtui.engine.export.load_cache reads it back)")
-            except (SessionError, ExportError) as exc:
-                self._state(session, str(exc), "error")
-            finally:
-                self.running = False
+        run = not self.step_mode
+        if action == "send":
+            self._ui_before_prefill = self._ui_cpu_now()
+            argument = {"text": argument, "run": run}
+        elif action == "force":
+            argument = {"id": argument, "run": run}
+        elif action == "sampler":
+            argument = asdict(argument)
+        elif action == "verify":
+            self._ui_before_verify = self._ui_cpu_now()
+        self._pending += 1
+        self.source.command(action, argument)
 
     def _ui_cpu_now(self) -> float | None:
         # with an injected clock (tests, screenshots) every timing is fake: no real load note either
         return None if self._clock is not None else _ui_cpu()
-
-    def _run(self, session, worker: Worker) -> None:
-        self.running = True
-        session.generate(cancel=worker.cancelled_event)
-        self._state(session)  # the whole reply, whatever the throttled snapshots carried
-
-    def _after_rewind(self, session, snapshot) -> None:
-        if snapshot is None:
-            self._state(session, "cache empty")
-
-    def _on_engine_snapshot(self, snapshot: StepSnapshot) -> None:
-        """Called by the session in the worker thread after every forward."""
-        session = self.session
-        messages = None
-        now = time.monotonic()
-        if not self.running or snapshot.phase != "decode" or now - self._messages_at >= 1 / REFRESH_HZ:
-            messages, self._messages_at = session.messages, now
-        self.post_message(SnapshotReady(snapshot, messages, tuple(session.diagnostics), self.running))
-
-    def _state(self, session, note: str = "", severity: str = "information", verify=None) -> None:
-        self.post_message(SessionState(session.messages, tuple(session.diagnostics), note, severity, verify))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR:
@@ -413,12 +455,18 @@ class KvtuiApp(App):
         self.latest = snapshot
         self.history.append(snapshot)
         self.diagnostics = message.diagnostics
+        self.running = message.running
         if message.messages is not None:
             self.messages = message.messages
+        if self.session is not None and message.facts is not None:
+            self.session.update(message.facts)
+            self.session.buffer = snapshot.buffer
         if snapshot.phase == "decode" and snapshot.compile_ms is None:  # a compiling step is not a slow step
             self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
         elif snapshot.phase == "prefill":
             self._prefill = snapshot
+            if self._ui_before_prefill is not None:
+                self._prefill_ui_ms, self._ui_before_prefill = _ui_ms_since(self._ui_before_prefill), None
         self.query_one(StatusBar).record(snapshot)
         # Repaint at most REFRESH_HZ times a second: on 2 cores every repaint is time the model waits for.
         wait = self._last_paint + 1 / REFRESH_HZ - time.monotonic()
@@ -448,8 +496,21 @@ class KvtuiApp(App):
 
     def on_session_state(self, message: SessionState) -> None:
         self.messages, self.diagnostics = message.messages, message.diagnostics
+        record = message.record or {}
+        if record.get("done"):
+            self._pending = max(0, self._pending - 1)
+            self.running = False
+        if self.session is not None and record:
+            self.session.update(record)
         if message.verify is not None:
             self._last_verify = message.verify
+            if self._ui_before_verify is not None:
+                self._verify_ui_ms, self._ui_before_verify = _ui_ms_since(self._ui_before_verify), None
+        if record.get("error"):  # an exception in the engine: said as an alarm; the engine kept its session
+            step = self.latest.step if self.latest else 0
+            self.app_diagnostics.append(Diagnostic("worker-error", "error", f"{record['done']}: {record['error']}", step))
+            self.notify(f"{record['error']}\nthe session is as it was before this action: go on, v verifies it, q quits",
+                        title="error in the engine (session kept)", severity="error", timeout=10)
         self._show_chat()
         self._show_diagnostics()
         if message.note:
@@ -529,7 +590,8 @@ class KvtuiApp(App):
         self._engine("run")
 
     def action_pause(self) -> None:
-        self.workers.cancel_group(self, "engine")
+        if self.source is not None:
+            self.source.command("pause")  # answered by the engine's control thread, mid-turn
 
     def action_stop(self) -> None:
         if isinstance(self.focused, Input):
@@ -538,7 +600,7 @@ class KvtuiApp(App):
         if self.pinned_step is not None:
             self.action_live()
             return
-        self.workers.cancel_group(self, "engine")
+        self.action_pause()
 
     def action_rewind(self) -> None:
         self._engine("rewind", 1)
@@ -594,20 +656,20 @@ class KvtuiApp(App):
             if settings is not None:
                 self._engine("sampler", settings)
 
-        self.push_screen(SamplerModal(self.session.config.sampler), apply)
+        self.push_screen(SamplerModal(self.session.sampler), apply)
 
     @on(LayersPane.LayerSelected)
     def layer_selected(self, message: LayersPane.LayerSelected) -> None:
         self.query_one(TokenBufferPane).selected_layer = message.index
         if self.session is not None:
-            self.session.attention_layer = message.index  # an int swap, read at the next forward
+            self.source.command("attention", message.index)  # an int swap there, read at the next forward
 
     def action_watch(self) -> None:
         token = self.query_one(TopKPane).selected_token
         if token is None or self.session is None:
             self.notify("select a token in the top-k pane first", severity="warning")
             return
-        self.session.watch_token(token.id)  # a tuple swap, read at the next forward; recorded
+        self.source.command("watch", token.id)  # a tuple swap there, between two forwards; recorded
         self.notify(f"watching {token.text!r} (id {token.id}): its rank shows in top-k from the next step", timeout=4)
 
     @on(DiagnosticsPane.JumpTo)
@@ -647,7 +709,7 @@ class KvtuiApp(App):
         self.notify(f"theme: {self.theme}", timeout=2)
 
     def action_save_trace(self) -> None:
-        if self._recorder is None:
+        if self.session is None and self.latest is None:
             self.notify("nothing recorded yet", severity="warning")
             return
         if self.trace_path is not None:
@@ -668,20 +730,21 @@ class KvtuiApp(App):
         self.notify(f"screenshot saved to {path}", timeout=6)
 
     async def action_quit(self) -> None:
-        """Quit at any moment: cancel the engine, wait for its thread to finish its forward, then exit."""
+        """Quit at any moment: the engine finishes its forward, closes the trace and exits, then the app."""
+        import asyncio
+
+        self._quitting = True
+        if self.source is not None:
+            await asyncio.to_thread(self.source.stop)
         self.workers.cancel_group(self, "engine")
-        for worker in list(self.workers):
-            if worker.group == "engine":
-                try:
-                    await worker.wait()
-                except Exception:  # a failed or cancelled worker is finished all the same
-                    pass
         self.exit()
 
     def on_unmount(self) -> None:
+        self._quitting = True
         if self._paint_timer is not None:
             self._paint_timer.stop()
-        if self._recorder:
-            self._recorder.close()
-        if self._spool and self._spool.exists():
-            self._spool.unlink()
+        if self.source is not None:
+            self.source.stop()  # at once when it is gone already; else it closes its trace first
+        for path in (self._spool, self._setup_path):
+            if path is not None and path.exists():
+                path.unlink()

@@ -58,6 +58,8 @@ def session_options(func):
                      show_default=True),
         click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps."),
         click.option("--device-map", default=None, help="'auto' spreads a large model over devices (accelerate)."),
+        click.option("--threads", type=click.IntRange(1), default=None,
+                     help="CPU threads for the model's forward (torch.set_num_threads; default: torch's choice)."),
         click.argument("model", required=False),
     ]
     for option in reversed(options):
@@ -99,7 +101,7 @@ def run_command(callback=None) -> click.Command:
 
 SESSION_KEYS = ("cache", "cache_bits", "cache_backend", "compile_decode", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
                 "seed", "mode", "system", "chat_tokenize", "prime_pad", "show_top", "watch", "attention", "dtype",
-                "device", "device_map")
+                "device", "device_map", "threads")
 # The session options' defaults, for callers that build the app without the command line (tests, serve).
 DEFAULT_OPTIONS = {p.name: p.default for p in run_command().params if p.name in SESSION_KEYS}
 DEFAULT_OPTIONS["watch"] = ()
@@ -157,5 +159,14 @@ def load(model: str | None, options: dict, progress=None):
     from .engine.loader import load_model
 
     options = {**DEFAULT_OPTIONS, **options}
+    set_threads(options)
     return load_model(model, dtype=options["dtype"], device=options["device"], device_map=options["device_map"],
                       attn_implementation="eager" if options.get("attention") else None, progress=progress)
+
+
+def set_threads(options: dict) -> None:
+    """--threads: the model's CPU threads, set before the first forward (in the process that runs it)."""
+    if options.get("threads"):
+        import torch
+
+        torch.set_num_threads(options["threads"])

@@ -17,11 +17,12 @@ from .trace import TraceWriter, header_record
 
 class Recorder:
     def __init__(self, session, path: str | Path | None, *, model_source: str = "", model_path: str = "",
-                 verify_every: int = 0):
+                 verify_every: int = 0, append: bool = False):
         self.session = session
         self.verify_every = verify_every
         self._verified_at = 0  # the step of the last verify
-        self.writer = TraceWriter(path, header_record(session, model_source, model_path)) if path is not None else None
+        self.writer = (TraceWriter(path, header_record(session, model_source, model_path), append=append)
+                       if path is not None else None)
         session.on_event = self.on_event
 
     def on_event(self, kind: str, payload) -> None:

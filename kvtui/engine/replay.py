@@ -13,28 +13,19 @@ from .trace import Trace, TraceError
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "forced": "assistant"}
 
 
-class Replay:
-    def __init__(self, trace: Trace):
-        self.trace = trace
-        self.header = trace.header
-        self.snapshots: list[StepSnapshot] = []
+class SnapshotBuilder:
+    """Step records -> snapshots, one at a time, keeping only the buffers' token lists (no history):
+    the live viewer of the engine process rebuilds its snapshots with this, the way replay does."""
+
+    def __init__(self, path=None):
+        self.path = path  # named in errors
         self._items: list[BufferToken] = []
         self._row_items: list[list[BufferToken]] = []
-        self._events: dict[int, list[dict]] = {}  # step -> what happened right after it (rewind, force, verify...)
-        for event in trace.events:
-            if isinstance(event.get("step"), int):
-                self._events.setdefault(event["step"], []).append(event)
-        for record in trace.steps:
-            self.add(record)
-
-    def events_at(self, step: int) -> list[dict]:
-        """The records written after step `step` and before the next one: verify, rewind, force, sampler..."""
-        return self._events.get(step, [])
+        self.count = 0
 
     def add(self, record: dict) -> StepSnapshot:
-        """Rebuild one more step (a live source appends as records arrive)."""
-        number = len(self.snapshots) + 1
-        path = self.trace.path
+        self.count += 1
+        number, path = self.count, self.path
         try:
             fed = [_token(t) for t in record.get("fed") or []]
         except (KeyError, TypeError, AttributeError) as exc:
@@ -56,9 +47,31 @@ class Replay:
                                          topk=tuple(_top(t) for t in view["topk"]),
                                          buffer=TokenBuffer(self._row_items[index])))
                 rows = tuple(views)
-            snapshot = _snapshot(record, TokenBuffer(self._items), rows)
+            return _snapshot(record, TokenBuffer(self._items), rows)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise TraceError(f"{path}: step line {number}: a field is missing or malformed ({exc!r})") from None
+
+
+class Replay:
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.header = trace.header
+        self.snapshots: list[StepSnapshot] = []
+        self._builder = SnapshotBuilder(trace.path)
+        self._events: dict[int, list[dict]] = {}  # step -> what happened right after it (rewind, force, verify...)
+        for event in trace.events:
+            if isinstance(event.get("step"), int):
+                self._events.setdefault(event["step"], []).append(event)
+        for record in trace.steps:
+            self.add(record)
+
+    def events_at(self, step: int) -> list[dict]:
+        """The records written after step `step` and before the next one: verify, rewind, force, sampler..."""
+        return self._events.get(step, [])
+
+    def add(self, record: dict) -> StepSnapshot:
+        """Rebuild one more step (a live source appends as records arrive)."""
+        snapshot = self._builder.add(record)
         self.snapshots.append(snapshot)
         return snapshot
 

@@ -611,6 +611,32 @@ class ChatSession:
         with torch.inference_mode():
             self.model(**self._cached_forward_kwargs(tokens, 0))
 
+    # ---- restore (a restarted engine process) ------------------------------------------------------
+
+    def restorable(self) -> dict:
+        """What a fresh session needs besides the token buffer to go on where this one is: plain values."""
+        return {"messages": [{"role": m.role, "content": m.content, "start": m.start} for m in self._messages],
+                "turn": self._turn, "steps": self.steps}
+
+    def restore(self, tokens: list[BufferToken], state: dict) -> StepSnapshot | None:
+        """Rebuild the cache from a token buffer in one forward (phase "restore"): the chat goes on from there.
+
+        `state` is what `restorable()` returned, possibly some steps before the tokens end: the open
+        assistant message takes every token after its start, as a live one does."""
+        self._clear()
+        self._new_cache()
+        self._messages = [_Message(m["role"], m["content"], m["start"]) for m in state.get("messages", [])]
+        self._turn = state.get("turn", 0)
+        self.steps = state.get("steps", self.steps)
+        if not tokens:
+            return None
+        self._primed = next((i for i, t in enumerate(tokens) if t.origin != "primed"), len(tokens))
+        last = self._messages[-1] if self._messages else None
+        self._turn_open = last is not None and last.role == "assistant"
+        self._turn_recorded = False
+        self._new_in_turn = len(tokens) - last.start if self._turn_open else 0
+        return self._forward(list(tokens), "restore")
+
     def _quant_bits(self) -> int:
         return 4 if self.config.cache_backend == "fp8" else self.config.cache_bits  # e4m3: 3 mantissa bits + sign
 

@@ -1,20 +1,33 @@
-"""The one protocol between a source of steps and a viewer (no Textual, no Rich).
+"""The one protocol between a source of steps and a viewer (no Textual, no Rich, no torch).
 
-Records flow one way as JSON lines, the trace's own records (header, model, step, diagnostic) plus
-a few stream-only ones; commands flow the other way as words, one per line.
+Three sources feed one viewer: kvtui's own chat (the engine process, engine/host.py), a watched
+program (`kvtui watch`, a child running it under the probe), and a trace still being written
+(`kvtui replay --follow`). Records flow one way as JSON lines: the trace's own records (schema 1)
+plus a few stream-only ones; commands flow the other way, one per line: a word, then optionally
+one JSON value (`send {"text": "hi", "run": true}`, `rewind 1`, `watch 42`).
 
   source -> viewer   {"type": "header" | "model" | "step" | "diagnostic", ...}   (trace schema 1)
-                     {"type": "paused", "step": N}            the program waits before its next forward
-                     {"type": "break", "step": N, "code": ..} break-on-alarm stopped it after step N
+                     {"type": "output", "stream": "stdout" | "stderr", "text": ...}   (added by the parent)
+                     {"type": "process-exit", "code": N}      the child ended (added by the parent)
+    watch only       {"type": "paused", "step": N}            the program waits before its next forward
+                     {"type": "break", "step": N, "codes": [...]}  break-on-alarm stopped it after step N
                      {"type": "verify", "step": N, ...}       a verify result (as in traces)
                      {"type": "notice", "text": ...}          a one-line answer to a command
                      {"type": "program-exit", "code": N}      the program ended with exit code N
-                     {"type": "output", "stream": "stdout" | "stderr", "text": ...}   (added by the parent)
-  viewer -> source   pause | run | step | break on | break off | verify | watch ID | quit
+    engine only      {"type": "progress", "text", "fraction"}  loading (conversion, weights)
+                     {"type": "ready", "description", "pid", ...facts}  the model is loaded
+                     {"type": "load-failed", "error": ...}    one line saying why
+                     {"type": "session", "running", "steps", "turn", "cache_length", ["messages"],
+                      ["diagnostics"]}                        before each step record: the chat around it
+                     {"type": "state", "done": COMMAND, "note", "severity", "error", "verify",
+                      "messages", "diagnostics", ...facts}    after each command (error: a worker-error)
+  viewer -> source
+    watch            pause | run | step | break on | break off | verify | watch ID | quit
+    engine           send {"text", "run"} | step | run | pause | stop | rewind N | rewind_to N |
+                     force {"id", "run"} | verify | sampler {...} | reset | export | watch ID |
+                     attention LAYER | restore {"tokens", "state"} | quit
 
-`kvtui watch` runs the user's program in a child process (`python -m kvtui.engine.stream ...`):
-its stdout/stderr stay its own (the parent shows them in a pane), records go through a pipe of their
-own, and when the viewer goes away (the control pipe closes) the child exits.
+A child notices its viewer is gone (quit, crash or SIGKILL) when its control pipe closes, and exits.
 """
 
 from __future__ import annotations
@@ -31,11 +44,27 @@ from pathlib import Path
 from typing import IO, Iterator
 
 COMMANDS = ("pause", "run", "step", "break on", "break off", "verify", "watch", "quit")
-STREAM_ONLY = ("paused", "break", "notice", "program-exit", "output")
+STREAM_ONLY = ("paused", "break", "notice", "program-exit", "output", "process-exit", "progress", "ready",
+               "load-failed", "session", "state")
 
 
 def encode(record: dict) -> bytes:
     return (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def format_command(word: str, argument=None) -> str:
+    """One command line: the word, then its argument as one JSON value (no newline inside)."""
+    return word if argument is None else f"{word} {json.dumps(argument, ensure_ascii=False)}"
+
+
+def parse_command(line: str) -> tuple[str, object]:
+    word, _, rest = line.strip().partition(" ")
+    if not rest:
+        return word, None
+    try:
+        return word, json.loads(rest)
+    except ValueError:
+        return word, rest  # a bare word argument ("break on")
 
 
 class RecordPipe:
@@ -166,34 +195,26 @@ def child_main(argv: list[str] | None = None) -> int:
 # ---- the parent: a program as a source of records ----------------------------------------------------
 
 
-class ProgramSource:
-    """Runs `kvtui watch`'s program in a child process; `records()` yields its records and output lines."""
+class ChildSource:
+    """A child process speaking this protocol: records on a pipe of their own, commands on another, its
+    stdout/stderr lines as "output" records. It runs in a session of its own (a ctrl+c in the terminal
+    is the viewer's to handle) and ends with the viewer: `stop()`, or the control pipe closing."""
 
-    supports = {"pause", "run", "step", "break", "verify", "watch"}
+    supports: set[str] = set()
 
-    def __init__(self, target: str, args: list[str], module: bool = False, trace: str | os.PathLike | None = None,
-                 paused: bool = False, break_on_alarm: bool = False, top_k: int = 10, cwd: str | None = None):
-        self.argv = [target, *args]
+    def _spawn(self, argv: list[str], env: dict | None = None, cwd: str | None = None) -> None:
         records_read, records_write = os.pipe()
         control_read, control_write = os.pipe()
-        command = [sys.executable, "-m", "kvtui.engine.stream", "--records-fd", str(records_write),
-                   "--control-fd", str(control_read), "--top-k", str(top_k)]
-        if trace:
-            command += ["--trace", str(Path(trace).resolve())]
-        if paused:
-            command.append("--paused")
-        if break_on_alarm:
-            command.append("--break-on-alarm")
-        if module:
-            command.append("-m")
-        command += ["--", target, *args]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        command = [sys.executable, *argv[:2], "--records-fd", str(records_write), "--control-fd", str(control_read),
+                   *argv[2:]]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.process = subprocess.Popen(command, pass_fds=(records_write, control_read), stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
                                         start_new_session=True)
         os.close(records_write)
         os.close(control_read)
         self._control = os.fdopen(control_write, "w", encoding="utf-8", buffering=1)
+        self._control_lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._open = 3
         threading.Thread(target=self._read_records, args=(records_read,), daemon=True).start()
@@ -234,32 +255,72 @@ class ProgramSource:
 
     def send(self, command: str) -> None:
         try:
-            self._control.write(command + "\n")
+            with self._control_lock:
+                self._control.write(command + "\n")
         except (BrokenPipeError, OSError, ValueError):
-            pass  # the program is gone: nothing to control
+            pass  # the child is gone: nothing to control
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     @property
     def running(self) -> bool:
         return self.process.poll() is None
 
     def stop(self, grace: float = 2.0) -> None:
-        """End the program and everything it started: close the control pipe, then TERM, then KILL."""
+        """End the child and everything it started: close the control pipe, then TERM, then KILL."""
         try:
-            self._control.close()
+            with self._control_lock:
+                self._control.close()
         except OSError:
             pass
-        if self.process.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                return
+        for sig, wait in ((None, grace), (signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+            if sig is not None:
+                try:
+                    os.killpg(self.process.pid, sig)
+                except ProcessLookupError:
+                    return
             try:
                 self.process.wait(wait)
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+class ProgramSource(ChildSource):
+    """Runs `kvtui watch`'s program in a child process; `records()` yields its records and output lines."""
+
+    supports = {"pause", "run", "step", "break", "verify", "watch"}
+
+    def __init__(self, target: str, args: list[str], module: bool = False, trace: str | os.PathLike | None = None,
+                 paused: bool = False, break_on_alarm: bool = False, top_k: int = 10, cwd: str | None = None):
+        self.argv = [target, *args]
+        command = ["-m", "kvtui.engine.stream", "--top-k", str(top_k)]
+        if trace:
+            command += ["--trace", str(Path(trace).resolve())]
+        if paused:
+            command.append("--paused")
+        if break_on_alarm:
+            command.append("--break-on-alarm")
+        if module:
+            command.append("-m")
+        self._spawn([*command, "--", target, *args], cwd=cwd)
+
+
+class EngineSource(ChildSource):
+    """kvtui's own chat in the engine process (engine/host.py), set up from a pickled EngineSetup file.
+    The child gets this process's import path, so whatever the setup names (a loader, a hook) imports there."""
+
+    supports = {"send", "step", "run", "pause", "stop", "rewind", "rewind_to", "force", "verify", "sampler", "reset",
+                "export", "watch", "attention", "restore"}
+
+    def __init__(self, setup_path: str | os.PathLike):
+        path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+        self._spawn(["-m", "kvtui.engine.host", "--setup", str(setup_path)], env={"PYTHONPATH": path})
+
+    def command(self, word: str, argument=None) -> None:
+        self.send(format_command(word, argument))
 
 
 class FollowSource:

@@ -68,14 +68,16 @@ def header_record(session, model_source: str, model_path: str) -> dict:
 class TraceWriter:
     """Appends records to a JSON Lines file, one flush per record."""
 
-    def __init__(self, path: str | os.PathLike, header: dict):
+    def __init__(self, path: str | os.PathLike, header: dict, append: bool = False):
+        """`append`: go on with a trace another writer started (a restarted engine): no second header."""
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[str] | None = open(self.path, "w", encoding="utf-8")
+            self._file: IO[str] | None = open(self.path, "a" if append else "w", encoding="utf-8")
         except OSError as exc:
             raise TraceError(f"{self.path}: cannot write the trace: {exc.strerror or exc}") from exc
-        self.write(header)
+        if not append:
+            self.write(header)
 
     def write(self, record: dict) -> None:
         if self._file is None:

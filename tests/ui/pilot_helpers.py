@@ -1,4 +1,4 @@
-"""Waiting helpers for pilot tests: the engine runs in a thread, so tests wait on conditions."""
+"""Waiting helpers for pilot tests: the engine runs in its own process, so tests wait on conditions."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ async def wait_for(pilot, predicate, timeout: float = 30.0, what: str = "conditi
 
 
 async def wait_idle(pilot, app, timeout: float = 30.0):
-    """Until no engine worker is running and the last snapshot reached the panes."""
-    await wait_for(pilot, lambda: not any(w.group == "engine" and not w.is_finished for w in app.workers),
-                   timeout, "the engine worker to finish")
+    """Until the engine answered every command sent and the last snapshot reached the panes."""
+    await wait_for(pilot, lambda: not app.engine_busy, timeout, "the engine to finish its commands")
     await wait_for(pilot, lambda: app._paint_timer is None, timeout, "the throttled repaint")
     await pilot.pause(0.1)
 

@@ -32,7 +32,10 @@ def table_text(table) -> list[str]:
     return [" ".join(str(c) for c in table.get_row_at(i)) for i in range(table.row_count)]
 
 
-async def test_send_and_step_five_tokens_every_pane_agrees_with_the_snapshot(tiny_loaded):
+async def test_send_and_step_five_tokens_every_pane_agrees_with_the_snapshot(tiny_loaded, monkeypatch, tmp_path):
+    from kvtui.engine.export import load_cache
+
+    monkeypatch.chdir(tmp_path)  # the engine process exports into its working directory, this one
     app = make_app(tiny_loaded("qwen2"))
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
@@ -42,19 +45,22 @@ async def test_send_and_step_five_tokens_every_pane_agrees_with_the_snapshot(tin
             await wait_idle(pilot, app)
         snapshot = app.latest
         assert snapshot.step == 6 and snapshot.phase == "decode"
-        # the snapshot tells the truth about the real cache (independent reads)
-        cache = app.session.cache
-        assert snapshot.cache_seq_length == int(cache.get_seq_length()) == cache.layers[0].keys.shape[-2]
+        # the snapshot tells the truth about the real cache (independent reads): the engine process writes
+        # its K/V tensors out (e), and they are read back here with safetensors
+        await pilot.press("e")
+        await wait_idle(pilot, app)
+        export = load_cache(tmp_path / f"kvtui-cache-step{snapshot.step}.safetensors")
+        assert snapshot.cache_seq_length == app.session.cache_length == export.keys[0].shape[-2]
         # cursor pane
         text = cursor_text(app)
         assert f"cursor {snapshot.cursor}" in " ".join(text.split())
         assert str(snapshot.cache_seq_length) in text and "decode" in text and "ALARM" not in text
         # layers pane: one row per layer with the cache's own K shape
         layers = app.query_one(LayersPane).table
-        assert layers.row_count == len(cache.layers)
+        assert layers.row_count == len(export.keys)
         rows = table_text(layers)
-        for row, layer in zip(rows, cache.layers):
-            assert format_shape(tuple(layer.keys.shape)) in row
+        for row, keys in zip(rows, export.keys):
+            assert format_shape(tuple(keys.shape)) in row
         # top-k pane: the processed top tokens, in order, chosen marked
         topk = app.query_one(TopKPane)
         ids = [t.id for t in snapshot.topk_processed[:3]]
@@ -159,21 +165,16 @@ async def test_static_overflow_shows_the_refusal_and_the_app_goes_on(tiny_loaded
 
 
 async def test_worker_exception_is_shown_and_the_session_survives(tiny_loaded):
-    app = make_app(tiny_loaded("qwen2"))
+    from engine_faults import fail_once
+
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}), loaded=tiny_loaded("qwen2"),
+                   engine_setup=fail_once("step", "simulated failure"))  # the next step raises, the one after works
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
-        session = app.session
-        real_step = session.step
-
-        def broken():
-            raise RuntimeError("simulated failure")
-
-        session.step = broken
         await pilot.press("space")
         await wait_for(pilot, lambda: app.app_diagnostics, what="the worker error")
         assert app.app_diagnostics[0].code == "worker-error" and "simulated failure" in app.app_diagnostics[0].message
         assert any("worker-error" in r for r in table_text(app.query_one(DiagnosticsPane).table))
-        session.step = real_step
         before = app.latest.step
         await pilot.press("space")
         await wait_idle(pilot, app)
@@ -190,16 +191,21 @@ async def test_missing_model_is_a_clear_error_and_the_app_keeps_running(tmp_path
         assert any("does not exist" in str(n.message) for n in app._notifications)
 
 
-async def test_quit_mid_generation_leaves_no_thread(tiny_loaded):
+async def test_quit_mid_generation_leaves_no_thread_and_no_engine_process(tiny_loaded):
+    import psutil
+
     app = make_app(tiny_loaded("qwen2"), max_new_tokens=100000)
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app, step_mode=True)
+        engine = app.session.pid
+        assert psutil.pid_exists(engine) and engine != psutil.Process().pid
         await pilot.press("r")
         await wait_for(pilot, lambda: app.latest.step > 3, what="running")
         await pilot.press("q")
         await pilot.pause(0.2)
     assert app.latest.step < 100000
     assert all(worker.is_finished for worker in app.workers)
+    assert not psutil.pid_exists(engine)  # quit waited for the engine process: it is gone, not a zombie
     # no thread is still inside the engine or the model (an idle executor thread is not ours)
     busy = [thread_id for thread_id, frame in sys._current_frames().items()
             if any(name in path for path in _stack_files(frame) for name in ("kvtui/engine", "transformers/models"))]
@@ -233,7 +239,7 @@ async def test_help_sampler_and_pane_toggles(tiny_loaded):
         app.screen.query_one("#field-top_k", Input).value = "5"
         await pilot.click("#apply")
         await wait_idle(pilot, app)
-        assert app.session.config.sampler.temperature == 0.8 and app.session.config.sampler.top_k == 5
+        assert app.session.sampler.temperature == 0.8 and app.session.sampler.top_k == 5  # the engine's answer
         await pilot.press("space")
         await wait_idle(pilot, app)
         # top-k 5 after the processors: at most 5 tokens keep probability

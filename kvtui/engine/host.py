@@ -1,0 +1,285 @@
+"""The engine process: kvtui's own chat (ChatSession and its Recorder) in a child of the TUI, so the
+app's repaints never take the interpreter lock the model's forward needs.
+
+`python -m kvtui.engine.host --records-fd W --control-fd R --setup FILE` (the app starts it; the
+records and commands are engine/stream.py's protocol).
+
+Threads: the main thread runs one command at a time and is the only one to touch the session. The
+control thread reads commands: `pause`/`stop` cancel a running turn at once, `attention` is an int
+swap, `watch` waits for the main thread (between two forwards); every other command queues and
+cancels a turn still running, as a new key did in the app. When the control pipe closes (the app
+quit, crashed or was SIGKILLed) the engine lets its forward end, closes the trace and exits; after
+EXIT_GRACE seconds it exits regardless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import queue
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from .stream import RecordPipe, parse_command
+
+EXIT_GRACE = 1.5  # seconds a forward may take to end once the app is gone
+MESSAGES_HZ = 2  # transcript updates per second while a turn runs: decoding the reply is O(reply)
+ACTIONS = ("send", "step", "run", "rewind", "rewind_to", "force", "verify", "sampler", "reset", "export", "restore")
+
+
+@dataclass
+class EngineSetup:
+    """What the app hands the engine process (pickled into a private file). Only plain values unless the
+    app itself was given objects: a loaded model, a loader, a clock, a setup hook (they must pickle)."""
+
+    model: str | None
+    options: dict
+    trace_path: str | None
+    verify_every: int = 0
+    loaded: object = None  # a LoadedModel the app was given instead of a model name
+    loader: Callable | None = None  # called instead of loading `model` (returns a LoadedModel)
+    clock: Callable[[], float] | None = None  # the session's clock (tests: deterministic timings)
+    engine_setup: Callable | None = None  # called with the session once it exists (patch the model, inject faults)
+    append: bool = False  # a restarted engine goes on with the trace its predecessor wrote
+
+
+def write_setup(setup: EngineSetup, path: str | os.PathLike) -> None:
+    with open(path, "wb") as handle:
+        pickle.dump(setup, handle, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class EngineHost:
+    def __init__(self, pipe: RecordPipe, setup_path: str):
+        self.pipe = pipe
+        self.setup_path = setup_path
+        self.session = None
+        self.recorder = None
+        self.running = False
+        self.commands: queue.Queue = queue.Queue()
+        self._live: list[threading.Event] = []  # one per command received and not finished: set = cancel
+        self._lock = threading.Lock()
+        self._asides: list[int] = []  # watch requests, applied by the main thread between forwards
+        self._messages_at = 0.0
+        self._diagnostics_sent = -1
+
+    # ---- the control thread ------------------------------------------------------------------------
+
+    def read_commands(self, fd: int) -> None:
+        with os.fdopen(fd, "r", encoding="utf-8") as lines:
+            for line in lines:
+                word, argument = parse_command(line)
+                if word in ("pause", "stop"):
+                    self._cancel_all()
+                elif word == "attention":
+                    if self.session is not None:
+                        self.session.attention_layer = int(argument)  # an int swap, read at the next forward
+                elif word == "watch":
+                    self._asides.append(int(argument))
+                elif word == "quit":
+                    break
+                elif word in ACTIONS:
+                    cancel = threading.Event()
+                    with self._lock:
+                        for event in self._live:  # a new action ends a running turn, as a new key does
+                            event.set()
+                        self._live.append(cancel)
+                    self.commands.put((word, argument, cancel))
+                else:
+                    self.pipe.send({"type": "notice", "text": f"unknown command {word!r}", "severity": "error"})
+        # the app is gone (quit, crash or SIGKILL): end the turn, close the trace, go
+        self._cancel_all()
+        self.commands.put(("quit", None, threading.Event()))
+        time.sleep(EXIT_GRACE)
+        os._exit(0)  # a forward that did not end in time (a long prefill) is not waited for
+
+    def _cancel_all(self) -> None:
+        with self._lock:
+            for event in self._live:
+                event.set()
+
+    # ---- loading -----------------------------------------------------------------------------------
+
+    def load(self) -> bool:
+        from ..options import build_session_config, load, set_threads
+        from . import introspect
+        from .recorder import Recorder
+        from .session import ChatSession
+
+        progress = lambda text, fraction=None: self.pipe.send(  # noqa: E731
+            {"type": "progress", "text": text, "fraction": fraction})
+        try:
+            progress("starting the engine process")
+            with open(self.setup_path, "rb") as handle:
+                setup: EngineSetup = pickle.load(handle)
+            set_threads(setup.options)
+            loaded = setup.loaded or (setup.loader() if setup.loader else load(setup.model, setup.options,
+                                                                               progress=progress))
+            config = build_session_config(setup.options, loaded.tokenizer)
+            extra = {"clock": setup.clock} if setup.clock else {}
+            session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self.on_snapshot, **extra)
+            self.recorder = Recorder(session, setup.trace_path, model_source=loaded.source, model_path=loaded.path,
+                                     verify_every=setup.verify_every, append=setup.append)
+            if setup.engine_setup is not None:
+                setup.engine_setup(session)
+        except Exception as exc:  # every load error, said in one line: the app shows it and stays open
+            from .loader import ModelLoadError
+            from .session import SessionError
+            from .trace import TraceError
+
+            known = isinstance(exc, (ModelLoadError, SessionError, TraceError, ValueError))
+            self.pipe.send({"type": "load-failed", "error": str(exc) if known else f"{type(exc).__name__}: {exc}"})
+            return False
+        self.session = session
+        query, kv = introspect.attention_heads(loaded.model.config)
+        capacity = f" {session.capacity}" if session.capacity else ""
+        self.pipe.send({
+            "type": "ready", "pid": os.getpid(),
+            "description": (f"{loaded.source} · {type(loaded.model).__name__} · {loaded.device} · {loaded.dtype} · "
+                            f"{session.config.cache}{capacity} cache · {session.config.sampler.describe()}"),
+            "query_heads": query, "kv_heads": kv, **self._facts()})
+        return True
+
+    # ---- the main thread: one command at a time ----------------------------------------------------
+
+    def serve(self) -> None:
+        while True:
+            word, argument, cancel = self.commands.get()
+            if word == "quit":
+                break
+            try:
+                self._apply_asides()
+                self.state(word, *self.execute(word, argument, cancel))
+            except Exception as exc:  # noqa: BLE001  every failure is said; the session stays as it was
+                from .export import ExportError
+                from .session import SessionError
+
+                if isinstance(exc, (SessionError, ExportError)):
+                    self.state(word, str(exc), "error")
+                else:  # a bug or a broken model: the app shows a worker-error alarm
+                    self.state(word, error=f"{type(exc).__name__}: {exc}")
+            finally:
+                self.running = False
+                with self._lock:
+                    self._live.remove(cancel)
+        self.close()
+
+    def execute(self, word: str, argument, cancel: threading.Event) -> tuple[str, str, object]:
+        """Run one command; returns (note, severity, verify result)."""
+        session = self.session
+        if word == "send":
+            session.send(argument["text"])
+            if argument.get("run"):
+                self._run(cancel)
+        elif word == "step":
+            session.step()
+        elif word == "run":
+            self._run(cancel)
+        elif word in ("rewind", "rewind_to"):
+            snapshot = session.rewind(int(argument)) if word == "rewind" else session.rewind_to(int(argument))
+            if snapshot is None:
+                return "cache empty", "information", None
+        elif word == "force":
+            token = session.force(int(argument["id"]))
+            session.step()
+            if argument.get("run"):
+                self._run(cancel)
+            return f"forced {token.text!r} (id {token.id}, rank {token.rank})", "information", None
+        elif word == "verify":
+            result = session.verify()
+            verdict = "matches" if result.ok else "DIFFERS FROM"
+            return (f"cache {verdict} a full recompute of {result.tokens} tokens: max |diff| {result.max_abs_diff:.2e} "
+                    f"(tolerance {result.tolerance:g}), top-k {'agrees' if result.topk_agree else 'differs'} · "
+                    f"{result.ms:.0f} ms", "information" if result.ok else "error", result)
+        elif word == "sampler":
+            from .settings import SamplerSettings
+
+            settings = SamplerSettings(**argument)
+            session.set_sampler(settings)
+            return f"sampler: {settings.describe()}", "information", None
+        elif word == "reset":
+            session.reset()
+            return "cache and chat reset", "information", None
+        elif word == "export":
+            from .export import export_cache
+
+            path = export_cache(session, Path.cwd() / f"kvtui-cache-step{session.steps}.safetensors")
+            return (f"cache at step {session.steps} exported to {path} (kvtui.engine.export.load_cache reads it back)",
+                    "information", None)
+        elif word == "restore":
+            from .replay import _token
+
+            tokens = [_token(t) for t in argument["tokens"]]
+            session.restore(tokens, argument["state"])
+            return (f"engine restarted: the cache was rebuilt from {len(tokens)} tokens in one forward "
+                    "(v verifies it)", "information", None)
+        return "", "information", None
+
+    def _run(self, cancel: threading.Event) -> None:
+        self.running = True
+        self.session.generate(cancel=cancel)
+
+    def _apply_asides(self) -> None:
+        while self._asides:
+            self.session.watch_token(self._asides.pop(0))  # recorded by the recorder, in this thread
+
+    # ---- records -----------------------------------------------------------------------------------
+
+    def on_snapshot(self, snapshot) -> None:
+        """After every forward (main thread): the session's state, then the step record itself."""
+        session = self.session
+        now = time.monotonic()
+        record = {"type": "session", "running": self.running, "steps": session.steps, "turn": session.turn,
+                  "cache_length": snapshot.cache_seq_length}
+        if not self.running or snapshot.phase != "decode" or now - self._messages_at >= 1 / MESSAGES_HZ:
+            record["messages"], self._messages_at = session.messages, now
+        if len(session.diagnostics) != self._diagnostics_sent:
+            record["diagnostics"] = _diagnostics(session.diagnostics)
+            self._diagnostics_sent = len(session.diagnostics)
+        self.pipe.send(record)
+        self.pipe.send(snapshot.to_record())
+        self._apply_asides()
+
+    def state(self, done: str, note: str = "", severity: str = "information", verify=None, error: str | None = None):
+        """After every command: what the app shows between turns (and that the command is done)."""
+        session = self.session
+        self._diagnostics_sent = len(session.diagnostics)
+        self.pipe.send({"type": "state", "done": done, "note": note, "severity": severity, "error": error,
+                        "verify": asdict(verify) if verify is not None else None, "messages": session.messages,
+                        "diagnostics": _diagnostics(session.diagnostics), **self._facts()})
+
+    def _facts(self) -> dict:
+        session = self.session
+        return {"steps": session.steps, "turn": session.turn, "cache_length": session.cache_length,
+                "buffer_length": len(session.buffer), "capacity": session.capacity,
+                "sampler": asdict(session.config.sampler), "restorable": session.restorable()}
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+
+
+def _diagnostics(diagnostics) -> list[dict]:
+    return [{"code": d.code, "severity": d.severity, "message": d.message, "step": d.step} for d in diagnostics]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvtui-engine")
+    parser.add_argument("--records-fd", type=int, required=True)
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--setup", required=True)
+    options = parser.parse_args(argv)
+    host = EngineHost(RecordPipe(options.records_fd), options.setup)
+    # first: an app that dies while the model loads takes the engine with it
+    threading.Thread(target=host.read_commands, args=(options.control_fd,), name="kvtui-control", daemon=True).start()
+    if host.load():
+        host.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

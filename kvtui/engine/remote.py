@@ -1,0 +1,43 @@
+"""The app's view of the ChatSession that runs in the engine process: what its records said last.
+
+Plain values only (no torch, no Textual); the app updates it on its own thread from the `ready`,
+`session` and `state` records (engine/stream.py) and the step snapshots rebuilt from step records.
+"""
+
+from __future__ import annotations
+
+from .settings import SamplerSettings
+from .snapshot import Diagnostic, TokenBuffer
+
+
+class RemoteSession:
+    def __init__(self, ready: dict):
+        self.pid: int = ready.get("pid", 0)
+        self.description: str = ready.get("description", "")
+        self.query_heads = ready.get("query_heads")
+        self.kv_heads = ready.get("kv_heads")
+        self.steps = self.turn = self.cache_length = 0
+        self.capacity: int | None = None
+        self.sampler = SamplerSettings()
+        self.messages: list[dict] = []
+        self.diagnostics: tuple[Diagnostic, ...] = ()
+        self.buffer = TokenBuffer([])  # the latest step's buffer, as the step records rebuilt it
+        self.restorable: dict = {}  # what a restarted engine needs besides the tokens (session.restorable())
+        self.update(ready)
+
+    def update(self, record: dict) -> None:
+        for key in ("steps", "turn", "cache_length", "capacity", "restorable"):
+            if key in record:
+                setattr(self, key, record[key])
+        if "sampler" in record:
+            self.sampler = SamplerSettings(**record["sampler"])
+        if "messages" in record:
+            self.messages = record["messages"]
+        if "diagnostics" in record:
+            self.diagnostics = diagnostics_from(record["diagnostics"])
+        if record.get("buffer_length") == 0:  # rewound to nothing or reset: no step record says so
+            self.buffer = TokenBuffer([])
+
+
+def diagnostics_from(records: list[dict]) -> tuple[Diagnostic, ...]:
+    return tuple(Diagnostic(d["code"], d["severity"], d["message"], d["step"]) for d in records)

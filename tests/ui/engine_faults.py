@@ -1,0 +1,86 @@
+"""Faults and slow-downs for the engine process. The app pickles these (by reference) into the engine's
+setup, and the engine process imports this module from the test's import path: module-level only."""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import partial
+
+
+def _fail_once(action: str, message: str, session) -> None:
+    if action == "export":  # the engine looks export_cache up at call time
+        import kvtui.engine.export as module
+
+        owner, name = module, "export_cache"
+        error = OSError(message)
+    else:
+        owner, name = session, action
+        error = RuntimeError(message)
+    real = getattr(owner, name)
+
+    def broken(*args, **kwargs):
+        setattr(owner, name, real)  # one failure, then the real thing again
+        raise error
+
+    setattr(owner, name, broken)
+
+
+def fail_once(action: str, message: str):
+    """engine_setup: the next call of session.<action> (or export_cache) raises, the ones after work."""
+    return partial(_fail_once, action, message)
+
+
+def broken_load():
+    """loader: an exception nobody foresaw."""
+    raise RuntimeError("disk on fire")
+
+
+def _gated_load(gate: str, model_dir: str):
+    from kvtui.engine.loader import load_model
+
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return load_model(model_dir, dtype="float32", device="cpu")
+
+
+def gated_load(gate, model_dir):
+    """loader: waits until the file `gate` exists (the test opens it), then loads the tiny model."""
+    return partial(_gated_load, str(gate), str(model_dir))
+
+
+class _SlowModel:
+    """The forward takes 300 ms more of wall time (sleeping: no CPU of its own)."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def __call__(self, **kwargs):
+        time.sleep(0.3)
+        return self._model(**kwargs)
+
+
+def slow_first_forward(session) -> None:
+    """engine_setup: the first forward (the prefill) sleeps 300 ms, the later ones do not."""
+    real = session.model
+    slow = _SlowModel(real)
+
+    def once(**kwargs):
+        session.model = real
+        return slow(**kwargs)
+
+    session.model = type("Once", (), {"__call__": staticmethod(once), "__getattr__": lambda self, n: getattr(real, n)})()
+
+
+def die_on_step(session) -> None:
+    """engine_setup: the next step kills the engine process outright, as the out-of-memory killer would."""
+    import signal
+
+    def killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    session.step = killed
