@@ -18,14 +18,10 @@ def notices(app) -> list[str]:
     return [n.message for n in app._notifications]
 
 
-async def test_exception_at_load_is_said_and_q_quits(monkeypatch):
-    import kvtui.app as app_module
+async def test_exception_at_load_is_said_and_q_quits():
+    from engine_faults import broken_load
 
-    def broken_load(*args, **kwargs):
-        raise RuntimeError("disk on fire")
-
-    monkeypatch.setattr(app_module, "load", broken_load)
-    app = KvtuiApp(AppConfig(model="whatever"))
+    app = KvtuiApp(AppConfig(model="whatever"), loader=broken_load)  # raises in the engine process
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app._load_failed, what="the load failure")
         await pilot.pause(0.2)
@@ -38,31 +34,23 @@ async def test_exception_at_load_is_said_and_q_quits(monkeypatch):
 
 @pytest.mark.parametrize("action,key", [("step", "space"), ("verify", "v"), ("export", "e")])
 async def test_exception_in_an_action_keeps_the_session(tiny_loaded, monkeypatch, tmp_path, action, key):
+    from engine_faults import fail_once
+
     monkeypatch.chdir(tmp_path)  # export writes into the working directory
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}), loaded=tiny_loaded("qwen2"))
+    message = "no space left on device" if action == "export" else f"simulated failure in {action}"
+    # in the engine process, the first call of the action raises; the ones after work
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}), loaded=tiny_loaded("qwen2"),
+                   engine_setup=fail_once(action, message))
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
-        before = (app.latest.step, app.session.buffer.ids())
-        if action == "export":
-            import kvtui.engine.export as export_module
-
-            def broken(*args, **kwargs):
-                raise OSError("no space left on device")
-
-            monkeypatch.setattr(export_module, "export_cache", broken)
-        else:
-            def broken(*args, **kwargs):
-                raise RuntimeError(f"simulated failure in {action}")
-
-            monkeypatch.setattr(app.session, action, broken)
+        before = (app.latest.step, app.session.buffer.ids(), app.session.cache_length)
         await pilot.press(key)
         await wait_for(pilot, lambda: app.app_diagnostics, what="the worker error")
         await wait_idle(pilot, app)
         message = app.app_diagnostics[-1].message
         assert app.app_diagnostics[-1].code == "worker-error" and ("simulated failure" in message or "no space" in message)
         assert any("session is as it was" in n and "q quits" in n for n in notices(app))
-        assert (app.latest.step, app.session.buffer.ids()) == before  # nothing half done
-        monkeypatch.undo()
+        assert (app.latest.step, app.session.buffer.ids(), app.session.cache_length) == before  # nothing half done
         await pilot.press("space")  # still usable
         await wait_idle(pilot, app)
         assert app.latest.step == before[0] + 1

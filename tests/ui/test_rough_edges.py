@@ -10,36 +10,23 @@ from kvtui.options import AppConfig
 from pilot_helpers import wait_for, wait_idle
 
 
-async def test_a_message_sent_before_the_model_is_ready_is_sent_when_it_is(tiny_loaded):
-    import threading
+async def test_a_message_sent_before_the_model_is_ready_is_sent_when_it_is(tiny_dir, tmp_path):
+    from engine_faults import gated_load
 
-    gate = threading.Event()
-    loaded = tiny_loaded("qwen2")
-
-    import kvtui.app as app_module
-
-    real_load = app_module.load
-
-    def waiting_load(*args, **kwargs):
-        gate.wait(30)
-        return loaded
-
-    app_module.load = waiting_load
-    try:
-        app = KvtuiApp(AppConfig(model="anything", options={"max_new_tokens": 2}))
-        async with app.run_test(size=(140, 45)) as pilot:
-            box = app.query_one("#message", Input)
-            box.value = "What is k?"
-            await pilot.press("enter")
-            await pilot.pause(0.2)
-            assert app.session is None
-            assert any("queued" in str(n.message) for n in app._notifications)
-            gate.set()
-            await wait_for(pilot, lambda: app.latest is not None, what="the queued message's prefill")
-            await wait_idle(pilot, app)
-            assert app.messages[0]["content"] == "What is k?"
-    finally:
-        app_module.load = real_load
+    gate = tmp_path / "load-now"
+    app = KvtuiApp(AppConfig(model="anything", options={"max_new_tokens": 2}),
+                   loader=gated_load(gate, tiny_dir("qwen2")))  # the engine waits for the gate file
+    async with app.run_test(size=(140, 45)) as pilot:
+        box = app.query_one("#message", Input)
+        box.value = "What is k?"
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert app.session is None
+        assert any("queued" in str(n.message) for n in app._notifications)
+        gate.touch()
+        await wait_for(pilot, lambda: app.latest is not None, 60, what="the queued message's prefill")
+        await wait_idle(pilot, app)
+        assert app.messages[0]["content"] == "What is k?"
 
 
 async def test_layers_pane_keeps_the_bytes_column_in_view_at_160_columns(tiny_loaded):
@@ -70,34 +57,25 @@ async def test_layers_pane_keeps_the_bytes_column_in_view_at_160_columns(tiny_lo
 
 async def test_reuse_meter_says_when_the_ui_was_busy_during_a_timing(tiny_loaded):
     """The reuse meter compares the prefill with a full re-encode (v): a figure taken while the UI
-    thread was busy says so, so a learner is not told that caching was slower."""
+    was busy (on 2 cores it competes with the engine process for the CPU) says so, so a learner is
+    not told that caching was slower."""
     import time as clock
+
+    from engine_faults import slow_first_forward
 
     from kvtui.widgets.chat_pane import ChatPane
 
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": 4}), loaded=tiny_loaded("qwen2"))
+    # in the engine process, the prefill's forward takes 300 ms of wall time (sleeping)
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": 4}), loaded=tiny_loaded("qwen2"),
+                   engine_setup=slow_first_forward)
     async with app.run_test(size=(140, 45)) as pilot:
         await wait_for(pilot, lambda: app.session is not None, what="the model")
-        session = app.session
-
-        class SlowModel:  # the forward takes 300 ms of wall time (sleeping: no CPU of its own)
-            def __init__(self, model):
-                self._model = model
-
-            def __getattr__(self, name):
-                return getattr(self._model, name)
-
-            def __call__(self, **kwargs):
-                clock.sleep(0.3)
-                return self._model(**kwargs)
 
         def burn():  # the UI thread works 8 ms of every 10
             end = clock.thread_time() + 0.008
             while clock.thread_time() < end:
                 pass
 
-        real = session.model
-        session.model = SlowModel(real)
         burner = app.set_interval(0.01, burn)
         app.step_mode = True
         box = app.query_one("#message")
@@ -106,7 +84,6 @@ async def test_reuse_meter_says_when_the_ui_was_busy_during_a_timing(tiny_loaded
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.latest is not None, what="the prefill")
         burner.stop()
-        session.model = real
         await wait_idle(pilot, app)
         text = str(app.query_one(ChatPane).query_one("#reuse").render())
         assert "prefill" in text and "UI busy" in text, text
