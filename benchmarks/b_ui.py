@@ -207,7 +207,7 @@ def bench_first_frame(model_dir: Path, repeats: int = 3) -> dict:
 
 
 def _engine_busy(app) -> bool:
-    return any(w.group == "engine" and not w.is_finished for w in app.workers)
+    return app.engine_busy
 
 
 async def _wait(predicate, timeout: float, poll: float = 0.001) -> bool:
@@ -229,103 +229,90 @@ def _send_key(app, key: str, char: str | None) -> None:
     app._driver.send_message(event)
 
 
-class _Stamps:
-    """Wraps session.on_snapshot: a perf_counter stamp per forward, in the engine thread."""
-
-    def __init__(self, session):
-        self.inner = session.on_snapshot
-        self.stamps: list[tuple[float, str, int]] = []
-        session.on_snapshot = self
-        self.reply_decodes = 0  # calls of session._reply_text (a full decode of the reply so far)
-        original = session._reply_text
-
-        def counted():
-            self.reply_decodes += 1
-            return original()
-
-        session._reply_text = counted
-
-    def __call__(self, snapshot):
-        self.stamps.append((time.perf_counter(), snapshot.phase, snapshot.step))
-        if self.inner:
-            self.inner(snapshot)
-
-    def decode_rate(self) -> tuple[float, int]:
-        """tokens/s between the prefill's snapshot and the last decode snapshot (same as headless)."""
-        decode = [t for t, phase, _ in self.stamps if phase == "decode"]
-        prefill = [t for t, phase, _ in self.stamps if phase == "prefill"]
-        if not decode or not prefill:
-            return float("nan"), 0
-        return len(decode) / (decode[-1] - prefill[-1]), len(decode)
+def decode_rate(stamps: list[tuple[float, str, int]]) -> tuple[float, int]:
+    """tokens/s from the first decode step to the last one of the turn (the same rule for every variant)."""
+    decode = [t for t, phase, _ in stamps if phase == "decode"]
+    if len(decode) < 2:
+        return float("nan"), len(decode)
+    return (len(decode) - 1) / (decode[-1] - decode[0]), len(decode)
 
 
 def headless_rate(loaded, prompt: str, n_new: int) -> tuple[float, int]:
+    """The engine without any UI, in this process: ChatSession.generate, stamped per forward."""
     from kvtui.engine.session import ChatSession, SessionConfig
 
-    session = ChatSession(loaded.model, loaded.tokenizer, SessionConfig(max_new_tokens=n_new))
+    stamps: list[tuple[float, str, int]] = []
+    session = ChatSession(loaded.model, loaded.tokenizer, SessionConfig(max_new_tokens=n_new),
+                          on_snapshot=lambda s: stamps.append((time.perf_counter(), s.phase, s.step)))
     session.stop_ids = frozenset()
-    stamps = _Stamps(session)
     session.send(prompt)
     session.generate()
-    return stamps.decode_rate()
+    return decode_rate(stamps)
 
 
 async def _tui_round(loaded, prompt: str, n_new: int, profile_out: Path | None = None,
                      key_tests: bool = False, key_repeats: int = 5) -> dict:
+    """A fresh app; its engine process gets the same loaded model (pickled) and stamps every forward."""
     from textual.widgets import Input
+
+    from engine_hooks import read_stamps, stamps as stamp_hook
 
     from kvtui.app import KvtuiApp
     from kvtui.options import AppConfig
 
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": n_new if not key_tests else 10**6}), loaded=loaded)
-    result: dict = {}
-    async with app.run_test(size=APP_SIZE) as pilot:
-        await _wait(lambda: app.session is not None, 60, 0.01)
-        app.session.stop_ids = frozenset()
-        stamps = _Stamps(app.session)
-        app.step_mode = False
-        box = app.query_one("#message", Input)
-        box.focus()
-        box.value = prompt
-        spy = None
-        t_send = time.perf_counter()
-        _send_key(app, "enter", "\r")
-        if profile_out is not None:
-            await _wait(lambda: any(p == "decode" for _, p, _ in stamps.stamps), 60, 0.005)
-            spy = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--rate", str(PROFILE_RATE),
-                                    "--threads", "--format", "raw", "--duration", str(PROFILE_SECONDS),
-                                    "--output", str(profile_out)], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, text=True)
-        if key_tests:
-            result.update(await _key_latencies(app, stamps, key_repeats))
-            _send_key(app, "p", "p")
-            await _wait(lambda: not _engine_busy(app), 60, 0.005)
-        else:
-            await _wait(lambda: any(p == "decode" for _, p, _ in stamps.stamps), 60, 0.01)
-            await _wait(lambda: not _engine_busy(app), 600, 0.01)
-        if spy is not None:
-            try:
-                _, err = spy.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                spy.kill()
-                err = "timeout"
-            result["profile_rc"] = spy.returncode
-            result["profile_err"] = (err or "")[-500:]
-        await _wait(lambda: getattr(app, "_paint_timer", None) is None, 5, 0.01)
-        await pilot.pause()
-        rate, n = stamps.decode_rate()
-        result.update({"tps": rate, "decode_tokens": n, "reply_decodes": stamps.reply_decodes, "send_to_first_ms": (stamps.stamps[0][0] - t_send) * 1000
-                       if stamps.stamps else float("nan")})
-        await pilot.pause()
+    with tempfile.TemporaryDirectory() as tmp:
+        stamp_file = Path(tmp) / "stamps.txt"
+        app = KvtuiApp(AppConfig(options={"max_new_tokens": n_new if not key_tests else 10**6}), loaded=loaded,
+                       engine_setup=stamp_hook(stamp_file))
+        stamps = lambda: read_stamps(stamp_file)  # noqa: E731
+        result: dict = {}
+        async with app.run_test(size=APP_SIZE) as pilot:
+            await _wait(lambda: app.session is not None, 120, 0.01)
+            app.step_mode = False
+            box = app.query_one("#message", Input)
+            box.focus()
+            box.value = prompt
+            spy = None
+            t_send = time.perf_counter()
+            _send_key(app, "enter", "\r")
+            if profile_out is not None:
+                await _wait(lambda: app.latest is not None and app.latest.phase == "decode", 60, 0.005)
+                spy = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--rate", str(PROFILE_RATE),
+                                        "--threads", "--format", "raw", "--duration", str(PROFILE_SECONDS),
+                                        "--output", str(profile_out)], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, text=True)
+            if key_tests:
+                result.update(await _key_latencies(app, stamps, key_repeats))
+                _send_key(app, "p", "p")
+                await _wait(lambda: not _engine_busy(app), 60, 0.005)
+            else:
+                await _wait(lambda: app.latest is not None and app.latest.phase == "decode", 60, 0.01)
+                await _wait(lambda: not _engine_busy(app), 600, 0.01)
+            if spy is not None:
+                try:
+                    _, err = spy.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    spy.kill()
+                    err = "timeout"
+                result["profile_rc"] = spy.returncode
+                result["profile_err"] = (err or "")[-500:]
+            await _wait(lambda: getattr(app, "_paint_timer", None) is None, 5, 0.01)
+            await pilot.pause()
+            got = stamps()
+            rate, n = decode_rate(got)
+            result.update({"tps": rate, "decode_tokens": n,
+                           "send_to_first_ms": (got[0][0] - t_send) * 1000 if got else float("nan")})
+            await pilot.pause()
     return result
 
 
-async def _key_latencies(app, stamps: _Stamps, repeats: int) -> dict:
-    """While the model runs: F5 (toggle the layers pane) -> display flipped / next screen refresh; and
-    p (pause) -> engine worker finished; r resumes between pause tests."""
+async def _key_latencies(app, stamps, repeats: int) -> dict:
+    """While the model runs: F5 (toggle the layers pane) -> display flipped / next screen refresh; p (pause)
+    -> the engine answered that its turn stopped; r resumes between pause tests. Then, paused, in step mode:
+    space -> the new step painted."""
     layers = app.query_one("#layers")
-    toggle_handled, toggle_painted, pause_ms, steps_after = [], [], [], []
-    await _wait(lambda: len(stamps.stamps) > 5, 60, 0.005)
+    toggle_handled, toggle_painted, pause_ms, steps_after, step_painted = [], [], [], [], []
+    await _wait(lambda: len(stamps()) > 5, 60, 0.005)
     for i in range(repeats * 2):
         before = layers.display
         t0 = time.perf_counter()
@@ -340,18 +327,31 @@ async def _key_latencies(app, stamps: _Stamps, repeats: int) -> dict:
     for i in range(repeats):
         await _wait(lambda: _engine_busy(app), 10, 0.005)
         await asyncio.sleep(0.2 + 0.07 * i)
-        step_at = len(stamps.stamps)
+        step_at = len(stamps())
         t0 = time.perf_counter()
         _send_key(app, "p", "p")
-        # the worker's state turns CANCELLED at once; the thread is done when it releases the engine lock
-        await _wait(lambda: not _engine_busy(app) and not app._engine_lock.locked(), 30)
+        await _wait(lambda: not _engine_busy(app), 30)  # the engine's "state" record for the stopped turn
         pause_ms.append((time.perf_counter() - t0) * 1000)
-        steps_after.append(len(stamps.stamps) - step_at)
+        steps_after.append(len(stamps()) - step_at)
         _send_key(app, "r", "r")
-        await _wait(lambda: len(stamps.stamps) > step_at + 3, 30, 0.005)
+        await _wait(lambda: len(stamps()) > step_at + 3, 30, 0.005)
+    _send_key(app, "p", "p")
+    await _wait(lambda: not _engine_busy(app), 30)
+    app.step_mode = True
+    await asyncio.sleep(0.6)  # the last throttled repaint
+    for _ in range(repeats * 2):
+        before = app.latest.step
+        t0 = time.perf_counter()
+        _send_key(app, "space", " ")
+        await _wait(lambda: app.latest.step > before and app._paint_timer is None, 30)
+        await _after_refresh(app.screen)
+        step_painted.append((time.perf_counter() - t0) * 1000)
+        await _wait(lambda: not _engine_busy(app), 30)
+        await asyncio.sleep(0.1)
     return {"toggle_handled_ms": summary(toggle_handled), "toggle_painted_ms": summary(toggle_painted),
             "pause_ms": summary(pause_ms), "forwards_after_pause": summary(steps_after),
-            "step_ms": summary([(b - a) * 1000 for (a, pa, _), (b, pb, _) in zip(stamps.stamps, stamps.stamps[1:])
+            "step_painted_ms": summary(step_painted),
+            "step_ms": summary([(b - a) * 1000 for (a, pa, _), (b, pb, _) in zip(stamps(), stamps()[1:])
                                 if pa == pb == "decode"])}
 
 
@@ -363,20 +363,18 @@ def bench_keys(loaded, prompt: str, repeats: int = 5) -> dict:
 def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, profile_dir: Path | None = None,
                    deadline: float | None = None) -> dict:
     """Interleaved per round (order rotated):
-    - headless: ChatSession.generate in a fresh worker thread (where the TUI runs it);
+    - headless: ChatSession.generate in a fresh worker thread of this process;
     - headless_main: the same in the main thread (where `kvtui --headless` runs it);
-    - tui: KvtuiApp run mode as shipped (repaints throttled to REFRESH_HZ);
+    - tui: KvtuiApp run mode as shipped (the engine in its own process, repaints throttled to REFRESH_HZ);
     - tui_unthrottled: the same with kvtui.app.REFRESH_HZ patched to 1e6 for that round only (every coalesced
-      snapshot repaints at once: the behaviour before the throttle);
-    - tui_no_paint: REFRESH_HZ patched to 1e-9 (no repaint until the turn ends): what the app costs per step
-      without painting (SnapshotReady dispatch, status bar record, trace line, session.messages).
-    Fresh app per round, run_test headless, 160x48."""
+      snapshot repaints at once);
+    - tui_no_paint: REFRESH_HZ patched to 1e-9 (no repaint until the turn ends).
+    Fresh app per round, run_test headless, 160x48; tokens/s from per-forward stamps taken where the model runs."""
     import kvtui.app as app_module
 
     shipped_hz = app_module.REFRESH_HZ
     runs: dict[str, list[float]] = {"headless": [], "headless_main": [], "tui_no_paint": [], "tui": [],
                                     "tui_unthrottled": []}
-    decodes: list[float] = []
     hz = {"tui": shipped_hz, "tui_unthrottled": 1_000_000, "tui_no_paint": 1e-9}
     in_worker(headless_rate, loaded, prompt, 8)  # warm-up
     names = list(runs)
@@ -392,19 +390,16 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, profile_dir: Pa
             else:
                 app_module.REFRESH_HZ = hz[which]
                 try:
-                    round_result = asyncio.run(_tui_round(loaded, prompt, n_new))
-                    runs[which].append(round_result["tps"])
-                    if which == "tui":
-                        decodes.append(round_result["reply_decodes"] / max(1, round_result["decode_tokens"]))
+                    runs[which].append(asyncio.run(_tui_round(loaded, prompt, n_new))["tps"])
                 finally:
                     app_module.REFRESH_HZ = shipped_hz
         log(f"  run mode round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()) + " tok/s")
     done = len(runs["tui"])
-    result = {"n_new": n_new, "refresh_hz": shipped_hz, "rounds": done, "reply_decodes_per_forward": summary(decodes),
+    result = {"n_new": n_new, "refresh_hz": shipped_hz, "rounds": done,
               **{f"{k}_tps": summary(v) for k, v in runs.items()},
-              "ratio": summary([t / h for t, h in zip(runs["tui"], runs["headless"])]),
-              "ratio_unthrottled": summary([t / h for t, h in zip(runs["tui_unthrottled"], runs["headless"])]),
-              "ratio_no_paint": summary([t / h for t, h in zip(runs["tui_no_paint"], runs["headless"])]),
+              "ratio": summary([t / h for t, h in zip(runs["tui"], runs["headless_main"])]),
+              "ratio_unthrottled": summary([t / h for t, h in zip(runs["tui_unthrottled"], runs["headless_main"])]),
+              "ratio_no_paint": summary([t / h for t, h in zip(runs["tui_no_paint"], runs["headless_main"])]),
               "ratio_main_vs_worker": summary([m / h for m, h in zip(runs["headless_main"], runs["headless"])])}
     if profile_dir is not None:
         raw = profile_dir / "tui-run-mode.txt"

@@ -76,11 +76,23 @@ def slow_first_forward(session) -> None:
     session.model = type("Once", (), {"__call__": staticmethod(once), "__getattr__": lambda self, n: getattr(real, n)})()
 
 
-def die_on_step(session) -> None:
-    """engine_setup: the next step kills the engine process outright, as the out-of-memory killer would."""
-    import signal
+def _die_on_step(how: str, marker: str, session) -> None:
+    if os.path.exists(marker):  # a restarted engine: the fault happened already
+        return
+    real = session.step
 
-    def killed(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGKILL)
+    def dying(*args, **kwargs):
+        open(marker, "w").close()
+        if how == "kill":  # as the out-of-memory killer would
+            os.kill(os.getpid(), __import__("signal").SIGKILL)
+        print("fatal: simulated crash in the engine", file=__import__("sys").stderr, flush=True)
+        os._exit(3)  # no cleanup, no answer: the process is simply gone
 
-    session.step = killed
+    session.step = dying
+    del real
+
+
+def die_on_step(how: str, marker):
+    """engine_setup: the first engine process dies at its next step ("kill": SIGKILL; "exit": code 3 after
+    a line on stderr). `marker` (a file) tells a restarted engine that it already happened."""
+    return partial(_die_on_step, how, str(marker))

@@ -1,0 +1,39 @@
+"""Hooks the benchmarks hand the engine process (pickled by reference as `engine_setup`; the engine
+imports this module from the benchmark's import path)."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+
+
+def _stamp(path: str, session) -> None:
+    session.stop_ids = frozenset()  # every turn runs its full --max-new-tokens
+    inner = session.on_snapshot
+    handle = open(path, "a", buffering=1, encoding="utf-8")
+
+    def stamped(snapshot):
+        # CLOCK_MONOTONIC: the benchmark process reads the same clock
+        handle.write(f"{time.perf_counter()} {snapshot.phase} {snapshot.step}\n")
+        inner(snapshot)
+
+    session.on_snapshot = stamped
+
+
+def stamps(path) -> partial:
+    """engine_setup: one line per forward (perf_counter, phase, step) appended to `path`, no stop tokens."""
+    return partial(_stamp, str(path))
+
+
+def read_stamps(path) -> list[tuple[float, str, int]]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 3:
+            out.append((float(parts[0]), parts[1], int(parts[2])))
+    return out

@@ -1,0 +1,128 @@
+"""The engine process: the model runs in a child of the app, which dies with the app (even under
+SIGKILL); an engine that dies is an alarm, and R restarts it with the chat fed into a fresh cache."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from kvtui.app import KvtuiApp
+from kvtui.options import AppConfig
+from kvtui.widgets.status_bar import StatusBar
+
+from pilot_helpers import start, wait_for, wait_idle
+
+SIZE = (140, 45)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # dead, waiting for init to reap it
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
+def test_the_engine_process_dies_within_two_seconds_of_the_app_being_sigkilled(tiny_dir, tmp_path):
+    """The real app (model by path, loaded in the engine) in a process of its own, generating; SIGKILL it."""
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio
+        from kvtui.app import KvtuiApp
+        from kvtui.options import AppConfig
+
+        async def main():
+            app = KvtuiApp(AppConfig(model={str(tiny_dir("qwen2"))!r}, options={{"max_new_tokens": 100000}}))
+            async with app.run_test(size=(120, 40)) as pilot:
+                while app.session is None:
+                    await pilot.pause(0.05)
+                app.query_one("#message").value = "What is k?"
+                app.query_one("#message").focus()
+                await pilot.press("enter")  # run mode: it generates until killed
+                while app.latest is None or app.latest.step < 5:
+                    await pilot.pause(0.05)
+                print(app.session.pid, flush=True)
+                await asyncio.sleep(600)
+
+        asyncio.run(main())
+    """))
+    app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True)
+    try:
+        line = app.stdout.readline()
+        assert line.strip().isdigit(), f"the app did not report its engine (exit {app.poll()})"
+        engine = int(line)
+        assert engine != app.pid and psutil.Process(engine).ppid() == app.pid and not gone(engine)
+        os.kill(app.pid, signal.SIGKILL)
+        app.wait(10)
+        killed = time.monotonic()
+        while not gone(engine) and time.monotonic() - killed < 2.0:
+            time.sleep(0.02)
+        assert gone(engine), "the engine process outlived the app by 2 s"
+    finally:
+        if app.poll() is None:
+            app.kill()
+
+
+@pytest.mark.parametrize("how", ["kill", "exit"])
+async def test_a_dead_engine_is_an_alarm_and_R_restarts_it_with_the_chat(tiny_loaded, tmp_path, how):
+    from engine_faults import die_on_step
+
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}), loaded=tiny_loaded("qwen2"),
+                   engine_setup=die_on_step(how, tmp_path / "died"))
+    async with app.run_test(size=SIZE) as pilot:
+        await start(pilot, app)  # the prefill ran
+        first = app.session.pid
+        before = app.latest
+        await pilot.press("space")  # the engine dies in this step
+        await wait_for(pilot, lambda: app.app_diagnostics, 30, "the alarm")
+        alarm = app.app_diagnostics[-1]
+        assert alarm.code == "worker-error" and alarm.severity == "error"
+        expected = "killed by SIGKILL" if how == "kill" else "exited with code 3: fatal: simulated crash"
+        assert expected in alarm.message, alarm.message
+        assert "R restarts" in app.query_one(StatusBar).model_text or any(
+            "R restarts" in str(n.message) for n in app._notifications)
+        assert not app.engine_busy and gone(first)
+        await pilot.press("space")  # refused, said so: nothing to send it to
+        assert any("R restarts it" in str(n.message) for n in app._notifications)
+
+        await pilot.press("R")
+        await wait_for(pilot, lambda: app.session is not None and app.latest.phase == "restore", 120, "the restore")
+        await wait_idle(pilot, app)
+        restored = app.latest
+        assert app.session.pid != first
+        # the whole chat went into the new cache in one forward, numbered after the last step
+        assert restored.step == before.step + 1 and restored.buffer.ids() == before.buffer.ids()
+        assert len(restored.input_ids) == len(before.buffer) == restored.cache_seq_length == app.session.cache_length
+        assert restored.chosen.id == before.chosen.id  # the same next token: the same logits, within tolerance
+        await pilot.press("v")
+        await wait_idle(pilot, app)
+        assert app._last_verify is not None and app._last_verify.ok
+        await pilot.press("space")  # and the chat goes on
+        await wait_idle(pilot, app)
+        assert app.latest.step == restored.step + 1 and app.latest.phase == "decode"
+        assert app.latest.input_ids == (before.chosen.id,)
+
+
+async def test_loading_progress_streams_to_the_status_bar(tiny_dir, monkeypatch):
+    shown: list[str] = []
+    real = StatusBar.set_text
+
+    def recording(self, text):
+        shown.append(text)
+        real(self, text)
+
+    monkeypatch.setattr(StatusBar, "set_text", recording)
+    app = KvtuiApp(AppConfig(model=str(tiny_dir("qwen2"))))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.session is not None, 120, "the model")
+    assert any("starting the engine process" in text for text in shown), shown
+    assert any("weights" in text for text in shown), shown
+    assert any(text.startswith("⏳ loaded") and text.endswith("100%") for text in shown), shown
