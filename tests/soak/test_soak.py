@@ -1,4 +1,5 @@
-"""Soak: 2,000 forward steps in run mode in the real app on a tiny model, then check nothing grew with them.
+"""Soak: 2,000 forward steps in run mode in the real app on a tiny model, then check nothing grew with them,
+in the app's process (snapshots, objects, tensors, threads, files) and in its engine process (RSS).
 
 What may grow with the step count: the KV cache (2 layers x K,V x 2 KV heads x 16 dims x 4 bytes =
 512 B per token on tiny qwen2), the session's token list (one BufferToken per token), the chat
@@ -66,7 +67,7 @@ async def wait_for(pilot, predicate, timeout: float, what: str):
 
 
 def engine_busy(app) -> bool:
-    return any(w.group == "engine" and not w.is_finished for w in app.workers)
+    return app.engine_busy
 
 
 def _is_kvtui(kind: type) -> bool:
@@ -101,6 +102,7 @@ def measure(app, before: frozenset[int] = frozenset()) -> dict:
     return {
         "step": app.session.steps,
         "rss": psutil.Process().memory_info().rss,
+        "engine_rss": psutil.Process(app.session.pid).memory_info().rss,
         "snapshots": len(snapshots),
         "buffer_tokens": sum(1 for o in objects if type(o) is BufferToken),
         "orphans": sum(kinds.values()),
@@ -156,7 +158,8 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
     constants = frozenset(id(o) for o in gc.get_objects() if _is_kvtui(type(o)))
     threads_before = {t.ident for t in threading.enumerate()}
     files_before = {f.path for f in process.open_files()}
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": STEPS}), loaded=loaded)
+    # one torch thread in the engine process too (the fixture sets this process's)
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": STEPS, "threads": 1}), loaded=loaded)
 
     async with app.run_test(size=(140, 45)) as pilot:
         await wait_for(pilot, lambda: app.session is not None, 60, "the model to load")
@@ -201,14 +204,16 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
         assert span >= 1000, (early, late)
         rss_per_step = (late["rss"] - early["rss"]) / span
         assert rss_per_step < MAX_BYTES_PER_STEP, (early, late)
+        engine_per_step = (late["engine_rss"] - early["engine_rss"]) / span
+        assert engine_per_step < MAX_BYTES_PER_STEP, (early, late)
         print(f"\nsoak: {steps} steps, turns started at {turns}; step {early['step']} -> {late['step']}: "
-              f"RSS {rss_per_step / 1024:+.2f} KiB/step ({(late['rss'] - early['rss']) / 2**20:+.1f} MiB); "
+              f"RSS {rss_per_step / 1024:+.2f} KiB/step ({(late['rss'] - early['rss']) / 2**20:+.1f} MiB), engine "
+              f"process {engine_per_step / 1024:+.2f} KiB/step; "
               f"live StepSnapshots {early['snapshots']} -> {late['snapshots']} (history {early['history']} -> "
               f"{late['history']}); orphan kvtui objects {early['orphans']} -> {late['orphans']} "
               f"{late['orphan_kinds']}; BufferTokens {early['buffer_tokens']} -> {late['buffer_tokens']} "
               f"(buffer {len(app.session.buffer)}); tensors {early['tensors']} -> {late['tensors']}; "
-              f"session.diagnostics {len(app.session.diagnostics)}, piece cache {len(app.session._pieces)}, "
-              f"app_diagnostics {len(app.app_diagnostics)}")
+              f"session.diagnostics {len(app.session.diagnostics)}, app_diagnostics {len(app.app_diagnostics)}")
 
     # after exit: no thread still runs the engine, no new thread but idle executor threads, no open file
     assert busy_threads() == []
