@@ -255,7 +255,7 @@ async def _tui_round(loaded, prompt: str, n_new: int, profile_out: Path | None =
     """A fresh app; its engine process gets the same loaded model (pickled) and stamps every forward."""
     from textual.widgets import Input
 
-    from engine_hooks import read_stamps, stamps as stamp_hook
+    from engine_hooks import read_stamps, reply_decodes, stamps as stamp_hook
 
     from kvtui.app import KvtuiApp
     from kvtui.options import AppConfig
@@ -300,7 +300,7 @@ async def _tui_round(loaded, prompt: str, n_new: int, profile_out: Path | None =
             await pilot.pause()
             got = stamps()
             rate, n = decode_rate(got)
-            result.update({"tps": rate, "decode_tokens": n,
+            result.update({"tps": rate, "decode_tokens": n, "reply_decodes": reply_decodes(stamp_file),
                            "send_to_first_ms": (got[0][0] - t_send) * 1000 if got else float("nan")})
             await pilot.pause()
     return result
@@ -376,6 +376,7 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, profile_dir: Pa
     runs: dict[str, list[float]] = {"headless": [], "headless_main": [], "tui_no_paint": [], "tui": [],
                                     "tui_unthrottled": []}
     hz = {"tui": shipped_hz, "tui_unthrottled": 1_000_000, "tui_no_paint": 1e-9}
+    decodes: list[float] = []
     in_worker(headless_rate, loaded, prompt, 8)  # warm-up
     names = list(runs)
     for r in range(rounds):
@@ -390,12 +391,15 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, profile_dir: Pa
             else:
                 app_module.REFRESH_HZ = hz[which]
                 try:
-                    runs[which].append(asyncio.run(_tui_round(loaded, prompt, n_new))["tps"])
+                    round_result = asyncio.run(_tui_round(loaded, prompt, n_new))
+                    runs[which].append(round_result["tps"])
+                    if which == "tui":
+                        decodes.append(round_result["reply_decodes"] / max(1, round_result["decode_tokens"]))
                 finally:
                     app_module.REFRESH_HZ = shipped_hz
         log(f"  run mode round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()) + " tok/s")
     done = len(runs["tui"])
-    result = {"n_new": n_new, "refresh_hz": shipped_hz, "rounds": done,
+    result = {"n_new": n_new, "refresh_hz": shipped_hz, "rounds": done, "reply_decodes_per_forward": summary(decodes),
               **{f"{k}_tps": summary(v) for k, v in runs.items()},
               "ratio": summary([t / h for t, h in zip(runs["tui"], runs["headless_main"])]),
               "ratio_unthrottled": summary([t / h for t, h in zip(runs["tui_unthrottled"], runs["headless_main"])]),

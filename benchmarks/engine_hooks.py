@@ -12,18 +12,34 @@ def _stamp(path: str, session) -> None:
     session.stop_ids = frozenset()  # every turn runs its full --max-new-tokens
     inner = session.on_snapshot
     handle = open(path, "a", buffering=1, encoding="utf-8")
+    decodes = [0]  # calls of session._reply_text: a full decode of the reply so far (the transcript's cost)
+    reply_text = session._reply_text
+
+    def counted():
+        decodes[0] += 1
+        return reply_text()
 
     def stamped(snapshot):
         # CLOCK_MONOTONIC: the benchmark process reads the same clock
-        handle.write(f"{time.perf_counter()} {snapshot.phase} {snapshot.step}\n")
+        handle.write(f"{time.perf_counter()} {snapshot.phase} {snapshot.step} {decodes[0]}\n")
         inner(snapshot)
 
+    session._reply_text = counted
     session.on_snapshot = stamped
 
 
 def stamps(path) -> partial:
     """engine_setup: one line per forward (perf_counter, phase, step) appended to `path`, no stop tokens."""
     return partial(_stamp, str(path))
+
+
+def reply_decodes(path) -> int:
+    """Reply decodes so far, as the last stamp line says."""
+    try:
+        last = Path(path).read_text(encoding="utf-8").splitlines()[-1].split()
+    except (FileNotFoundError, IndexError):
+        return 0
+    return int(last[3]) if len(last) == 4 else 0
 
 
 def read_stamps(path) -> list[tuple[float, str, int]]:
@@ -34,6 +50,6 @@ def read_stamps(path) -> list[tuple[float, str, int]]:
     out = []
     for line in lines:
         parts = line.split()
-        if len(parts) == 3:
+        if len(parts) == 4:
             out.append((float(parts[0]), parts[1], int(parts[2])))
     return out

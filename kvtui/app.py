@@ -28,7 +28,7 @@ from textual.widgets import Footer, Input
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from .engine.remote import RemoteSession, diagnostics_from
-from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult, _token_record
+from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult, buffer_record
 from .fmt import printable
 from .options import AppConfig
 from .themes import DEFAULT_THEME, load_themes
@@ -123,13 +123,24 @@ def _load_note(ui_ms: float | None, measured_ms: float) -> str:
     return f" (UI busy {ui_ms:.0f} ms meanwhile)"
 
 
+def _verify_result(state: dict) -> VerifyResult | None:
+    verify = state.get("verify")
+    if not verify:
+        return None
+    return VerifyResult(**{**verify, "cached_top": tuple(verify["cached_top"]),
+                           "recomputed_top": tuple(verify["recomputed_top"])})
+
+
 def _exit_reason(code: int | None, stderr: deque) -> str:
     """Why the engine process ended, in one line: the signal (an out-of-memory kill is SIGKILL) or its error."""
     import signal
 
     last = next((line for line in reversed(stderr) if line.strip()), "")
     if code is not None and code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
         oom = " (the out-of-memory killer sends this)" if name == "SIGKILL" else ""
         return f"killed by {name}{oom}" + (f": {last}" if last else "")
     return f"exited with code {code}" + (f": {last}" if last else "")
@@ -189,6 +200,7 @@ class KvtuiApp(App):
         self.session: RemoteSession | None = None  # the engine's session as its records say; None until ready
         self.source = None  # the engine process (engine/stream.py EngineSource)
         self._setup_path: Path | None = None
+        self._builder = None  # step records -> snapshots; kept across engine restarts (the buffer goes on)
         self._spool: Path | None = None
         self._pending = 0  # commands sent to the engine and not answered yet
         self._engine_dead: str | None = None  # why the engine process ended, until R restarts it
@@ -311,8 +323,8 @@ class KvtuiApp(App):
         source = self.source = EngineSource(setup)
         if restore is not None:
             source.command("restore", restore)  # runs as soon as the model is loaded
-        if not hasattr(self, "_builder"):
-            self._builder = SnapshotBuilder("engine")  # kept across restarts: the buffer goes on
+        if self._builder is None:
+            self._builder = SnapshotBuilder("engine")
         builder = self._builder
         diagnostics: tuple[Diagnostic, ...] = ()
         messages = facts = None
@@ -331,11 +343,8 @@ class KvtuiApp(App):
                 messages = facts = None
             elif kind == "state":
                 diagnostics = diagnostics_from(record["diagnostics"])
-                verify = VerifyResult(**{**record["verify"], "cached_top": tuple(record["verify"]["cached_top"]),
-                                         "recomputed_top": tuple(record["verify"]["recomputed_top"])}) \
-                    if record.get("verify") else None
                 self.post_message(SessionState(record["messages"], diagnostics, record.get("note", ""),
-                                               record.get("severity", "information"), verify, record))
+                                               record.get("severity", "information"), _verify_result(record), record))
             elif kind == "progress":
                 self.post_message(LoadProgress(record["text"], record.get("fraction")))
             elif kind == "ready":
@@ -400,7 +409,7 @@ class KvtuiApp(App):
         restore = None
         if self.session is not None:
             tokens = self.latest.buffer if self.latest is not None else ()
-            restore = {"tokens": [_token_record(t) for t in tokens], "state": self.session.restorable}
+            restore = {"tokens": buffer_record(tokens)["tokens"], "state": self.session.restorable}
         self.session = None
         self._pending = 1 if restore else 0
         self.query_one(StatusBar).set_text("⏳ restarting the engine")
