@@ -1,6 +1,6 @@
 """The Textual app. Widgets render snapshots, nothing else.
 
-The model runs in the engine process (engine/host.py), never in this interpreter: keys become
+The model runs in the engine process (engine_host.py), never in this interpreter: keys become
 commands on its control pipe, and one thread worker (the pump, group "engine") reads its records,
 rebuilds each step's snapshot and posts it (`post_message` is thread-safe; snapshots coalesce in
 run mode). If the engine process dies, the app says so and R restarts it with the chat so far.
@@ -292,7 +292,7 @@ class KvtuiApp(App):
         return self._pending > 0
 
     def _write_setup(self, append: bool = False) -> Path:
-        from .engine.host import EngineSetup, write_setup
+        from .engine_host import EngineSetup, write_setup
 
         if self._setup_path is None:
             fd, path = tempfile.mkstemp(prefix="kvtui-engine-", suffix=".pickle")

@@ -1,7 +1,7 @@
 """The engine process: kvtui's own chat (ChatSession and its Recorder) in a child of the TUI, so the
 app's repaints never take the interpreter lock the model's forward needs.
 
-`python -m kvtui.engine.host --records-fd W --control-fd R --setup FILE` (the app starts it; the
+`python -m kvtui.engine_host --records-fd W --control-fd R --setup FILE` (the app starts it; the
 records and commands are engine/stream.py's protocol).
 
 Threads: the main thread runs one command at a time and is the only one to touch the session. The
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from .stream import RecordPipe, parse_command
+from .engine.stream import RecordPipe, parse_command
 
 EXIT_GRACE = 1.5  # seconds a forward may take to end once the app is gone
 MESSAGES_HZ = 2  # transcript updates per second while a turn runs: decoding the reply is O(reply)
@@ -105,10 +105,10 @@ class EngineHost:
     # ---- loading -----------------------------------------------------------------------------------
 
     def load(self) -> bool:
-        from ..options import build_session_config, load, set_threads
-        from . import introspect
-        from .recorder import Recorder
-        from .session import ChatSession
+        from .options import build_session_config, load, set_threads
+        from .engine import introspect
+        from .engine.recorder import Recorder
+        from .engine.session import ChatSession
 
         progress = lambda text, fraction=None: self.pipe.send(  # noqa: E731
             {"type": "progress", "text": text, "fraction": fraction})
@@ -127,9 +127,9 @@ class EngineHost:
             if setup.engine_setup is not None:
                 setup.engine_setup(session)
         except Exception as exc:  # every load error, said in one line: the app shows it and stays open
-            from .loader import ModelLoadError
-            from .session import SessionError
-            from .trace import TraceError
+            from .engine.loader import ModelLoadError
+            from .engine.session import SessionError
+            from .engine.trace import TraceError
 
             known = isinstance(exc, (ModelLoadError, SessionError, TraceError, ValueError))
             self.pipe.send({"type": "load-failed", "error": str(exc) if known else f"{type(exc).__name__}: {exc}"})
@@ -155,8 +155,8 @@ class EngineHost:
                 self._apply_asides()
                 self.state(word, *self.execute(word, argument, cancel))
             except Exception as exc:  # noqa: BLE001  every failure is said; the session stays as it was
-                from .export import ExportError
-                from .session import SessionError
+                from .engine.export import ExportError
+                from .engine.session import SessionError
 
                 if isinstance(exc, (SessionError, ExportError)):
                     self.state(word, str(exc), "error")
@@ -196,7 +196,7 @@ class EngineHost:
                     f"(tolerance {result.tolerance:g}), top-k {'agrees' if result.topk_agree else 'differs'} · "
                     f"{result.ms:.0f} ms", "information" if result.ok else "error", result)
         elif word == "sampler":
-            from .settings import SamplerSettings
+            from .engine.settings import SamplerSettings
 
             settings = SamplerSettings(**argument)
             session.set_sampler(settings)
@@ -205,13 +205,13 @@ class EngineHost:
             session.reset()
             return "cache and chat reset", "information", None
         elif word == "export":
-            from .export import export_cache
+            from .engine.export import export_cache
 
             path = export_cache(session, Path.cwd() / f"kvtui-cache-step{session.steps}.safetensors")
             return (f"cache at step {session.steps} exported to {path} (kvtui.engine.export.load_cache reads it back)",
                     "information", None)
         elif word == "restore":
-            from .replay import _token
+            from .engine.replay import _token
 
             tokens = [_token(t) for t in argument["tokens"]]
             session.restore(tokens, argument["state"])
