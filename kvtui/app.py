@@ -382,6 +382,7 @@ class KvtuiApp(App):
 
     def on_load_failed(self, message: LoadFailed) -> None:
         self._load_failed = True
+        self._pending = 0  # a restore queued with a restart that could not load
         if self._queued is not None:
             self.notify(f"not sent (no model): {self._queued!r}", severity="warning", timeout=10)
             self._queued = None

@@ -48,7 +48,8 @@ def test_the_engine_process_dies_within_two_seconds_of_the_app_being_sigkilled(t
                 await pilot.press("enter")  # run mode: it generates until killed
                 while app.latest is None or app.latest.step < 5:
                     await pilot.pause(0.05)
-                print(app.session.pid, flush=True)
+                import sys
+                print(app.session.pid, "torch" in sys.modules, flush=True)
                 await asyncio.sleep(600)
 
         asyncio.run(main())
@@ -56,9 +57,10 @@ def test_the_engine_process_dies_within_two_seconds_of_the_app_being_sigkilled(t
     app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                            text=True)
     try:
-        line = app.stdout.readline()
-        assert line.strip().isdigit(), f"the app did not report its engine (exit {app.poll()})"
-        engine = int(line)
+        line = app.stdout.readline().split()
+        assert line and line[0].isdigit(), f"the app did not report its engine (exit {app.poll()})"
+        engine = int(line[0])
+        assert line[1] == "False"  # the model (and torch) live in the engine process only
         assert engine != app.pid and psutil.Process(engine).ppid() == app.pid and not gone(engine)
         os.kill(app.pid, signal.SIGKILL)
         app.wait(10)
@@ -126,3 +128,34 @@ async def test_loading_progress_streams_to_the_status_bar(tiny_dir, monkeypatch)
     assert any("starting the engine process" in text for text in shown), shown
     assert any("weights" in text for text in shown), shown
     assert any(text.startswith("⏳ loaded") and text.endswith("100%") for text in shown), shown
+
+
+def test_commands_are_one_line_each_and_read_back_as_sent():
+    from kvtui.engine.stream import format_command, parse_command
+
+    for word, argument in [("step", None), ("rewind", 3), ("send", {"text": "two\nlines «é»", "run": True}),
+                           ("sampler", {"temperature": 0.7, "top_k": 5, "top_p": 1.0, "repetition_penalty": 1.0,
+                                        "seed": None})]:
+        line = format_command(word, argument)
+        assert "\n" not in line
+        assert parse_command(line + "\n") == (word, argument)
+    assert parse_command("break on") == ("break", "on")  # the watch child's bare words
+
+
+async def test_attention_of_the_layer_selected_in_the_layers_pane(tiny_dir):
+    """--attention through the engine process: the step carries the newest query's weights for the layer
+    the layers pane selects (an `attention` command, read at the next forward)."""
+    from kvtui.widgets.layers_pane import LayersPane
+
+    # by path, as the CLI does: the engine loads it with eager attention
+    app = KvtuiApp(AppConfig(model=str(tiny_dir("qwen2")), options={"max_new_tokens": 8, "attention": True}))
+    async with app.run_test(size=SIZE) as pilot:
+        await start(pilot, app)
+        last = len(app.latest.layers) - 1
+        assert app.latest.attention_layer == last and len(app.latest.attention) == len(app.latest.buffer)
+        assert abs(sum(app.latest.attention) - 1) < 1e-4  # a softmax row: the weights over every held token
+        app.query_one(LayersPane).post_message(LayersPane.LayerSelected(0))
+        await pilot.pause(0.2)
+        await pilot.press("space")
+        await wait_idle(pilot, app)
+        assert app.latest.attention_layer == 0 and len(app.latest.attention) == len(app.latest.buffer)
