@@ -200,6 +200,7 @@ class KvtuiApp(App):
         self.session: RemoteSession | None = None  # the engine's session as its records say; None until ready
         self.source = None  # the engine process (engine/stream.py EngineSource)
         self._setup_path: Path | None = None
+        self._scratch: Path | None = None  # a loaded model that does not pickle goes over as save_pretrained files
         self._builder = None  # step records -> snapshots; kept across engine restarts (the buffer goes on)
         self._spool: Path | None = None
         self._pending = 0  # commands sent to the engine and not answered yet
@@ -302,10 +303,12 @@ class KvtuiApp(App):
             fd, spool = tempfile.mkstemp(prefix="kvtui-", suffix=".jsonl")
             os.close(fd)
             self._spool = Path(spool)
+        if self._scratch is None and self._engine_objects["loaded"] is not None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="kvtui-handover-"))  # used if the model does not pickle
         trace = self.trace_path or self._spool
         write_setup(EngineSetup(model=self.model_name, options=self.options, trace_path=str(trace),
                                 verify_every=self.verify_every, append=append, **self._engine_objects),
-                    self._setup_path)
+                    self._setup_path, self._scratch)
         return self._setup_path
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
@@ -758,3 +761,5 @@ class KvtuiApp(App):
         for path in (self._spool, self._setup_path):
             if path is not None and path.exists():
                 path.unlink()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)

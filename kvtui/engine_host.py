@@ -48,9 +48,41 @@ class EngineSetup:
     append: bool = False  # a restarted engine goes on with the trace its predecessor wrote
 
 
-def write_setup(setup: EngineSetup, path: str | os.PathLike) -> None:
+def write_setup(setup: EngineSetup, path: str | os.PathLike, scratch: str | os.PathLike | None = None) -> None:
+    """Pickle the setup for the engine process. A loaded model that does not pickle (transformers leaves
+    local-function hooks on a model once it captured outputs; a user's model may hold anything) is handed
+    over through `save_pretrained` into `scratch` instead, and the engine loads it back from there."""
+    try:
+        data = pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        if setup.loaded is None or scratch is None:
+            raise
+        data = pickle.dumps(_saved(setup, Path(scratch)), protocol=pickle.HIGHEST_PROTOCOL)
     with open(path, "wb") as handle:
-        pickle.dump(setup, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        handle.write(data)
+
+
+def _saved(setup: EngineSetup, scratch: Path) -> EngineSetup:
+    from dataclasses import replace
+    from functools import partial
+
+    loaded = setup.loaded
+    scratch.mkdir(parents=True, exist_ok=True)
+    loaded.model.save_pretrained(scratch)
+    loaded.tokenizer.save_pretrained(scratch)
+    attention = getattr(loaded.model.config, "_attn_implementation", None)
+    return replace(setup, loaded=None, loader=partial(load_saved, str(scratch), loaded.source, loaded.path,
+                                                      loaded.dtype, loaded.device, attention))
+
+
+def load_saved(directory: str, source: str, path: str, dtype: str, device: str, attention: str | None):
+    """The engine's loader for a model handed over with save_pretrained: same names, dtype, device, attention."""
+    from dataclasses import replace
+
+    from .engine.loader import load_model
+
+    loaded = load_model(directory, dtype=dtype, device=device, attn_implementation=attention)
+    return replace(loaded, source=source, path=path)
 
 
 class EngineHost:

@@ -159,3 +159,28 @@ async def test_attention_of_the_layer_selected_in_the_layers_pane(tiny_dir):
         await pilot.press("space")
         await wait_idle(pilot, app)
         assert app.latest.attention_layer == 0 and len(app.latest.attention) == len(app.latest.buffer)
+
+
+async def test_a_loaded_model_that_does_not_pickle_is_handed_over_with_save_pretrained(tiny_dir):
+    """transformers leaves local-function hooks on a model once it captured outputs (and a user's model may
+    hold anything): such a model reaches the engine process through save_pretrained, same names and weights."""
+    from kvtui.engine.loader import load_model
+
+    loaded = load_model(str(tiny_dir("qwen2")), dtype="float32", device="cpu")
+    loaded.model.register_forward_hook(lambda module, args, output: None)  # a lambda: pickle refuses it
+    app = KvtuiApp(AppConfig(options={"max_new_tokens": 4}), loaded=loaded)
+    async with app.run_test(size=SIZE) as pilot:
+        await start(pilot, app)
+        assert app.session.description.startswith(loaded.source)
+        await pilot.press("v")
+        await wait_idle(pilot, app)
+        assert app._last_verify is not None and app._last_verify.ok
+        ids = app.latest.buffer.ids()
+        import torch
+
+        with torch.inference_mode():  # the same weights: this process's model picks the same next token
+            logits = loaded.model(torch.tensor([ids])).logits[0, -1]
+        assert int(logits.argmax()) == app.latest.chosen.id
+        scratch = app._scratch
+        assert scratch is not None and (scratch / "config.json").exists()
+    assert not scratch.exists()  # removed with the app
