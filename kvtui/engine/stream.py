@@ -317,7 +317,11 @@ class EngineSource(ChildSource):
 
     def __init__(self, setup_path: str | os.PathLike):
         path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
-        self._spawn(["-m", "kvtui.engine_host", "--setup", str(setup_path)], env={"PYTHONPATH": path})
+        # OpenMP threads that spin while they wait lose their time slices to the viewer's process, and the
+        # whole team waits for the slowest: with passive waiting the model keeps its speed beside the TUI
+        # (make bench, section 4). A user's own setting wins.
+        env = {"PYTHONPATH": path, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+        self._spawn(["-m", "kvtui.engine_host", "--setup", str(setup_path)], env=env)
 
     def command(self, word: str, argument=None) -> None:
         self.send(format_command(word, argument))
