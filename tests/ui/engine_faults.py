@@ -79,7 +79,6 @@ def slow_first_forward(session) -> None:
 def _die_on_step(how: str, marker: str, session) -> None:
     if os.path.exists(marker):  # a restarted engine: the fault happened already
         return
-    real = session.step
 
     def dying(*args, **kwargs):
         open(marker, "w").close()
@@ -89,7 +88,6 @@ def _die_on_step(how: str, marker: str, session) -> None:
         os._exit(3)  # no cleanup, no answer: the process is simply gone
 
     session.step = dying
-    del real
 
 
 def die_on_step(how: str, marker):
