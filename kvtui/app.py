@@ -42,9 +42,10 @@ from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 from .widgets.topk_pane import TopKPane
 
-REFRESH_HZ = 2  # pane repaints per second at most while the model runs: on 2 cores each repaint holds the GIL the model needs
+REFRESH_HZ = 2  # pane repaints per second at most while the model runs: on few cores each repaint takes CPU the engine could use
 HISTORY_STEPS = 512  # snapshots kept for "jump to step"; older steps live in the trace on disk
 PANES = ("buffer", "cursor", "topk", "layers", "diagnostics")
+SESSION_KEPT = "the session is as it was before this action: go on, v verifies it, q quits"
 
 
 # ---- messages from the workers (posted from threads) ---------------------------------------------
@@ -208,7 +209,6 @@ class KvtuiApp(App):
         self._quitting = False
         self._ui_before_prefill: float | None = None
         self._ui_before_verify: float | None = None
-        self.running = False
         self.latest: StepSnapshot | None = None
         self.history: deque[StepSnapshot] = deque(maxlen=HISTORY_STEPS)
         self.pinned_step: int | None = None
@@ -220,7 +220,6 @@ class KvtuiApp(App):
         self.shown: set[str] = set()  # panes the user showed although the layout folds them
         self._recent_ms: deque[float] = deque(maxlen=16)
         self._last_paint = 0.0
-        self._messages_at = 0.0  # worker thread: when the transcript was last decoded
         self._prefill: StepSnapshot | None = None  # this turn's prefill, for the reuse meter
         self._last_verify: VerifyResult | None = None
         # CPU the UI thread used while the prefill / the last verify ran: the two timings of the reuse
@@ -397,13 +396,10 @@ class KvtuiApp(App):
     def on_engine_exited(self, message: EngineExited) -> None:
         self._engine_dead = message.error
         self._pending = 0
-        self.running = False
-        step = self.latest.step if self.latest else 0
-        self.app_diagnostics.append(Diagnostic("worker-error", "error", f"engine process: {message.error}", step))
-        self._show_diagnostics()
         self.query_one(StatusBar).set_text(f"✗ engine stopped: {message.error} · R restarts it")
-        self.notify(f"{message.error}\nR restarts the engine and replays the chat so far into a fresh cache; "
-                    "q quits", title="the engine process died", severity="error", timeout=30)
+        self._worker_error(f"engine process: {message.error}", message.error,
+                           "R restarts the engine and replays the chat so far into a fresh cache; q quits",
+                           "the engine process died", timeout=30)
 
     def action_restart_engine(self) -> None:
         """R: a fresh engine process; the chat so far is fed into its new cache in one forward."""
@@ -455,11 +451,14 @@ class KvtuiApp(App):
         if event.state == WorkerState.ERROR:
             error = event.worker.error
             text = f"{type(error).__name__}: {error}"
-            step = self.latest.step if self.latest else 0
-            self.app_diagnostics.append(Diagnostic("worker-error", "error", f"{event.worker.name}: {text}", step))
-            self._show_diagnostics()
-            self.notify(f"{text}\nthe session is as it was before this action: go on, v verifies it, q quits",
-                        title="error in the model worker (session kept)", severity="error", timeout=10)
+            self._worker_error(f"{event.worker.name}: {text}", text, SESSION_KEPT, "error in the model worker (session kept)")
+
+    def _worker_error(self, alarm: str, text: str, next_steps: str, title: str, timeout: float = 10) -> None:
+        """A `worker-error` alarm at the live step (the engine never saw it), and a notification saying what next."""
+        step = self.latest.step if self.latest else 0
+        self.app_diagnostics.append(Diagnostic("worker-error", "error", alarm, step))
+        self._show_diagnostics()
+        self.notify(f"{text}\n{next_steps}", title=title, severity="error", timeout=timeout)
 
     # ---- snapshots -> panes ----------------------------------------------------------------------
 
@@ -468,7 +467,6 @@ class KvtuiApp(App):
         self.latest = snapshot
         self.history.append(snapshot)
         self.diagnostics = message.diagnostics
-        self.running = message.running
         if message.messages is not None:
             self.messages = message.messages
         if self.session is not None and message.facts is not None:
@@ -481,7 +479,7 @@ class KvtuiApp(App):
             if self._ui_before_prefill is not None:
                 self._prefill_ui_ms, self._ui_before_prefill = _ui_ms_since(self._ui_before_prefill), None
         self.query_one(StatusBar).record(snapshot)
-        # Repaint at most REFRESH_HZ times a second: on 2 cores every repaint is time the model waits for.
+        # Repaint at most REFRESH_HZ times a second: on 2 cores every repaint takes CPU from the engine process.
         wait = self._last_paint + 1 / REFRESH_HZ - time.monotonic()
         if wait <= 0 or not message.running:  # single steps paint at once
             if self._paint_timer is not None:
@@ -512,7 +510,6 @@ class KvtuiApp(App):
         record = message.record or {}
         if record.get("done"):
             self._pending = max(0, self._pending - 1)
-            self.running = False
         if self.session is not None and record:
             self.session.update(record)
         if message.verify is not None:
@@ -520,10 +517,8 @@ class KvtuiApp(App):
             if self._ui_before_verify is not None:
                 self._verify_ui_ms, self._ui_before_verify = _ui_ms_since(self._ui_before_verify), None
         if record.get("error"):  # an exception in the engine: said as an alarm; the engine kept its session
-            step = self.latest.step if self.latest else 0
-            self.app_diagnostics.append(Diagnostic("worker-error", "error", f"{record['done']}: {record['error']}", step))
-            self.notify(f"{record['error']}\nthe session is as it was before this action: go on, v verifies it, q quits",
-                        title="error in the engine (session kept)", severity="error", timeout=10)
+            self._worker_error(f"{record['done']}: {record['error']}", record["error"], SESSION_KEPT,
+                               "error in the engine (session kept)")
         self._show_chat()
         self._show_diagnostics()
         if message.note:

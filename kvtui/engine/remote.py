@@ -1,4 +1,5 @@
-"""The app's view of the ChatSession that runs in the engine process: what its records said last.
+"""The app's view of the ChatSession that runs in the engine process: what its records said last
+(the chat and the alarms are the app's own `messages` and `diagnostics`).
 
 Plain values only (no torch, no Textual); the app updates it on its own thread from the `ready`,
 `session` and `state` records (engine/stream.py) and the step snapshots rebuilt from step records.
@@ -19,8 +20,6 @@ class RemoteSession:
         self.steps = self.turn = self.cache_length = 0
         self.capacity: int | None = None
         self.sampler = SamplerSettings()
-        self.messages: list[dict] = []
-        self.diagnostics: tuple[Diagnostic, ...] = ()
         self.buffer = TokenBuffer([])  # the latest step's buffer, as the step records rebuilt it
         self.restorable: dict = {}  # what a restarted engine needs besides the tokens (session.restorable())
         self.update(ready)
@@ -31,10 +30,6 @@ class RemoteSession:
                 setattr(self, key, record[key])
         if "sampler" in record:
             self.sampler = SamplerSettings(**record["sampler"])
-        if "messages" in record:
-            self.messages = record["messages"]
-        if "diagnostics" in record:
-            self.diagnostics = diagnostics_from(record["diagnostics"])
         if record.get("buffer_length") == 0:  # rewound to nothing or reset: no step record says so
             self.buffer = TokenBuffer([])
 

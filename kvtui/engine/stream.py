@@ -98,7 +98,7 @@ def control_gate(control_fd: int, pipe: RecordPipe, start_paused: bool = False, 
             self.paused = start_paused
             self.break_on_alarm = break_on_alarm
             self.allowed = 0  # forwards a "step" lets through while paused
-            self.requests: list[str] = []  # commands that must run in the program's thread (verify)
+            self.requests: list[tuple[str, object]] = []  # commands that must run in the program's thread
             self.watcher = None
             self._condition = threading.Condition()
             threading.Thread(target=self._read, args=(control_fd,), name="kvtui-control", daemon=True).start()
@@ -106,24 +106,24 @@ def control_gate(control_fd: int, pipe: RecordPipe, start_paused: bool = False, 
         def _read(self, fd: int) -> None:
             with os.fdopen(fd, "r", encoding="utf-8") as commands:
                 for line in commands:
-                    self._command(line.strip())
+                    self._command(*parse_command(line))
             # the viewer is gone (quit, crash or SIGKILL): the watched program goes with it
             os._exit(143)
 
-        def _command(self, command: str) -> None:
+        def _command(self, word: str, argument) -> None:
             with self._condition:
-                if command == "pause":
+                if word == "pause":
                     self.paused = True
-                elif command == "run":
+                elif word == "run":
                     self.paused, self.allowed = False, 0
-                elif command == "step":
+                elif word == "step":
                     self.allowed += 1
-                elif command in ("break on", "break off"):
-                    self.break_on_alarm = command == "break on"
-                    pipe.send({"type": "notice", "text": f"break on alarm: {command.split()[1]}"})
-                elif command == "verify" or command.startswith("watch "):
-                    self.requests.append(command)
-                elif command == "quit":
+                elif word == "break" and argument in ("on", "off"):
+                    self.break_on_alarm = argument == "on"
+                    pipe.send({"type": "notice", "text": f"break on alarm: {argument}"})
+                elif word in ("verify", "watch"):
+                    self.requests.append((word, argument))
+                elif word == "quit":
                     os.kill(os.getpid(), signal.SIGTERM)
                 self._condition.notify_all()
 
@@ -142,12 +142,12 @@ def control_gate(control_fd: int, pipe: RecordPipe, start_paused: bool = False, 
         def _serve(self, watcher) -> None:
             """Run requests in the program's thread, between two of its forwards (nothing else touches the cache)."""
             while self.requests:
-                command = self.requests.pop(0)
-                if command.startswith("watch "):
-                    token_id = int(command.split()[1])
+                word, argument = self.requests.pop(0)
+                if word == "watch":
+                    token_id = int(argument)
                     watcher.watch_ids = watcher.watch_ids + (token_id,)
                     pipe.send({"type": "notice", "text": f"watching token {token_id} from the next step"})
-                elif command == "verify":
+                elif word == "verify":
                     try:
                         result = watcher.verify()
                         pipe.send({"type": "verify", "step": watcher.steps, **result})
@@ -202,11 +202,12 @@ class ChildSource:
 
     supports: set[str] = set()
 
-    def _spawn(self, argv: list[str], env: dict | None = None, cwd: str | None = None) -> None:
+    def _spawn(self, module: str, args: list[str], env: dict | None = None, cwd: str | None = None) -> None:
+        """`python -m MODULE --records-fd W --control-fd R ARGS...`"""
         records_read, records_write = os.pipe()
         control_read, control_write = os.pipe()
-        command = [sys.executable, *argv[:2], "--records-fd", str(records_write), "--control-fd", str(control_read),
-                   *argv[2:]]
+        command = [sys.executable, "-m", module, "--records-fd", str(records_write), "--control-fd", str(control_read),
+                   *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.process = subprocess.Popen(command, pass_fds=(records_write, control_read), stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
@@ -296,7 +297,7 @@ class ProgramSource(ChildSource):
     def __init__(self, target: str, args: list[str], module: bool = False, trace: str | os.PathLike | None = None,
                  paused: bool = False, break_on_alarm: bool = False, top_k: int = 10, cwd: str | None = None):
         self.argv = [target, *args]
-        command = ["-m", "kvtui.engine.stream", "--top-k", str(top_k)]
+        command = ["--top-k", str(top_k)]
         if trace:
             command += ["--trace", str(Path(trace).resolve())]
         if paused:
@@ -305,7 +306,7 @@ class ProgramSource(ChildSource):
             command.append("--break-on-alarm")
         if module:
             command.append("-m")
-        self._spawn([*command, "--", target, *args], cwd=cwd)
+        self._spawn("kvtui.engine.stream", [*command, "--", target, *args], cwd=cwd)
 
 
 class EngineSource(ChildSource):
@@ -321,7 +322,7 @@ class EngineSource(ChildSource):
         # whole team waits for the slowest: with passive waiting the model keeps its speed beside the TUI
         # (make bench, section 4). A user's own setting wins.
         env = {"PYTHONPATH": path, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-        self._spawn(["-m", "kvtui.engine_host", "--setup", str(setup_path)], env=env)
+        self._spawn("kvtui.engine_host", ["--setup", str(setup_path)], env=env)
 
     def command(self, word: str, argument=None) -> None:
         self.send(format_command(word, argument))

@@ -213,7 +213,7 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
               f"{late['history']}); orphan kvtui objects {early['orphans']} -> {late['orphans']} "
               f"{late['orphan_kinds']}; BufferTokens {early['buffer_tokens']} -> {late['buffer_tokens']} "
               f"(buffer {len(app.session.buffer)}); tensors {early['tensors']} -> {late['tensors']}; "
-              f"session.diagnostics {len(app.session.diagnostics)}, app_diagnostics {len(app.app_diagnostics)}")
+              f"diagnostics {len(app.diagnostics)}, app_diagnostics {len(app.app_diagnostics)}")
 
     # after exit: no thread still runs the engine, no new thread but idle executor threads, no open file
     assert busy_threads() == []
