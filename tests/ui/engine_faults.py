@@ -67,13 +67,13 @@ class _SlowModel:
 def slow_first_forward(session) -> None:
     """engine_setup: the first forward (the prefill) sleeps 300 ms, the later ones do not."""
     real = session.model
-    slow = _SlowModel(real)
 
-    def once(**kwargs):
-        session.model = real
-        return slow(**kwargs)
+    class Once(_SlowModel):
+        def __call__(self, **kwargs):
+            session.model = real
+            return super().__call__(**kwargs)
 
-    session.model = type("Once", (), {"__call__": staticmethod(once), "__getattr__": lambda self, n: getattr(real, n)})()
+    session.model = Once(real)
 
 
 def _die_on_step(how: str, marker: str, session) -> None:
