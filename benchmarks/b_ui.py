@@ -4,6 +4,7 @@ latency while the model runs, and tokens/s of the TUI's run mode vs the headless
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from typing import NamedTuple
 from pathlib import Path
 
 from common import ROOT, in_worker, log, summary
@@ -360,51 +362,222 @@ def bench_keys(loaded, prompt: str, repeats: int = 5) -> dict:
     return result
 
 
-def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, profile_dir: Path | None = None,
-                   deadline: float | None = None) -> dict:
-    """Interleaved per round (order rotated):
-    - headless: ChatSession.generate in a fresh worker thread of this process;
-    - headless_main: the same in the main thread (where `kvtui --headless` runs it);
-    - tui: KvtuiApp run mode as shipped (the engine in its own process, repaints throttled to REFRESH_HZ);
-    - tui_unthrottled: the same with kvtui.app.REFRESH_HZ patched to 1e6 for that round only (every coalesced
-      snapshot repaints at once);
-    - tui_no_paint: REFRESH_HZ patched to 1e-9 (no repaint until the turn ends).
-    Fresh app per round, run_test headless, 160x48; tokens/s from per-forward stamps taken where the model runs."""
+REFRESH_HZ_OF = {"tui_no_paint": 1e-9, "tui_unthrottled": 1_000_000}  # the app's variants; others as shipped
+
+
+@contextlib.contextmanager
+def omp_default_wait(on: bool):
+    """While on, engine processes started here keep libgomp's default wait policy (spin, then sleep): the app
+    asks for PASSIVE unless OMP_WAIT_POLICY is set, and an empty value is neither, so libgomp's default holds."""
+    saved = os.environ.get("OMP_WAIT_POLICY")
+    if on:
+        os.environ["OMP_WAIT_POLICY"] = ""
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+        else:
+            os.environ["OMP_WAIT_POLICY"] = saved
+
+
+class EngineOnly:
+    """The engine process as the app starts it (same setup, trace spool, records over the pipe), driven from
+    here with no app: what the process split costs before any pane is painted."""
+
+    def __init__(self, loaded, n_new: int, stamp_file: Path, tmp: Path):
+        import queue
+        import threading
+
+        from engine_hooks import stamps as stamp_hook
+
+        from kvtui.engine.stream import EngineSource
+        from kvtui.engine_host import EngineSetup, write_setup
+        from kvtui.options import AppConfig
+
+        setup = tmp / "engine-only.pickle"
+        write_setup(EngineSetup(model=None, options=AppConfig(options={"max_new_tokens": n_new}).options,
+                                trace_path=str(tmp / "engine-only.jsonl"), loaded=loaded,
+                                engine_setup=stamp_hook(stamp_file)), setup, tmp)
+        self.stamp_file = stamp_file
+        self.source = EngineSource(setup)
+        self.done: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._drain, name="bench-engine-records", daemon=True).start()
+
+    def _drain(self) -> None:
+        for record in self.source.records():  # parsed, as the app's pump does (no snapshot rebuilt, no panes)
+            if record.get("type") in ("ready", "state", "load-failed", "process-exit"):
+                self.done.put(record["type"])
+
+    def wait(self, timeout: float = 300) -> str:
+        return self.done.get(timeout=timeout)
+
+    def turn(self, prompt: str) -> None:
+        self.source.command("reset")
+        self.wait()
+        self.source.command("send", {"text": prompt, "run": True})
+        self.wait()
+
+
+class Turn(NamedTuple):
+    tokens: int  # decode steps after the first
+    seconds: float  # first decode step -> last, stamped where the model runs
+    wall: float  # send -> the turn is done (for the app: and its last repaint)
+    app_cpu: float  # CPU seconds of this process (the app's, or the idle app's while others run) over `wall`
+    model_cpu: float  # CPU seconds of the process that ran the model (this one for headless)
+    reply_decodes: int = 0  # full decodes of the reply the engine made for the transcript (app turns)
+
+
+def _decode_span(stamp_file: Path, mark: int) -> tuple[int, float]:
+    from engine_hooks import read_stamps
+
+    decode = [t for t, phase, _ in read_stamps(stamp_file)[mark:] if phase == "decode"]
+    return len(decode) - 1, decode[-1] - decode[0]
+
+
+def _cpu(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+async def _app_turn(app, pilot, stamp_file: Path, prompt: str, refresh_hz: float) -> Turn:
+    """Reset the app's chat, send the prompt in run mode, wait for the turn and its last repaint."""
+    import kvtui.app as app_module
+    from engine_hooks import read_stamps
+
+    app._engine("reset")
+    await _wait(lambda: not _engine_busy(app), 30, 0.005)
+    from engine_hooks import reply_decodes
+
+    mark, decodes = len(read_stamps(stamp_file)), reply_decodes(stamp_file)
+    shipped_hz, app_module.REFRESH_HZ = app_module.REFRESH_HZ, refresh_hz
+    c0, m0, w0 = time.process_time(), _cpu(app.source.pid), time.perf_counter()
+    try:
+        app._engine("send", prompt)
+        await _wait(lambda: not _engine_busy(app), 600, 0.01)
+        await _wait(lambda: app._paint_timer is None, 5, 0.01)
+        await pilot.pause()
+    finally:
+        app_module.REFRESH_HZ = shipped_hz
+    wall, app_cpu, model_cpu = time.perf_counter() - w0, time.process_time() - c0, _cpu(app.source.pid) - m0
+    return Turn(*_decode_span(stamp_file, mark), wall, app_cpu, model_cpu, reply_decodes(stamp_file) - decodes)
+
+
+def _engine_turn(engine: EngineOnly, prompt: str) -> Turn:
+    from engine_hooks import read_stamps
+
+    mark = len(read_stamps(engine.stamp_file))
+    c0, m0, w0 = time.process_time(), _cpu(engine.source.pid), time.perf_counter()
+    engine.turn(prompt)
+    wall, app_cpu, model_cpu = time.perf_counter() - w0, time.process_time() - c0, _cpu(engine.source.pid) - m0
+    return Turn(*_decode_span(engine.stamp_file, mark), wall, app_cpu, model_cpu)
+
+
+def _headless_turn(loaded, prompt: str, n_new: int) -> Turn:
+    c0, w0 = time.process_time(), time.perf_counter()
+    rate, n = headless_rate(loaded, prompt, n_new)
+    cpu = time.process_time() - c0
+    return Turn(n - 1, (n - 1) / rate, time.perf_counter() - w0, cpu, cpu)
+
+
+async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, variants: list[str]) -> dict[str, list]:
+    """The variants take turns, one short turn each, the order rotated every cycle.
+
+    This VM's speed drifts by ±20 % within seconds (headless alone, back to back: 15–22 tok/s), so variants
+    measured a minute apart compare the drift, not the variants; taking turns, all see the same drift. One
+    runs at a time: the others' processes are idle (the headless turn and the engine-only turn block this
+    process's event loop, so the apps cannot even repaint). Every turn starts from an empty chat: the apps
+    and the engine get `reset`, headless a fresh session. Returns the Turns of each variant."""
+    from engine_hooks import stamps as stamp_hook
+
+    from kvtui.app import KvtuiApp
+    from kvtui.options import AppConfig
+
+    out: dict[str, list] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as cleanup:
+        tmp = Path(tmp)
+        engine = None
+        if "engine" in variants:
+            engine = EngineOnly(loaded, n_new, tmp / "engine-only.txt", tmp)
+            cleanup.callback(engine.source.stop)
+            assert engine.wait() == "ready", "the engine process did not load the model"
+        apps = {}  # (app, pilot, stamp file) per wait policy
+        async with contextlib.AsyncExitStack() as stack:
+            for omp_default in sorted({v == "tui_omp_default" for v in variants if v.startswith("tui")}):
+                stamp_file = tmp / f"app-{omp_default}.txt"
+                with omp_default_wait(omp_default):
+                    app = KvtuiApp(AppConfig(options={"max_new_tokens": n_new}), loaded=loaded,
+                                   engine_setup=stamp_hook(stamp_file))
+                    pilot = await stack.enter_async_context(app.run_test(size=APP_SIZE))
+                    await _wait(lambda: app.session is not None, 120, 0.01)  # spawned inside the with
+                app.step_mode = False
+                apps[omp_default] = (app, pilot, stamp_file)
+            for cycle in range(turns):
+                for which in variants[cycle % len(variants):] + variants[:cycle % len(variants)]:
+                    if which == "headless_main":
+                        out[which].append(_headless_turn(loaded, prompt, n_new))
+                    elif which == "engine":
+                        out[which].append(_engine_turn(engine, prompt))
+                    else:
+                        app, pilot, stamp_file = apps[which == "tui_omp_default"]
+                        hz = REFRESH_HZ_OF.get(which, _shipped_hz())
+                        out[which].append(await _app_turn(app, pilot, stamp_file, prompt, hz))
+    return out
+
+
+def _shipped_hz() -> float:
     import kvtui.app as app_module
 
-    shipped_hz = app_module.REFRESH_HZ
-    runs: dict[str, list[float]] = {"headless": [], "headless_main": [], "tui_no_paint": [], "tui": [],
-                                    "tui_unthrottled": []}
-    hz = {"tui": shipped_hz, "tui_unthrottled": 1_000_000, "tui_no_paint": 1e-9}
-    decodes: list[float] = []
-    in_worker(headless_rate, loaded, prompt, 8)  # warm-up
-    names = list(runs)
+    return app_module.REFRESH_HZ
+
+
+RUN_MODE_VARIANTS = ("headless_main", "engine", "tui", "tui_no_paint")
+
+
+def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3, profile_dir: Path | None = None,
+                   deadline: float | None = None, variants: tuple[str, ...] = RUN_MODE_VARIANTS) -> dict:
+    """TUI run mode vs the headless engine, interleaved turn by turn (see _interleaved_round); a fresh app and
+    engine processes per round. Variants (the first must be headless_main):
+    - headless_main: ChatSession.generate in this process's main thread (where `kvtui --headless` runs it);
+    - engine: the engine process as the app starts it, driven with no app (what the process split costs);
+    - tui: KvtuiApp run mode as shipped (the engine in its own process, repaints throttled to REFRESH_HZ);
+    - tui_no_paint: the same app with REFRESH_HZ patched to 1e-9 for that turn (no repaint until it ends);
+    - tui_unthrottled: REFRESH_HZ patched to 1e6 for that turn (every coalesced snapshot repaints at once);
+    - tui_omp_default: a second app whose engine keeps OpenMP's default wait policy (spin, then sleep).
+    A round's rate is its decode tokens over its decode seconds (first decode step to the turn's last, stamped
+    where the model runs); a round's ratio is a variant's rate over headless_main's in that round."""
+    import kvtui.app as app_module
+
+    headless_rate(loaded, prompt, 8)  # warm-up
+    per_round: list[dict[str, float]] = []
+    turn_ratios: dict[str, list[float]] = {v: [] for v in variants[1:]}
+    turns_all: dict[str, list[Turn]] = {v: [] for v in variants}
     for r in range(rounds):
-        if r >= 2 and deadline is not None and time.perf_counter() > deadline:
+        if r >= 3 and deadline is not None and time.perf_counter() > deadline:
             log("  run mode: skipping further rounds (time budget)")
             break
-        for which in names[r % len(names):] + names[:r % len(names)]:
-            if which == "headless":
-                runs[which].append(in_worker(headless_rate, loaded, prompt, n_new)[0])
-            elif which == "headless_main":
-                runs[which].append(headless_rate(loaded, prompt, n_new)[0])
-            else:
-                app_module.REFRESH_HZ = hz[which]
-                try:
-                    round_result = asyncio.run(_tui_round(loaded, prompt, n_new))
-                    runs[which].append(round_result["tps"])
-                    if which == "tui":
-                        decodes.append(round_result["reply_decodes"] / max(1, round_result["decode_tokens"]))
-                finally:
-                    app_module.REFRESH_HZ = shipped_hz
-        log(f"  run mode round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in runs.items()) + " tok/s")
-    done = len(runs["tui"])
-    result = {"n_new": n_new, "refresh_hz": shipped_hz, "rounds": done, "reply_decodes_per_forward": summary(decodes),
-              **{f"{k}_tps": summary(v) for k, v in runs.items()},
-              "ratio": summary([t / h for t, h in zip(runs["tui"], runs["headless_main"])]),
-              "ratio_unthrottled": summary([t / h for t, h in zip(runs["tui_unthrottled"], runs["headless_main"])]),
-              "ratio_no_paint": summary([t / h for t, h in zip(runs["tui_no_paint"], runs["headless_main"])]),
-              "ratio_main_vs_worker": summary([m / h for m, h in zip(runs["headless_main"], runs["headless"])])}
+        got = asyncio.run(_interleaved_round(loaded, prompt, n_new, turns, list(variants)))
+        per_round.append({v: sum(t.tokens for t in got[v]) / sum(t.seconds for t in got[v]) for v in variants})
+        for v in variants:
+            turns_all[v] += got[v]
+        for v in variants[1:]:  # turn by turn, each against the headless turn of its cycle
+            turn_ratios[v] += [(t.tokens / t.seconds) / (h.tokens / h.seconds) for t, h in zip(got[v], got["headless_main"])]
+        log(f"  run mode round {r + 1}/{rounds} ({turns} turns each, interleaved): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in per_round[-1].items()) + " tok/s")
+    result = {"n_new": n_new, "refresh_hz": app_module.REFRESH_HZ, "rounds": len(per_round), "turns": turns,
+              "variants": list(variants),
+              **{f"{v}_tps": summary([row[v] for row in per_round]) for v in variants},
+              **{f"ratio_{v}": summary([row[v] / row["headless_main"] for row in per_round]) for v in variants[1:]},
+              "turn_ratio": {v: summary(x) for v, x in turn_ratios.items()},
+              # where the CPU went: the app's share of one core while a turn ran, and the CPU the model's process
+              # spent per decode token (2 intra-op threads: up to 2 CPU-seconds per second; spinning counts)
+              "app_cpu_share": {v: summary([t.app_cpu / t.wall for t in turns_all[v]]) for v in variants[1:]},
+              "model_cpu_ms_per_token": {v: summary([1000 * t.model_cpu / (t.tokens + 1) for t in turns_all[v]])
+                                         for v in variants}}
+    result["ratio"] = result["ratio_tui"]
+    result["reply_decodes_per_forward"] = summary([t.reply_decodes / (t.tokens + 2) for t in turns_all.get("tui", [])])
     if profile_dir is not None:
         raw = profile_dir / "tui-run-mode.txt"
         prof = asyncio.run(_tui_round(loaded, prompt, n_new, profile_out=raw))

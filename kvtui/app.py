@@ -8,6 +8,7 @@ run mode). If the engine process dies, the app says so and R restarts it with th
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -372,6 +373,10 @@ class KvtuiApp(App):
         self.model_text = self.session.description
         self.query_one(StatusBar).set_text(self.model_text)
         self.query_one(LayersPane).set_model_info(self.session.query_heads, self.session.kv_heads)
+        # What exists now (Textual, the panes, a `loaded=` model) lives as long as the app: out of the cyclic
+        # collector's scans, whose full passes over it would take CPU from the engine while it runs.
+        gc.collect()
+        gc.freeze()
         if restarted:
             return  # the restore command was queued with the start: its state says what happened
         self._show_next_script_turn()

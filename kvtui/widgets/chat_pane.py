@@ -5,9 +5,10 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import Input, Static
+from textual.widgets import Input
 
 from ..fmt import printable
+from .live_text import LiveText
 
 ROLE_STYLE = {"system": "chat--system", "user": "chat--user", "assistant": "chat--assistant"}
 
@@ -33,7 +34,7 @@ class ChatPane(Vertical):
 
     def compose(self) -> ComposeResult:
         yield VerticalScroll(id="transcript")
-        yield Static("", id="reuse")
+        yield LiveText("", id="reuse")
         yield Input(placeholder="Type a message, Enter to send", id="message")
 
     @property
@@ -50,17 +51,21 @@ class ChatPane(Vertical):
         if len(rows) < len(children) or any(self._shown[i][0] != rows[i][0] for i in range(min(len(rows), len(self._shown)))):
             transcript.remove_children()
             children, self._shown = [], []
+        grew = False  # follow the end only when the transcript got taller (a reply that wrapped, a new message)
         for index, (role, content) in enumerate(rows):
             if index < len(children):
                 if self._shown[index] != (role, content):
-                    children[index].update(self._message_text(role, content, streaming=index == len(rows) - 1 and bool(pending)))
+                    text = self._message_text(role, content, streaming=index == len(rows) - 1 and bool(pending))
+                    grew = children[index].show_text(text) or grew
             else:
-                transcript.mount(Static(self._message_text(role, content), classes=f"message {ROLE_STYLE.get(role, '')}"))
+                transcript.mount(LiveText(self._message_text(role, content), classes=f"message {ROLE_STYLE.get(role, '')}"))
+                grew = True
         self._shown = rows
-        transcript.scroll_end(animate=False)
+        if grew:
+            transcript.scroll_end(animate=False)
 
     def show_reuse(self, text: str) -> None:
-        self.query_one("#reuse", Static).update(Text(printable(text)))
+        self.query_one("#reuse", LiveText).show_text(Text(printable(text)))
 
     @staticmethod
     def _message_text(role: str, content: str, streaming: bool = False) -> Text:

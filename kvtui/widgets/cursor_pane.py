@@ -1,15 +1,14 @@
 """The cursor pane: where the session writes next, what the cache says it holds, and whether they agree.
 
 `render_cursor(snapshot)` is the whole pane as a rich `Text` (pure, testable without an App);
-`CursorPane` is a thin `Static` around it. Everything here is O(layers): the buffer is never read.
+`CursorPane` is a thin `LiveText` (a Static) around it. Everything here is O(layers): the buffer is never read.
 """
 
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
-
 from kvtui.engine.snapshot import StepSnapshot
+from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
 # ---------------------------------------------------------------------------------------------
@@ -127,7 +126,7 @@ def render_cursor(snapshot: StepSnapshot | None, palette: Palette | None = None)
 # ---------------------------------------------------------------------------------------------
 
 
-class CursorPane(Static):
+class CursorPane(LiveText):
     """Cursor, cache length, per-kind fill, static capacity, fed positions and the cursor alarm."""
 
     DEFAULT_CSS = """
@@ -173,5 +172,5 @@ class CursorPane(Static):
         self._render_snapshot()
 
     def _render_snapshot(self) -> None:
-        self.update(render_cursor(self._snapshot, self._palette))
+        self.show_text(render_cursor(self._snapshot, self._palette))
         self.set_class(self.alarm, "-alarm")

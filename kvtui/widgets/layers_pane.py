@@ -14,10 +14,11 @@ from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable
 
 from kvtui.engine.snapshot import LayerInfo, StepSnapshot
 from kvtui.fmt import size as format_bytes
+from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
 # (key, label) of the table's columns, in order: the numbers people compare first, the long shapes and
@@ -192,7 +193,7 @@ class LayersPane(Vertical):
         for key, label in COLUMNS:
             table.add_column(label, key=key)
         yield table
-        yield Static(render_totals(None), id="layers-totals")
+        yield LiveText(render_totals(None), id="layers-totals")
 
     def on_mount(self) -> None:
         self._ready = True  # is_mounted only turns True after on_mount returns
@@ -261,7 +262,7 @@ class LayersPane(Vertical):
         self._sync_selection(post=True)
 
     def _update_totals(self) -> None:
-        self.query_one("#layers-totals", Static).update(
+        self.query_one("#layers-totals", LiveText).show_text(
             render_totals(self._snapshot, self._query_heads, self._kv_heads, self._palette)
         )
 

@@ -9,6 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Sparkline, Static
 
+from .live_text import LiveText
+
 from ..engine.snapshot import StepSnapshot
 from ..fmt import printable, size
 
@@ -40,7 +42,7 @@ class StatusBar(Horizontal):
         self.model_text = "loading model…"
 
     def compose(self) -> ComposeResult:
-        yield Static(self.model_text, id="status-text")
+        yield LiveText(self.model_text, id="status-text")
         yield Static("ms", classes="label")
         yield Sparkline([], id="latency", summary_function=max)
         yield Static("cache", classes="label")
@@ -49,7 +51,7 @@ class StatusBar(Horizontal):
     def set_text(self, text: str) -> None:
         self.model_text = text
         # Text, not markup; a model name or an error may hold control characters: shown escaped
-        self.query_one("#status-text", Static).update(Text(printable(text)))
+        self.query_one("#status-text", LiveText).show_text(Text(printable(text)))
 
     def record(self, snapshot: StepSnapshot) -> None:
         """One sparkline point per snapshot received (repaints are throttled; run mode may coalesce steps)."""

@@ -16,10 +16,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable
 
 from kvtui.engine.snapshot import StepSnapshot, TopToken
 from kvtui.fmt import token_text
+from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
 Mode = Literal["processed", "raw"]
@@ -208,7 +209,7 @@ class TopKPane(Vertical):
         self._ready = False
 
     def compose(self) -> ComposeResult:
-        yield Static(render_header(None, self._mode), id="topk-header")
+        yield LiveText(render_header(None, self._mode), id="topk-header")
         table: DataTable = DataTable(id="topk-table", cursor_type="row")
         self._add_columns(table)
         yield table
@@ -299,7 +300,7 @@ class TopKPane(Vertical):
             if new_rows:
                 table.move_cursor(row=min(max(cursor, 0), len(new_rows) - 1), scroll=False)
         self._rows = new_rows
-        self.query_one("#topk-header", Static).update(render_header(self._snapshot, self._mode, self._palette))
+        self.query_one("#topk-header", LiveText).show_text(render_header(self._snapshot, self._mode, self._palette))
 
     @on(DataTable.RowSelected, "#topk-table")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
