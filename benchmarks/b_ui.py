@@ -381,11 +381,17 @@ def omp_default_wait(on: bool):
             os.environ["OMP_WAIT_POLICY"] = saved
 
 
+# The engines of the run-mode rounds load the embedded SmolLM2 themselves, the way `kvtui` does, with the
+# options run.py loads its headless copy with: the same loader, so the weights sit in the same kind of memory
+# on both sides (a model unpickled from the parent would not: anonymous pages vs the loader's own).
+ENGINE_OPTIONS = {"dtype": "float32", "device": "cpu"}
+
+
 class EngineOnly:
     """The engine process as the app starts it (same setup, trace spool, records over the pipe), driven from
     here with no app: what the process split costs before any pane is painted."""
 
-    def __init__(self, loaded, n_new: int, stamp_file: Path, tmp: Path):
+    def __init__(self, n_new: int, stamp_file: Path, tmp: Path):
         import queue
         import threading
 
@@ -396,8 +402,8 @@ class EngineOnly:
         from kvtui.options import AppConfig
 
         setup = tmp / "engine-only.pickle"
-        write_setup(EngineSetup(model=None, options=AppConfig(options={"max_new_tokens": n_new}).options,
-                                trace_path=str(tmp / "engine-only.jsonl"), loaded=loaded,
+        options = AppConfig(options={"max_new_tokens": n_new, **ENGINE_OPTIONS}).options
+        write_setup(EngineSetup(model=None, options=options, trace_path=str(tmp / "engine-only.jsonl"),
                                 engine_setup=stamp_hook(stamp_file)), setup, tmp)
         self.stamp_file = stamp_file
         self.source = EngineSource(setup)
@@ -475,15 +481,23 @@ def _engine_turn(engine: EngineOnly, prompt: str) -> Turn:
     return Turn(*_decode_span(engine.stamp_file, mark), wall, app_cpu, model_cpu)
 
 
-def _headless_turn(loaded, prompt: str, n_new: int) -> Turn:
+def _headless_turn(loaded, prompt: str, n_new: int, threads: int | None = None) -> Turn:
+    import torch
+
+    shipped = torch.get_num_threads()
+    torch.set_num_threads(threads or shipped)
     c0, w0 = time.process_time(), time.perf_counter()
-    rate, n = headless_rate(loaded, prompt, n_new)
+    try:
+        rate, n = headless_rate(loaded, prompt, n_new)
+    finally:
+        torch.set_num_threads(shipped)
     cpu = time.process_time() - c0
     return Turn(n - 1, (n - 1) / rate, time.perf_counter() - w0, cpu, cpu)
 
 
 async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, variants: list[str]) -> dict[str, list]:
-    """The variants take turns, one short turn each, the order rotated every cycle.
+    """The variants take turns, one short turn each, the order rotated every cycle. `loaded` is the headless
+    copy of the embedded SmolLM2 (loaded with ENGINE_OPTIONS); the engines load their own.
 
     This VM's speed drifts by ±20 % within seconds (headless alone, back to back: 15–22 tok/s), so variants
     measured a minute apart compare the drift, not the variants; taking turns, all see the same drift. One
@@ -500,31 +514,35 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
         tmp = Path(tmp)
         engine = None
         if "engine" in variants:
-            engine = EngineOnly(loaded, n_new, tmp / "engine-only.txt", tmp)
+            engine = EngineOnly(n_new, tmp / "engine-only.txt", tmp)
             cleanup.callback(engine.source.stop)
             assert engine.wait() == "ready", "the engine process did not load the model"
-        apps = {}  # (app, pilot, stamp file) per wait policy
+        apps = {}  # (app, pilot, stamp file) per kind of engine: as shipped, OpenMP default wait, 1 thread
         async with contextlib.AsyncExitStack() as stack:
-            for omp_default in sorted({v == "tui_omp_default" for v in variants if v.startswith("tui")}):
-                stamp_file = tmp / f"app-{omp_default}.txt"
-                with omp_default_wait(omp_default):
-                    app = KvtuiApp(AppConfig(options={"max_new_tokens": n_new}), loaded=loaded,
-                                   engine_setup=stamp_hook(stamp_file))
+            for kind in sorted({_app_kind(v) for v in variants if v.startswith("tui")}):
+                stamp_file = tmp / f"app-{kind}.txt"
+                options = {"max_new_tokens": n_new, **ENGINE_OPTIONS, **({"threads": 1} if kind == "1thread" else {})}
+                with omp_default_wait(kind == "omp_default"):
+                    app = KvtuiApp(AppConfig(options=options), engine_setup=stamp_hook(stamp_file))
                     pilot = await stack.enter_async_context(app.run_test(size=APP_SIZE))
                     await _wait(lambda: app.session is not None, 120, 0.01)  # spawned inside the with
                 app.step_mode = False
-                apps[omp_default] = (app, pilot, stamp_file)
+                apps[kind] = (app, pilot, stamp_file)
             for cycle in range(turns):
                 for which in variants[cycle % len(variants):] + variants[:cycle % len(variants)]:
-                    if which == "headless_main":
-                        out[which].append(_headless_turn(loaded, prompt, n_new))
+                    if which.startswith("headless_main"):
+                        out[which].append(_headless_turn(loaded, prompt, n_new, 1 if which.endswith("1thread") else None))
                     elif which == "engine":
                         out[which].append(_engine_turn(engine, prompt))
                     else:
-                        app, pilot, stamp_file = apps[which == "tui_omp_default"]
+                        app, pilot, stamp_file = apps[_app_kind(which)]
                         hz = REFRESH_HZ_OF.get(which, _shipped_hz())
                         out[which].append(await _app_turn(app, pilot, stamp_file, prompt, hz))
     return out
+
+
+def _app_kind(variant: str) -> str:
+    return "omp_default" if variant == "tui_omp_default" else "1thread" if variant == "tui_1thread" else "shipped"
 
 
 def _shipped_hz() -> float:
