@@ -529,6 +529,8 @@ def report(r: dict) -> str:
         "tui_no_paint": "the same app, no repaint while running (`REFRESH_HZ` patched to 1e-9 for the turn)",
         "tui_unthrottled": "the same app, a repaint per step (`REFRESH_HZ` patched to 1e6 for the turn)",
         "tui_omp_default": "a second app whose engine keeps libgomp's default wait policy (spin, then sleep)",
+        "headless_main_1thread": "headless in the main thread with `torch.set_num_threads(1)`",
+        "tui_1thread": "a second app started with `--threads 1` (its engine on one core, the app on the other)",
     }
     add("| variant | tokens/s (per round) | ratio to headless (per round) | turn-by-turn ratio | app process CPU, share of one core | CPU of the model's process per token, ms |")
     add("|---|---|---|---|---|---|")
