@@ -13,10 +13,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
-from common import ROOT, in_worker, log, summary
+from common import ROOT, log, summary
+from engine_hooks import read_stamps, reply_decodes, stamps as stamp_hook
 
 PANE_SIZE = (160, 48)
 APP_SIZE = (160, 48)
@@ -257,8 +258,6 @@ async def _tui_round(loaded, prompt: str, n_new: int, profile_out: Path | None =
     """A fresh app; its engine process gets the same loaded model (pickled) and stamps every forward."""
     from textual.widgets import Input
 
-    from engine_hooks import read_stamps, reply_decodes, stamps as stamp_hook
-
     from kvtui.app import KvtuiApp
     from kvtui.options import AppConfig
 
@@ -395,8 +394,6 @@ class EngineOnly:
         import queue
         import threading
 
-        from engine_hooks import stamps as stamp_hook
-
         from kvtui.engine.stream import EngineSource
         from kvtui.engine_host import EngineSetup, write_setup
         from kvtui.options import AppConfig
@@ -435,8 +432,6 @@ class Turn(NamedTuple):
 
 
 def _decode_span(stamp_file: Path, mark: int) -> tuple[int, float]:
-    from engine_hooks import read_stamps
-
     decode = [t for t, phase, _ in read_stamps(stamp_file)[mark:] if phase == "decode"]
     return len(decode) - 1, decode[-1] - decode[0]
 
@@ -448,17 +443,16 @@ def _cpu(pid: int) -> float:
     return times.user + times.system
 
 
-async def _app_turn(app, pilot, stamp_file: Path, prompt: str, refresh_hz: float) -> Turn:
-    """Reset the app's chat, send the prompt in run mode, wait for the turn and its last repaint."""
+async def _app_turn(app, pilot, stamp_file: Path, prompt: str, refresh_hz: float | None) -> Turn:
+    """Reset the app's chat, send the prompt in run mode, wait for the turn and its last repaint.
+    `refresh_hz` patches kvtui.app.REFRESH_HZ for the turn (None: as shipped)."""
     import kvtui.app as app_module
-    from engine_hooks import read_stamps
 
     app._engine("reset")
     await _wait(lambda: not _engine_busy(app), 30, 0.005)
-    from engine_hooks import reply_decodes
-
     mark, decodes = len(read_stamps(stamp_file)), reply_decodes(stamp_file)
-    shipped_hz, app_module.REFRESH_HZ = app_module.REFRESH_HZ, refresh_hz
+    shipped_hz = app_module.REFRESH_HZ
+    app_module.REFRESH_HZ = refresh_hz or shipped_hz
     c0, m0, w0 = time.process_time(), _cpu(app.source.pid), time.perf_counter()
     try:
         app._engine("send", prompt)
@@ -472,8 +466,6 @@ async def _app_turn(app, pilot, stamp_file: Path, prompt: str, refresh_hz: float
 
 
 def _engine_turn(engine: EngineOnly, prompt: str) -> Turn:
-    from engine_hooks import read_stamps
-
     mark = len(read_stamps(engine.stamp_file))
     c0, m0, w0 = time.process_time(), _cpu(engine.source.pid), time.perf_counter()
     engine.turn(prompt)
@@ -504,8 +496,6 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
     runs at a time: the others' processes are idle (the headless turn and the engine-only turn block this
     process's event loop, so the apps cannot even repaint). Every turn starts from an empty chat: the apps
     and the engine get `reset`, headless a fresh session. Returns the Turns of each variant."""
-    from engine_hooks import stamps as stamp_hook
-
     from kvtui.app import KvtuiApp
     from kvtui.options import AppConfig
 
@@ -536,19 +526,12 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
                         out[which].append(_engine_turn(engine, prompt))
                     else:
                         app, pilot, stamp_file = apps[_app_kind(which)]
-                        hz = REFRESH_HZ_OF.get(which, _shipped_hz())
-                        out[which].append(await _app_turn(app, pilot, stamp_file, prompt, hz))
+                        out[which].append(await _app_turn(app, pilot, stamp_file, prompt, REFRESH_HZ_OF.get(which)))
     return out
 
 
 def _app_kind(variant: str) -> str:
     return "omp_default" if variant == "tui_omp_default" else "1thread" if variant == "tui_1thread" else "shipped"
-
-
-def _shipped_hz() -> float:
-    import kvtui.app as app_module
-
-    return app_module.REFRESH_HZ
 
 
 RUN_MODE_VARIANTS = ("headless_main", "engine", "tui", "tui_no_paint")
@@ -595,6 +578,7 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3,
               "model_cpu_ms_per_token": {v: summary([1000 * t.model_cpu / (t.tokens + 1) for t in turns_all[v]])
                                          for v in variants}}
     result["ratio"] = result["ratio_tui"]
+    # forwards of a turn: its prefill, then tokens + 1 decode steps
     result["reply_decodes_per_forward"] = summary([t.reply_decodes / (t.tokens + 2) for t in turns_all.get("tui", [])])
     if profile_dir is not None:
         raw = profile_dir / "tui-run-mode.txt"

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from rich.text import Text
+
 from kvtui.engine.snapshot import StepSnapshot
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette

@@ -13,10 +13,10 @@ from textual.widgets import Static
 
 
 class LiveText(Static):
-    """`show(content)` is `update(content)` with a layout pass only when the height changes."""
+    """`show_text(content)` is `update(content)` with a layout pass only when the height changes."""
 
     def show_text(self, content: VisualType) -> bool:
-        """Replace the content; returns True when the widget's height changed (a layout pass follows)."""
+        """Replace the content; True when a layout pass follows (its height changed, or it has none yet)."""
         before = self.content_size
         self.update(content, layout=False)
         height, width = self.styles.height, self.styles.width

@@ -9,10 +9,9 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Sparkline, Static
 
-from .live_text import LiveText
-
 from ..engine.snapshot import StepSnapshot
 from ..fmt import printable, size
+from .live_text import LiveText
 
 HISTORY = 120  # points per sparkline
 
