@@ -102,9 +102,11 @@ def run_command(callback=None) -> click.Command:
 SESSION_KEYS = ("cache", "cache_bits", "cache_backend", "compile_decode", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
                 "seed", "mode", "system", "chat_tokenize", "prime_pad", "show_top", "watch", "attention", "dtype",
                 "device", "device_map", "threads")
-# The session options' defaults, for callers that build the app without the command line (tests, serve).
-DEFAULT_OPTIONS = {p.name: p.default for p in run_command().params if p.name in SESSION_KEYS}
-DEFAULT_OPTIONS["watch"] = ()
+# The session options' defaults, for callers that build the app without the command line (tests, serve,
+# benchmarks): what an empty command line parses to. Not the parameters' `default`: since click 8.3 a flag's
+# is a truthy sentinel, which made every such app run with --attention (eager attention, O(cache) per step).
+DEFAULT_OPTIONS = {name: value for name, value in run_command().make_context("run", [], resilient_parsing=True)
+                   .params.items() if name in SESSION_KEYS}
 
 
 @dataclass(frozen=True)
