@@ -16,6 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
+from kvtui.engine.stream import ENGINE_SPIN_COUNT
+
 from common import ROOT, log, summary
 from engine_hooks import read_stamps, reply_decodes, stamps as stamp_hook
 
@@ -364,13 +366,17 @@ def bench_keys(loaded, prompt: str, repeats: int = 5) -> dict:
 REFRESH_HZ_OF = {"tui_no_paint": 1e-9, "tui_unthrottled": 1_000_000}  # the app's variants; others as shipped
 
 
+OPENMP_WAIT_OF = {"omp_default": "", "passive": "PASSIVE"}  # OMP_WAIT_POLICY for an app kind's engine
+
+
 @contextlib.contextmanager
-def omp_default_wait(on: bool):
-    """While on, engine processes started here keep libgomp's default wait policy (spin, then sleep): the app
-    asks for PASSIVE unless OMP_WAIT_POLICY is set, and an empty value is neither, so libgomp's default holds."""
+def engine_openmp_wait(kind: str):
+    """Engine processes started here wait as the app kind says: as shipped (kvtui's short spin), "passive"
+    (OMP_WAIT_POLICY=PASSIVE) or "omp_default" (libgomp's default: an empty OMP_WAIT_POLICY is a user's setting
+    to kvtui, which then sets no spin count, and neither policy to libgomp)."""
     saved = os.environ.get("OMP_WAIT_POLICY")
-    if on:
-        os.environ["OMP_WAIT_POLICY"] = ""
+    if kind in OPENMP_WAIT_OF:
+        os.environ["OMP_WAIT_POLICY"] = OPENMP_WAIT_OF[kind]
     try:
         yield
     finally:
@@ -512,7 +518,7 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
             for kind in sorted({_app_kind(v) for v in variants if v.startswith("tui")}):
                 stamp_file = tmp / f"app-{kind}.txt"
                 options = {"max_new_tokens": n_new, **ENGINE_OPTIONS, **({"threads": 1} if kind == "1thread" else {})}
-                with omp_default_wait(kind == "omp_default"):
+                with engine_openmp_wait(kind):
                     app = KvtuiApp(AppConfig(options=options), engine_setup=stamp_hook(stamp_file))
                     pilot = await stack.enter_async_context(app.run_test(size=APP_SIZE))
                     await _wait(lambda: app.session is not None, 120, 0.01)  # spawned inside the with
@@ -531,10 +537,11 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
 
 
 def _app_kind(variant: str) -> str:
-    return "omp_default" if variant == "tui_omp_default" else "1thread" if variant == "tui_1thread" else "shipped"
+    kind = variant.removeprefix("tui_")
+    return kind if kind in ("omp_default", "passive", "1thread") else "shipped"
 
 
-RUN_MODE_VARIANTS = ("headless_main", "engine", "tui", "tui_no_paint")
+RUN_MODE_VARIANTS = ("headless_main", "engine", "tui", "tui_no_paint", "tui_passive", "tui_omp_default")
 
 
 def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3, profile_dir: Path | None = None,
@@ -546,7 +553,9 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3,
     - tui: KvtuiApp run mode as shipped (the engine in its own process, repaints throttled to REFRESH_HZ);
     - tui_no_paint: the same app with REFRESH_HZ patched to 1e-9 for that turn (no repaint until it ends);
     - tui_unthrottled: REFRESH_HZ patched to 1e6 for that turn (every coalesced snapshot repaints at once);
-    - tui_omp_default: a second app whose engine keeps OpenMP's default wait policy (spin, then sleep).
+    - tui_passive: a second app whose engine's OpenMP threads sleep at once (OMP_WAIT_POLICY=PASSIVE);
+    - tui_omp_default: a third app whose engine keeps libgomp's default wait (300,000 spins, then sleep);
+    - tui_1thread: an app started with --threads 1; headless_main_1thread: headless with 1 thread.
     A round's rate is its decode tokens over its decode seconds (first decode step to the turn's last, stamped
     where the model runs); a round's ratio is a variant's rate over headless_main's in that round."""
     import kvtui.app as app_module
@@ -568,7 +577,7 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3,
         log(f"  run mode round {r + 1}/{rounds} ({turns} turns each, interleaved): "
             + ", ".join(f"{k} {v:.2f}" for k, v in per_round[-1].items()) + " tok/s")
     result = {"n_new": n_new, "refresh_hz": app_module.REFRESH_HZ, "rounds": len(per_round), "turns": turns,
-              "variants": list(variants),
+              "variants": list(variants), "engine_spin_count": ENGINE_SPIN_COUNT,
               **{f"{v}_tps": summary([row[v] for row in per_round]) for v in variants},
               **{f"ratio_{v}": summary([row[v] / row["headless_main"] for row in per_round]) for v in variants[1:]},
               "turn_ratio": {v: summary(x) for v, x in turn_ratios.items()},

@@ -75,10 +75,11 @@ class RecordPipe:
         self._lock = threading.Lock()
         self.closed = False
 
-    def send(self, record: dict) -> None:
+    def send(self, *records: dict) -> None:
+        """Write the records in one go: the viewer's reader wakes once for all of them."""
         if self.closed:
             return
-        data = encode(record)
+        data = b"".join(encode(record) for record in records)
         with self._lock:
             try:
                 self._file.write(data)
@@ -309,6 +310,21 @@ class ProgramSource(ChildSource):
         self._spawn("kvtui.engine.stream", [*command, "--", target, *args], cwd=cwd)
 
 
+ENGINE_SPIN_COUNT = 1000  # libgomp spins of a waiting OpenMP thread before it sleeps, in the engine process
+
+
+def openmp_wait(environ=os.environ) -> dict:
+    """How the engine's OpenMP threads wait between parallel regions (libgomp, the runtime of torch's Linux
+    CPU wheels). Its default spins about 300,000 times before sleeping, which keeps every core busy between
+    forwards: the app's repaints then preempt a spinning thread and the whole team waits for it. Sleeping at
+    once (OMP_WAIT_POLICY=PASSIVE) pays a wake-up at each of the hundreds of parallel regions of a forward.
+    A short spin bridges the gaps between the regions of one forward and sleeps between forwards (make bench,
+    section 4, runs the three side by side). A user's own setting wins."""
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return {}
+    return {"GOMP_SPINCOUNT": str(ENGINE_SPIN_COUNT)}
+
+
 class EngineSource(ChildSource):
     """kvtui's own chat in the engine process (engine_host.py), set up from a pickled EngineSetup file.
     The child gets this process's import path, so whatever the setup names (a loader, a hook) imports there."""
@@ -318,11 +334,7 @@ class EngineSource(ChildSource):
 
     def __init__(self, setup_path: str | os.PathLike):
         path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
-        # OpenMP threads that spin while they wait lose their time slices to the viewer's process, and the
-        # whole team waits for the slowest: with passive waiting the model keeps its speed beside the TUI
-        # (make bench, section 4). A user's own setting wins.
-        env = {"PYTHONPATH": path, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-        self._spawn("kvtui.engine_host", ["--setup", str(setup_path)], env=env)
+        self._spawn("kvtui.engine_host", ["--setup", str(setup_path)], env={"PYTHONPATH": path, **openmp_wait()})
 
     def command(self, word: str, argument=None) -> None:
         self.send(format_command(word, argument))

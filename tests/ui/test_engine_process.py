@@ -142,6 +142,24 @@ def test_commands_are_one_line_each_and_read_back_as_sent():
     assert parse_command("break on") == ("break", "on")  # the watch child's bare words
 
 
+def test_the_engine_threads_spin_briefly_before_they_sleep_unless_the_user_says_how_to_wait():
+    from kvtui.engine.stream import ENGINE_SPIN_COUNT, openmp_wait
+
+    assert openmp_wait({}) == {"GOMP_SPINCOUNT": str(ENGINE_SPIN_COUNT)}
+    assert openmp_wait({"OMP_WAIT_POLICY": "PASSIVE"}) == {}  # the user's own setting wins
+    assert openmp_wait({"GOMP_SPINCOUNT": "20000"}) == {}
+
+
+async def test_the_engine_process_gets_the_short_spin(tiny_dir, monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    app = KvtuiApp(AppConfig(model=str(tiny_dir("qwen2"))))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.session is not None, 120, "the model")
+        environ = psutil.Process(app.session.pid).environ()
+    assert environ.get("GOMP_SPINCOUNT") == "1000" and "OMP_WAIT_POLICY" not in environ
+
+
 async def test_attention_of_the_layer_selected_in_the_layers_pane(tiny_dir):
     """--attention through the engine process: the step carries the newest query's weights for the layer
     the layers pane selects (an `attention` command, read at the next forward)."""
