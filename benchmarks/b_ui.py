@@ -363,7 +363,7 @@ def bench_keys(loaded, prompt: str, repeats: int = 5) -> dict:
     return result
 
 
-REFRESH_HZ_OF = {"tui_no_paint": 1e-9, "tui_unthrottled": 1_000_000}  # the app's variants; others as shipped
+REFRESH_HZ_OF = {"tui_no_paint": 1e-9, "tui_1hz": 1, "tui_unthrottled": 1_000_000}  # the app's variants; others as shipped
 
 
 OPENMP_WAIT_OF = {"omp_default": "", "passive": "PASSIVE"}  # OMP_WAIT_POLICY for an app kind's engine
@@ -553,6 +553,7 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3,
     - tui: KvtuiApp run mode as shipped (the engine in its own process, repaints throttled to REFRESH_HZ);
     - tui_no_paint: the same app with REFRESH_HZ patched to 1e-9 for that turn (no repaint until it ends);
     - tui_unthrottled: REFRESH_HZ patched to 1e6 for that turn (every coalesced snapshot repaints at once);
+    - tui_1hz: REFRESH_HZ patched to 1 for that turn (half the shipped repaint rate);
     - tui_passive: a second app whose engine's OpenMP threads sleep at once (OMP_WAIT_POLICY=PASSIVE);
     - tui_omp_default: a third app whose engine keeps libgomp's default wait (300,000 spins, then sleep);
     - tui_1thread: an app started with --threads 1; headless_main_1thread: headless with 1 thread.

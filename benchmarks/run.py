@@ -667,19 +667,18 @@ def findings(r: dict) -> str:
                 "every torch op is an OpenMP parallel region whose barrier waits for the second vCPU; when another "
                 "process holds one core, the main thread's team degrades far more than a fresh thread's (side tests on "
                 "this VM: ~22 vs ~75 GFLOPS under load, ~95–150 vs ~90–110 when quiet; `OMP_WAIT_POLICY=PASSIVE` "
-                "removes the main-thread penalty). An environment effect (libgomp + a shared 2-vCPU VM), not kvtui's, "
-                "but `kvtui --headless` runs in the main thread and the TUI in a worker, so on a busy machine the "
-                "headless CLI can be the slower of the two. This is why the model-driving measurements here run in "
-                "fresh threads, and why absolute tokens/s should only be compared side by side.")
+                "removes the main-thread penalty). An environment effect (libgomp + a shared 2-vCPU VM), not kvtui's; "
+                "it is why absolute tokens/s should only be compared side by side.")
         else:
             add(head + "No main-thread penalty on a quiet machine (it appears when another process holds one of "
                 "the 2 cores: the main thread's OpenMP team then degrades far more than a fresh thread's).")
     ks = r["keys_smol"]
     add(f"- **Keys**: F5 is applied {ks['toggle_handled_ms']['median']:.1f} ms after the key (median) and on screen at the next "
-        f"frame ({ks['toggle_painted_ms']['median']:.0f} ms): the asyncio loop gets the GIL as soon as the engine thread "
-        f"releases it inside a torch op. `p` stops the worker {ks['pause_ms']['median']:.0f} ms after the key (median; "
-        f"a SmolLM2 step is {ks['step_ms']['median']:.0f} ms): `generate` checks the cancel event between steps, so the "
-        "forward in flight finishes first — a pause lands within one step, never mid-forward.")
+        f"frame ({ks['toggle_painted_ms']['median']:.0f} ms): the model runs in the engine process, so nothing holds the "
+        f"app's interpreter lock. `p` is answered (the engine says its turn stopped) {ks['pause_ms']['median']:.0f} ms "
+        f"after the key (median; a SmolLM2 step is {ks['step_ms']['median']:.0f} ms): the engine's control thread sets "
+        "the cancel event at once, `generate` checks it between steps, so the forward in flight finishes first — a "
+        "pause lands within one step, never mid-forward.")
     loads = r.get("background_load", {})
     busy = [name for name, s_ in loads.items() if s_.get("n") and s_["median"] > 0.15]
     add("- **Noise**: " + (f"other processes used CPU during {', '.join(busy)} (see the machine section); " if busy else
@@ -747,7 +746,8 @@ def kvtui_bugs(r: dict) -> str:
             "`_paint` when the app is not running.")
     rec = scale_rows[-1]["to_record_json_us"]["median"] if scale_rows else float("nan")
     add(f"4. Minor, open: every step serialises `snapshot.to_record()` to JSON (~{rec:.0f} µs with 2 layers; SmolLM2 has "
-        "30) and flushes the trace spool file in the engine thread; batching the flush would trim GIL-holding work.")
+        "30) and flushes the trace spool file in the engine process between two forwards; batching the flush would "
+        "trim that work.")
     widgets = (rm.get("profile") or {}).get("ui_widgets", {})
     if widgets:
         add("5. Where the shipped 2 Hz repaints go (UI-thread samples by the innermost widget frame, fraction of wall "
