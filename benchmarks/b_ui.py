@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from kvtui.engine.stream import ENGINE_SPIN_COUNT
+from kvtui.engine.stream import ENGINE_SPIN_COUNT, EngineSource
 
 from common import ROOT, log, summary
 from engine_hooks import read_stamps, reply_decodes, stamps as stamp_hook
@@ -400,7 +400,6 @@ class EngineOnly:
         import queue
         import threading
 
-        from kvtui.engine.stream import EngineSource
         from kvtui.engine_host import EngineSetup, write_setup
         from kvtui.options import AppConfig
 
@@ -513,7 +512,7 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
             engine = EngineOnly(n_new, tmp / "engine-only.txt", tmp)
             cleanup.callback(engine.source.stop)
             assert engine.wait() == "ready", "the engine process did not load the model"
-        apps = {}  # (app, pilot, stamp file) per kind of engine: as shipped, OpenMP default wait, 1 thread
+        apps = {}  # (app, pilot, stamp file) per kind of engine (_app_kind): as shipped, passive, OpenMP default wait, 1 thread
         async with contextlib.AsyncExitStack() as stack:
             for kind in sorted({_app_kind(v) for v in variants if v.startswith("tui")}):
                 stamp_file = tmp / f"app-{kind}.txt"

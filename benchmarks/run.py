@@ -35,7 +35,7 @@ def _openmp_finding(rm: dict) -> str:
     passive, default = ratio("tui_passive"), ratio("tui_omp_default")
     if passive is None or default is None:
         return ""
-    return (f"The engine's OpenMP threads spin {rm.get('engine_spin_count', 1000)} times, then sleep (`GOMP_SPINCOUNT`): "
+    return (f"The engine's OpenMP threads spin {rm['engine_spin_count']} times, then sleep (`GOMP_SPINCOUNT`): "
             f"the same app measured {passive:.3f} with threads that sleep at once (`OMP_WAIT_POLICY=PASSIVE`: a wake-up "
             f"at every parallel region of a forward) and {default:.3f} with libgomp's default (300,000 spins: the app's "
             "repaints preempt a spinning thread and the whole team waits for it).")
@@ -554,9 +554,10 @@ def report(r: dict) -> str:
         add(f"| {labels.get(v, v)} | {fmt_stat(rm[f'{v}_tps'], 2)} | {ratio} | {turn} | {app_cpu} | "
             f"{fmt_stat(rm['model_cpu_ms_per_token'][v], 1)} |")
     add("")
+    spin = (f"the engine spins {rm['engine_spin_count']} times, then sleeps" if "engine_spin_count" in rm else
+            "the engine's wait is not recorded in these results")
     add("For `engine` the app-process column is this benchmark's record reader (the app's pump minus the panes); the model's "
-        "CPU per token counts spinning OpenMP threads (headless spins by libgomp's default; the engine spins "
-        f"{rm.get('engine_spin_count', 1000)} times, then sleeps).")
+        f"CPU per token counts spinning OpenMP threads (headless spins by libgomp's default; {spin}).")
     add("")
     prof = rm.get("profile")
     if prof and "share" in prof:

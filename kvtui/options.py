@@ -102,9 +102,9 @@ def run_command(callback=None) -> click.Command:
 SESSION_KEYS = ("cache", "cache_bits", "cache_backend", "compile_decode", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
                 "seed", "mode", "system", "chat_tokenize", "prime_pad", "show_top", "watch", "attention", "dtype",
                 "device", "device_map", "threads")
-# The session options' defaults, for callers that build the app without the command line (tests, serve,
-# benchmarks): what an empty command line parses to. Not the parameters' `default`: since click 8.3 a flag's
-# is a truthy sentinel, which made every such app run with --attention (eager attention, O(cache) per step).
+# The session options' defaults, for callers that build the app without the command line (tests, benchmarks,
+# code that makes an AppConfig): what an empty command line parses to. Not the parameters' `default`: since
+# click 8.3 a flag's is a truthy sentinel, which turned --attention (eager attention, O(cache) per step) on.
 DEFAULT_OPTIONS = {name: value for name, value in run_command().make_context("run", [], resilient_parsing=True)
                    .params.items() if name in SESSION_KEYS}
 

@@ -51,7 +51,7 @@ class ChatPane(Vertical):
         if len(rows) < len(children) or any(self._shown[i][0] != rows[i][0] for i in range(min(len(rows), len(self._shown)))):
             transcript.remove_children()
             children, self._shown = [], []
-        grew = False  # follow the end only when the transcript got taller (a reply that wrapped, a new message)
+        grew = False  # follow the end only when the transcript's height changed (a reply that wrapped, a new message)
         for index, (role, content) in enumerate(rows):
             if index < len(children):
                 if self._shown[index] != (role, content):
