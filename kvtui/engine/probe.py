@@ -394,8 +394,7 @@ class Watcher:
                 id_rows = None
             else:
                 batch, n, id_rows = 1, 0, None
-            cache = values.get("past_key_values")
-            cache = cache if hasattr(cache, "get_seq_length") else None
+            cache = introspect.cache_in(values)
             cache_len = introspect.seq_length(cache) if cache is not None else 0
             mask = values.get("attention_mask")
             mask_new = real_before = None
@@ -450,8 +449,8 @@ class Watcher:
                 return
             forward_ms = (time.perf_counter() - call.started) * 1000
             snap_started = time.perf_counter()
-            cache = getattr(output, "past_key_values", None)
-            cache = cache if hasattr(cache, "get_seq_length") else call.cache
+            cache = introspect.output_cache(output)
+            cache = call.cache if cache is None else cache
             logits = getattr(output, "logits", None)
             if logits is None and isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 logits = output[0]

@@ -93,6 +93,7 @@ class ChatSession:
         self._window = introspect.config_window(model.config)
         self._accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         self._accepts_logits_to_keep = introspect.forward_accepts(model, "logits_to_keep")
+        self._cache_argument = introspect.cache_argument(model)  # 'cache' from transformers 5.24
         if self.config.cache == "offloaded" and self.device.type != "cuda":
             raise SessionError(f"--cache offloaded needs the model on a CUDA device (transformers' offloading moves "
                                f"layers with CUDA streams); this model is on {self.device.type}")
@@ -273,7 +274,7 @@ class ChatSession:
         """Arguments of a forward that writes `tokens` into self.cache after `cache_len` cached ones."""
         kwargs = dict(input_ids=torch.tensor([[t.id for t in tokens]], device=self.device),  # [1, n]
                       position_ids=torch.tensor([[t.position for t in tokens]], device=self.device),  # [1, n]
-                      past_key_values=self.cache, use_cache=True)
+                      use_cache=True, **{self._cache_argument: self.cache})
         if self._accepts_cache_position:  # 4.x: static layers write at cache_position
             kwargs["cache_position"] = torch.arange(cache_len, cache_len + len(tokens), device=self.device)
         if self._accepts_logits_to_keep:  # the prefill needs only the last row of logits
