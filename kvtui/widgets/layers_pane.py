@@ -2,7 +2,8 @@
 
 `layer_cells(layer)` / `layer_rows(snapshot)` / `render_totals(...)` are pure (testable without an
 App); `LayersPane` updates the table's cells in place when the layer count is unchanged, so a new
-step repaints no more than the cells that changed and the cursor never jumps. O(layers) per step.
+step repaints no more than the cells that changed and the cursor never jumps (`table_rows.update_rows`).
+O(layers) per step.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kvtui.engine.snapshot import LayerInfo, StepSnapshot
 from kvtui.fmt import size as format_bytes
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.table_rows import update_rows
 
 # (key, label) of the table's columns, in order: the numbers people compare first, the long shapes and
 # the per-layer dtype/device (also in the totals line when every layer shares them) last, so a narrow
@@ -237,26 +239,9 @@ class LayersPane(Vertical):
     # -- internals ------------------------------------------------------------------------------
 
     def _refresh_table(self, force: bool = False) -> None:
-        table = self.table
         new_rows = layer_rows(self._snapshot, self._palette)
-        same_shape = len(new_rows) == len(self._rows) and all(
-            a.key == b.key for a, b in zip(new_rows, self._rows)
-        )
-        if same_shape:
-            for old, new in zip(self._rows, new_rows):
-                if force or old.cells != new.cells:
-                    for (column, _), before, after in zip(COLUMNS, old.cells, new.cells):
-                        if force or before != after:
-                            # update_width only when the width changes: otherwise the column is not re-measured
-                            # and a wider value would be cropped (a narrower one re-measures the column).
-                            table.update_cell(new.key, column, after, update_width=before.cell_len != after.cell_len)
-        else:
-            cursor = table.cursor_row
-            table.clear()
-            for row in new_rows:
-                table.add_row(*row.cells, key=row.key)
-            if new_rows:
-                table.move_cursor(row=min(max(cursor, 0), len(new_rows) - 1), scroll=False)
+        decoding = self._snapshot is not None and self._snapshot.phase == "decode"
+        update_rows(self.table, self._rows, new_rows, [key for key, _ in COLUMNS], force=force, widen_only=decoding)
         self._rows = new_rows
         self._update_totals()
         self._sync_selection(post=True)

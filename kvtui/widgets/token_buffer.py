@@ -28,6 +28,7 @@ from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.message import Message
+from textual.reactive import Reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
@@ -124,6 +125,15 @@ class TokenBufferPane(ScrollView, can_focus=True):
         }
     }
     """
+
+    # A new row of tokens changes this pane's scroll range and nothing else: its region is set by the panes
+    # around it and its vertical scrollbar is always shown. Widget's virtual_size asks for a screen-wide layout
+    # pass at every change (a new row every few steps while the model runs, tens of ms of CPU on a 160x48
+    # screen that the engine process could use on 2 cores), so this one only updates the scrollbar.
+    virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)
+
+    def watch_virtual_size(self, size: Size) -> None:
+        self._scroll_update(size)  # the scrollbar's range and thumb; scroll offsets clamped to the new range
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left", "move(-1)", "Previous token", show=False),

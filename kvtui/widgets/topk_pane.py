@@ -22,6 +22,7 @@ from kvtui.engine.snapshot import StepSnapshot, TopToken
 from kvtui.fmt import token_text
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.table_rows import update_rows
 
 Mode = Literal["processed", "raw"]
 MODES: tuple[Mode, Mode] = ("processed", "raw")
@@ -281,24 +282,10 @@ class TopKPane(Vertical):
     # -- internals ------------------------------------------------------------------------------
 
     def _refresh(self, force: bool = False, cursor: int | None = None) -> None:
-        table = self.table
         new_rows = topk_rows(self._snapshot, self._mode, self._palette)
-        same_shape = len(new_rows) == len(self._rows) and all(a.key == b.key for a, b in zip(new_rows, self._rows))
-        keys = [key for key, _ in columns(self._mode)]
-        if same_shape:
-            for old, new in zip(self._rows, new_rows):
-                for column, before, after in zip(keys, old.cells, new.cells):
-                    if force or before != after:
-                        # update_width only when the width changes (else a wider value would be cropped).
-                        table.update_cell(new.key, column, after, update_width=before.cell_len != after.cell_len)
-        else:
-            if cursor is None:
-                cursor = table.cursor_row
-            table.clear()
-            for row in new_rows:
-                table.add_row(*row.cells, key=row.key)
-            if new_rows:
-                table.move_cursor(row=min(max(cursor, 0), len(new_rows) - 1), scroll=False)
+        decoding = self._snapshot is not None and self._snapshot.phase == "decode"
+        update_rows(self.table, self._rows, new_rows, [key for key, _ in columns(self._mode)], force=force,
+                    widen_only=decoding, cursor=cursor)
         self._rows = new_rows
         self.query_one("#topk-header", LiveText).show_text(render_header(self._snapshot, self._mode, self._palette))
 

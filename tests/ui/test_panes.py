@@ -275,6 +275,29 @@ def test_render_totals_and_heads():
     assert "no layers" in render_totals(None).plain
 
 
+async def test_columns_widen_while_decoding_and_narrow_at_a_prefill():
+    """While the model decodes a narrower value leaves its column as it was (re-measuring would resize the
+    table and lay out the screen at every step); a wider one widens it; a prefill lets it narrow again."""
+    app = HostApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one(LayersPane)
+        pane.show(make_snapshot(cursor=100000))
+        await pilot.pause()
+        table = pane.table
+        assert table.columns["k_shape"].content_width == len("1×2×100000×16")
+        size = table.virtual_size
+        pane.show(make_snapshot(cursor=38))
+        await pilot.pause()
+        assert table.get_cell_at((0, 5)).plain == "1×2×38×16"
+        assert table.columns["k_shape"].content_width == len("1×2×100000×16") and table.virtual_size == size
+        pane.show(make_snapshot(cursor=1000000))
+        await pilot.pause()
+        assert table.columns["k_shape"].content_width == len("1×2×1000000×16")
+        pane.show(make_snapshot(cursor=38, phase="prefill"))
+        await pilot.pause()
+        assert table.columns["k_shape"].content_width == len("1×2×38×16")
+
+
 def test_layer_rows_keys():
     rows = layer_rows(make_snapshot())
     assert [r.key for r in rows] == ["layer-0", "layer-1"] and [r.index for r in rows] == [0, 1]

@@ -321,6 +321,28 @@ async def test_auto_follow_tail():
         assert any("w2499" in line for line in lines(pane))
 
 
+async def test_new_rows_scroll_without_a_screen_layout():
+    """A growing buffer changes the pane's scroll range only: the scrollbar and the tail follow it, and the
+    screen is not laid out again (on 2 cores that pass is CPU taken from the model)."""
+    app = Host()
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.query_one(TokenBufferPane)
+        items = make_tokens(3000)
+        pane.show(make_snapshot(TokenBuffer(items, 500)))
+        await pilot.pause()
+        layouts = []
+        refresh_layout = app.screen._refresh_layout
+        app.screen._refresh_layout = lambda *a, **k: (layouts.append(k.get("scroll", False)), refresh_layout(*a, **k))
+        for count in (620, 900, 2400):
+            pane.show(make_snapshot(TokenBuffer(items, count)))
+            await pilot.pause()
+            rows = -(-(count + 1) // pane._grid.cols)  # every token and the cursor cell
+            assert pane.virtual_size.height == rows == pane.vertical_scrollbar.window_virtual_size
+            assert pane.scroll_offset.y == pane.max_scroll_y == rows - pane.scrollable_content_region.height
+            assert any(f"w{count - 1}" in line for line in lines(pane))
+        assert all(layouts), f"screen-wide layout passes: {layouts.count(False)}"
+
+
 # ---------------------------------------------------------------- scale and rewind
 
 

@@ -1,0 +1,61 @@
+"""Keyed DataTable rows updated in place: how the layers and top-k panes show a new step.
+
+A row is anything with a `key` and its `cells` (Rich Text, in column order). When the new rows have the
+same keys in the same order, only the cells that changed are written and the cursor stays where it is;
+otherwise the table is rebuilt and the cursor kept on its row index.
+
+Column widths: a cell written with `update_width` makes the DataTable re-measure its column, and a width
+that changes changes the table's virtual size, which costs a screen-wide layout pass. While the model
+decodes (a new step every few tens of ms, every token piece of a different length) `widen_only` re-measures
+a column only when a value no longer fits it, so columns settle after a few steps instead of jittering at
+every one, and the repaints cost no layout; a prefill or a single paint lets columns narrow again.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from rich.text import Text
+from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
+
+
+class Row(Protocol):
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def cells(self) -> tuple[Text, ...]: ...
+
+
+def update_rows(
+    table: DataTable,
+    old: Sequence[Row],
+    new: Sequence[Row],
+    columns: Sequence[str],
+    *,
+    force: bool = False,
+    widen_only: bool = False,
+    cursor: int | None = None,
+) -> None:
+    """Show `new` in `table`, which shows `old`; `force` rewrites every cell (a new theme's styles).
+    `cursor`: the row to keep the cursor on when the table is rebuilt (default: where it is)."""
+    if len(old) == len(new) and all(a.key == b.key for a, b in zip(old, new)):
+        for before_row, row in zip(old, new):
+            if not force and before_row.cells == row.cells:
+                continue
+            for column, before, after in zip(columns, before_row.cells, row.cells):
+                if force or before != after:
+                    if widen_only:
+                        measure = after.cell_len > table.columns[ColumnKey(column)].content_width
+                    else:  # a narrower value re-measures the column too; an equal width needs nothing
+                        measure = after.cell_len != before.cell_len
+                    table.update_cell(row.key, column, after, update_width=measure)
+        return
+    if cursor is None:
+        cursor = table.cursor_row
+    table.clear()
+    for row in new:
+        table.add_row(*row.cells, key=row.key)
+    if new:
+        table.move_cursor(row=min(max(cursor, 0), len(new) - 1), scroll=False)
