@@ -512,11 +512,12 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
             engine = EngineOnly(n_new, tmp / "engine-only.txt", tmp)
             cleanup.callback(engine.source.stop)
             assert engine.wait() == "ready", "the engine process did not load the model"
-        apps = {}  # (app, pilot, stamp file) per kind of engine (_app_kind): as shipped, passive, OpenMP default wait, 1 thread
+        apps = {}  # (app, pilot, stamp file) per kind of engine (_app_kind): as shipped, passive, OpenMP default wait,
+        # 1 thread, decoding on every thread
         async with contextlib.AsyncExitStack() as stack:
             for kind in sorted({_app_kind(v) for v in variants if v.startswith("tui")}):
                 stamp_file = tmp / f"app-{kind}.txt"
-                options = {"max_new_tokens": n_new, **ENGINE_OPTIONS, **({"threads": 1} if kind == "1thread" else {})}
+                options = {"max_new_tokens": n_new, **ENGINE_OPTIONS, **_app_options(kind)}
                 with engine_openmp_wait(kind):
                     app = KvtuiApp(AppConfig(options=options), engine_setup=stamp_hook(stamp_file))
                     pilot = await stack.enter_async_context(app.run_test(size=APP_SIZE))
@@ -537,10 +538,22 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
 
 def _app_kind(variant: str) -> str:
     kind = variant.removeprefix("tui_")
-    return kind if kind in ("omp_default", "passive", "1thread") else "shipped"
+    return kind if kind in ("omp_default", "passive", "1thread", "all_threads") else "shipped"
 
 
-RUN_MODE_VARIANTS = ("headless_main", "engine", "tui", "tui_no_paint", "tui_passive", "tui_omp_default")
+def _all_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _app_options(kind: str) -> dict:
+    """The options of an app kind's engine (beside its OpenMP wait, OPENMP_WAIT_OF); as shipped it decodes on one
+    thread fewer than the rest (engine_host.viewer_session_config)."""
+    return {"1thread": {"threads": 1}, "all_threads": {"decode_threads": _all_threads()}}.get(kind, {})
+
+
+RUN_MODE_VARIANTS = ("headless_main", "engine", "tui", "tui_no_paint", "tui_all_threads")
 
 
 def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3, profile_dir: Path | None = None,
@@ -555,7 +568,8 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3,
     - tui_1hz: REFRESH_HZ patched to 1 for that turn (half the shipped repaint rate);
     - tui_passive: a second app whose engine's OpenMP threads sleep at once (OMP_WAIT_POLICY=PASSIVE);
     - tui_omp_default: a third app whose engine keeps libgomp's default wait (300,000 spins, then sleep);
-    - tui_1thread: an app started with --threads 1; headless_main_1thread: headless with 1 thread.
+    - tui_1thread: an app started with --threads 1; headless_main_1thread: headless with 1 thread;
+    - tui_all_threads: an app whose engine decodes on every thread (--decode-threads N), leaving no core to the app.
     A round's rate is its decode tokens over its decode seconds (first decode step to the turn's last, stamped
     where the model runs); a round's ratio is a variant's rate over headless_main's in that round."""
     import kvtui.app as app_module
@@ -576,8 +590,11 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3,
             turn_ratios[v] += [(t.tokens / t.seconds) / (h.tokens / h.seconds) for t, h in zip(got[v], got["headless_main"])]
         log(f"  run mode round {r + 1}/{rounds} ({turns} turns each, interleaved): "
             + ", ".join(f"{k} {v:.2f}" for k, v in per_round[-1].items()) + " tok/s")
+    from kvtui.engine_host import viewer_session_config
+
     result = {"n_new": n_new, "refresh_hz": app_module.REFRESH_HZ, "rounds": len(per_round), "turns": turns,
-              "variants": list(variants), "engine_spin_count": ENGINE_SPIN_COUNT,
+              "variants": list(variants), "engine_spin_count": ENGINE_SPIN_COUNT, "threads": _all_threads(),
+              "decode_threads": viewer_session_config({}).decode_threads,
               **{f"{v}_tps": summary([row[v] for row in per_round]) for v in variants},
               **{f"ratio_{v}": summary([row[v] / row["headless_main"] for row in per_round]) for v in variants[1:]},
               "turn_ratio": {v: summary(x) for v, x in turn_ratios.items()},

@@ -29,6 +29,18 @@ from common import BENCH, ROOT, BackgroundLoad, fmt, fmt_stat, log  # noqa: E402
 BUDGET_S = 560  # stay under 10 minutes including the report
 
 
+def _threads_finding(rm: dict) -> str:
+    """The engine's decode threads, and the same app decoding on every thread, measured in the same rounds."""
+    if "decode_threads" not in rm:
+        return "On 2 cores that CPU is taken from the engine's 2 intra-op threads. "
+    text = (f"The engine decodes on {rm['decode_threads']} of {rm['threads']} threads (prefills and verify on all), "
+            "leaving a core to the app: an OpenMP team that loses a core to the app's repaints waits for it at every op. ")
+    if "ratio_tui_all_threads" in rm:
+        text += (f"The same app with its engine decoding on all {rm['threads']} threads measured "
+                 f"{rm['ratio_tui_all_threads']['median']:.3f}. ")
+    return text
+
+
 def _openmp_finding(rm: dict) -> str:
     """How the engine's OpenMP threads wait, and what the other ways measured in the same rounds."""
     ratio = lambda v: rm[f"ratio_{v}"]["median"] if f"ratio_{v}" in rm else None  # noqa: E731
@@ -536,7 +548,7 @@ def report(r: dict) -> str:
     add("")
     labels = {
         "headless_main": "headless `ChatSession.generate` in the main thread (where `kvtui --headless` runs it)",
-        "engine": "the engine process as the app starts it (setup, trace spool, records over the pipe, short OpenMP spin), driven with no app",
+        "engine": "the engine process as the app starts it (setup, trace spool, records over the pipe, short OpenMP spin, decode threads), driven with no app",
         "tui": f"`KvtuiApp` run mode as shipped (repaints at most {rm['refresh_hz']} Hz; `run_test`, headless driver, 160×48)",
         "tui_no_paint": "the same app, no repaint while running (`REFRESH_HZ` patched to 1e-9 for the turn)",
         "tui_unthrottled": "the same app, a repaint per step (`REFRESH_HZ` patched to 1e6 for the turn)",
@@ -544,6 +556,7 @@ def report(r: dict) -> str:
         "tui_omp_default": "a third app whose engine keeps libgomp's default wait (300,000 spins, then sleep)",
         "headless_main_1thread": "headless in the main thread with `torch.set_num_threads(1)`",
         "tui_1thread": "a second app started with `--threads 1` (its engine on one core, the app on the other)",
+        "tui_all_threads": "a second app whose engine decodes on every thread (`--decode-threads N`: no core left to the app)",
     }
     add("| variant | tokens/s (per round) | ratio to headless (per round) | turn-by-turn ratio | app process CPU, share of one core | CPU of the model's process per token, ms |")
     add("|---|---|---|---|---|---|")
@@ -655,8 +668,7 @@ def findings(r: dict) -> str:
         f"thread (ratio {r_s:.3f}; target ≥ 0.95, goal 0.98). Where the rest goes, side by side in the same rounds: the "
         f"engine process alone, with no app, {r_e:.3f}; the app without repaints while running {r_np:.3f}. The app process "
         f"used {share_tui:.0%} of one core during a turn as shipped and {share_np:.0%} with no repaints (reading the step "
-        "records, rebuilding snapshots, the status bar); on 2 cores that CPU is taken from the engine's 2 intra-op threads. "
-        + _openmp_finding(rm))
+        "records, rebuilding snapshots, the status bar). " + _threads_finding(rm) + _openmp_finding(rm))
     tp0 = r.get("thread_probe_start")
     if tp0:
         main_g, worker_g = tp0["main_gflops"]["median"], tp0["worker_gflops"]["median"]

@@ -60,6 +60,9 @@ def session_options(func):
         click.option("--device-map", default=None, help="'auto' spreads a large model over devices (accelerate)."),
         click.option("--threads", type=click.IntRange(1), default=None,
                      help="CPU threads for the model's forward (torch.set_num_threads; default: torch's choice)."),
+        click.option("--decode-threads", type=click.IntRange(1), default=None,
+                     help="CPU threads for one-token (decode) forwards. Default: the TUI decodes on one thread fewer "
+                          "than the rest, leaving a core to its panes (unless --threads is given); --headless on all."),
         click.argument("model", required=False),
     ]
     for option in reversed(options):
@@ -101,7 +104,7 @@ def run_command(callback=None) -> click.Command:
 
 SESSION_KEYS = ("cache", "cache_bits", "cache_backend", "compile_decode", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
                 "seed", "mode", "system", "chat_tokenize", "prime_pad", "show_top", "watch", "attention", "dtype",
-                "device", "device_map", "threads")
+                "device", "device_map", "threads", "decode_threads")
 # The session options' defaults, for callers that build the app without the command line (tests, benchmarks,
 # code that makes an AppConfig): what an empty command line parses to. Not the parameters' `default`: since
 # click 8.3 a flag's is a truthy sentinel, which turned --attention (eager attention, O(cache) per step) on.
@@ -143,7 +146,8 @@ def build_session_config(options: dict, tokenizer=None):
                          cache_backend=options.get("cache_backend") or "quanto",
                          compile=bool(options.get("compile_decode")), sampler=sampler, mode=options["mode"], system=options.get("system"),
                          chat_tokenize=options["chat_tokenize"], top_k_shown=options["show_top"], watch=watch,
-                         prime_pad=options["prime_pad"], attention=bool(options.get("attention")))
+                         prime_pad=options["prime_pad"], attention=bool(options.get("attention")),
+                         decode_threads=options.get("decode_threads"))
 
 
 def resolve_token(tokenizer, text: str) -> int:

@@ -56,6 +56,7 @@ class SessionConfig:
     prime_pad: int = 0  # reproduce the "prime the cache with pad tokens" mistake
     attention: bool = False  # opt-in, O(cache) per step: needs a model loaded with attn_implementation="eager"
     compile: bool = False  # static cache only: torch.compile the one-token decode forward
+    decode_threads: int | None = None  # CPU threads for one-token forwards (None: the threads of every other one)
 
 
 @dataclass
@@ -94,6 +95,7 @@ class ChatSession:
         self._accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         self._accepts_logits_to_keep = introspect.forward_accepts(model, "logits_to_keep")
         self._cache_argument = introspect.cache_argument(model)  # 'cache' from transformers 5.24
+        self.threads = torch.get_num_threads()  # of prefills, recomputes and verify (--threads is set by now)
         if self.config.cache == "offloaded" and self.device.type != "cuda":
             raise SessionError(f"--cache offloaded needs the model on a CUDA device (transformers' offloading moves "
                                f"layers with CUDA streams); this model is on {self.device.type}")
@@ -228,6 +230,7 @@ class ChatSession:
             kwargs["output_attentions"] = True
         compiled = self.config.compile and len(fed) == 1 and not self.config.attention
         graphs_before = _graph_count() if compiled else 0
+        self._use_threads(len(fed))
         started = self._clock()
         try:
             with torch.inference_mode():
@@ -269,6 +272,14 @@ class ChatSession:
     @property
     def recompiles(self) -> int:
         return max(0, self.compiles - 1)
+
+    def _use_threads(self, tokens: int) -> None:
+        """A one-token forward on `decode_threads` (a viewer sharing the cores keeps one of them), any other
+        on all. Decode is bound by memory and Python, and an OpenMP team that loses a core to another process
+        waits for it at every op; a prefill is bound by compute and uses every core."""
+        wanted = self.config.decode_threads if tokens == 1 and self.config.decode_threads else self.threads
+        if torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
 
     def _cached_forward_kwargs(self, tokens: list[BufferToken], cache_len: int) -> dict:
         """Arguments of a forward that writes `tokens` into self.cache after `cache_len` cached ones."""
@@ -609,6 +620,7 @@ class ChatSession:
         self._tokens = list(tokens)
         if not tokens:
             return
+        self._use_threads(len(tokens))
         with torch.inference_mode():
             self.model(**self._cached_forward_kwargs(tokens, 0))
 
@@ -663,6 +675,7 @@ class ChatSession:
                       position_ids=torch.arange(ids.shape[1], device=self.device).unsqueeze(0))  # what model(ids) does
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = 1
+        self._use_threads(ids.shape[1])
         with torch.inference_mode():
             fresh = self.model(**kwargs).logits[0, -1].float()  # [vocab]
         cached = self._logits

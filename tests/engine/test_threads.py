@@ -1,0 +1,57 @@
+"""Decode threads: one-token forwards on `decode_threads`, every other forward (prefill, recompute, verify) on
+the session's threads; the TUI's engine leaves a core to its viewer unless told otherwise."""
+
+import pytest
+import torch
+
+from kvtui.engine.session import ChatSession, SessionConfig
+from kvtui.engine_host import viewer_session_config
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_decode_runs_on_its_own_threads_and_everything_else_on_all(tiny_model, two_threads):
+    model, tokenizer = tiny_model("llama")
+    seen: list[tuple[int, int]] = []  # (tokens fed, torch threads) of every forward, read inside it
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append((kw["input_ids"].shape[1], torch.get_num_threads())), with_kwargs=True)
+    try:
+        session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=4, decode_threads=1))
+        session.send("hello there")
+        session.generate()
+        prefill, decode = seen[0], seen[1:]
+        assert prefill[0] > 1 and prefill[1] == 2
+        assert decode and all(tokens == 1 and threads == 1 for tokens, threads in decode)
+        session.rewind(2)  # a full layer crops: no forward
+        seen.clear()
+        result = session.verify()  # the full recompute: every token in one forward
+        assert result.ok and seen == [(len(session.buffer), 2)]
+    finally:
+        hook.remove()
+
+
+def test_without_decode_threads_every_forward_keeps_the_sessions_threads(tiny_model, two_threads):
+    model, tokenizer = tiny_model("llama")
+    seen: list[int] = []
+    hook = model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    try:
+        session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=3))
+        session.send("hello there")
+        session.generate()
+        assert len(seen) > 1 and set(seen) == {2}
+    finally:
+        hook.remove()
+
+
+def test_the_tuis_engine_leaves_a_core_to_its_viewer(two_threads):
+    assert viewer_session_config({}).decode_threads == 1
+    assert viewer_session_config({"threads": 2}).decode_threads is None  # --threads: every forward on 2
+    assert viewer_session_config({"decode_threads": 2}).decode_threads == 2
+    torch.set_num_threads(1)
+    assert viewer_session_config({}).decode_threads == 1  # never 0
