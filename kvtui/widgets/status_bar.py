@@ -62,7 +62,7 @@ class StatusBar(Horizontal):
             self.set_text(model_text)
             return
         speed = f"{tokens_per_s:.1f} tok/s" if tokens_per_s else "- tok/s"
-        self.set_text(f"{model_text} │ {speed} │ {step_text(snapshot)} │ "
-                      f"cache {size(snapshot.cache_bytes)}")
+        # the numbers that change first: a narrow terminal cuts the model's description, not them
+        self.set_text(f"{speed} │ {step_text(snapshot)} │ cache {size(snapshot.cache_bytes)} │ {model_text}")
         self.query_one("#latency", Sparkline).data = list(self.latency)
         self.query_one("#cache-size", Sparkline).data = list(self.cache_size)

@@ -35,5 +35,7 @@ async def three_steps(pilot):
 @pytest.mark.parametrize("theme", ["kvtui-dark", "kvtui-light"])
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
 def test_main_screen(snap_compare, tiny_loaded, theme, size):
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}, theme=theme), loaded=tiny_loaded("qwen2"), clock=FakeClock())
+    # threads pinned: the status bar says what the engine decodes on, which would otherwise follow this machine's cores
+    options = {"max_new_tokens": 8, "threads": 2, "decode_threads": 1}
+    app = KvtuiApp(AppConfig(options=options, theme=theme), loaded=tiny_loaded("qwen2"), clock=FakeClock())
     assert snap_compare(app, terminal_size=size, run_before=three_steps)
