@@ -8,7 +8,8 @@ Column widths: a cell written with `update_width` makes the DataTable re-measure
 that changes changes the table's virtual size, which costs a screen-wide layout pass. While the model
 decodes (a new step every few tens of ms, every token piece of a different length) `widen_only` re-measures
 a column only when a value no longer fits it, so columns settle after a few steps instead of jittering at
-every one, and the repaints cost no layout; a prefill or a single paint lets columns narrow again.
+every one, and the repaints cost no layout; any other step (a prefill, a rewind) or a rebuilt table lets
+columns narrow again.
 """
 
 from __future__ import annotations
