@@ -277,7 +277,9 @@ class ChatSession:
         """A one-token forward on `decode_threads` (a viewer sharing the cores keeps one of them), any other on
         the session's threads. Decode is bound by memory and Python, and an OpenMP team that loses a core to
         another process waits for it at every op; a prefill is bound by compute and uses every thread."""
-        wanted = self.config.decode_threads if tokens == 1 and self.config.decode_threads else self.threads
+        if not self.config.decode_threads:
+            return  # torch's threads are left as they are
+        wanted = self.config.decode_threads if tokens == 1 else self.threads
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
 
