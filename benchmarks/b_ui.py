@@ -242,12 +242,15 @@ def decode_rate(stamps: list[tuple[float, str, int]]) -> tuple[float, int]:
     return (len(decode) - 1) / (decode[-1] - decode[0]), len(decode)
 
 
-def headless_rate(loaded, prompt: str, n_new: int) -> tuple[float, int]:
-    """The engine without any UI, in this process: ChatSession.generate, stamped per forward."""
-    from kvtui.engine.session import ChatSession, SessionConfig
+def headless_rate(loaded, prompt: str, n_new: int, options: dict | None = None) -> tuple[float, int]:
+    """The engine without any UI, in this process: ChatSession.generate, stamped per forward, with the session
+    options `kvtui --headless` builds (its decode threads among them) plus `options`."""
+    from kvtui.engine.session import ChatSession
+    from kvtui.options import build_session_config
 
     stamps: list[tuple[float, str, int]] = []
-    session = ChatSession(loaded.model, loaded.tokenizer, SessionConfig(max_new_tokens=n_new),
+    config = build_session_config({"max_new_tokens": n_new, **(options or {})}, loaded.tokenizer)
+    session = ChatSession(loaded.model, loaded.tokenizer, config,
                           on_snapshot=lambda s: stamps.append((time.perf_counter(), s.phase, s.step)))
     session.stop_ids = frozenset()
     session.send(prompt)
@@ -478,14 +481,14 @@ def _engine_turn(engine: EngineOnly, prompt: str) -> Turn:
     return Turn(*_decode_span(engine.stamp_file, mark), wall, app_cpu, model_cpu)
 
 
-def _headless_turn(loaded, prompt: str, n_new: int, threads: int | None = None) -> Turn:
+def _headless_turn(loaded, prompt: str, n_new: int, threads: int | None = None, options: dict | None = None) -> Turn:
     import torch
 
     shipped = torch.get_num_threads()
     torch.set_num_threads(threads or shipped)
     c0, w0 = time.process_time(), time.perf_counter()
     try:
-        rate, n = headless_rate(loaded, prompt, n_new)
+        rate, n = headless_rate(loaded, prompt, n_new, options)
     finally:
         torch.set_num_threads(shipped)
     cpu = time.process_time() - c0
@@ -527,7 +530,8 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
             for cycle in range(turns):
                 for which in variants[cycle % len(variants):] + variants[:cycle % len(variants)]:
                     if which.startswith("headless_main"):
-                        out[which].append(_headless_turn(loaded, prompt, n_new, 1 if which.endswith("1thread") else None))
+                        out[which].append(_headless_turn(loaded, prompt, n_new, 1 if which.endswith("1thread") else None,
+                                                         _app_options(which.removeprefix("headless_main_"))))
                     elif which == "engine":
                         out[which].append(_engine_turn(engine, prompt))
                     else:
@@ -548,12 +552,12 @@ def _all_threads() -> int:
 
 
 def _app_options(kind: str) -> dict:
-    """The options of an app kind's engine (beside its OpenMP wait, OPENMP_WAIT_OF); as shipped it decodes on one
-    thread fewer than the rest (engine_host.viewer_session_config)."""
+    """The options of an app kind's engine (beside its OpenMP wait, OPENMP_WAIT_OF), or of a headless variant; as
+    shipped both decode on one thread fewer than the rest (options.default_decode_threads)."""
     return {"1thread": {"threads": 1}, "all_threads": {"decode_threads": _all_threads()}}.get(kind, {})
 
 
-RUN_MODE_VARIANTS = ("headless_main", "engine", "tui", "tui_no_paint", "tui_all_threads")
+RUN_MODE_VARIANTS = ("headless_main", "engine", "tui", "tui_no_paint", "tui_all_threads", "headless_main_all_threads")
 
 
 def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3, profile_dir: Path | None = None,
@@ -569,7 +573,8 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3,
     - tui_passive: a second app whose engine's OpenMP threads sleep at once (OMP_WAIT_POLICY=PASSIVE);
     - tui_omp_default: a third app whose engine keeps libgomp's default wait (300,000 spins, then sleep);
     - tui_1thread: an app started with --threads 1; headless_main_1thread: headless with 1 thread;
-    - tui_all_threads: an app whose engine decodes on every thread (--decode-threads N), leaving no core to the app.
+    - tui_all_threads: an app whose engine decodes on every thread (--decode-threads N), leaving no core to the app;
+    - headless_main_all_threads: headless decoding on every thread (--decode-threads N).
     A round's rate is its decode tokens over its decode seconds (first decode step to the turn's last, stamped
     where the model runs); a round's ratio is a variant's rate over headless_main's in that round."""
     import kvtui.app as app_module
@@ -590,11 +595,11 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3,
             turn_ratios[v] += [(t.tokens / t.seconds) / (h.tokens / h.seconds) for t, h in zip(got[v], got["headless_main"])]
         log(f"  run mode round {r + 1}/{rounds} ({turns} turns each, interleaved): "
             + ", ".join(f"{k} {v:.2f}" for k, v in per_round[-1].items()) + " tok/s")
-    from kvtui.engine_host import viewer_session_config
+    from kvtui.options import default_decode_threads
 
     result = {"n_new": n_new, "refresh_hz": app_module.REFRESH_HZ, "rounds": len(per_round), "turns": turns,
               "variants": list(variants), "engine_spin_count": ENGINE_SPIN_COUNT, "threads": _all_threads(),
-              "decode_threads": viewer_session_config({}).decode_threads,
+              "decode_threads": default_decode_threads(),
               **{f"{v}_tps": summary([row[v] for row in per_round]) for v in variants},
               **{f"ratio_{v}": summary([row[v] / row["headless_main"] for row in per_round]) for v in variants[1:]},
               "turn_ratio": {v: summary(x) for v, x in turn_ratios.items()},

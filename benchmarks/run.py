@@ -33,11 +33,15 @@ def _threads_finding(rm: dict) -> str:
     """The engine's decode threads, and the same app decoding on every thread, measured in the same rounds."""
     if "decode_threads" not in rm:
         return "On 2 cores that CPU is taken from the engine's 2 intra-op threads. "
-    text = (f"The engine decodes on {rm['decode_threads']} of {rm['threads']} threads (prefills and verify on all), "
-            "leaving a core to the app: an OpenMP team that loses a core to the app's repaints waits for it at every op. ")
+    text = (f"Sessions decode on {rm['decode_threads']} of {rm['threads']} threads (prefills and verify on all), "
+            "leaving a core to the app: an OpenMP team that loses a core to the app's repaints waits for it at every op; "
+            "headless decodes the same way, so both write the same trace. ")
     if "ratio_tui_all_threads" in rm:
         text += (f"The same app with its engine decoding on all {rm['threads']} threads measured "
                  f"{rm['ratio_tui_all_threads']['median']:.3f}. ")
+    if "ratio_headless_main_all_threads" in rm:
+        text += (f"Headless decoding on all {rm['threads']} threads measured "
+                 f"{rm['ratio_headless_main_all_threads']['median']:.3f} of headless as shipped. ")
     return text
 
 
@@ -547,7 +551,8 @@ def report(r: dict) -> str:
         "decode step, identical for all. The ratio of a round is its tokens/s over headless's in the same round:")
     add("")
     labels = {
-        "headless_main": "headless `ChatSession.generate` in the main thread (where `kvtui --headless` runs it)",
+        "headless_main": "headless `ChatSession.generate` in the main thread (where `kvtui --headless` runs it, with its options)",
+        "headless_main_all_threads": "headless decoding on every thread (`--decode-threads N`)",
         "engine": "the engine process as the app starts it (setup, trace spool, records over the pipe, short OpenMP spin, decode threads), driven with no app",
         "tui": f"`KvtuiApp` run mode as shipped (repaints at most {rm['refresh_hz']} Hz; `run_test`, headless driver, 160×48)",
         "tui_no_paint": "the same app, no repaint while running (`REFRESH_HZ` patched to 1e-9 for the turn)",
@@ -563,7 +568,7 @@ def report(r: dict) -> str:
     for v in rm["variants"]:
         ratio = "1" if v == "headless_main" else fmt_stat(rm[f"ratio_{v}"], 3)
         turn = "–" if v == "headless_main" else fmt_stat(rm["turn_ratio"][v], 3)
-        app_cpu = "–" if v == "headless_main" else fmt_stat(rm["app_cpu_share"][v], 3)
+        app_cpu = "–" if v.startswith("headless_main") else fmt_stat(rm["app_cpu_share"][v], 3)
         add(f"| {labels.get(v, v)} | {fmt_stat(rm[f'{v}_tps'], 2)} | {ratio} | {turn} | {app_cpu} | "
             f"{fmt_stat(rm['model_cpu_ms_per_token'][v], 1)} |")
     add("")

@@ -21,7 +21,7 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,24 +30,6 @@ from .engine.stream import RecordPipe, parse_command
 EXIT_GRACE = 1.5  # seconds a forward may take to end once the app is gone
 MESSAGES_HZ = 2  # transcript updates per second while a turn runs: decoding the reply is O(reply)
 ACTIONS = ("send", "step", "run", "rewind", "rewind_to", "force", "verify", "sampler", "reset", "export", "restore")
-
-
-def viewer_session_config(options: dict, tokenizer=None):
-    """The session options of an engine whose viewer shares the machine: unless --threads or --decode-threads
-    says otherwise, one-token forwards run on one thread fewer than the rest (at least 1), leaving a core to the
-    viewer's process.
-
-    On 2 cores SmolLM2 decodes no faster on 2 threads than on 1, while a 2-thread team that loses a core to
-    the viewer's repaints waits for it at every op (benchmarks/RESULTS.md, section 4, measures the TUI both
-    ways against --headless). Prefills and verify stay on every thread: they are bound by compute."""
-    import torch
-
-    from .options import build_session_config
-
-    config = build_session_config(options, tokenizer)
-    if config.decode_threads is None and not options.get("threads"):
-        config = replace(config, decode_threads=max(1, torch.get_num_threads() - 1))
-    return config
 
 
 @dataclass
@@ -155,7 +137,7 @@ class EngineHost:
     # ---- loading -----------------------------------------------------------------------------------
 
     def load(self) -> bool:
-        from .options import load, set_threads
+        from .options import build_session_config, load, set_threads
         from .engine import introspect
         from .engine.recorder import Recorder
         from .engine.session import ChatSession
@@ -169,7 +151,7 @@ class EngineHost:
             set_threads(setup.options)
             loaded = setup.loaded or (setup.loader() if setup.loader else load(setup.model, setup.options,
                                                                                progress=progress))
-            config = viewer_session_config(setup.options, loaded.tokenizer)
+            config = build_session_config(setup.options, loaded.tokenizer)
             extra = {"clock": setup.clock} if setup.clock else {}
             session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self.on_snapshot, **extra)
             self.recorder = Recorder(session, setup.trace_path, model_source=loaded.source, model_path=loaded.path,

@@ -61,8 +61,8 @@ def session_options(func):
         click.option("--threads", type=click.IntRange(1), default=None,
                      help="CPU threads for the model's forward (torch.set_num_threads; default: torch's choice)."),
         click.option("--decode-threads", type=click.IntRange(1), default=None,
-                     help="CPU threads for one-token (decode) forwards. Default: the TUI decodes on one thread fewer "
-                          "than the rest, leaving a core to its panes (unless --threads is given); --headless on all."),
+                     help="CPU threads for one-token (decode) forwards. Default: one fewer than the model's threads "
+                          "(at least 1), leaving a core to the TUI's panes; with --threads, the same as every forward."),
         click.argument("model", required=False),
     ]
     for option in reversed(options):
@@ -141,13 +141,28 @@ def build_session_config(options: dict, tokenizer=None):
     sampler = SamplerSettings(temperature=options["temperature"], top_k=options["top_k"], top_p=options["top_p"],
                               repetition_penalty=options["repetition_penalty"], seed=options["seed"])
     watch = tuple(resolve_token(tokenizer, w) for w in options.get("watch") or ()) if tokenizer else ()
+    decode_threads = options.get("decode_threads")
+    if decode_threads is None and not options.get("threads"):
+        decode_threads = default_decode_threads()
     return SessionConfig(cache=cache, max_cache_len=max_cache_len, max_new_tokens=options["max_new_tokens"],
                          cache_bits=int(options.get("cache_bits") or 4),
                          cache_backend=options.get("cache_backend") or "quanto",
                          compile=bool(options.get("compile_decode")), sampler=sampler, mode=options["mode"], system=options.get("system"),
                          chat_tokenize=options["chat_tokenize"], top_k_shown=options["show_top"], watch=watch,
                          prime_pad=options["prime_pad"], attention=bool(options.get("attention")),
-                         decode_threads=options.get("decode_threads"))
+                         decode_threads=decode_threads)
+
+
+def default_decode_threads() -> int:
+    """One-token forwards run on one thread fewer than the rest (at least 1), whatever drives the session.
+
+    The TUI's panes need a core beside its engine process: an OpenMP team that loses a core to a repaint waits
+    for it at every op, and on 2 cores SmolLM2 decodes no faster on 2 threads than on 1 (benchmarks/RESULTS.md,
+    section 4). --headless decodes the same way so that both write the same trace: a reduction split over
+    another number of threads rounds differently in the last bits. Prefills and verify use every thread."""
+    import torch  # only where a session is built, next to the model
+
+    return max(1, torch.get_num_threads() - 1)
 
 
 def resolve_token(tokenizer, text: str) -> int:

@@ -1,11 +1,11 @@
 """Decode threads: one-token forwards on `decode_threads`, every other forward (prefill, recompute, verify) on
-the session's threads; the TUI's engine leaves a core to its viewer unless told otherwise."""
+the session's threads; by default one fewer (a core left to the TUI's panes), whatever drives the session."""
 
 import pytest
 import torch
 
 from kvtui.engine.session import ChatSession, SessionConfig
-from kvtui.engine_host import viewer_session_config
+from kvtui.options import build_session_config
 
 
 @pytest.fixture
@@ -51,9 +51,9 @@ def test_without_decode_threads_the_session_leaves_torchs_threads_alone(tiny_mod
         hook.remove()
 
 
-def test_the_tuis_engine_leaves_a_core_to_its_viewer(two_threads):
-    assert viewer_session_config({}).decode_threads == 1
-    assert viewer_session_config({"threads": 2}).decode_threads is None  # --threads: every forward on 2
-    assert viewer_session_config({"decode_threads": 2}).decode_threads == 2
+def test_sessions_decode_on_one_thread_fewer_unless_told(two_threads):
+    assert build_session_config({}).decode_threads == 1
+    assert build_session_config({"threads": 2}).decode_threads is None  # --threads: every forward on 2
+    assert build_session_config({"decode_threads": 2}).decode_threads == 2
     torch.set_num_threads(1)
-    assert viewer_session_config({}).decode_threads == 1  # never 0
+    assert build_session_config({}).decode_threads == 1  # never 0
