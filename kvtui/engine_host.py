@@ -137,6 +137,8 @@ class EngineHost:
     # ---- loading -----------------------------------------------------------------------------------
 
     def load(self) -> bool:
+        import torch
+
         from .options import build_session_config, load, set_threads
         from .engine import introspect
         from .engine.recorder import Recorder
@@ -169,8 +171,8 @@ class EngineHost:
         self.session = session
         query, kv = introspect.attention_heads(loaded.model.config)
         capacity = f" {session.capacity}" if session.capacity else ""
-        decode = config.decode_threads
-        threads = f" · decode on {decode} of {session.threads} threads" if decode and decode != session.threads else ""
+        decode, every = config.decode_threads, torch.get_num_threads()
+        threads = f" · decode on {decode} of {every} threads" if decode and decode != every else ""
         self.pipe.send({
             "type": "ready", "pid": os.getpid(),
             "description": (f"{loaded.source} · {type(loaded.model).__name__} · {loaded.device} · {loaded.dtype} · "

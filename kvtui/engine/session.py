@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -95,7 +96,6 @@ class ChatSession:
         self._accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         self._accepts_logits_to_keep = introspect.forward_accepts(model, "logits_to_keep")
         self._cache_argument = introspect.cache_argument(model)  # 'cache' from transformers 5.24
-        self.threads = torch.get_num_threads()  # of prefills, recomputes and verify (--threads is set by now)
         if self.config.cache == "offloaded" and self.device.type != "cuda":
             raise SessionError(f"--cache offloaded needs the model on a CUDA device (transformers' offloading moves "
                                f"layers with CUDA streams); this model is on {self.device.type}")
@@ -230,10 +230,9 @@ class ChatSession:
             kwargs["output_attentions"] = True
         compiled = self.config.compile and len(fed) == 1 and not self.config.attention
         graphs_before = _graph_count() if compiled else 0
-        self._use_threads(len(fed))
         started = self._clock()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self._threads(len(fed)):
                 out = self._decode_forward()(**kwargs) if compiled else self.model(**kwargs)  # updates self.cache in place
         except BaseException:
             self._restore(cache_len)
@@ -273,15 +272,22 @@ class ChatSession:
     def recompiles(self) -> int:
         return max(0, self.compiles - 1)
 
-    def _use_threads(self, tokens: int) -> None:
-        """A one-token forward on `decode_threads` (a viewer sharing the cores keeps one of them), any other on
-        the session's threads. Decode is bound by memory and Python, and an OpenMP team that loses a core to
-        another process waits for it at every op; a prefill is bound by compute and uses every thread."""
-        if not self.config.decode_threads:
-            return  # torch's threads are left as they are
-        wanted = self.config.decode_threads if tokens == 1 else self.threads
-        if torch.get_num_threads() != wanted:
-            torch.set_num_threads(wanted)
+    @contextmanager
+    def _threads(self, tokens: int):
+        """A one-token forward on `decode_threads` (a viewer sharing the cores keeps one of them), then torch's
+        threads back as they were; any other forward on them as they are. Decode is bound by memory and Python,
+        and an OpenMP team that loses a core to another process waits for it at every op; a prefill is bound
+        by compute and uses every thread. (Switching costs well under a microsecond.)"""
+        before = torch.get_num_threads()
+        wanted = self.config.decode_threads if tokens == 1 and self.config.decode_threads else before
+        if wanted == before:
+            yield
+            return
+        torch.set_num_threads(wanted)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def _cached_forward_kwargs(self, tokens: list[BufferToken], cache_len: int) -> dict:
         """Arguments of a forward that writes `tokens` into self.cache after `cache_len` cached ones."""
@@ -622,8 +628,7 @@ class ChatSession:
         self._tokens = list(tokens)
         if not tokens:
             return
-        self._use_threads(len(tokens))
-        with torch.inference_mode():
+        with torch.inference_mode(), self._threads(len(tokens)):
             self.model(**self._cached_forward_kwargs(tokens, 0))
 
     # ---- restore (a restarted engine process) ------------------------------------------------------
@@ -677,8 +682,7 @@ class ChatSession:
                       position_ids=torch.arange(ids.shape[1], device=self.device).unsqueeze(0))  # what model(ids) does
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        self._use_threads(ids.shape[1])
-        with torch.inference_mode():
+        with torch.inference_mode(), self._threads(ids.shape[1]):
             fresh = self.model(**kwargs).logits[0, -1].float()  # [vocab]
         cached = self._logits
         diff = float((fresh - cached).abs().max())
