@@ -1,5 +1,6 @@
-"""Decode threads: one-token forwards on `decode_threads`, every other forward (prefill, recompute, verify) on
-the session's threads; by default one fewer (a core left to the TUI's panes), whatever drives the session."""
+"""Decode threads: one-token forwards on `decode_threads`, then torch's threads back as they were; every other
+forward (prefill, recompute, verify) on them as they are. By default sessions decode on one thread fewer (a core
+left to the TUI's panes), whatever drives them."""
 
 import pytest
 import torch
@@ -16,59 +17,54 @@ def two_threads():
     torch.set_num_threads(before)
 
 
-def test_decode_runs_on_its_own_threads_and_everything_else_on_all(tiny_model, two_threads):
-    model, tokenizer = tiny_model("llama")
-    seen: list[tuple[int, int]] = []  # (tokens fed, torch threads) of every forward, read inside it
-    hook = model.register_forward_pre_hook(
-        lambda _m, _a, kw: seen.append((kw["input_ids"].shape[1], torch.get_num_threads())), with_kwargs=True)
-    try:
-        session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=4, decode_threads=1))
-        session.send("hello there")
-        session.generate()
-        prefill, decode = seen[0], seen[1:]
-        assert prefill[0] > 1 and prefill[1] == 2
-        assert decode and all(tokens == 1 and threads == 1 for tokens, threads in decode)
-        assert torch.get_num_threads() == 2  # the process's threads are as they were between forwards
-        session.rewind(2)  # a full layer crops: no forward
-        seen.clear()
-        result = session.verify()  # the full recompute: every token in one forward
-        assert result.ok and seen == [(len(session.buffer), 2)]
-    finally:
-        hook.remove()
-
-
-def test_without_decode_threads_forwards_run_on_torchs_threads_as_they_are(tiny_model, two_threads):
-    model, tokenizer = tiny_model("llama")
-    seen: list[int] = []
-    hook = model.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
-    try:
-        session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=3))
-        session.send("hello there")
-        session.generate()
-        torch.set_num_threads(1)  # the embedding program changes them: the next prefill runs on what it set
-        session.send("and again")
-        assert len(seen) > 2 and set(seen[:-1]) == {2} and seen[-1] == 1
-    finally:
-        hook.remove()
-
-
-def test_a_prefill_follows_the_programs_threads(tiny_model, two_threads):
+@pytest.fixture
+def forwards(tiny_model):
+    """The tiny llama, and the (tokens fed, torch threads) of each of its forwards, read inside the forward."""
     model, tokenizer = tiny_model("llama")
     seen: list[tuple[int, int]] = []
     hook = model.register_forward_pre_hook(
         lambda _m, _a, kw: seen.append((kw["input_ids"].shape[1], torch.get_num_threads())), with_kwargs=True)
-    try:
-        session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=3, decode_threads=1))
-        session.send("hello there")
-        session.generate()
-        torch.set_num_threads(3)  # the embedding program changes them between turns
-        seen.clear()
-        session.send("and again")
-        session.generate()
-        assert seen[0][0] > 1 and seen[0][1] == 3
-        assert all(threads == 1 for _, threads in seen[1:]) and torch.get_num_threads() == 3
-    finally:
-        hook.remove()
+    yield model, tokenizer, seen
+    hook.remove()
+
+
+def test_decode_runs_on_its_own_threads_and_everything_else_on_all(forwards, two_threads):
+    model, tokenizer, seen = forwards
+    session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=4, decode_threads=1))
+    session.send("hello there")
+    session.generate()
+    prefill, decode = seen[0], seen[1:]
+    assert prefill[0] > 1 and prefill[1] == 2
+    assert decode and all(tokens == 1 and threads == 1 for tokens, threads in decode)
+    assert torch.get_num_threads() == 2  # the process's threads are as they were between forwards
+    session.rewind(2)  # a full layer crops: no forward
+    seen.clear()
+    result = session.verify()  # the full recompute: every token in one forward
+    assert result.ok and seen == [(len(session.buffer), 2)]
+
+
+def test_without_decode_threads_forwards_run_on_torchs_threads_as_they_are(forwards, two_threads):
+    model, tokenizer, seen = forwards
+    session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=3))
+    session.send("hello there")
+    session.generate()
+    torch.set_num_threads(1)  # the embedding program changes them: the next prefill runs on what it set
+    session.send("and again")
+    threads = [t for _, t in seen]
+    assert len(threads) > 2 and set(threads[:-1]) == {2} and threads[-1] == 1
+
+
+def test_a_prefill_follows_the_programs_threads(forwards, two_threads):
+    model, tokenizer, seen = forwards
+    session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=3, decode_threads=1))
+    session.send("hello there")
+    session.generate()
+    torch.set_num_threads(3)  # the embedding program changes them between turns
+    seen.clear()
+    session.send("and again")
+    session.generate()
+    assert seen[0][0] > 1 and seen[0][1] == 3
+    assert all(threads == 1 for _, threads in seen[1:]) and torch.get_num_threads() == 3
 
 
 def test_sessions_decode_on_one_thread_fewer_unless_told(two_threads):
