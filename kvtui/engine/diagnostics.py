@@ -29,6 +29,8 @@ CODES = (
     "cache-edited",
     "ignored-argument",
     "padding-side",
+    "stale-cache",
+    "recomputed-prefix",
 )
 
 
@@ -44,30 +46,62 @@ class SpecialIds:
         return self.pad is not None and self.pad not in self.eos and self.pad != self.bos
 
 
-def check_feed(step: int, fed: Sequence[BufferToken], before: BufferToken | None, ids: SpecialIds, piece) -> list[Diagnostic]:
-    """Alarms about the tokens one forward is about to write (before: the token already cached last)."""
+def token_text(piece: str, token_id: int, raw: str | None = None) -> str:
+    """`'piece' (id N)` for messages: escaped (repr), and a piece that decodes to a lone replacement
+    character (one byte of a multi-byte character) shows the token's raw form instead."""
+    if token_id < 0:
+        return "<embeds>" if token_id == -1 else "<unknown>"
+    if "\ufffd" in piece:
+        piece = raw if raw and "\ufffd" not in raw else piece.replace("\ufffd", "\\ufffd")
+    return f"{piece!r} (id {token_id})"
+
+
+def check_feed(step: int, fed: Sequence[BufferToken], before: BufferToken | None, ids: SpecialIds, piece,
+               *, prompt_end: bool = False, at: str = "", label=None) -> list[Diagnostic]:
+    """Alarms about the tokens one forward is about to write (before: the token already cached last), for
+    kvtui's own chat and a watched program alike. `prompt_end`: the forward feeds a whole prompt (a
+    watched prefill), so an end token as its last token ends the text. `label(t)` names a token."""
+    label = label or (lambda t: token_text(piece(t.id), t.id))
     found = []
-    added = [t for t in fed if t.origin == "tokenizer-added"]
+    attended = [t for t in fed if t.origin != "pad"]
+    added = [t for t in attended if t.origin == "tokenizer-added"]
     if added:
-        names = ", ".join(f"{piece(t.id)!r} (id {t.id}) at position {t.position}" for t in added)
+        names = ", ".join(f"{label(t)} at position {t.position}" for t in added)
         kinds = {"BOS" if t.id == ids.bos else "EOS" if t.id in ids.eos else "special" for t in added}
         found.append(Diagnostic("tokenizer-added-special", "warning" if kinds - {"BOS"} else "info",
-                                f"the tokenizer inserted {names} that the text did not contain", step))
-    previous = before
-    for token in fed:
+                                f"the tokenizer inserted {names} that the text did not contain" + at, step))
+    previous = before if before is None or before.origin != "pad" else None
+    for token in attended:
         if ids.bos is not None and token.id == ids.bos and previous is not None and previous.id == ids.bos:
             found.append(Diagnostic("double-bos", "warning",
-                                    f"BOS {piece(token.id)!r} at position {token.position} follows another BOS", step))
-        if token.id in ids.eos and token.origin not in ("template",):
-            found.append(Diagnostic("eos-in-context", "warning",
-                                    f"end token {piece(token.id)!r} (id {token.id}, {token.origin}) enters the context "
-                                    f"at position {token.position}: the model reads it as 'the text ended'", step))
-        if (ids.pad_is_distinct and token.id == ids.pad) or token.origin == "primed":
-            found.append(Diagnostic("pad-in-cache", "warning",
-                                    f"pad token {piece(token.id)!r} (id {token.id}) written to the cache at position "
-                                    f"{token.position}: later tokens attend to it", step))
+                                    f"BOS {label(token)} at position {token.position} follows another BOS" + at, step))
         previous = token
+    pads = [t for t in attended if (ids.pad is not None and t.id == ids.pad) or t.origin == "primed"]
+    # a pad id that doubles as EOS/BOS is a pad only in a run: chats hold single <|im_end|>s
+    if pads and (ids.pad_is_distinct or any(t.origin == "primed" for t in pads) or _longest_run(attended, ids.pad) >= 2):
+        found.append(Diagnostic(
+            "pad-in-cache", "warning",
+            f"{len(pads)} pad token(s) {label(pads[0])} written to the cache with attention from position "
+            f"{pads[0].position}: later tokens attend to them (mask them or do not feed them)" + at, step))
+    ends = [t for t in attended if t.id in ids.eos and t.origin != "primed" and (
+        t.origin == "tokenizer-added" or t.origin not in ("template", "fed")
+        or (prompt_end and len(attended) > 1 and t is attended[-1]))]
+    if ends and not (pads and ids.pad in ids.eos):
+        t = ends[0]
+        how = {"tokenizer-added": "added by the tokenizer", "fed": "last of the prompt"}.get(t.origin, t.origin)
+        found.append(Diagnostic(
+            "eos-in-context", "warning",
+            f"end token {label(t)} ({how}) enters the context at position {t.position}: the model reads it as "
+            f"'the text ended'" + at, step))
     return _merge_repeats(found)
+
+
+def _longest_run(tokens: Sequence[BufferToken], token_id: int | None) -> int:
+    best = run = 0
+    for t in tokens:
+        run = run + 1 if t.id == token_id else 0
+        best = max(best, run)
+    return best
 
 
 def _merge_repeats(found: list[Diagnostic]) -> list[Diagnostic]:
@@ -139,3 +173,160 @@ class Alarms:
                 "static-capacity", "warning",
                 f"static cache {cache_len}/{capacity} full: {left} slots left", step))
         return found
+
+
+# ---- watched programs: what a forward or generate() was asked to do -----------------------------------
+
+
+def span(values: Sequence[int]) -> str:
+    values = list(values)
+    if not values:
+        return "[]"
+    if values == list(range(values[0], values[0] + len(values))):
+        return f"[{values[0]}..{values[-1]}]" if len(values) > 1 else f"[{values[0]}]"
+    return str(values[:8])[:-1] + (", ...]" if len(values) > 8 else "]")
+
+
+def check_request(alarms: Alarms, step: int, *, cache_position: Sequence[int] | None, accepts_cache_position: bool,
+                  cache_len: int, n: int, capacity: int | None, at: str) -> list[Diagnostic]:
+    """What the caller asked for: an argument this version ignores, its own cursor against the cache's,
+    and a static cache this forward is about to overflow. State-like: each fires when it starts or changes."""
+    found = alarms.transition("ignored-argument", at if cache_position is not None and not accepts_cache_position
+                              else None, lambda: Diagnostic(
+        "ignored-argument", "warning",
+        f"cache_position={span(cache_position)} was passed but this transformers version ignores it (models take "
+        f"no cache_position since 5.4): the model wrote at the cache's own length {cache_len} and took positions "
+        f"from position_ids or that length" + at, step))
+    first = cache_position[0] if cache_position else cache_len
+    offset = first - cache_len
+    found += alarms.transition("cursor-mismatch", str(offset) if offset else None, lambda: Diagnostic(
+        "cursor-mismatch", "error",
+        f"the caller's cache_position starts at {first} but the cache holds {cache_len} tokens (off by {offset:+d}): "
+        f"its own cursor disagrees with the cache" + at, step))
+    if capacity is not None and cache_len + n > capacity:
+        found.append(Diagnostic(
+            "static-capacity", "error",
+            f"this forward writes {n} tokens into a static cache holding {cache_len} of {capacity}: "
+            f"{cache_len + n - capacity} too many (index_copy_ IndexError follows)" + at, step))
+    return found
+
+
+def check_row_positions(alarms: Alarms, step: int, applied: Sequence[Sequence[int]], masks: Sequence[Sequence[int]],
+                        attended_before: Sequence[int], at: str) -> list[Diagnostic]:
+    """Applied positions must continue what each row has attended to so far (left pads excluded)."""
+    key, message = None, ""
+    for row, (positions, mask, real) in enumerate(zip(applied, masks, attended_before)):
+        for i, position in enumerate(positions):
+            if not mask[i]:
+                continue
+            if position != real:
+                key = f"{position - real:+d}"
+                message = (f"row {row} token {i} was applied at position {position} but {real} attended tokens "
+                           f"precede it (offset {position - real:+d}): RoPE sees the wrong distances")
+                break
+            real += 1
+        if key:
+            break
+    return alarms.transition("position-gap", key, lambda: Diagnostic("position-gap", "error", message + at, step))
+
+
+def check_padding_side(step: int, masks: Sequence[Sequence[int]], at: str) -> list[Diagnostic]:
+    for row, mask in enumerate(masks):
+        if len(mask) < 2:
+            continue
+        right_pads = len(mask) - 1 - max((i for i, m in enumerate(mask) if m), default=len(mask) - 1)
+        if right_pads:
+            return [Diagnostic("padding-side", "warning",
+                               f"row {row} ends with {right_pads} pad(s): its next token is predicted from padding "
+                               f"(decoder-only models need padding_side='left')" + at, step)]
+    return []
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two id sequences; an unknown id (< 0) matches nothing."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y or x < 0:
+            break
+        n += 1
+    return n
+
+
+def check_drift(step: int, cached: Sequence[int], rendering: Sequence[int], fed: Sequence[int], label,
+                at: str) -> list[Diagnostic]:
+    """The program fed the tail of a rendering (a tokenizer call kvtui saw): its head must equal what the
+    cache holds, else the cached prefix is stale."""
+    start = len(rendering) - len(fed)
+    if start <= 0 or list(rendering[start:]) != list(fed) or not cached:
+        return []
+    held = list(cached[-start:]) if len(cached) >= start else list(cached)
+    if held == list(rendering[:start]) or any(i < 0 for i in held):
+        return []
+    index = next((i for i, (a, b) in enumerate(zip(held, rendering[:start])) if a != b), min(len(held), start))
+    have = label(held[index]) if index < len(held) else "nothing"
+    want = label(rendering[index]) if index < start else "nothing"
+    return [Diagnostic(
+        "template-drift", "warning",
+        f"the program fed tokens {start}.. of a rendering whose first {start} tokens differ from the cache at index "
+        f"{index} (cache has {have}, the rendering {want}): the cached prefix is stale" + at, step)]
+
+
+STALE_MIN_REFED = 8  # a fed prefix this long that repeats the cache's own start is a re-fed prompt
+
+
+def check_stale_prompt(step: int, cache_name: str, cached: Sequence[int], prompt: Sequence[int], label,
+                       at: str) -> list[Diagnostic]:
+    """generate() was handed a cache and a prompt: it feeds only prompt[len(cache):], so the cache must
+    hold a prefix of the prompt. Unknown cached tokens (< 0) are taken on trust."""
+    held = len(cached)
+    if not held or not prompt:
+        return []
+    index = next((i for i, (a, b) in enumerate(zip(cached, prompt)) if a >= 0 and a != b), None)
+    if index is None:
+        return []
+    never = max(0, min(held, len(prompt)) - index)
+    return [Diagnostic(
+        "stale-cache", "warning",
+        f"{cache_name} holds {held} tokens that are not a prefix of the prompt it is asked to continue: they differ "
+        f"at index {index} (cache {label(cached[index])}, prompt "
+        f"{label(prompt[index]) if index < len(prompt) else 'nothing'}); generate() feeds only prompt tokens "
+        f"{held}.., so {never} prompt token(s) were never fed and the model continues the cache's text "
+        f"(copy the cache per prompt, or crop it to the shared prefix)" + at, step)]
+
+
+def check_refed(step: int, cache_name: str, cached: Sequence[int], fed: Sequence[int], at: str) -> list[Diagnostic]:
+    """A forward feeds, into a cache that already holds tokens, a prompt that starts with the cache's own
+    first tokens: the program re-feeds a prompt into a cache it did not reset or copy."""
+    if not cached or len(fed) < 2:
+        return []
+    same = common_prefix(cached, fed)
+    if same < 2 or same < min(len(cached), STALE_MIN_REFED):
+        return []
+    return [Diagnostic(
+        "stale-cache", "warning",
+        f"{cache_name} already holds {len(cached)} tokens and this forward feeds a prompt whose first {same} tokens "
+        f"repeat the cache's own start: the model sees them twice (copy or reset the cache per prompt)" + at, step)]
+
+
+RECOMPUTED_MIN = 8  # fewer re-encoded tokens are the unavoidable shared start of two prompts
+
+
+def recomputed_prefix(step: int, cache_name: str, held_before: int, ids: Sequence[int], others,
+                      forward_ms: float, fed: int, at: str) -> tuple[list[Diagnostic], int, float]:
+    """A prefill wrote ids[held_before:] into a cache; `others` are (name, ids, alive) of the same model's
+    other caches. Tokens of this prefill that another cache already held were computed twice."""
+    best, where, alive = 0, "", True
+    for name, other, live in others:
+        same = common_prefix(ids, other)
+        if same > best:
+            best, where, alive = same, name, live
+    count = best - held_before
+    if count < RECOMPUTED_MIN:
+        return [], 0, 0.0
+    cost = forward_ms * count / max(fed, 1)
+    state = "still holds" if alive else "held (since discarded)"
+    return [Diagnostic(
+        "recomputed-prefix", "info",
+        f"this prefill re-encoded {count} tokens that {where} {state} (positions {held_before}..{best - 1}): "
+        f"~{cost:.1f} ms of its {forward_ms:.1f} ms; pass that cache back (or a copy) to feed only the new tokens"
+        + at, step)], count, cost

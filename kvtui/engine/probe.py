@@ -1,54 +1,54 @@
-"""Watch someone else's generation loop: hooks on a causal LM's top-level forward turn every call
-into the same `StepSnapshot` and trace step line that kvtui's own session emits.
+"""Watch someone else's generation loop: every top-level forward of a watched causal LM becomes the same
+`StepSnapshot` and trace step line that kvtui's own session emits, without changing what it computes.
 
-What a watched forward records, without changing it:
+How it sees without touching: the model's, its position module's and its caches' classes are patched
+(`patches.py`: on the class, looked up by identity in kvtui's registries, removed on detach), so nothing
+of kvtui is stored on the program's objects and nothing travels with `copy.deepcopy`, pickle or
+`torch.save`. A forward records (`watch_step.py` builds the step):
 - the fed ids per batch row, pads (attention mask 0) marked;
-- the positions the model *applied*: the input of its rotary / position-embedding module (exact,
-  whatever this transformers version does with position_ids, cache_position or the cache length),
-  next to what the caller *asked for* (position_ids, cache_position);
-- the cache object's identity, its length before and after, per-layer infos via `introspect`
-  (shapes and counters: O(layers), no K/V copies);
+- the positions the model *applied* (the input of its rotary / position-embedding module), next to what
+  the caller *asked for* (position_ids, cache_position);
+- the cache's identity and history (`lineage.py`: made, copied, filled before kvtui saw it), its length
+  before and after, per-layer infos via `introspect` (O(layers), no K/V copies);
 - top-k from the logits the forward already returned (no extra forward).
 
-Between two forwards the cache is checked against a per-layer fingerprint (shapes, counters, storage
-and two sampled slots, reduced on the device to scalars), and the cache's own edit methods (crop,
-reset, reorder...) are wrapped on the instance, so an edit outside a forward is named (`cache-edited`).
-Every alarm names the line of the user's code that made the call. Detaching removes every hook and
-wrapper: a model that is not watched runs exactly as before.
-
-Shapes: input_ids / position_ids [batch, n]; attention_mask [batch, cached + n] (2-D; other forms
-are not read); logits [batch, n or 1, vocab].
+Between two forwards a cache is checked against a per-layer fingerprint, and its own edit methods
+(crop, reset, reorder...) report the line that called them (`cache-edited`). generate() is seen before
+its first forward (`stale-cache`: the cache is not a prefix of the prompt). Every alarm comes from
+`diagnostics.py`, the rulebook kvtui's own session uses too, and names the line of the user's code.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
 import threading
 import time
-import weakref
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from . import introspect
-from .diagnostics import Alarms
-from .sampling import top_tokens, watched_tokens
-from .session import VERIFY_TOLERANCE, find_sub
-from .snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer
+from .diagnostics import check_refed, check_stale_prompt, token_text
+from .lineage import CacheTrack, Lineage
+from .patches import (PATCHES, Registry, acquire_copy_patches, call_wrapper, compiling, defining_class, edit_wrapper,
+                      peek_wrapper, started_at, thread_start_wrapper)
+from .snapshot import Diagnostic, StepSnapshot
+from .watch_step import Call, StepBuilder, read_call
 
 TOP_K = 10
-_EDIT_METHODS = ("crop", "reset", "reorder_cache", "batch_select_indices", "batch_repeat_interleave")
-_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch,)) + (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # torch/, kvtui/
+EDIT_METHODS = ("crop", "reset", "reorder_cache", "batch_select_indices", "batch_repeat_interleave")
+_KVTUI_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LIBRARY_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, _KVTUI_DIR)
 
 
 def _library_dirs() -> tuple[str, ...]:
     import transformers
 
-    extra = [os.path.dirname(os.path.abspath(transformers.__file__)) + os.sep, os.path.dirname(inspect.__file__) + os.sep]
+    extra = [os.path.dirname(os.path.abspath(transformers.__file__)) + os.sep, os.path.dirname(inspect.__file__) + os.sep,
+             os.path.dirname(threading.__file__) + os.sep + "threading.py"]
     return _LIBRARY_DIRS + tuple(extra)
 
 
@@ -64,6 +64,17 @@ def caller_line(skip: tuple[str, ...] | None = None) -> str:
     return "?"
 
 
+def thread_caller(line: str) -> tuple[str, str | None]:
+    """(caller, thread): on another thread than the main one, its name; with no program frame on its
+    stack, the caller names the thread and the line that started it."""
+    thread = threading.current_thread()
+    if thread is threading.main_thread():
+        return line, None
+    where = started_at(thread)
+    name = thread.name + (f", started at {where}" if where else "")
+    return (name if line == "?" else line), name
+
+
 def _short_path(path: str) -> str:
     try:
         relative = os.path.relpath(path)
@@ -72,13 +83,13 @@ def _short_path(path: str) -> str:
     return relative if not relative.startswith("..") else path
 
 
-def _inside_transformers(skip_kvtui: str) -> bool:
-    """Whether the code that called a wrapped cache method is transformers itself (generate's beam search)."""
+def _inside_transformers() -> bool:
+    """Whether the code that called a cache's edit method is transformers itself (generate's beam search)."""
     import transformers
 
     root = os.path.dirname(os.path.abspath(transformers.__file__)) + os.sep
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(skip_kvtui):
+    while frame is not None and frame.f_code.co_filename.startswith((_KVTUI_DIR, os.path.dirname(functools.__file__))):
         frame = frame.f_back
     return frame is not None and frame.f_code.co_filename.startswith(root)
 
@@ -93,110 +104,115 @@ class Gate:
         pass
 
 
-@dataclass
-class _Call:
-    """One top-level forward in flight (between the pre- and the post-hook)."""
-
-    probe: "_Probe"
-    caller: str
-    input_ids: list[list[int]] | None  # [batch][n]; None when only inputs_embeds were passed
-    n: int
-    batch: int
-    mask_new: list[list[int]] | None  # [batch][n] attention mask of the fed tokens
-    real_before: list[int] | None  # [batch] attended tokens already cached (None: no 2-D mask)
-    requested_positions: list[list[int]] | None
-    requested_cache_position: list[int] | None
-    cache: object | None
-    cache_length_before: int
-    found: list[Diagnostic] = field(default_factory=list)
-    applied: torch.Tensor | None = None  # position ids read at the rotary / position embedding
-    positions_source: str = "derived"
-    started: float = 0.0  # perf_counter when the forward began (after any pause)
-
-
-@dataclass
-class _CacheTrack:
-    """What kvtui knows about one cache object: its name and the tokens of each row, in order."""
-
-    name: str
-    ref: weakref.ref
-    rows: list[list[BufferToken]]
-    fingerprint: tuple = ()
-    wrapped: bool = False
-
-
 class _State(threading.local):
     def __init__(self):
-        self.stack: list[_Call | None] = []
+        self.stack: list[Call | None] = []  # top-level forwards in flight on this thread (None: nested)
+        self.pending: list[Diagnostic] = []  # raised by generate() before its first forward
 
     @property
-    def current(self) -> _Call | None:
+    def current(self) -> Call | None:
         return self.stack[-1] if self.stack else None
 
 
 _STATE = _State()
+_MODELS = Registry()  # watched model -> its _Probe
+_POSITIONS = Registry()  # position module -> (its _Probe, "rotary" | "embedding")
+_WATCHERS: list["Watcher"] = []  # attached watchers (caches are found through them)
+
+
+def _cache_owner(cache):
+    for watcher in _WATCHERS:
+        track = watcher.lineage.get(cache)
+        if track is not None:
+            return watcher, track
+    return None
 
 
 class _Probe:
-    """The hooks on one model."""
+    """One watched model: its registry entries (no hooks on the instance) and what kvtui read of it."""
 
     def __init__(self, watcher: "Watcher", model, index: int):
         self.watcher, self.model, self.index = watcher, model, index
         self.name = getattr(model, "name_or_path", None) or type(model).__name__
+        self.role: str | None = None  # "draft" when passed to generate() as assistant_model
         self.window = introspect.config_window(model.config)
         self.accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         self.signature = inspect.signature(type(model).forward)
-        self.handles = [
-            model.register_forward_pre_hook(self._pre, with_kwargs=True),
-            model.register_forward_hook(self._post, with_kwargs=True, always_call=True),
-        ]
-        for module, source in _position_modules(model):
-            self.handles.append(module.register_forward_pre_hook(self._position_hook(source), with_kwargs=True))
+        _MODELS.add(model, self)
+        PATCHES.acquire(watcher, type(model), "__call__", call_wrapper(_MODELS.get, _before_forward, _after_forward))
+        owner = defining_class(type(model), "generate")
+        if owner is not None:
+            PATCHES.acquire(watcher, owner, "generate", _generate_wrapper)
+        self.position_modules = _position_modules(model)
+        for module, source in self.position_modules:
+            _POSITIONS.add(module, (self, source))
+            PATCHES.acquire(watcher, type(module), "__call__", peek_wrapper(_POSITIONS.get, _saw_positions))
+
+    @property
+    def label(self) -> str | None:
+        """`model 1: draft` when the program runs several models (or this one drafts), else None."""
+        if self.role is None and len(self.watcher.probes) < 2:
+            return None
+        return f"model {self.index}" + (f": {self.role}" if self.role else "")
 
     def detach(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+        _MODELS.discard(self.model)
+        for module, _ in self.position_modules:
+            _POSITIONS.discard(module)
 
-    def _pre(self, module, args, kwargs):
-        if _STATE.stack:  # a nested call (a model inside a watched forward): the outer one is the step
-            _STATE.stack.append(None)
-            return None
-        try:
-            call = self.watcher._begin(self, args, kwargs)
-        except Exception as exc:  # never break the user's program
-            self.watcher._internal_error("before a forward", exc)
-            call = None
-        _STATE.stack.append(call)
-        if call is not None:
-            self.watcher.gate.before_forward(self.watcher)
-            call.started = time.perf_counter()
+
+def _before_forward(probe: _Probe, module, args, kwargs):
+    if _STATE.stack:  # a nested call (a model inside a watched forward): the outer one is the step
+        _STATE.stack.append(None)
         return None
+    watcher = probe.watcher
+    try:
+        call = watcher._begin(probe, args, kwargs)
+    except Exception as exc:  # never break the user's program
+        watcher._internal_error("before a forward", exc)
+        call = None
+    _STATE.stack.append(call)
+    if call is not None:
+        watcher.gate.before_forward(watcher)
+        call.started = time.perf_counter()
+    return None
 
-    def _post(self, module, args, kwargs, output):
-        call = _STATE.stack.pop() if _STATE.stack else None
-        if call is None:
-            return None
-        try:
-            self.watcher._finish(call, output)
-        except Exception as exc:
-            self.watcher._internal_error("after a forward", exc)
-        return None
 
-    def _position_hook(self, source: str):
-        def hook(module, args, kwargs):
-            call = _STATE.current
-            if call is None or call.probe is not self or call.applied is not None:
-                return None
-            if source == "rotary":
-                positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-            else:
-                positions = args[0] if args else kwargs.get("input")
-            if isinstance(positions, torch.Tensor) and positions.dtype in (torch.long, torch.int, torch.int32):
-                call.applied, call.positions_source = positions, source
-            return None
+def _after_forward(probe: _Probe, token, output) -> None:
+    call = _STATE.stack.pop() if _STATE.stack else None
+    if call is None:
+        return
+    try:
+        probe.watcher._finish(call, output)
+    except Exception as exc:
+        probe.watcher._internal_error("after a forward", exc)
 
-        return hook
+
+def _saw_positions(entry, args, kwargs) -> None:
+    probe, source = entry
+    call = _STATE.current
+    if call is None or call.probe is not probe or call.applied is not None:
+        return
+    if source == "rotary":
+        positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+    else:
+        positions = args[0] if args else kwargs.get("input")
+    if isinstance(positions, torch.Tensor) and positions.dtype in (torch.long, torch.int, torch.int32):
+        call.applied, call.positions_source = positions, source
+
+
+def _generate_wrapper(original):
+    @functools.wraps(original)
+    def generate(self, *args, **kwargs):
+        probe = _MODELS.get(self)
+        if probe is not None and not compiling():
+            try:
+                probe.watcher._generate(probe, args, kwargs)
+            except Exception as exc:
+                probe.watcher._internal_error("before generate()", exc)
+        return original(self, *args, **kwargs)
+
+    return generate
 
 
 def _position_modules(model) -> list[tuple[torch.nn.Module, str]]:
@@ -212,10 +228,10 @@ def _position_modules(model) -> list[tuple[torch.nn.Module, str]]:
 
 
 class Watcher:
-    """Watches models, keeps per-cache token buffers, raises alarms and emits snapshots.
+    """Watches models, keeps every cache's history and tokens, raises alarms and emits snapshots.
 
     `on_snapshot(snapshot)` and `on_event(record)` receive everything; `trace` (a path) writes the
-    same records as kvtui's own session (schema 1, with the watch fields)."""
+    same records as kvtui's own session (schema 1, with the watch fields), through the one Recorder."""
 
     def __init__(self, tokenizer=None, trace=None, top_k: int = TOP_K, gate: Gate | None = None,
                  on_snapshot: Callable[[StepSnapshot], None] | None = None,
@@ -226,32 +242,37 @@ class Watcher:
         self.on_snapshot, self.on_event = on_snapshot, on_event
         self.program = program
         self.trace_path = trace
-        self._writer = None
+        self.recorder = None
         self.probes: list[_Probe] = []
         self.steps = 0
-        self.turn = 0
         self.diagnostics: list[Diagnostic] = []
         self.last: StepSnapshot | None = None
         self.watch_ids: tuple[int, ...] = ()
-        self._tracks: dict[int, _CacheTrack] = {}
-        self._cache_counter = 0
-        self._alarms: dict[str, Alarms] = {}
-        self._pieces: dict[int, str] = {}
-        self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
+        self.lineage = Lineage()
+        self.recomputed_tokens = 0  # tokens prefills re-encoded that another cache held (recomputed-prefix)
+        self.recomputed_ms = 0.0
+        self.builder = StepBuilder(self)
         self._skip = None
         self._lock = threading.RLock()
         self._started = False  # the header is out (first forward)
-        self._specials_key: tuple | None = None
-        self._capacities: dict[int, tuple[weakref.ref, int | None]] = {}
-        self._specials_value: tuple = ()
         self._waiting: list[dict] = []  # records raised before it
+        self._cache_classes: set[type] = set()
+        self._last_logits: torch.Tensor | None = None
+        self._last_call: Call | None = None
         self.errors: list[str] = []
+
+    @property
+    def turn(self) -> int:
+        return self.last.turn if self.last is not None else 0
 
     # ---- attaching -------------------------------------------------------------------------------
 
     def attach(self, model) -> "Watcher":
         if any(p.model is model for p in self.probes):
             return self
+        if self not in _WATCHERS:
+            _WATCHERS.append(self)
+            PATCHES.acquire(self, threading.Thread, "start", thread_start_wrapper(lambda: caller_line(self._skip)))
         probe = _Probe(self, model, len(self.probes))
         self.probes.append(probe)
         if self.tokenizer is None:
@@ -263,17 +284,16 @@ class Watcher:
         return self
 
     def detach(self) -> None:
+        """Remove every patch and registry entry: the program's objects, copies included, run unwatched."""
         for probe in self.probes:
             probe.detach()
-        for track in self._tracks.values():
-            cache = track.ref()
-            if cache is not None and track.wrapped:
-                for name in _EDIT_METHODS:
-                    cache.__dict__.pop(name, None)
         _TOKENIZERS.unwatch(self)
+        if self in _WATCHERS:
+            _WATCHERS.remove(self)
+        PATCHES.release(self)
         self.probes = []
-        if self._writer is not None:
-            self._writer.close()
+        if self.recorder is not None:
+            self.recorder.close()
 
     def __enter__(self) -> "Watcher":
         return self
@@ -294,17 +314,17 @@ class Watcher:
         if not self._started and record["type"] != "header":
             self._waiting.append(record)
             return
-        if self._writer is not None:
-            self._writer.write(record)
+        if self.recorder is not None:
+            self.recorder.record(record)
         if self.on_event is not None:
             self.on_event(record)
 
     def _start(self, probe: _Probe) -> None:
-        from .trace import TraceWriter
+        from .recorder import Recorder
 
         header = self.header(probe)
         if self.trace_path is not None:
-            self._writer = TraceWriter(self.trace_path, header)
+            self.recorder = Recorder.for_records(self.trace_path, header)
         self._started = True
         if self.on_event is not None:
             self.on_event(header)
@@ -338,112 +358,138 @@ class Watcher:
             self.diagnostics.append(d)
             self._event({"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity, "message": d.message})
 
-    # ---- pieces ------------------------------------------------------------------------------------
+    # ---- tokens ----------------------------------------------------------------------------------
 
     def piece(self, token_id: int) -> str:
-        text = self._pieces.get(token_id)
-        if text is None:
-            if token_id < 0:
-                return "<embeds>"
-            try:
-                text = self.tokenizer.decode([token_id], skip_special_tokens=False) if self.tokenizer else f"#{token_id}"
-            except Exception:
-                text = f"#{token_id}"
-            self._pieces[token_id] = text
-        return text
+        return self.builder.piece(token_id)
 
-    def _specials(self):
-        key = (id(self.tokenizer), len(self.probes))
-        if self._specials_key != key:  # read once per tokenizer: the sets cost more than a forward's bookkeeping
-            self._specials_key, self._specials_value = key, self._read_specials()
-        return self._specials_value
+    def label(self, token_id: int) -> str:
+        """`'piece' (id N)` for messages."""
+        return self.builder.label(token_id)
 
-    def _read_specials(self):
-        tok = self.tokenizer
-        if tok is None:
-            return None, frozenset(), None, frozenset()
-        eos = {tok.eos_token_id} if isinstance(tok.eos_token_id, int) else set()
-        for probe in self.probes:
-            gen = getattr(probe.model, "generation_config", None)
-            value = getattr(gen, "eos_token_id", None)
-            eos.update([value] if isinstance(value, int) else (value or []))
-        special = set(getattr(tok, "all_special_ids", []) or [])
-        for token_id, added in (getattr(tok, "added_tokens_decoder", None) or {}).items():
-            if getattr(added, "special", False):
-                special.add(int(token_id))
-        return tok.bos_token_id, frozenset(eos), tok.pad_token_id, frozenset(special)
+    # ---- caches ----------------------------------------------------------------------------------
 
-    # ---- the forward -----------------------------------------------------------------------------
+    def _track(self, cache, probe: _Probe, length: int, batch: int, made: str) -> CacheTrack:
+        track = self.lineage.get(cache)
+        if track is None:
+            track = self.lineage.first_seen(cache, probe.index, length, batch, made)
+            self._patch_cache_class(type(cache))
+            self._event(track.record())
+        return track
 
-    def _begin(self, probe: _Probe, args, kwargs) -> _Call:
+    def _patch_cache_class(self, cls: type) -> None:
+        if cls in self._cache_classes:
+            return
+        self._cache_classes.add(cls)
+        for name in EDIT_METHODS:
+            owner = defining_class(cls, name)
+            if owner is not None and callable(owner.__dict__[name]):
+                PATCHES.acquire(self, owner, name, edit_wrapper(name, _cache_owner, _edited))
+        acquire_copy_patches(self, cls, _cache_owner, _copied)
+
+    def _copied(self, parent: CacheTrack, copy, how: str, length: int) -> None:
+        with self._lock:
+            if self.lineage.get(copy) is not None:
+                return
+            track = self.lineage.copied(parent, copy, how, length)
+            track.fingerprint = introspect.fingerprint(copy) if hasattr(copy, "layers") else ()
+            self._patch_cache_class(type(copy))
+            self._event(track.record())
+
+    def _edited(self, track: CacheTrack, cache, name: str, args, run):
+        internal = _inside_transformers()
+        before = introspect.seq_length(cache)
+        result = run()
+        with self._lock:
+            after = introspect.seq_length(cache)
+            if name == "reorder_cache" and args:
+                order = args[0].tolist() if isinstance(args[0], torch.Tensor) else list(args[0])
+                track.rows = [list(track.rows[i]) if i < len(track.rows) else [] for i in order]
+            elif name == "batch_select_indices" and args:
+                order = args[0].tolist() if isinstance(args[0], torch.Tensor) else list(args[0])
+                track.rows = [list(track.rows[i]) for i in order if i < len(track.rows)]
+            elif name == "batch_repeat_interleave" and args:
+                track.rows = [list(r) for r in track.rows for _ in range(int(args[0]))]
+            elif name == "reset":
+                track.rows = [[] for _ in track.rows]
+            _sync_rows(track, after)
+            track.fingerprint = introspect.fingerprint(cache)
+            if not internal:  # generate's own bookkeeping (beam reordering, assisted crops) is followed, not said
+                shown = ", ".join(_short_arg(a) for a in args)
+                self._diagnose([Diagnostic(
+                    "cache-edited", "info",  # the program called the cache's own method: said, not blamed
+                    f"{track.name}.{name}({shown}) at [{caller_line(self._skip or _library_dirs())}]: "
+                    f"{before} -> {after} tokens outside a forward", self.steps)])
+        return result
+
+    def _check_edits(self, call: Call, track: CacheTrack, cache) -> None:
+        """Compare the cache with its fingerprint after the last forward: a change means an edit outside one."""
+        if not track.fingerprint:
+            return
+        now = introspect.fingerprint(cache)
+        change = introspect.describe_change(track.fingerprint, now)
+        if change is None:
+            return
+        track.fingerprint = now
+        _sync_rows(track, call.cache_length_before)
+        call.found.append(Diagnostic(
+            "cache-edited", "warning",
+            f"{track.name} changed since the last forward without a forward: {change} (noticed at [{call.caller}])",
+            self.steps + 1))
+
+    # ---- generate() ------------------------------------------------------------------------------
+
+    def _generate(self, probe: _Probe, args, kwargs) -> None:
+        """generate() is about to run: name a draft model, and check the passed cache against the prompt
+        (generate feeds only the prompt tokens past the cache's length, whatever the cache holds)."""
         with self._lock:
             if self._skip is None:
                 self._skip = _library_dirs()
-            bound = probe.signature.bind_partial(probe.model, *args, **kwargs).arguments
-            extra = bound.pop(next((n for n, p in probe.signature.parameters.items() if p.kind == p.VAR_KEYWORD), ""), {})
-            values = {**bound, **extra}
-            caller = caller_line(self._skip)
-            input_ids = values.get("input_ids")
-            embeds = values.get("inputs_embeds")
-            if isinstance(input_ids, torch.Tensor):
-                ids = input_ids if input_ids.dim() == 2 else input_ids.reshape(1, -1)  # [batch, n]
-                batch, n = ids.shape
-                id_rows = ids.tolist()
-            elif isinstance(embeds, torch.Tensor):
-                batch, n = embeds.shape[0], embeds.shape[1]
-                id_rows = None
-            else:
-                batch, n, id_rows = 1, 0, None
-            cache = introspect.cache_in(values)
-            cache_len = introspect.seq_length(cache) if cache is not None else 0
-            mask = values.get("attention_mask")
-            mask_new = real_before = None
-            if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
-                mask_new = mask[:, mask.shape[-1] - n:].tolist()  # [batch, n]
-                if mask.shape[-1] > n:
-                    real_before = mask[:, : mask.shape[-1] - n].sum(-1).tolist()  # [batch]: one reduction
+            assistant = kwargs.get("assistant_model")
+            if assistant is not None:
+                helper = _MODELS.get(assistant)
+                if helper is not None and helper.watcher is self:
+                    helper.role = "draft"
+            prompt = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
+            cache = introspect.cache_in(kwargs)
+            if not isinstance(prompt, torch.Tensor) or cache is None:
+                return
+            track = self.lineage.get(cache)
+            if track is None:
+                return
+            caller, _ = thread_caller(caller_line(self._skip))
+            prompt_ids = prompt.reshape(-1, prompt.shape[-1])[0].tolist()  # row 0: [n]
+            _STATE.pending += check_stale_prompt(self.steps + 1, track.name, track.ids(), prompt_ids, self.label,
+                                                 f" [{caller}]")
+
+    # ---- the forward -----------------------------------------------------------------------------
+
+    def _begin(self, probe: _Probe, args, kwargs) -> Call:
+        with self._lock:
+            if self._skip is None:
+                self._skip = _library_dirs()
+            caller, thread = thread_caller(caller_line(self._skip))
+            call = read_call(probe, args, kwargs, caller, thread)
+            if _STATE.pending:
+                call.found += _STATE.pending
+                _STATE.pending = []
+            if call.cache is not None:
+                track = self.lineage.get(call.cache)
+                if track is None:
+                    track = self._track(call.cache, probe, call.cache_length_before, call.batch, "program")
                 else:
-                    real_before = [cache_len] * batch
-            requested = _rows(values.get("position_ids"), batch)
-            cache_position = values.get("cache_position")
-            cache_position = cache_position.reshape(-1).tolist() if isinstance(cache_position, torch.Tensor) else None
-            call = _Call(probe=probe, caller=caller, input_ids=id_rows, n=n, batch=batch, mask_new=mask_new,
-                         real_before=real_before, requested_positions=requested,
-                         requested_cache_position=cache_position, cache=cache, cache_length_before=cache_len)
-            if cache is not None:
-                self._check_edits(call, cache)
-            self._check_request(call, probe)
+                    self._check_edits(call, track, call.cache)
+                call.track = track
+                if call.n > 1 and call.input_ids is not None and not any(d.code == "stale-cache" for d in call.found):
+                    call.found += check_refed(self.steps + 1, track.name, track.ids(), call.input_ids[0],
+                                              f" [{call.caller}]")
+            self.builder.check_request(call)
             return call
 
-    def _check_request(self, call: _Call, probe: _Probe) -> None:
-        """Alarms about what the caller asked for; each fires when it starts or changes, not every step."""
-        step = self.steps + 1
-        at = f" [{call.caller}]"
-        alarms = self._alarms.setdefault("request", Alarms())
-        ignored = call.requested_cache_position is not None and not probe.accepts_cache_position
-        call.found += alarms.transition("ignored-argument", call.caller if ignored else None, lambda: Diagnostic(
-            "ignored-argument", "warning",
-                    f"cache_position={_span(call.requested_cache_position)} was passed but this transformers version "
-                    f"ignores it (models take no cache_position since 5.4): the model wrote at the cache's own length "
-                    f"{call.cache_length_before} and took positions from position_ids or that length" + at, step))
-        first = call.requested_cache_position[0] if call.requested_cache_position else call.cache_length_before
-        offset = first - call.cache_length_before
-        call.found += alarms.transition("cursor-mismatch", str(offset) if offset else None, lambda: Diagnostic(
-            "cursor-mismatch", "error",
-            f"the caller's cache_position starts at {first} but the cache holds {call.cache_length_before} "
-            f"tokens (off by {offset:+d}): its own cursor disagrees with the cache" + at, step))
-        capacity = self._capacity(call.cache) if call.cache is not None else None
-        if capacity is not None and call.cache_length_before + call.n > capacity:
-            call.found.append(Diagnostic(
-                "static-capacity", "error",
-                f"this forward writes {call.n} tokens into a static cache holding {call.cache_length_before} of "
-                f"{capacity}: {call.cache_length_before + call.n - capacity} too many (index_copy_ IndexError follows)"
-                + at, step))
-
-    def _finish(self, call: _Call, output) -> None:
+    def _finish(self, call: Call, output) -> None:
         with self._lock:
             if output is None:  # the forward raised: what it would have been is still worth an alarm
-                self._diagnose([d for d in call.found] or [Diagnostic(
+                self._diagnose(list(call.found) or [Diagnostic(
                     "worker-error", "error", f"the forward raised (see the program's traceback) [{call.caller}]",
                     self.steps + 1)])
                 return
@@ -457,337 +503,84 @@ class Watcher:
             if not self._started:
                 self._start(call.probe)
             self.steps += 1
-            step = self.steps
-            if call.n > 1:
-                self.turn += 1
-            track = self._track(cache) if cache is not None else None
-            snapshot = self._snapshot(call, step, cache, track, logits, forward_ms, snap_started)
+            track = None
+            if cache is not None:
+                track = call.track if call.cache is cache else None
+                if track is None:  # made by this forward (no cache was passed), or a cache it swapped in
+                    track = self._track(cache, call.probe, 0 if call.cache is None else call.cache_length_before,
+                                        call.batch, "forward")
+            snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_call = call
             if logits is not None and logits.dim() == 3:
                 self._last_logits = logits[0, -1].detach().float().clone()  # [vocab], for verify
             self.diagnostics.extend(snapshot.diagnostics)
-            if self._writer is not None:
-                self._writer.write(snapshot.to_record())
+            if self.recorder is not None:
+                self.recorder.record(snapshot.to_record())
             if self.on_snapshot is not None:
                 self.on_snapshot(snapshot)
         self.gate.after_step(self, snapshot)
-
-    def _snapshot(self, call: _Call, step: int, cache, track: _CacheTrack | None, logits, forward_ms: float,
-                  snap_started: float) -> StepSnapshot:
-        probe = call.probe
-        bos, eos, pad, special = self._specials()
-        applied = self._applied(call)  # [batch][n]
-        cache_len = introspect.seq_length(cache) if cache is not None else 0
-        found = list(call.found)
-        rows = track.rows if track is not None else [[] for _ in range(call.batch)]
-        if len(rows) != call.batch:  # a cache now used with another batch size: buffers cannot line up
-            rows[:] = [list(r) for r in (rows + [[]] * call.batch)[:call.batch]]
-        added = self._tokenizer_added(call)
-        views = []
-        for row in range(call.batch):
-            ids = call.input_ids[row] if call.input_ids is not None else [-1] * call.n
-            mask = call.mask_new[row] if call.mask_new is not None else [1] * call.n
-            before = rows[row][-1] if rows[row] else None
-            fed = [BufferToken(position=applied[row][i], id=ids[i], piece=self.piece(ids[i]),
-                               special=ids[i] in special, turn=self.turn,
-                               origin="pad" if not mask[i] else "tokenizer-added" if (row == 0 and i in added) else "fed")
-                   for i in range(call.n)]
-            right_pads = call.n - 1 - max((i for i, m in enumerate(mask) if m), default=call.n - 1)
-            if call.n > 1 and right_pads and not any(d.code == "padding-side" for d in found):
-                found.append(Diagnostic(
-                    "padding-side", "warning",
-                    f"row {row} ends with {right_pads} pad(s): its next token is predicted from padding "
-                    f"(decoder-only models need padding_side='left') [{call.caller}]", step))
-            if row == 0:  # alarms read row 0; a program's rows share its code path
-                found += self._check_feed(call, step, fed, before, bos, eos, pad)
-                found += self._check_drift(call, step, rows[0], ids)
-            rows[row].extend(fed)
-            views.append((ids, fed))
-        found += self._check_positions(call, step, applied)
-        layers = introspect.layer_infos(cache, probe.window) if cache is not None and hasattr(cache, "layers") else ()
-        capacity = self._capacity(cache) if cache is not None and hasattr(cache, "layers") else None
-        alarms = self._alarms.setdefault(track.name if track else "-", Alarms())
-        found += [_at(d, call.caller) for d in alarms.check_layers(step, layers, capacity, cache_len, reserve=1)]
-        if track is not None:
-            track.fingerprint = introspect.fingerprint(cache)
-        top_rows = self._top(logits, call.batch)
-        buffers = [TokenBuffer(r) for r in rows]
-        row_views = tuple(RowView(row=r, input_ids=tuple(views[r][0]), positions=tuple(applied[r]),
-                                  topk=top_rows[r], buffer=buffers[r]) for r in range(call.batch)) if call.batch > 1 else None
-        requested = call.requested_positions[0] if call.requested_positions else None
-        cursor = (call.requested_cache_position[-1] + 1 if call.requested_cache_position
-                  else requested[-1] + 1 if requested and call.mask_new is None else cache_len)
-        watched = ()
-        if self.watch_ids and logits is not None:
-            watched = watched_tokens(logits[0, -1].float(), self.watch_ids, self.piece)
-        return StepSnapshot(
-            step=step, phase="prefill" if call.n > 1 else "decode", turn=self.turn,
-            input_ids=tuple(views[0][0]) if views else (), positions=tuple(applied[0]) if applied else (),
-            cursor=cursor, cache_seq_length=cache_len, capacity=capacity, layers=layers,
-            topk=top_rows[0] if top_rows else (), topk_processed=top_rows[0] if top_rows else (), watched=watched,
-            chosen=None, chosen_forced=False, diagnostics=tuple(found), forward_ms=forward_ms,
-            snapshot_ms=(time.perf_counter() - snap_started) * 1000,
-            buffer=buffers[0] if buffers else TokenBuffer([]), source="watch", caller=call.caller,
-            cache_id=track.name if track else None, cache_length_before=call.cache_length_before,
-            requested_positions=tuple(requested) if requested is not None else None,
-            requested_cache_position=tuple(call.requested_cache_position) if call.requested_cache_position else None,
-            positions_source=call.positions_source, batch=call.batch, rows=row_views)
-
-    def _applied(self, call: _Call) -> list[list[int]]:
-        """The positions the model used, [batch][n]: read at its position module, else what it derives."""
-        if call.applied is not None:
-            positions = call.applied
-            if positions.dim() == 3:  # multimodal RoPE: [3, batch, n], the text axis first
-                positions = positions[0]
-            positions = positions.reshape(-1, positions.shape[-1])[:, -call.n:] if call.n else positions
-            rows = positions.tolist()
-            return rows if len(rows) == call.batch else [rows[0]] * call.batch
-        if call.requested_positions is not None:
-            return call.requested_positions
-        start = call.cache_length_before  # 5.4+: no position_ids -> arange from the cache length
-        return [list(range(start, start + call.n))] * call.batch
-
-    def _top(self, logits, batch: int) -> list[tuple]:
-        if logits is None or logits.dim() != 3:
-            return [()] * batch
-        last = logits[:, -1].float()  # [batch, vocab]
-        return [top_tokens(last[row], self.top_k, self.piece) for row in range(min(batch, last.shape[0]))] + \
-            [()] * max(0, batch - last.shape[0])
 
     # ---- verify ----------------------------------------------------------------------------------
 
     def verify(self) -> dict:
         """Compare the last forward's logits (row 0) with one no-cache forward over what its cache row
-        holds (attended tokens, positions 0..n-1). Runs in the program's thread, between two forwards."""
-        snapshot, logits = self.last, getattr(self, "_last_logits", None)
+        holds (attended tokens, positions 0..n-1), judged as kvtui's own session judges. Runs in the
+        program's thread, between two forwards. Refuses (ValueError) what it cannot check."""
+        from dataclasses import asdict
+
+        from .session import judge_recompute
+
+        snapshot, logits = self.last, self._last_logits
         if snapshot is None or logits is None:
             raise ValueError("nothing to verify yet: the program has not run a forward")
+        unknown = sum(1 for t in snapshot.buffer if t.origin == "unknown")
+        if unknown:
+            raise ValueError(
+                f"cannot check {snapshot.cache_id}: its first {unknown} tokens were written before kvtui saw it "
+                f"(made before attaching, loaded or copied from an unwatched cache), so a recompute has nothing "
+                f"to start from; the {len(snapshot.buffer) - unknown} tokens after them were fed while watched")
         tokens = [t.id for t in snapshot.buffer if t.origin != "pad" and t.id >= 0]
         model = self._last_call.probe.model
         device = model.get_input_embeddings().weight.device
         ids = torch.tensor([tokens], device=device)  # [1, n]
+        started = time.perf_counter()
         with torch.inference_mode():
             fresh = model(input_ids=ids, use_cache=False,
                           position_ids=torch.arange(len(tokens), device=device).unsqueeze(0)).logits[0, -1].float()
-        diff = float((fresh - logits.to(fresh.device)).abs().max())
-        tolerance = VERIFY_TOLERANCE.get(str(model.dtype).removeprefix("torch."), 1e-3)
-        k = self.top_k
-        cached_top, fresh_top = torch.topk(logits, k).indices.tolist(), torch.topk(fresh, k).indices.tolist()
-        ok = diff <= tolerance and cached_top[:3] == fresh_top[:3]
-        if not ok:
+        dtype = str(model.dtype).removeprefix("torch.")
+        quant_bits = next((layer.quant_bits for layer in snapshot.layers if layer.quant_bits), None)
+        result = judge_recompute(logits, fresh, dtype, self.top_k, len(tokens), (time.perf_counter() - started) * 1000,
+                                 quant_bits)
+        if not result.ok:
             self._diagnose([Diagnostic(
                 "cache-mismatch", "error",
-                f"the program's cached logits differ from a full recompute of {len(tokens)} tokens: max |diff| "
-                f"{diff:.3g} > {tolerance:g}", self.steps)])
-        return {"max_abs_diff": diff, "tolerance": tolerance, "topk_agree": cached_top[:3] == fresh_top[:3],
-                "cached_top": cached_top, "recomputed_top": fresh_top, "tokens": len(tokens), "ok": ok}
-
-    # ---- checks ----------------------------------------------------------------------------------
-
-    def _check_feed(self, call, step, fed, before, bos, eos, pad) -> list[Diagnostic]:
-        found, at = [], f" [{call.caller}]"
-        attended = [t for t in fed if t.origin != "pad"]
-        # a BOS the tokenizer adds is what the model expects: only other insertions are news (double BOS has its own alarm)
-        added = [t for t in attended if t.origin == "tokenizer-added" and t.id != bos]
-        if added:
-            names = ", ".join(f"{t.piece!r} (id {t.id}) at position {t.position}" for t in added)
-            found.append(Diagnostic("tokenizer-added-special", "warning",
-                                    f"the tokenizer inserted {names} that the text did not contain" + at, step))
-        previous = before if before is None or before.origin != "pad" else None
-        pads = [t for t in attended if pad is not None and t.id == pad]
-        # a pad id that doubles as EOS/BOS is a pad only in a run: chats hold single <|im_end|>s
-        pad_run = bool(pads) and (pad not in eos and pad != bos or _longest_run(attended, pad) >= 2)
-        for token in attended:
-            if bos is not None and token.id == bos and previous is not None and previous.id == bos:
-                found.append(Diagnostic("double-bos", "warning",
-                                        f"BOS {token.piece!r} at position {token.position} follows another BOS" + at, step))
-            previous = token
-        if pads and pad_run:
-            found.append(Diagnostic(
-                "pad-in-cache", "warning",
-                f"{len(pads)} pad token(s) {pads[0].piece!r} (id {pad}) written to the cache with attention from position "
-                f"{pads[0].position}: later tokens attend to them (mask them or do not feed them)" + at, step))
-        eos_fed = [t for t in attended if t.id in eos and (t.origin == "tokenizer-added" or (call.n > 1 and t is attended[-1]))]
-        if eos_fed and not (pads and pad in eos):
-            t = eos_fed[0]
-            found.append(Diagnostic(
-                "eos-in-context", "warning",
-                f"end token {t.piece!r} (id {t.id}, {'added by the tokenizer' if t.origin == 'tokenizer-added' else 'last of the prompt'}) "
-                f"enters the context at position {t.position}: the model reads it as 'the text ended'" + at, step))
-        return found
-
-    def _check_positions(self, call: _Call, step: int, applied: list[list[int]]) -> list[Diagnostic]:
-        """Applied positions must continue what each row has attended to so far (left pads excluded)."""
-        alarms = self._alarms.setdefault("positions", Alarms())
-        key, message = None, ""
-        for row in range(call.batch):
-            mask = call.mask_new[row] if call.mask_new is not None else [1] * call.n
-            real = call.real_before[row] if call.real_before is not None else call.cache_length_before
-            for i in range(call.n):
-                if not mask[i]:
-                    continue
-                if applied[row][i] != real:
-                    key = f"{applied[row][i] - real:+d}"
-                    message = (f"row {row} token {i} was applied at position {applied[row][i]} but {real} attended "
-                               f"tokens precede it (offset {applied[row][i] - real:+d}): RoPE sees the wrong distances")
-                    break
-                real += 1
-            if key:
-                break
-        return alarms.transition("position-gap", key, lambda: Diagnostic(
-            "position-gap", "error", f"{message} [{call.caller}]", step))
-
-    def _check_drift(self, call: _Call, step: int, row: list[BufferToken], ids: list[int]) -> list[Diagnostic]:
-        """The program fed the tail of a chat rendering: its head must equal what the cache holds."""
-        if call.n < 2 or not row:
-            return []
-        for encoding, _ in reversed(self._encodings):
-            start = len(encoding) - call.n
-            if start <= 0 or list(encoding[start:]) != ids:
-                continue
-            cached = [t.id for t in row[-start:]] if len(row) >= start else [t.id for t in row]
-            if cached == list(encoding[:start]):
-                return []
-            index = next((i for i, (a, b) in enumerate(zip(cached, encoding[:start])) if a != b), min(len(cached), start))
-            have = self.piece(cached[index]) if index < len(cached) else "nothing"
-            want = self.piece(encoding[index]) if index < start else "nothing"
-            return [Diagnostic(
-                "template-drift", "warning",
-                f"the program fed tokens {start}.. of a rendering whose first {start} tokens differ from the cache at "
-                f"index {index} (cache has {have!r}, the rendering {want!r}): the cached prefix is stale [{call.caller}]",
-                step)]
-        return []
-
-    def _tokenizer_added(self, call: _Call) -> set[int]:
-        """Indices of fed tokens (row 0) that a seen tokenizer call added (BOS/EOS the text did not contain)."""
-        if call.input_ids is None or not self._encodings:
-            return set()
-        ids = tuple(call.input_ids[0])
-        for encoding, added in reversed(self._encodings):
-            if added and len(encoding) >= len(ids) and encoding[len(encoding) - len(ids):] == ids:
-                offset = len(encoding) - len(ids)
-                return {i - offset for i in added if i >= offset}
-        return set()
-
-    # ---- caches ----------------------------------------------------------------------------------
-
-    def _capacity(self, cache) -> int | None:
-        """A static cache's capacity, read once per cache object (it never changes)."""
-        key = id(cache)
-        if key not in self._capacities or self._capacities[key][0]() is not cache:
-            if len(self._capacities) > 64:  # forget caches that are gone
-                self._capacities = {k: v for k, v in self._capacities.items() if v[0]() is not None}
-            self._capacities[key] = (weakref.ref(cache), introspect.static_capacity(cache))
-        return self._capacities[key][1]
-
-    def _track(self, cache) -> _CacheTrack:
-        track = self._tracks.get(id(cache))
-        if track is None or track.ref() is not cache:
-            self._cache_counter += 1
-            track = _CacheTrack(name=f"{type(cache).__name__}#{self._cache_counter}", ref=weakref.ref(cache), rows=[[]])
-            self._tracks = {k: t for k, t in self._tracks.items() if t.ref() is not None}
-            self._tracks[id(cache)] = track
-            self._wrap_edits(cache, track)
-        return track
-
-    def _check_edits(self, call: _Call, cache) -> None:
-        """Compare the cache with its fingerprint after the last forward: a change means an edit outside one."""
-        track = self._tracks.get(id(cache))
-        if track is None or track.ref() is not cache or not track.fingerprint:
-            return
-        now = introspect.fingerprint(cache)
-        change = introspect.describe_change(track.fingerprint, now)
-        if change is None:
-            return
-        track.fingerprint = now
-        self._sync_rows(track, call.cache_length_before)
-        call.found.append(Diagnostic(
-            "cache-edited", "warning",
-            f"{track.name} changed since the last forward without a forward: {change} (noticed at [{call.caller}])",
-            self.steps + 1))
-
-    def _sync_rows(self, track: _CacheTrack, length: int) -> None:
-        for i, row in enumerate(track.rows):
-            if len(row) > length:
-                track.rows[i] = row[:length]  # a new list: views handed out earlier stay valid
-
-    def _wrap_edits(self, cache, track: _CacheTrack) -> None:
-        """Wrap the cache's own edit methods on this instance, to name the call that changed it."""
-        watcher = self
-        kvtui_dir = _LIBRARY_DIRS[-1]
-        for name in _EDIT_METHODS:
-            original = getattr(cache, name, None)
-            if original is None or not callable(original):
-                continue
-
-            def wrapper(*args, _name=name, _original=original, **kwargs):
-                internal = _inside_transformers(kvtui_dir)
-                before = introspect.seq_length(cache)
-                result = _original(*args, **kwargs)
-                watcher._after_edit(cache, track, _name, args, before, internal)
-                return result
-
-            try:
-                setattr(cache, name, wrapper)
-            except (AttributeError, TypeError):
-                continue
-            track.wrapped = True
-
-    def _after_edit(self, cache, track: _CacheTrack, name: str, args, before: int, internal: bool) -> None:
-        with self._lock:
-            after = introspect.seq_length(cache)
-            if name == "reorder_cache" and args:
-                order = args[0].tolist() if isinstance(args[0], torch.Tensor) else list(args[0])
-                track.rows = [list(track.rows[i]) if i < len(track.rows) else [] for i in order]
-            elif name == "batch_select_indices" and args:
-                order = args[0].tolist() if isinstance(args[0], torch.Tensor) else list(args[0])
-                track.rows = [list(track.rows[i]) for i in order if i < len(track.rows)]
-            elif name == "batch_repeat_interleave" and args:
-                track.rows = [list(r) for r in track.rows for _ in range(int(args[0]))]
-            elif name == "reset":
-                track.rows = [[] for _ in track.rows]
-            self._sync_rows(track, after)
-            track.fingerprint = introspect.fingerprint(cache)
-            if internal:  # generate's own bookkeeping (beam reordering): followed, not an alarm
-                return
-            shown = ", ".join(_short_arg(a) for a in args)
-            self._diagnose([Diagnostic(
-                "cache-edited", "info",  # the program called the cache's own method: said, not blamed
-                f"{track.name}.{name}({shown}) at [{caller_line(self._skip or _library_dirs())}]: "
-                f"{before} -> {after} tokens outside a forward", self.steps)])
+                f"the program's cached logits ({snapshot.cache_id}) differ from a full recompute of {len(tokens)} "
+                f"tokens: max |diff| {result.max_abs_diff:.3g} > {result.tolerance:g}"
+                f"{'' if result.topk_agree else ', top-k order differs'}", self.steps)])
+        record = asdict(result)
+        record["cached_top"], record["recomputed_top"] = list(result.cached_top), list(result.recomputed_top)
+        if self.recorder is not None:
+            self.recorder.record({"type": "verify", "step": self.steps, **record})
+        return record
 
     # ---- tokenizers --------------------------------------------------------------------------------
 
     def saw_encoding(self, ids: list[int], added: set[int]) -> None:
-        with self._lock:
-            self._encodings.append((tuple(ids), frozenset(added)))
-            del self._encodings[:-16]
+        self.builder.saw_encoding(ids, added)
+
+    def summary(self) -> str:
+        """The waste line of the headless report."""
+        if not self.recomputed_tokens:
+            return "no prefill re-encoded what another cache held"
+        return (f"re-encoded {self.recomputed_tokens} tokens that earlier caches held, "
+                f"~{self.recomputed_ms:.0f} ms (recomputed-prefix)")
 
 
-def _longest_run(tokens: list[BufferToken], token_id: int) -> int:
-    best = run = 0
-    for t in tokens:
-        run = run + 1 if t.id == token_id else 0
-        best = max(best, run)
-    return best
-
-
-def _rows(values, batch: int) -> list[list[int]] | None:
-    if not isinstance(values, torch.Tensor):
-        return None
-    if values.dim() == 3:  # multimodal RoPE [3, batch, n]
-        values = values[0]
-    rows = values.reshape(-1, values.shape[-1]).tolist()
-    return rows if len(rows) == batch else [rows[0]] * batch
-
-
-def _span(values: list[int]) -> str:
-    if not values:
-        return "[]"
-    if values == list(range(values[0], values[0] + len(values))):
-        return f"[{values[0]}..{values[-1]}]" if len(values) > 1 else f"[{values[0]}]"
-    return str(values[:8])[:-1] + (", ...]" if len(values) > 8 else "]")
+def _sync_rows(track: CacheTrack, length: int) -> None:
+    for i, row in enumerate(track.rows):
+        if len(row) > length:
+            track.rows[i] = row[:length]  # a new list: views handed out earlier stay valid
 
 
 def _short_arg(value) -> str:
@@ -796,24 +589,39 @@ def _short_arg(value) -> str:
     return repr(value)
 
 
-def _at(d: Diagnostic, caller: str) -> Diagnostic:
-    return Diagnostic(d.code, d.severity, f"{d.message} [{caller}]", d.step)
+def _edited(handler, cache, name: str, args, run):
+    watcher, track = handler
+    return watcher._edited(track, cache, name, args, run)
+
+
+def _copied(handler, original, copy, how: str) -> None:
+    watcher, track = handler
+    try:
+        watcher._copied(track, copy, how, introspect.seq_length(original))
+    except Exception as exc:  # never break the program's copy
+        watcher._internal_error(f"following a {how}", exc)
 
 
 # ---- tokenizer calls ---------------------------------------------------------------------------------
 
 
+_TOKENIZING = threading.local()  # depth of watched tokenizer calls on this thread: only the outermost counts
+
+
 class _TokenizerRegistry:
     """Tokenizers the program loaded (to find pieces), and the calls of watched ones (to find what the
-    tokenizer added and which rendering a fed slice came from). Patches are class-level and removed
-    when nothing is watched."""
+    tokenizer added and which rendering a fed slice came from): `__call__`, `encode` and
+    `apply_chat_template`, patched on the class while anything is watched."""
+
+    ENTRY_POINTS = ("__call__", "encode", "apply_chat_template")
 
     def __init__(self):
         self.loaded: list = []  # weak refs, newest last
-        self._watchers: dict[int, tuple[weakref.ref, list]] = {}
-        self._patched: list[tuple[type, str, object]] = []
+        self._watchers = Registry()  # tokenizer -> [watchers]
 
     def remember(self, tokenizer) -> None:
+        import weakref
+
         try:
             self.loaded.append(weakref.ref(tokenizer))
         except TypeError:
@@ -839,71 +647,98 @@ class _TokenizerRegistry:
         return None
 
     def watch(self, tokenizer, watcher: Watcher) -> None:
-        ref, watchers = self._watchers.get(id(tokenizer), (weakref.ref(tokenizer), []))
+        watchers = self._watchers.get(tokenizer)
+        if watchers is None:
+            watchers = []
+            self._watchers.add(tokenizer, watchers)
         if watcher not in watchers:
             watchers.append(watcher)
-        self._watchers[id(tokenizer)] = (ref, watchers)
-        self._patch()
-
-    def unwatch(self, watcher: Watcher) -> None:
-        for key, (ref, watchers) in list(self._watchers.items()):
-            if watcher in watchers:
-                watchers.remove(watcher)
-            if not watchers or ref() is None:
-                del self._watchers[key]
-        if not self._watchers:
-            self._unpatch()
-
-    def watchers_of(self, tokenizer) -> list[Watcher]:
-        entry = self._watchers.get(id(tokenizer))
-        return entry[1] if entry and entry[0]() is tokenizer else []
-
-    def _patch(self) -> None:
-        if self._patched:
-            return
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-        original = PreTrainedTokenizerBase.__call__
-        registry = self
+        for name in self.ENTRY_POINTS:
+            owner = defining_class(PreTrainedTokenizerBase, name)
+            if owner is not None:
+                PATCHES.acquire(self, owner, name, _tokenizer_wrapper(name, self))
 
-        def call(tok, *args, **kwargs):
-            result = original(tok, *args, **kwargs)
-            watchers = registry.watchers_of(tok)
-            if watchers:
-                try:
-                    _saw_call(watchers, original, tok, args, kwargs, result)
-                except Exception:  # never break the user's program
-                    pass
-            return result
+    def unwatch(self, watcher: Watcher) -> None:
+        for watchers in self._watchers.values():
+            if watcher in watchers:
+                watchers.remove(watcher)
+        self._watchers.prune()
+        if not any(self._watchers.values()):
+            self._watchers.clear()
+            PATCHES.release(self)
 
-        PreTrainedTokenizerBase.__call__ = call
-        self._patched.append((PreTrainedTokenizerBase, "__call__", original))
-
-    def _unpatch(self) -> None:
-        for owner, name, original in self._patched:
-            setattr(owner, name, original)
-        self._patched = []
+    def watchers_of(self, tokenizer) -> list[Watcher]:
+        return self._watchers.get(tokenizer) or []
 
 
-def _saw_call(watchers, original, tok, args, kwargs, result) -> None:
-    text = args[0] if args else kwargs.get("text")
-    ids = result.get("input_ids") if hasattr(result, "get") else None
-    if not isinstance(text, str) or ids is None:
-        return
+def _tokenizer_wrapper(name: str, registry: _TokenizerRegistry):
+    def make(original):
+        @functools.wraps(original)
+        def wrapper(tok, *args, **kwargs):
+            depth = getattr(_TOKENIZING, "depth", 0)
+            if depth or compiling():
+                return original(tok, *args, **kwargs)
+            _TOKENIZING.depth = 1
+            try:
+                result = original(tok, *args, **kwargs)
+                watchers = registry.watchers_of(tok)
+                if watchers:
+                    try:
+                        _saw_call(watchers, name, original, tok, args, kwargs, result)
+                    except Exception:  # never break the user's program
+                        pass
+                return result
+            finally:
+                _TOKENIZING.depth = 0
+
+        return wrapper
+
+    return make
+
+
+def _id_rows(result) -> list[list[int]]:
+    """The ids a tokenizer call returned, as rows: a list, a BatchEncoding, a tensor, batched or not."""
+    ids = result.get("input_ids") if hasattr(result, "get") and not isinstance(result, list) else result
     if isinstance(ids, torch.Tensor):
         ids = ids.tolist()
-    if ids and isinstance(ids[0], list):
-        if len(ids) != 1:
-            return
-        ids = ids[0]
-    added: set[int] = set()
-    if kwargs.get("add_special_tokens", True):
-        bare = original(tok, text, add_special_tokens=False)["input_ids"]
-        front = find_sub(ids, bare)
-        if front >= 0:
-            added = set(range(front)) | set(range(front + len(bare), len(ids)))
-    for watcher in watchers:
-        watcher.saw_encoding(ids, added)
+    if not isinstance(ids, list) or not ids:
+        return []
+    if isinstance(ids[0], list):
+        return [row for row in ids if row and all(isinstance(i, int) for i in row)]
+    return [ids] if all(isinstance(i, int) for i in ids) else []
+
+
+def _saw_call(watchers, name: str, original, tok, args, kwargs, result) -> None:
+    """One outermost tokenizer call: each encoded row, and which of its ids the tokenizer added."""
+    if name == "apply_chat_template":  # the template's own tokens: nothing added (add_special_tokens=False)
+        for row in _id_rows(result):
+            for watcher in watchers:
+                watcher.saw_encoding(row, set())
+        return
+    text = args[0] if args else kwargs.get("text")
+    texts = [text] if isinstance(text, str) else text if isinstance(text, list) and all(isinstance(t, str) for t in text) else None
+    rows = _id_rows(result)
+    if texts is None or len(rows) != len(texts):
+        return
+    add = kwargs.get("add_special_tokens", True)
+    for text, ids in zip(texts, rows):
+        added: set[int] = set()
+        if add:
+            bare = tok.encode(text, add_special_tokens=False)  # nested: not recorded itself
+            real = [i for i in ids if i != tok.pad_token_id] if tok.pad_token_id is not None else ids
+            front = _find_sub(ids, bare)
+            if front >= 0 and len(real) != len(bare):
+                added = set(range(front)) | {i for i in range(front + len(bare), len(ids)) if ids[i] != tok.pad_token_id}
+        for watcher in watchers:
+            watcher.saw_encoding(ids, added)
+
+
+def _find_sub(full: list[int], part: list[int]) -> int:
+    from .session import find_sub
+
+    return find_sub(full, part)
 
 
 _TOKENIZERS = _TokenizerRegistry()
@@ -955,7 +790,7 @@ class AutoAttach:
             for probe in watcher.probes:
                 if getattr(tokenizer, "name_or_path", None) == probe.name or watcher.tokenizer is None:
                     watcher.tokenizer = tokenizer
-                    watcher._pieces.clear()
+                    watcher.builder.forget_pieces()
                     _TOKENIZERS.watch(tokenizer, watcher)
             return tokenizer
 
@@ -969,7 +804,7 @@ class AutoAttach:
 
 
 def run_watched(watcher: Watcher, target: str, args: list[str], module: bool = False) -> tuple[int, list[str]]:
-    """Run a program (script or module) with every causal LM it builds watched by `watcher`; the hooks are
+    """Run a program (script or module) with every causal LM it builds watched by `watcher`; the patches are
     gone afterwards. Returns (the program's exit code, "name (Class)" of each model it watched)."""
     from .program import run_program
 

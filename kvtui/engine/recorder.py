@@ -1,6 +1,7 @@
-"""The one recorder: the only code that writes a session's trace, whatever drove it (TUI keys, a
-headless script). It listens to the session's events and owns the recording policy (verify every N
-steps), so the same script through any front end writes the same trace, timings aside.
+"""The one recorder: the only code that writes a trace, whatever drove it (TUI keys, a headless script,
+a watched program). It listens to kvtui's own session's events and owns the recording policy (verify
+every N steps), so the same script through any front end writes the same trace, timings aside; a
+watched program's probe hands it its records (`Recorder.for_records`).
 
 Record kinds (trace schema 1): header, step, diagnostic (raised outside a forward), verify, buffer
 (after each turn), rewind, force, sampler, watch, reset, export.
@@ -17,13 +18,23 @@ from .trace import TraceWriter, header_record
 
 class Recorder:
     def __init__(self, session, path: str | Path | None, *, model_source: str = "", model_path: str = "",
-                 verify_every: int = 0, append: bool = False):
+                 verify_every: int = 0, append: bool = False, header: dict | None = None):
         self.session = session
         self.verify_every = verify_every
         self._verified_at = 0  # the step of the last verify
-        self.writer = (TraceWriter(path, header_record(session, model_source, model_path), append=append)
-                       if path is not None else None)
-        session.on_event = self.on_event
+        if header is None and session is not None:
+            header = header_record(session, model_source, model_path)
+        self.writer = TraceWriter(path, header, append=append) if path is not None else None
+        if session is not None:
+            session.on_event = self.on_event
+
+    @classmethod
+    def for_records(cls, path: str | Path | None, header: dict) -> "Recorder":
+        """A recorder of records another source builds (a watched program: steps, caches, alarms, verify)."""
+        return cls(None, path, header=header)
+
+    def record(self, record: dict) -> None:
+        self._write(record)
 
     def on_event(self, kind: str, payload) -> None:
         session = self.session
@@ -48,9 +59,10 @@ class Recorder:
             self.writer.write(record)
 
     def close(self) -> None:
-        self.session.record_turn_end()  # the last turn, if it ended without its end token
-        if self.session.on_event == self.on_event:
-            self.session.on_event = None
+        if self.session is not None:
+            self.session.record_turn_end()  # the last turn, if it ended without its end token
+            if self.session.on_event == self.on_event:
+                self.session.on_event = None
         if self.writer is not None:
             self.writer.close()
 

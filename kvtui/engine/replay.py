@@ -190,10 +190,13 @@ def _watch_fields(record: dict, rows) -> dict:
     if record.get("source", "session") == "session":
         return {}
     requested = record.get("requested") or {}
+    lineage = record.get("lineage") or {}
     maybe = lambda values: None if values is None else tuple(values)  # noqa: E731
     return {"source": record["source"], "caller": record.get("caller"), "cache_id": record.get("cache_id"),
             "cache_length_before": record.get("cache_length_before"),
             "requested_positions": maybe(requested.get("position_ids")),
             "requested_cache_position": maybe(requested.get("cache_position")),
             "positions_source": record.get("positions_source"), "batch": record.get("batch", 1),
-            "row": record.get("row", 0), "rows": rows}
+            "row": record.get("row", 0), "rows": rows, "cache_parent": lineage.get("parent"),
+            "cache_copied_at": lineage.get("copied_at"), "cache_unknown": lineage.get("unknown_prefix") or 0,
+            "model": record.get("model"), "thread": record.get("thread")}

@@ -684,19 +684,10 @@ class ChatSession:
             kwargs["logits_to_keep"] = 1
         with torch.inference_mode(), self._threads(ids.shape[1]):
             fresh = self.model(**kwargs).logits[0, -1].float()  # [vocab]
-        cached = self._logits
-        diff = float((fresh - cached).abs().max())
-        tolerance = VERIFY_TOLERANCE.get(self.dtype, 1e-3)
         quantized = self.config.cache == "quantized"
-        if quantized:  # lossy by design: the bound scales with the logits' range and the bits kept
-            tolerance = max(tolerance, quantized_tolerance(self._quant_bits(), fresh))
-        k = self.config.top_k_shown
-        cached_top = torch.topk(cached, k).indices.tolist()
-        fresh_top = torch.topk(fresh, k).indices.tolist()
-        agree = _orders_agree(cached_top, fresh_top, fresh, tolerance)
-        result = VerifyResult(max_abs_diff=diff, tolerance=tolerance, topk_agree=agree, cached_top=tuple(cached_top),
-                              recomputed_top=tuple(fresh_top), tokens=len(chat),
-                              ok=diff <= tolerance and agree, ms=(self._clock() - started) * 1000)
+        result = judge_recompute(self._logits, fresh, self.dtype, self.config.top_k_shown, len(chat),
+                                 (self._clock() - started) * 1000, self._quant_bits() if quantized else None)
+        diff, tolerance, agree = result.max_abs_diff, result.tolerance, result.topk_agree
         if not result.ok:
             self._record([Diagnostic(
                 "cache-mismatch", "error",
@@ -708,6 +699,23 @@ class ChatSession:
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+
+
+def judge_recompute(cached: torch.Tensor, fresh: torch.Tensor, dtype: str, k: int, tokens: int, ms: float,
+                    quant_bits: int | None = None) -> VerifyResult:
+    """The one verdict of verify, for kvtui's own cache and a watched program's: cached vs recomputed
+    last logits ([vocab] each) within the dtype's tolerance (a quantized cache's bound when bits are
+    given), and the same top-k order, near-ties aside."""
+    fresh, cached = fresh.float(), cached.float().to(fresh.device)
+    diff = float((fresh - cached).abs().max())
+    tolerance = VERIFY_TOLERANCE.get(dtype, 1e-3)
+    if quant_bits is not None:  # lossy by design: the bound scales with the logits' range and the bits kept
+        tolerance = max(tolerance, quantized_tolerance(quant_bits, fresh))
+    cached_top = torch.topk(cached, k).indices.tolist()
+    fresh_top = torch.topk(fresh, k).indices.tolist()
+    agree = _orders_agree(cached_top, fresh_top, fresh, tolerance)
+    return VerifyResult(max_abs_diff=diff, tolerance=tolerance, topk_agree=agree, cached_top=tuple(cached_top),
+                        recomputed_top=tuple(fresh_top), tokens=tokens, ok=diff <= tolerance and agree, ms=ms)
 
 
 def _graph_count() -> int:

@@ -11,7 +11,8 @@ from typing import Iterator, Sequence
 
 # Where a cached token came from.
 ORIGINS = ("template", "system", "user", "assistant", "forced", "tokenizer-added", "primed",
-           "fed", "pad")  # fed / pad: tokens a watched program fed (pad: masked out by its attention mask)
+           "fed", "pad", "unknown")  # fed / pad: tokens a watched program fed (pad: masked out by its attention
+# mask); unknown: in a watched cache before kvtui saw it (its id is -2)
 SEVERITIES = ("info", "warning", "error")
 
 
@@ -155,6 +156,24 @@ class StepSnapshot:
     batch: int = 1
     row: int = 0  # the batch row this snapshot's input_ids/positions/topk/buffer describe
     rows: tuple[RowView, ...] | None = None  # every row, when batch > 1
+    # a watched cache's lineage: copied from `cache_parent` when it held `cache_copied_at` tokens; its first
+    # `cache_unknown` tokens were written before kvtui saw it
+    cache_parent: str | None = None
+    cache_copied_at: int | None = None
+    cache_unknown: int = 0
+    model: str | None = None  # "model 1: draft" when a program runs several models
+    thread: str | None = None  # the thread that called, off the main thread ("Thread-2 (generate), started at x.py:3")
+
+    @property
+    def lineage(self) -> str | None:
+        """`DynamicCache#3 ← deepcopy of #1 at 32 tokens`; `DynamicCache#2 (5 tokens filled before kvtui saw it)`."""
+        if self.cache_id is None:
+            return None
+        if self.cache_parent is not None:
+            return f"{self.cache_id} ← copy of #{self.cache_parent.rsplit('#', 1)[-1]} at {self.cache_copied_at} tokens"
+        if self.cache_unknown:
+            return f"{self.cache_id} ({self.cache_unknown} tokens filled before kvtui saw it)"
+        return self.cache_id
 
     def for_row(self, row: int) -> "StepSnapshot":
         """The same step seen from another batch row (the TUI's row picker)."""
@@ -210,6 +229,8 @@ class StepSnapshot:
             "requested": {"position_ids": _maybe_list(self.requested_positions),
                           "cache_position": _maybe_list(self.requested_cache_position)},
             "positions_source": self.positions_source, "batch": self.batch, "row": self.row,
+            "lineage": {"parent": self.cache_parent, "copied_at": self.cache_copied_at, "unknown_prefix": self.cache_unknown},
+            "model": self.model, "thread": self.thread,
         }
         if self.rows:
             record["rows"] = [{"row": r.row, "input_ids": list(r.input_ids), "positions": list(r.positions),

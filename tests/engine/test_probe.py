@@ -209,20 +209,35 @@ def test_tokenizer_added_eos_and_trace(tiny_model, tmp_path):
     assert {d["code"] for d in step["diagnostics"]} == codes
 
 
-def test_detach_removes_every_hook(tiny_model):
+def test_watching_leaves_no_hook_and_detach_restores_every_class(tiny_model):
+    """The probe keeps nothing on the model or the cache (no hooks, no instance attributes: they would travel
+    with deepcopy and pickle); it patches classes, and detach gives each class back its own __dict__."""
     model, tokenizer = tiny_model("llama")
     hooks = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())  # noqa: E731
     before = hooks()
+    classes = {cls: dict(vars(cls)) for cls in {type(model), DynamicCache, *DynamicCache.__mro__,
+                                                *(type(m) for m in model.modules()), type(tokenizer),
+                                                *type(tokenizer).__mro__}}
     ids = torch.tensor([[5, 6, 7]])
     with torch.inference_mode():
         reference = model(input_ids=ids).logits
     cache = DynamicCache(config=model.config)
-    with watch(model, tokenizer):
+    cache_attributes = set(vars(cache))
+    with watch(model, tokenizer) as watcher:
         with torch.inference_mode():
             model(input_ids=ids, past_key_values=cache)
-        assert hooks() > before
+        assert watcher.steps == 1 and hooks() == before
+        assert not [name for name, value in vars(cache).items() if name not in cache_attributes
+                    and getattr(value, "__module__", "").startswith("kvtui")]  # nothing of kvtui on the instance
+        patched = [cls for cls, attributes in classes.items() if dict(vars(cls)) != attributes]
+        assert type(model) in patched and DynamicCache in patched
     assert hooks() == before
-    assert "crop" not in vars(cache)  # the instance wrappers are gone too
+    assert not [vars(cache)[name] for name in vars(cache) if callable(vars(cache)[name])
+                and getattr(vars(cache)[name], "__module__", "").startswith("kvtui")]
+    for cls, attributes in classes.items():
+        now = dict(vars(cls))
+        assert now.keys() == attributes.keys(), cls
+        assert all(now[k] is attributes[k] for k in attributes if k != "__dict__"), cls
     with torch.inference_mode():
         assert torch.equal(model(input_ids=ids).logits, reference)
 

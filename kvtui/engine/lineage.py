@@ -1,0 +1,115 @@
+"""Where every cache a watched program uses came from, and what each one holds.
+
+A cache kvtui sees is made by the program (first seen empty), by a forward or generate() that got none,
+copied from another watched cache (`copy.deepcopy` / `copy.copy`: the copy starts with its parent's
+tokens, origins kept), or filled before kvtui saw it (pickled, loaded, made before attaching): its
+earliest tokens are an unknown prefix. Discarded caches leave their ids (bounded, ids only, never
+tensors) so a later prefill that re-encodes them is named (`recomputed-prefix`).
+
+Nothing here is stored on the cache: tracks live in a registry keyed by the cache's identity.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .diagnostics import Alarms
+from .patches import Registry
+from .snapshot import BufferToken
+
+DISCARDED_KEPT = 16  # discarded caches whose ids are kept
+IDS_KEPT = 8192  # ids kept per discarded cache (row 0)
+
+
+def unknown_token(position: int) -> BufferToken:
+    return BufferToken(position=position, id=-2, piece="?", special=False, origin="unknown", turn=0)
+
+
+@dataclass
+class CacheTrack:
+    """What kvtui knows about one cache object: its name, history and the tokens of each batch row."""
+
+    name: str  # "DynamicCache#3"
+    model: int | None  # index of the watched model that used it first
+    rows: list[list[BufferToken]]  # [batch][tokens]; a truncation starts a new list (views stay valid)
+    made: str = "program"  # program | forward | deepcopy | copy | unknown (filled before kvtui saw it)
+    parent: str | None = None
+    copied_at: int | None = None  # the parent's length when copied
+    turn: int = 0  # prefills into this cache so far
+    alarms: Alarms = field(default_factory=Alarms)  # its own repeat state
+    fingerprint: tuple = ()
+
+    @property
+    def unknown(self) -> int:
+        """Leading tokens kvtui never saw (row 0)."""
+        row = self.rows[0] if self.rows else []
+        count = 0
+        for token in row:
+            if token.origin != "unknown":
+                break
+            count += 1
+        return count
+
+    def ids(self, row: int = 0) -> list[int]:
+        return [t.id for t in self.rows[row]] if row < len(self.rows) else []
+
+    def describe(self) -> str:
+        """`DynamicCache#3 ← deepcopy of #1 at 32 tokens`, `DynamicCache#2 (5 tokens filled before kvtui saw it)`."""
+        if self.parent is not None:
+            return f"{self.name} ← {self.made} of #{self.parent.rsplit('#', 1)[-1]} at {self.copied_at} tokens"
+        if self.unknown:
+            return f"{self.name} ({self.unknown} tokens filled before kvtui saw it)"
+        return self.name
+
+    def record(self) -> dict:
+        """The trace's `cache` line: a cache kvtui saw for the first time."""
+        return {"type": "cache", "cache_id": self.name, "made": self.made, "parent": self.parent,
+                "copied_at": self.copied_at, "unknown_prefix": self.unknown, "model": self.model}
+
+
+class Lineage:
+    """Every cache seen, by identity; the ids of discarded ones."""
+
+    def __init__(self):
+        self._tracks = Registry()
+        self._count = 0
+        self.discarded: deque[tuple[str, int | None, tuple[int, ...]]] = deque(maxlen=DISCARDED_KEPT)
+
+    def get(self, cache) -> CacheTrack | None:
+        return self._tracks.get(cache)
+
+    def _name(self, cache) -> str:
+        self._count += 1
+        return f"{type(cache).__name__}#{self._count}"
+
+    def _add(self, cache, track: CacheTrack) -> CacheTrack:
+        for dead in self._tracks.prune():
+            self.discarded.append((dead.name, dead.model, tuple(dead.ids()[:IDS_KEPT])))
+        self._tracks.add(cache, track)
+        return track
+
+    def first_seen(self, cache, model: int | None, length: int, batch: int, made: str) -> CacheTrack:
+        """A cache kvtui meets in a forward: empty (made by the program or the forward), or holding
+        `length` tokens it never saw."""
+        rows = [[unknown_token(i) for i in range(length)] for _ in range(batch)]
+        return self._add(cache, CacheTrack(self._name(cache), model, rows, made="unknown" if length else made))
+
+    def copied(self, parent: CacheTrack, copy, how: str, length: int) -> CacheTrack:
+        """A copy of a watched cache: its parent's tokens, its own name and alarms."""
+        rows = [list(row) for row in parent.rows]
+        track = CacheTrack(self._name(copy), parent.model, rows, made=how, parent=parent.name, copied_at=length,
+                           turn=parent.turn, fingerprint=())
+        return self._add(copy, track)
+
+    def others(self, track: CacheTrack, model: int | None) -> list[tuple[str, list[int] | tuple[int, ...], bool]]:
+        """(name, ids, alive) of the same model's other caches, live and discarded."""
+        live = [(t.name, t.ids(), True) for t in self._tracks.values() if t is not track and t.model == model]
+        gone = [(name, ids, False) for name, owner, ids in self.discarded if owner == model]
+        return live + gone
+
+    def tracks(self) -> list[CacheTrack]:
+        return self._tracks.values()
+
+    def clear(self) -> None:
+        self._tracks.clear()

@@ -1,0 +1,311 @@
+"""One watched forward -> one StepSnapshot: what was fed (per batch row, pads marked), the positions
+the model applied, the cache's rows and layers, top-k, and the alarms the rulebook (`diagnostics.py`)
+raises on them. Pure bookkeeping over what the probe read; it never calls the model.
+
+Shapes: input_ids / position_ids [batch, n]; attention_mask [batch, cached + n] (2-D; other forms
+are not read); logits [batch, n or 1, vocab].
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import introspect
+from .diagnostics import (SpecialIds, check_drift, check_feed, check_padding_side, check_request, check_row_positions,
+                          recomputed_prefix, token_text)
+from .sampling import top_tokens, watched_tokens
+from .snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer
+
+
+@dataclass
+class Call:
+    """One top-level forward in flight (between the probe's before and after)."""
+
+    probe: object  # the probe of the model called
+    caller: str
+    thread: str | None  # the thread's name, off the main thread
+    input_ids: list[list[int]] | None  # [batch][n]; None when only inputs_embeds were passed
+    n: int
+    batch: int
+    mask_new: list[list[int]] | None  # [batch][n] attention mask of the fed tokens
+    real_before: list[int] | None  # [batch] attended tokens already cached (None: no 2-D mask)
+    requested_positions: list[list[int]] | None
+    requested_cache_position: list[int] | None
+    cache: object | None
+    cache_length_before: int
+    track: object | None = None  # the cache's lineage.CacheTrack
+    found: list[Diagnostic] = field(default_factory=list)
+    applied: torch.Tensor | None = None  # position ids read at the rotary / position embedding
+    positions_source: str = "derived"
+    started: float = 0.0  # perf_counter when the forward began (after any pause)
+
+
+def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
+    """What a forward was called with, as plain values (one host transfer per small tensor)."""
+    bound = probe.signature.bind_partial(probe.model, *args, **kwargs).arguments
+    extra = bound.pop(next((n for n, p in probe.signature.parameters.items() if p.kind == p.VAR_KEYWORD), ""), {})
+    values = {**bound, **extra}
+    input_ids = values.get("input_ids")
+    embeds = values.get("inputs_embeds")
+    if isinstance(input_ids, torch.Tensor):
+        ids = input_ids if input_ids.dim() == 2 else input_ids.reshape(1, -1)  # [batch, n]
+        batch, n = ids.shape
+        id_rows = ids.tolist()
+    elif isinstance(embeds, torch.Tensor):
+        batch, n = embeds.shape[0], embeds.shape[1]
+        id_rows = None
+    else:
+        batch, n, id_rows = 1, 0, None
+    cache = introspect.cache_in(values)
+    cache_len = introspect.seq_length(cache) if cache is not None else 0
+    mask = values.get("attention_mask")
+    mask_new = real_before = None
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
+        mask_new = mask[:, mask.shape[-1] - n:].tolist()  # [batch, n]
+        if mask.shape[-1] > n:
+            real_before = mask[:, : mask.shape[-1] - n].sum(-1).tolist()  # [batch]: one reduction
+        else:
+            real_before = [cache_len] * batch
+    cache_position = values.get("cache_position")
+    cache_position = cache_position.reshape(-1).tolist() if isinstance(cache_position, torch.Tensor) else None
+    return Call(probe=probe, caller=caller, thread=thread, input_ids=id_rows, n=n, batch=batch, mask_new=mask_new,
+                real_before=real_before, requested_positions=_rows(values.get("position_ids"), batch),
+                requested_cache_position=cache_position, cache=cache, cache_length_before=cache_len)
+
+
+class StepBuilder:
+    """Builds a watcher's snapshots; keeps what it needs across steps (pieces, specials, encodings)."""
+
+    def __init__(self, watcher):
+        self.watcher = watcher
+        self._pieces: dict[int, str] = {}
+        self._labels: dict[int, str] = {}
+        self._specials_key: tuple | None = None
+        self._specials_value: tuple = ()
+        self._capacities: dict[int, tuple[object, int | None]] = {}
+        self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
+        self._no_cache_alarms = None
+
+    # ---- tokens ----------------------------------------------------------------------------------
+
+    def forget_pieces(self) -> None:
+        self._pieces.clear()
+        self._labels.clear()
+
+    def piece(self, token_id: int) -> str:
+        text = self._pieces.get(token_id)
+        if text is None:
+            if token_id < 0:
+                return "<embeds>" if token_id == -1 else "?"
+            tok = self.watcher.tokenizer
+            try:
+                text = tok.decode([token_id], skip_special_tokens=False) if tok else f"#{token_id}"
+            except Exception:
+                text = f"#{token_id}"
+            self._pieces[token_id] = text
+        return text
+
+    def label(self, token_id: int) -> str:
+        """`'piece' (id N)`, escaped, a partial UTF-8 piece shown as its raw token."""
+        text = self._labels.get(token_id)
+        if text is None:
+            piece, raw = self.piece(token_id), None
+            if "\ufffd" in piece and self.watcher.tokenizer is not None:
+                try:
+                    raw = self.watcher.tokenizer.convert_ids_to_tokens(token_id)
+                except Exception:
+                    raw = None
+            text = self._labels[token_id] = token_text(piece, token_id, raw if isinstance(raw, str) else None)
+        return text
+
+    def specials(self) -> tuple[SpecialIds, frozenset[int]]:
+        tok = self.watcher.tokenizer
+        key = (id(tok), len(self.watcher.probes))
+        if self._specials_key != key:  # read once per tokenizer: the sets cost more than a forward's bookkeeping
+            self._specials_key, self._specials_value = key, self._read_specials(tok)
+        return self._specials_value
+
+    def _read_specials(self, tok) -> tuple[SpecialIds, frozenset[int]]:
+        if tok is None:
+            return SpecialIds(None, frozenset(), None), frozenset()
+        eos = {tok.eos_token_id} if isinstance(tok.eos_token_id, int) else set()
+        for probe in self.watcher.probes:
+            gen = getattr(probe.model, "generation_config", None)
+            value = getattr(gen, "eos_token_id", None)
+            eos.update([value] if isinstance(value, int) else (value or []))
+        special = set(getattr(tok, "all_special_ids", []) or [])
+        for token_id, added in (getattr(tok, "added_tokens_decoder", None) or {}).items():
+            if getattr(added, "special", False):
+                special.add(int(token_id))
+        return SpecialIds(tok.bos_token_id, frozenset(eos), tok.pad_token_id), frozenset(special)
+
+    def saw_encoding(self, ids: list[int], added: set[int]) -> None:
+        self._encodings.append((tuple(ids), frozenset(added)))
+        del self._encodings[:-16]
+
+    def _tokenizer_added(self, call: Call) -> set[int]:
+        """Indices of fed tokens (row 0) that a seen tokenizer call added (BOS/EOS the text did not contain)."""
+        if call.input_ids is None or not self._encodings:
+            return set()
+        ids = tuple(call.input_ids[0])
+        for encoding, added in reversed(self._encodings):
+            if added and len(encoding) >= len(ids) and encoding[len(encoding) - len(ids):] == ids:
+                offset = len(encoding) - len(ids)
+                return {i - offset for i in added if i >= offset}
+        return set()
+
+    # ---- caches ----------------------------------------------------------------------------------
+
+    def capacity(self, cache) -> int | None:
+        """A static cache's capacity, read once per cache object (it never changes)."""
+        import weakref
+
+        key = id(cache)
+        if key not in self._capacities or self._capacities[key][0]() is not cache:
+            if len(self._capacities) > 64:  # forget caches that are gone
+                self._capacities = {k: v for k, v in self._capacities.items() if v[0]() is not None}
+            self._capacities[key] = (weakref.ref(cache), introspect.static_capacity(cache))
+        return self._capacities[key][1]
+
+    def _alarms(self, call: Call):
+        """The repeat state of the cache this forward uses (each cache its own)."""
+        if call.track is not None:
+            return call.track.alarms
+        if self._no_cache_alarms is None:
+            from .diagnostics import Alarms
+
+            self._no_cache_alarms = Alarms()
+        return self._no_cache_alarms
+
+    def check_request(self, call: Call) -> None:
+        capacity = self.capacity(call.cache) if call.cache is not None else None
+        call.found += check_request(
+            self._alarms(call), self.watcher.steps + 1, cache_position=call.requested_cache_position,
+            accepts_cache_position=call.probe.accepts_cache_position, cache_len=call.cache_length_before, n=call.n,
+            capacity=capacity, at=f" [{call.caller}]")
+
+    # ---- the step ----------------------------------------------------------------------------------
+
+    def build(self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float) -> StepSnapshot:
+        watcher, probe = self.watcher, call.probe
+        ids_info, special = self.specials()
+        at = f" [{call.caller}]"
+        applied = self._applied(call)  # [batch][n]
+        cache_len = introspect.seq_length(cache) if cache is not None else 0
+        found = list(call.found)
+        if track is not None:
+            rows = track.rows
+            if call.n > 1:
+                track.turn += 1
+            turn = track.turn
+        else:
+            rows, turn = [[] for _ in range(call.batch)], 0
+        if len(rows) != call.batch:  # a cache now used with another batch size: buffers cannot line up
+            rows[:] = [list(r) for r in (rows + [[]] * call.batch)[:call.batch]]
+        added = self._tokenizer_added(call)
+        masks = call.mask_new if call.mask_new is not None else [[1] * call.n] * call.batch
+        views = []
+        for row in range(call.batch):
+            ids = call.input_ids[row] if call.input_ids is not None else [-1] * call.n
+            mask = masks[row]
+            before = rows[row][-1] if rows[row] else None
+            fed = [BufferToken(position=applied[row][i], id=ids[i], piece=self.piece(ids[i]),
+                               special=ids[i] in special, turn=turn,
+                               origin="pad" if not mask[i] else "tokenizer-added" if (row == 0 and i in added) else "fed")
+                   for i in range(call.n)]
+            if row == 0:  # alarms read row 0; a program's rows share its code path
+                found += check_feed(step, fed, before, ids_info, self.piece, prompt_end=call.n > 1, at=at,
+                                    label=lambda t: self.label(t.id))
+                found += self._check_drift(step, rows[0], ids, at)
+            rows[row].extend(fed)
+            views.append((ids, fed))
+        if call.n > 1:
+            found += check_padding_side(step, masks, at)
+        attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
+        found += check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
+        layers = introspect.layer_infos(cache, probe.window) if cache is not None and hasattr(cache, "layers") else ()
+        capacity = self.capacity(cache) if cache is not None and hasattr(cache, "layers") else None
+        found += [_at(d, call.caller) for d in
+                  self._alarms(call).check_layers(step, layers, capacity, cache_len, reserve=1)]
+        if track is not None:
+            track.fingerprint = introspect.fingerprint(cache)
+            if call.n > 1 and call.input_ids is not None:
+                waste, count, cost = recomputed_prefix(
+                    step, track.name, call.cache_length_before, track.ids(), watcher.lineage.others(track, track.model),
+                    forward_ms, call.n, at)
+                found += waste
+                watcher.recomputed_tokens += count
+                watcher.recomputed_ms += cost
+        top_rows = self._top(logits, call.batch)
+        buffers = [TokenBuffer(r) for r in rows]
+        row_views = tuple(RowView(row=r, input_ids=tuple(views[r][0]), positions=tuple(applied[r]),
+                                  topk=top_rows[r], buffer=buffers[r]) for r in range(call.batch)) if call.batch > 1 else None
+        requested = call.requested_positions[0] if call.requested_positions else None
+        cursor = (call.requested_cache_position[-1] + 1 if call.requested_cache_position
+                  else requested[-1] + 1 if requested and call.mask_new is None else cache_len)
+        watched = ()
+        if watcher.watch_ids and logits is not None:
+            watched = watched_tokens(logits[0, -1].float(), watcher.watch_ids, self.piece)
+        return StepSnapshot(
+            step=step, phase="prefill" if call.n > 1 else "decode", turn=turn,
+            input_ids=tuple(views[0][0]) if views else (), positions=tuple(applied[0]) if applied else (),
+            cursor=cursor, cache_seq_length=cache_len, capacity=capacity, layers=layers,
+            topk=top_rows[0] if top_rows else (), topk_processed=top_rows[0] if top_rows else (), watched=watched,
+            chosen=None, chosen_forced=False, diagnostics=tuple(found), forward_ms=forward_ms,
+            snapshot_ms=(time.perf_counter() - snap_started) * 1000,
+            buffer=buffers[0] if buffers else TokenBuffer([]), source="watch", caller=call.caller,
+            cache_id=track.name if track else None, cache_length_before=call.cache_length_before,
+            requested_positions=tuple(requested) if requested is not None else None,
+            requested_cache_position=tuple(call.requested_cache_position) if call.requested_cache_position else None,
+            positions_source=call.positions_source, batch=call.batch, rows=row_views,
+            cache_parent=track.parent if track else None, cache_copied_at=track.copied_at if track else None,
+            cache_unknown=track.unknown if track else 0, model=probe.label, thread=call.thread)
+
+    def _check_drift(self, step: int, row: list[BufferToken], ids: list[int], at: str) -> list[Diagnostic]:
+        """The program fed the tail of a rendering a tokenizer call returned: its head must be what the cache holds."""
+        if len(ids) < 2 or not row:
+            return []
+        cached = [t.id for t in row]
+        for encoding, _ in reversed(self._encodings):
+            start = len(encoding) - len(ids)
+            if start > 0 and list(encoding[start:]) == ids:
+                return check_drift(step, cached, encoding, ids, self.label, at)
+        return []
+
+    def _applied(self, call: Call) -> list[list[int]]:
+        """The positions the model used, [batch][n]: read at its position module, else what it derives."""
+        if call.applied is not None:
+            positions = call.applied
+            if positions.dim() == 3:  # multimodal RoPE: [3, batch, n], the text axis first
+                positions = positions[0]
+            positions = positions.reshape(-1, positions.shape[-1])[:, -call.n:] if call.n else positions
+            rows = positions.tolist()
+            return rows if len(rows) == call.batch else [rows[0]] * call.batch
+        if call.requested_positions is not None:
+            return call.requested_positions
+        start = call.cache_length_before  # 5.4+: no position_ids -> arange from the cache length
+        return [list(range(start, start + call.n))] * call.batch
+
+    def _top(self, logits, batch: int) -> list[tuple]:
+        if logits is None or logits.dim() != 3:
+            return [()] * batch
+        last = logits[:, -1].float()  # [batch, vocab]
+        k = self.watcher.top_k
+        return [top_tokens(last[row], k, self.piece) for row in range(min(batch, last.shape[0]))] + \
+            [()] * max(0, batch - last.shape[0])
+
+
+def _rows(values, batch: int) -> list[list[int]] | None:
+    if not isinstance(values, torch.Tensor):
+        return None
+    if values.dim() == 3:  # multimodal RoPE [3, batch, n]
+        values = values[0]
+    rows = values.reshape(-1, values.shape[-1]).tolist()
+    return rows if len(rows) == batch else [rows[0]] * batch
+
+
+def _at(d: Diagnostic, caller: str) -> Diagnostic:
+    return Diagnostic(d.code, d.severity, f"{d.message} [{caller}]", d.step)
