@@ -38,6 +38,12 @@ def _hooks(model) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
+def _patches() -> int:
+    from kvtui.engine.patches import PATCHES
+
+    return len(PATCHES.installed())
+
+
 def bench(model, tokenizer, n_new: int = 48, repeats: int = 3) -> dict:
     baseline_hooks = _hooks(model)
     user_loop(model, tokenizer, 4)  # warm-up
@@ -59,5 +65,5 @@ def bench(model, tokenizer, n_new: int = 48, repeats: int = 3) -> dict:
         "n_new": n_new, "unwatched_s": summary(plain), "watched_s": summary(watched), "after_detach_s": summary(after),
         "watched_ratio": summary([w / p for w, p in zip(watched, plain)]),
         "after_ratio": summary([a / p for a, p in zip(after, plain)]),
-        "same_tokens": same, "hooks_after_detach": _hooks(model) - baseline_hooks,
+        "same_tokens": same, "hooks_after_detach": _hooks(model) - baseline_hooks, "patches_after_detach": _patches(),
     }

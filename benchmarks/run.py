@@ -278,7 +278,8 @@ def watch_report(r: dict) -> list[str]:
         f"| after detach | {fmt_stat(w['after_detach_s'], 2)} | {fmt_stat(w['after_ratio'], 3)} |",
         "",
         f"Greedy tokens identical in all three: {w['same_tokens']}. Hooks left on the model after detach: "
-        f"{w['hooks_after_detach']} (0 means an unwatched model runs exactly as before). Target: watched ≤ 1.05.",
+        f"{w['hooks_after_detach']}; class patches left: {w.get('patches_after_detach', '?')} (0 and 0 mean an "
+        "unwatched model runs exactly as before). Target: watched ≤ 1.05 (goal 1.02).",
     ]
 
 

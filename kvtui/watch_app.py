@@ -44,6 +44,7 @@ class WatchApp(KvtuiApp):
     BINDINGS = [
         Binding("b", "break_on_alarm", "break on alarm"),
         Binding("n", "next_row", "next batch row", show=False),
+        Binding("m", "next_model", "model filter", show=False),
         *KvtuiApp.BINDINGS,
     ]
 
@@ -64,6 +65,9 @@ class WatchApp(KvtuiApp):
         self.break_on_alarm = break_on_alarm
         self.ended: int | None = None  # the program's exit code once it ended
         self.stream_diagnostics: list[Diagnostic] = []
+        self.recomputed = 0  # tokens the program's prefills re-encoded that another cache held
+        self.models: list[str] = []  # labels of the models whose steps arrived ("model 1: draft"), in order
+        self.model_filter: str | None = None  # show only this model's steps (m cycles); None: all
 
     # ---- the source --------------------------------------------------------------------------------
 
@@ -91,7 +95,12 @@ class WatchApp(KvtuiApp):
             kind = record.get("type")
             if kind == "step":
                 snapshot = self.replay.add(record)
+                self.recomputed += snapshot.recomputed  # one writer (this worker); the UI reads an int
                 diagnostics.extend(snapshot.diagnostics)
+                if snapshot.model and snapshot.model not in self.models:
+                    self.models = [*self.models, snapshot.model]  # a new list: the UI thread reads it whole
+                if self.model_filter is not None and snapshot.model != self.model_filter:
+                    continue  # kept in the history; not shown while another model is picked
                 self.post_message(SnapshotReady(snapshot, None, tuple(diagnostics), running=not self.paused))
                 continue
             if kind == "diagnostic":
@@ -147,8 +156,18 @@ class WatchApp(KvtuiApp):
             asked = f" · asked cache_position {snapshot.requested_cache_position[0]}.."
         elif snapshot.requested_positions:
             asked = f" · asked position_ids {snapshot.requested_positions[0]}.."
-        return (f"step {snapshot.step} at {snapshot.caller} · {snapshot.cache_id or 'no cache'} "
+        who = f" · {snapshot.model}" if snapshot.model else ""
+        thread = f" · {snapshot.thread}" if snapshot.thread and snapshot.thread not in (snapshot.caller or "") else ""
+        text = (f"step {snapshot.step} at {snapshot.caller}{thread}{who} · {snapshot.lineage or 'no cache'} "
                 f"{snapshot.cache_length_before}→{snapshot.cache_seq_length}{asked}{rows}")
+        if snapshot.phase == "prefill" and snapshot.cache_length_before is not None:
+            fed, held = len(snapshot.input_ids), snapshot.cache_seq_length
+            share = (held - fed) / held if held else 0.0
+            text += f"\nturn {snapshot.turn} of this cache · reused {held - fed} cached tokens, fed {fed} ({share:.0%} reuse)"
+        waste = self.recomputed
+        if waste:
+            text += f" · re-encoded {waste} tokens other caches held (recomputed-prefix)"
+        return text
 
     def _update_title(self) -> None:
         state = ("ended" if self.ended is not None else "paused" if self.paused else "running")
@@ -207,6 +226,15 @@ class WatchApp(KvtuiApp):
         if self.latest is not None and self.pinned_step is None:
             self._show(self.latest)
             self._show_chat()
+
+    def action_next_model(self) -> None:
+        """Show one model's steps (a draft and its target, two models in threads), then all again."""
+        choices = [None, *self.models]
+        if len(choices) < 3:
+            self.notify("one model: nothing to filter", timeout=2)
+            return
+        self.model_filter = choices[(choices.index(self.model_filter) + 1) % len(choices)]
+        self.notify(f"showing {self.model_filter or 'every model'}'s steps", timeout=3)
 
     def action_watch(self) -> None:
         from .widgets.topk_pane import TopKPane

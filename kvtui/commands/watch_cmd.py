@@ -67,6 +67,7 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
                f"program exit code {code}", file=err)
     for d in watcher.diagnostics:
         click.echo(f"{d.severity:>7} step {d.step:>4}  {d.code}  {printable(d.message)}", file=err)
+    click.echo(f"waste: {watcher.summary()}", file=err)
     if trace_path:
         click.echo(f"trace written to {trace_path}", file=err)
     failed = failing(watcher.diagnostics, fail_on)

@@ -65,6 +65,9 @@ def check_feed(step: int, fed: Sequence[BufferToken], before: BufferToken | None
     found = []
     attended = [t for t in fed if t.origin != "pad"]
     added = [t for t in attended if t.origin == "tokenizer-added"]
+    if added and added == attended[:1] and before is None and added[0].id == ids.bos and not (
+            len(attended) > 1 and attended[1].id == ids.bos):
+        added = []  # one BOS in front of an empty cache is what the model expects: not news
     if added:
         names = ", ".join(f"{label(t)} at position {t.position}" for t in added)
         kinds = {"BOS" if t.id == ids.bos else "EOS" if t.id in ids.eos else "special" for t in added}
@@ -275,23 +278,29 @@ STALE_MIN_REFED = 8  # a fed prefix this long that repeats the cache's own start
 
 
 def check_stale_prompt(step: int, cache_name: str, cached: Sequence[int], prompt: Sequence[int], label,
-                       at: str) -> list[Diagnostic]:
-    """generate() was handed a cache and a prompt: it feeds only prompt[len(cache):], so the cache must
-    hold a prefix of the prompt. Unknown cached tokens (< 0) are taken on trust."""
+                       at: str, fed_from: int | None = None) -> list[Diagnostic]:
+    """generate() was handed a cache and a prompt: it feeds only prompt[len(cache):] (`fed_from`; the whole
+    prompt again when the cache is at least as long), so the cache must hold a prefix of the prompt.
+    Unknown cached tokens (< 0) are taken on trust."""
     held = len(cached)
     if not held or not prompt:
         return []
     index = next((i for i, (a, b) in enumerate(zip(cached, prompt)) if a >= 0 and a != b), None)
     if index is None:
         return []
-    never = max(0, min(held, len(prompt)) - index)
+    fed_from = held if fed_from is None else fed_from
+    if fed_from > 0:
+        never = max(0, min(fed_from, len(prompt)) - index)
+        what = (f"generate() feeds only prompt tokens {fed_from}.., so {never} prompt token(s) were never fed and "
+                f"the model continues the cache's text")
+    else:
+        what = "generate() fed the whole prompt again after them, so the model reads both texts"
     return [Diagnostic(
         "stale-cache", "warning",
         f"{cache_name} holds {held} tokens that are not a prefix of the prompt it is asked to continue: they differ "
         f"at index {index} (cache {label(cached[index])}, prompt "
-        f"{label(prompt[index]) if index < len(prompt) else 'nothing'}); generate() feeds only prompt tokens "
-        f"{held}.., so {never} prompt token(s) were never fed and the model continues the cache's text "
-        f"(copy the cache per prompt, or crop it to the shared prefix)" + at, step)]
+        f"{label(prompt[index]) if index < len(prompt) else 'nothing'}); {what} (copy the cache per prompt, or crop "
+        f"it to the shared prefix)" + at, step)]
 
 
 def check_refed(step: int, cache_name: str, cached: Sequence[int], fed: Sequence[int], at: str) -> list[Diagnostic]:

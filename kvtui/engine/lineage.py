@@ -16,14 +16,10 @@ from dataclasses import dataclass, field
 
 from .diagnostics import Alarms
 from .patches import Registry
-from .snapshot import BufferToken
+from .snapshot import BufferToken, unknown_token
 
 DISCARDED_KEPT = 16  # discarded caches whose ids are kept
 IDS_KEPT = 8192  # ids kept per discarded cache (row 0)
-
-
-def unknown_token(position: int) -> BufferToken:
-    return BufferToken(position=position, id=-2, piece="?", special=False, origin="unknown", turn=0)
 
 
 @dataclass

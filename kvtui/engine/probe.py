@@ -14,7 +14,7 @@ of kvtui is stored on the program's objects and nothing travels with `copy.deepc
 
 Between two forwards a cache is checked against a per-layer fingerprint, and its own edit methods
 (crop, reset, reorder...) report the line that called them (`cache-edited`). generate() is seen before
-its first forward (`stale-cache`: the cache is not a prefix of the prompt). Every alarm comes from
+its first forward, from its own frame (`stale-cache`: the cache is not a prefix of the prompt). Every alarm comes from
 `diagnostics.py`, the rulebook kvtui's own session uses too, and names the line of the user's code.
 """
 
@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from . import introspect
-from .diagnostics import check_refed, check_stale_prompt, token_text
+from .diagnostics import check_refed, check_stale_prompt
 from .lineage import CacheTrack, Lineage
 from .patches import (PATCHES, Registry, acquire_copy_patches, call_wrapper, compiling, defining_class, edit_wrapper,
                       peek_wrapper, started_at, thread_start_wrapper)
@@ -62,6 +62,26 @@ def caller_line(skip: tuple[str, ...] | None = None) -> str:
             return f"{_short_path(name)}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
+
+
+_GENERATE_CODES: set = set()  # code objects of the watched models' generate(): their frames hold the prompt
+
+
+def caller_and_generate(skip: tuple[str, ...]) -> tuple[str, list]:
+    """The user's line (as caller_line) and the generate() frames between it and here, innermost first.
+    generate() is read from its frame, not wrapped: a wrapper would become the caller that its warnings
+    (stacklevel) point at, and the program's stderr would change."""
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code in _GENERATE_CODES:
+            frames.append(frame)
+        name = code.co_filename
+        if not name.startswith(skip) and not name.startswith("<frozen"):
+            return f"{_short_path(name)}:{frame.f_lineno}", frames
+        frame = frame.f_back
+    return "?", frames
 
 
 def thread_caller(line: str) -> tuple[str, str | None]:
@@ -107,7 +127,6 @@ class Gate:
 class _State(threading.local):
     def __init__(self):
         self.stack: list[Call | None] = []  # top-level forwards in flight on this thread (None: nested)
-        self.pending: list[Diagnostic] = []  # raised by generate() before its first forward
 
     @property
     def current(self) -> Call | None:
@@ -142,7 +161,7 @@ class _Probe:
         PATCHES.acquire(watcher, type(model), "__call__", call_wrapper(_MODELS.get, _before_forward, _after_forward))
         owner = defining_class(type(model), "generate")
         if owner is not None:
-            PATCHES.acquire(watcher, owner, "generate", _generate_wrapper)
+            _GENERATE_CODES.add(inspect.unwrap(owner.__dict__["generate"]).__code__)
         self.position_modules = _position_modules(model)
         for module, source in self.position_modules:
             _POSITIONS.add(module, (self, source))
@@ -199,20 +218,6 @@ def _saw_positions(entry, args, kwargs) -> None:
         positions = args[0] if args else kwargs.get("input")
     if isinstance(positions, torch.Tensor) and positions.dtype in (torch.long, torch.int, torch.int32):
         call.applied, call.positions_source = positions, source
-
-
-def _generate_wrapper(original):
-    @functools.wraps(original)
-    def generate(self, *args, **kwargs):
-        probe = _MODELS.get(self)
-        if probe is not None and not compiling():
-            try:
-                probe.watcher._generate(probe, args, kwargs)
-            except Exception as exc:
-                probe.watcher._internal_error("before generate()", exc)
-        return original(self, *args, **kwargs)
-
-    return generate
 
 
 def _position_modules(model) -> list[tuple[torch.nn.Module, str]]:
@@ -439,28 +444,24 @@ class Watcher:
 
     # ---- generate() ------------------------------------------------------------------------------
 
-    def _generate(self, probe: _Probe, args, kwargs) -> None:
-        """generate() is about to run: name a draft model, and check the passed cache against the prompt
-        (generate feeds only the prompt tokens past the cache's length, whatever the cache holds)."""
-        with self._lock:
-            if self._skip is None:
-                self._skip = _library_dirs()
-            assistant = kwargs.get("assistant_model")
-            if assistant is not None:
-                helper = _MODELS.get(assistant)
-                if helper is not None and helper.watcher is self:
-                    helper.role = "draft"
-            prompt = kwargs.get("input_ids", args[0] if args and isinstance(args[0], torch.Tensor) else None)
-            cache = introspect.cache_in(kwargs)
-            if not isinstance(prompt, torch.Tensor) or cache is None:
-                return
-            track = self.lineage.get(cache)
-            if track is None:
-                return
-            caller, _ = thread_caller(caller_line(self._skip))
-            prompt_ids = prompt.reshape(-1, prompt.shape[-1])[0].tolist()  # row 0: [n]
-            _STATE.pending += check_stale_prompt(self.steps + 1, track.name, track.ids(), prompt_ids, self.label,
-                                                 f" [{caller}]")
+    def _generate(self, call: Call, frames: list) -> None:
+        """The forward runs inside generate(): name a draft model, and at generate's first forward check the
+        cache against the whole prompt (generate feeds only the prompt tokens past the cache's length,
+        whatever the cache holds)."""
+        for frame in frames:
+            assistant = frame.f_locals.get("assistant_model")
+            helper = _MODELS.get(assistant) if assistant is not None else None
+            if helper is not None and helper.watcher is self:
+                helper.role = "draft"
+        prompt = frames[0].f_locals.get("input_ids")
+        track = call.track
+        if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or track is None or not call.cache_length_before:
+            return
+        length = prompt.shape[-1]
+        if call.cache_length_before + call.n != length and call.n != length:  # a later step of this generate()
+            return
+        call.found += check_stale_prompt(self.steps + 1, track.name, track.ids(), prompt[0].tolist(), self.label,
+                                         f" [{call.caller}]", fed_from=length - call.n)
 
     # ---- the forward -----------------------------------------------------------------------------
 
@@ -468,11 +469,9 @@ class Watcher:
         with self._lock:
             if self._skip is None:
                 self._skip = _library_dirs()
-            caller, thread = thread_caller(caller_line(self._skip))
+            line, generating = caller_and_generate(self._skip)
+            caller, thread = thread_caller(line)
             call = read_call(probe, args, kwargs, caller, thread)
-            if _STATE.pending:
-                call.found += _STATE.pending
-                _STATE.pending = []
             if call.cache is not None:
                 track = self.lineage.get(call.cache)
                 if track is None:
@@ -480,6 +479,8 @@ class Watcher:
                 else:
                     self._check_edits(call, track, call.cache)
                 call.track = track
+                if generating:
+                    self._generate(call, generating)
                 if call.n > 1 and call.input_ids is not None and not any(d.code == "stale-cache" for d in call.found):
                     call.found += check_refed(self.steps + 1, track.name, track.ids(), call.input_ids[0],
                                               f" [{call.caller}]")

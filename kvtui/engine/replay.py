@@ -7,7 +7,7 @@ before it (buffer_length - fed) and appends the fed tokens; lists are shared bet
 
 from __future__ import annotations
 
-from .snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
+from .snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken, unknown_token
 from .trace import Trace, TraceError
 
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "forced": "assistant"}
@@ -20,6 +20,7 @@ class SnapshotBuilder:
     def __init__(self, path=None):
         self.path = path  # named in errors
         self._items: list[BufferToken] = []
+        self._caches: dict[str, list[BufferToken]] = {}  # a watched program's caches, by cache_id
         self._row_items: list[list[BufferToken]] = []
         self.count = 0
 
@@ -33,7 +34,10 @@ class SnapshotBuilder:
         if len(fed) != len(record["input_ids"]):
             raise TraceError(f"{path}: step {record['step']} has no 'fed' tokens (recorded by an older kvtui?)")
         try:
-            self._items = _extend(self._items, record.get("buffer_length", len(self._items) + len(fed)), fed)
+            items = self._cache_items(record)
+            self._items = _extend(items, record.get("buffer_length", len(items) + len(fed)), fed)
+            if record.get("cache_id"):
+                self._caches[record["cache_id"]] = self._items
             rows = None
             if record.get("rows"):
                 while len(self._row_items) < len(record["rows"]):
@@ -50,6 +54,22 @@ class SnapshotBuilder:
             return _snapshot(record, TokenBuffer(self._items), rows)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise TraceError(f"{path}: step line {number}: a field is missing or malformed ({exc!r})") from None
+
+
+    def _cache_items(self, record: dict) -> list[BufferToken]:
+        """The tokens the step's cache held: kvtui's own chat has one cache; a watched program's caches each
+        have theirs, a copy starting with its parent's tokens and a cache filled unseen with unknown ones."""
+        cache_id = record.get("cache_id")
+        if not cache_id:
+            return self._items
+        items = self._caches.get(cache_id)
+        if items is None:
+            lineage = record.get("lineage") or {}
+            if lineage.get("parent") in self._caches:
+                items = list(self._caches[lineage["parent"]][: lineage.get("copied_at") or 0])
+            else:
+                items = [unknown_token(i) for i in range(lineage.get("unknown_prefix") or 0)]
+        return items
 
 
 class Replay:
@@ -199,4 +219,4 @@ def _watch_fields(record: dict, rows) -> dict:
             "positions_source": record.get("positions_source"), "batch": record.get("batch", 1),
             "row": record.get("row", 0), "rows": rows, "cache_parent": lineage.get("parent"),
             "cache_copied_at": lineage.get("copied_at"), "cache_unknown": lineage.get("unknown_prefix") or 0,
-            "model": record.get("model"), "thread": record.get("thread")}
+            "model": record.get("model"), "thread": record.get("thread"), "recomputed": record.get("recomputed", 0)}

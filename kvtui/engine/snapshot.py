@@ -26,6 +26,11 @@ class BufferToken:
     turn: int  # index of the chat turn (user message count) it belongs to
 
 
+def unknown_token(position: int) -> BufferToken:
+    """A token a watched cache held before kvtui saw it: its position is known, its id is not."""
+    return BufferToken(position=position, id=-2, piece="?", special=False, origin="unknown", turn=0)
+
+
 class TokenBuffer(Sequence[BufferToken]):
     """An immutable view of the first `length` tokens of an append-only list.
 
@@ -162,6 +167,7 @@ class StepSnapshot:
     cache_copied_at: int | None = None
     cache_unknown: int = 0
     model: str | None = None  # "model 1: draft" when a program runs several models
+    recomputed: int = 0  # prefill tokens another cache of the same model already held (recomputed-prefix)
     thread: str | None = None  # the thread that called, off the main thread ("Thread-2 (generate), started at x.py:3")
 
     @property
@@ -230,7 +236,7 @@ class StepSnapshot:
                           "cache_position": _maybe_list(self.requested_cache_position)},
             "positions_source": self.positions_source, "batch": self.batch, "row": self.row,
             "lineage": {"parent": self.cache_parent, "copied_at": self.cache_copied_at, "unknown_prefix": self.cache_unknown},
-            "model": self.model, "thread": self.thread,
+            "model": self.model, "thread": self.thread, "recomputed": self.recomputed,
         }
         if self.rows:
             record["rows"] = [{"row": r.row, "input_ids": list(r.input_ids), "positions": list(r.positions),

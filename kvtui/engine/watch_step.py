@@ -219,7 +219,8 @@ class StepBuilder:
             if row == 0:  # alarms read row 0; a program's rows share its code path
                 found += check_feed(step, fed, before, ids_info, self.piece, prompt_end=call.n > 1, at=at,
                                     label=lambda t: self.label(t.id))
-                found += self._check_drift(step, rows[0], ids, at)
+                if not any(d.code == "stale-cache" for d in found):  # the same stale prefix, said once
+                    found += self._check_drift(step, rows[0], ids, at)
             rows[row].extend(fed)
             views.append((ids, fed))
         if call.n > 1:
@@ -230,6 +231,7 @@ class StepBuilder:
         capacity = self.capacity(cache) if cache is not None and hasattr(cache, "layers") else None
         found += [_at(d, call.caller) for d in
                   self._alarms(call).check_layers(step, layers, capacity, cache_len, reserve=1)]
+        recomputed = 0
         if track is not None:
             track.fingerprint = introspect.fingerprint(cache)
             if call.n > 1 and call.input_ids is not None:
@@ -237,6 +239,7 @@ class StepBuilder:
                     step, track.name, call.cache_length_before, track.ids(), watcher.lineage.others(track, track.model),
                     forward_ms, call.n, at)
                 found += waste
+                recomputed = count
                 watcher.recomputed_tokens += count
                 watcher.recomputed_ms += cost
         top_rows = self._top(logits, call.batch)
@@ -262,7 +265,7 @@ class StepBuilder:
             requested_cache_position=tuple(call.requested_cache_position) if call.requested_cache_position else None,
             positions_source=call.positions_source, batch=call.batch, rows=row_views,
             cache_parent=track.parent if track else None, cache_copied_at=track.copied_at if track else None,
-            cache_unknown=track.unknown if track else 0, model=probe.label, thread=call.thread)
+            cache_unknown=track.unknown if track else 0, model=probe.label, thread=call.thread, recomputed=recomputed)
 
     def _check_drift(self, step: int, row: list[BufferToken], ids: list[int], at: str) -> list[Diagnostic]:
         """The program fed the tail of a rendering a tokenizer call returned: its head must be what the cache holds."""

@@ -107,6 +107,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
         & > .token-buffer--forced { color: $text-warning; text-style: underline; }
         & > .token-buffer--tokenizer-added { color: $text-error; }
         & > .token-buffer--primed { color: $text-error 55%; text-style: italic; }
+        & > .token-buffer--unknown { color: $text-disabled; text-style: italic; }
         & > .token-buffer--special { background: $accent 22%; text-style: bold; }
 
         & > .token-buffer--last-forward { background: $foreground 15%; }
