@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from textual import work
+from textual import on, work
 from textual.binding import Binding
 from textual.message import Message
+from textual.screen import ModalScreen
 from textual.worker import get_current_worker
 
 from .app import KvtuiApp, SnapshotReady
@@ -17,6 +18,7 @@ from .engine.snapshot import Diagnostic
 from .options import AppConfig
 from .widgets.chat_pane import ChatPane
 from .fmt import printable
+from .widgets.program_input import ProgramInput
 from .widgets.program_output import ProgramOutput
 from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
@@ -44,8 +46,9 @@ class WatchApp(KvtuiApp):
     BINDINGS = [
         Binding("b", "break_on_alarm", "break on alarm"),
         Binding("n", "next_row", "next batch row", show=False),
-        Binding("m", "next_model", "model filter", show=False),
-        *KvtuiApp.BINDINGS,
+        Binding("M", "next_model", "model filter", show=False),
+        Binding("i", "focus_input", "type to the program"),
+        *(binding for binding in KvtuiApp.BINDINGS if binding.key != "i"),
     ]
 
     def __init__(self, target: str | None = None, args: list[str] | None = None, *, module: bool = False,
@@ -64,10 +67,11 @@ class WatchApp(KvtuiApp):
         self.paused = paused
         self.break_on_alarm = break_on_alarm
         self.ended: int | None = None  # the program's exit code once it ended
+        self._prompted = False  # the input took the focus once, at the program's first prompt
         self.stream_diagnostics: list[Diagnostic] = []
         self.recomputed = 0  # tokens the program's prefills re-encoded that another cache held
         self.models: list[str] = []  # labels of the models whose steps arrived ("model 1: draft"), in order
-        self.model_filter: str | None = None  # show only this model's steps (m cycles); None: all
+        self.model_filter: str | None = None  # show only this model's steps (M cycles); None: all
 
     # ---- the source --------------------------------------------------------------------------------
 
@@ -82,6 +86,9 @@ class WatchApp(KvtuiApp):
             from .engine.stream import ProgramSource
 
             self.source = ProgramSource(**self._source_args)
+        if hasattr(self.source, "write_stdin"):  # a program that reads its stdin from this input line
+            chat.input.display = False  # the footer lists the keys; one input line, the program's
+            chat.mount(ProgramInput(id="program-input"), before=chat.query_one("#reuse"))
         self.model_text = f"watching {self.label} · waiting for its first model…"
         self.query_one(StatusBar).set_text(self.model_text)
         self.pump()
@@ -116,7 +123,12 @@ class WatchApp(KvtuiApp):
             self.diagnostics = message.diagnostics
             self._show_diagnostics()
         if kind == "output":
-            self.query_one(ProgramOutput).add(record["stream"], record["text"])
+            self.query_one(ProgramOutput).add(record["stream"], record["text"], bool(record.get("partial")))
+            if record.get("partial") and record["stream"] == "stdout" and not self._prompted:
+                self._prompted = True  # a prompt: the person can just type (once; esc gives the keys back)
+                program_input = self._program_input()
+                if program_input is not None and not program_input.disabled and not isinstance(self.screen, ModalScreen):
+                    program_input.focus()
         elif kind == "header":
             self.model_text = (f"watching {self.label} · {record.get('model_class', '?')} · {record.get('device', '?')} · "
                                f"{record.get('dtype', '?')} · transformers {record.get('transformers', '?')}")
@@ -141,6 +153,7 @@ class WatchApp(KvtuiApp):
                 self.ended = record.get("code", 0)
                 self.paused = False
                 self._update_title()
+                self._close_input(f"the program has ended (exit code {self.ended}): it reads no more input")
                 self.notify(f"the program ended (exit code {self.ended}): everything stays here to inspect; q quits",
                             timeout=8)
 
@@ -176,6 +189,54 @@ class WatchApp(KvtuiApp):
             self.query_one(ChatPane).border_title = f"kvtui · watch · {self.label} · {state}"
         except Exception:  # not composed yet
             pass
+
+    # ---- the program's stdin ------------------------------------------------------------------------
+
+    def _program_input(self) -> ProgramInput | None:
+        found = self.query(ProgramInput)
+        return found.first() if found else None
+
+    def _close_input(self, why: str) -> None:
+        program_input = self._program_input()
+        if program_input is None or program_input.disabled:
+            return
+        had_focus = program_input.has_focus
+        program_input.close(why)
+        if had_focus:
+            self.query_one(TokenBufferPane).focus()
+
+    def action_focus_input(self) -> None:
+        program_input = self._program_input()
+        if program_input is None:
+            self.notify("this stream has no program to type to (a trace being followed)", severity="warning")
+        elif program_input.disabled:
+            self.notify(program_input.placeholder, severity="warning", timeout=4)
+        else:
+            program_input.focus()
+
+    @on(ProgramInput.Line)
+    def send_line(self, message: ProgramInput.Line) -> None:
+        if not self.source.write_stdin(message.text + "\n"):
+            why = ("the program has ended" if not self.source.running else
+                   "its input is closed" if not self.source.stdin_open else
+                   "it is not reading its input (64 KiB are waiting)")
+            self.notify(f"not sent: {why}", severity="warning", timeout=5)
+
+    @on(ProgramInput.EndInput)
+    def end_input(self) -> None:
+        self.source.close_stdin()
+        self._close_input("the program's input is closed (ctrl+d sent EOF)")
+
+    @on(ProgramInput.Interrupt)
+    def interrupt_program(self) -> None:
+        if self.source.interrupt():
+            self.notify("ctrl+c: SIGINT sent to the program (a KeyboardInterrupt in Python)", timeout=4)
+        else:
+            self.notify("the program has ended: nothing to interrupt", severity="warning", timeout=4)
+
+    @on(ProgramInput.Leave)
+    def leave_input(self) -> None:
+        self.query_one(TokenBufferPane).focus()
 
     # ---- keys --------------------------------------------------------------------------------------
 

@@ -7,7 +7,16 @@ plus a few stream-only ones; commands flow the other way, one per line: a word, 
 one JSON value (`send {"text": "hi", "run": true}`, `rewind 1`, `watch 42`).
 
   source -> viewer   {"type": "header" | "model" | "step" | "diagnostic", ...}   (trace schema 1)
-                     {"type": "output", "stream": "stdout" | "stderr", "text": ...}   (added by the parent)
+                     {"type": "output", "stream": "stdout" | "stderr", "text": ..., ["partial": true]}
+                                                              (added by the parent) a line of the child's output;
+                                                              `partial`: the line's unterminated tail so far (a
+                                                              prompt like input("you> ") writes no newline), shown
+                                                              as the current last line and replaced by the next
+                                                              record of that stream; a "\r" keeps its last part
+                     {"type": "output", "stream": "stdin", "text": ...}   (added by the parent, watch only) a
+                                                              line the person sent to the program's stdin, in
+                                                              order with its output (a terminal's echo): it ends
+                                                              a pending partial line, which is not sent again
                      {"type": "process-exit", "code": N}      the child ended (added by the parent)
     watch only       {"type": "paused", "step": N}            the program waits before its next forward
                      {"type": "break", "step": N, "codes": [...]}  break-on-alarm stopped it after step N
@@ -26,6 +35,9 @@ one JSON value (`send {"text": "hi", "run": true}`, `rewind 1`, `watch 42`).
     engine           send {"text", "run"} | step | run | pause | stop | rewind N | rewind_to N |
                      force {"id", "run"} | verify | sampler {...} | reset | export | watch ID |
                      attention LAYER | restore {"tokens", "state"} | quit
+    the program's stdin (watch only) is a pipe of its own, not a command: the viewer writes the person's lines
+    there (`write_stdin`), closes it for EOF (`close_stdin`), and `interrupt()` sends SIGINT to the program's
+    process group, as ctrl+c in a terminal does. kvtui's engine process reads no stdin (/dev/null).
 
 A child notices its viewer is gone (quit, crash or SIGKILL) when its control pipe closes, and exits.
 """
@@ -184,6 +196,9 @@ def child_main(argv: list[str] | None = None) -> int:
 
     from .probe import Watcher, run_watched
 
+    # the viewer's ctrl+c (interrupt()) is a KeyboardInterrupt in the program, as in a terminal, even when
+    # kvtui itself was started with SIGINT ignored (a background job of a script, nohup)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     pipe = RecordPipe(options.records_fd)
     gate = control_gate(options.control_fd, pipe, options.paused, options.break_on_alarm)
     watcher = Watcher(trace=options.trace, top_k=options.top_k, gate=gate, program=[options.target, *options.args],
@@ -199,25 +214,36 @@ def child_main(argv: list[str] | None = None) -> int:
 class ChildSource:
     """A child process speaking this protocol: records on a pipe of their own, commands on another, its
     stdout/stderr lines as "output" records. It runs in a session of its own (a ctrl+c in the terminal
-    is the viewer's to handle) and ends with the viewer: `stop()`, or the control pipe closing."""
+    is the viewer's to handle) and ends with the viewer: `stop()`, or the control pipe closing.
+    With `interactive`, its stdin is a pipe the viewer writes the person's lines to; else /dev/null."""
 
     supports: set[str] = set()
+    PARTIAL_QUIET = 0.05  # seconds without more output before an unterminated tail is shown as a partial line
 
-    def _spawn(self, module: str, args: list[str], env: dict | None = None, cwd: str | None = None) -> None:
+    def _spawn(self, module: str, args: list[str], env: dict | None = None, cwd: str | None = None,
+               interactive: bool = False) -> None:
         """`python -m MODULE --records-fd W --control-fd R ARGS...`"""
         records_read, records_write = os.pipe()
         control_read, control_write = os.pipe()
         command = [sys.executable, "-m", module, "--records-fd", str(records_write), "--control-fd", str(control_read),
                    *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.process = subprocess.Popen(command, pass_fds=(records_write, control_read), stdin=subprocess.DEVNULL,
+        self.process = subprocess.Popen(command, pass_fds=(records_write, control_read),
+                                        stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
                                         start_new_session=True)
         os.close(records_write)
         os.close(control_read)
+        if interactive:
+            os.set_blocking(self.process.stdin.fileno(), False)  # a program that does not read never blocks the UI
         self._control = os.fdopen(control_write, "w", encoding="utf-8", buffering=1)
         self._control_lock = threading.Lock()
+        self._stdin_lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
+        # the stdout/stderr bytes already shown as a partial line, per stream; an echo of a sent line ends them
+        self._output_lock = threading.Lock()
+        self._shown_partial: dict[str, int] = {}
+        self._ended_partial: set[str] = set()
         self._open = 3
         threading.Thread(target=self._read_records, args=(records_read,), daemon=True).start()
         for name, stream in (("stdout", self.process.stdout), ("stderr", self.process.stderr)):
@@ -233,10 +259,38 @@ class ChildSource:
         self._queue.put(None)
 
     def _read_output(self, name: str, stream) -> None:
-        for raw in iter(stream.readline, b""):
-            text = raw.decode("utf-8", "replace").rstrip("\r\n")
-            text = next((part for part in reversed(text.split("\r")) if part), "")  # a progress bar's last state
-            self._queue.put({"type": "output", "stream": name, "text": text})
+        """The child's output as "output" records: each line once complete, and an unterminated tail (a prompt,
+        a progress bar) as a partial record once the child has written nothing more for PARTIAL_QUIET."""
+        import select
+
+        fd = stream.fileno()
+        pending = b""  # bytes of the current line so far
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            with self._output_lock:
+                if name in self._ended_partial:  # a sent line's echo ended the partial shown so far
+                    self._ended_partial.discard(name)
+                    pending = pending[self._shown_partial.pop(name, 0):]
+                if not chunk:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                for raw in lines:
+                    self._queue.put({"type": "output", "stream": name, "text": _line_text(raw)})
+                if lines:
+                    self._shown_partial.pop(name, None)  # that line is complete: no partial of it is shown
+                if not pending:
+                    continue
+                if select.select([fd], [], [], self.PARTIAL_QUIET)[0]:
+                    continue  # more is coming at once: the line is still being written
+                self._queue.put({"type": "output", "stream": name, "text": _line_text(pending, partial=True),
+                                 "partial": True})
+                self._shown_partial[name] = len(pending)
+        if pending:  # the child ended mid-line: the tail is its last line
+            self._queue.put({"type": "output", "stream": name, "text": _line_text(pending)})
+        stream.close()
         self._queue.put(None)
 
     def records(self, stop: threading.Event | None = None) -> Iterator[dict]:
@@ -262,6 +316,59 @@ class ChildSource:
         except (BrokenPipeError, OSError, ValueError):
             pass  # the child is gone: nothing to control
 
+    # ---- the program's stdin (interactive children only) ----------------------------------------------
+
+    @property
+    def stdin_open(self) -> bool:
+        return getattr(self.process, "stdin", None) is not None and not self.process.stdin.closed
+
+    def write_stdin(self, text: str) -> bool:
+        """Send text (a line ends with "\n") to the program's stdin, and echo it (without the newline) as an
+        "output" record of stream "stdin", in order with the program's output. False (nothing sent) when its
+        stdin is closed, the program is gone, or it has not read the last 64 KiB it was sent."""
+        if not self.stdin_open:
+            return False
+        data = text.encode("utf-8")
+        # the output lock is held while the line goes out: whatever the program answers is read after the echo
+        with self._stdin_lock, self._output_lock:
+            try:
+                written = os.write(self.process.stdin.fileno(), data)
+            except (BlockingIOError, BrokenPipeError, OSError, ValueError):
+                return False
+            deadline = time.monotonic() + 1.0
+            while written < len(data):  # the pipe was nearly full: finish the line, briefly
+                if time.monotonic() > deadline:
+                    return False
+                try:
+                    written += os.write(self.process.stdin.fileno(), data[written:])
+                except BlockingIOError:
+                    time.sleep(0.01)
+                except (BrokenPipeError, OSError, ValueError):
+                    return False
+            self._ended_partial.update(self._shown_partial)  # as a terminal's echo ends the prompt's line
+            self._queue.put({"type": "output", "stream": "stdin", "text": text.rstrip("\n")})
+        return True
+
+    def close_stdin(self) -> None:
+        """End the program's input (EOF: its input() raises EOFError, a read returns b"")."""
+        if self.stdin_open:
+            with self._stdin_lock:
+                try:
+                    self.process.stdin.close()
+                except OSError:
+                    pass
+
+    def interrupt(self) -> bool:
+        """SIGINT to the program's process group, as ctrl+c in its terminal would (a KeyboardInterrupt in
+        Python). False when it has ended."""
+        if self.process.poll() is not None:
+            return False
+        try:
+            os.killpg(self.process.pid, signal.SIGINT)
+        except ProcessLookupError:
+            return False
+        return True
+
     @property
     def pid(self) -> int:
         return self.process.pid
@@ -272,6 +379,7 @@ class ChildSource:
 
     def stop(self, grace: float = 2.0) -> None:
         """End the child and everything it started: close the control pipe, then TERM, then KILL."""
+        self.close_stdin()
         try:
             with self._control_lock:
                 self._control.close()
@@ -307,7 +415,20 @@ class ProgramSource(ChildSource):
             command.append("--break-on-alarm")
         if module:
             command.append("-m")
-        self._spawn("kvtui.engine.stream", [*command, "--", target, *args], cwd=cwd)
+        self._spawn("kvtui.engine.stream", [*command, "--", target, *args], cwd=cwd, interactive=True)
+
+
+def _line_text(raw: bytes, partial: bool = False) -> str:
+    """One output line as text: a progress bar's last state ("\r" rewrites it), no line ending; a partial
+    line's cut multi-byte character is left for the line's next record."""
+    if partial:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.reason == "unexpected end of data":
+                raw = raw[:exc.start]
+    text = raw.decode("utf-8", "replace").rstrip("\r\n")
+    return next((part for part in reversed(text.split("\r")) if part), "")
 
 
 ENGINE_SPIN_COUNT = 1000  # libgomp spins of a waiting OpenMP thread before it sleeps, in the engine process

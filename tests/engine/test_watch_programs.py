@@ -13,8 +13,17 @@ ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py"))
 
 
-def header(path: Path, key: str) -> str:
-    return re.search(rf"^{key}: (.+)$", path.read_text(), re.M).group(1).strip()
+def header(path: Path, key: str, default: str | None = None) -> str:
+    found = re.search(rf"^{key}: (.+)$", path.read_text(), re.M)
+    if found is None and default is not None:
+        return default
+    return found.group(1).strip()
+
+
+def stdin_of(program: Path) -> str | None:
+    """An interactive sample's input (`kvtui-stdin: line | line`), one line each; None: no input (EOF)."""
+    lines = header(program, "kvtui-stdin", "")
+    return "".join(line.strip() + "\n" for line in lines.split("|")) if lines else None
 
 
 def model_dir(spec: str) -> Path:
@@ -23,9 +32,11 @@ def model_dir(spec: str) -> Path:
     return embedded_model_dir() if spec == "embedded" else tiny_model_dir(spec)
 
 
-def watch(*args, cwd=ROOT):
+def watch(*args, cwd=ROOT, input=None):
+    """The CLI; the program's stdin is `input` (else /dev/null: an interactive sample reads EOF and ends)."""
+    stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
     return subprocess.run([sys.executable, "-m", "kvtui.cli", "watch", *map(str, args)], capture_output=True,
-                          text=True, timeout=600, cwd=cwd)
+                          text=True, timeout=600, cwd=cwd, **stdin)
 
 
 def codes_in(trace: Path) -> set[str]:
@@ -50,7 +61,8 @@ def test_program_raises_exactly_its_alarms(program, tmp_path):
     expected = header(program, "kvtui-expects")
     expected = set() if expected == "nothing" else {c.strip() for c in expected.split(",")}
     trace = tmp_path / "run.jsonl"
-    result = watch("--headless", "--trace", trace, "--fail-on", "error", program, model_dir(header(program, "kvtui-model")))
+    result = watch("--headless", "--trace", trace, "--fail-on", "error", program, model_dir(header(program, "kvtui-model")),
+                   input=stdin_of(program))
     assert "Traceback" not in result.stderr or program.stem == "static_overflow", result.stderr[-2000:]
     found = codes_in(trace)
     assert found == expected, (found, result.stderr[-3000:])
@@ -82,6 +94,33 @@ def test_bad_input_is_one_line_and_exit_2(args, hint):
     result = watch(*args)
     assert result.returncode == 2
     assert hint in result.stderr and "Traceback" not in result.stderr
+
+
+def test_headless_program_reads_piped_stdin(tmp_path):
+    """--headless runs the program in this process: its input() reads kvtui's own stdin, to EOF."""
+    script = tmp_path / "loop.py"
+    script.write_text("while True:\n    try:\n        line = input('you> ')\n    except EOFError:\n        break\n"
+                      "    print('got', repr(line))\nprint('bye')\n")
+    result = watch("--headless", script, input="hello\nsecond line\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "you> got 'hello'\nyou> got 'second line'\nyou> bye\n"
+
+
+def test_chat_sample_chats_over_piped_stdin(tmp_path):
+    """The interactive sample keeps one cache across turns: each turn's cache starts where the last ended."""
+    program = ROOT / "samples" / "programs" / "chat_input.py"
+    trace = tmp_path / "chat.jsonl"
+    result = watch("--headless", "--trace", trace, program, model_dir(header(program, "kvtui-model")), 4,
+                   input="hello\nhow are you?\nquit\nnever read\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lengths = [int(n) for n in re.findall(r"\[cache: (\d+) tokens\]", result.stdout)]
+    assert len(lengths) == 2 and lengths[1] > lengths[0], result.stdout
+    steps = [json.loads(line) for line in trace.read_text().splitlines() if '"type": "step"' in line]
+    assert len({s["cache_id"] for s in steps}) == 1  # one cache for the whole chat
+    assert codes_in(trace) == set()
+    ended = watch("--headless", program, model_dir(header(program, "kvtui-model")))  # no input at all: EOF at once
+    assert ended.returncode == 0 and ended.stdout == "you> \nbye\n", ended.stderr[-2000:]
+    assert "0 forwards watched" in ended.stderr
 
 
 def test_module_mode_runs_with_its_args(tmp_path):
