@@ -26,4 +26,5 @@ with torch.no_grad():
     out = model(input_ids=ids, past_key_values=cache, use_cache=True)
     for _ in range(20):  # 20 > the 8 slots left
         token = out.logits[:, -1].argmax(-1, keepdim=True)
+        print("token", int(token), "cache", int(cache.get_seq_length()), flush=True)
         out = model(input_ids=token, past_key_values=cache, use_cache=True)
