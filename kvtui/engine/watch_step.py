@@ -226,11 +226,15 @@ class StepBuilder:
         if call.n > 1:
             found += check_padding_side(step, masks, at)
         attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
-        found += check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
+        gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
+        if not any(d.code == "stale-cache" for d in found):  # a stale cache's positions are part of that alarm
+            found += gaps
         layers = introspect.layer_infos(cache, probe.window) if cache is not None and hasattr(cache, "layers") else ()
         capacity = self.capacity(cache) if cache is not None and hasattr(cache, "layers") else None
+        # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
+        # and check_request names it before the forward; here only sliding eviction is said
         found += [_at(d, call.caller) for d in
-                  self._alarms(call).check_layers(step, layers, capacity, cache_len, reserve=1)]
+                  self._alarms(call).check_layers(step, layers, None, cache_len, reserve=1)]
         recomputed = 0
         if track is not None:
             track.fingerprint = introspect.fingerprint(cache)

@@ -31,7 +31,6 @@ from kvtui.engine.probe import watch
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "watch_corpus"
 PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py")) + sorted(CORPUS.glob("*.py"))
-NEW_CODES = ("stale-cache", "recomputed-prefix")  # being added on main
 FAIL_ON_LINE = re.compile(r"^\d+ alarm\(s\) at or above error$", re.M)
 
 
@@ -56,7 +55,7 @@ def test_corpus_programs_name_their_model_and_alarms():
         assert header(program, "kvtui-model").startswith(("tiny:", "embedded")), program
         expects = header(program, "kvtui-expects")
         codes = [] if expects == "nothing" else [c.strip() for c in expects.split(",")]
-        assert set(codes) <= set(CODES) | set(NEW_CODES), (program, codes)
+        assert set(codes) <= set(CODES), (program, codes)
 
 
 def test_pytest_collects_no_corpus_program():
@@ -70,11 +69,15 @@ def test_pytest_collects_no_corpus_program():
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[f"{p.parent.name}/{p.stem}" for p in PROGRAMS])
-def test_watched_program_prints_and_exits_as_plain(program):
+def test_watched_program_prints_and_exits_as_plain(program, tmp_path):
+    """...and, for the corpus, raises exactly the alarms its header names (the samples' are checked by
+    test_watch_programs), read from the trace of the same watched run."""
     directory = str(model_dir(header(program, "kvtui-model")))
+    trace = tmp_path / "run.jsonl"
     plain = subprocess.Popen([sys.executable, str(program), directory], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    watched = subprocess.Popen([sys.executable, "-m", "kvtui.cli", "watch", "--headless", str(program), directory],
+    watched = subprocess.Popen([sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(trace),
+                                str(program), directory],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     plain_out, plain_err = plain.communicate(timeout=600)
     watched_out, watched_err = watched.communicate(timeout=600)
@@ -90,6 +93,23 @@ def test_watched_program_prints_and_exits_as_plain(program):
         assert watched.returncode == 1, watched_err[-3000:]
     else:
         assert watched.returncode == plain.returncode, watched_err[-3000:]
+    if program.parent == CORPUS:
+        expected = header(program, "kvtui-expects")
+        expected = set() if expected == "nothing" else {c.strip() for c in expected.split(",")}
+        assert codes_in(trace) == expected, watched_err[-3000:]
+
+
+def codes_in(trace: Path) -> set[str]:
+    import json
+
+    codes = set()
+    for line in trace.read_text().splitlines():
+        record = json.loads(line)
+        if record["type"] == "step":
+            codes.update(d["code"] for d in record["diagnostics"])
+        elif record["type"] == "diagnostic":
+            codes.add(record["code"])
+    return codes
 
 
 # ---- in-process: copies of watched objects -----------------------------------------------------------

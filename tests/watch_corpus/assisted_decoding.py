@@ -1,9 +1,10 @@
 """Assisted (speculative) decoding: generate(..., assistant_model=draft), where the draft is the same
 checkpoint loaded with only its first layer (self-speculative decoding); both share the tokenizer.
-generate() crops both caches itself when the draft's guesses are rejected.
+generate() crops both caches itself when the draft's guesses are rejected. The assisted run re-encodes
+the prompt the plain run's (discarded) cache held: that is the waste kvtui names (info).
 
 kvtui-model: tiny:llama
-kvtui-expects: nothing
+kvtui-expects: recomputed-prefix
 """
 
 import sys
