@@ -67,3 +67,20 @@ def bench(model, tokenizer, n_new: int = 48, repeats: int = 3) -> dict:
         "after_ratio": summary([a / p for a, p in zip(after, plain)]),
         "same_tokens": same, "hooks_after_detach": _hooks(model) - baseline_hooks, "patches_after_detach": _patches(),
     }
+
+
+if __name__ == "__main__":  # section 5 alone: python benchmarks/b_watch.py
+    import tempfile as _tempfile
+
+    from kvtui.engine.loader import load_model
+    from kvtui.engine.models.tiny import build_tiny
+
+    with _tempfile.TemporaryDirectory(prefix="kvtui-bench-") as _tmp:
+        tiny = load_model(str(build_tiny("llama", Path(_tmp) / "tiny-llama")), dtype="float32", device="cpu")
+        smol = load_model(None, dtype="float32", device="cpu")
+        for name, loaded, n in (("SmolLM2", smol, 48), ("tiny llama", tiny, 200)):
+            result = bench(loaded.model, loaded.tokenizer, n_new=n, repeats=5)
+            log(f"{name}: watched / unwatched {result['watched_ratio']['median']:.3f} "
+                f"(min {result['watched_ratio']['min']:.3f}, max {result['watched_ratio']['max']:.3f}); after detach "
+                f"{result['after_ratio']['median']:.3f}; same tokens {result['same_tokens']}; hooks left "
+                f"{result['hooks_after_detach']}, patches left {result['patches_after_detach']}")

@@ -137,20 +137,17 @@ class Alarms:
         return [make()]
 
     def check_positions(self, step: int, positions: Sequence[int], cache_len_before: int) -> list[Diagnostic]:
-        offset = positions[0] - cache_len_before if positions else 0
-        contiguous = all(b == a + 1 for a, b in zip(positions, positions[1:]))
-        key = None if offset == 0 and contiguous else f"{offset}:{contiguous}"
-        return self.transition("position-gap", key, lambda: Diagnostic(
-            "position-gap", "error",
-            f"fed positions start at {positions[0]} but the cache already holds {cache_len_before} tokens "
-            f"(offset {offset:+d}{'' if contiguous else ', and they are not contiguous'}): RoPE sees the wrong distances",
-            step))
+        """kvtui's own forward: one row, every token attended (the rule is check_row_positions)."""
+        return check_row_positions(self, step, [positions], [[1] * len(positions)], [cache_len_before], "")
 
-    def check_cursor(self, step: int, cursor: int, cache_len: int) -> list[Diagnostic]:
-        gap = cursor - cache_len  # news only when the gap appears or changes
+    def check_cursor(self, step: int, cursor: int, cache_len: int, whose: str = "", at: str = "") -> list[Diagnostic]:
+        """The next write position someone keeps (the session's cursor, a program's cache_position) against
+        the cache's own length: news only when the gap appears or changes."""
+        gap = cursor - cache_len
+        whose = whose or f"cursor (next position {cursor})"
         return self.transition("cursor-mismatch", None if gap == 0 else str(gap), lambda: Diagnostic(
-            "cursor-mismatch", "error",
-            f"cursor (next position {cursor}) differs from the cache length {cache_len} by {gap:+d}", step))
+            "cursor-mismatch", "error", f"{whose} differs from the cache length by {gap:+d}: the cache holds "
+                                        f"{cache_len} tokens" + at, step))
 
     def check_layers(self, step: int, layers: Sequence[LayerInfo], capacity: int | None, cache_len: int,
                      reserve: int) -> list[Diagnostic]:
@@ -201,11 +198,8 @@ def check_request(alarms: Alarms, step: int, *, cache_position: Sequence[int] | 
         f"no cache_position since 5.4): the model wrote at the cache's own length {cache_len} and took positions "
         f"from position_ids or that length" + at, step))
     first = cache_position[0] if cache_position else cache_len
-    offset = first - cache_len
-    found += alarms.transition("cursor-mismatch", str(offset) if offset else None, lambda: Diagnostic(
-        "cursor-mismatch", "error",
-        f"the caller's cache_position starts at {first} but the cache holds {cache_len} tokens (off by {offset:+d}): "
-        f"its own cursor disagrees with the cache" + at, step))
+    found += alarms.check_cursor(step, first, cache_len, whose=f"the caller's own cursor (cache_position starts at "
+                                                               f"{first})", at=at)
     if capacity is not None and cache_len + n > capacity:
         found.append(Diagnostic(
             "static-capacity", "error",
@@ -224,8 +218,9 @@ def check_row_positions(alarms: Alarms, step: int, applied: Sequence[Sequence[in
                 continue
             if position != real:
                 key = f"{position - real:+d}"
-                message = (f"row {row} token {i} was applied at position {position} but {real} attended tokens "
-                           f"precede it (offset {position - real:+d}): RoPE sees the wrong distances")
+                where = f"row {row} token {i}" if len(applied) > 1 else f"token {i}"
+                message = (f"{where} was applied at position {position} but {real} attended tokens precede it "
+                           f"(offset {position - real:+d}): RoPE sees the wrong distances")
                 break
             real += 1
         if key:

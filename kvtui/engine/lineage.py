@@ -29,7 +29,7 @@ class CacheTrack:
     name: str  # "DynamicCache#3"
     model: int | None  # index of the watched model that used it first
     rows: list[list[BufferToken]]  # [batch][tokens]; a truncation starts a new list (views stay valid)
-    made: str = "program"  # program | forward | deepcopy | copy | unknown (filled before kvtui saw it)
+    made: str = "program"  # program | generate | forward | deepcopy | copy | unknown (filled before kvtui saw it)
     parent: str | None = None
     copied_at: int | None = None  # the parent's length when copied
     turn: int = 0  # prefills into this cache so far

@@ -475,7 +475,8 @@ class Watcher:
             if call.cache is not None:
                 track = self.lineage.get(call.cache)
                 if track is None:
-                    track = self._track(call.cache, probe, call.cache_length_before, call.batch, "program")
+                    made = "generate" if generating and not _passed_to_generate(call.cache, generating[-1]) else "program"
+                    track = self._track(call.cache, probe, call.cache_length_before, call.batch, made)
                 else:
                     self._check_edits(call, track, call.cache)
                 call.track = track
@@ -576,6 +577,12 @@ class Watcher:
             return "no prefill re-encoded what another cache held"
         return (f"re-encoded {self.recomputed_tokens} tokens that earlier caches held, "
                 f"~{self.recomputed_ms:.0f} ms (recomputed-prefix)")
+
+
+def _passed_to_generate(cache, frame) -> bool:
+    """Whether the program handed this cache to the (outermost) generate() call, or generate() made it."""
+    arguments = frame.f_locals.get("kwargs") or {}
+    return any(value is cache for value in arguments.values())
 
 
 def _sync_rows(track: CacheTrack, length: int) -> None:

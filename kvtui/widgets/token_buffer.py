@@ -455,7 +455,8 @@ class TokenBufferPane(ScrollView, can_focus=True):
             if snapshot is None:
                 self.border_title = "cache"
             else:
-                title = f"cache · {len(snapshot.buffer)} tokens · next pos {snapshot.cursor}"
+                which = f" {snapshot.lineage}" if snapshot.cache_parent or snapshot.cache_unknown else ""
+                title = f"cache{which} · {len(snapshot.buffer)} tokens · next pos {snapshot.cursor}"
                 layer = self._layer(snapshot)
                 if layer is not None:
                     title += f" · layer {layer.index} {layer.kind}"
