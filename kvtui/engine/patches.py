@@ -196,24 +196,14 @@ def edit_wrapper(name: str, lookup: Callable[[object], object], edited: Callable
     return make
 
 
-def default_deepcopy(obj, memo):
-    """What `copy.deepcopy` does for an object without `__deepcopy__` (copy's own steps, in order)."""
-    cls = type(obj)
-    reductor = copyreg.dispatch_table.get(cls)
+def default_copy(obj, memo: dict | None = None):
+    """What `copy.deepcopy` (a memo) or `copy.copy` (none) does for an object without `__deepcopy__` /
+    `__copy__`: copy's own steps, in order."""
+    reductor = copyreg.dispatch_table.get(type(obj))
     rv = reductor(obj) if reductor is not None else obj.__reduce_ex__(4)
     if isinstance(rv, str):
         return obj
     return copy._reconstruct(obj, memo, *rv)
-
-
-def default_copy(obj):
-    """What `copy.copy` does for an object without `__copy__`."""
-    cls = type(obj)
-    reductor = copyreg.dispatch_table.get(cls)
-    rv = reductor(obj) if reductor is not None else obj.__reduce_ex__(4)
-    if isinstance(rv, str):
-        return obj
-    return copy._reconstruct(obj, None, *rv)
 
 
 def copy_wrappers(lookup: Callable[[object], object], copied: Callable):
@@ -222,7 +212,7 @@ def copy_wrappers(lookup: Callable[[object], object], copied: Callable):
 
     def make_deep(original):
         def __deepcopy__(self, memo):
-            result = original(self, memo) if original is not _DEFAULT else default_deepcopy(self, memo)
+            result = original(self, memo) if original is not _DEFAULT else default_copy(self, memo)
             handler = lookup(self)
             if handler is not None and result is not self:
                 copied(handler, self, result, "deepcopy")

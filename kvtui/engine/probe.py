@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Callable
 
 import torch
@@ -127,6 +128,8 @@ class Gate:
 class _State(threading.local):
     def __init__(self):
         self.stack: list[Call | None] = []  # top-level forwards in flight on this thread (None: nested)
+        self.prompt: weakref.ref | None = None  # the prompt of the generate() call this thread last ran a forward of
+        self.frame: int | None = None  # and the id of that call's frame
 
     @property
     def current(self) -> Call | None:
@@ -455,11 +458,15 @@ class Watcher:
                 helper.role = "draft"
         prompt = frames[0].f_locals.get("input_ids")
         track = call.track
-        if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or track is None or not call.cache_length_before:
+        if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or track is None:
+            return
+        # generate()'s first forward: a prompt tensor this thread has not seen a forward for yet (a weak
+        # reference: the program's tensor lives exactly as long as without kvtui)
+        first = _STATE.prompt is None or _STATE.prompt() is not prompt or _STATE.frame != id(frames[0])
+        _STATE.prompt, _STATE.frame = weakref.ref(prompt), id(frames[0])
+        if not first or not call.cache_length_before:
             return
         length = prompt.shape[-1]
-        if call.cache_length_before + call.n != length and call.n != length:  # a later step of this generate()
-            return
         call.found += check_stale_prompt(self.steps + 1, track.name, track.ids(), prompt[0].tolist(), self.label,
                                          f" [{call.caller}]", fed_from=length - call.n)
 

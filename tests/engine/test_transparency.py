@@ -26,22 +26,13 @@ from transformers import DynamicCache, GenerationMixin, PreTrainedModel, StaticC
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvtui.engine.diagnostics import CODES
+from program_headers import codes_in, expected_codes, header, model_dir, stdin_of
 from kvtui.engine.probe import watch
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "watch_corpus"
 PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py")) + sorted(CORPUS.glob("*.py"))
 FAIL_ON_LINE = re.compile(r"^\d+ alarm\(s\) at or above error$", re.M)
-
-
-def header(path: Path, key: str) -> str:
-    return re.search(rf"^{key}: (.+)$", path.read_text(), re.M).group(1).strip()
-
-
-def model_dir(spec: str) -> Path:
-    from kvtui.engine.loader import embedded_model_dir, tiny_model_dir
-
-    return embedded_model_dir() if spec == "embedded" else tiny_model_dir(spec)
 
 
 # ---- the corpus itself ---------------------------------------------------------------------------------
@@ -74,13 +65,14 @@ def test_watched_program_prints_and_exits_as_plain(program, tmp_path):
     test_watch_programs), read from the trace of the same watched run."""
     directory = str(model_dir(header(program, "kvtui-model")))
     trace = tmp_path / "run.jsonl"
-    plain = subprocess.Popen([sys.executable, str(program), directory], stdout=subprocess.PIPE,
+    stdin = stdin_of(program)  # an interactive program gets the same lines in both runs (else EOF)
+    plain = subprocess.Popen([sys.executable, str(program), directory], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
     watched = subprocess.Popen([sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(trace),
                                 str(program), directory],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    plain_out, plain_err = plain.communicate(timeout=600)
-    watched_out, watched_err = watched.communicate(timeout=600)
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    plain_out, plain_err = plain.communicate(stdin or "", timeout=600)
+    watched_out, watched_err = watched.communicate(stdin or "", timeout=600)
     if program.stem != "static_overflow":  # the one sample that dies by design (IndexError)
         assert plain.returncode == 0, plain_err[-2000:]
     assert plain_out.strip(), "the program must print its token ids and cache lengths"
@@ -94,22 +86,8 @@ def test_watched_program_prints_and_exits_as_plain(program, tmp_path):
     else:
         assert watched.returncode == plain.returncode, watched_err[-3000:]
     if program.parent == CORPUS:
-        expected = header(program, "kvtui-expects")
-        expected = set() if expected == "nothing" else {c.strip() for c in expected.split(",")}
-        assert codes_in(trace) == expected, watched_err[-3000:]
+        assert codes_in(trace) == expected_codes(program), watched_err[-3000:]
 
-
-def codes_in(trace: Path) -> set[str]:
-    import json
-
-    codes = set()
-    for line in trace.read_text().splitlines():
-        record = json.loads(line)
-        if record["type"] == "step":
-            codes.update(d["code"] for d in record["diagnostics"])
-        elif record["type"] == "diagnostic":
-            codes.add(record["code"])
-    return codes
 
 
 # ---- in-process: copies of watched objects -----------------------------------------------------------

@@ -8,28 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from program_headers import codes_in, header, model_dir, stdin_of
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py"))
-
-
-def header(path: Path, key: str, default: str | None = None) -> str:
-    found = re.search(rf"^{key}: (.+)$", path.read_text(), re.M)
-    if found is None and default is not None:
-        return default
-    return found.group(1).strip()
-
-
-def stdin_of(program: Path) -> str | None:
-    """An interactive sample's input (`kvtui-stdin: line | line`), one line each; None: no input (EOF)."""
-    lines = header(program, "kvtui-stdin", "")
-    return "".join(line.strip() + "\n" for line in lines.split("|")) if lines else None
-
-
-def model_dir(spec: str) -> Path:
-    from kvtui.engine.loader import embedded_model_dir, tiny_model_dir
-
-    return embedded_model_dir() if spec == "embedded" else tiny_model_dir(spec)
 
 
 def watch(*args, cwd=ROOT, input=None):
@@ -37,17 +19,6 @@ def watch(*args, cwd=ROOT, input=None):
     stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
     return subprocess.run([sys.executable, "-m", "kvtui.cli", "watch", *map(str, args)], capture_output=True,
                           text=True, timeout=600, cwd=cwd, **stdin)
-
-
-def codes_in(trace: Path) -> set[str]:
-    codes = set()
-    for line in trace.read_text().splitlines():
-        record = json.loads(line)
-        if record["type"] == "step":
-            codes.update(d["code"] for d in record["diagnostics"])
-        elif record["type"] == "diagnostic":
-            codes.add(record["code"])
-    return codes
 
 
 def test_every_program_names_its_model_and_alarms():

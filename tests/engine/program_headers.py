@@ -1,0 +1,43 @@
+"""What the watch tests read from a sample or corpus program: its header lines (`kvtui-model:`,
+`kvtui-expects:`, `kvtui-stdin:`), its model directory, and the alarm codes a trace of it holds."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+
+def header(path: Path, key: str, default: str | None = None) -> str:
+    found = re.search(rf"^{key}: (.+)$", path.read_text(), re.M)
+    if found is None and default is not None:
+        return default
+    return found.group(1).strip()
+
+
+def expected_codes(path: Path) -> set[str]:
+    expected = header(path, "kvtui-expects")
+    return set() if expected == "nothing" else {c.strip() for c in expected.split(",")}
+
+
+def stdin_of(program: Path) -> str | None:
+    """An interactive program's input (`kvtui-stdin: line | line`), one line each; None: no input (EOF)."""
+    lines = header(program, "kvtui-stdin", "")
+    return "".join(line.strip() + "\n" for line in lines.split("|")) if lines else None
+
+
+def model_dir(spec: str) -> Path:
+    from kvtui.engine.loader import embedded_model_dir, tiny_model_dir
+
+    return embedded_model_dir() if spec == "embedded" else tiny_model_dir(spec)
+
+
+def codes_in(trace: Path) -> set[str]:
+    codes = set()
+    for line in trace.read_text().splitlines():
+        record = json.loads(line)
+        if record["type"] == "step":
+            codes.update(d["code"] for d in record["diagnostics"])
+        elif record["type"] == "diagnostic":
+            codes.add(record["code"])
+    return codes
