@@ -172,8 +172,8 @@ _EDITING = threading.local()
 
 
 def edit_wrapper(name: str, lookup: Callable[[object], object], edited: Callable):
-    """A cache's own edit method (crop, reset, reorder_cache, ...): `edited(handler, cache, name, args,
-    before_length, run)` runs the original through `run()` and follows what it did. Re-entrant calls
+    """A cache's own edit method (crop, reset, reorder_cache, ...): `edited(handler, cache, name, args, run)`
+    runs the original through `run()` and follows what it did. Re-entrant calls
     (an edit method calling another on the same cache) are the outer call's business."""
 
     def make(original):

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import weakref
+from dataclasses import asdict
 from typing import Callable
 
 import torch
@@ -36,6 +37,7 @@ from .diagnostics import check_refed, check_stale_prompt
 from .lineage import CacheTrack, Lineage
 from .patches import (PATCHES, Registry, acquire_copy_patches, call_wrapper, compiling, defining_class, edit_wrapper,
                       peek_wrapper, started_at, thread_start_wrapper)
+from .session import find_sub, judge_recompute
 from .snapshot import Diagnostic, StepSnapshot
 from .watch_step import Call, StepBuilder, read_call
 
@@ -110,7 +112,7 @@ def _inside_transformers() -> bool:
 
     root = os.path.dirname(os.path.abspath(transformers.__file__)) + os.sep
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith((_KVTUI_DIR, os.path.dirname(functools.__file__))):
+    while frame is not None and frame.f_code.co_filename.startswith(_KVTUI_DIR):  # kvtui's wrapper frames
         frame = frame.f_back
     return frame is not None and frame.f_code.co_filename.startswith(root)
 
@@ -193,10 +195,10 @@ def _before_forward(probe: _Probe, module, args, kwargs):
     except Exception as exc:  # never break the user's program
         watcher._internal_error("before a forward", exc)
         call = None
-    _STATE.stack.append(call)
     if call is not None:
-        watcher.gate.before_forward(watcher)
+        watcher.gate.before_forward(watcher)  # may hold the program here, or raise (its ctrl+c): nothing pushed yet
         call.started = time.perf_counter()
+    _STATE.stack.append(call)
     return None
 
 
@@ -536,10 +538,6 @@ class Watcher:
         """Compare the last forward's logits (row 0) with one no-cache forward over what its cache row
         holds (attended tokens, positions 0..n-1), judged as kvtui's own session judges. Runs in the
         program's thread, between two forwards. Refuses (ValueError) what it cannot check."""
-        from dataclasses import asdict
-
-        from .session import judge_recompute
-
         snapshot, logits = self.last, self._last_logits
         if snapshot is None or logits is None:
             raise ValueError("nothing to verify yet: the program has not run a forward")
@@ -635,8 +633,6 @@ class _TokenizerRegistry:
         self._watchers = Registry()  # tokenizer -> [watchers]
 
     def remember(self, tokenizer) -> None:
-        import weakref
-
         try:
             self.loaded.append(weakref.ref(tokenizer))
         except TypeError:
@@ -743,17 +739,11 @@ def _saw_call(watchers, name: str, original, tok, args, kwargs, result) -> None:
         if add:
             bare = tok.encode(text, add_special_tokens=False)  # nested: not recorded itself
             real = [i for i in ids if i != tok.pad_token_id] if tok.pad_token_id is not None else ids
-            front = _find_sub(ids, bare)
+            front = find_sub(ids, bare)
             if front >= 0 and len(real) != len(bare):
                 added = set(range(front)) | {i for i in range(front + len(bare), len(ids)) if ids[i] != tok.pad_token_id}
         for watcher in watchers:
             watcher.saw_encoding(ids, added)
-
-
-def _find_sub(full: list[int], part: list[int]) -> int:
-    from .session import find_sub
-
-    return find_sub(full, part)
 
 
 _TOKENIZERS = _TokenizerRegistry()

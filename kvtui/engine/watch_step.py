@@ -9,13 +9,14 @@ are not read); logits [batch, n or 1, vocab].
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
 from . import introspect
-from .diagnostics import (SpecialIds, check_drift, check_feed, check_padding_side, check_request, check_row_positions,
-                          recomputed_prefix, token_text)
+from .diagnostics import (Alarms, SpecialIds, check_drift, check_feed, check_padding_side, check_request,
+                          check_row_positions, recomputed_prefix, token_text)
 from .sampling import top_tokens, watched_tokens
 from .snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer
 
@@ -87,7 +88,7 @@ class StepBuilder:
         self._specials_value: tuple = ()
         self._capacities: dict[int, tuple[object, int | None]] = {}
         self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
-        self._no_cache_alarms = None
+        self._no_cache_alarms = Alarms()  # forwards with no cache share one repeat state
 
     # ---- tokens ----------------------------------------------------------------------------------
 
@@ -161,8 +162,6 @@ class StepBuilder:
 
     def capacity(self, cache) -> int | None:
         """A static cache's capacity, read once per cache object (it never changes)."""
-        import weakref
-
         key = id(cache)
         if key not in self._capacities or self._capacities[key][0]() is not cache:
             if len(self._capacities) > 64:  # forget caches that are gone
@@ -174,10 +173,6 @@ class StepBuilder:
         """The repeat state of the cache this forward uses (each cache its own)."""
         if call.track is not None:
             return call.track.alarms
-        if self._no_cache_alarms is None:
-            from .diagnostics import Alarms
-
-            self._no_cache_alarms = Alarms()
         return self._no_cache_alarms
 
     def check_request(self, call: Call) -> None:
