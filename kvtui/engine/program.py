@@ -23,7 +23,8 @@ def run_program(target: str, args: list[str], module: bool = False) -> int:
         return 0
     except SystemExit as exc:
         return _exit_code(exc.code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # ctrl+c: python prints the traceback and exits 130 (128 + SIGINT)
+        traceback.print_exc()
         return 130
     except BaseException:  # the program's own error: shown as python shows it
         traceback.print_exc()

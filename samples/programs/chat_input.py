@@ -4,7 +4,7 @@ turn and the new user message, from the template's own text, tokenized without a
 own ids stay in the cache as generated (never re-encoded from text). kvtui raises nothing on it.
 
 Run:  kvtui watch samples/programs/chat_input.py MODEL_DIR   (type in the input line under the output)
-Also: printf 'hello\\nhow are you?\\n' | kvtui watch --headless samples/programs/chat_input.py MODEL_DIR
+Also: kvtui watch --headless samples/programs/chat_input.py MODEL_DIR < lines.txt   (one message a line)
 kvtui-model: tiny:llama
 kvtui-expects: nothing
 kvtui-stdin: hello | how are you?

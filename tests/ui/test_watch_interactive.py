@@ -130,7 +130,8 @@ async def test_ctrl_c_interrupts_the_program_not_the_app(tmp_path, blocked):
         pid = app.source.process.pid
         await pilot.press("ctrl+c")
         await wait_for(pilot, lambda: app.ended is not None, 30, "the program to end")
-        assert app.ended == 130  # run_program's KeyboardInterrupt, as python's exit in a terminal
+        assert app.ended == 130  # a KeyboardInterrupt in the program: python's exit code after ctrl+c
+        await wait_for(pilot, lambda: "stderr│ KeyboardInterrupt" in output.lines, 10, "the program's traceback")
         assert app.is_running and program_input.disabled
         await pilot.pause(0.2)
         assert app.is_running  # ctrl+c went to the program only
