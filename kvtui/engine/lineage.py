@@ -32,31 +32,21 @@ class CacheTrack:
     made: str = "program"  # program | generate | forward | deepcopy | copy | unknown (filled before kvtui saw it)
     parent: str | None = None
     copied_at: int | None = None  # the parent's length when copied
+    unknown: int = 0  # leading tokens kvtui never saw (lowered when the cache is cut below them)
+    capacity: int | None = None  # a static cache's slots (fixed for its life); None: it grows
     turn: int = 0  # prefills into this cache so far
     alarms: Alarms = field(default_factory=Alarms)  # its own repeat state
     fingerprint: tuple = ()
 
-    @property
-    def unknown(self) -> int:
-        """Leading tokens kvtui never saw (row 0)."""
-        row = self.rows[0] if self.rows else []
-        count = 0
-        for token in row:
-            if token.origin != "unknown":
-                break
-            count += 1
-        return count
-
     def ids(self, row: int = 0) -> list[int]:
         return [t.id for t in self.rows[row]] if row < len(self.rows) else []
 
-    def describe(self) -> str:
-        """`DynamicCache#3 ← deepcopy of #1 at 32 tokens`, `DynamicCache#2 (5 tokens filled before kvtui saw it)`."""
-        if self.parent is not None:
-            return f"{self.name} ← {self.made} of #{self.parent.rsplit('#', 1)[-1]} at {self.copied_at} tokens"
-        if self.unknown:
-            return f"{self.name} ({self.unknown} tokens filled before kvtui saw it)"
-        return self.name
+    def truncate(self, length: int) -> None:
+        """The cache now holds `length` tokens (a crop, a reset, an edit seen between forwards)."""
+        for i, row in enumerate(self.rows):
+            if len(row) > length:
+                self.rows[i] = row[:length]  # a new list: views handed out earlier stay valid
+        self.unknown = min(self.unknown, length)
 
     def record(self) -> dict:
         """The trace's `cache` line: a cache kvtui saw for the first time."""
@@ -85,17 +75,19 @@ class Lineage:
         self._tracks.add(cache, track)
         return track
 
-    def first_seen(self, cache, model: int | None, length: int, batch: int, made: str) -> CacheTrack:
+    def first_seen(self, cache, model: int | None, length: int, batch: int, made: str,
+                   capacity: int | None) -> CacheTrack:
         """A cache kvtui meets in a forward: empty (made by the program or the forward), or holding
         `length` tokens it never saw."""
         rows = [[unknown_token(i) for i in range(length)] for _ in range(batch)]
-        return self._add(cache, CacheTrack(self._name(cache), model, rows, made="unknown" if length else made))
+        return self._add(cache, CacheTrack(self._name(cache), model, rows, made="unknown" if length else made,
+                                           unknown=length, capacity=capacity))
 
     def copied(self, parent: CacheTrack, copy, how: str, length: int) -> CacheTrack:
         """A copy of a watched cache: its parent's tokens, its own name and alarms."""
         rows = [list(row) for row in parent.rows]
         track = CacheTrack(self._name(copy), parent.model, rows, made=how, parent=parent.name, copied_at=length,
-                           turn=parent.turn, fingerprint=())
+                           unknown=parent.unknown, capacity=parent.capacity, turn=parent.turn)
         return self._add(copy, track)
 
     def others(self, track: CacheTrack, model: int | None) -> list[tuple[str, list[int] | tuple[int, ...], bool]]:
@@ -103,9 +95,3 @@ class Lineage:
         live = [(t.name, t.ids(), True) for t in self._tracks.values() if t is not track and t.model == model]
         gone = [(name, ids, False) for name, owner, ids in self.discarded if owner == model]
         return live + gone
-
-    def tracks(self) -> list[CacheTrack]:
-        return self._tracks.values()
-
-    def clear(self) -> None:
-        self._tracks.clear()

@@ -379,12 +379,11 @@ class Watcher:
 
     # ---- caches ----------------------------------------------------------------------------------
 
-    def _track(self, cache, probe: _Probe, length: int, batch: int, made: str) -> CacheTrack:
-        track = self.lineage.get(cache)
-        if track is None:
-            track = self.lineage.first_seen(cache, probe.index, length, batch, made)
-            self._patch_cache_class(type(cache))
-            self._event(track.record())
+    def _new_track(self, cache, probe: _Probe, length: int, batch: int, made: str) -> CacheTrack:
+        capacity = introspect.static_capacity(cache) if hasattr(cache, "layers") else None
+        track = self.lineage.first_seen(cache, probe.index, length, batch, made, capacity)
+        self._patch_cache_class(type(cache))
+        self._event(track.record())
         return track
 
     def _patch_cache_class(self, cls: type) -> None:
@@ -422,7 +421,7 @@ class Watcher:
                 track.rows = [list(r) for r in track.rows for _ in range(int(args[0]))]
             elif name == "reset":
                 track.rows = [[] for _ in track.rows]
-            _sync_rows(track, after)
+            track.truncate(after)
             track.fingerprint = introspect.fingerprint(cache)
             if not internal:  # generate's own bookkeeping (beam reordering, assisted crops) is followed, not said
                 shown = ", ".join(_short_arg(a) for a in args)
@@ -441,7 +440,7 @@ class Watcher:
         if change is None:
             return
         track.fingerprint = now
-        _sync_rows(track, call.cache_length_before)
+        track.truncate(call.cache_length_before)
         call.found.append(Diagnostic(
             "cache-edited", "warning",
             f"{track.name} changed since the last forward without a forward: {change} (noticed at [{call.caller}])",
@@ -485,7 +484,7 @@ class Watcher:
                 track = self.lineage.get(call.cache)
                 if track is None:
                     made = "generate" if generating and not _passed_to_generate(call.cache, generating[-1]) else "program"
-                    track = self._track(call.cache, probe, call.cache_length_before, call.batch, made)
+                    track = self._new_track(call.cache, probe, call.cache_length_before, call.batch, made)
                 else:
                     self._check_edits(call, track, call.cache)
                 call.track = track
@@ -516,10 +515,10 @@ class Watcher:
             self.steps += 1
             track = None
             if cache is not None:
-                track = call.track if call.cache is cache else None
+                track = call.track if call.cache is cache else self.lineage.get(cache)
                 if track is None:  # made by this forward (no cache was passed), or a cache it swapped in
-                    track = self._track(cache, call.probe, 0 if call.cache is None else call.cache_length_before,
-                                        call.batch, "forward")
+                    track = self._new_track(cache, call.probe, 0 if call.cache is None else call.cache_length_before,
+                                            call.batch, "forward")
             snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_call = call
@@ -541,7 +540,7 @@ class Watcher:
         snapshot, logits = self.last, self._last_logits
         if snapshot is None or logits is None:
             raise ValueError("nothing to verify yet: the program has not run a forward")
-        unknown = sum(1 for t in snapshot.buffer if t.origin == "unknown")
+        unknown = snapshot.cache_unknown
         if unknown:
             raise ValueError(
                 f"cannot check {snapshot.cache_id}: its first {unknown} tokens were written before kvtui saw it "
@@ -588,12 +587,6 @@ def _passed_to_generate(cache, frame) -> bool:
     """Whether the program handed this cache to the (outermost) generate() call, or generate() made it."""
     arguments = frame.f_locals.get("kwargs") or {}
     return any(value is cache for value in arguments.values())
-
-
-def _sync_rows(track: CacheTrack, length: int) -> None:
-    for i, row in enumerate(track.rows):
-        if len(row) > length:
-            track.rows[i] = row[:length]  # a new list: views handed out earlier stay valid
 
 
 def _short_arg(value) -> str:

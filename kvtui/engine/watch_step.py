@@ -9,7 +9,6 @@ are not read); logits [batch, n or 1, vocab].
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -86,7 +85,6 @@ class StepBuilder:
         self._labels: dict[int, str] = {}
         self._specials_key: tuple | None = None
         self._specials_value: tuple = ()
-        self._capacities: dict[int, tuple[object, int | None]] = {}
         self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
         self._no_cache_alarms = Alarms()  # forwards with no cache share one repeat state
 
@@ -160,15 +158,6 @@ class StepBuilder:
 
     # ---- caches ----------------------------------------------------------------------------------
 
-    def capacity(self, cache) -> int | None:
-        """A static cache's capacity, read once per cache object (it never changes)."""
-        key = id(cache)
-        if key not in self._capacities or self._capacities[key][0]() is not cache:
-            if len(self._capacities) > 64:  # forget caches that are gone
-                self._capacities = {k: v for k, v in self._capacities.items() if v[0]() is not None}
-            self._capacities[key] = (weakref.ref(cache), introspect.static_capacity(cache))
-        return self._capacities[key][1]
-
     def _alarms(self, call: Call):
         """The repeat state of the cache this forward uses (each cache its own)."""
         if call.track is not None:
@@ -176,7 +165,7 @@ class StepBuilder:
         return self._no_cache_alarms
 
     def check_request(self, call: Call) -> None:
-        capacity = self.capacity(call.cache) if call.cache is not None else None
+        capacity = call.track.capacity if call.track is not None else None
         call.found += check_request(
             self._alarms(call), self.watcher.steps + 1, cache_position=call.requested_cache_position,
             accepts_cache_position=call.probe.accepts_cache_position, cache_len=call.cache_length_before, n=call.n,
@@ -191,6 +180,7 @@ class StepBuilder:
         applied = self._applied(call)  # [batch][n]
         cache_len = introspect.seq_length(cache) if cache is not None else 0
         found = list(call.found)
+        stale = any(d.code == "stale-cache" for d in found)  # its drift and position gap are the same cause
         if track is not None:
             rows = track.rows
             if call.n > 1:
@@ -214,18 +204,18 @@ class StepBuilder:
             if row == 0:  # alarms read row 0; a program's rows share its code path
                 found += check_feed(step, fed, before, ids_info, self.piece, prompt_end=call.n > 1, at=at,
                                     label=lambda t: self.label(t.id))
-                if not any(d.code == "stale-cache" for d in found):  # the same stale prefix, said once
+                if not stale:
                     found += self._check_drift(step, rows[0], ids, at)
             rows[row].extend(fed)
             views.append((ids, fed))
         if call.n > 1:
             found += check_padding_side(step, masks, at)
         attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
-        gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
-        if not any(d.code == "stale-cache" for d in found):  # a stale cache's positions are part of that alarm
+        gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)  # state kept either way
+        if not stale:
             found += gaps
         layers = introspect.layer_infos(cache, probe.window) if cache is not None and hasattr(cache, "layers") else ()
-        capacity = self.capacity(cache) if cache is not None and hasattr(cache, "layers") else None
+        capacity = track.capacity if track is not None else None
         # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
         # and check_request names it before the forward; here only sliding eviction is said
         found += [_at(d, call.caller) for d in
