@@ -276,7 +276,7 @@ class EngineHost:
         if len(session.diagnostics) != self._diagnostics_sent:
             record["diagnostics"] = _diagnostics(session.diagnostics)
             self._diagnostics_sent = len(session.diagnostics)
-        self.pipe.send(record, snapshot.to_record())  # one write per step: one wake-up of the app's reader
+        self.pipe.send(record, snapshot)  # one write per step: one wake-up of the app's reader
         self._apply_asides()
 
     def state(self, done: str, note: str = "", severity: str = "information", verify=None, error: str | None = None):

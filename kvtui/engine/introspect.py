@@ -8,6 +8,7 @@ the session stays the one place that decides when the cache changes.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -281,7 +282,12 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
     only_non_sliding = bool(getattr(cache, "only_non_sliding", False))
     infos = []
     for index, layer in enumerate(cache.layers):
-        kind = _layer_kind(layer)
+        kind = _kind(layer)
+        if kind == "full" and not offloading and type(layer) not in _NOT_PLAIN:
+            info = _plain_info(index, layer)  # most layers of most caches: shapes and storage only
+            if info is not None:
+                infos.append(info)
+                continue
         if kind == "quantized":
             infos.append(_quantized_info(index, layer, offloading))
             continue
@@ -333,6 +339,31 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
             )
         )
     return tuple(infos)
+
+
+_NOT_PLAIN: set[type] = set()  # layer classes with more than K/V (linear states, ...): the general path
+_TEXT: dict[object, str] = {}  # torch.dtype / torch.device -> its name in a LayerInfo
+
+
+def _text(value) -> str:
+    text = _TEXT.get(value)
+    if text is None:
+        text = _TEXT[value] = str(value).removeprefix("torch.")
+    return text
+
+
+def _plain_info(index: int, layer) -> LayerInfo | None:
+    """A full-attention layer that holds only K and V (the general path gives the same LayerInfo)."""
+    if _is_linear(layer) or _is_quantized(layer):
+        _NOT_PLAIN.add(type(layer))
+        return None
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    if not (isinstance(keys, torch.Tensor) and keys.dim() == 4 and isinstance(values, torch.Tensor)
+            and getattr(layer, "is_initialized", True)):
+        return None
+    slots = keys.shape[-2]
+    return LayerInfo(index, "full", tuple(keys.shape), tuple(values.shape), _text(keys.dtype), _text(keys.device),
+                     _storage_bytes(keys) + _storage_bytes(values), slots, None, None, slots, 0)
 
 
 def static_capacity(cache) -> int | None:
@@ -449,64 +480,97 @@ def config_window(config) -> int | None:
 # ---- fingerprints: has the cache changed between two forwards? (kvtui watch) ------------------------
 
 
-def fingerprint(cache) -> tuple:
-    """Per layer (tokens seen, K shape, K/V storage addresses, then K/V's in-place write counters or,
-    for inference tensors that keep none, sums of K and of V over the first and last filled slot).
+_KINDS: dict[type, str] = {}  # layer class -> its kind (a class attribute in every version kvtui reads)
 
-    O(layers): counters are attributes; the sums reduce two slots per layer on its device and come
-    back in one transfer. A crop, a reset, replaced tensors or an in-place write all change it (for
-    inference tensors, an in-place write at either end of the filled slots)."""
-    cache_len = seq_length(cache)
-    rows, probes = [], []
-    for layer in getattr(cache, "layers", ()):
-        kind = _layer_kind(layer)
+
+def _kind(layer) -> str:
+    kind = _KINDS.get(type(layer))
+    if kind is None:
+        kind = _KINDS[type(layer)] = _layer_kind(layer)
+    return kind
+
+
+@dataclass
+class Fingerprint:
+    """What a cache looks like between two forwards, to tell whether the program touched it.
+
+    rows: per layer (kind, tokens seen, K shape, K and V storage addresses[, K and V in-place write
+    counters]). Inference tensors keep no write counter: for those, `views` are their first and last
+    filled slots (views, no copy) and `values` a copy of them taken now; `changed` compares the same
+    views later, so a check costs one stack and one comparison. The views keep the layer's storage
+    alive: `release()` drops them (at the next forward, when the cache dies, at detach)."""
+
+    rows: tuple
+    views: list = field(default_factory=list)  # [(layer index, K or V view)]
+    values: list = field(default_factory=list)  # per group of equal-shaped views: (indices, stacked copy)
+
+    def release(self) -> None:
+        self.views, self.values = [], []
+
+
+def _rows(cache, views: list | None = None) -> tuple:
+    """Per layer (kind, seen, K shape, K/V addresses[, K/V write counters]); with `views`, the inference
+    layers' first and last filled slots are appended to it."""
+    cache_len = None
+    rows = []
+    for index, layer in enumerate(getattr(cache, "layers", ())):
+        kind = _kind(layer)
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if not (isinstance(keys, torch.Tensor) and keys.dim() == 4 and isinstance(values, torch.Tensor)):
-            rows.append((kind, -1, (), 0, 0))
+            rows.append((kind, -1))
             continue
-        seen, filled = _layer_counts(layer, kind, cache_len)
-        rows.append((kind, seen, tuple(keys.shape), keys.data_ptr(), values.data_ptr()))
-        versions = _versions(keys, values)
-        if versions is not None:  # autograd's counter of in-place writes: free to read
-            rows[-1] += versions
-            probes += [None, None]
-        elif filled > 0:  # inference tensors keep no counter: sum slots 0 and filled-1 (views, no copy)
-            ends = slice(0, filled, max(1, filled - 1))
-            probes += [keys[:, :, ends], values[:, :, ends]]
+        if kind == "full":
+            seen = filled = keys.shape[-2]
         else:
-            probes += [None, None]
-    sums = _sums(probes)
-    out, cursor = [], 0
-    for row in rows:
-        if row[1] < 0:
-            out.append(row + (None, None))
-        else:
-            out.append(row + (sums[cursor], sums[cursor + 1]))
-            cursor += 2
-    return tuple(out)
+            cache_len = seq_length(cache) if cache_len is None else cache_len
+            seen, filled = _layer_counts(layer, kind, cache_len)
+        row = (kind, seen, keys.shape, keys.data_ptr(), values.data_ptr())
+        if keys.is_inference() or values.is_inference():
+            if views is not None and filled > 0:  # slots 0 and filled-1 (views, no copy)
+                ends = slice(0, filled, max(1, filled - 1))
+                views += [(index, keys[:, :, ends]), (index, values[:, :, ends])]
+        else:  # autograd's counter of in-place writes: free to read
+            row += (keys._version, values._version)
+        rows.append(row)
+    return tuple(rows)
 
 
-def _versions(keys, values) -> tuple[int, int] | None:
-    if keys.is_inference() or values.is_inference():
+def fingerprint(cache) -> Fingerprint:
+    """The cache now, in O(layers) work: no K/V copy, no transfer to the host."""
+    views: list = []
+    rows = _rows(cache, views)
+    return Fingerprint(rows, views, _stack(views))
+
+
+def _stack(views: list) -> list:
+    groups: dict[tuple, list[int]] = {}
+    for i, (_, view) in enumerate(views):
+        groups.setdefault((view.shape, view.dtype, view.device), []).append(i)
+    return [(indices, torch.stack([views[i][1] for i in indices])) for indices in groups.values()]
+
+
+def changed(before: Fingerprint, cache) -> str | None:
+    """What the program did to the cache since `before` was taken, in words; None if nothing. Drops
+    `before`'s views (it is spent)."""
+    try:
+        rows = _rows(cache)
+        if rows != before.rows:
+            return describe_change(before.rows, rows)
+        edited = set()
+        for indices, copy in before.values:
+            now = torch.stack([before.views[i][1] for i in indices])  # the same slots, read again
+            if not torch.equal(now, copy):
+                differs = (now != copy).reshape(len(indices), -1).any(dim=1).tolist()
+                edited.update(before.views[i][0] for i, d in zip(indices, differs) if d)
+        if edited:
+            return f"K/V values edited in place in {_layer_list(sorted(edited), len(rows))}"
         return None
-    return keys._version, values._version
-
-
-def _sums(views: list) -> list[float | None]:
-    """The sum of each small view, in as few device calls as possible (one when the layers look alike)."""
-    present = [v for v in views if v is not None]
-    if not present:
-        return [None] * len(views)
-    if len({(v.shape, v.dtype, v.device) for v in present}) == 1:
-        totals = torch.stack(present).sum(dim=tuple(range(1, present[0].dim() + 1)), dtype=torch.float32).tolist()
-    else:
-        totals = torch.stack([v.sum(dtype=torch.float32) for v in present]).tolist()
-    found = iter(totals)
-    return [next(found) if v is not None else None for v in views]
+    finally:
+        before.release()
 
 
 def describe_change(before: tuple, after: tuple) -> str | None:
-    """What changed between two fingerprints, in words; None if nothing did."""
+    """What changed between two fingerprints' rows, in words; None if nothing did."""
     if before == after:
         return None
     if len(before) != len(after):

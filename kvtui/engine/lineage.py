@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .diagnostics import Alarms
+from .introspect import Fingerprint
 from .patches import Registry
 from .snapshot import BufferToken, unknown_token
 
@@ -36,7 +37,13 @@ class CacheTrack:
     capacity: int | None = None  # a static cache's slots (fixed for its life); None: it grows
     turn: int = 0  # prefills into this cache so far
     alarms: Alarms = field(default_factory=Alarms)  # its own repeat state
-    fingerprint: tuple = ()
+    fingerprint: Fingerprint | None = None  # after its last forward or edit; spent at the next check
+
+    def release(self) -> None:
+        """Drop the fingerprint's views of the cache's storage (the cache died, or kvtui detached)."""
+        if self.fingerprint is not None:
+            self.fingerprint.release()
+            self.fingerprint = None
 
     def ids(self, row: int = 0) -> list[int]:
         return [t.id for t in self.rows[row]] if row < len(self.rows) else []
@@ -72,7 +79,7 @@ class Lineage:
     def _add(self, cache, track: CacheTrack) -> CacheTrack:
         for dead in self._tracks.prune():
             self.discarded.append((dead.name, dead.model, tuple(dead.ids()[:IDS_KEPT])))
-        self._tracks.add(cache, track)
+        self._tracks.add(cache, track, on_dead=track.release)  # its views must not outlive the cache
         return track
 
     def first_seen(self, cache, model: int | None, length: int, batch: int, made: str,
@@ -82,6 +89,11 @@ class Lineage:
         rows = [[unknown_token(i) for i in range(length)] for _ in range(batch)]
         return self._add(cache, CacheTrack(self._name(cache), model, rows, made="unknown" if length else made,
                                            unknown=length, capacity=capacity))
+
+    def release(self) -> None:
+        """kvtui detaches: hold nothing of any cache's storage."""
+        for track in self._tracks.values():
+            track.release()
 
     def copied(self, parent: CacheTrack, copy, how: str, length: int) -> CacheTrack:
         """A copy of a watched cache: its parent's tokens, its own name and alarms."""

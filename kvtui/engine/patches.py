@@ -98,8 +98,9 @@ class Registry:
     def __init__(self):
         self._items: dict[int, tuple[object, object]] = {}
 
-    def add(self, obj, value) -> None:
-        self._items[id(obj)] = (weakref.ref(obj), value)
+    def add(self, obj, value, on_dead: Callable[[], None] | None = None) -> None:
+        """`on_dead`: called when obj is collected (it must only let go of what the value holds)."""
+        self._items[id(obj)] = (weakref.ref(obj, on_dead and (lambda _ref: on_dead())), value)
 
     def get(self, obj):
         entry = self._items.get(id(obj))

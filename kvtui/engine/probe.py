@@ -161,7 +161,8 @@ class _Probe:
         self.role: str | None = None  # "draft" when passed to generate() as assistant_model
         self.window = introspect.config_window(model.config)
         self.accepts_cache_position = introspect.forward_accepts(model, "cache_position")
-        self.signature = inspect.signature(type(model).forward)
+        parameters = list(inspect.signature(type(model).forward).parameters.values())[1:]  # after self
+        self.positional = tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
         _MODELS.add(model, self)
         PATCHES.acquire(watcher, type(model), "__call__", call_wrapper(_MODELS.get, _before_forward, _after_forward))
         owner = defining_class(type(model), "generate")
@@ -301,6 +302,7 @@ class Watcher:
         if self in _WATCHERS:
             _WATCHERS.remove(self)
         PATCHES.release(self)
+        self.lineage.release()
         self.probes = []
         if self.recorder is not None:
             self.recorder.close()
@@ -401,7 +403,7 @@ class Watcher:
             if self.lineage.get(copy) is not None:
                 return
             track = self.lineage.copied(parent, copy, how, length)
-            track.fingerprint = introspect.fingerprint(copy) if hasattr(copy, "layers") else ()
+            track.fingerprint = introspect.fingerprint(copy) if hasattr(copy, "layers") else None
             self._patch_cache_class(type(copy))
             self._event(track.record())
 
@@ -433,13 +435,12 @@ class Watcher:
 
     def _check_edits(self, call: Call, track: CacheTrack, cache) -> None:
         """Compare the cache with its fingerprint after the last forward: a change means an edit outside one."""
-        if not track.fingerprint:
+        before, track.fingerprint = track.fingerprint, None  # spent: the forward makes the next one
+        if before is None:
             return
-        now = introspect.fingerprint(cache)
-        change = introspect.describe_change(track.fingerprint, now)
+        change = introspect.changed(before, cache)
         if change is None:
             return
-        track.fingerprint = now
         track.truncate(call.cache_length_before)
         call.found.append(Diagnostic(
             "cache-edited", "warning",
@@ -526,7 +527,7 @@ class Watcher:
                 self._last_logits = logits[0, -1].detach().float().clone()  # [vocab], for verify
             self.diagnostics.extend(snapshot.diagnostics)
             if self.recorder is not None:
-                self.recorder.record(snapshot.to_record())
+                self.recorder.record(snapshot)  # serialised and written off this thread
             if self.on_snapshot is not None:
                 self.on_snapshot(snapshot)
         self.gate.after_step(self, snapshot)

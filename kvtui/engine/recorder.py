@@ -39,7 +39,7 @@ class Recorder:
     def on_event(self, kind: str, payload) -> None:
         session = self.session
         if kind == "step":
-            self._write(payload.to_record())
+            self._write(payload)  # the snapshot: its record is built and written by the writer's thread
             if self.verify_every and payload.step - self._verified_at >= self.verify_every:
                 self._verified_at = payload.step
                 session.verify()  # emits its own "verify" event

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers import (
     LogitsProcessorList,
@@ -48,24 +50,56 @@ class Sampler:
             return logits
         return self.processors(history, logits.unsqueeze(0))[0]
 
-    def choose(self, scores: torch.Tensor) -> int:
+    def choose(self, scores: torch.Tensor, top: tuple[TopToken, ...] = ()) -> int:
+        """The next token; `top`: scores' top tokens, when known (greedy reads them unless the first two tie,
+        where argmax's first-index rule decides, as generate()'s does)."""
         if self.settings.greedy:
+            if len(top) == 1 or (len(top) > 1 and top[0].logit > top[1].logit):
+                return top[0].id
             return int(torch.argmax(scores))
         probs = torch.softmax(scores, dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
 def top_tokens(scores: torch.Tensor, k: int, piece) -> tuple[TopToken, ...]:
-    """The k highest tokens of scores [vocab] with their softmax probabilities (k small: .tolist())."""
-    probs = torch.softmax(scores, dim=-1)
-    k = min(k, scores.shape[-1])
-    top_probs, top_ids = torch.topk(probs, k)
-    top_logits = scores[top_ids]
-    return tuple(
-        TopToken(id=i, text=piece(i), logit=_finite(lg), prob=p, rank=r + 1)
-        for r, (i, lg, p) in enumerate(zip(top_ids.tolist(), top_logits.tolist(), top_probs.tolist()))
-        if p > 0 or r == 0
-    )
+    """The k highest tokens of scores [vocab] with their softmax probabilities."""
+    return top_token_rows(scores.unsqueeze(0), k, piece)[0]
+
+
+def top_token_rows(scores: torch.Tensor, k: int, piece) -> list[tuple[TopToken, ...]]:
+    """Per row of scores [rows, vocab]: its k highest tokens with their softmax probabilities.
+
+    One top-k, one logsumexp and one transfer to the host for every row together: a probability is
+    exp(logit - logsumexp), so the vocab-sized softmax is never materialised (a step costs microseconds
+    where a GPU decodes in milliseconds)."""
+    rows, vocab = scores.shape
+    k = min(k, vocab)
+    values, ids = torch.topk(scores, k)  # [rows, k]
+    norm = torch.logsumexp(scores, dim=-1, keepdim=True)  # [rows, 1]
+    if vocab < 2 ** 24:  # ids are exact in float32: one transfer
+        host = torch.cat((values.float(), norm.float(), ids.float()), dim=-1).tolist()  # [rows, 2k + 1]
+        found = [(row[:k], row[k], [int(i) for i in row[k + 1:]]) for row in host]
+    else:
+        found = list(zip(values.float().tolist(), norm.float().reshape(-1).tolist(), ids.tolist()))
+    out = []
+    for logits, total, row_ids in found:
+        tops = []
+        for rank, (token_id, logit) in enumerate(zip(row_ids, logits)):
+            prob = math.exp(logit - total) if logit > -math.inf and total < math.inf else 0.0
+            if prob > 0 or rank == 0:
+                tops.append(TopToken(id=token_id, text=piece(token_id), logit=_finite(logit), prob=prob, rank=rank + 1))
+        out.append(tuple(tops))
+    return out
+
+
+def chosen_from_top(top: tuple[TopToken, ...], token_id: int) -> TopToken | None:
+    """The chosen token's TopToken when it is among the top ones (its rank: 1 + how many score above it),
+    else None (then its rank needs the whole distribution)."""
+    for token in top:
+        if token.id == token_id:
+            rank = 1 + sum(1 for other in top if other.logit > token.logit)
+            return token if rank == token.rank else TopToken(token.id, token.text, token.logit, token.prob, rank)
+    return None
 
 
 def watched_tokens(scores: torch.Tensor, ids, piece) -> tuple[TopToken, ...]:

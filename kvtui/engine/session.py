@@ -20,7 +20,7 @@ import torch
 
 from . import introspect
 from .diagnostics import Alarms, SpecialIds, check_feed
-from .sampling import Sampler, SamplerSettings, top_tokens, watched_tokens
+from .sampling import Sampler, SamplerSettings, chosen_from_top, top_tokens, watched_tokens
 from .snapshot import BufferToken, Diagnostic, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 
 
@@ -254,10 +254,13 @@ class ChatSession:
         attention = self._newest_attention(out) if self.config.attention else None
         self._logits = logits
         scores = self.sampler.process(self._history(), logits)
+        k = self.config.top_k_shown
+        top = top_tokens(scores, k, self.piece)
+        top_raw = top if scores is logits else top_tokens(logits, k, self.piece)  # no processors: the same
         self._new_in_turn += phase == "decode"
-        self.pending = self._make_pending(scores, self.sampler.choose(scores))
+        self.pending = self._make_pending(scores, self.sampler.choose(scores, top), top)
         self.pending_forced = False
-        return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms)
+        return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw, top)
 
     def _decode_forward(self):
         """model.forward under torch.compile, the way transformers documents it for a static cache
@@ -305,7 +308,10 @@ class ChatSession:
             return torch.empty((1, 0), dtype=torch.long, device=self.device)
         return torch.tensor([[t.id for t in self._tokens]], device=self.device)  # [1, n]: O(cache), opt-in
 
-    def _make_pending(self, scores: torch.Tensor, token_id: int) -> TopToken:
+    def _make_pending(self, scores: torch.Tensor, token_id: int, top: tuple[TopToken, ...] = ()) -> TopToken:
+        known = chosen_from_top(top, token_id)  # a greedy or likely choice: no vocab-sized work
+        if known is not None:
+            return known
         probs = torch.softmax(scores, dim=-1)
         prob = probs[token_id]
         return TopToken(id=token_id, text=self.piece(token_id), logit=float(scores[token_id]), prob=float(prob),
@@ -322,20 +328,18 @@ class ChatSession:
         held = weights[-total:].tolist()  # a sliding layer sees only its window: the rest is 0
         return layer, tuple([0.0] * (total - len(held)) + held)
 
-    def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started, attention=None,
-                  compile_ms=None) -> StepSnapshot:
+    def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw,
+                  top) -> StepSnapshot:
         layers = introspect.layer_infos(self.cache, self._window)
         cache_len = self.cache_length
         found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
         found += self._alarms.check_layers(self.steps, layers, self.capacity, cache_len, reserve=1)
         self._record(found, in_step=True)
-        logits = self._logits
         snapshot = StepSnapshot(
             step=self.steps, phase=phase, turn=self._turn,
             input_ids=tuple(t.id for t in fed), positions=tuple(t.position for t in fed),
             cursor=self._next_position, cache_seq_length=cache_len, capacity=self.capacity, layers=layers,
-            topk=top_tokens(logits, self.config.top_k_shown, self.piece),
-            topk_processed=top_tokens(scores, self.config.top_k_shown, self.piece),
+            topk=top_raw, topk_processed=top,
             watched=watched_tokens(scores, self.watch_ids, self.piece),
             chosen=self.pending, chosen_forced=self.pending_forced, diagnostics=tuple(found),
             forward_ms=forward_ms, snapshot_ms=(self._clock() - snap_started) * 1000,

@@ -195,6 +195,8 @@ class StepSnapshot:
     compiled: bool = False
     compile_ms: float | None = None
     recompiles: int = 0
+    # its trace line once serialised (trace.record_line), shared by the trace file and a viewer's pipe
+    line: list = field(default_factory=list, init=False, compare=False, repr=False)
 
     @property
     def cache_bytes(self) -> int:

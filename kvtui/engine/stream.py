@@ -60,10 +60,6 @@ STREAM_ONLY = ("paused", "break", "notice", "program-exit", "output", "process-e
                "load-failed", "session", "state")
 
 
-def encode(record: dict) -> bytes:
-    return (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
-
-
 def format_command(word: str, argument=None) -> str:
     """One command line: the word, then its argument as one JSON value (no newline inside)."""
     return word if argument is None else f"{word} {json.dumps(argument, ensure_ascii=False)}"
@@ -80,23 +76,25 @@ def parse_command(line: str) -> tuple[str, object]:
 
 
 class RecordPipe:
-    """The child's end of the record stream: one JSON line per record, written whole under a lock."""
+    """The child's end of the record stream: one JSON line per record, written by a LineWriter's thread
+    (a step is serialised there, once for the pipe and the trace), in the order sent."""
 
     def __init__(self, fd: int):
-        self._file: IO[bytes] = os.fdopen(fd, "wb", buffering=0)
-        self._lock = threading.Lock()
-        self.closed = False
+        from .trace import LineWriter
 
-    def send(self, *records: dict) -> None:
-        """Write the records in one go: the viewer's reader wakes once for all of them."""
-        if self.closed:
-            return
-        data = b"".join(encode(record) for record in records)
-        with self._lock:
-            try:
-                self._file.write(data)
-            except (BrokenPipeError, OSError):
-                self.closed = True
+        self._writer = LineWriter(os.fdopen(fd, "wb", buffering=0), "kvtui-record-pipe", raise_errors=False,
+                                  binary=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._writer.error is not None
+
+    def send(self, *records) -> None:
+        """Records (dicts, or step snapshots) written in one go: the viewer's reader wakes once for all of them."""
+        self._writer.put(*records)
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 # ---- the child: a gate the viewer controls --------------------------------------------------------
@@ -202,9 +200,10 @@ def child_main(argv: list[str] | None = None) -> int:
     pipe = RecordPipe(options.records_fd)
     gate = control_gate(options.control_fd, pipe, options.paused, options.break_on_alarm)
     watcher = Watcher(trace=options.trace, top_k=options.top_k, gate=gate, program=[options.target, *options.args],
-                      on_snapshot=lambda snapshot: pipe.send(snapshot.to_record()), on_event=pipe.send)
+                      on_snapshot=pipe.send, on_event=pipe.send)
     code, _ = run_watched(watcher, options.target, options.args, module=options.module)
     pipe.send({"type": "program-exit", "code": code, "steps": watcher.steps})
+    pipe.close()
     return code
 
 

@@ -8,9 +8,12 @@ line with no newline that does not parse is the tail an interrupted writer left,
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
+import queue
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator
@@ -65,30 +68,120 @@ def header_record(session, model_source: str, model_path: str) -> dict:
     }
 
 
+def record_line(item) -> str:
+    """One JSON line: of a record (a dict), or of a step (an object with `to_record()`, serialised once
+    whichever sink asks first: its `line` box keeps the text)."""
+    if isinstance(item, dict):
+        return json.dumps(item, ensure_ascii=False, allow_nan=False) + "\n"
+    box = item.line
+    if not box:
+        box.append(record_line(item.to_record()))
+    return box[0]
+
+
+class LineWriter:
+    """Writes records as JSON lines from a thread of its own, in the order they were put, flushing each
+    put: the model's thread hands over a snapshot (which never changes) and goes on to the next forward
+    while this thread builds its record, serialises and writes it. Every record put before a crash
+    (SIGKILL) is on disk once this thread had it: at most the ones still queued are lost, and a line is
+    never half-written except by a kill in the middle of its write (the reader drops that tail).
+
+    `put(*items)` writes the items with one write (one wake-up of a reader on a pipe). An error
+    (disk full, a closed pipe) stops the writing; `error` says which and the next `put` raises it
+    (`raise_errors`) or drops silently."""
+
+    def __init__(self, file: IO, name: str, raise_errors: bool = True, binary: bool = False):
+        self._file = file
+        self._binary = binary
+        self._raise = raise_errors
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        atexit.register(self.close)  # a program that exits without closing loses nothing queued
+
+    def put(self, *items) -> None:
+        if self.error is not None:
+            if self._raise:
+                raise self.error
+            return
+        if self._thread is not None:
+            self._queue.put(items)
+
+    def _run(self) -> None:
+        while True:
+            items = self._queue.get()
+            if items is None:
+                return
+            if isinstance(items, threading.Event):  # drain(): everything before it is written
+                items.set()
+                continue
+            if self.error is not None:
+                continue
+            try:
+                text = "".join(record_line(item) for item in items)
+                self._file.write(text.encode("utf-8") if self._binary else text)
+                self._file.flush()
+            except Exception as exc:  # noqa: BLE001  said at the next put (or dropped: a viewer gone)
+                self.error = exc
+
+    def drain(self) -> None:
+        """Wait until everything put so far is written."""
+        if self._thread is not None and self._thread.is_alive():
+            done = threading.Event()
+            self._queue.put(done)
+            done.wait()
+
+    def close(self) -> None:
+        """Write what is queued, then close the file."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        atexit.unregister(self.close)
+        if thread is not threading.current_thread():
+            self._queue.put(None)
+            thread.join()
+        try:
+            self._file.close()
+        except OSError:
+            pass
+
+
 class TraceWriter:
-    """Appends records to a JSON Lines file, one flush per record."""
+    """Appends records to a JSON Lines file through a LineWriter (one flush per record, off the caller's
+    thread). The header is written before the constructor returns."""
 
     def __init__(self, path: str | os.PathLike, header: dict, append: bool = False):
         """`append`: go on with a trace another writer started (a restarted engine): no second header."""
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: IO[str] | None = open(self.path, "a" if append else "w", encoding="utf-8")
+            handle: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
+            if not append:
+                handle.write(record_line(header))
+                handle.flush()
         except OSError as exc:
             raise TraceError(f"{self.path}: cannot write the trace: {exc.strerror or exc}") from exc
-        if not append:
-            self.write(header)
+        self._writer: LineWriter | None = LineWriter(handle, "kvtui-trace-writer")
 
-    def write(self, record: dict) -> None:
-        if self._file is None:
+    def write(self, record) -> None:
+        """A record (dict) or a step snapshot (serialised by the writer thread)."""
+        if self._writer is None:
             return
-        self._file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-        self._file.flush()
+        try:
+            self._writer.put(record)
+        except (OSError, ValueError) as exc:
+            raise TraceError(f"{self.path}: cannot write the trace: {exc}") from exc
+
+    def flush(self) -> None:
+        """Wait until every record written so far is on disk."""
+        if self._writer is not None:
+            self._writer.drain()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def __enter__(self):
         return self

@@ -16,7 +16,7 @@ import torch
 from . import introspect
 from .diagnostics import (Alarms, SpecialIds, check_drift, check_feed, check_padding_side, check_request,
                           check_row_positions, recomputed_prefix, token_text)
-from .sampling import top_tokens, watched_tokens
+from .sampling import top_token_rows, watched_tokens
 from .snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer
 
 
@@ -45,9 +45,8 @@ class Call:
 
 def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     """What a forward was called with, as plain values (one host transfer per small tensor)."""
-    bound = probe.signature.bind_partial(probe.model, *args, **kwargs).arguments
-    extra = bound.pop(next((n for n, p in probe.signature.parameters.items() if p.kind == p.VAR_KEYWORD), ""), {})
-    values = {**bound, **extra}
+    values = dict(zip(probe.positional, args))  # what bind_partial would give, at a tenth of its cost
+    values.update(kwargs)
     input_ids = values.get("input_ids")
     embeds = values.get("inputs_embeds")
     if isinstance(input_ids, torch.Tensor):
@@ -285,9 +284,7 @@ class StepBuilder:
         if logits is None or logits.dim() != 3:
             return [()] * batch
         last = logits[:, -1].float()  # [batch, vocab]
-        k = self.watcher.top_k
-        return [top_tokens(last[row], k, self.piece) for row in range(min(batch, last.shape[0]))] + \
-            [()] * max(0, batch - last.shape[0])
+        return top_token_rows(last, self.watcher.top_k, self.piece)[:batch] + [()] * max(0, batch - last.shape[0])
 
 
 def _rows(values, batch: int) -> list[list[int]] | None:

@@ -1,0 +1,345 @@
+"""6. What one step costs kvtui, part by part, in microseconds: kvtui's own session (engine) and a watched
+program's loop (probe), on a Python-bound tiny model and on a 30-layer SmolLM2-shaped one; then the
+Python-bound ratios (watched / plain, engine / bare) from whole loops run side by side.
+
+Parts are timed by wrapping the functions that do each part (exclusive time: a part nested in another
+counts once, in the inner one); what no part names (the class patches' own frames, registry lookups,
+the step's remaining bookkeeping) is "rest", the measured step cost minus the named parts. The step cost
+is the step's wall time minus the same forward's time unwatched, taken from loops advanced in
+alternation (per-token pairs), so a burst of load lands on both sides. Medians over every decode step.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from common import log, summary
+from kvtui.engine import diagnostics, introspect, probe, recorder, sampling, session, snapshot, trace, watch_step
+from kvtui.engine.session import ChatSession, SessionConfig
+
+PROMPT = "Explain step by step how a KV cache speeds up text generation."
+PART_ORDER = ("hooks in", "positions", "fingerprint", "top-k", "layer infos", "diagnostics", "step building",
+              "record building", "serialising", "writing/sending", "hooks out", "feed & kwargs", "choose")
+
+
+class PartClock:
+    """Exclusive wall time per named part, per step; installed by wrapping attributes, removed after."""
+
+    def __init__(self):
+        self.stack: list[float] = []  # time spent in nested parts, per open part
+        self.step: dict[str, float] = defaultdict(float)
+        self.steps: list[dict[str, float]] = []
+        self._undo: list[tuple[object, str, object]] = []
+
+    def wrap(self, owner, name: str, part: str) -> None:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        function = original.__func__ if isinstance(original, (staticmethod, classmethod)) else original
+        clock, stack, totals = time.perf_counter, self.stack, self
+
+        def timed(*args, **kwargs):
+            stack.append(0.0)
+            started = clock()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent = clock() - started
+                nested = stack.pop()
+                totals.step[part] += spent - nested
+                if stack:
+                    stack[-1] += spent
+
+        replacement = staticmethod(timed) if isinstance(original, staticmethod) else timed
+        self._undo.append((owner, name, original))
+        setattr(owner, name, replacement)
+
+    def end_step(self) -> None:
+        self.steps.append(dict(self.step))
+        self.step.clear()
+
+    def remove(self) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
+
+    def medians(self, skip: int = 1) -> dict[str, float]:
+        steps = self.steps[skip:]
+        parts = {p for s in steps for p in s}
+        return {p: statistics.median(s.get(p, 0.0) for s in steps) * 1e6 for p in parts}
+
+
+def _serialising(clock: PartClock) -> None:
+    """json.dumps as trace.py and stream.py call it, timed as 'serialising'."""
+    import json
+
+    class TimedJson:
+        loads = staticmethod(json.loads)
+        JSONDecodeError = json.JSONDecodeError
+
+    TimedJson.dumps = staticmethod(json.dumps)
+    clock.wrap(TimedJson, "dumps", "serialising")
+    for module in (trace,):
+        clock._undo.append((module, "json", module.json))
+        module.json = TimedJson
+
+
+def probe_parts(clock: PartClock) -> None:
+    clock.wrap(probe, "_before_forward", "hooks in")
+    clock.wrap(probe, "_after_forward", "hooks out")
+    clock.wrap(probe, "_saw_positions", "positions")
+    clock.wrap(introspect, "fingerprint", "fingerprint")
+    clock.wrap(watch_step.StepBuilder, "_top", "top-k")
+    clock.wrap(introspect, "layer_infos", "layer infos")
+    for name in ("check_feed", "check_row_positions", "check_padding_side", "recomputed_prefix", "check_request"):
+        clock.wrap(watch_step, name, "diagnostics")
+    clock.wrap(probe, "check_refed", "diagnostics")
+    clock.wrap(probe, "check_stale_prompt", "diagnostics")
+    clock.wrap(watch_step.StepBuilder, "_check_drift", "diagnostics")
+    clock.wrap(diagnostics.Alarms, "check_layers", "diagnostics")
+    clock.wrap(watch_step.StepBuilder, "build", "step building")
+    clock.wrap(snapshot.StepSnapshot, "to_record", "record building")
+    _serialising(clock)
+    clock.wrap(trace.TraceWriter, "write", "writing/sending")
+
+
+def session_parts(clock: PartClock) -> None:
+    clock.wrap(ChatSession, "_cached_forward_kwargs", "feed & kwargs")
+    clock.wrap(ChatSession, "_buffer_token", "feed & kwargs")
+    clock.wrap(session, "check_feed", "diagnostics")
+    clock.wrap(diagnostics.Alarms, "check_positions", "diagnostics")
+    clock.wrap(diagnostics.Alarms, "check_cursor", "diagnostics")
+    clock.wrap(diagnostics.Alarms, "check_layers", "diagnostics")
+    clock.wrap(session, "top_tokens", "top-k")
+    clock.wrap(session, "watched_tokens", "top-k")
+    clock.wrap(ChatSession, "_make_pending", "choose")
+    clock.wrap(introspect, "layer_infos", "layer infos")
+    clock.wrap(ChatSession, "_snapshot", "step building")
+    clock.wrap(snapshot.StepSnapshot, "to_record", "record building")
+    _serialising(clock)
+    clock.wrap(trace.TraceWriter, "write", "writing/sending")
+
+
+# ---- the loops ------------------------------------------------------------------------------------------
+
+
+def _prompt_ids(tokenizer) -> torch.Tensor:
+    return tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)["input_ids"]  # [1, n]
+
+
+class UserLoop:
+    """A loop the way users write it (template ids, DynamicCache, argmax), advanced one token per call."""
+
+    def __init__(self, model, tokenizer):
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            out = model(input_ids=_prompt_ids(tokenizer), past_key_values=self.cache, use_cache=True)
+        self.token = out.logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
+
+    def step(self) -> int:
+        with torch.inference_mode():
+            out = self.model(input_ids=self.token, past_key_values=self.cache, use_cache=True)
+        self.token = out.logits[:, -1].argmax(-1, keepdim=True)
+        return int(self.token)
+
+
+class BareLoop:
+    """The engine's forwards with nothing around them (explicit positions, logits_to_keep=1, argmax)."""
+
+    def __init__(self, model, prompt_ids: list[int]):
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        self.extra = {"logits_to_keep": 1} if introspect.forward_accepts(model, "logits_to_keep") else {}
+        self.position = len(prompt_ids)
+        self.token = self._forward(prompt_ids, 0)
+
+    def _forward(self, ids: list[int], start: int) -> int:
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([ids]), past_key_values=self.cache, use_cache=True,
+                             position_ids=torch.arange(start, start + len(ids)).unsqueeze(0), **self.extra)
+        return int(torch.argmax(out.logits[0, -1]))
+
+    def step(self, token: int) -> int:
+        self.token = self._forward([token], self.position)
+        self.position += 1
+        return self.token
+
+
+def _pairs(first, second, n: int) -> tuple[list[float], list[float]]:
+    """Per-step wall times of two step functions advanced in alternation (order flipped every step)."""
+    a, b = [], []
+    for i in range(n):
+        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+            started = time.perf_counter()
+            (first if side == 0 else second)()
+            (a if side == 0 else b).append(time.perf_counter() - started)
+    return a, b
+
+
+def watch_cost(model, tokenizer, n: int, trace_dir: Path, with_parts: bool = True) -> dict:
+    """Per-step µs of a watched loop: total (watched step − plain step, paired) and the named parts."""
+    plain = UserLoop(copy.deepcopy(model), tokenizer)  # another instance: the class patches pass it straight through
+    clock = PartClock()
+    if with_parts:
+        probe_parts(clock)
+    try:
+        with probe.watch(model, tokenizer, trace=trace_dir / "watched.jsonl") as watcher:
+            watched = UserLoop(model, tokenizer)
+            clock.steps.clear()
+            clock.step.clear()
+
+            def watched_step():
+                watched.step()
+                clock.end_step()
+
+            watched_s, plain_s = _pairs(watched_step, plain.step, n)
+        assert watcher.steps == n + 1
+    finally:
+        clock.remove()
+    return _costs(clock, watched_s, plain_s)
+
+
+def engine_cost(model, tokenizer, n: int, trace_dir: Path, with_parts: bool = True) -> dict:
+    """Per-step µs of ChatSession.step with its Recorder writing a trace, against the bare loop."""
+    clock = PartClock()
+    if with_parts:
+        session_parts(clock)
+    try:
+        chat = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=10**9))
+        chat.stop_ids = frozenset()
+        rec = recorder.Recorder(chat, trace_dir / "engine.jsonl")
+        first = chat.send(PROMPT)
+        bare = BareLoop(model, list(first.input_ids))
+        clock.steps.clear()
+        clock.step.clear()
+
+        def engine_step():
+            chat.step()
+            clock.end_step()
+
+        feed = [first.chosen.id]
+
+        def bare_step():
+            feed.append(bare.step(feed[-1]))
+
+        engine_s, bare_s = _pairs(engine_step, bare_step, n)
+        rec.close()
+    finally:
+        clock.remove()
+    return _costs(clock, engine_s, bare_s)
+
+
+def _costs(clock: PartClock, inspected_s: list[float], plain_s: list[float]) -> dict:
+    extra = [(w - p) * 1e6 for w, p in zip(inspected_s[1:], plain_s[1:])]
+    parts = clock.medians()
+    return {"step_us": statistics.median(x * 1e6 for x in inspected_s[1:]),
+            "plain_us": statistics.median(x * 1e6 for x in plain_s[1:]),
+            "extra_us": statistics.median(extra), "parts_us": parts, "named_us": sum(parts.values())}
+
+
+# ---- whole-loop ratios (no part clocks) ------------------------------------------------------------------
+
+
+def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path) -> dict:
+    """watched / plain (a user's loop) and engine / bare, whole loops of n tokens, interleaved per repeat."""
+    watched_ratio, engine_ratio = [], []
+    for repeat in range(repeats + 1):  # the first is a warm-up
+        plain_loop = UserLoop(model, tokenizer)
+        started = time.perf_counter()
+        for _ in range(n):
+            plain_loop.step()
+        plain_s = time.perf_counter() - started
+        with probe.watch(model, tokenizer, trace=trace_dir / f"ratio{repeat}.jsonl"):
+            loop = UserLoop(model, tokenizer)
+            started = time.perf_counter()
+            for _ in range(n):
+                loop.step()
+            watched_s = time.perf_counter() - started
+        chat = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=10**9))
+        chat.stop_ids = frozenset()
+        rec = recorder.Recorder(chat, trace_dir / f"engine{repeat}.jsonl")
+        first = chat.send(PROMPT)
+        started = time.perf_counter()
+        for _ in range(n):
+            chat.step()
+        engine_s = time.perf_counter() - started
+        rec.close()
+        bare = BareLoop(model, list(first.input_ids))
+        token = first.chosen.id
+        started = time.perf_counter()
+        for _ in range(n):
+            token = bare.step(token)
+        bare_s = time.perf_counter() - started
+        if repeat:
+            watched_ratio.append(watched_s / plain_s)
+            engine_ratio.append(engine_s / bare_s)
+            log(f"  repeat {repeat}: watched/plain {watched_ratio[-1]:.3f}, engine/bare {engine_ratio[-1]:.3f} "
+                f"(plain {plain_s / n * 1e3:.2f} ms/token)")
+    return {"n": n, "watched_over_plain": summary(watched_ratio), "engine_over_bare": summary(engine_ratio)}
+
+
+def bench(models: dict, n: int = 120, repeats: int = 5, ratio_tokens: int = 200) -> dict:
+    """models: label -> (model, tokenizer); the first is the Python-bound one the ratios are taken on."""
+    out = {"parts": {}, "ratios": None}
+    with tempfile.TemporaryDirectory(prefix="kvtui-step-cost-") as tmp:
+        for label, (model, tokenizer) in models.items():
+            layers = model.config.num_hidden_layers
+            for kind, measure in (("engine", engine_cost), ("watch", watch_cost)):
+                measure(model, tokenizer, 8, Path(tmp))  # warm-up
+                result = measure(model, tokenizer, n, Path(tmp))
+                result["layers"] = layers
+                out["parts"][f"{kind} · {label}"] = result
+                log(f"  {kind} · {label} ({layers} layers): +{result['extra_us']:.0f} µs a step "
+                    f"(named parts {result['named_us']:.0f} µs; plain step {result['plain_us']:.0f} µs)")
+        model, tokenizer = next(iter(models.values()))
+        out["ratios"] = python_bound_ratios(model, tokenizer, ratio_tokens, repeats, Path(tmp))
+    return out
+
+
+def table(result: dict) -> list[str]:
+    columns = list(result["parts"])
+    lines = ["| part (µs per decode step, median) | " + " | ".join(columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    parts = [p for p in PART_ORDER if any(p in result["parts"][c]["parts_us"] for c in columns)]
+    for part in parts + ["rest"]:
+        cells = []
+        for c in columns:
+            r = result["parts"][c]
+            value = r["extra_us"] - r["named_us"] if part == "rest" else r["parts_us"].get(part)
+            cells.append("–" if value is None else f"{value:.0f}")
+        lines.append(f"| {part} | " + " | ".join(cells) + " |")
+    lines.append("| **step cost** (inspected − plain, paired) | "
+                 + " | ".join(f"**{result['parts'][c]['extra_us']:.0f}**" for c in columns) + " |")
+    lines.append("| plain step (forward alone) | "
+                 + " | ".join(f"{result['parts'][c]['plain_us']:.0f}" for c in columns) + " |")
+    return lines
+
+
+if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py [--tiny-only]
+    import sys
+
+    from kvtui.engine.loader import load_model
+    from kvtui.engine.models.tiny import build_tiny
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="kvtui-bench-") as _tmp:
+        tiny = load_model(str(build_tiny("llama", Path(_tmp) / "tiny-llama", layers=3)), dtype="float32", device="cpu")
+        models = {"tiny llama, 3 layers": (tiny.model, tiny.tokenizer)}
+        if "--tiny-only" not in sys.argv:
+            smol = load_model(None, dtype="float32", device="cpu")
+            models["SmolLM2, 30 layers"] = (smol.model, smol.tokenizer)
+        found = bench(models)
+        print("\n".join(table(found)))
+        r = found["ratios"]
+        print(f"watched/plain {r['watched_over_plain']['median']:.3f} ({r['watched_over_plain']['min']:.3f}–"
+              f"{r['watched_over_plain']['max']:.3f}); engine/bare {r['engine_over_bare']['median']:.3f} "
+              f"({r['engine_over_bare']['min']:.3f}–{r['engine_over_bare']['max']:.3f})")
