@@ -87,6 +87,7 @@ def main() -> int:
 
     import b_caches
     import b_overhead
+    import b_step_cost
     import b_ui
     import b_watch
 
@@ -121,6 +122,16 @@ def main() -> int:
     results["watch"] = b_watch.bench(smol.model, smol.tokenizer, n_new=24 if q else 48, repeats=2 if q else 5)
     results["watch_tiny"] = b_watch.bench(tiny.model, tiny.tokenizer, n_new=200, repeats=2 if q else 5)
     loads["5. watch"] = section.stop()
+
+    # ---- 6. step cost, part by part (issue: inspection at GPU speed) ------------------------------------
+    log("6. step cost: µs per step by part, engine and watch; Python-bound ratios on a 3-layer tiny llama")
+    section = BackgroundLoad().start()
+    tiny3 = load_model(str(build_tiny("llama", Path(tmp.name) / "tiny-llama-3", layers=3)), dtype="float32",
+                       device="cpu")
+    results["step_cost"] = b_step_cost.bench({"tiny llama, 3 layers": (tiny3.model, tiny3.tokenizer),
+                                              "SmolLM2, 30 layers": (smol.model, smol.tokenizer)},
+                                             n=60 if q else 120, repeats=3 if q else 5)
+    loads["6. step cost"] = section.stop()
 
     # ---- 2. scale (child process: its memory readings are its own) ----------------------------------
     log("2. scale")
@@ -287,6 +298,31 @@ def watch_report(r: dict) -> list[str]:
         f"{fmt_stat(r['watch_tiny']['watched_ratio'], 3)} (this is the per-step cost issue 'Inspection at GPU speed' "
         "works on).",
     ] if r.get("watch_tiny") else [])
+
+
+def step_cost_report(r: dict) -> list[str]:
+    import b_step_cost
+
+    c = r.get("step_cost")
+    if not c:
+        return []
+    ratios = c["ratios"]
+    watched, engine = ratios["watched_over_plain"], ratios["engine_over_bare"]
+    return [
+        "", "## 6. What a step costs kvtui, part by part", "",
+        "Each column: a decode step's wall time inspected minus the same forward's time uninspected, from two loops "
+        "advanced in alternation (kvtui's `ChatSession.step` with its Recorder writing a trace vs a bare loop; a "
+        "hand-written loop watched by `kvtui.watch` with a trace vs the same loop on an unwatched copy of the "
+        "model), and the named parts of it on the model's thread (exclusive wall time, functions wrapped by "
+        "`benchmarks/b_step_cost.py`; 'rest' is the difference: the class patches' frames, registry lookups, noise). "
+        "Serialising and writing the record happen on the trace writer's thread and are not on this table unless "
+        "the model's thread waits for them. Medians over every decode step; torch on 1 thread.", "",
+        *b_step_cost.table(c), "",
+        f"**Python-bound ratios** (the 3-layer tiny llama, {ratios['n']} tokens per loop, whole loops interleaved per "
+        f"repeat): watched / plain {fmt_stat(watched, 3)}, engine / bare {fmt_stat(engine, 3)}. Targets ≤ 1.15 and "
+        f"≤ 1.10 (goal 1.05): watched {_verdict(watched['median'] <= 1.15)}, engine {_verdict(engine['median'] <= 1.10)}."
+        " Before/after of this issue's change, measured side by side: `benchmarks/STEP-COST.md`.",
+    ]
 
 
 def report(r: dict) -> str:
@@ -597,6 +633,7 @@ def report(r: dict) -> str:
     add("")
     add(findings(r))
     lines += watch_report(r)
+    lines += step_cost_report(r)
     return "\n".join(lines) + "\n"
 
 

@@ -492,54 +492,66 @@ def _kind(layer) -> str:
 
 @dataclass
 class Fingerprint:
-    """What a cache looks like between two forwards, to tell whether the program touched it.
+    """What a cache held after a forward, to tell at the next one whether the program touched it between.
 
-    rows: per layer (kind, tokens seen, K shape, K and V storage addresses[, K and V in-place write
-    counters]). Inference tensors keep no write counter: for those, `views` are their first and last
-    filled slots (views, no copy) and `values` a copy of them taken now; `changed` compares the same
-    views later, so a check costs one stack and one comparison. The views keep the layer's storage
-    alive: `release()` drops them (at the next forward, when the cache dies, at detach)."""
+    Per layer it keeps the layer object, its K and V tensors (references: the check is an identity test,
+    no id or address reuse), its token counter when it has one, and autograd's in-place write counters.
+    Inference tensors keep no write counter: for those `views` are their first and last filled slots
+    (views, no copy) and `values` a copy of them, compared at the check. What it holds keeps the cache's
+    current tensors alive, nothing more; `release()` lets go (at the check, when the cache dies, at
+    detach), so nothing is held while a forward runs."""
 
-    rows: tuple
-    views: list = field(default_factory=list)  # [(layer index, K or V view)]
+    layers: list  # [(layer, keys, values, counter or None, (K, V) write counters or None)]
+    views: list = field(default_factory=list)  # [(layer index, K or V end-slots view)]
     values: list = field(default_factory=list)  # per group of equal-shaped views: (indices, stacked copy)
 
     def release(self) -> None:
-        self.views, self.values = [], []
+        self.layers, self.views, self.values = [], [], []
+
+    def rows(self) -> tuple:
+        """(kind, seen, K shape, K/V addresses[, write counters]) per layer, as they were."""
+        out = []
+        for layer, keys, values, counter, versions in self.layers:
+            kind = _kind(layer)
+            if not _kv_tensors(keys, values):
+                out.append((kind, -1))
+                continue
+            seen = keys.shape[-2] if counter is None else counter
+            out.append((kind, seen, keys.shape, keys.data_ptr(), values.data_ptr()) + (versions or ()))
+        return tuple(out)
 
 
-def _rows(cache, views: list | None = None) -> tuple:
-    """Per layer (kind, seen, K shape, K/V addresses[, K/V write counters]); with `views`, the inference
-    layers' first and last filled slots are appended to it."""
-    cache_len = None
-    rows = []
-    for index, layer in enumerate(getattr(cache, "layers", ())):
-        kind = _kind(layer)
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if not (isinstance(keys, torch.Tensor) and keys.dim() == 4 and isinstance(values, torch.Tensor)):
-            rows.append((kind, -1))
-            continue
-        if kind == "full":
-            seen = filled = keys.shape[-2]
-        else:
-            cache_len = seq_length(cache) if cache_len is None else cache_len
-            seen, filled = _layer_counts(layer, kind, cache_len)
-        row = (kind, seen, keys.shape, keys.data_ptr(), values.data_ptr())
-        if keys.is_inference() or values.is_inference():
-            if views is not None and filled > 0:  # slots 0 and filled-1 (views, no copy)
-                ends = slice(0, filled, max(1, filled - 1))
-                views += [(index, keys[:, :, ends]), (index, values[:, :, ends])]
-        else:  # autograd's counter of in-place writes: free to read
-            row += (keys._version, values._version)
-        rows.append(row)
-    return tuple(rows)
+def _kv_tensors(keys, values) -> bool:
+    return isinstance(keys, torch.Tensor) and keys.dim() == 4 and isinstance(values, torch.Tensor)
+
+
+def _counter(layer, kind: str, keys, cache) -> tuple[int | None, int]:
+    """(its token counter, None for a full layer whose slots are its tokens; filled slots)."""
+    if kind == "full":
+        return None, keys.shape[-2]
+    seen, filled = _layer_counts(layer, kind, seq_length(cache))
+    return seen, filled
 
 
 def fingerprint(cache) -> Fingerprint:
-    """The cache now, in O(layers) work: no K/V copy, no transfer to the host."""
-    views: list = []
-    rows = _rows(cache, views)
-    return Fingerprint(rows, views, _stack(views))
+    """The cache now, in O(layers) attribute reads (plus two end-slot views per inference layer):
+    no K/V copy, no transfer to the host."""
+    layers, views = [], []
+    for index, layer in enumerate(getattr(cache, "layers", ())):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not _kv_tensors(keys, values):
+            layers.append((layer, keys, values, None, None))
+            continue
+        counter, filled = _counter(layer, _kind(layer), keys, cache)
+        if keys.is_inference() or values.is_inference():
+            versions = None
+            if filled > 0:  # slots 0 and filled-1 (views, no copy)
+                ends = slice(0, filled, max(1, filled - 1))
+                views += [(index, keys[:, :, ends]), (index, values[:, :, ends])]
+        else:  # autograd's counter of in-place writes: free to read
+            versions = (keys._version, values._version)
+        layers.append((layer, keys, values, counter, versions))
+    return Fingerprint(layers, views, _stack(views))
 
 
 def _stack(views: list) -> list:
@@ -549,13 +561,26 @@ def _stack(views: list) -> list:
     return [(indices, torch.stack([views[i][1] for i in indices])) for indices in groups.values()]
 
 
+def _same(entry, layer, cache) -> bool:
+    held, keys, values, counter, versions = entry
+    if layer is not held or getattr(layer, "keys", None) is not keys or getattr(layer, "values", None) is not values:
+        return False
+    if not _kv_tensors(keys, values):
+        return True
+    if counter is not None and _counter(layer, _kind(layer), keys, cache)[0] != counter:
+        return False
+    return versions is None or versions == (keys._version, values._version)
+
+
 def changed(before: Fingerprint, cache) -> str | None:
-    """What the program did to the cache since `before` was taken, in words; None if nothing. Drops
-    `before`'s views (it is spent)."""
+    """What the program did to the cache since `before` was taken, in words; None if nothing. Releases
+    `before` (it is spent)."""
     try:
-        rows = _rows(cache)
-        if rows != before.rows:
-            return describe_change(before.rows, rows)
+        layers = list(getattr(cache, "layers", ()))
+        if len(layers) != len(before.layers) or not all(_same(e, l, cache) for e, l in zip(before.layers, layers)):
+            change = describe_change(before.rows(), _rows(cache))  # None: replaced by equal ones (a no-op)
+            if change is not None:
+                return change
         edited = set()
         for indices, copy in before.values:
             now = torch.stack([before.views[i][1] for i in indices])  # the same slots, read again
@@ -563,10 +588,15 @@ def changed(before: Fingerprint, cache) -> str | None:
                 differs = (now != copy).reshape(len(indices), -1).any(dim=1).tolist()
                 edited.update(before.views[i][0] for i, d in zip(indices, differs) if d)
         if edited:
-            return f"K/V values edited in place in {_layer_list(sorted(edited), len(rows))}"
+            return f"K/V values edited in place in {_layer_list(sorted(edited), len(layers))}"
         return None
     finally:
         before.release()
+
+
+def _rows(cache) -> tuple:
+    """The rows of a Fingerprint taken now (only to describe a change)."""
+    return fingerprint(cache).rows()
 
 
 def describe_change(before: tuple, after: tuple) -> str | None:

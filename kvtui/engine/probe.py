@@ -269,7 +269,7 @@ class Watcher:
         self._waiting: list[dict] = []  # records raised before it
         self._cache_classes: set[type] = set()
         self._last_logits: torch.Tensor | None = None
-        self._last_call: Call | None = None
+        self._last_probe: _Probe | None = None  # the model of the last forward (not its call: that holds the cache)
         self.errors: list[str] = []
 
     @property
@@ -522,7 +522,7 @@ class Watcher:
                                             call.batch, "forward")
             snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
-            self._last_call = call
+            self._last_probe = call.probe
             if logits is not None and logits.dim() == 3:
                 self._last_logits = logits[0, -1].detach().float().clone()  # [vocab], for verify
             self.diagnostics.extend(snapshot.diagnostics)
@@ -548,7 +548,7 @@ class Watcher:
                 f"(made before attaching, loaded or copied from an unwatched cache), so a recompute has nothing "
                 f"to start from; the {len(snapshot.buffer) - unknown} tokens after them were fed while watched")
         tokens = [t.id for t in snapshot.buffer if t.origin != "pad" and t.id >= 0]
-        model = self._last_call.probe.model
+        model = self._last_probe.model
         device = model.get_input_embeddings().weight.device
         ids = torch.tensor([tokens], device=device)  # [1, n]
         started = time.perf_counter()

@@ -6,7 +6,8 @@ can cross threads, be coalesced, be written to JSON and compared in tests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import operator
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Iterator, Sequence
 
 # Where a cached token came from.
@@ -16,7 +17,45 @@ ORIGINS = ("template", "system", "user", "assistant", "forced", "tokenizer-added
 SEVERITIES = ("info", "warning", "error")
 
 
-@dataclass(frozen=True, slots=True)
+def frozen(cls):
+    """`@dataclass(frozen=True, slots=True)` with an __init__ that fills each slot through its descriptor.
+
+    The generated frozen __init__ calls object.__setattr__ once per field (~7 µs for a LayerInfo, paid
+    per layer per step; ~20 µs for a StepSnapshot); this one is ~10x faster and builds the same object:
+    same fields, defaults and factories, and assigning to it afterwards still raises FrozenInstanceError."""
+    cls = dataclass(frozen=True, slots=True)(cls)
+    names, params, body, cells = [], [], [], {}
+    for f in fields(cls):
+        setter = f"_set_{f.name}"
+        cells[setter] = cls.__dict__[f.name].__set__  # the slot's member descriptor
+        if not f.init:
+            cells[f"_make_{f.name}"] = f.default_factory
+            body.append(f"    {setter}(self, _make_{f.name}())")
+            continue
+        names.append(f.name)
+        if f.default is not MISSING:
+            cells[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        elif f.default_factory is not MISSING:
+            cells[f"_make_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_MISSING")
+            body.append(f"    if {f.name} is _MISSING: {f.name} = _make_{f.name}()")
+        else:
+            params.append(f.name)
+        body.append(f"    {setter}(self, {f.name})")
+    cells["_MISSING"] = MISSING
+    source = (f"def make({', '.join(cells)}):\n"
+              f"  def __init__(self, {', '.join(params)}):\n" + "\n".join("  " + line for line in body or ["    pass"])
+              + "\n  return __init__\n")
+    namespace: dict = {}
+    exec(source, {}, namespace)  # noqa: S102  (generated from the class's own fields, as dataclasses does)
+    init = namespace["make"](**cells)
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init
+    return cls
+
+
+@frozen
 class BufferToken:
     position: int  # the position id it was fed with (drives RoPE / learned positions)
     id: int
@@ -69,7 +108,7 @@ class TokenBuffer(Sequence[BufferToken]):
         return f"TokenBuffer(len={self._length})"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LayerInfo:
     index: int
     kind: str  # "full", "sliding", "static", "static-sliding", "quantized"; non-KV: "conv", "linear", "ssm";
@@ -96,9 +135,11 @@ class LayerInfo:
 
 
 _LAYER_FIELDS = tuple(f.name for f in fields(LayerInfo))
+_LAYER_VALUES = operator.attrgetter(*_LAYER_FIELDS)
+_TUPLE_FIELDS = ("k_shape", "v_shape", "states")  # the fields that hold tuples (lists in a record)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TopToken:
     id: int
     text: str
@@ -107,7 +148,7 @@ class TopToken:
     rank: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Diagnostic:
     code: str
     severity: str  # one of SEVERITIES
@@ -115,7 +156,7 @@ class Diagnostic:
     step: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RowView:
     """One batch row of a watched forward (batch > 1): what it fed and what its cache row holds."""
 
@@ -126,7 +167,7 @@ class RowView:
     buffer: TokenBuffer = field(compare=False)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StepSnapshot:
     step: int  # forward calls so far in this session, 1-based
     phase: str  # "prefill", "decode", "rewind"
@@ -254,7 +295,10 @@ def _plain(value):
 
 def _layer_record(layer: LayerInfo) -> dict:
     # field by field, not dataclasses.asdict: asdict deep-copies and cost ~3 ms a step on 30 layers
-    return {name: _plain(getattr(layer, name)) for name in _LAYER_FIELDS}
+    record = dict(zip(_LAYER_FIELDS, _LAYER_VALUES(layer)))  # every field, read in one call
+    for name in _TUPLE_FIELDS:
+        record[name] = _plain(record[name])
+    return record
 
 
 def _maybe_list(values):
@@ -274,7 +318,7 @@ def buffer_record(buffer: Sequence[BufferToken]) -> dict:
     return {"type": "buffer", "tokens": [_token_record(t) for t in buffer]}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class VerifyResult:
     max_abs_diff: float
     tolerance: float

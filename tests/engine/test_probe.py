@@ -333,3 +333,30 @@ def test_in_place_write_in_the_middle_is_caught_under_no_grad(tiny_model):
     edits = [d for d in watcher.diagnostics if d.code == "cache-edited"]
     assert len(edits) == 1 and edits[0].step == 2, edits
     assert "edited in place in 1 of 2 layers (1)" in edits[0].message
+
+
+@pytest.mark.parametrize("detach_first", [False, True])
+def test_the_probe_keeps_no_discarded_cache_alive(tiny_model, detach_first):
+    """A cache's fingerprint holds its K/V (views and references, for the check at the next forward): a
+    cache the program drops is freed at once, watched or after detach, as it would be unwatched."""
+    import gc
+    import weakref
+
+    model, tokenizer = tiny_model("llama")
+    watcher = watch(model, tokenizer)
+    try:
+        for mode in (torch.inference_mode, torch.no_grad):  # end-slot views / write counters
+            cache = DynamicCache(config=model.config)
+            with mode():
+                model(input_ids=torch.tensor([[5, 6, 7, 8]]), past_key_values=cache)
+                model(input_ids=torch.tensor([[9]]), past_key_values=cache)
+            keys = weakref.ref(cache.layers[0].keys)
+            if detach_first:
+                watcher.detach()
+            del cache
+            gc.collect()
+            assert keys() is None, f"{mode.__name__}: the discarded cache's keys are still alive"
+            if detach_first:
+                break
+    finally:
+        watcher.detach()

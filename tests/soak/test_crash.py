@@ -1,6 +1,7 @@
-"""Crash: a headless run killed with SIGKILL mid-generation leaves a trace whose finished lines all read back.
+"""Crash: a headless run or a watched program killed with SIGKILL mid-generation leaves a trace whose
+finished lines all read back.
 
-The writer flushes once per line, so a kill leaves whole lines plus, at worst, one unterminated tail
+The writer's thread flushes once per line it takes (the model's thread hands it each step and goes on), so a kill leaves whole lines plus, at worst, one unterminated tail
 (a large line goes out in several writes). `read_trace` drops that tail and sets `truncated`; the
 replay app says the recording was interrupted.
 """
@@ -35,25 +36,47 @@ def step_lines(path) -> int:
     return sum(1 for line in data.split(b"\n")[:-1] if line.startswith(b'{"type": "step"'))
 
 
-@pytest.fixture(scope="module")
-def killed_trace(tiny_dir, tmp_path_factory):
-    """The trace of a headless run killed by SIGKILL once it held MIN_STEP_LINES step lines (one run per module)."""
+LONG_LOOP = """
+import sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+for part in range(8):  # far more steps than it can run before the kill: 8 prompts x 500 tokens
+    ids = tokenizer(f"Tell me about k, part {part}.", return_tensors="pt")["input_ids"]
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        for _ in range(500):
+            ids = model(input_ids=ids, past_key_values=cache).logits[:, -1:].argmax(-1)
+"""
+
+
+@pytest.fixture(scope="module", params=["headless", "watch"])
+def killed_trace(request, tiny_dir, tmp_path_factory):
+    """The trace of a run killed by SIGKILL once it held MIN_STEP_LINES step lines (one run per module and
+    front end): kvtui's own chat headless, and a watched program's loop (its trace written by the
+    probe's writer thread)."""
     model = tiny_dir("qwen2")
     tmp_path = tmp_path_factory.mktemp("killed")
-    script = tmp_path / "long.json"
-    # far more steps than it can run before the kill, on any machine: 8 turns x 500 tokens
-    script.write_text(json.dumps({"turns": [f"Tell me about k, part {i}." for i in range(8)]}))
     trace = tmp_path / "killed.jsonl"
+    if request.param == "headless":
+        script = tmp_path / "long.json"
+        # far more steps than it can run before the kill, on any machine: 8 turns x 500 tokens
+        script.write_text(json.dumps({"turns": [f"Tell me about k, part {i}." for i in range(8)]}))
+        command = [str(model), "--headless", "--script", str(script), "--trace", str(trace), "--max-new-tokens", "500"]
+    else:
+        program = tmp_path / "long_loop.py"
+        program.write_text(LONG_LOOP)
+        command = ["watch", "--headless", "--trace", str(trace), str(program), str(model)]
     errors = open(tmp_path / "stderr.txt", "w+b")  # a file, not a pipe: a full pipe would stall the child
-    process = subprocess.Popen([sys.executable, "-m", "kvtui.cli", str(model), "--headless", "--script", str(script),
-                                "--trace", str(trace), "--max-new-tokens", "500"],
-                               stdout=subprocess.DEVNULL, stderr=errors)
+    process = subprocess.Popen([sys.executable, "-m", "kvtui.cli", *command], stdout=subprocess.DEVNULL, stderr=errors)
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while step_lines(trace) < MIN_STEP_LINES:
             if process.poll() is not None:
                 errors.seek(0)
-                raise AssertionError(f"the headless run ended before the kill (exit {process.returncode}): "
+                raise AssertionError(f"the {request.param} run ended before the kill (exit {process.returncode}): "
                                      f"{errors.read().decode(errors='replace')[-2000:]}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {MIN_STEP_LINES} step lines after {START_TIMEOUT:.0f} s")

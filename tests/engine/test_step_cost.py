@@ -1,0 +1,163 @@
+"""The cheap per-step paths give what the plain computations give: top-k from topk + logsumexp, the greedy
+choice read from it, the faster frozen dataclasses, the cache fingerprint's identity checks, the writer
+thread's order and durability."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+import json
+import pickle
+import threading
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig
+
+from kvtui.engine import introspect
+from kvtui.engine.sampling import Sampler, SamplerSettings, chosen_from_top, top_token_rows, top_tokens
+from kvtui.engine.snapshot import BufferToken, LayerInfo, StepSnapshot, TokenBuffer, TopToken
+from kvtui.engine.trace import LineWriter, TraceWriter, record_line
+
+
+def _reference(scores: torch.Tensor, k: int) -> list[tuple[int, float, float]]:
+    """(id, logit, prob) of the k best, the slow way: a float64 softmax over the whole vocab."""
+    probs = torch.softmax(scores.double(), dim=-1)
+    order = torch.argsort(scores.double(), descending=True, stable=True)[:k]
+    return [(int(i), float(scores[i]), float(probs[i])) for i in order]
+
+
+@pytest.mark.parametrize("vocab", [7, 512, 49152])
+def test_top_tokens_match_a_full_softmax(vocab):
+    generator = torch.Generator().manual_seed(vocab)
+    scores = torch.randn(3, vocab, generator=generator) * 4  # [rows, vocab]
+    scores[1, : vocab // 2] = -torch.inf  # a top-k / top-p mask
+    rows = top_token_rows(scores, 10, lambda i: f"<{i}>")
+    assert len(rows) == 3
+    for row, tops in zip(scores, rows):
+        want = [w for w in _reference(row, 10) if w[2] > 0]
+        assert [t.id for t in tops] == [w[0] for w in want]
+        assert [t.rank for t in tops] == list(range(1, len(want) + 1))
+        for token, (_, logit, prob) in zip(tops, want):
+            assert token.logit == pytest.approx(logit, abs=0)  # the float32 value itself
+            assert token.prob == pytest.approx(prob, rel=1e-5)
+            assert token.text == f"<{token.id}>"
+    assert top_tokens(scores[0], 10, lambda i: f"<{i}>") == rows[0]
+
+
+def test_greedy_reads_the_top_unless_the_first_two_tie():
+    sampler = Sampler(SamplerSettings())  # greedy
+    scores = torch.tensor([0.5, 3.0, 1.0, 3.0, -1.0])  # ids 1 and 3 tie: argmax takes the first, 1
+    top = top_tokens(scores, 3, str)
+    assert top[0].logit == top[1].logit
+    assert sampler.choose(scores, top) == int(torch.argmax(scores)) == 1
+    clear = torch.tensor([0.5, 2.0, 1.0, 3.0, -1.0])
+    assert sampler.choose(clear, top_tokens(clear, 3, str)) == 3
+
+
+def test_the_chosen_token_rank_counts_the_tokens_above_it():
+    scores = torch.tensor([2.0, 5.0, 5.0, 1.0])
+    top = top_tokens(scores, 4, str)
+    chosen = chosen_from_top(top, 2)  # tied for first: rank 1, as (probs > prob).sum() + 1 says
+    probs = torch.softmax(scores, dim=-1)
+    assert chosen.rank == int((probs > probs[2]).sum()) + 1 == 1
+    assert chosen_from_top(top, 3).rank == 4
+    assert chosen_from_top(top[:2], 3) is None  # not among them: the caller reads the whole distribution
+
+
+def test_frozen_dataclasses_build_what_dataclasses_builds():
+    info = LayerInfo(2, "sliding", (1, 2, 3, 4), (1, 2, 3, 4), "float32", "cpu", 96, 3, 3, 4, 7, 4, quant_bits=4)
+    assert (info.index, info.window, info.held_from, info.quant_bits, info.states, info.offloaded) == (2, 4, 4, 4, (), False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.index = 3
+    assert pickle.loads(pickle.dumps(info)) == info == copy.deepcopy(info)
+    assert hash(info) == hash(dataclasses.replace(info))
+    assert dataclasses.replace(info, index=5).index == 5
+    with pytest.raises(TypeError):
+        LayerInfo(1, "full")  # required fields stay required
+    snapshot = StepSnapshot(step=1, phase="decode", turn=1, input_ids=(5,), positions=(0,), cursor=1,
+                            cache_seq_length=1, capacity=None, layers=(info,), topk=(), topk_processed=(), watched=(),
+                            chosen=TopToken(5, "a", 1.0, 0.5, 1), chosen_forced=False, diagnostics=(), forward_ms=1.0,
+                            snapshot_ms=0.1, buffer=TokenBuffer([BufferToken(0, 5, "a", False, "fed", 1)]))
+    assert snapshot.source == "session" and snapshot.line == [] and snapshot.rows is None
+    assert dataclasses.replace(snapshot, step=2).line is not snapshot.line  # a record box of its own
+
+
+def test_a_step_is_serialised_once_for_every_sink():
+    snapshot = StepSnapshot(step=1, phase="decode", turn=1, input_ids=(5,), positions=(0,), cursor=1,
+                            cache_seq_length=1, capacity=None, layers=(), topk=(), topk_processed=(), watched=(),
+                            chosen=None, chosen_forced=False, diagnostics=(), forward_ms=1.0, snapshot_ms=0.1,
+                            buffer=TokenBuffer([BufferToken(0, 5, "a", False, "fed", 1)]))
+    line = record_line(snapshot)
+    assert json.loads(line) == json.loads(json.dumps(snapshot.to_record())) and line.endswith("\n")
+    assert record_line(snapshot) is line  # the second sink reuses the text
+
+
+def test_the_line_writer_keeps_order_and_writes_everything_by_close(tmp_path):
+    path = tmp_path / "t.jsonl"
+    writer = TraceWriter(path, {"type": "header", "n": 0})
+    threads = []
+    for part in range(4):  # several producers: each one's records stay in its order
+        def produce(part=part):
+            for i in range(250):
+                writer.write({"type": "n", "part": part, "i": i})
+        threads.append(threading.Thread(target=produce))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    writer.flush()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert records[0] == {"type": "header", "n": 0} and len(records) == 1001  # drained: all of it on disk
+    for part in range(4):
+        assert [r["i"] for r in records[1:] if r["part"] == part] == list(range(250))
+    writer.write({"type": "last"})
+    writer.close()
+    assert json.loads(path.read_text().splitlines()[-1]) == {"type": "last"}
+    writer.write({"type": "after close"})  # ignored, as before
+    assert "after close" not in path.read_text()
+
+
+def test_a_write_error_is_raised_at_the_next_write():
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+    writer = LineWriter(Full(), "test-writer")
+    writer.put({"type": "a"})
+    writer.drain()
+    with pytest.raises(OSError, match="No space"):
+        writer.put({"type": "b"})
+    writer.close()
+    quiet = LineWriter(Full(), "test-writer", raise_errors=False)  # a viewer's pipe: a gone viewer is not an error
+    quiet.put({"type": "a"})
+    quiet.drain()
+    quiet.put({"type": "b"})
+    quiet.close()
+
+
+@pytest.mark.parametrize("mode", [torch.inference_mode, torch.no_grad])
+def test_the_cache_fingerprint_sees_what_the_program_did(mode):
+    config = LlamaConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=64)
+    with mode():
+        cache = DynamicCache(config=config)
+        for layer in range(3):
+            cache.update(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), layer)
+
+        def check(edit) -> str | None:
+            before = introspect.fingerprint(cache)
+            edit()
+            found = introspect.changed(before, cache)
+            assert before.layers == [] and before.views == []  # spent: holds nothing of the cache any more
+            return found
+
+        assert check(lambda: None) is None
+        layer = cache.layers[1]
+        assert check(lambda: setattr(layer, "keys", layer.keys)) is None  # the same tensor put back: nothing
+        assert check(lambda: cache.layers[1].values[:, :, -1].mul_(2)) == "K/V values edited in place in 1 of 3 layers (1)"
+        assert check(lambda: cache.layers[2].keys[:, :, 0].zero_()) == "K/V values edited in place in 1 of 3 layers (2)"
+        assert check(lambda: setattr(layer, "keys", layer.keys.clone())) == "K/V tensors replaced in 1 of 3 layers (1)"
+        assert check(lambda: cache.crop(-2)) == "shortened from 5 to 3 tokens (cropped)"
+        assert check(lambda: cache.reset()) is not None
