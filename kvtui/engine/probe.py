@@ -98,7 +98,9 @@ def thread_caller(line: str) -> tuple[str, str | None]:
     return (name if line == "?" else line), name
 
 
+@functools.lru_cache(maxsize=1024)
 def _short_path(path: str) -> str:
+    """Relative to the working directory when kvtui first met the file (a getcwd per forward adds up)."""
     try:
         relative = os.path.relpath(path)
     except ValueError:

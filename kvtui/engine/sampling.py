@@ -86,6 +86,7 @@ def top_token_rows(scores: torch.Tensor, k: int, piece) -> list[tuple[TopToken, 
         tops = []
         for rank, (token_id, logit) in enumerate(zip(row_ids, logits)):
             prob = math.exp(logit - total) if logit > -math.inf and total < math.inf else 0.0
+            prob = prob if prob == prob else 0.0  # NaN logits (a broken model): no probability, not a NaN in the trace
             if prob > 0 or rank == 0:
                 tops.append(TopToken(id=token_id, text=piece(token_id), logit=_finite(logit), prob=prob, rank=rank + 1))
         out.append(tuple(tops))

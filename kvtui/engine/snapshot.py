@@ -243,8 +243,12 @@ class StepSnapshot:
     def cache_bytes(self) -> int:
         return sum(layer.bytes for layer in self.layers)
 
-    def to_record(self) -> dict:
-        """The trace's `step` line (see README, trace schema 1)."""
+    def to_record(self, objects: bool = False) -> dict:
+        """The trace's `step` line (see README, trace schema 1). `objects`: layers, top tokens and fed tokens
+        stay the frozen dataclasses they are (orjson writes a dataclass as the same object its record is,
+        field by field, at a fraction of the cost of building the dicts)."""
+        layer_record, top_record, token_record = (_same, _same, _same) if objects else (
+            _layer_record, _top_record, _token_record)
         return {
             "type": "step",
             "step": self.step,
@@ -252,14 +256,14 @@ class StepSnapshot:
             "turn": self.turn,
             "input_ids": list(self.input_ids),
             "positions": list(self.positions),
-            "fed": [_token_record(t) for t in self.buffer[len(self.buffer) - len(self.input_ids):]],
+            "fed": [token_record(t) for t in self.buffer[len(self.buffer) - len(self.input_ids):]],
             "cursor": self.cursor,
             "cache_seq_length": self.cache_seq_length,
             "capacity": self.capacity,
-            "layers": [_layer_record(layer) for layer in self.layers],
-            "topk": [_top_record(t) for t in self.topk],
-            "topk_processed": [_top_record(t) for t in self.topk_processed],
-            "watched": [_top_record(t) for t in self.watched],
+            "layers": [layer_record(layer) for layer in self.layers],
+            "topk": [top_record(t) for t in self.topk],
+            "topk_processed": [top_record(t) for t in self.topk_processed],
+            "watched": [top_record(t) for t in self.watched],
             "chosen": None if self.chosen is None else {**_top_record(self.chosen), "forced": self.chosen_forced},
             "turn_done": self.turn_done,
             "diagnostics": [{"code": d.code, "severity": d.severity, "message": d.message} for d in self.diagnostics],
@@ -267,11 +271,11 @@ class StepSnapshot:
             "buffer_length": len(self.buffer),
             **({"attention": {"layer": self.attention_layer, "weights": list(self.attention)}}
                if self.attention is not None else {}),
-            **(self._watch_record() if self.source != "session" else {}),
+            **(self._watch_record(top_record, token_record) if self.source != "session" else {}),
             **({"compile": {"compile_ms": self.compile_ms, "recompiles": self.recompiles}} if self.compiled else {}),
         }
 
-    def _watch_record(self) -> dict:
+    def _watch_record(self, top_record, token_record) -> dict:
         record = {
             "source": self.source, "caller": self.caller, "cache_id": self.cache_id,
             "cache_length_before": self.cache_length_before,
@@ -283,10 +287,14 @@ class StepSnapshot:
         }
         if self.rows:
             record["rows"] = [{"row": r.row, "input_ids": list(r.input_ids), "positions": list(r.positions),
-                               "fed": [_token_record(t) for t in r.buffer[len(r.buffer) - len(r.input_ids):]],
-                               "buffer_length": len(r.buffer), "topk": [_top_record(t) for t in r.topk]}
+                               "fed": [token_record(t) for t in r.buffer[len(r.buffer) - len(r.input_ids):]],
+                               "buffer_length": len(r.buffer), "topk": [top_record(t) for t in r.topk]}
                               for r in self.rows]
         return record
+
+
+def _same(value):
+    return value
 
 
 def _plain(value):

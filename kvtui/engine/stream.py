@@ -82,8 +82,7 @@ class RecordPipe:
     def __init__(self, fd: int):
         from .trace import LineWriter
 
-        self._writer = LineWriter(os.fdopen(fd, "wb", buffering=0), "kvtui-record-pipe", raise_errors=False,
-                                  binary=True)
+        self._writer = LineWriter(os.fdopen(fd, "wb", buffering=0), "kvtui-record-pipe", raise_errors=False)
 
     @property
     def closed(self) -> bool:

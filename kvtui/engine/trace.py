@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator
 
+import orjson
+
 SCHEMA = 1
 
 
@@ -68,14 +70,15 @@ def header_record(session, model_source: str, model_path: str) -> dict:
     }
 
 
-def record_line(item) -> str:
+def record_line(item) -> bytes:
     """One JSON line: of a record (a dict), or of a step (an object with `to_record()`, serialised once
-    whichever sink asks first: its `line` box keeps the text)."""
+    whichever sink asks first: its `line` box keeps the text). orjson: a 30-layer step record is ~13 KB,
+    ~200 µs with the json module and ~15 µs with orjson (compact separators, UTF-8 as is)."""
     if isinstance(item, dict):
-        return json.dumps(item, ensure_ascii=False, allow_nan=False) + "\n"
+        return orjson.dumps(item) + b"\n"
     box = item.line
     if not box:
-        box.append(record_line(item.to_record()))
+        box.append(record_line(item.to_record(objects=True)))
     return box[0]
 
 
@@ -90,9 +93,8 @@ class LineWriter:
     (disk full, a closed pipe) stops the writing; `error` says which and the next `put` raises it
     (`raise_errors`) or drops silently."""
 
-    def __init__(self, file: IO, name: str, raise_errors: bool = True, binary: bool = False):
+    def __init__(self, file: IO[bytes], name: str, raise_errors: bool = True):
         self._file = file
-        self._binary = binary
         self._raise = raise_errors
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
@@ -119,8 +121,7 @@ class LineWriter:
             if self.error is not None:
                 continue
             try:
-                text = "".join(record_line(item) for item in items)
-                self._file.write(text.encode("utf-8") if self._binary else text)
+                self._file.write(b"".join(record_line(item) for item in items))
                 self._file.flush()
             except Exception as exc:  # noqa: BLE001  said at the next put (or dropped: a viewer gone)
                 self.error = exc
@@ -156,7 +157,7 @@ class TraceWriter:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
+            handle: IO[bytes] = open(self.path, "ab" if append else "wb")
             if not append:
                 handle.write(record_line(header))
                 handle.flush()

@@ -90,7 +90,7 @@ def test_a_step_is_serialised_once_for_every_sink():
                             chosen=None, chosen_forced=False, diagnostics=(), forward_ms=1.0, snapshot_ms=0.1,
                             buffer=TokenBuffer([BufferToken(0, 5, "a", False, "fed", 1)]))
     line = record_line(snapshot)
-    assert json.loads(line) == json.loads(json.dumps(snapshot.to_record())) and line.endswith("\n")
+    assert json.loads(line) == json.loads(json.dumps(snapshot.to_record())) and line.endswith(b"\n")
     assert record_line(snapshot) is line  # the second sink reuses the text
 
 
@@ -120,7 +120,7 @@ def test_the_line_writer_keeps_order_and_writes_everything_by_close(tmp_path):
 
 
 def test_a_write_error_is_raised_at_the_next_write():
-    class Full(io.StringIO):
+    class Full(io.BytesIO):
         def write(self, text):
             raise OSError(28, "No space left on device")
 
@@ -161,3 +161,39 @@ def test_the_cache_fingerprint_sees_what_the_program_did(mode):
         assert check(lambda: setattr(layer, "keys", layer.keys.clone())) == "K/V tensors replaced in 1 of 3 layers (1)"
         assert check(lambda: cache.crop(-2)) == "shortened from 5 to 3 tokens (cropped)"
         assert check(lambda: cache.reset()) is not None
+
+
+def _written(snapshot) -> dict:
+    return json.loads(record_line(snapshot))
+
+
+def _plain_record(snapshot) -> dict:
+    return json.loads(json.dumps(snapshot.to_record(), ensure_ascii=False, allow_nan=False))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_written_step_line_is_the_step_record(tiny_model, arch):
+    """The writer serialises a step's dataclasses directly (orjson); the line must read back as exactly the
+    record `to_record()` builds: kvtui's own session (sampler on, sliding layers on gemma3) and a watched
+    batch (rows, lineage)."""
+    from kvtui.engine.probe import watch
+    from kvtui.engine.session import ChatSession, SessionConfig
+    from kvtui.engine.settings import SamplerSettings
+
+    model, tokenizer = tiny_model(arch)
+    session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=4, sampler=SamplerSettings(
+        temperature=0.7, top_k=20, seed=1)))
+    snapshots = [session.send("héllo <there>")] + [session.step() for _ in range(3)]
+    with watch(model, tokenizer) as watcher:
+        seen = []
+        watcher.on_snapshot = seen.append
+        ids = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=(ids != 0).long(), past_key_values=cache)
+            model(input_ids=torch.tensor([[11], [12]]), attention_mask=torch.ones(2, 5, dtype=torch.long),
+                  past_key_values=copy.deepcopy(cache))
+    snapshots += seen
+    assert seen and seen[-1].rows and seen[-1].cache_parent is not None
+    for snapshot in snapshots:
+        assert _written(snapshot) == _plain_record(snapshot)

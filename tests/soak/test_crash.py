@@ -33,7 +33,7 @@ def step_lines(path) -> int:
         data = path.read_bytes()
     except FileNotFoundError:
         return 0
-    return sum(1 for line in data.split(b"\n")[:-1] if line.startswith(b'{"type": "step"'))
+    return sum(1 for line in data.split(b"\n")[:-1] if line.startswith(b'{"type":"step"'))
 
 
 LONG_LOOP = """
@@ -101,7 +101,7 @@ def test_every_finished_line_of_a_killed_run_reads_back(killed_trace):
         assert isinstance(record, dict) and "type" in record, number
     trace = read_trace(killed_trace)
     whole = finished + ([tail] if tail.strip() and _parses(tail) else [])  # a tail missing only its newline counts
-    steps = [json.loads(line) for line in whole if line.startswith(b'{"type": "step"')]
+    steps = [json.loads(line) for line in whole if line.startswith(b'{"type":"step"')]
     assert len(steps) >= MIN_STEP_LINES
     assert [s["step"] for s in trace.steps] == [s["step"] for s in steps] == list(range(1, len(steps) + 1))
     assert trace.truncated == (tail != b"" and not _parses(tail))
@@ -126,7 +126,7 @@ def _parses(raw: bytes) -> bool:
 def cut_cases(finished: list[bytes]):
     """The crash signature, made deterministic: the next line cut mid-write, at the byte level."""
     whole = b"".join(line + b"\n" for line in finished)
-    step = [line for line in finished if line.startswith(b'{"type": "step"')][-1]
+    step = [line for line in finished if line.startswith(b'{"type":"step"')][-1]
     note = json.dumps({"type": "note", "text": "caché → interrupted"}, ensure_ascii=False).encode("utf-8")
     inside_arrow = note.index("→".encode("utf-8")) + 1  # between the bytes of one UTF-8 character
     return {

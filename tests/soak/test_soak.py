@@ -191,7 +191,7 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
             assert len(sparkline.data or ()) <= status_bar.HISTORY
         assert app._recent_ms.maxlen is not None and len(app._recent_ms) <= app._recent_ms.maxlen
         with open(spool, encoding="utf-8") as handle:
-            step_lines = sum(1 for line in handle if line.startswith('{"type": "step"'))
+            step_lines = sum(1 for line in handle if line.startswith('{"type":"step"'))
         assert step_lines == steps
 
         # memory: snapshots capped, nothing kvtui-made outside them accumulates, tensors constant, RSS bounded
