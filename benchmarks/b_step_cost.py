@@ -378,8 +378,11 @@ def compare(before_src: str, rounds: int, out: Path) -> None:
     import subprocess
     import sys
 
+    from common import BackgroundLoad
+
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     after_src = str(Path(__file__).resolve().parent.parent)
+    load = BackgroundLoad().start()
     with tempfile.TemporaryDirectory(prefix="kvtui-step-cost-cmp-") as tmp:
         for round_ in range(rounds):
             for label, src in (("before", before_src), ("after", after_src)) if round_ % 2 == 0 else (
@@ -390,6 +393,7 @@ def compare(before_src: str, rounds: int, out: Path) -> None:
                                cwd=Path(__file__).parent)
                 runs[label].append(json.loads(target.read_text()))
                 log(f"round {round_ + 1}: {label} done")
+    runs["load"] = load.stop()
     out.write_text(json.dumps(runs, indent=1))
     (Path(__file__).parent / "STEP-COST.md").write_text(compare_report(runs, before_src), encoding="utf-8")
 
@@ -419,6 +423,9 @@ def compare_report(runs: dict, before_src: str) -> str:
         f"{n_runs} fresh processes each, alternated (before, after, after, before, ...). Each cell is the median "
         "over runs of the per-run median over 120 decode steps; each run's ratios are the median of 5 interleaved "
         "repeats of whole 200-token loops.", "",
+        f"Other processes used {runs['load'].get('median', float('nan')):.2f} cores (median; max "
+        f"{runs['load'].get('max', float('nan')):.2f}) of the 2 while this ran: the machine was shared, so wall times "
+        "scatter; the paired step costs and the CPU-time ratios are the measures that competition blurs least.", "",
         "How a part is timed: the functions that do it are wrapped (exclusive wall time on the model's thread); "
         "'step cost' is a decode step inspected minus the same forward uninspected, from the two loops advanced "
         "in alternation; 'rest' is step cost minus the named parts (the class patches' frames, registry lookups, "

@@ -74,13 +74,15 @@ def top_token_rows(scores: torch.Tensor, k: int, piece) -> list[tuple[TopToken, 
     where a GPU decodes in milliseconds)."""
     rows, vocab = scores.shape
     k = min(k, vocab)
+    if scores.dtype != torch.float32:
+        scores = scores.float()
     values, ids = torch.topk(scores, k)  # [rows, k]
     norm = torch.logsumexp(scores, dim=-1, keepdim=True)  # [rows, 1]
     if vocab < 2 ** 24:  # ids are exact in float32: one transfer
-        host = torch.cat((values.float(), norm.float(), ids.float()), dim=-1).tolist()  # [rows, 2k + 1]
+        host = torch.cat((values, norm, ids.to(torch.float32)), dim=-1).tolist()  # [rows, 2k + 1]
         found = [(row[:k], row[k], [int(i) for i in row[k + 1:]]) for row in host]
     else:
-        found = list(zip(values.float().tolist(), norm.float().reshape(-1).tolist(), ids.tolist()))
+        found = list(zip(values.tolist(), norm.reshape(-1).tolist(), ids.tolist()))
     out = []
     for logits, total, row_ids in found:
         tops = []
