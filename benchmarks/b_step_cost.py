@@ -87,18 +87,25 @@ class PartClock:
 
 
 def _serialising(clock: PartClock) -> None:
-    """json.dumps as trace.py and stream.py call it, timed as 'serialising'."""
+    """The JSON encoder trace.py calls (orjson, or json before it), timed as 'serialising'."""
     import json
 
     class TimedJson:
         loads = staticmethod(json.loads)
         JSONDecodeError = json.JSONDecodeError
+        dumps = staticmethod(json.dumps)
 
-    TimedJson.dumps = staticmethod(json.dumps)
     clock.wrap(TimedJson, "dumps", "serialising")
-    for module in (trace,):
-        clock._undo.append((module, "json", module.json))
-        module.json = TimedJson
+    clock._undo.append((trace, "json", trace.json))
+    trace.json = TimedJson
+    fast = getattr(trace, "orjson", None)
+    if fast is not None:
+        class TimedOrjson:
+            dumps = staticmethod(fast.dumps)
+
+        clock.wrap(TimedOrjson, "dumps", "serialising")
+        clock._undo.append((trace, "orjson", fast))
+        trace.orjson = TimedOrjson
 
 
 def probe_parts(clock: PartClock) -> None:

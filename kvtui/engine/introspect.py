@@ -497,9 +497,10 @@ class Fingerprint:
     Per layer it keeps the layer object, its K and V tensors (references: the check is an identity test,
     no id or address reuse), its token counter when it has one, and autograd's in-place write counters.
     Inference tensors keep no write counter: for those `views` are their first and last filled slots
-    (views, no copy) and `values` a copy of them, compared at the check. What it holds keeps the cache's
-    current tensors alive, nothing more; `release()` lets go (at the check, when the cache dies, at
-    detach), so nothing is held while a forward runs."""
+    (views, no copy) and `values` a copy of them, compared at the check. It keeps alive the tensors the
+    cache held after the forward: the cache's own (no extra memory), unless the program replaces them
+    before the next forward (then the old ones until that forward). `release()` lets go: at the check,
+    when the cache dies, at detach; nothing is held while a forward runs."""
 
     layers: list  # [(layer, keys, values, counter or None, (K, V) write counters or None)]
     views: list = field(default_factory=list)  # [(layer index, K or V end-slots view)]

@@ -78,10 +78,10 @@ def top_token_rows(scores: torch.Tensor, k: int, piece) -> list[tuple[TopToken, 
         scores = scores.float()
     values, ids = torch.topk(scores, k)  # [rows, k]
     norm = torch.logsumexp(scores, dim=-1, keepdim=True)  # [rows, 1]
-    if vocab < 2 ** 24:  # ids are exact in float32: one transfer
+    if scores.device.type != "cpu" and vocab < 2 ** 24:  # one device -> host transfer (ids exact in float32)
         host = torch.cat((values, norm, ids.to(torch.float32)), dim=-1).tolist()  # [rows, 2k + 1]
         found = [(row[:k], row[k], [int(i) for i in row[k + 1:]]) for row in host]
-    else:
+    else:  # on the CPU reading three small tensors costs less than building one
         found = list(zip(values.tolist(), norm.reshape(-1).tolist(), ids.tolist()))
     out = []
     for logits, total, row_ids in found:
@@ -90,7 +90,7 @@ def top_token_rows(scores: torch.Tensor, k: int, piece) -> list[tuple[TopToken, 
             prob = math.exp(logit - total) if logit > -math.inf and total < math.inf else 0.0
             prob = prob if prob == prob else 0.0  # NaN logits (a broken model): no probability, not a NaN in the trace
             if prob > 0 or rank == 0:
-                tops.append(TopToken(id=token_id, text=piece(token_id), logit=_finite(logit), prob=prob, rank=rank + 1))
+                tops.append(TopToken(token_id, piece(token_id), _finite(logit), prob, rank + 1))
         out.append(tuple(tops))
     return out
 
