@@ -37,7 +37,7 @@ def test_program_raises_exactly_its_alarms(program, tmp_path):
     assert "Traceback" not in result.stderr or program.stem == "static_overflow", result.stderr[-2000:]
     found = codes_in(trace)
     assert found == expected, (found, result.stderr[-3000:])
-    steps = [json.loads(line) for line in trace.read_text().splitlines() if '"type": "step"' in line]
+    steps = [r for r in map(json.loads, trace.read_text().splitlines()) if r["type"] == "step"]
     assert steps and all(s["source"] == "watch" and s["caller"].startswith("samples/programs/") for s in steps)
     errors = [line for line in result.stderr.splitlines() if re.match(r"\s*error step", line)]
     if program.stem == "static_overflow":  # the program itself dies with the IndexError kvtui announced
@@ -86,7 +86,7 @@ def test_chat_sample_chats_over_piped_stdin(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     lengths = [int(n) for n in re.findall(r"\[cache: (\d+) tokens\]", result.stdout)]
     assert len(lengths) == 2 and lengths[1] > lengths[0], result.stdout
-    steps = [json.loads(line) for line in trace.read_text().splitlines() if '"type": "step"' in line]
+    steps = [r for r in map(json.loads, trace.read_text().splitlines()) if r["type"] == "step"]
     assert len({s["cache_id"] for s in steps}) == 1  # one cache for the whole chat
     assert codes_in(trace) == set()
     ended = watch("--headless", program, model_dir(header(program, "kvtui-model")))  # no input at all: EOF at once
