@@ -387,8 +387,9 @@ def compare(before_src: str, rounds: int, out: Path) -> None:
 
     from common import BackgroundLoad
 
-    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    runs: dict = {"before": [], "after": []}
     after_src = str(Path(__file__).resolve().parent.parent)
+    runs["commits"] = {"before": _commit(before_src), "after": _commit(after_src)}  # before this run writes anything
     load = BackgroundLoad().start()
     with tempfile.TemporaryDirectory(prefix="kvtui-step-cost-cmp-") as tmp:
         for round_ in range(rounds):
@@ -405,28 +406,29 @@ def compare(before_src: str, rounds: int, out: Path) -> None:
     (Path(__file__).parent / "STEP-COST.md").write_text(compare_report(runs, before_src), encoding="utf-8")
 
 
-def compare_report(runs: dict, before_src: str) -> str:
-    import platform
+def _commit(src: str) -> str:
     import subprocess
 
-    def commit(src: str) -> str:
-        found = subprocess.run(["git", "-C", src, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(["git", "-C", src, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True).stdout.strip()
-        return found.stdout.strip() + (" + uncommitted changes" if dirty else "")
+    found = subprocess.run(["git", "-C", src, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", src, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    return found.stdout.strip() + (" + uncommitted changes" if dirty else "")
+
+
+def compare_report(runs: dict, before_src: str) -> str:
+    import platform
 
     def ratio(label: str, name: str) -> str:
         values = [run["ratios"][name]["median"] for run in runs[label]]
         spread = [x for run in runs[label] for x in (run["ratios"][name]["min"], run["ratios"][name]["max"])]
         return f"{statistics.median(values):.3f} ({min(spread):.3f}–{max(spread):.3f})"
 
-    after_src = str(Path(__file__).resolve().parent.parent)
     n_runs = len(runs["after"])
     lines = [
         "# What a step costs kvtui: before and after (issue: inspection at GPU speed)", "",
         f"Written by `python benchmarks/b_step_cost.py --compare {before_src} {n_runs}` on this machine "
         f"({platform.machine()}, {os.cpu_count()} CPUs, torch on 1 thread): before = kvtui at "
-        f"`{commit(before_src)}`, after = `{commit(after_src)}`. The same benchmark file ran on each, "
+        f"`{runs['commits']['before']}`, after = `{runs['commits']['after']}`. The same benchmark file ran on each, "
         f"{n_runs} fresh processes each, alternated (before, after, after, before, ...). Each cell is the median "
         "over runs of the per-run median over 120 decode steps; each run's ratios are the median of 5 interleaved "
         "repeats of whole 200-token loops.", "",

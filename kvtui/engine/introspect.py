@@ -556,10 +556,17 @@ def fingerprint(cache) -> Fingerprint:
 
 
 def _stack(views: list) -> list:
-    groups: dict[tuple, list[int]] = {}
-    for i, (_, view) in enumerate(views):
-        groups.setdefault((view.shape, view.dtype, view.device), []).append(i)
-    return [(indices, torch.stack([views[i][1] for i in indices])) for indices in groups.values()]
+    """One stacked copy of the views: all in one when they are alike (the usual case: one call), else
+    grouped by shape, dtype and device."""
+    if not views:
+        return []
+    try:
+        return [(list(range(len(views))), torch.stack([view for _, view in views]))]
+    except RuntimeError:  # layers of different shapes (MLA K vs V, sliding windows) or devices
+        groups: dict[tuple, list[int]] = {}
+        for i, (_, view) in enumerate(views):
+            groups.setdefault((view.shape, view.dtype, view.device), []).append(i)
+        return [(indices, torch.stack([views[i][1] for i in indices])) for indices in groups.values()]
 
 
 def _same(entry, layer, cache) -> bool:
