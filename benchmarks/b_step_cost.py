@@ -18,14 +18,13 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
 from common import log, summary
-from kvtui.engine import diagnostics, introspect, probe, recorder, sampling, session, snapshot, trace, watch_step
+from kvtui.engine import diagnostics, introspect, probe, recorder, session, snapshot, trace, watch_step
 from kvtui.engine.session import ChatSession, SessionConfig
 
 PROMPT = "Explain step by step how a KV cache speeds up text generation."

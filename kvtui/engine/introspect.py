@@ -530,8 +530,7 @@ def _counter(layer, kind: str, keys, cache) -> tuple[int | None, int]:
     """(its token counter, None for a full layer whose slots are its tokens; filled slots)."""
     if kind == "full":
         return None, keys.shape[-2]
-    seen, filled = _layer_counts(layer, kind, seq_length(cache))
-    return seen, filled
+    return _layer_counts(layer, kind, seq_length(cache))
 
 
 def fingerprint(cache) -> Fingerprint:

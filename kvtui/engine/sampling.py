@@ -87,8 +87,8 @@ def top_token_rows(scores: torch.Tensor, k: int, piece) -> list[tuple[TopToken, 
     for logits, total, row_ids in found:
         tops = []
         for rank, (token_id, logit) in enumerate(zip(row_ids, logits)):
+            # a NaN logit or normaliser (a broken model) fails both tests: 0, never a NaN in the trace
             prob = math.exp(logit - total) if logit > -math.inf and total < math.inf else 0.0
-            prob = prob if prob == prob else 0.0  # NaN logits (a broken model): no probability, not a NaN in the trace
             if prob > 0 or rank == 0:
                 tops.append(TopToken(token_id, piece(token_id), _finite(logit), prob, rank + 1))
         out.append(tuple(tops))

@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
 
 COMMANDS = ("pause", "run", "step", "break on", "break off", "verify", "watch", "quit")
 STREAM_ONLY = ("paused", "break", "notice", "program-exit", "output", "process-exit", "progress", "ready",

@@ -283,7 +283,7 @@ class StepBuilder:
     def _top(self, logits, batch: int) -> list[tuple]:
         if logits is None or logits.dim() != 3:
             return [()] * batch
-        last = logits[:, -1].float()  # [batch, vocab]
+        last = logits[:, -1]  # [batch, vocab] (top_token_rows reads it in float32)
         return top_token_rows(last, self.watcher.top_k, self.piece)[:batch] + [()] * max(0, batch - last.shape[0])
 
 
