@@ -1,10 +1,17 @@
 """`kvtui watch [OPTIONS] SCRIPT [ARGS]...` / `kvtui watch -m MODULE [ARGS]...`: run an unmodified
-program and show what its cache does (TUI, live), or record it (--headless)."""
+program and show what its cache does (TUI, live), or record it (--headless).
+`kvtui watch --headless [OPTIONS] -- COMMAND [ARGS]...`: any command (torchrun, pytest, a shell script):
+every Python process of its tree that builds a causal LM is watched (kvtui/engine/tree.py)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -33,8 +40,20 @@ def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_to
     if module:
         if importlib.util.find_spec(target.split(".")[0]) is None and not Path(target.replace(".", "/")).exists():
             raise click.BadParameter(f"no module named {target!r}", param_hint="-m")
-    elif not Path(target).is_file():
-        raise click.BadParameter(f"{target}: no such file", param_hint="SCRIPT")
+    elif not _is_script(target):
+        if target.endswith(".py"):
+            raise click.BadParameter(f"{target}: no such file", param_hint="SCRIPT")
+        executable = shutil.which(target)
+        if executable is None:
+            click.echo(f"kvtui watch: {target}: no such script or command", err=True)
+            sys.exit(2)
+        if not headless:
+            click.echo("kvtui watch -- COMMAND: only --headless watches a command's process tree so far "
+                       "(a script or -m MODULE opens the TUI)", err=True)
+            sys.exit(2)
+        if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
+            raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
+        sys.exit(run_tree_headless(executable, target, list(args), trace_path, fail_on, show_top))
     if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
         raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
     if not headless:
@@ -71,6 +90,69 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
     if trace_path:
         click.echo(f"trace written to {trace_path}", file=err)
     failed = failing(watcher.diagnostics, fail_on)
+    if failed:
+        click.echo(f"{len(failed)} alarm(s) at or above {fail_on}", file=err)
+        return 1
+    return code
+
+
+def _is_script(target: str) -> bool:
+    """A Python file run as `python FILE` (as before): a .py file, or any file that is not an executable."""
+    path = Path(target)
+    return path.is_file() and (path.suffix == ".py" or not os.access(path, os.X_OK))
+
+
+def run_tree_headless(executable: str, command: str, args: list[str], trace_path, fail_on: str, top_k: int) -> int:
+    """Run COMMAND with every Python process of its tree watched; its output passes through. Exit code: the
+    command's own, or 1 when an alarm at/above fail_on fired in any process."""
+    from ..engine import tree
+    from ..engine.recorder import failing
+    from ..engine.snapshot import Diagnostic
+    from ..fmt import printable
+
+    err = click.get_text_stream("stderr")
+    with tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-") as parts:
+        env = tree.environment(Path(parts), top_k)
+        try:
+            child = subprocess.Popen([executable, *args], env=env)
+        except OSError as error:
+            click.echo(f"kvtui watch: {command}: cannot run: {error.strerror or error}", file=err)
+            return 2
+        # ctrl+c reaches the whole foreground group: the command decides how it ends, kvtui reports after it
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,)}
+        signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+        try:
+            code = child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
+        runs = tree.read_parts(Path(parts))
+        run_alarms = tree.desync(runs)
+        if trace_path is not None:
+            tree.merge(runs, trace_path, run_alarms)
+    watched = [run for run in runs if run.models]
+    click.echo(f"kvtui watch: {len(watched)} process(es) built a causal LM · {sum(r.steps for r in watched)} forwards "
+               f"watched · {command} exit code {code}", file=err)
+    if not watched:
+        click.echo(f"kvtui watch: no process of `{command}` built a causal LM (nothing watched)", file=err)
+    alarms: list[Diagnostic] = list(run_alarms)
+    for run in watched:
+        state = "" if run.finished else " · ended without its exit handlers (killed?)"
+        heads = next((f" · KV heads held per layer: {r['layers'][0]['k_shape'][1]}" for r in run.records
+                      if r["type"] == "step" and r.get("layers") and r["layers"][0].get("k_shape")), "")
+        click.echo(f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(run.models))}"
+                   f"{heads if run.world_size else ''} · {printable(' '.join(run.argv))}{state}", file=err)
+        for d in run.diagnostics:
+            alarms.append(Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)))
+            click.echo(f"{d['severity']:>7} {run.name} step {d.get('step', 0):>4}  {d['code']}  "
+                       f"{printable(d['message'])}", file=err)
+    for d in run_alarms:
+        click.echo(f"{d.severity:>7} all ranks step {d.step:>4}  {d.code}  {printable(d.message)}", file=err)
+    if trace_path is not None:
+        click.echo(f"trace written to {trace_path}", file=err)
+    failed = failing(alarms, fail_on)
     if failed:
         click.echo(f"{len(failed)} alarm(s) at or above {fail_on}", file=err)
         return 1

@@ -768,8 +768,10 @@ class AutoAttach:
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> "AutoAttach":
+        return self.install_models().install_tokenizers()
+
+    def install_models(self) -> "AutoAttach":
         from transformers import PreTrainedModel
-        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
         watcher = self.watcher
         post_init = PreTrainedModel.post_init
@@ -782,7 +784,12 @@ class AutoAttach:
 
         PreTrainedModel.post_init = watched_post_init
         self._undo.append(lambda: setattr(PreTrainedModel, "post_init", post_init))
+        return self
 
+    def install_tokenizers(self) -> "AutoAttach":
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+        watcher = self.watcher
         loader = PreTrainedTokenizerBase.__dict__["from_pretrained"]  # a classmethod object
 
         def from_pretrained(cls, *args, **kwargs):
