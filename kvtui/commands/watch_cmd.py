@@ -31,9 +31,15 @@ from ..engine.snapshot import SEVERITIES
 @click.option("--break-on-alarm", is_flag=True, help="TUI: pause right after a step that raised a warning or error (b).")
 @click.option("--show-top", type=click.IntRange(1, 100), default=10, show_default=True)
 @click.option("--theme", default="kvtui-dark", show_default=True, help="TUI theme.")
+@click.option("--listen", metavar="HOST:PORT", default=None,
+              help="-- COMMAND: also watch processes of other machines that connect here (prints the token).")
+@click.option("--connect", metavar="HOST:PORT", default=None,
+              help="-- COMMAND: send this machine's processes to a viewer started with --listen.")
+@click.option("--token", default=None, help="With --connect: the token the viewer printed.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_top, theme, target, args):
+def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_top, theme, listen, connect, token,
+          target, args):
     """Run a program that uses transformers and watch every causal LM it loads: each top-level forward
     becomes a step (tokens fed, positions applied vs asked for, cache per layer, top-k) and the cache
     bugs it makes are named with the line that made them."""
@@ -47,13 +53,16 @@ def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_to
         if executable is None:
             click.echo(f"kvtui watch: {target}: no such script or command", err=True)
             sys.exit(2)
-        if not headless:
+        if connect is not None and not token:
+            raise click.BadParameter("--connect needs the --token the viewer printed", param_hint="--token")
+        if not headless and connect is None:
             click.echo("kvtui watch -- COMMAND: only --headless watches a command's process tree so far "
                        "(a script or -m MODULE opens the TUI)", err=True)
             sys.exit(2)
         if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
             raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
-        sys.exit(run_tree_headless(executable, target, list(args), trace_path, fail_on, show_top))
+        sys.exit(run_tree_headless(executable, target, list(args), trace_path, fail_on, show_top, listen, connect,
+                                   token))
     if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
         raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
     if not headless:
@@ -102,47 +111,83 @@ def _is_script(target: str) -> bool:
     return path.is_file() and (path.suffix == ".py" or not os.access(path, os.X_OK))
 
 
-def run_tree_headless(executable: str, command: str, args: list[str], trace_path, fail_on: str, top_k: int) -> int:
+def run_tree_headless(executable: str, command: str, args: list[str], trace_path, fail_on: str, top_k: int,
+                      listen: str | None = None, connect: str | None = None, token: str | None = None) -> int:
     """Run COMMAND with every Python process of its tree watched; its output passes through. Exit code: the
-    command's own, or 1 when an alarm at/above fail_on fired in any process."""
+    command's own, or 1 when an alarm at/above fail_on fired in any process. `listen`: also take the
+    processes of other machines (`kvtui watch --connect ADDRESS --token T -- COMMAND` there); `connect`:
+    this machine's processes report to a viewer elsewhere, and this one only runs the command."""
+    from ..engine import tree
+
+    err = click.get_text_stream("stderr")
+    server = None
+    if connect is None:
+        host, _, port = (listen or "127.0.0.1:0").rpartition(":")
+        try:
+            server = tree.TreeServer(host, int(port))
+        except (OSError, ValueError) as error:
+            click.echo(f"kvtui watch: cannot listen on {listen}: {getattr(error, 'strerror', None) or error}", file=err)
+            return 2
+        connect, token = server.address, server.token
+        if listen:
+            click.echo(f"kvtui watch: listening on {server.address} · on the other machines run: kvtui watch "
+                       f"--connect {server.address} --token {server.token} -- COMMAND", file=err)
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-") as hook_dir:
+            env = tree.environment(Path(hook_dir), connect, token, top_k)
+            code = _run_command(executable, command, args, env, err)
+        if server is None or code is None:
+            return 2 if code is None else code
+        server.wait(timeout=30.0 if listen else 5.0)  # the other machines' ranks end about when this one does
+    finally:
+        if server is not None:
+            server.close()
+    return _report(server, command, code, trace_path, fail_on, err)
+
+
+def _run_command(executable: str, command: str, args: list[str], env: dict, err) -> int | None:
+    """The command's exit code (128 + N for a signal, as a shell says), or None when it cannot start.
+    Ctrl+c reaches the whole foreground group: the command decides how it ends, kvtui reports after it;
+    SIGTERM and SIGHUP to kvtui are passed on to the command."""
+    try:
+        child = subprocess.Popen([executable, *args], env=env)
+    except OSError as error:
+        click.echo(f"kvtui watch: {command}: cannot run: {error.strerror or error}", file=err)
+        return None
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        previous[sig] = signal.signal(sig, lambda number, _: child.send_signal(number))
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
+
+
+def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
     from ..engine import tree
     from ..engine.recorder import failing
     from ..engine.snapshot import Diagnostic
     from ..fmt import printable
 
-    err = click.get_text_stream("stderr")
-    with tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-") as parts:
-        env = tree.environment(Path(parts), top_k)
-        try:
-            child = subprocess.Popen([executable, *args], env=env)
-        except OSError as error:
-            click.echo(f"kvtui watch: {command}: cannot run: {error.strerror or error}", file=err)
-            return 2
-        # ctrl+c reaches the whole foreground group: the command decides how it ends, kvtui reports after it
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,)}
-        signal.signal(signal.SIGTERM, lambda *_: child.terminate())
-        try:
-            code = child.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        code = 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
-        runs = tree.read_parts(Path(parts))
-        run_alarms = tree.desync(runs)
-        if trace_path is not None:
-            tree.merge(runs, trace_path, run_alarms)
-    watched = [run for run in runs if run.models]
+    runs = server.sorted_runs()
+    run_alarms = tree.desync(runs)
+    if trace_path is not None:
+        tree.merge(runs, trace_path, run_alarms)
+    for note in server.notes:
+        click.echo(f"kvtui watch: {printable(note)}", file=err)
+    watched = [run for run in runs if run.watched]
     click.echo(f"kvtui watch: {len(watched)} process(es) built a causal LM · {sum(r.steps for r in watched)} forwards "
                f"watched · {command} exit code {code}", file=err)
     if not watched:
         click.echo(f"kvtui watch: no process of `{command}` built a causal LM (nothing watched)", file=err)
     alarms: list[Diagnostic] = list(run_alarms)
     for run in watched:
-        state = "" if run.finished else " · ended without its exit handlers (killed?)"
+        state = "" if run.finished else " · ended without saying goodbye (killed?)"
         heads = next((f" · KV heads held per layer: {r['layers'][0]['k_shape'][1]}" for r in run.records
                       if r["type"] == "step" and r.get("layers") and r["layers"][0].get("k_shape")), "")
-        click.echo(f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(run.models))}"
+        click.echo(f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(run.models) or '?')}"
                    f"{heads if run.world_size else ''} · {printable(' '.join(run.argv))}{state}", file=err)
         for d in run.diagnostics:
             alarms.append(Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)))

@@ -4,10 +4,13 @@ The way coverage.py measures subprocesses: an environment variable names the run
 (a `sitecustomize.py` in a directory put first on PYTHONPATH, which every child inherits) runs in each
 Python process the command starts: torchrun's ranks, pytest-xdist workers, `multiprocessing` spawn
 children, whatever a shell script runs. The hook costs nothing until the process imports transformers'
-modeling code; then it watches every causal LM the process builds (as `kvtui watch SCRIPT` does) and
-records into its own part file. When the command ends, `merge` writes one trace: each process's
-`process` record (pid, parent, argv, and rank / local_rank / world_size when torch.distributed's
-launcher set them), then its records, every line naming its `pid` (and `rank`).
+tokenizer or modeling code; then it connects to the viewer (a `TreeServer`: loopback, or `--listen
+HOST:PORT` for ranks on other machines, each connection proven by a one-time token) and watches every
+causal LM the process builds, as `kvtui watch SCRIPT` does, streaming its trace records there. The viewer
+keeps each process's records (`ProcessRun`) and `merge` writes one trace: each process's `process` record
+(pid, parent, host, argv, and rank / local_rank / world_size when torch.distributed's launcher set them),
+then its records, every line naming its `pid` (and `rank`). A watched process whose viewer is gone (quit,
+crash, SIGKILL) ends itself: no rank is left behind.
 
 Not seen: a process started with `python -I`/`-E`/`-S` (no PYTHONPATH or site), and a child made by
 `fork` without exec (it inherits the parent's watcher, whose trace writer thread did not survive the fork).
@@ -20,14 +23,20 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import secrets
+import signal
+import socket
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENV = "KVTUI_WATCH_TREE"  # JSON: {"parts": directory of the part files, "top_k": N}
+ENV = "KVTUI_WATCH_TREE"  # JSON: {"connect": "HOST:PORT", "token": ..., "top_k": N}
 TRIGGER = "transformers.modeling_utils"  # where PreTrainedModel lives: imported before any model is built
 TOKENIZERS = "transformers.tokenization_utils_base"  # a tokenizer may be loaded before any model code
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+HELLO_TIMEOUT_S = 10.0
 
 HOOK = '''\
 """kvtui watch's start-up hook (see kvtui/engine/tree.py): watch this process, then run the next
@@ -63,15 +72,14 @@ del _kvtui_start
 '''
 
 
-def environment(parts: Path, top_k: int, base: dict | None = None) -> dict:
+def environment(hook_dir: Path, connect: str, token: str, top_k: int, base: dict | None = None) -> dict:
     """The environment a watched command runs with: the hook's directory first on PYTHONPATH, and ENV."""
     env = dict(os.environ if base is None else base)
-    hook_dir = parts / "hook"
     hook_dir.mkdir(parents=True, exist_ok=True)
     kvtui_home = str(Path(__file__).resolve().parent.parent.parent)  # the directory that holds kvtui/
     (hook_dir / "sitecustomize.py").write_text(f"KVTUI_HOME = {kvtui_home!r}\n" + HOOK, encoding="utf-8")
     env["PYTHONPATH"] = os.pathsep.join([str(hook_dir), *filter(None, [env.get("PYTHONPATH")])])
-    env[ENV] = json.dumps({"parts": str(parts), "top_k": top_k})
+    env[ENV] = json.dumps({"connect": connect, "token": token, "top_k": top_k})
     return env
 
 
@@ -113,51 +121,63 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-_RUN: dict = {}  # this process's watcher and its part file's facts
+_RUN: dict = {}  # this process's watcher and its connection to the viewer
 
 
 def _watcher(config: dict):
-    """This process's AutoAttach (its watcher, its part file), made at the first trigger."""
+    """This process's AutoAttach (its watcher, its connection), made at the first trigger."""
     from .probe import AutoAttach, Watcher
 
     if _RUN.get("pid") != os.getpid():
-        parts, pid = Path(config["parts"]), os.getpid()
-        watcher = Watcher(trace=str(parts / f"{pid}.jsonl"), top_k=int(config.get("top_k", 10)),
-                          program=list(sys.argv))
-        facts = {"type": "process", "pid": pid, "ppid": os.getppid(), "argv": list(sys.argv),
+        host, _, port = config["connect"].rpartition(":")
+        connection = socket.create_connection((host, int(port)), timeout=HELLO_TIMEOUT_S)
+        connection.settimeout(None)
+        facts = {"type": "hello", "token": config["token"], "pid": os.getpid(), "ppid": os.getppid(),
+                 "host": socket.gethostname(), "argv": list(sys.argv),
                  **{name.lower(): int(os.environ[name]) for name in RANK_VARIABLES
                     if os.environ.get(name, "").isdigit()}}
-        _RUN.update(pid=pid, watcher=watcher, attach=AutoAttach(watcher), facts=facts, parts=parts)
-        _write_facts()
+        connection.sendall(json.dumps(facts).encode() + b"\n")
+        watcher = Watcher(trace=connection.makefile("wb"), top_k=int(config.get("top_k", 10)), program=list(sys.argv))
+        _RUN.update(pid=os.getpid(), watcher=watcher, attach=AutoAttach(watcher), connection=connection)
+        threading.Thread(target=_end_with_viewer, args=(connection,), name="kvtui-viewer-watch", daemon=True).start()
         atexit.register(_finish)
     return _RUN["attach"]
 
 
-def _write_facts(**more) -> None:
-    facts = {**_RUN["facts"], **more}
-    path = _RUN["parts"] / f"{_RUN['pid']}.process.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(facts), encoding="utf-8")
-    tmp.replace(path)
+def _end_with_viewer(connection: socket.socket) -> None:
+    """The viewer never writes; its side closing (quit, crash, SIGKILL) ends this process too."""
+    try:
+        while connection.recv(4096):
+            pass
+    except OSError:
+        pass
+    if not _RUN.get("finishing"):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _finish() -> None:
-    """At exit: flush the trace part and say what was watched."""
+    """At exit: every record is sent, then what was watched."""
     watcher = _RUN.get("watcher")
     if watcher is None or _RUN.get("pid") != os.getpid():
         return
+    _RUN["finishing"] = True
     models = [f"{p.name} ({type(p.model).__name__})" for p in watcher.probes]
     steps = watcher.steps
-    watcher.detach()  # closes the recorder: every step is on disk
-    _write_facts(models=models, steps=steps, finished=True)
+    watcher.detach()  # closes the recorder: its queue is written
+    try:
+        _RUN["connection"].sendall(json.dumps({"type": "process-end", "models": models, "steps": steps}).encode()
+                                   + b"\n")
+        _RUN["connection"].close()
+    except OSError:
+        pass
 
 
-# ---- in the parent: one trace from the parts ---------------------------------------------------------------
+# ---- in the viewer: the processes' records, and one trace of them -------------------------------------------
 
 
 @dataclass
 class ProcessRun:
-    """One process of the tree that imported transformers' modeling code, as its part files tell."""
+    """One watched process of the tree, as its connection told."""
 
     pid: int
     argv: list[str]
@@ -165,49 +185,129 @@ class ProcessRun:
     local_rank: int | None = None
     world_size: int | None = None
     ppid: int | None = None
+    host: str | None = None
+    connection: object = field(default=None, repr=False)
     models: list[str] = field(default_factory=list)
     steps: int = 0
-    finished: bool = False  # its exit handler ran (False: killed, os._exit, or still running)
+    finished: bool = False  # it said goodbye at exit (False: killed, os._exit, or still running)
     diagnostics: list[dict] = field(default_factory=list)  # every alarm its trace part holds
     records: list[dict] = field(default_factory=list)
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)
+        if record["type"] == "step":
+            self.steps += 1
+            self.diagnostics += [{**d, "step": record["step"]} for d in record.get("diagnostics", [])]
+        elif record["type"] == "diagnostic":
+            self.diagnostics.append(record)
+
+    @property
+    def watched(self) -> bool:
+        """It built a causal LM (it said so at exit) or ran a forward of one."""
+        return bool(self.models or self.records)
 
     @property
     def name(self) -> str:
         return f"rank {self.rank} (pid {self.pid})" if self.rank is not None else f"pid {self.pid}"
 
 
-def read_parts(parts: Path) -> list[ProcessRun]:
-    """Every process that imported transformers' modeling code, by rank then pid, with its records."""
-    runs = []
-    for facts_path in parts.glob("*.process.json"):
-        facts = json.loads(facts_path.read_text(encoding="utf-8"))
-        run = ProcessRun(pid=facts["pid"], argv=facts.get("argv", []), rank=facts.get("rank"),
-                         local_rank=facts.get("local_rank"), world_size=facts.get("world_size"),
-                         ppid=facts.get("ppid"), models=facts.get("models", []), finished=facts.get("finished", False))
-        run.records = _part_records(parts / f"{run.pid}.jsonl")
-        run.steps = sum(1 for r in run.records if r["type"] == "step")
-        for record in run.records:
-            if record["type"] == "step":
-                run.diagnostics += [{**d, "step": record["step"]} for d in record.get("diagnostics", [])]
-            elif record["type"] == "diagnostic":
-                run.diagnostics.append(record)
-        runs.append(run)
-    return sorted(runs, key=lambda run: (run.rank is None, run.rank or 0, run.pid))
+class TreeServer:
+    """The viewer's end: accepts the watched processes' connections (each proves itself with the token in
+    its first line) and keeps each one's records as they arrive. A connection with a wrong token, or one
+    that sends something that is not a record, is dropped with a line in `notes`; the run goes on."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+        self.token = token or secrets.token_urlsafe(16)
+        self._socket = socket.create_server((host, port))
+        self.address = "%s:%d" % self._socket.getsockname()[:2]
+        self.runs: list[ProcessRun] = []
+        self.notes: list[str] = []
+        self._lock = threading.Lock()
+        self._open: set[threading.Thread] = set()
+        self._closed = False
+        threading.Thread(target=self._accept, name="kvtui-tree-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                connection, peer = self._socket.accept()
+            except OSError:
+                return
+            reader = threading.Thread(target=self._read, args=(connection, peer), name="kvtui-tree-read", daemon=True)
+            with self._lock:
+                self._open.add(reader)
+            reader.start()
+
+    def _read(self, connection: socket.socket, peer) -> None:
+        where = "%s:%d" % peer[:2]
+        run = None
+        try:
+            connection.settimeout(HELLO_TIMEOUT_S)
+            lines = connection.makefile("rb")
+            hello = _record(lines.readline())
+            if hello is None or hello.get("type") != "hello" or not secrets.compare_digest(
+                    str(hello.get("token", "")), self.token):
+                self._note(f"dropped a connection from {where}: no valid token")
+                return
+            connection.settimeout(None)
+            run = ProcessRun(pid=int(hello["pid"]), argv=list(hello.get("argv", [])), rank=hello.get("rank"),
+                             local_rank=hello.get("local_rank"), world_size=hello.get("world_size"),
+                             ppid=hello.get("ppid"), host=hello.get("host"), connection=connection)
+            with self._lock:
+                self.runs.append(run)
+            for raw in lines:
+                record = _record(raw)
+                if record is None:
+                    self._note(f"dropped {run.name} from {where}: it sent something that is not a record")
+                    return
+                if record["type"] == "process-end":
+                    run.models, run.finished = list(record.get("models", [])), True
+                    continue
+                run.add(record)
+        except (OSError, ValueError) as error:
+            self._note(f"dropped a connection from {where}: {error}")
+        finally:
+            connection.close()
+            with self._lock:
+                self._open.discard(threading.current_thread())
+
+    def _note(self, text: str) -> None:
+        with self._lock:
+            self.notes.append(text)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until every connection has ended (True), or `timeout` seconds have passed (False)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._open:
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def close(self) -> None:
+        """Stop listening and close every connection: the processes still watched end themselves."""
+        self._closed = True
+        self._socket.close()
+        with self._lock:
+            runs = list(self.runs)
+        for run in runs:
+            try:
+                run.connection.close()
+            except OSError:
+                pass
+
+    def sorted_runs(self) -> list[ProcessRun]:
+        with self._lock:
+            return sorted(self.runs, key=lambda run: (run.rank is None, run.rank or 0, run.host or "", run.pid))
 
 
-def _part_records(path: Path) -> list[dict]:
-    """A part's records in their order; a line cut short by a kill ends it (the finished lines stay)."""
-    from .trace import TraceError, iter_records
-
-    records: list[dict] = []
-    if not path.exists():
-        return records
+def _record(raw: bytes) -> dict | None:
     try:
-        for _, record in iter_records(path):
-            records.append(record)
-    except TraceError:
-        pass
-    return records
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("type"), str) else None
 
 
 def desync(runs: list[ProcessRun]) -> list:
@@ -215,7 +315,7 @@ def desync(runs: list[ProcessRun]) -> list:
     from .diagnostics import check_ranks
 
     ranked = {run.rank: [r for r in run.records if r["type"] == "step"] for run in runs
-              if run.rank is not None and run.models}
+              if run.rank is not None and run.watched}
     if len(ranked) < 2:
         return []
     for index in range(max(len(steps) for steps in ranked.values())):
@@ -233,12 +333,13 @@ def merge(runs: list[ProcessRun], out: Path, alarms: list = ()) -> None:
     then the run's own alarms (rank-desync)."""
     from .trace import TraceWriter, header_start
 
-    watched = [run for run in runs if run.records]
+    watched = [run for run in runs if run.records]  # a header is their first record
     header = {**(watched[0].records[0] if watched else header_start()), "processes": len(watched)}
     writer = TraceWriter(out, header)
     try:
         for run in watched:
-            writer.write({"type": "process", "pid": run.pid, "ppid": run.ppid, "argv": run.argv, "rank": run.rank,
+            writer.write({"type": "process", "pid": run.pid, "ppid": run.ppid, "host": run.host, "argv": run.argv,
+                          "rank": run.rank,
                           "local_rank": run.local_rank, "world_size": run.world_size, "models": run.models,
                           "steps": run.steps, "finished": run.finished})
             tag = {"pid": run.pid, **({"rank": run.rank} if run.rank is not None else {})}

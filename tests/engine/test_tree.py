@@ -4,8 +4,12 @@ trace holds one `process` record per watched process with that process's steps."
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +170,108 @@ def test_nothing_of_kvtui_is_left_in_the_programs_view(tmp_path):
                              str(program)], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
                             stdin=subprocess.DEVNULL)
     assert result.stdout == "True\nFalse\n", result.stderr[-2000:]
+
+
+def _start_viewer(*args):
+    """A viewer whose stderr is read line by line on a thread (the listening line comes first)."""
+    viewer = subprocess.Popen([sys.executable, "-m", "kvtui.cli", "watch", *map(str, args)], cwd=ROOT,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    listening = threading.Event()
+
+    def read():
+        for line in viewer.stderr:
+            lines.append(line)
+            if "listening on" in line:
+                listening.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return viewer, lines, listening, reader
+
+
+def _address_and_token(lines: list[str]) -> tuple[str, str]:
+    found = re.search(r"--connect (\S+) --token (\S+)", "".join(lines))
+    return found.group(1), found.group(2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_over_a_loopback_rendezvous_report_to_one_viewer(tmp_path, llama_dir):
+    port = _free_port()
+    launch = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1",
+              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "kvtui-test",
+              str(TP_LOOP), str(llama_dir)]
+    trace = tmp_path / "nodes.jsonl"
+    viewer, lines, listening, reader = _start_viewer("--headless", "--listen", "127.0.0.1:0", "--trace", trace,
+                                                     "--", *launch)
+    assert listening.wait(60), "".join(lines)
+    address, token = _address_and_token(lines)
+    other = kvtui_watch("--headless", "--connect", address, "--token", token, "--", *launch)
+    stdout = viewer.stdout.read()  # stderr is the reader thread's
+    viewer.wait(300)
+    reader.join(10)
+    assert viewer.returncode == 0 and other.returncode == 0, "".join(lines)[-3000:] + other.stderr[-2000:]
+    processes = {r["rank"]: r for r in records(trace) if r["type"] == "process"}
+    assert sorted(processes) == [0, 1] and all(p["world_size"] == 2 and p["steps"] == 8 for p in processes.values())
+    steps = [r for r in records(trace) if r["type"] == "step"]
+    assert {s["rank"] for s in steps} == {0, 1}
+    assert all(layer["k_shape"][1] == 1 for s in steps for layer in s["layers"])
+    assert "2 process(es) built a causal LM" in "".join(lines)
+
+
+def test_a_connection_without_the_token_is_dropped_and_the_run_goes_on():
+    viewer, lines, listening, reader = _start_viewer(
+        "--headless", "--listen", "127.0.0.1:0", "--", sys.executable, "-c",
+        "import time; time.sleep(4); print('done')")
+    assert listening.wait(60), "".join(lines)
+    address, token = _address_and_token(lines)
+    host, port = address.rsplit(":", 1)
+    for first_line in (json.dumps({"type": "hello", "token": token + "x", "pid": 1}), "garbage, not json"):
+        with socket.create_connection((host, int(port))) as intruder:
+            intruder.sendall(first_line.encode() + b"\n")
+            intruder.settimeout(10)
+            assert intruder.recv(10) == b""  # the viewer hung up
+    stdout = viewer.stdout.read()
+    viewer.wait(60)
+    reader.join(10)
+    assert stdout == "done\n" and viewer.returncode == 0
+    assert sum("no valid token" in line for line in lines) == 2, "".join(lines)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in state  # a zombie has ended; only its parent's wait is missing
+
+
+def test_a_killed_viewer_leaves_no_rank_behind(tmp_path, llama_dir):
+    program = tmp_path / "forever.py"
+    program.write_text(TP_LOOP.read_text().replace(
+        "out_ids = []",
+        "print('ready', os.getpid(), os.getppid(), flush=True)\nNEW_TOKENS = 10**9\nout_ids = []"))
+    viewer = subprocess.Popen([sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--",
+                               *torchrun(program, llama_dir)], cwd=ROOT, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    pids = set()
+    for line in viewer.stdout:
+        if line.startswith("ready"):
+            pids.update(int(p) for p in line.split()[1:])
+        if len(pids) == 3:  # two ranks and their launcher
+            break
+    time.sleep(1.0)  # both ranks are past their first forwards: watched and connected
+    viewer.kill()
+    viewer.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(map(_gone, pids)):
+        time.sleep(0.2)
+    left = [pid for pid in pids if not _gone(pid)]
+    for pid in left:
+        os.kill(pid, 9)
+    assert not left, f"still running after the viewer was killed: {left}"
