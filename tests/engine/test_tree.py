@@ -275,3 +275,40 @@ def test_a_killed_viewer_leaves_no_rank_behind(tmp_path, llama_dir):
     for pid in left:
         os.kill(pid, 9)
     assert not left, f"still running after the viewer was killed: {left}"
+
+
+def test_pytest_xdist_workers_name_the_fixture_that_tokenized(tmp_path):
+    """The motivating bug report: a session-scoped fixture whose tokenizer appends EOS, in a worker process."""
+    model = model_dir("tiny:llama,eos=1")
+    (tmp_path / "conftest.py").write_text(f'''
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+
+@pytest.fixture(scope="session")
+def initialized_session_state():
+    tokenizer = AutoTokenizer.from_pretrained({str(model)!r})
+    model = AutoModelForCausalLM.from_pretrained({str(model)!r}, dtype=torch.float32)
+    cache = DynamicCache(config=model.config)
+    ids = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+    return cache
+''')
+    for name in ("a", "b"):
+        (tmp_path / f"test_{name}.py").write_text(
+            "def test_cache(initialized_session_state):\n    assert initialized_session_state.get_seq_length() > 0\n")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"]
+    watched = subprocess.run([sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--fail-on", "error", "--",
+                              *command], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                             stdin=subprocess.DEVNULL)
+    assert watched.returncode == 0, watched.stdout[-2000:] + watched.stderr[-3000:]  # pytest's own: all passed
+    assert "2 passed" in watched.stdout
+    line = 1 + (tmp_path / "conftest.py").read_text().splitlines().index(  # the forward that fed the ids
+        "        model(input_ids=ids, past_key_values=cache, use_cache=True)")
+    alarms = [text for text in watched.stderr.splitlines() if "tokenizer-added-special" in text]
+    assert len(alarms) == 2 and all(f"[conftest.py:{line} in fixture initialized_session_state]" in text
+                                    for text in alarms), \
+        watched.stderr[-3000:]
+    assert "2 process(es) built a causal LM" in watched.stderr  # the two workers, not the controller
