@@ -193,6 +193,9 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
             alarms.append(Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)))
             click.echo(f"{d['severity']:>7} {run.name} step {d.get('step', 0):>4}  {d['code']}  "
                        f"{printable(d['message'])}", file=err)
+    merged = tree.shards(runs)
+    if merged:
+        click.echo(f"  tensor-parallel shards, merged: {merged}", file=err)
     for d in run_alarms:
         click.echo(f"{d.severity:>7} all ranks step {d.step:>4}  {d.code}  {printable(d.message)}", file=err)
     if trace_path is not None:

@@ -328,6 +328,26 @@ def desync(runs: list[ProcessRun]) -> list:
     return []
 
 
+def shards(runs: list[ProcessRun]) -> str | None:
+    """The ranks' shards of layer 0 at their last common forward, merged into the logical layer
+    (`K 1×2×27×16 · 2 ranks × 1 head`), when the ranks split the KV heads; None otherwise."""
+    ranked = {run.rank: [r for r in run.records if r["type"] == "step" and r.get("layers")] for run in runs
+              if run.rank is not None and run.watched}
+    ranked = {rank: steps for rank, steps in ranked.items() if steps}
+    if len(ranked) < 2:
+        return None
+    last = min(len(steps) for steps in ranked.values()) - 1
+    shapes = [steps[last]["layers"][0].get("k_shape") for steps in ranked.values()]
+    if any(not shape or len(shape) != 4 for shape in shapes):
+        return None
+    heads = [shape[1] for shape in shapes]
+    if any(shape[:1] + shape[2:] != shapes[0][:1] + shapes[0][2:] for shape in shapes) or len(set(heads)) != 1:
+        return None
+    batch, _, length, dim = shapes[0]
+    return (f"K {batch}×{sum(heads)}×{length}×{dim} · {len(ranked)} ranks × {heads[0]} head"
+            f"{'s' if heads[0] != 1 else ''} (layer 0, forward {last + 1})")
+
+
 def merge(runs: list[ProcessRun], out: Path, alarms: list = ()) -> None:
     """One trace: a run header, then per process its `process` record and its records, each naming its pid;
     then the run's own alarms (rank-desync)."""
