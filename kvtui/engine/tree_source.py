@@ -1,0 +1,106 @@
+"""The live source of `kvtui watch -- COMMAND` (the TUI): a command's process tree as one stream of records.
+The hook, the server and the trace merge are in tree.py (imported in every process of the tree, so kept light)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from .stream import ChildSource
+from .tree import ProcessRun, TreeServer, desync, environment, merge
+
+class TreeSource(ChildSource):
+    """A command's process tree as one source for the watch TUI (`kvtui watch -- COMMAND`): the command runs
+    in a session of its own, its stdout/stderr become "output" records (and its stdin is the TUI's input
+    line), and every watched process's records arrive through a TreeServer. Records are made one stream:
+    steps numbered in the order they arrive (the process's own number kept as `process_step`), each
+    process's caches and models named with the process (`rank 1 (pid 42) · MODEL`: the TUI's model filter,
+    M, picks one process), and a command goes to every process (pause and step hold and release each rank
+    at the same boundary: before its next forward, so a collective forward never waits on a held rank)."""
+
+    supports = {"pause", "run", "step", "break", "verify", "watch"}
+
+    def __init__(self, executable: str, args: list[str], *, top_k: int = 10, paused: bool = False,
+                 break_on_alarm: bool = False, listen: str | None = None, trace=None, cwd: str | None = None):
+        self.argv = [executable, *args]
+        self.trace = trace
+        self._lock = threading.Lock()
+        self._steps = 0
+        self._global: dict[tuple[int, int], int] = {}  # (pid, the process's step) -> the stream's step
+        self._last: dict[int, int] = {}  # pid -> the stream's number of its newest step
+        self._stopped = False
+        host, _, port = (listen or "127.0.0.1:0").rpartition(":")
+        self.server = TreeServer(host, int(port), on_record=self._arrived)
+        self._hook_dir = tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-")
+        env = environment(Path(self._hook_dir.name), self.server.address, self.server.token, top_k,
+                          paused=paused, break_on_alarm=break_on_alarm)
+        self._read_process(subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd,
+                                            start_new_session=True))
+        threading.Thread(target=self._ended, name="kvtui-tree-end", daemon=True).start()
+
+    def _ended(self) -> None:
+        """When the command has ended and its processes have said goodbye, the stream is done."""
+        self.process.wait()
+        self.server.wait(timeout=5.0)
+        self._queue.put(None)
+
+    def _arrived(self, run: ProcessRun, record: dict | None) -> None:
+        if record is None:
+            return
+        tag, kind, pid = run.name, record.get("type"), run.pid
+        record = {**record, "pid": pid, **({"rank": run.rank} if run.rank is not None else {})}
+        with self._lock:
+            if kind == "step":
+                self._steps += 1
+                self._global[(pid, record["step"])] = self._last[pid] = self._steps
+                record["process_step"], record["step"] = record["step"], self._steps
+            elif isinstance(record.get("step"), int):
+                record["step"] = self._global.get((pid, record["step"]), self._last.get(pid, 0))
+        if kind in ("step", "cache"):
+            record["model"] = f"{tag} · {record['model']}" if record.get("model") else tag
+            if record.get("cache_id"):
+                record["cache_id"] = f"{tag}: {record['cache_id']}"
+            if record.get("parent"):
+                record["parent"] = f"{tag}: {record['parent']}"
+            lineage = record.get("lineage")
+            if isinstance(lineage, dict) and lineage.get("parent"):
+                record["lineage"] = {**lineage, "parent": f"{tag}: {lineage['parent']}"}
+        elif kind == "notice":
+            record["text"] = f"{tag}: {record.get('text', '')}"
+        elif kind == "program-exit":
+            return
+        self._queue.put(record)
+
+    def send(self, command: str) -> None:
+        self.server.broadcast(command)
+
+    def stop(self, grace: float = 2.0) -> None:
+        """End the whole tree: the connections close (each watched process ends itself), then the command's
+        process group gets TERM, then KILL. The trace, if asked for, is written from what arrived."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.close_stdin()
+        if self.process.poll() is None:
+            self.server.close()
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(self.process.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.process.wait(grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        else:
+            self.server.close()
+        if self.trace is not None:
+            runs = self.server.sorted_runs()
+            merge(runs, Path(self.trace), desync(runs))
+        self._hook_dir.cleanup()
