@@ -10,6 +10,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from .diagnostics import check_ranks
 from .stream import ChildSource
 from .tree import ProcessRun, TreeServer, desync, environment, merge
 
@@ -33,6 +34,8 @@ class TreeSource(ChildSource):
         self._global: dict[tuple[int, int], int] = {}  # (pid, the process's step) -> the stream's step
         self._last: dict[int, int] = {}  # pid -> the stream's number of its newest step
         self._stopped = False
+        self._rank_facts: dict[int, list[tuple]] = {}  # rank -> (fed ids, positions, cache length) per forward
+        self._desync_raised = False
         host, _, port = (listen or "127.0.0.1:0").rpartition(":")
         self.server = TreeServer(host, int(port), on_record=self._arrived)
         self._hook_dir = tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-")
@@ -53,12 +56,14 @@ class TreeSource(ChildSource):
         if record is None:
             return
         tag, kind, pid = run.name, record.get("type"), run.pid
+        desync = None
         record = {**record, "pid": pid, **({"rank": run.rank} if run.rank is not None else {})}
         with self._lock:
             if kind == "step":
                 self._steps += 1
                 self._global[(pid, record["step"])] = self._last[pid] = self._steps
                 record["process_step"], record["step"] = record["step"], self._steps
+                desync = self._check_ranks(run, record)
             elif isinstance(record.get("step"), int):
                 record["step"] = self._global.get((pid, record["step"]), self._last.get(pid, 0))
         if kind in ("step", "cache"):
@@ -75,8 +80,35 @@ class TreeSource(ChildSource):
         elif kind == "program-exit":
             return
         self._queue.put(record)
+        if kind == "step" and desync:
+            self._queue.put(desync)
+
+    def _check_ranks(self, run: ProcessRun, record: dict) -> dict | None:
+        """rank-desync, live: once every rank of the run has made forward k, the rulebook compares them
+        (the first disagreement only: what follows comes from it). Called under the lock."""
+        if run.rank is None or not run.world_size or self._desync_raised:
+            return None
+        facts = self._rank_facts.setdefault(run.rank, [])
+        facts.append((tuple(record["input_ids"]), tuple(record["positions"]), record["cache_seq_length"]))
+        index = len(facts) - 1
+        if len(self._rank_facts) < run.world_size or any(len(f) <= index for f in self._rank_facts.values()):
+            return None
+        found = check_ranks(record["process_step"], {rank: f[index] for rank, f in self._rank_facts.items()})
+        if not found:
+            return None
+        self._desync_raised = True
+        d = found[0]
+        return {"type": "diagnostic", "step": record["step"], "code": d.code, "severity": d.severity,
+                "message": d.message}
 
     def send(self, command: str) -> None:
+        if command == "verify" and any((run.world_size or 1) > 1 for run in self.server.runs):
+            # a recompute on a sharded model is a collective forward: ranks that are not held at the same
+            # boundary would pair it with another rank's decode step and hang
+            self._queue.put({"type": "notice", "severity": "warning", "text": "verify is not offered for "
+                             "tensor-parallel ranks yet: its recompute is a collective forward every rank must "
+                             "start at the same boundary"})
+            return
         self.server.broadcast(command)
 
     def stop(self, grace: float = 2.0) -> None:

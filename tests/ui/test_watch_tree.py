@@ -56,3 +56,21 @@ async def test_pause_a_two_rank_run_step_once_and_quit(tiny_dir):
     for pid in left:
         os.kill(pid, 9)
     assert not left, f"left running after q: {left}"
+
+
+async def test_ranks_that_feed_different_tokens_raise_rank_desync_live(tmp_path, tiny_dir):
+    program = tmp_path / "tp_desync.py"
+    program.write_text(TP_LOOP.read_text().replace(
+        "cache = DynamicCache(config=model.config)",
+        "if int(os.environ.get('RANK', '0')) == 1:\n    ids[0, 2] = (ids[0, 2] + 1) % model.config.vocab_size\n"
+        "cache = DynamicCache(config=model.config)"))
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    source = TreeSource(torchrun, ["--standalone", "--nproc-per-node", "2", str(program), str(tiny_dir("llama")), "3"])
+    app = WatchApp(source=source, title="torchrun tp_desync.py")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.ended is not None, 120, "the run to end")
+        await pilot.pause(0.5)
+        desync = [d for d in app.diagnostics if d.code == "rank-desync"]
+        assert len(desync) == 1 and "fed ids" in desync[0].message and desync[0].severity == "error"
+        assert len(app.replay.snapshots) == 6  # 3 forwards per rank
+        await pilot.press("q")
