@@ -36,6 +36,7 @@ class TreeSource(ChildSource):
         self._stopped = False
         self._rank_facts: dict[int, list[tuple]] = {}  # rank -> (fed ids, positions, cache length) per forward
         self._desync_raised = False
+        self._held: dict[int, int] = {}  # pid -> the process's step it is held after (a "paused" record)
         host, _, port = (listen or "127.0.0.1:0").rpartition(":")
         self.server = TreeServer(host, int(port), on_record=self._arrived)
         self._hook_dir = tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-")
@@ -59,6 +60,10 @@ class TreeSource(ChildSource):
         desync = None
         record = {**record, "pid": pid, **({"rank": run.rank} if run.rank is not None else {})}
         with self._lock:
+            if kind == "paused":
+                self._held[pid] = record.get("step", 0)
+            elif kind == "step":
+                self._held.pop(pid, None)
             if kind == "step":
                 self._steps += 1
                 self._global[(pid, record["step"])] = self._last[pid] = self._steps
@@ -102,14 +107,23 @@ class TreeSource(ChildSource):
                 "message": d.message}
 
     def send(self, command: str) -> None:
-        if command == "verify" and any((run.world_size or 1) > 1 for run in self.server.runs):
+        if command == "verify" and not self._verify_safe():
             # a recompute on a sharded model is a collective forward: ranks that are not held at the same
             # boundary would pair it with another rank's decode step and hang
-            self._queue.put({"type": "notice", "severity": "warning", "text": "verify is not offered for "
-                             "tensor-parallel ranks yet: its recompute is a collective forward every rank must "
-                             "start at the same boundary"})
+            self._queue.put({"type": "notice", "severity": "warning", "text": "verify on tensor-parallel "
+                             "ranks runs when every rank is held at the same forward: pause (p), then v"})
             return
         self.server.broadcast(command)
+
+    def _verify_safe(self) -> bool:
+        """Verify on every rank at once is safe when no rank is sharded, or every rank is held after the
+        same forward (then each runs its recompute, a collective forward, at the same boundary)."""
+        with self._lock:
+            ranks = [run for run in self.server.runs if (run.world_size or 1) > 1 and not run.finished]
+            if not ranks:
+                return True
+            held = {self._held.get(run.pid) for run in ranks}
+            return len(ranks) == ranks[0].world_size and None not in held and len(held) == 1
 
     def stop(self, grace: float = 2.0) -> None:
         """End the whole tree: the connections close (each watched process ends itself), then the command's
