@@ -54,7 +54,10 @@ class TreeSource(ChildSource):
         self._queue.put(None)
 
     def _arrived(self, run: ProcessRun, record: dict | None) -> None:
-        if record is None:
+        if record is None:  # its connection ended: the others keep going
+            self._queue.put({"type": "notice", "severity": "information" if run.finished else "warning",
+                             "text": f"{run.name} ended" + ("" if run.finished else
+                                                             " mid-run without its exit handlers (killed?)")})
             return
         tag, kind, pid = run.name, record.get("type"), run.pid
         desync = None
