@@ -391,6 +391,10 @@ class ChildSource:
                 self._control.close()
         except OSError:
             pass
+        self._end_group(grace)
+
+    def _end_group(self, grace: float) -> None:
+        """Give the child `grace` seconds to end by itself, then TERM, then KILL its process group."""
         for sig, wait in ((None, grace), (signal.SIGTERM, grace), (signal.SIGKILL, grace)):
             if sig is not None:
                 try:

@@ -3,8 +3,6 @@ The hook, the server and the trace merge are in tree.py (imported in every proce
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import tempfile
 import threading
@@ -135,20 +133,8 @@ class TreeSource(ChildSource):
             return
         self._stopped = True
         self.close_stdin()
-        if self.process.poll() is None:
-            self.server.close()
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(self.process.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.process.wait(grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        else:
-            self.server.close()
+        self.server.close()  # each watched process ends itself when its connection closes
+        self._end_group(grace)
         if self.trace is not None:
             runs = self.server.sorted_runs()
             merge(runs, Path(self.trace), desync(runs))
