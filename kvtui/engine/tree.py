@@ -372,27 +372,67 @@ def shards(runs: list[ProcessRun]) -> str | None:
             f"{'s' if heads[0] != 1 else ''} (layer 0, forward {last + 1})")
 
 
+class Naming:
+    """Many processes' records made one stream, the same for the live view and the trace: steps numbered
+    in the order they come (each keeps its process's own number as `process_step`; a record that names a
+    step gets the stream's number of it), each process's caches and models named with the process
+    (`rank 1 (pid 42): DynamicCache#1`, `rank 1 (pid 42) · MODEL`: caches of different processes never
+    share a buffer in replay, and the model filter picks a process), every record tagged with `pid`/`rank`."""
+
+    def __init__(self):
+        self._steps = 0
+        self._global: dict[tuple[int, int], int] = {}  # (pid, the process's step) -> the stream's step
+        self._last: dict[int, int] = {}  # pid -> the stream's number of its newest step
+
+    def stream_step(self, pid: int, step: int) -> int:
+        return self._global.get((pid, step), step)
+
+    def __call__(self, run: ProcessRun, record: dict) -> dict:
+        tag, kind, pid = run.name, record.get("type"), run.pid
+        record = {**record, "pid": pid, **({"rank": run.rank} if run.rank is not None else {})}
+        if kind == "step":
+            self._steps += 1
+            self._global[(pid, record["step"])] = self._last[pid] = self._steps
+            record["process_step"], record["step"] = record["step"], self._steps
+        elif isinstance(record.get("step"), int):
+            record["step"] = self._global.get((pid, record["step"]), self._last.get(pid, 0))
+        if kind in ("step", "cache"):
+            record["model"] = f"{tag} · {record['model']}" if record.get("model") else tag
+            if record.get("cache_id"):
+                record["cache_id"] = f"{tag}: {record['cache_id']}"
+            if record.get("parent"):
+                record["parent"] = f"{tag}: {record['parent']}"
+            lineage = record.get("lineage")
+            if isinstance(lineage, dict) and lineage.get("parent"):
+                record["lineage"] = {**lineage, "parent": f"{tag}: {lineage['parent']}"}
+        elif kind == "notice":
+            record["text"] = f"{tag}: {record.get('text', '')}"
+        return record
+
+
 def merge(runs: list[ProcessRun], out: Path, alarms: list = ()) -> None:
-    """One trace: a run header, then per process its `process` record and its records, each naming its pid;
-    then the run's own alarms (rank-desync)."""
+    """One trace: a run header, then per process its `process` record and its records (made one stream by
+    `Naming`: steps numbered through the run); then the run's own alarms (rank-desync), at their steps."""
     from .trace import TraceWriter, header_start
 
     watched = [run for run in runs if run.records]  # a header is their first record
     header = {**(watched[0].records[0] if watched else header_start()), "processes": len(watched)}
     writer = TraceWriter(out, header)
+    naming = Naming()
     try:
         for run in watched:
             writer.write({"type": "process", "pid": run.pid, "ppid": run.ppid, "host": run.host, "argv": run.argv,
                           "rank": run.rank,
                           "local_rank": run.local_rank, "world_size": run.world_size, "models": run.models,
                           "steps": run.steps, "finished": run.finished})
-            tag = {"pid": run.pid, **({"rank": run.rank} if run.rank is not None else {})}
             for record in run.records:
                 if record.get("type") == "header":
                     record = {**record, "type": "process-header"}  # the process's own header, kept whole
-                writer.write({**record, **tag})
-        for d in alarms:
-            writer.write({"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity,
+                writer.write(naming(run, record))
+        first = next((run for run in watched if run.rank is not None), None)
+        for d in alarms:  # at the stream's number of the first rank's forward where the ranks parted
+            step = naming.stream_step(first.pid, d.step) if first is not None else d.step
+            writer.write({"type": "diagnostic", "step": step, "code": d.code, "severity": d.severity,
                           "message": d.message})
     finally:
         writer.close()

@@ -10,15 +10,14 @@ from pathlib import Path
 
 from .diagnostics import check_ranks
 from .stream import ChildSource
-from .tree import ProcessRun, TreeServer, desync, environment, merge
+from .tree import Naming, ProcessRun, TreeServer, desync, environment, merge
 
 class TreeSource(ChildSource):
     """A command's process tree as one source for the watch TUI (`kvtui watch -- COMMAND`): the command runs
     in a session of its own, its stdout/stderr become "output" records (and its stdin is the TUI's input
-    line), and every watched process's records arrive through a TreeServer. Records are made one stream:
-    steps numbered in the order they arrive (the process's own number kept as `process_step`), each
-    process's caches and models named with the process (`rank 1 (pid 42) · MODEL`: the TUI's model filter,
-    M, picks one process), and a command goes to every process (pause and step hold and release each rank
+    line), and every watched process's records arrive through a TreeServer and are made one stream by
+    `Naming` (steps numbered in the order they arrive; the TUI's model filter, M, picks one process), and
+    a command goes to every process (pause and step hold and release each rank
     at the same boundary: before its next forward, so a collective forward never waits on a held rank)."""
 
     supports = {"pause", "run", "step", "break", "verify", "watch"}
@@ -28,9 +27,7 @@ class TreeSource(ChildSource):
         self.argv = [executable, *args]
         self.trace = trace
         self._lock = threading.Lock()
-        self._steps = 0
-        self._global: dict[tuple[int, int], int] = {}  # (pid, the process's step) -> the stream's step
-        self._last: dict[int, int] = {}  # pid -> the stream's number of its newest step
+        self._naming = Naming()
         self._stopped = False
         self._rank_facts: dict[int, list[tuple]] = {}  # rank -> (fed ids, positions, cache length) per forward
         self._desync_raised = False
@@ -57,36 +54,20 @@ class TreeSource(ChildSource):
                              "text": f"{run.name} ended" + ("" if run.finished else
                                                              " mid-run without its exit handlers (killed?)")})
             return
-        tag, kind, pid = run.name, record.get("type"), run.pid
+        kind, pid = record.get("type"), run.pid
+        if kind == "program-exit":
+            return
         desync = None
-        record = {**record, "pid": pid, **({"rank": run.rank} if run.rank is not None else {})}
         with self._lock:
             if kind == "paused":
                 self._held[pid] = record.get("step", 0)
             elif kind == "step":
                 self._held.pop(pid, None)
+            record = self._naming(run, record)
             if kind == "step":
-                self._steps += 1
-                self._global[(pid, record["step"])] = self._last[pid] = self._steps
-                record["process_step"], record["step"] = record["step"], self._steps
                 desync = self._check_ranks(run, record)
-            elif isinstance(record.get("step"), int):
-                record["step"] = self._global.get((pid, record["step"]), self._last.get(pid, 0))
-        if kind in ("step", "cache"):
-            record["model"] = f"{tag} · {record['model']}" if record.get("model") else tag
-            if record.get("cache_id"):
-                record["cache_id"] = f"{tag}: {record['cache_id']}"
-            if record.get("parent"):
-                record["parent"] = f"{tag}: {record['parent']}"
-            lineage = record.get("lineage")
-            if isinstance(lineage, dict) and lineage.get("parent"):
-                record["lineage"] = {**lineage, "parent": f"{tag}: {lineage['parent']}"}
-        elif kind == "notice":
-            record["text"] = f"{tag}: {record.get('text', '')}"
-        elif kind == "program-exit":
-            return
         self._queue.put(record)
-        if kind == "step" and desync:
+        if desync:
             self._queue.put(desync)
 
     def _check_ranks(self, run: ProcessRun, record: dict) -> dict | None:
