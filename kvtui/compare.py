@@ -141,6 +141,7 @@ class Lane:
     points: list[Point] = field(default_factory=list)
     chosen: list[int] = field(default_factory=list)  # the token chosen at every step, in order
     turns: list[list[int]] = field(default_factory=list)  # the ids each turn generated
+    reply: list[str] = field(default_factory=list)  # the pieces the current turn generated (for display)
     cache_bytes: int = 0
     cache_length: int = 0
     context: int = 0
@@ -228,6 +229,7 @@ class Comparison:
             self.turn = number
             for lane in self.lanes:
                 lane.turns.append([])
+                lane.reply = []
                 self._do(lane, "send", {"text": text, "run": False})
             while not self.stopped and any(not lane.turn_done and not lane.error for lane in self.lanes):
                 for lane in self.lanes:  # one forward each, in turn: never two engines computing at once
@@ -266,6 +268,7 @@ class Comparison:
         lane.chosen.append(chosen)
         if record.get("phase") == "decode" and lane.turns:
             lane.turns[-1].extend(record["input_ids"][-fed:])
+            lane.reply.extend(t.get("piece", "") for t in record.get("fed") or [])
         lane.turn_done = bool(record.get("turn_done"))
         lane.cache_bytes = sum(layer.get("bytes", 0) for layer in record.get("layers") or [])
         lane.cache_length = record.get("cache_seq_length", 0)

@@ -63,6 +63,23 @@ def _table(columns, rows) -> Table:
     return table
 
 
+def _alike_rows_merged(rows) -> list[tuple[Text, ...]]:
+    """The layers pane's rows, with a run of layers whose every cell but the index is the same drawn once
+    ("0–29"): 30 identical rows say less than one, and cost a notebook 30 times the HTML."""
+    merged: list[list] = []
+    for row in rows:
+        cells = row.cells
+        if merged and [c.plain for c in merged[-1][1][1:]] == [c.plain for c in cells[1:]]:
+            merged[-1][2] = row.index
+        else:
+            merged.append([row.index, cells, row.index])
+    out = []
+    for first, cells, last in merged:
+        index = Text(str(first) if first == last else f"{first}–{last}", justify="right")
+        out.append((index, *cells[1:]))
+    return out
+
+
 def snapshot_view(snapshot: StepSnapshot | None, diagnostics=None, *, title: str | None = None,
                   strip_limit: int | None = STRIP_LIMIT):
     """One step as the TUI shows it: cursor, token strip, layers, top-k and alarms (Rich renderables, from the
@@ -86,7 +103,7 @@ def snapshot_view(snapshot: StepSnapshot | None, diagnostics=None, *, title: str
     parts.append(_rule("layers"))
     parts.append(render_totals(snapshot, palette=palette))
     if snapshot.layers:
-        parts.append(_table(LAYER_COLUMNS, [row.cells for row in layer_rows(snapshot, palette)]))
+        parts.append(_table(LAYER_COLUMNS, _alike_rows_merged(layer_rows(snapshot, palette))))
     parts.append(_rule("top-k"))
     parts.append(topk_header(snapshot, "processed", palette))
     parts.append(_table(topk_columns("processed"), [row.cells for row in topk_rows(snapshot, "processed", palette)]))

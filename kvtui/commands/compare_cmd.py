@@ -72,7 +72,7 @@ def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, 
 
     app = CompareApp(model, strategies, options, trace_dir, script, theme_name=theme)
     app.run()
-    sys.exit(app.return_code or 0)
+    sys.exit(app.outcome)
 
 
 def _headless(model, strategies, options, trace_dir, script) -> int:
