@@ -62,7 +62,7 @@ def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, 
         check_memory(model, len(strategies), int(memory_gib * 2**30) if memory_gib else None)
     except CompareError as exc:
         _fail(str(exc))
-    threads = threads or os.cpu_count() or 1
+    threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) or 1
     options = {"max_new_tokens": max_new_tokens, "max_cache_len": max_cache_len, "temperature": 0.0,
                "mode": script.mode, "system": script.system, "threads": threads, "decode_threads": threads,
                "dtype": "float32", "device": "cpu"}

@@ -23,6 +23,7 @@ def render_plot(lanes, width: int, height: int) -> Text:
     if not any(points for _, points in series):
         return Text("ms per token against context length: waiting for the first decode steps…", style="dim")
     plt.clear_figure()
+    plt.limitsize(False, False)  # plotext would clamp the plot to the terminal it guesses (80 columns off a tty)
     plt.plotsize(max(20, width), max(6, height))
     plt.theme("clear")
     for name, points in series:
