@@ -191,7 +191,7 @@ class LiveDisplay:
         self._shown_cell = -1  # the cell its output is under
         self._pending: StepSnapshot | None = None
         self._shown: StepSnapshot | None = None
-        self._next = 0.0
+        self._next = 0.0  # perf_counter time of the next redraw allowed (0: no step seen yet)
         self.shell.events.register("pre_run_cell", self._before_cell)
         self.shell.events.register("post_run_cell", self._after_cell)
 
@@ -199,7 +199,9 @@ class LiveDisplay:
         """on_snapshot, on the model's thread: a reference kept, and a render only when the clock allows."""
         self._pending = snapshot
         now = time.perf_counter()
-        if now >= self._next:
+        if self._next == 0.0:  # the first step: draw once the loop has run MIN_INTERVAL (a short loop is drawn at its end)
+            self._next = now + MIN_INTERVAL
+        elif now >= self._next:
             self._draw(now)
 
     def _draw(self, now: float) -> None:
