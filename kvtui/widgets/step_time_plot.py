@@ -26,7 +26,7 @@ def render_plot(lanes, width: int, height: int) -> Text:
     plt.limitsize(False, False)  # plotext would clamp the plot to the terminal it guesses (80 columns off a tty)
     plt.plotsize(max(20, width), max(6, height))
     plt.theme("clear")
-    for name, points in series:
+    for name, points in reversed(series):  # the first strategy drawn last: on top where lines overlap
         if points:
             plt.plot([c for c, _ in points], [ms for _, ms in points], label=name, marker="braille",
                      color=COLORS.get(name, "white"))
