@@ -39,17 +39,20 @@ def loop(n):
     with torch.inference_mode():
         out = model(input_ids=ids, past_key_values=cache, use_cache=True)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for _ in range(n):
             out = model(input_ids=token, past_key_values=cache, use_cache=True)
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             chosen.append(int(token))
+    CPU.append(time.process_time() - cpu)  # the kernel process's CPU time: every thread, IOPub's included
     return time.perf_counter() - started, chosen
+CPU = []
 loop(4)  # warm up
 """
 
 RUN = """
 times = {{"plain": [], "watched": [], "live": []}}
+cpu = {{"plain": [], "watched": [], "live": []}}
 updates, render_s, same = [], [], True
 for repeat in range({repeats}):
     order = ["plain", "watched", "live"] if repeat % 2 == 0 else ["live", "watched", "plain"]
@@ -65,10 +68,11 @@ for repeat in range({repeats}):
                 live.close()
             watch.detach()
         times[variant].append(seconds)
+        cpu[variant].append(CPU[-1])
         if variant == "plain":
             reference = chosen
         same = same and chosen == reference
-print("KVTUI-BENCH " + json.dumps({{"times": times, "updates": updates, "render_s": render_s, "same_tokens": same,
+print("KVTUI-BENCH " + json.dumps({{"times": times, "cpu": cpu, "updates": updates, "render_s": render_s, "same_tokens": same,
                                    "threads": torch.get_num_threads(), "model": type(model).__name__,
                                    "layers": model.config.num_hidden_layers}}))
 """
@@ -91,6 +95,10 @@ def bench(model: str = "embedded", tokens: int = 48, repeats: int = 5) -> dict:
         "model": raw["model"], "layers": raw["layers"], "tokens": tokens, "repeats": repeats, "threads": raw["threads"],
         "ms_per_token": {k: summary([t * 1000 / tokens for t in v]) for k, v in times.items()},
         "ratio_live_vs_watched": summary(live_ratio),
+        # CPU time of the kernel process (all its threads) per loop: what the live view costs, whatever else the
+        # machine runs (wall-clock ratios on a shared 2-core VM swing by ±50 % between repeats)
+        "cpu_ratio_live_vs_watched": summary([lv / w for lv, w in zip(raw["cpu"]["live"], raw["cpu"]["watched"])]),
+        "draw_share": summary([r / t for r, t in zip(raw["render_s"], times["live"])]),
         "ratio_live_vs_plain": summary([lv / p for lv, p in zip(times["live"], times["plain"])]),
         "ratio_watched_vs_plain": summary([w / p for w, p in zip(times["watched"], times["plain"])]),
         "updates_per_loop": summary(raw["updates"]),
@@ -106,7 +114,10 @@ def describe(r: dict) -> str:
             f"ms/token plain {ms['plain']['median']:.1f}, watched {ms['watched']['median']:.1f}, "
             f"watched + live display {ms['live']['median']:.1f}; live / watched {ratio['median']:.3f} "
             f"(min {ratio['min']:.3f}, max {ratio['max']:.3f}; target <= 1.05); "
-            f"{r['updates_per_s']['median']:.1f} redraws/s, {r['render_ms_per_loop']['median']:.0f} ms drawing per loop; "
+            f"CPU time live / watched {r['cpu_ratio_live_vs_watched']['median']:.3f} "
+            f"(min {r['cpu_ratio_live_vs_watched']['min']:.3f}, max {r['cpu_ratio_live_vs_watched']['max']:.3f}); "
+            f"{r['updates_per_s']['median']:.1f} redraws/s, {r['render_ms_per_loop']['median']:.0f} ms drawing per loop "
+            f"({r['draw_share']['median']:.1%} of the loop); "
             f"same tokens: {r['same_tokens']}")
 
 

@@ -326,8 +326,11 @@ def notebook_report(r: dict) -> list[str]:
         f"| watched, no display | {fmt_stat(ms['watched'], 1)} | 1 |",
         f"| watched, display=\"live\" | {fmt_stat(ms['live'], 1)} | {fmt_stat(ratio, 3)} (live / watched) |", "",
         f"Redraws: {fmt_stat(n['updates_per_loop'], 1)} per loop ({fmt_stat(n['updates_per_s'], 2)} a second), "
-        f"{fmt_stat(n['render_ms_per_loop'], 0)} ms of drawing and publishing per loop on the model's thread. "
-        f"Greedy tokens identical: {n['same_tokens']}. Target live / watched ≤ 1.05: {_verdict(ratio['median'] <= 1.05)}.",
+        f"{fmt_stat(n['render_ms_per_loop'], 0)} ms of drawing and publishing per loop on the model's thread "
+        f"({fmt_stat(n['draw_share'], 3)} of the loop's wall time). CPU time of the kernel process (all threads, "
+        f"IOPub's included) live / watched: {fmt_stat(n['cpu_ratio_live_vs_watched'], 3)}. "
+        f"Greedy tokens identical: {n['same_tokens']}. Target live / watched ≤ 1.05 (wall clock): "
+        f"{_verdict(ratio['median'] <= 1.05)}.",
         "", "`" + b_notebook.describe(n) + "`",
     ]
 
