@@ -1,10 +1,17 @@
 """`kvtui watch [OPTIONS] SCRIPT [ARGS]...` / `kvtui watch -m MODULE [ARGS]...`: run an unmodified
-program and show what its cache does (TUI, live), or record it (--headless)."""
+program and show what its cache does (TUI, live), or record it (--headless).
+`kvtui watch --headless [OPTIONS] -- COMMAND [ARGS]...`: any command (torchrun, pytest, a shell script):
+every Python process of its tree that builds a causal LM is watched (kvtui/engine/tree.py)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -24,17 +31,37 @@ from ..engine.snapshot import SEVERITIES
 @click.option("--break-on-alarm", is_flag=True, help="TUI: pause right after a step that raised a warning or error (b).")
 @click.option("--show-top", type=click.IntRange(1, 100), default=10, show_default=True)
 @click.option("--theme", default="kvtui-dark", show_default=True, help="TUI theme.")
+@click.option("--listen", metavar="HOST:PORT", default=None,
+              help="-- COMMAND: also watch processes of other machines that connect here (prints the token).")
+@click.option("--connect", metavar="HOST:PORT", default=None,
+              help="-- COMMAND: send this machine's processes to a viewer started with --listen.")
+@click.option("--token", default=None, help="With --connect: the token the viewer printed.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_top, theme, target, args):
+def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_top, theme, listen, connect, token,
+          target, args):
     """Run a program that uses transformers and watch every causal LM it loads: each top-level forward
     becomes a step (tokens fed, positions applied vs asked for, cache per layer, top-k) and the cache
     bugs it makes are named with the line that made them."""
     if module:
         if importlib.util.find_spec(target.split(".")[0]) is None and not Path(target.replace(".", "/")).exists():
             raise click.BadParameter(f"no module named {target!r}", param_hint="-m")
-    elif not Path(target).is_file():
-        raise click.BadParameter(f"{target}: no such file", param_hint="SCRIPT")
+    elif not _is_script(target):
+        if target.endswith(".py"):
+            raise click.BadParameter(f"{target}: no such file", param_hint="SCRIPT")
+        executable = shutil.which(target)
+        if executable is None:
+            click.echo(f"kvtui watch: {target}: no such script or command", err=True)
+            sys.exit(2)
+        if connect is not None and not token:
+            raise click.BadParameter("--connect needs the --token the viewer printed", param_hint="--token")
+        if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
+            raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
+        if headless or connect is not None:
+            sys.exit(run_tree_headless(executable, target, list(args), trace_path, fail_on, show_top, listen,
+                                       connect, token))
+        sys.exit(run_tree_tui(executable, target, list(args), trace_path, show_top, listen, paused, break_on_alarm,
+                              theme))
     if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
         raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
     if not headless:
@@ -71,6 +98,133 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
     if trace_path:
         click.echo(f"trace written to {trace_path}", file=err)
     failed = failing(watcher.diagnostics, fail_on)
+    if failed:
+        click.echo(f"{len(failed)} alarm(s) at or above {fail_on}", file=err)
+        return 1
+    return code
+
+
+def _is_script(target: str) -> bool:
+    """A Python file run as `python FILE` (as before): a .py file, or any file that is not an executable."""
+    path = Path(target)
+    return path.is_file() and (path.suffix == ".py" or not os.access(path, os.X_OK))
+
+
+def run_tree_tui(executable: str, command: str, args: list[str], trace_path, top_k: int, listen: str | None,
+                 paused: bool, break_on_alarm: bool, theme: str) -> int:
+    """The watch TUI over a command's tree: every watched process's steps in one timeline (M picks one
+    process), pause / step / run / break on alarm for all of them at once, the command's output and stdin."""
+    from ..engine.tree_source import TreeSource
+    from ..themes import theme_error
+    from ..watch_app import WatchApp
+
+    if theme_error(theme):
+        raise click.BadParameter(theme_error(theme), param_hint="--theme")
+    try:
+        source = TreeSource(executable, args, top_k=top_k, paused=paused, break_on_alarm=break_on_alarm,
+                            listen=listen, trace=trace_path)
+    except (OSError, ValueError) as error:
+        click.echo(f"kvtui watch: {command}: cannot run: {getattr(error, 'strerror', None) or error}", err=True)
+        return 2
+    app = WatchApp(source=source, title=" ".join([command, *args]), paused=paused, break_on_alarm=break_on_alarm,
+                   top_k=top_k, theme_name=theme, trace_path=trace_path)
+    if listen:
+        app.notify(f"listening on {source.server.address}: on the other machines run kvtui watch --connect "
+                   f"{source.server.address} --token {source.server.token} -- COMMAND", timeout=30)
+    app.run()
+    return app.return_code or 0
+
+
+def run_tree_headless(executable: str, command: str, args: list[str], trace_path, fail_on: str, top_k: int,
+                      listen: str | None = None, connect: str | None = None, token: str | None = None) -> int:
+    """Run COMMAND with every Python process of its tree watched; its output passes through. Exit code: the
+    command's own, or 1 when an alarm at/above fail_on fired in any process. `listen`: also take the
+    processes of other machines (`kvtui watch --connect ADDRESS --token T -- COMMAND` there); `connect`:
+    this machine's processes report to a viewer elsewhere, and this one only runs the command."""
+    from ..engine import tree
+
+    err = click.get_text_stream("stderr")
+    server = None
+    if connect is None:
+        host, _, port = (listen or "127.0.0.1:0").rpartition(":")
+        try:
+            server = tree.TreeServer(host, int(port))
+        except (OSError, ValueError) as error:
+            click.echo(f"kvtui watch: cannot listen on {listen}: {getattr(error, 'strerror', None) or error}", file=err)
+            return 2
+        connect, token = server.address, server.token
+        if listen:
+            click.echo(f"kvtui watch: listening on {server.address} · on the other machines run: kvtui watch "
+                       f"--connect {server.address} --token {server.token} -- COMMAND", file=err)
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-") as hook_dir:
+            env = tree.environment(Path(hook_dir), connect, token, top_k)
+            code = _run_command(executable, command, args, env, err)
+        if server is None or code is None:
+            return 2 if code is None else code
+        server.wait(timeout=30.0 if listen else 5.0)  # the other machines' ranks end about when this one does
+    finally:
+        if server is not None:
+            server.close()
+    return _report(server, command, code, trace_path, fail_on, err)
+
+
+def _run_command(executable: str, command: str, args: list[str], env: dict, err) -> int | None:
+    """The command's exit code (128 + N for a signal, as a shell says), or None when it cannot start.
+    Ctrl+c reaches the whole foreground group: the command decides how it ends, kvtui reports after it;
+    SIGTERM and SIGHUP to kvtui are passed on to the command."""
+    try:
+        child = subprocess.Popen([executable, *args], env=env)
+    except OSError as error:
+        click.echo(f"kvtui watch: {command}: cannot run: {error.strerror or error}", file=err)
+        return None
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        previous[sig] = signal.signal(sig, lambda number, _: child.send_signal(number))
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
+
+
+def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
+    from ..engine import tree
+    from ..engine.recorder import failing
+    from ..engine.snapshot import Diagnostic
+    from ..fmt import printable
+
+    runs = server.sorted_runs()
+    run_alarms = tree.desync(runs)
+    if trace_path is not None:
+        tree.merge(runs, trace_path, run_alarms)
+    for note in server.notes:
+        click.echo(f"kvtui watch: {printable(note)}", file=err)
+    watched = [run for run in runs if run.watched]
+    click.echo(f"kvtui watch: {len(watched)} process(es) built a causal LM · {sum(r.steps for r in watched)} forwards "
+               f"watched · {command} exit code {code}", file=err)
+    if not watched:
+        click.echo(f"kvtui watch: no process of `{command}` built a causal LM (nothing watched)", file=err)
+    alarms: list[Diagnostic] = list(run_alarms)
+    for run in watched:
+        state = "" if run.finished else " · ended without saying goodbye (killed?)"
+        heads = next((f" · KV heads held per layer: {r['layers'][0]['k_shape'][1]}" for r in run.records
+                      if r["type"] == "step" and r.get("layers") and r["layers"][0].get("k_shape")), "")
+        click.echo(f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(run.models) or '?')}"
+                   f"{heads if run.world_size else ''} · {printable(' '.join(run.argv))}{state}", file=err)
+        for d in run.diagnostics:
+            alarms.append(Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)))
+            click.echo(f"{d['severity']:>7} {run.name} step {d.get('step', 0):>4}  {d['code']}  "
+                       f"{printable(d['message'])}", file=err)
+    merged = tree.shards(runs)
+    if merged:
+        click.echo(f"  tensor-parallel shards, merged: {merged}", file=err)
+    for d in run_alarms:
+        click.echo(f"{d.severity:>7} all ranks step {d.step:>4}  {d.code}  {printable(d.message)}", file=err)
+    if trace_path is not None:
+        click.echo(f"trace written to {trace_path}", file=err)
+    failed = failing(alarms, fail_on)
     if failed:
         click.echo(f"{len(failed)} alarm(s) at or above {fail_on}", file=err)
         return 1

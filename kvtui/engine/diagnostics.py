@@ -31,6 +31,8 @@ CODES = (
     "padding-side",
     "stale-cache",
     "recomputed-prefix",
+    # a watched command's tree (kvtui watch -- COMMAND)
+    "rank-desync",
 )
 
 
@@ -334,3 +336,30 @@ def recomputed_prefix(step: int, cache_name: str, held_before: int, ids: Sequenc
         f"this prefill re-encoded {count} tokens that {where} {state} (positions {held_before}..{best - 1}): "
         f"~{cost:.1f} ms of its {forward_ms:.1f} ms; pass that cache back (or a copy) to feed only the new tokens"
         + at, step)], count, cost
+
+
+def check_ranks(step: int, ranks: dict[int, tuple | None]) -> list[Diagnostic]:
+    """rank-desync: the ranks of one tensor-parallel run disagree at the same step. `ranks`: rank ->
+    (fed ids, positions, cache length after the forward), or None for a rank that made no such step.
+    Every rank of a collective forward must feed the same ids at the same positions; one that differs
+    (or is missing) computes on another context, and the all-reduce mixes the two without an error."""
+    made = {rank: facts for rank, facts in ranks.items() if facts is not None}
+    if not made or (len(made) == len(ranks) and len(set(made.values())) == 1):
+        return []
+    missing = sorted(rank for rank, facts in ranks.items() if facts is None)
+    first, reference = min(made.items())
+    differ = []
+    for rank, facts in sorted(made.items()):
+        if facts == reference:
+            continue
+        what = [name for name, a, b in zip(("fed ids", "positions", "cache length"), facts, reference) if a != b]
+        differ.append(f"rank {rank} differs from rank {first} in its {', '.join(what)} "
+                      f"({_facts_text(facts)} vs {_facts_text(reference)})")
+    if missing:
+        differ.append(f"rank(s) {', '.join(map(str, missing))} made no forward {step}")
+    return [Diagnostic("rank-desync", "error", f"ranks disagree at forward {step}: " + "; ".join(differ), step)]
+
+
+def _facts_text(facts: tuple) -> str:
+    ids, positions, length = facts
+    return f"ids {span(ids) if len(ids) > 8 else list(ids)}, positions {span(positions)}, cache {length}"

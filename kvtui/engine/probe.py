@@ -82,9 +82,24 @@ def caller_and_generate(skip: tuple[str, ...]) -> tuple[str, list]:
             frames.append(frame)
         name = code.co_filename
         if not name.startswith(skip) and not name.startswith("<frozen"):
-            return f"{_short_path(name)}:{frame.f_lineno}", frames
+            return f"{_short_path(name)}:{frame.f_lineno}{_fixture(code, frame.f_globals)}", frames
         frame = frame.f_back
     return "?", frames
+
+
+_FIXTURES: dict = {}  # code object -> " in fixture NAME" or ""
+
+
+def _fixture(code, module_globals: dict) -> str:
+    """" in fixture NAME" when the user's line is inside a pytest fixture (a session-scoped fixture that
+    tokenizes is where "prompt of 862 tokens, cache of 863" hides); looked up once per function."""
+    found = _FIXTURES.get(code)
+    if found is None:
+        definition = module_globals.get(code.co_name) if "pytest" in sys.modules else None
+        is_fixture = (type(definition).__name__ == "FixtureFunctionDefinition"  # pytest >= 8.4
+                      or hasattr(definition, "_pytestfixturefunction"))  # older pytest marks the function
+        found = _FIXTURES[code] = f" in fixture {code.co_name}" if is_fixture else ""
+    return found
 
 
 def thread_caller(line: str) -> tuple[str, str | None]:
@@ -768,8 +783,10 @@ class AutoAttach:
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> "AutoAttach":
+        return self.install_models().install_tokenizers()
+
+    def install_models(self) -> "AutoAttach":
         from transformers import PreTrainedModel
-        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
         watcher = self.watcher
         post_init = PreTrainedModel.post_init
@@ -782,7 +799,12 @@ class AutoAttach:
 
         PreTrainedModel.post_init = watched_post_init
         self._undo.append(lambda: setattr(PreTrainedModel, "post_init", post_init))
+        return self
 
+    def install_tokenizers(self) -> "AutoAttach":
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+        watcher = self.watcher
         loader = PreTrainedTokenizerBase.__dict__["from_pretrained"]  # a classmethod object
 
         def from_pretrained(cls, *args, **kwargs):

@@ -152,18 +152,24 @@ class TraceWriter:
     """Appends records to a JSON Lines file through a LineWriter (one flush per record, off the caller's
     thread). The header is written before the constructor returns."""
 
-    def __init__(self, path: str | os.PathLike, header: dict, append: bool = False):
-        """`append`: go on with a trace another writer started (a restarted engine): no second header."""
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike | IO[bytes], header: dict, append: bool = False):
+        """`append`: go on with a trace another writer started (a restarted engine): no second header.
+        `path` may be an open binary stream (a watched process's connection to its viewer): a write that
+        fails there stops the writing silently (the viewer is gone), never the program."""
+        stream = hasattr(path, "write")
+        self.path = Path("<stream>") if stream else Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle: IO[bytes] = open(self.path, "ab" if append else "wb")
+            if stream:
+                handle = path
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                handle = open(self.path, "ab" if append else "wb")
             if not append:
                 handle.write(record_line(header))
                 handle.flush()
         except OSError as exc:
             raise TraceError(f"{self.path}: cannot write the trace: {exc.strerror or exc}") from exc
-        self._writer: LineWriter | None = LineWriter(handle, "kvtui-trace-writer")
+        self._writer: LineWriter | None = LineWriter(handle, "kvtui-trace-writer", raise_errors=not stream)
 
     def write(self, record) -> None:
         """A record (dict) or a step snapshot (serialised by the writer thread)."""

@@ -1,0 +1,295 @@
+"""6b. What a step costs kvtui on a GPU, where a forward takes a few ms and kvtui's fixed Python cost shows.
+
+The same parts and paired step costs as section 6 (b_step_cost.py), and the whole-loop ratios (watched /
+plain, engine / bare, interleaved, median of N), on a CUDA device, for:
+
+  tiny llama, 3 layers (fp32)              the Python-bound model of section 6, on the GPU
+  SmolLM2-shaped, 30 layers (bf16)         SmolLM2-135M's config and tokenizer, random weights
+  SmolLM2-shaped, static + compile         the same with a StaticCache and a torch.compile'd forward
+                                           (mode "reduce-overhead": CUDA graphs), as the caching tutorial does
+  8B-class, 32 layers (bf16)               Llama-3-8B's shape (4096 hidden, 32 heads, 8 KV heads, 14336 MLP)
+                                           with SmolLM2's 49,152-token vocabulary and tokenizer
+
+Random weights are honest for a timing: a forward's cost does not depend on the values. The tokenizer
+is SmolLM2's (its chat template), carried as files: `--tokenizer DIR` (tokenizer files + config.json).
+
+Usage (on a machine with CUDA): python benchmarks/b_step_cost_gpu.py --tokenizer DIR [--rows tiny,smol,smol-compile,8b]
+    [--n 120] [--tokens 200] [--repeats 5] [--json OUT]
+Not run by `make bench` on a CPU-only machine: it needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402,F401  (environment before torch loads)
+import torch  # noqa: E402
+from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: E402
+
+from b_step_cost import PROMPT, PartClock, _costs, _pairs, _prompt_ids, probe_parts, session_parts, table  # noqa: E402
+from common import log, summary  # noqa: E402
+from kvtui.engine import introspect, probe, recorder  # noqa: E402
+from kvtui.engine.session import ChatSession, SessionConfig  # noqa: E402
+
+MAX_LEN = 1024  # static cache length: prompt + warm-ups + every timed token fit
+DEVICE = "cuda"  # --device cpu: a smoke test of this script on a machine without CUDA
+
+
+def _sync_argmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]; int() of it waits for the GPU
+
+
+class Loop:
+    """A user's greedy loop (template ids, a cache, argmax), dynamic or static; `forward` may be compiled."""
+
+    def __init__(self, model, tokenizer, static: bool, forward=None):
+        self.model, self.forward = model, forward or model
+        self.cache = (StaticCache(config=model.config, max_cache_len=MAX_LEN) if static
+                      else DynamicCache(config=model.config))
+        with torch.inference_mode():
+            out = model(input_ids=_prompt_ids(tokenizer).to(model.device), past_key_values=self.cache, use_cache=True)
+        self.token = _sync_argmax(out.logits)
+
+    def step(self) -> int:
+        with torch.inference_mode():
+            out = self.forward(input_ids=self.token, past_key_values=self.cache, use_cache=True)
+        self.token = _sync_argmax(out.logits)
+        return int(self.token)
+
+
+class Bare:
+    """The engine's forwards with nothing around them (explicit positions, logits_to_keep=1, argmax)."""
+
+    def __init__(self, model, prompt_ids: list[int], static: bool, compiled=None):
+        self.model = model
+        self.cache = (StaticCache(config=model.config, max_cache_len=MAX_LEN) if static
+                      else DynamicCache(config=model.config))
+        self.decode = compiled or model
+        self.extra = {"logits_to_keep": 1} if introspect.forward_accepts(model, "logits_to_keep") else {}
+        self.position = len(prompt_ids)
+        self.token = self._forward(model, prompt_ids, 0)
+
+    def _forward(self, forward, ids: list[int], start: int) -> int:
+        device = self.model.device
+        with torch.inference_mode():
+            out = forward(input_ids=torch.tensor([ids], device=device), past_key_values=self.cache, use_cache=True,
+                          position_ids=torch.arange(start, start + len(ids), device=device).unsqueeze(0), **self.extra)
+        return int(torch.argmax(out.logits[0, -1]))
+
+    def step(self, token: int) -> int:
+        self.token = self._forward(self.decode, [token], self.position)
+        self.position += 1
+        return self.token
+
+
+def _compile(model):
+    return torch.compile(model.forward, mode="reduce-overhead", fullgraph=False, dynamic=False)
+
+
+def _session(model, tokenizer, static: bool, trace: Path):
+    config = (SessionConfig(max_new_tokens=10**9, cache="static", max_cache_len=MAX_LEN, compile=True) if static
+              else SessionConfig(max_new_tokens=10**9))
+    chat = ChatSession(model, tokenizer, config)
+    chat.stop_ids = frozenset()  # random weights: never stop on an end-of-turn token
+    rec = recorder.Recorder(chat, trace)
+    first = chat.send(PROMPT)
+    return chat, rec, first
+
+
+def engine_cost(model, plain_model, tokenizer, static: bool, n: int, tmp: Path) -> dict:
+    clock = PartClock()
+    session_parts(clock)
+    try:
+        chat, rec, first = _session(model, tokenizer, static, tmp / "engine.jsonl")
+        bare = Bare(plain_model, list(first.input_ids), static, _compile(plain_model) if static else None)
+        feed = [first.chosen.id]
+        for _ in range(3):  # warm-up (the compiled forwards build their graphs here)
+            chat.step()
+            feed.append(bare.step(feed[-1]))
+        clock.steps.clear()
+        clock.step.clear()
+
+        def engine_step():
+            chat.step()
+            clock.end_step()
+
+        engine_s, bare_s = _pairs(engine_step, lambda: feed.append(bare.step(feed[-1])), n)
+        rec.close()
+    finally:
+        clock.remove()
+    return _costs(clock, engine_s, bare_s)
+
+
+def watch_cost(model, plain_model, tokenizer, static: bool, n: int, tmp: Path) -> dict:
+    clock = PartClock()
+    probe_parts(clock)
+    watched_forward = plain_forward = None
+    if static:  # the tutorial's way: model.forward = torch.compile(model.forward, mode="reduce-overhead")
+        watched_forward, plain_forward = _compile(model), _compile(plain_model)
+    try:
+        plain = Loop(plain_model, tokenizer, static, plain_forward)
+        with probe.watch(model, tokenizer, trace=tmp / "watched.jsonl"):
+            if static:
+                model.forward = watched_forward  # an instance attribute, as users set it; removed below
+            try:
+                watched = Loop(model, tokenizer, static)
+                for _ in range(3):
+                    watched.step()
+                    plain.step()
+                clock.steps.clear()
+                clock.step.clear()
+
+                def watched_step():
+                    watched.step()
+                    clock.end_step()
+
+                watched_s, plain_s = _pairs(watched_step, plain.step, n)
+            finally:
+                model.__dict__.pop("forward", None)
+    finally:
+        clock.remove()
+    return _costs(clock, watched_s, plain_s)
+
+
+def ratios(model, plain_model, tokenizer, static: bool, tokens: int, repeats: int, tmp: Path) -> dict:
+    """Whole loops of `tokens` tokens, interleaved per repeat (the first repeat is a warm-up)."""
+    found: dict[str, list[float]] = {"watched_over_plain": [], "engine_over_bare": []}
+    compiled_plain = _compile(plain_model) if static else None
+    compiled_watched = _compile(model) if static else None
+
+    def timed(step) -> float:
+        started = time.perf_counter()
+        for _ in range(tokens):
+            step()
+        return time.perf_counter() - started
+
+    for repeat in range(repeats + 1):
+        plain = timed(Loop(plain_model, tokenizer, static, compiled_plain).step)
+        with probe.watch(model, tokenizer, trace=tmp / f"ratio{repeat}.jsonl"):
+            if static:
+                model.forward = compiled_watched
+            try:
+                watched = timed(Loop(model, tokenizer, static).step)
+            finally:
+                model.__dict__.pop("forward", None)
+        chat, rec, first = _session(model, tokenizer, static, tmp / f"engine{repeat}.jsonl")
+        engine = timed(chat.step)
+        rec.close()
+        bare_loop = Bare(plain_model, list(first.input_ids), static, compiled_plain)
+        feed = [first.chosen.id]
+        bare = timed(lambda: feed.append(bare_loop.step(feed[-1])))
+        if repeat:
+            found["watched_over_plain"].append(watched / plain)
+            found["engine_over_bare"].append(engine / bare)
+            log(f"    repeat {repeat}: watched/plain {watched / plain:.3f}, engine/bare {engine / bare:.3f}; "
+                f"plain {plain / tokens * 1e3:.2f} ms/token, bare {bare / tokens * 1e3:.2f} ms/token")
+    return {name: summary(values) for name, values in found.items()}
+
+
+# ---- the models ------------------------------------------------------------------------------------------
+
+
+def _random_llama(config: LlamaConfig, dtype: torch.dtype):
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(DEVICE):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+def build(row: str, tokenizer_dir: Path, tmp: Path):
+    """(label, model, plain model, tokenizer, static) for a row name."""
+    smol = json.loads((tokenizer_dir / "config.json").read_text())
+    smol.pop("quantization_config", None)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if row == "tiny":
+        from kvtui.engine.loader import load_model
+        from kvtui.engine.models.tiny import build_tiny
+
+        loaded = load_model(str(build_tiny("llama", tmp / "tiny-llama", layers=3)), dtype="float32", device=DEVICE)
+        model = loaded.model.eval()
+        return "tiny llama, 3 layers, fp32", model, copy.deepcopy(model), loaded.tokenizer, False
+    if row in ("smol", "smol-compile"):
+        config = LlamaConfig(**{k: v for k, v in smol.items() if k not in ("architectures", "torch_dtype", "dtype")})
+        model = _random_llama(config, torch.bfloat16)
+        label = "SmolLM2-shaped, 30 layers, bf16" + (", static + compile" if row == "smol-compile" else ", dynamic")
+        return label, model, _random_llama(config, torch.bfloat16), tokenizer, row == "smol-compile"
+    if row == "8b":
+        config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                             num_key_value_heads=8, head_dim=128, vocab_size=smol["vocab_size"], rope_theta=500000.0,
+                             max_position_embeddings=8192, bos_token_id=smol.get("bos_token_id"),
+                             eos_token_id=smol.get("eos_token_id"), tie_word_embeddings=False)
+        model = _random_llama(config, torch.bfloat16)
+        plain_model = _random_llama(config, torch.bfloat16)  # a second instance: the probe watches the first
+        return "8B-class (Llama-3-8B shape), 32 layers, bf16, dynamic", model, plain_model, tokenizer, False
+    raise SystemExit(f"unknown row {row!r}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--rows", default="tiny,smol,smol-compile,8b")
+    parser.add_argument("--n", type=int, default=120)
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("b_step_cost_gpu: no CUDA device here")
+    result = {"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE, "torch": torch.__version__, "parts": {}, "ratios": {}}
+    import transformers
+
+    result["transformers"] = transformers.__version__
+    log(f"{result['device']}, torch {torch.__version__}, transformers {transformers.__version__}")
+    with tempfile.TemporaryDirectory(prefix="kvtui-gpu-") as tmp_name:
+        tmp = Path(tmp_name)
+        for row in args.rows.split(","):
+            label, model, plain_model, tokenizer, static = build(row, args.tokenizer, tmp)
+            log(f"{label}")
+            try:
+                for kind, measure in (("engine", engine_cost), ("watch", watch_cost)):
+                    r = measure(model, plain_model, tokenizer, static, args.n, tmp)
+                    result["parts"][f"{kind} · {label}"] = r
+                    log(f"  {kind}: +{r['extra_us']:.0f} µs a step (named {r['named_us']:.0f} µs; "
+                        f"plain step {r['plain_us']:.0f} µs; inspected {r['step_us']:.0f} µs)")
+                result["ratios"][label] = ratios(model, plain_model, tokenizer, static, args.tokens, args.repeats, tmp)
+                r = result["ratios"][label]
+                log(f"  ratios: watched/plain {r['watched_over_plain']['median']:.3f}, "
+                    f"engine/bare {r['engine_over_bare']['median']:.3f}")
+            except Exception as error:  # one row failing must not lose the others
+                result["ratios"][label] = {"error": f"{type(error).__name__}: {error}"}
+                log(f"  FAILED: {type(error).__name__}: {error}")
+            del model, plain_model
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+    print("\n".join(table(result)))
+    for label, r in result["ratios"].items():
+        if "error" in r:
+            print(f"{label}: {r['error']}")
+        else:
+            print(f"{label}: watched/plain {r['watched_over_plain']['median']:.3f} "
+                  f"({r['watched_over_plain']['min']:.3f}–{r['watched_over_plain']['max']:.3f}); engine/bare "
+                  f"{r['engine_over_bare']['median']:.3f} ({r['engine_over_bare']['min']:.3f}–"
+                  f"{r['engine_over_bare']['max']:.3f})")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+"""Watch every Python process of a command's tree: `kvtui watch -- COMMAND [ARGS]...`.
+
+The way coverage.py measures subprocesses: an environment variable names the run, and a start-up hook
+(a `sitecustomize.py` in a directory put first on PYTHONPATH, which every child inherits) runs in each
+Python process the command starts: torchrun's ranks, pytest-xdist workers, `multiprocessing` spawn
+children, whatever a shell script runs. The hook costs nothing until the process imports transformers'
+tokenizer or modeling code; then it connects to the viewer (a `TreeServer`: loopback, or `--listen
+HOST:PORT` for ranks on other machines, each connection proven by a one-time token) and watches every
+causal LM the process builds, as `kvtui watch SCRIPT` does, streaming its trace records there. The viewer
+keeps each process's records (`ProcessRun`) and `merge` writes one trace: each process's `process` record
+(pid, parent, host, argv, and rank / local_rank / world_size when torch.distributed's launcher set them),
+then its records, every line naming its `pid` (and `rank`). A watched process whose viewer is gone (quit,
+crash, SIGKILL) ends itself: no rank is left behind.
+
+Not seen: a process started with `python -I`/`-E`/`-S` (no PYTHONPATH or site), and a child made by
+`fork` without exec (it inherits the parent's watcher, whose trace writer thread did not survive the fork).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hmac
+import importlib.util
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV = "KVTUI_WATCH_TREE"  # JSON: {"connect": "HOST:PORT", "token", "top_k", "paused", "break_on_alarm"}
+TRIGGER = "transformers.modeling_utils"  # where PreTrainedModel lives: imported before any model is built
+TOKENIZERS = "transformers.tokenization_utils_base"  # a tokenizer may be loaded before any model code
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+HELLO_TIMEOUT_S = 10.0
+
+HOOK = '''\
+"""kvtui watch's start-up hook (see kvtui/engine/tree.py): watch this process, then run the next
+sitecustomize on the path, if there is one."""
+import os as _os
+import sys as _sys
+
+
+def _kvtui_start():
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != here]  # the program sees its own path
+    try:
+        try:
+            from kvtui.engine import tree
+        except ImportError:  # an interpreter that has no kvtui installed: the one that started the run
+            _sys.path.append(KVTUI_HOME)
+            from kvtui.engine import tree
+        tree.start_in_process()
+    except Exception as error:  # never stop the program: say why it is not watched
+        print(f"kvtui watch: process {_os.getpid()} not watched: {type(error).__name__}: {error}", file=_sys.stderr)
+    import importlib.machinery
+    import importlib.util
+
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _sys.path)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        _sys.modules["sitecustomize"] = module
+        spec.loader.exec_module(module)
+
+
+_kvtui_start()
+del _kvtui_start
+'''
+
+
+def environment(hook_dir: Path, connect: str, token: str, top_k: int, base: dict | None = None,
+                paused: bool = False, break_on_alarm: bool = False) -> dict:
+    """The environment a watched command runs with: the hook's directory first on PYTHONPATH, and ENV."""
+    env = dict(os.environ if base is None else base)
+    hook_dir.mkdir(parents=True, exist_ok=True)
+    kvtui_home = str(Path(__file__).resolve().parent.parent.parent)  # the directory that holds kvtui/
+    (hook_dir / "sitecustomize.py").write_text(f"KVTUI_HOME = {kvtui_home!r}\n" + HOOK, encoding="utf-8")
+    env["PYTHONPATH"] = os.pathsep.join([str(hook_dir), *filter(None, [env.get("PYTHONPATH")])])
+    env[ENV] = json.dumps({"connect": connect, "token": token, "top_k": top_k, "paused": paused,
+                           "break_on_alarm": break_on_alarm})
+    return env
+
+
+# ---- in each process of the tree ------------------------------------------------------------------------
+
+
+def start_in_process() -> None:
+    """Called by the hook: when transformers' tokenizer code loads, remember the tokenizers this process
+    loads; when its modeling code loads, watch every causal LM it builds."""
+    config = json.loads(os.environ[ENV])
+    for module, part in ((TOKENIZERS, "install_tokenizers"), (TRIGGER, "install_models")):
+        then = (lambda part=part: getattr(_watcher(config), part)())
+        if module in sys.modules:  # imported already (a hook run twice): at once
+            then()
+        else:
+            sys.meta_path.insert(0, _AfterImport(module, then))
+
+
+class _AfterImport:  # a meta path finder (duck-typed: importlib.abc costs ~10 ms in every process)
+    """Runs `then()` right after the module `name` has executed, once; finds nothing itself."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once, and not while the real finders look
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, then = spec.loader.exec_module, self.then
+
+        def exec_then(module):
+            exec_module(module)
+            then()
+
+        spec.loader.exec_module = exec_then
+        return spec
+
+
+_RUN: dict = {}  # this process's watcher and its connection to the viewer
+
+
+def _watcher(config: dict):
+    """This process's AutoAttach (its watcher, its connection), made at the first trigger. As a watched
+    program's child does (stream.child_main): records go to the viewer through one RecordPipe (a step is
+    serialised once, off the model's thread), and a control gate reads the viewer's commands (pause, run,
+    step, break, verify, watch) from the same connection."""
+    from .probe import AutoAttach, Watcher
+    from .stream import RecordPipe, control_gate
+
+    if _RUN.get("pid") != os.getpid():
+        host, _, port = config["connect"].rpartition(":")
+        connection = socket.create_connection((host, int(port)), timeout=HELLO_TIMEOUT_S)
+        connection.settimeout(None)
+        facts = {"type": "hello", "token": config["token"], "pid": os.getpid(), "ppid": os.getppid(),
+                 "host": socket.gethostname(), "argv": list(sys.argv),
+                 **{name.lower(): int(os.environ[name]) for name in RANK_VARIABLES
+                    if os.environ.get(name, "").isdigit()}}
+        connection.sendall(json.dumps(facts).encode() + b"\n")
+        pipe = RecordPipe(os.dup(connection.fileno()))
+        gate = control_gate(os.dup(connection.fileno()), pipe, bool(config.get("paused")),
+                            bool(config.get("break_on_alarm")), on_gone=_viewer_gone)
+        watcher = Watcher(top_k=int(config.get("top_k", 10)), gate=gate, program=list(sys.argv),
+                          on_snapshot=pipe.send, on_event=pipe.send)
+        _RUN.update(pid=os.getpid(), watcher=watcher, attach=AutoAttach(watcher), connection=connection, pipe=pipe)
+        atexit.register(_finish)
+    return _RUN["attach"]
+
+
+def _viewer_gone() -> None:
+    """The viewer closed its end (quit, crash, SIGKILL): this process ends too, unless it is already ending."""
+    if not _RUN.get("finishing"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _finish() -> None:
+    """At exit: every record is sent, then what was watched."""
+    watcher = _RUN.get("watcher")
+    if watcher is None or _RUN.get("pid") != os.getpid():
+        return
+    _RUN["finishing"] = True
+    models = [f"{p.name} ({type(p.model).__name__})" for p in watcher.probes]
+    steps = watcher.steps
+    watcher.detach()
+    _RUN["pipe"].send({"type": "process-end", "models": models, "steps": steps})
+    _RUN["pipe"].close()  # its queue is written
+    try:
+        _RUN["connection"].close()
+    except OSError:
+        pass
+
+
+# ---- in the viewer: the processes' records, and one trace of them -------------------------------------------
+
+
+@dataclass
+class ProcessRun:
+    """One watched process of the tree, as its connection told."""
+
+    pid: int
+    argv: list[str]
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    ppid: int | None = None
+    host: str | None = None
+    connection: object = field(default=None, repr=False)
+    send_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    models: list[str] = field(default_factory=list)
+    steps: int = 0
+    finished: bool = False  # it said goodbye at exit (False: killed, os._exit, or still running)
+    diagnostics: list[dict] = field(default_factory=list)  # every alarm its trace part holds
+    records: list[dict] = field(default_factory=list)
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)
+        if record["type"] == "step":
+            self.steps += 1
+            self.diagnostics += [{**d, "step": record["step"]} for d in record.get("diagnostics", [])]
+        elif record["type"] == "diagnostic":
+            self.diagnostics.append(record)
+
+    @property
+    def watched(self) -> bool:
+        """It built a causal LM (it said so at exit) or ran a forward of one."""
+        return bool(self.models or self.records)
+
+    @property
+    def name(self) -> str:
+        return f"rank {self.rank} (pid {self.pid})" if self.rank is not None else f"pid {self.pid}"
+
+
+class TreeServer:
+    """The viewer's end: accepts the watched processes' connections (each proves itself with the token in
+    its first line) and keeps each one's records as they arrive. A connection with a wrong token, or one
+    that sends something that is not a record, is dropped with a line in `notes`; the run goes on."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None, on_record=None):
+        """`on_record(run, record)`: called on the connection's thread for each record as it arrives (a
+        live viewer); `on_record(run, None)` when a process's connection ends."""
+        import secrets
+
+        self.token = token or secrets.token_urlsafe(16)
+        self.on_record = on_record
+        self._socket = socket.create_server((host, port))
+        self.address = "%s:%d" % self._socket.getsockname()[:2]
+        self.runs: list[ProcessRun] = []
+        self.notes: list[str] = []
+        self._lock = threading.Lock()
+        self._open: set[threading.Thread] = set()
+        self._closed = False
+        threading.Thread(target=self._accept, name="kvtui-tree-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                connection, peer = self._socket.accept()
+            except OSError:
+                return
+            reader = threading.Thread(target=self._read, args=(connection, peer), name="kvtui-tree-read", daemon=True)
+            with self._lock:
+                self._open.add(reader)
+            reader.start()
+
+    def _read(self, connection: socket.socket, peer) -> None:
+        where = "%s:%d" % peer[:2]
+        run = None
+        try:
+            connection.settimeout(HELLO_TIMEOUT_S)
+            lines = connection.makefile("rb")
+            hello = _record(lines.readline())
+            if hello is None or hello.get("type") != "hello" or not hmac.compare_digest(
+                    str(hello.get("token", "")), self.token):
+                self._note(f"dropped a connection from {where}: no valid token")
+                return
+            connection.settimeout(None)
+            run = ProcessRun(pid=int(hello["pid"]), argv=list(hello.get("argv", [])), rank=hello.get("rank"),
+                             local_rank=hello.get("local_rank"), world_size=hello.get("world_size"),
+                             ppid=hello.get("ppid"), host=hello.get("host"), connection=connection)
+            with self._lock:
+                self.runs.append(run)
+            for raw in lines:
+                record = _record(raw)
+                if record is None:
+                    self._note(f"dropped {run.name} from {where}: it sent something that is not a record")
+                    return
+                if record["type"] == "process-end":
+                    run.models, run.finished = list(record.get("models", [])), True
+                    continue
+                run.add(record)
+                if self.on_record is not None:
+                    self.on_record(run, record)
+        except (OSError, ValueError) as error:
+            self._note(f"dropped a connection from {where}: {error}")
+        finally:
+            connection.close()
+            if run is not None and self.on_record is not None:
+                self.on_record(run, None)
+            with self._lock:
+                self._open.discard(threading.current_thread())
+
+    def broadcast(self, command: str) -> None:
+        """A command line to every watched process still connected (pause, run, step, break on|off, ...)."""
+        with self._lock:
+            runs = list(self.runs)
+        for run in runs:
+            try:
+                with run.send_lock:
+                    run.connection.sendall(command.encode() + b"\n")
+            except OSError:
+                pass  # that process has ended
+
+    def _note(self, text: str) -> None:
+        with self._lock:
+            self.notes.append(text)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until every connection has ended (True), or `timeout` seconds have passed (False)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._open:
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def close(self) -> None:
+        """Stop listening and close every connection: the processes still watched end themselves."""
+        self._closed = True
+        self._socket.close()
+        with self._lock:
+            runs = list(self.runs)
+        for run in runs:
+            try:
+                run.connection.close()
+            except OSError:
+                pass
+
+    def sorted_runs(self) -> list[ProcessRun]:
+        with self._lock:
+            return sorted(self.runs, key=lambda run: (run.rank is None, run.rank or 0, run.host or "", run.pid))
+
+
+def _record(raw: bytes) -> dict | None:
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("type"), str) else None
+
+
+def desync(runs: list[ProcessRun]) -> list:
+    """rank-desync: the first forward at which the ranks of the run disagree (what follows comes from it)."""
+    from .diagnostics import check_ranks
+
+    ranked = {run.rank: [r for r in run.records if r["type"] == "step"] for run in runs
+              if run.rank is not None and run.watched}
+    if len(ranked) < 2:
+        return []
+    for index in range(max(len(steps) for steps in ranked.values())):
+        facts = {rank: (tuple(steps[index]["input_ids"]), tuple(steps[index]["positions"]),
+                        steps[index]["cache_seq_length"]) if index < len(steps) else None
+                 for rank, steps in ranked.items()}
+        found = check_ranks(index + 1, facts)
+        if found:
+            return found
+    return []
+
+
+def shards(runs: list[ProcessRun]) -> str | None:
+    """The ranks' shards of layer 0 at their last common forward, merged into the logical layer
+    (`K 1×2×27×16 · 2 ranks × 1 head`), when the ranks split the KV heads; None otherwise."""
+    ranked = {run.rank: [r for r in run.records if r["type"] == "step" and r.get("layers")] for run in runs
+              if run.rank is not None and run.watched}
+    ranked = {rank: steps for rank, steps in ranked.items() if steps}
+    if len(ranked) < 2:
+        return None
+    last = min(len(steps) for steps in ranked.values()) - 1
+    shapes = [steps[last]["layers"][0].get("k_shape") for steps in ranked.values()]
+    if any(not shape or len(shape) != 4 for shape in shapes):
+        return None
+    heads = [shape[1] for shape in shapes]
+    if any(shape[:1] + shape[2:] != shapes[0][:1] + shapes[0][2:] for shape in shapes) or len(set(heads)) != 1:
+        return None
+    batch, _, length, dim = shapes[0]
+    return (f"K {batch}×{sum(heads)}×{length}×{dim} · {len(ranked)} ranks × {heads[0]} head"
+            f"{'s' if heads[0] != 1 else ''} (layer 0, forward {last + 1})")
+
+
+def merge(runs: list[ProcessRun], out: Path, alarms: list = ()) -> None:
+    """One trace: a run header, then per process its `process` record and its records, each naming its pid;
+    then the run's own alarms (rank-desync)."""
+    from .trace import TraceWriter, header_start
+
+    watched = [run for run in runs if run.records]  # a header is their first record
+    header = {**(watched[0].records[0] if watched else header_start()), "processes": len(watched)}
+    writer = TraceWriter(out, header)
+    try:
+        for run in watched:
+            writer.write({"type": "process", "pid": run.pid, "ppid": run.ppid, "host": run.host, "argv": run.argv,
+                          "rank": run.rank,
+                          "local_rank": run.local_rank, "world_size": run.world_size, "models": run.models,
+                          "steps": run.steps, "finished": run.finished})
+            tag = {"pid": run.pid, **({"rank": run.rank} if run.rank is not None else {})}
+            for record in run.records:
+                if record.get("type") == "header":
+                    record = {**record, "type": "process-header"}  # the process's own header, kept whole
+                writer.write({**record, **tag})
+        for d in alarms:
+            writer.write({"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity,
+                          "message": d.message})
+    finally:
+        writer.close()
