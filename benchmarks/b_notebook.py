@@ -73,7 +73,7 @@ for repeat in range({repeats}):
             reference = chosen
         same = same and chosen == reference
 print("KVTUI-BENCH " + json.dumps({{"times": times, "cpu": cpu, "updates": updates, "render_s": render_s, "same_tokens": same,
-                                   "threads": torch.get_num_threads(), "model": type(model).__name__,
+                                   "threads": torch.get_num_threads(), "model": f"{{loaded.source}} ({{type(model).__name__}})",
                                    "layers": model.config.num_hidden_layers}}))
 """
 
