@@ -498,6 +498,8 @@ class TokenBufferPane(ScrollView, can_focus=True):
             else:
                 which = f" {snapshot.lineage}" if snapshot.cache_parent or snapshot.cache_unknown else ""
                 title = f"cache{which} · {len(snapshot.buffer)} tokens · next pos {snapshot.cursor}"
+                if snapshot.uncached:  # --cache none: the buffer is the context the step re-read, nothing is cached
+                    title = f"context (no cache) · {len(snapshot.buffer)} tokens re-read · next pos {snapshot.cursor}"
                 layer = self._layer(snapshot)
                 if layer is not None:
                     title += f" · layer {layer.index} {layer.kind}"
