@@ -215,10 +215,11 @@ class Comparison:
 
     def stop(self) -> None:
         self.stopped = True
-        for lane in self.lanes:
-            if lane.source is not None:
-                lane.source.command("quit")
-                lane.source.stop()
+        started = [lane.source for lane in self.lanes if lane.source is not None]
+        for source in started:  # every engine told first: they wind down side by side
+            source.command("quit")
+        for source in started:
+            source.stop()
         shutil.rmtree(self._scratch, ignore_errors=True)
 
     # ---- lockstep ---------------------------------------------------------------------------------------
@@ -276,15 +277,16 @@ class Comparison:
 
     # ---- verdicts ---------------------------------------------------------------------------------------
 
-    def first_difference(self) -> int | None:
-        """The first step (1-based) whose chosen token differs between any two lanes, or None."""
+    def first_difference(self, final: bool = True) -> int | None:
+        """The first step (1-based) whose chosen token differs between any two lanes, or None. While the lanes
+        run (`final=False`) one may be a step ahead of another in the round: only the steps all made count."""
         if len(self.lanes) < 2:
             return None
         length = min(len(lane.chosen) for lane in self.lanes)
         for index in range(length):
             if len({lane.chosen[index] for lane in self.lanes}) > 1:
                 return index + 1
-        if len({len(lane.chosen) for lane in self.lanes}) > 1:
+        if final and len({len(lane.chosen) for lane in self.lanes}) > 1:
             return length + 1
         return None
 

@@ -77,7 +77,7 @@ class CompareApp(App):
         for lane, pane in zip(comparison.lanes, self.query(LanePane)):
             pane.show(lane, palette)
         self.query_one(StepTimePlot).show(comparison.lanes, force=message.done)
-        difference = comparison.first_difference()
+        difference = comparison.first_difference(final=message.done)
         turn = f"turn {comparison.turn}/{len(self.script.turns)}" if comparison.turn else "loading"
         if message.error:
             verdict = f"[b red]error:[/] {message.error}"

@@ -103,3 +103,14 @@ def test_headless_compare_on_a_tiny_model(tmp_path, script, tiny_dir, tiny_model
     # ms per token at the start and at the end of the context, at the context lengths the traces hold
     decode = [r for r in traces["none"] if r["type"] == "step" and r["phase"] == "decode"]
     assert f"@{decode[-1]['buffer_length']}" in rows["none"] and f"@{decode[0]['buffer_length']}" in rows["none"]
+
+
+def test_a_lane_a_step_ahead_in_the_round_is_not_a_difference():
+    from kvtui.compare import Comparison, Lane
+
+    comparison = Comparison.__new__(Comparison)
+    comparison.lanes = [Lane("none", chosen=[5, 7, 9]), Lane("dynamic", chosen=[5, 7])]
+    assert comparison.first_difference(final=False) is None  # mid-round: dynamic has not made step 3 yet
+    assert comparison.first_difference(final=True) == 3  # at the end, a missing step is a difference
+    comparison.lanes[1].chosen.append(8)
+    assert comparison.first_difference(final=False) == 3 and not comparison.identical
