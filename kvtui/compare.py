@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import statistics
 import tempfile
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ def compile_problem(device: str = "cpu") -> str | None:
     import torch
 
     if not torch._dynamo.is_dynamo_supported():
-        return f"torch.compile does not support this Python ({os.sys.version.split()[0]})"
+        return f"torch.compile does not support this Python ({sys.version.split()[0]})"
     if device.startswith("cpu") or device == "auto" and not torch.cuda.is_available():
         compiler = os.environ.get("CXX") or next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
         if compiler is None or not shutil.which(compiler):
