@@ -34,11 +34,12 @@ def executed(tmp_path_factory):
     work = tmp_path_factory.mktemp("notebook")
     shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
     notebook = nbformat.read(work / NOTEBOOK.name, as_version=4)
-    # one cell of the test's own: a loop slow enough (~1.5 s) for the live view to redraw while it runs
+    # one cell of the test's own: a loop slow enough (~5 s) for the live view to redraw while it runs, even
+    # when a redraw costs 30 ms on a busy machine (redraws are then 1.5 s apart)
     notebook.cells.append(nbformat.v4.new_code_cell(
         "import time\nwatch = kvtui.watch(model, tokenizer, display='live')  # test: slow loop\n"
         "cache = DynamicCache(config=model.config)\nout = model(input_ids=ids, past_key_values=cache, use_cache=True)\n"
-        "for _ in range(50):\n    time.sleep(0.03)\n"
+        "for _ in range(50):\n    time.sleep(0.1)\n"
         "    out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)\n"
         "print('during the loop', kvtui.notebook.live_display(watch).updates)\nwatch.detach()"))
     import os
