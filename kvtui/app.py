@@ -33,6 +33,7 @@ from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult, buffer_reco
 from .fmt import printable
 from .options import AppConfig
 from .themes import DEFAULT_THEME, load_themes
+from .widgets.alarm_line import AlarmLine
 from .widgets.chat_pane import ChatPane
 from .widgets.cursor_pane import CursorPane
 from .widgets.diagnostics_pane import DiagnosticsPane
@@ -153,6 +154,9 @@ class KvtuiApp(App):
     step_mode = reactive(False)  # Enter only prefills; space steps
     CSS_PATH = "app.tcss"
     BINDINGS = [
+        Binding("f5", "toggle_pane('layers')", "layers", tooltip="show/hide the layers pane (folded on short terminals)"),
+        Binding("f6", "toggle_pane('diagnostics')", "alarms",
+                tooltip="show/hide the diagnostics pane (folded on short terminals: the alarm line shows the top alarm)"),
         Binding("space,s", "step", "step"),
         Binding("r", "run", "run"),
         Binding("p", "pause", "pause"),
@@ -176,8 +180,6 @@ class KvtuiApp(App):
         Binding("f2", "toggle_pane('buffer')", "show/hide token buffer", show=False),
         Binding("f3", "toggle_pane('cursor')", "show/hide cursor", show=False),
         Binding("f4", "toggle_pane('topk')", "show/hide top-k", show=False),
-        Binding("f5", "toggle_pane('layers')", "show/hide layers", show=False),
-        Binding("f6", "toggle_pane('diagnostics')", "show/hide diagnostics", show=False),
         Binding("question_mark,f1", "help", "help"),
         Binding("q,ctrl+q", "quit", "quit", priority=False),
     ]
@@ -253,6 +255,7 @@ class KvtuiApp(App):
                 with Horizontal(id="row3"):
                     yield LayersPane(id="layers")
                     yield DiagnosticsPane(id="diagnostics")
+        yield AlarmLine(id="alarm-line")
         yield StatusBar(id="status")
         yield Footer()
 
@@ -262,23 +265,27 @@ class KvtuiApp(App):
         self._update_title()
         self.load_worker()
 
-    def on_resize(self) -> None:
-        self._apply_layout()
+    def on_resize(self, event) -> None:
+        self._apply_layout(event.size)
 
-    def _apply_layout(self) -> None:
-        """Reflow: short terminals fold the lower row away unless the user shows it (F5 / F6)."""
-        width, height = self.size
+    def _apply_layout(self, size=None) -> None:
+        """Reflow at every size: narrow terminals (< 110 columns) get a thinner chat, short ones (< 32 rows)
+        fold the layers and diagnostics row (the cursor pane still shows every layer's K/V shape, the alarm
+        line the top alarm) until F5 / F6 shows it; a terminal that grows unfolds it again."""
+        width, height = size if size is not None else self.size
         self.screen.set_class(width < 110, "narrow")
         self.screen.set_class(height < 32, "short")
         self.screen.set_class(self.theme == "kvtui-projector", "roomy")
-        hidden = self._hidden_panes()
+        hidden = self._hidden_panes(height)
         for name in PANES:
             self.query_one(f"#{name}").display = name not in hidden
         self.query_one("#row2").display = not ({"cursor", "topk"} <= hidden)
         self.query_one("#row3").display = not ({"layers", "diagnostics"} <= hidden)
+        self.query_one(AlarmLine).display = "diagnostics" in hidden
 
-    def _hidden_panes(self) -> set[str]:
-        folded = {"layers", "diagnostics"} if self.size.height < 32 or self.theme == "kvtui-projector" else set()
+    def _hidden_panes(self, height: int | None = None) -> set[str]:
+        height = self.size.height if height is None else height
+        folded = {"layers", "diagnostics"} if height < 32 or self.theme == "kvtui-projector" else set()
         return self.hidden | (folded - self.shown)
 
     # ---- the engine process -------------------------------------------------------------------------
@@ -535,6 +542,10 @@ class KvtuiApp(App):
     def _show(self, snapshot: StepSnapshot | None) -> None:
         for pane in (TokenBufferPane, CursorPane, LayersPane, TopKPane):
             self.query_one(pane).show(snapshot)
+        buffer_pane = self.query_one(TokenBufferPane)  # the selection may have moved (tail, rewind): O(1)
+        index, shown = buffer_pane.selected_index, buffer_pane.snapshot
+        token = None if index is None or shown is None or index >= len(shown.buffer) else shown.buffer[index]
+        self.query_one(CursorPane).show_token(token)
 
     def _show_chat(self) -> None:
         chat = self.query_one(ChatPane)
@@ -563,7 +574,14 @@ class KvtuiApp(App):
 
     def _show_diagnostics(self) -> None:
         merged = tuple(sorted(self.diagnostics + tuple(self.app_diagnostics), key=lambda d: d.step))
-        self.query_one(DiagnosticsPane).show_diagnostics(merged)
+        pane = self.query_one(DiagnosticsPane)
+        pane.show_diagnostics(merged)
+        self.query_one(AlarmLine).show_groups(pane.groups)
+
+    @on(TokenBufferPane.Selected)
+    def token_selected(self, message: TokenBufferPane.Selected) -> None:
+        """The selected token's whole piece, id, position and origin in the cursor pane."""
+        self.query_one(CursorPane).show_token(message.token)
 
     # ---- user actions ----------------------------------------------------------------------------
 
