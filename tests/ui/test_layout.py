@@ -85,3 +85,29 @@ async def test_resize_unfolds_and_folds(tiny_loaded):
         await pilot.pause(0.3)
         assert not app.query_one(LayersPane).display
         assert_facts(app, screen_text(app), (80, 24))
+
+
+async def test_watch_primed_pads_shows_the_cause_at_160x48(tiny_dir):
+    """The watch TUI on samples/programs/primed_pads.py: `pad-in-cache` (the root cause) is on screen without
+    scrolling, selected and shown in full, with every other alarm group beside it."""
+    from pathlib import Path
+
+    from kvtui.watch_app import WatchApp
+
+    program = Path(__file__).resolve().parents[2] / "samples" / "programs" / "primed_pads.py"
+    app = WatchApp(str(program), [str(tiny_dir("llama"))])
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.ended is not None, 120, "the program to end")
+        await pilot.pause(0.5)
+        codes = [d.code for d in app.diagnostics]
+        assert {"pad-in-cache", "ignored-argument", "cursor-mismatch"} <= set(codes), codes
+        pane = app.query_one(DiagnosticsPane)
+        assert pane.display and len(pane.groups) == len({(g.code, g.cache) for g in pane.groups})
+        # the first-fired error or warning (the priming, at the first forward) is selected and shown in full
+        assert pane.selected_diagnostic.code == "pad-in-cache"
+        text = screen_text(app)
+        for group in pane.groups:  # every group on screen, none scrolled away
+            assert group.code in text, (group.code, text)
+        detail = pane.query_one("#diagnostics-detail").render()
+        assert "pad-in-cache" in str(detail), detail
+        await pilot.press("q")

@@ -167,19 +167,21 @@ async def test_special_origin_last_forward_and_cursor_styles():
         pane.show(make_snapshot(tokens, fed=2, chosen="delta"))
         await pilot.pause()
         text = pane.render_line(0).text
-        assert "<|im_sta…" in text and "↵" in text  # truncated, newline shown
+        assert "<|im_start|>" in text and "↵" in text  # a special token whole (issue 26), newline shown
+        assert pane._grid.cell == len("<|im_start|>") + 1  # the grid widened for it
 
-        special = segment_for(pane, 0, "<|im_sta")
+        special = segment_for(pane, 0, "<|im_start|>")
         template = segment_for(pane, 0, "user")
         assert special.style != template.style
         assert special.style.bold and not template.style.bold
         # origins are told apart by colour
         user = segment_for(pane, 0, "hello")
-        alpha = segment_for(pane, 0, "alpha")
+        alpha = segment_for(pane, 6 // pane._grid.cols, "alpha")
         assert user.style.color != alpha.style.color != template.style.color
         # the last forward (2 tokens fed: beta, gamma) is highlighted, alpha is not
-        beta = segment_for(pane, 0, "beta")
-        gamma = segment_for(pane, 0, "gamma")
+        row = 7 // pane._grid.cols  # the grid widened for <|im_start|>: beta and gamma may sit on the next row
+        beta = segment_for(pane, row, "beta")
+        gamma = segment_for(pane, 8 // pane._grid.cols, "gamma")
         assert beta.style == gamma.style
         assert beta.style.bgcolor != alpha.style.bgcolor
         assert beta.style.color == alpha.style.color  # same origin colour, different background
