@@ -44,7 +44,18 @@ from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 from .widgets.topk_pane import TopKPane
 
-REFRESH_HZ = 2  # pane repaints per second at most while the model runs: on few cores each repaint takes CPU the engine could use
+REFRESH_HZ = 2  # pane repaints per second at most while the model runs when no core is spare: each repaint takes CPU the engine could use
+SHIPPED_REFRESH_HZ = REFRESH_HZ  # benchmarks patch REFRESH_HZ to fix the rate; a patched value is used as is
+MAX_REFRESH_HZ = 15  # with a core to spare (many cores, or a model that waits on a GPU) the panes follow at up to this
+SPARE_CHECK_S = 1.0  # how often the spare CPU is looked at
+
+
+def spare_cores() -> float | None:
+    """Cores not busy over the last minute (CPU count minus the load average); None where the OS cannot tell."""
+    try:
+        return (os.cpu_count() or 1) - os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 HISTORY_STEPS = 512  # snapshots kept for "jump to step"; older steps live in the trace on disk
 PANES = ("buffer", "cursor", "topk", "layers", "diagnostics")
 SESSION_KEPT = "the session is as it was before this action: go on, v verifies it, q quits"
@@ -230,6 +241,8 @@ class KvtuiApp(App):
         self._prefill_ui_ms: float | None = None
         self._verify_ui_ms: float | None = None
         self._paint_timer = None
+        self._auto_hz: float = REFRESH_HZ
+        self._hz_checked = float("-inf")
         self._themes = load_themes()
         for theme in self._themes.values():
             self.register_theme(theme)
@@ -491,14 +504,29 @@ class KvtuiApp(App):
             if self._ui_before_prefill is not None:
                 self._prefill_ui_ms, self._ui_before_prefill = _ui_ms_since(self._ui_before_prefill), None
         self.query_one(StatusBar).record(snapshot)
-        # Repaint at most REFRESH_HZ times a second: on 2 cores every repaint takes CPU from the engine process.
-        wait = self._last_paint + 1 / REFRESH_HZ - time.monotonic()
+        # Repaint at most repaint_hz times a second: on 2 busy cores every repaint takes CPU from the engine process.
+        wait = self._last_paint + 1 / self.repaint_hz() - time.monotonic()
         if wait <= 0 or not message.running:  # single steps paint at once
             if self._paint_timer is not None:
                 self._paint_timer.stop()
             self._paint()
         elif self._paint_timer is None:
             self._paint_timer = self.set_timer(wait, self._paint)
+
+    def repaint_hz(self) -> float:
+        """Pane repaints per second while the model runs: --refresh HZ when given; else MAX_REFRESH_HZ while a
+        core is spare (the load average leaves one free: many cores, or a model waiting on a GPU) and
+        REFRESH_HZ (2) when painting would take CPU from the decode. Looked at once a second. O(1)."""
+        if self.config.refresh_hz:
+            return self.config.refresh_hz
+        if REFRESH_HZ != SHIPPED_REFRESH_HZ:  # fixed by a benchmark
+            return REFRESH_HZ
+        now = time.monotonic()
+        if now - self._hz_checked >= SPARE_CHECK_S:
+            self._hz_checked = now
+            spare = spare_cores()
+            self._auto_hz = MAX_REFRESH_HZ if spare is not None and spare >= 1.0 else REFRESH_HZ
+        return self._auto_hz
 
     def _paint(self) -> None:
         self._paint_timer = None

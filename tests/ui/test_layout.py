@@ -111,3 +111,27 @@ async def test_watch_primed_pads_shows_the_cause_at_160x48(tiny_dir):
         detail = pane.query_one("#diagnostics-detail").render()
         assert "pad-in-cache" in str(detail), detail
         await pilot.press("q")
+
+
+def test_repaint_rate_follows_the_spare_cpu_or_refresh(monkeypatch):
+    import kvtui.app as app_module
+
+    fixed = KvtuiApp(AppConfig(refresh_hz=7.5))
+    assert fixed.repaint_hz() == 7.5
+    monkeypatch.setattr(app_module, "spare_cores", lambda: 3.2)
+    assert KvtuiApp(AppConfig()).repaint_hz() == app_module.MAX_REFRESH_HZ  # a core to spare
+    monkeypatch.setattr(app_module, "spare_cores", lambda: 0.4)
+    assert KvtuiApp(AppConfig()).repaint_hz() == app_module.REFRESH_HZ == 2  # busy cores: as before
+    monkeypatch.setattr(app_module, "REFRESH_HZ", 1e-9)  # a benchmark fixing the rate wins over the spare CPU
+    monkeypatch.setattr(app_module, "spare_cores", lambda: 3.2)
+    assert KvtuiApp(AppConfig()).repaint_hz() == 1e-9
+
+
+def test_refresh_option_reaches_the_app():
+    from click.testing import CliRunner
+
+    from kvtui.cli import main
+
+    result = CliRunner().invoke(main, ["--refresh", "0.1", "--headless"])
+    assert result.exit_code == 2 and "--refresh" in result.output  # out of range: refused before any screen
+    assert "--refresh" in CliRunner().invoke(main, ["run", "--help"]).output
