@@ -452,3 +452,30 @@ async def test_show_buffer_without_a_snapshot():
         assert "w0" in text and "w11" in text and "▌zz" in text
         assert segment_for(pane, 0, "w7").style.strike and not segment_for(pane, 0, "w8").style.strike
         assert "next pos 12" in pane.border_title
+
+
+async def test_special_tokens_are_never_cut_even_far_from_the_tail():
+    """The newest tokens are scanned at show (O(SCAN_NEW)); an older special token widens the grid when its row
+    is drawn, so on screen it is whole; a reset narrows the grid back."""
+    from kvtui.widgets.token_buffer import SCAN_NEW
+
+    app = Host()
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.query_one(TokenBufferPane)
+        header = BufferToken(0, 9, "<|start_header_id|>", True, "template", 1)
+        tokens = [header, *make_tokens(SCAN_NEW + 500, start_position=1)]
+        buffer = CountingBuffer(tokens)
+        pane.show(make_snapshot(buffer))
+        await pilot.pause()
+        assert buffer.reads < 5_000 and pane._grid.cell == pane.cell_width  # not seen yet: ordinary cells
+        pane.scroll_home(animate=False, immediate=True)
+        await pilot.pause()
+        lines(pane)  # drawn: the row holding it widens the grid
+        await pilot.pause()
+        assert pane._grid.cell == len("<|start_header_id|>") + 1
+        assert "<|start_header_id|>" in lines(pane)[0]
+        pane.show(make_snapshot([]))
+        await pilot.pause()
+        pane.show(make_snapshot(make_tokens(3)))
+        await pilot.pause()
+        assert pane._grid.cell == pane.cell_width
