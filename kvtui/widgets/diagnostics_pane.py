@@ -133,6 +133,8 @@ def render_group_detail(group: DiagnosticGroup | None, diagnostic: Diagnostic | 
     """The detail line: the group's headline, then its first (or the selected) alarm in full."""
     if group is None:
         return render_detail(None, palette)
+    if group.count == 1:  # the headline would only repeat the alarm's own step and code
+        return render_detail(diagnostic or group.first, palette)
     text = Text()
     text.append(group.headline(), style=severity_style(group.severity, palette))
     text.append(" · ", style=role_style(palette, "muted"))
@@ -213,7 +215,7 @@ class DiagnosticsPane(Vertical):
         self._rows: list[DiagRow] = []
         self._expanded: set[str] = set()
         self._chosen: str | None = None  # the row key the person moved to; None: follow the leading alarm
-        self._moving = False  # the pane itself is moving the cursor
+        self._auto: str | None = None  # the row key the pane itself put the cursor on
         self._pending: Sequence[Diagnostic] | None = None  # given before mount
         self._counts = severity_counts(())
         self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
@@ -312,14 +314,11 @@ class DiagnosticsPane(Vertical):
             self._chosen = None
             leading = leading_group(self._groups)
             target = None if leading is None else f"group-{leading.key}"
-        self._moving = True
-        try:
-            update_rows(table, self._rows, rows, [key for key, _ in GROUP_COLUMNS], force=force)
-            self._rows = rows
-            if target is not None:
-                table.move_cursor(row=keys.index(target))
-        finally:
-            self._moving = False
+        update_rows(table, self._rows, rows, [key for key, _ in GROUP_COLUMNS], force=force)
+        self._rows = rows
+        if target is not None:
+            self._auto = target  # its RowHighlighted arrives later: not a choice of the person's
+            table.move_cursor(row=keys.index(target))
         self._update_title()
         self._update_detail()
 
@@ -337,8 +336,10 @@ class DiagnosticsPane(Vertical):
     @on(DataTable.RowHighlighted, "#diagnostics-table")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
-        if not self._moving and self.table.has_focus and 0 <= event.cursor_row < len(self._rows):
-            self._chosen = self._rows[event.cursor_row].key
+        if 0 <= event.cursor_row < len(self._rows):
+            key = self._rows[event.cursor_row].key
+            if key != self._auto and self.table.has_focus:
+                self._chosen = key
         self._update_detail()
 
     @on(DataTable.RowSelected, "#diagnostics-table")
