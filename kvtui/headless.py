@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .engine.diagnostics import group_diagnostics, group_summary
+from .engine.diagnostics import group_diagnostics, group_last, group_summary
 from .engine.export import export_cache
 from .engine.session import ChatSession, SessionError
 from .engine.script import Script
@@ -75,6 +75,9 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
     for group in group_diagnostics(session.diagnostics):  # one line per code and cache, errors first
         console.print(f"[{STYLE[group.severity]}]{group.severity:>7}[/] {escape(printable(group_summary(group)))}",
                       highlight=False)
+        last = group_last(group)
+        if last is not None:
+            console.print(f"        {escape(printable(last))}", highlight=False)
     if trace_path:
         console.print(f"trace written to {escape(printable(trace_path))}")
     if export:

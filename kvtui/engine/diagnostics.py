@@ -445,3 +445,12 @@ def group_summary(group: DiagnosticGroup) -> str:
     """One summary line after the severity: 'step   12  pad-in-cache ×3, steps 12–30  <first message>'.
     It starts with the first step, as the per-alarm lines did, so `grep 'error step'` still finds it."""
     return f"step {group.first_step:>4}  {group.headline()}  {group.first.message}"
+
+
+def group_last(group: DiagnosticGroup) -> str | None:
+    """The group's last alarm when it says something else than the first ('last, step 5: static cache
+    overflow refused ...'): the summary's second line for that group; None when there is nothing new."""
+    last = group.items[-1]
+    if group.count == 1 or last.message == group.first.message:
+        return None
+    return f"last, step {last.step}: {last.message}"
