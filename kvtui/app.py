@@ -33,6 +33,7 @@ from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult, buffer_reco
 from .fmt import printable
 from .options import AppConfig
 from .themes import DEFAULT_THEME, load_themes
+from .widgets.alarm_line import AlarmLine
 from .widgets.chat_pane import ChatPane
 from .widgets.cursor_pane import CursorPane
 from .widgets.diagnostics_pane import DiagnosticsPane
@@ -43,7 +44,18 @@ from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 from .widgets.topk_pane import TopKPane
 
-REFRESH_HZ = 2  # pane repaints per second at most while the model runs: on few cores each repaint takes CPU the engine could use
+REFRESH_HZ = 2  # pane repaints per second at most while the model runs when no core is spare: each repaint takes CPU the engine could use
+SHIPPED_REFRESH_HZ = REFRESH_HZ  # benchmarks patch REFRESH_HZ to fix the rate; a patched value is used as is
+MAX_REFRESH_HZ = 15  # with a core to spare (many cores, or a model that waits on a GPU) the panes follow at up to this
+SPARE_CHECK_S = 1.0  # how often the spare CPU is looked at
+
+
+def spare_cores() -> float | None:
+    """Cores not busy over the last minute (CPU count minus the load average); None where the OS cannot tell."""
+    try:
+        return (os.cpu_count() or 1) - os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 HISTORY_STEPS = 512  # snapshots kept for "jump to step"; older steps live in the trace on disk
 PANES = ("buffer", "cursor", "topk", "layers", "diagnostics")
 SESSION_KEPT = "the session is as it was before this action: go on, v verifies it, q quits"
@@ -153,6 +165,9 @@ class KvtuiApp(App):
     step_mode = reactive(False)  # Enter only prefills; space steps
     CSS_PATH = "app.tcss"
     BINDINGS = [
+        Binding("f5", "toggle_pane('layers')", "layers", tooltip="show/hide the layers pane (folded on short terminals)"),
+        Binding("f6", "toggle_pane('diagnostics')", "alarms",
+                tooltip="show/hide the diagnostics pane (folded on short terminals: the alarm line shows the top alarm)"),
         Binding("space,s", "step", "step"),
         Binding("r", "run", "run"),
         Binding("p", "pause", "pause"),
@@ -176,8 +191,6 @@ class KvtuiApp(App):
         Binding("f2", "toggle_pane('buffer')", "show/hide token buffer", show=False),
         Binding("f3", "toggle_pane('cursor')", "show/hide cursor", show=False),
         Binding("f4", "toggle_pane('topk')", "show/hide top-k", show=False),
-        Binding("f5", "toggle_pane('layers')", "show/hide layers", show=False),
-        Binding("f6", "toggle_pane('diagnostics')", "show/hide diagnostics", show=False),
         Binding("question_mark,f1", "help", "help"),
         Binding("q,ctrl+q", "quit", "quit", priority=False),
     ]
@@ -228,6 +241,8 @@ class KvtuiApp(App):
         self._prefill_ui_ms: float | None = None
         self._verify_ui_ms: float | None = None
         self._paint_timer = None
+        self._auto_hz: float = REFRESH_HZ
+        self._hz_checked = float("-inf")
         self._themes = load_themes()
         for theme in self._themes.values():
             self.register_theme(theme)
@@ -253,6 +268,7 @@ class KvtuiApp(App):
                 with Horizontal(id="row3"):
                     yield LayersPane(id="layers")
                     yield DiagnosticsPane(id="diagnostics")
+        yield AlarmLine(id="alarm-line")
         yield StatusBar(id="status")
         yield Footer()
 
@@ -262,23 +278,27 @@ class KvtuiApp(App):
         self._update_title()
         self.load_worker()
 
-    def on_resize(self) -> None:
-        self._apply_layout()
+    def on_resize(self, event) -> None:
+        self._apply_layout(event.size)
 
-    def _apply_layout(self) -> None:
-        """Reflow: short terminals fold the lower row away unless the user shows it (F5 / F6)."""
-        width, height = self.size
+    def _apply_layout(self, size=None) -> None:
+        """Reflow at every size: narrow terminals (< 110 columns) get a thinner chat, short ones (< 32 rows)
+        fold the layers and diagnostics row (the cursor pane still shows every layer's K/V shape, the alarm
+        line the top alarm) until F5 / F6 shows it; a terminal that grows unfolds it again."""
+        width, height = size if size is not None else self.size
         self.screen.set_class(width < 110, "narrow")
         self.screen.set_class(height < 32, "short")
         self.screen.set_class(self.theme == "kvtui-projector", "roomy")
-        hidden = self._hidden_panes()
+        hidden = self._hidden_panes(height)
         for name in PANES:
             self.query_one(f"#{name}").display = name not in hidden
         self.query_one("#row2").display = not ({"cursor", "topk"} <= hidden)
         self.query_one("#row3").display = not ({"layers", "diagnostics"} <= hidden)
+        self.query_one(AlarmLine).display = "diagnostics" in hidden
 
-    def _hidden_panes(self) -> set[str]:
-        folded = {"layers", "diagnostics"} if self.size.height < 32 or self.theme == "kvtui-projector" else set()
+    def _hidden_panes(self, height: int | None = None) -> set[str]:
+        height = self.size.height if height is None else height
+        folded = {"layers", "diagnostics"} if height < 32 or self.theme == "kvtui-projector" else set()
         return self.hidden | (folded - self.shown)
 
     # ---- the engine process -------------------------------------------------------------------------
@@ -484,14 +504,29 @@ class KvtuiApp(App):
             if self._ui_before_prefill is not None:
                 self._prefill_ui_ms, self._ui_before_prefill = _ui_ms_since(self._ui_before_prefill), None
         self.query_one(StatusBar).record(snapshot)
-        # Repaint at most REFRESH_HZ times a second: on 2 cores every repaint takes CPU from the engine process.
-        wait = self._last_paint + 1 / REFRESH_HZ - time.monotonic()
+        # Repaint at most repaint_hz times a second: on 2 busy cores every repaint takes CPU from the engine process.
+        wait = self._last_paint + 1 / self.repaint_hz() - time.monotonic()
         if wait <= 0 or not message.running:  # single steps paint at once
             if self._paint_timer is not None:
                 self._paint_timer.stop()
             self._paint()
         elif self._paint_timer is None:
             self._paint_timer = self.set_timer(wait, self._paint)
+
+    def repaint_hz(self) -> float:
+        """Pane repaints per second while the model runs: --refresh HZ when given; else MAX_REFRESH_HZ while a
+        core is spare (the load average leaves one free: many cores, or a model waiting on a GPU) and
+        REFRESH_HZ (2) when painting would take CPU from the decode. Looked at once a second. O(1)."""
+        if self.config.refresh_hz:
+            return self.config.refresh_hz
+        if REFRESH_HZ != SHIPPED_REFRESH_HZ:  # fixed by a benchmark
+            return REFRESH_HZ
+        now = time.monotonic()
+        if now - self._hz_checked >= SPARE_CHECK_S:
+            self._hz_checked = now
+            spare = spare_cores()
+            self._auto_hz = MAX_REFRESH_HZ if spare is not None and spare >= 1.0 else REFRESH_HZ
+        return self._auto_hz
 
     def _paint(self) -> None:
         self._paint_timer = None
@@ -535,6 +570,10 @@ class KvtuiApp(App):
     def _show(self, snapshot: StepSnapshot | None) -> None:
         for pane in (TokenBufferPane, CursorPane, LayersPane, TopKPane):
             self.query_one(pane).show(snapshot)
+        buffer_pane = self.query_one(TokenBufferPane)  # the selection may have moved (tail, rewind): O(1)
+        index, shown = buffer_pane.selected_index, buffer_pane.snapshot
+        token = None if index is None or shown is None or index >= len(shown.buffer) else shown.buffer[index]
+        self.query_one(CursorPane).show_token(token)
 
     def _show_chat(self) -> None:
         chat = self.query_one(ChatPane)
@@ -563,7 +602,14 @@ class KvtuiApp(App):
 
     def _show_diagnostics(self) -> None:
         merged = tuple(sorted(self.diagnostics + tuple(self.app_diagnostics), key=lambda d: d.step))
-        self.query_one(DiagnosticsPane).show_diagnostics(merged)
+        pane = self.query_one(DiagnosticsPane)
+        pane.show_diagnostics(merged)
+        self.query_one(AlarmLine).show_groups(pane.groups)
+
+    @on(TokenBufferPane.Selected)
+    def token_selected(self, message: TokenBufferPane.Selected) -> None:
+        """The selected token's whole piece, id, position and origin in the cursor pane."""
+        self.query_one(CursorPane).show_token(message.token)
 
     # ---- user actions ----------------------------------------------------------------------------
 

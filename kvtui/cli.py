@@ -35,8 +35,8 @@ def main():
 @main.command("run")
 @run_options
 @click.pass_context
-def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, verbose, theme, export_cache_at,
-        export_path, **options):
+def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, verbose, theme, refresh_hz,
+        export_cache_at, export_path, **options):
     """Open the TUI, or with --headless run a script."""
     from .engine.script import ScriptError, load_script
 
@@ -76,7 +76,7 @@ def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, ve
     from .app import KvtuiApp
 
     app = KvtuiApp(AppConfig(model=model, options=options, theme=theme, script=script, trace_path=trace_path,
-                             verify_every=verify_every))
+                             verify_every=verify_every, refresh_hz=refresh_hz))
     app.run()
     sys.exit(app.return_code or 0)
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .engine.diagnostics import group_diagnostics, group_last, group_summary
 from .engine.export import export_cache
 from .engine.session import ChatSession, SessionError
 from .engine.script import Script
@@ -71,9 +72,12 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
     if session.config.compile:
         console.print(f"--compile: {session.compiles} graph(s) compiled in {session.compile_ms_total / 1000:.1f} s "
                       f"(inside the first turn's tok/s), {session.recompiles} recompile(s)", highlight=False)
-    for d in session.diagnostics:
-        console.print(f"[{STYLE[d.severity]}]{d.severity:>7}[/] step {d.step:>4}  [bold]{d.code}[/]  {escape(printable(d.message))}",
+    for group in group_diagnostics(session.diagnostics):  # one line per code and cache, errors first
+        console.print(f"[{STYLE[group.severity]}]{group.severity:>7}[/] {escape(printable(group_summary(group)))}",
                       highlight=False)
+        last = group_last(group)
+        if last is not None:
+            console.print(f"        {escape(printable(last))}", highlight=False)
     if trace_path:
         console.print(f"trace written to {escape(printable(trace_path))}")
     if export:

@@ -88,6 +88,9 @@ def run_options(func):
                      help="Headless: print every turn and reply in full (default: one line per turn)."),
         click.option("--theme", default=DEFAULT_THEME, show_default=True,
                      help="TUI theme (`kvtui themes` lists them, with the user themes dir)."),
+        click.option("--refresh", "refresh_hz", type=click.FloatRange(0.5, 60), default=None,
+                     help="TUI: pane repaints per second while the model runs (default: 15 while a core is "
+                          "spare, else 2)."),
         click.option("--export-cache-at", type=click.IntRange(1), default=None,
                      help="Headless: save the cache as safetensors right after forward step N."),
         click.option("--export-cache", "export_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -124,6 +127,7 @@ class AppConfig:
     script: object | None = None  # a kvtui.engine.script.Script
     trace_path: Path | None = None
     verify_every: int = 0
+    refresh_hz: float | None = None  # pane repaints per second while running; None: follow the spare CPU
 
     def __post_init__(self):
         unknown = set(self.options) - set(DEFAULT_OPTIONS)

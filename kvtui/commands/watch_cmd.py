@@ -82,6 +82,7 @@ def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_to
 def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on: str, top_k: int = 10) -> int:
     """Run the program in this process under the probe; exit 1 if an alarm at/above fail_on fired,
     else the program's own exit code."""
+    from ..engine.diagnostics import group_diagnostics, group_last, group_summary
     from ..engine.probe import Watcher, run_watched
     from ..engine.recorder import failing
     from ..fmt import printable
@@ -92,8 +93,11 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
     err = click.get_text_stream("stderr")
     click.echo(f"kvtui watch: {watcher.steps} forwards watched · models: {printable(models)} · "
                f"program exit code {code}", file=err)
-    for d in watcher.diagnostics:
-        click.echo(f"{d.severity:>7} step {d.step:>4}  {d.code}  {printable(d.message)}", file=err)
+    for group in group_diagnostics(watcher.diagnostics):  # one line per code and cache, errors first
+        click.echo(f"{group.severity:>7} {printable(group_summary(group))}", file=err)
+        last = group_last(group)
+        if last is not None:
+            click.echo(f"        {printable(last)}", file=err)
     click.echo(f"waste: {watcher.summary()}", file=err)
     if trace_path:
         click.echo(f"trace written to {trace_path}", file=err)

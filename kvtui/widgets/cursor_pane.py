@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from kvtui.engine.snapshot import StepSnapshot
+from kvtui.engine.snapshot import BufferToken, StepSnapshot
+from kvtui.fmt import token_text
+from kvtui.widgets.layers_pane import shape_summary
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
@@ -68,8 +70,18 @@ def has_alarm(snapshot: StepSnapshot | None) -> bool:
     return snapshot is not None and not snapshot.uncached and snapshot.cursor != snapshot.cache_seq_length
 
 
-def render_cursor(snapshot: StepSnapshot | None, palette: Palette | None = None) -> Text:
-    """The cursor pane's content. O(layers)."""
+def describe_token(token: BufferToken) -> str:
+    """The whole piece, id, position and origin: "pos 0 · id 1 · '<|im_start|>' · template · special"."""
+    parts = [f"pos {token.position}", f"id {token.id}", f"'{token_text(token.piece)}'", token.origin]
+    if token.special:
+        parts.append("special")
+    return " · ".join(parts)
+
+
+def render_cursor(snapshot: StepSnapshot | None, palette: Palette | None = None,
+                  selected: BufferToken | None = None) -> Text:
+    """The cursor pane's content: step, cursor vs cache length, every layer's K/V shape (grouped), the
+    token selected in the buffer in full. O(layers): the buffer is never read."""
     text = Text(no_wrap=False, overflow="fold")
     if snapshot is None:
         text.append("no step yet", style=role_style(palette, "muted"))
@@ -97,6 +109,12 @@ def render_cursor(snapshot: StepSnapshot | None, palette: Palette | None = None)
         text.append(str(snapshot.cache_seq_length), style=role_style(palette, "error", "bold") if alarm else "bold")
     text.append("\n")
 
+    shapes = shape_summary(snapshot)
+    if shapes:
+        text.append("layers ", style=role_style(palette, "muted"))
+        text.append(shapes)
+        text.append("\n")
+
     kinds = kind_summary(snapshot)
     if kinds:
         text.append("held ", style=role_style(palette, "muted"))
@@ -111,6 +129,11 @@ def render_cursor(snapshot: StepSnapshot | None, palette: Palette | None = None)
         text.append(capacity_bar(used, capacity), style=role_style(palette, role))
         text.append(f" {used}/{capacity}")
         text.append(f" ({fraction:.0%})", style=role_style(palette, "muted"))
+        text.append("\n")
+
+    if selected is not None:
+        text.append("selected ", style=role_style(palette, "muted"))
+        text.append(describe_token(selected), style="bold" if selected.special else "")
         text.append("\n")
 
     text.append("fed ", style=role_style(palette, "muted"))
@@ -152,6 +175,7 @@ class CursorPane(LiveText):
         super().__init__(render_cursor(None), name=name, id=id, classes=classes)
         self.border_title = "cursor"
         self._snapshot: StepSnapshot | None = None
+        self._selected: BufferToken | None = None
         self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
 
     def on_mount(self) -> None:
@@ -176,6 +200,11 @@ class CursorPane(LiveText):
         self._snapshot = snapshot
         self._render_snapshot()
 
+    def show_token(self, token: BufferToken | None) -> None:
+        """The token selected in the buffer pane (None: no token line)."""
+        self._selected = token
+        self._render_snapshot()
+
     def _render_snapshot(self) -> None:
-        self.show_text(render_cursor(self._snapshot, self._palette))
+        self.show_text(render_cursor(self._snapshot, self._palette, self._selected))
         self.set_class(self.alarm, "-alarm")

@@ -14,6 +14,12 @@ Send a message with Enter in the input box (i focuses it, Esc leaves it). By def
 the end of the turn; in step mode (m) only the prompt is prefilled and you step with space.
 Select a token in the buffer (arrows, click) and press backspace to rewind the cache to it.
 Select a row in top-k and press f to force that token instead of the sampled one.
+Special tokens show whole in the cache pane (its cells widen for them, up to 32 cells); the selected
+token's whole piece, id, position and origin show in the cursor pane.
+Shapes: `K=V 3×125×64` is kv_heads×tokens×head_dim with batch 1 left out when K and V are alike;
+`K 1×12×16 V 1×12×8` when they differ; `b2` marks a batch of 2.
+Short terminals fold the layers and diagnostics panes (F5 / F6 show them; the alarm line shows the top
+alarm meanwhile); they unfold when the terminal grows. In diagnostics, x expands an alarm group.
 --attention (opt-in) costs O(cache) per step: it reads the newest query's attention over every position.
 """
 

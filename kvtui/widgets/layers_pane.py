@@ -21,7 +21,7 @@ from kvtui.engine.snapshot import LayerInfo, StepSnapshot
 from kvtui.fmt import size as format_bytes
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
-from kvtui.widgets.table_rows import update_rows
+from kvtui.widgets.table_rows import fit_columns, update_rows
 
 # (key, label) of the table's columns, in order: the numbers people compare first, the long shapes and
 # the per-layer dtype/device (also in the totals line when every layer shares them) last, so a narrow
@@ -37,6 +37,11 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("dtype", "dtype"),
     ("device", "device"),
 )
+
+# the compact column a narrow pane shows instead of the two shapes (index len(COLUMNS) in a display row)
+COMPACT_COLUMN = ("kv", "K·V")
+# what a narrow pane keeps, most important first (indices into COLUMNS + COMPACT_COLUMN)
+PRIORITY = (0, 9, 1, 3, 2, 4, 7, 8)
 
 _KIND_ROLES = {"full": "primary", "sliding": "accent", "static": "success", "static-sliding": "warning"}
 
@@ -68,6 +73,34 @@ def state_cells(layer: LayerInfo) -> tuple[str, str]:
         return format_shape(layer.k_shape), format_shape(layer.v_shape)
     shown = [f"{name} {format_shape(shape)}" for name, shape in layer.states]
     return shown[0], ", ".join(shown[1:]) or "-"
+
+
+def compact_shape(layer: LayerInfo) -> str:
+    """K and V in one short cell: 'K=V 3×125×64' (batch 1 left out, K and V alike), 'K 1×12×16 V 1×12×8',
+    'K=V b2 2×37×16' (batch 2); a layer without K/V its states ('conv 128×4, recurrent 4×16×16')."""
+    if not layer.k_shape:
+        k_text, v_text = state_cells(layer)
+        return k_text if v_text == "-" else f"{k_text}, {v_text}"
+    k, v = tuple(layer.k_shape), tuple(layer.v_shape)
+    batch = ""
+    if len(k) == 4 and len(v) == 4 and k[0] == v[0]:
+        batch = "" if k[0] == 1 else f"b{k[0]} "
+        k, v = k[1:], v[1:]
+    if k == v:
+        return f"K=V {batch}{format_shape(k)}"
+    return f"K {batch}{format_shape(k)} V {format_shape(v)}"
+
+
+def shape_summary(snapshot: StepSnapshot | None) -> str:
+    """Every layer's K/V shape in one line, layers of one kind and shape counted together:
+    '30 full K=V 3×125×64', '3 sliding K=V 2×7×16 · 1 full K=V 2×12×16'. O(layers)."""
+    if snapshot is None or not snapshot.layers:
+        return ""
+    groups: dict[tuple[str, str], int] = {}
+    for layer in snapshot.layers:
+        key = (format_kind(layer), compact_shape(layer))
+        groups[key] = groups.get(key, 0) + 1
+    return " · ".join(f"{n} {kind} {shape}" for (kind, shape), n in groups.items())
 
 
 def layer_cells(layer: LayerInfo, palette: Palette | None = None) -> tuple[Text, ...]:
@@ -189,6 +222,7 @@ class LayersPane(Vertical):
         self.border_title = "layers"
         self._snapshot: StepSnapshot | None = None
         self._rows: list[LayerRow] = []
+        self._shown_columns: list[int] = list(range(len(COLUMNS)))  # what the table has, by index
         self._query_heads: int | None = None
         self._kv_heads: int | None = None
         self._selected: int | None = None
@@ -243,10 +277,37 @@ class LayersPane(Vertical):
 
     # -- internals ------------------------------------------------------------------------------
 
+    def on_resize(self) -> None:
+        if self._ready:
+            self._refresh_table()
+
+    def _display_columns(self, rows: list[LayerRow]) -> list[int]:
+        """Every column when they fit the pane; else the compact K·V column and what else fits (PRIORITY)."""
+        width = self.content_size.width
+        labels = [label for _, label in (*COLUMNS, COMPACT_COLUMN)]
+        cells = [row.cells for row in rows]
+        if width <= 0:
+            return list(range(len(COLUMNS)))
+        full = fit_columns(labels[: len(COLUMNS)], [c[: len(COLUMNS)] for c in cells], range(len(COLUMNS)), width - 1)
+        if len(full) == len(COLUMNS):
+            return full
+        return fit_columns(labels, cells, PRIORITY, width - 1)
+
     def _refresh_table(self, force: bool = False) -> None:
-        new_rows = layer_rows(self._snapshot, self._palette)
+        new_rows = [row._replace(cells=(*row.cells, Text(compact_shape(layer))))
+                    for row, layer in zip(layer_rows(self._snapshot, self._palette),
+                                          self._snapshot.layers if self._snapshot else ())]
+        shown = self._display_columns(new_rows)
+        all_columns = (*COLUMNS, COMPACT_COLUMN)
+        table = self.table
+        if shown != self._shown_columns:
+            table.clear(columns=True)
+            for i in shown:
+                table.add_column(all_columns[i][1], key=all_columns[i][0])
+            self._shown_columns, self._rows, force = shown, [], True
+        new_rows = [row._replace(cells=tuple(row.cells[i] for i in shown)) for row in new_rows]
         decoding = self._snapshot is not None and self._snapshot.phase == "decode"
-        update_rows(self.table, self._rows, new_rows, [key for key, _ in COLUMNS], force=force, widen_only=decoding)
+        update_rows(table, self._rows, new_rows, [all_columns[i][0] for i in shown], force=force, widen_only=decoding)
         self._rows = new_rows
         self._update_totals()
         self._sync_selection(post=True)

@@ -60,3 +60,19 @@ def update_rows(
         table.add_row(*row.cells, key=row.key)
     if new:
         table.move_cursor(row=min(max(cursor, 0), len(new) - 1), scroll=False)
+
+
+def fit_columns(labels: Sequence[str], rows: Sequence[Sequence[Text]], priority: Sequence[int], width: int) -> list[int]:
+    """The column indices to show in `width` cells: every column when all fit, else the columns of `priority`
+    (most important first) that fit, in their table order. A DataTable column takes its widest cell (or label)
+    plus one cell of padding on each side. O(rows × columns)."""
+    need = [max([len(label), *(row[i].cell_len for row in rows)]) + 2 for i, label in enumerate(labels)]
+    if sum(need) <= width:
+        return list(range(len(labels)))
+    chosen: list[int] = []
+    used = 0
+    for i in priority:
+        if used + need[i] <= width or not chosen:
+            chosen.append(i)
+            used += need[i]
+    return sorted(chosen)

@@ -11,6 +11,10 @@ row `r` holds buffer indices `r * cols .. r * cols + cols - 1`, the virtual heig
 * `render_line(y)` reads only the `cols` tokens of the row at `scroll_y + y`.
 * Selection, clicks and key moves are arithmetic on the grid.
 
+Special tokens are never cut: the cell width grows to the widest special token piece seen (up to
+SPECIAL_CELL), found among the newest SCAN_NEW tokens at each `show` and among the tokens of every row drawn
+(a wider one drawn relayouts the grid once). Ordinary pieces are cut with `…` as before.
+
 After the last token comes a ghost cell: `▌` plus the pending (chosen, not yet cached) token, in the
 cursor style, at `snapshot.cursor`.
 """
@@ -41,6 +45,8 @@ CURSOR_GLYPH = "▌"
 ELLIPSIS = "…"
 SEPARATOR = "│"
 MIN_CELL, MAX_CELL = 4, 25  # cell width incl. separator: a piece shows at most 24 cells
+SPECIAL_CELL = 33  # the grid widens up to this for a special token, so `<|start_header_id|>` is never cut
+SCAN_NEW = 1024  # newest tokens a show() looks at for special-token widths (the rest: when they are drawn)
 ATTENTION_LEVELS = 8  # attention weights are quantized so shaded styles stay cacheable
 
 
@@ -209,6 +215,8 @@ class TokenBufferPane(ScrollView, can_focus=True):
         self._selected: int | None = None
         self._selected_layer: int | None = None
         self._attention: Sequence[float] | None = None
+        self._special_width = 0  # cells of the widest special token piece seen in this buffer
+        self._scanned = 0  # buffer tokens looked at for it
         self._grid = self._compute_grid(0)
         self._height = 0
         self._styles: dict[tuple, Style] = {}
@@ -263,6 +271,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
         selected = self._selected
         follow = selected is None or selected >= old_count - 1
         clamped = False
+        self._scan_specials(snapshot, count)
         if count == 0:
             self._selected = None
         elif selected is not None and (selected >= count or (follow and count > old_count)):
@@ -275,6 +284,19 @@ class TokenBufferPane(ScrollView, can_focus=True):
         elif clamped:
             self._scroll_to_index(count - 1)
         self._update_subtitle()
+
+    def _scan_specials(self, snapshot: StepSnapshot | None, count: int) -> None:
+        """Widen for the special tokens among the newest SCAN_NEW tokens not looked at yet. O(SCAN_NEW)."""
+        if count == 0:
+            self._special_width = self._scanned = 0
+            return
+        start = max(min(self._scanned, count), count - SCAN_NEW)
+        buffer = snapshot.buffer  # type: ignore[union-attr]
+        for index in range(start, count):
+            token = buffer[index]
+            if token.special:
+                self._special_width = max(self._special_width, cell_len(display_piece(token.piece)))
+        self._scanned = count
 
     def show_buffer(self, buffer: Sequence[BufferToken], cursor: int | None = None, last_forward_count: int = 0,
                     pending_text: str | None = None, layers: tuple[LayerInfo, ...] = ()) -> None:
@@ -336,7 +358,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
             largest = max(largest, snapshot.buffer[-1].position)  # type: ignore[union-attr]
         digits = max(4, len(str(largest)))
         gutter = digits + 1
-        cell = self._cell_width
+        cell = max(self._cell_width, min(SPECIAL_CELL, self._special_width + 1))
         cols = max(1, (width - gutter) // cell)
         slots = count + 1 if count else 0
         rows = max(1, -(-slots // cols))
@@ -443,6 +465,10 @@ class TokenBufferPane(ScrollView, can_focus=True):
         attention_len = len(attention) if attention is not None else 0
 
         tokens = [buffer[i] for i in range(first, stop)]
+        wider = max((cell_len(display_piece(t.piece)) for t in tokens if t.special), default=0)
+        if wider > self._special_width and grid.cell < SPECIAL_CELL:  # a special token the scan did not see
+            self._special_width = wider
+            self.call_later(self._relayout)
         gutter_position = tokens[0].position if tokens else snapshot.cursor
         segments = [Segment(f"{gutter_position:>{grid.digits}} ", self._style(("token-buffer--gutter",)))]
         for index, token in enumerate(tokens, first):

@@ -22,13 +22,16 @@ from kvtui.engine.snapshot import StepSnapshot, TopToken
 from kvtui.fmt import token_text
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
-from kvtui.widgets.table_rows import update_rows
+from kvtui.widgets.table_rows import fit_columns, update_rows
 
 Mode = Literal["processed", "raw"]
 MODES: tuple[Mode, Mode] = ("processed", "raw")
 
 BAR_WIDTH = 12
 PIECE_WIDTH = 24
+MIN_PIECE_WIDTH = 6
+# columns a narrow pane keeps, most important first: the token and its probability before the rest
+PRIORITY = (0, 2, 4, 1, 5, 3, 6, 7)
 CHOSEN_MARK = "▶"
 WATCHED_MARK = "◇"
 
@@ -94,10 +97,11 @@ def _cells(
     watched_row: bool,
     is_watched: bool,
     palette: Palette | None,
+    piece_width: int = PIECE_WIDTH,
 ) -> tuple[Text, ...]:
     bold = "bold" if chosen else ""
     mark = (CHOSEN_MARK if chosen else " ") + (WATCHED_MARK if is_watched else " ")
-    piece = format_piece(token.text)
+    piece = format_piece(token.text, piece_width)
     if chosen and forced:
         piece += " (forced)"
     bar_role = "accent" if chosen else "muted" if watched_row else "primary"
@@ -114,8 +118,9 @@ def _cells(
     )
 
 
-def topk_rows(snapshot: StepSnapshot | None, mode: Mode = "processed", palette: Palette | None = None) -> list[TopKRow]:
-    """The top-k rows of `mode` then one row per watched token. O(k + watched)."""
+def topk_rows(snapshot: StepSnapshot | None, mode: Mode = "processed", palette: Palette | None = None,
+              piece_width: int = PIECE_WIDTH) -> list[TopKRow]:
+    """The top-k rows of `mode` then one row per watched token (pieces cut to `piece_width`). O(k + watched)."""
     if snapshot is None:
         return []
     shown, other = (
@@ -129,12 +134,12 @@ def topk_rows(snapshot: StepSnapshot | None, mode: Mode = "processed", palette: 
     for i, token in enumerate(shown):
         rank = token.rank or i + 1
         cells = _cells(token, rank, other=other_by_id.get(token.id), chosen=token.id == chosen_id, forced=forced,
-                       watched_row=False, is_watched=token.id in watched_ids, palette=palette)
+                       watched_row=False, is_watched=token.id in watched_ids, palette=palette, piece_width=piece_width)
         rows.append(TopKRow(f"top-{i}", token, False, cells))
     # Watched tokens are measured on the processed distribution; their rank is their own.
     for i, token in enumerate(snapshot.watched):
         cells = _cells(token, token.rank, other=None, chosen=token.id == chosen_id, forced=forced,
-                       watched_row=True, is_watched=True, palette=palette)
+                       watched_row=True, is_watched=True, palette=palette, piece_width=piece_width)
         rows.append(TopKRow(f"watch-{i}", token, True, cells))
     return rows
 
@@ -206,6 +211,7 @@ class TopKPane(Vertical):
         self._mode: Mode = mode
         self._snapshot: StepSnapshot | None = None
         self._rows: list[TopKRow] = []
+        self._shown_columns: list[int] = list(range(len(columns(mode))))  # what the table has, by index
         self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
         self._ready = False
 
@@ -251,6 +257,7 @@ class TopKPane(Vertical):
             cursor = table.cursor_row
             table.clear(columns=True)
             self._add_columns(table)
+            self._shown_columns = list(range(len(columns(mode))))
             self._rows = []
             self._refresh(cursor=cursor)
 
@@ -281,10 +288,30 @@ class TopKPane(Vertical):
 
     # -- internals ------------------------------------------------------------------------------
 
+    def on_resize(self) -> None:
+        if self._ready:
+            self._refresh()
+
     def _refresh(self, force: bool = False, cursor: int | None = None) -> None:
-        new_rows = topk_rows(self._snapshot, self._mode, self._palette)
+        """Show the step's rows in the columns that fit the pane: a narrow pane keeps the token and its
+        probability (PRIORITY) and cuts long pieces shorter; a wide one shows every column."""
+        width = self.content_size.width
+        piece_width = PIECE_WIDTH if width <= 0 else max(MIN_PIECE_WIDTH, min(PIECE_WIDTH, width - 18))
+        new_rows = topk_rows(self._snapshot, self._mode, self._palette, piece_width)
+        all_columns = columns(self._mode)
+        shown = (list(range(len(all_columns))) if width <= 0 else
+                 fit_columns([label for _, label in all_columns], [r.cells for r in new_rows], PRIORITY, width - 1))
+        table = self.table
+        if shown != self._shown_columns:
+            cursor = table.cursor_row if cursor is None else cursor
+            table.clear(columns=True)
+            for i in shown:
+                key, label = all_columns[i]
+                table.add_column(label, key=key)
+            self._shown_columns, self._rows, force = shown, [], True
+        new_rows = [row._replace(cells=tuple(row.cells[i] for i in shown)) for row in new_rows]
         decoding = self._snapshot is not None and self._snapshot.phase == "decode"
-        update_rows(self.table, self._rows, new_rows, [key for key, _ in columns(self._mode)], force=force,
+        update_rows(table, self._rows, new_rows, [all_columns[i][0] for i in shown], force=force,
                     widen_only=decoding, cursor=cursor)
         self._rows = new_rows
         self.query_one("#topk-header", LiveText).show_text(render_header(self._snapshot, self._mode, self._palette))

@@ -453,52 +453,77 @@ def test_diagnostic_helpers():
     assert title_for(severity_counts([])) == "diagnostics"
 
 
-async def test_diagnostics_pane_append_rebuild_and_jump():
+async def test_diagnostics_pane_groups_leads_with_the_cause_and_jumps():
     app = HostApp()
     async with app.run_test(size=(120, 40)) as pilot:
         pane = app.query_one(DiagnosticsPane)
-        all_diags = make_diagnostics(6, start_step=10)
+        all_diags = make_diagnostics(6, start_step=10)  # steps 10..15: info, warning, error, info, warning, error
         pane.show_diagnostics(all_diags[:3])
         await pilot.pause()
         table = pane.table
         assert table.row_count == 3
-        assert plain(table.get_row_at(2)) == ["12", "error", "CODE_2", "message number 2"]
+        # errors first, then warnings, then info; each a group of one: code, step, severity, first message
+        assert plain(table.get_row_at(0)) == ["  CODE_2", "12", "error", "message number 2"]
+        assert [plain(table.get_row_at(r))[2] for r in range(3)] == ["error", "warning", "info"]
         assert pane.border_title == "diagnostics · 1 error · 1 warning · 1 info"
         assert pane.has_class("-errors")
+        # the first-fired error or warning is selected and shown in full: CODE_1 (warning, step 11) before CODE_2
+        assert pane.selected_diagnostic == all_diags[1]
+        assert "message number 1" in static_text(pane.query_one("#diagnostics-detail"))
         keys = [r.key for r in table.ordered_rows]
 
-        # append-only: the three shown rows keep their keys (same objects), three are added
-        pane.show_diagnostics(all_diags)
+        # the same list again: nothing changes
+        pane.show_diagnostics(list(all_diags[:3]))
+        await pilot.pause()
+        assert [r.key for r in table.ordered_rows] == keys
+
+        # repeats of a code fold into its group: one row, count, first and last step
+        repeats = [*all_diags[:3], Diagnostic("CODE_1", "warning", "again", 20), Diagnostic("CODE_1", "warning", "more", 38)]
+        pane.show_diagnostics(repeats)
+        await pilot.pause()
+        assert table.row_count == 3 and [r.key for r in table.ordered_rows] == keys  # rows updated in place
+        row = plain(table.get_row_at(1))
+        assert row[0] == "▸ CODE_1 ×3" and row[1] == "11–38" and row[3] == "message number 1"
+        assert "CODE_1 ×3, steps 11–38" in static_text(pane.query_one("#diagnostics-detail"))
+
+        # x expands the highlighted group into its alarms, and folds it again
+        table.focus()
+        table.move_cursor(row=1)
+        await pilot.pause()
+        await pilot.press("x")
         await pilot.pause()
         assert table.row_count == 6
-        now = [r.key for r in table.ordered_rows]
-        assert all(a is b for a, b in zip(now[:3], keys))
-        assert table.cursor_row == 5  # followed the tail
-        assert "message number 5" in static_text(pane.query_one("#diagnostics-detail"))
-        assert pane.border_title == "diagnostics · 2 errors · 2 warnings · 2 info"
-
-        # same list again: nothing changes
-        pane.show_diagnostics(list(all_diags))
+        assert [plain(table.get_row_at(r))[1] for r in (2, 3, 4)] == ["11", "20", "38"]
+        assert plain(table.get_row_at(1))[0].startswith("▾")
+        # enter on an alarm of the group jumps to its step; on the group row to its first step
+        table.move_cursor(row=3)
         await pilot.pause()
-        assert [r.key for r in table.ordered_rows] == now and table.row_count == 6
-
-        # enter on a row posts JumpTo with its step
-        table.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.jumps[-1] == (20, repeats[3])
+        assert table.tooltip == "again"
         table.move_cursor(row=1)
         await pilot.pause()
         await pilot.press("enter")
         await pilot.pause()
-        assert app.jumps == [(11, all_diags[1])]
-        assert pane.selected_diagnostic == all_diags[1]
-        assert table.tooltip == "message number 1"
+        assert app.jumps[-1] == (11, all_diags[1])
+        await pilot.press("x")
+        await pilot.pause()
+        assert table.row_count == 3
 
-        # shorter (a reset): rebuilt
+        # the whole list: 2 errors, 2 warnings, 2 info in 6 groups
+        pane.show_diagnostics(all_diags)
+        await pilot.pause()
+        assert table.row_count == 6 and pane.border_title == "diagnostics · 2 errors · 2 warnings · 2 info"
+        assert [plain(table.get_row_at(r))[0].strip() for r in range(6)] == [
+            "CODE_2", "CODE_5", "CODE_1", "CODE_4", "CODE_0", "CODE_3"]
+
+        # shorter (a reset): rebuilt, the leading alarm selected again
         reset = make_diagnostics(2, start_step=1)
         pane.show_diagnostics(reset)
         await pilot.pause()
         assert table.row_count == 2
-        assert not any(a is b for a, b in zip((r.key for r in table.ordered_rows), keys))
-        assert plain(table.get_row_at(0))[0] == "1"
+        assert plain(table.get_row_at(0))[1] == "2" and pane.selected_diagnostic == reset[1]
         assert pane.border_title == "diagnostics · 1 warning · 1 info" and not pane.has_class("-errors")
 
         pane.show_diagnostics([])
@@ -506,6 +531,24 @@ async def test_diagnostics_pane_append_rebuild_and_jump():
         assert table.row_count == 0 and pane.border_title == "diagnostics"
         pane.show(make_snapshot())  # accepted, no-op
         assert not app.stray
+
+
+def test_group_diagnostics_and_leading_group():
+    from kvtui.engine.diagnostics import group_diagnostics, group_summary, leading_group
+
+    found = [Diagnostic("ignored-argument", "warning", "cache_position ignored", step) for step in range(2, 39, 4)]
+    found.insert(1, Diagnostic("pad-in-cache", "warning", "4 pad tokens", 3))
+    found.append(Diagnostic("cursor-mismatch", "error", "cursor 5 vs 9", 7))
+    found.append(Diagnostic("recomputed-prefix", "info", "re-encoded 9 tokens DynamicCache#1 held", 9))
+    found.append(Diagnostic("recomputed-prefix", "info", "re-encoded 9 tokens DynamicCache#2 held", 12))
+    groups = group_diagnostics(found)
+    assert [(g.code, g.count) for g in groups] == [("cursor-mismatch", 1), ("ignored-argument", 10), ("pad-in-cache", 1),
+                                                   ("recomputed-prefix", 1), ("recomputed-prefix", 1)]
+    assert groups[1].headline() == "ignored-argument ×10, steps 2–38"
+    assert groups[3].cache == "DynamicCache#1" and groups[4].cache == "DynamicCache#2"  # by code and cache
+    assert leading_group(groups).code == "ignored-argument"  # fired first (step 2) of the errors and warnings
+    assert group_summary(groups[0]).startswith("step    7  cursor-mismatch, step 7  cursor 5 vs 9")
+    assert leading_group([]) is None
 
 
 async def test_panes_accept_snapshots_before_mount():

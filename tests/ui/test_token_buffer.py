@@ -167,19 +167,21 @@ async def test_special_origin_last_forward_and_cursor_styles():
         pane.show(make_snapshot(tokens, fed=2, chosen="delta"))
         await pilot.pause()
         text = pane.render_line(0).text
-        assert "<|im_sta…" in text and "↵" in text  # truncated, newline shown
+        assert "<|im_start|>" in text and "↵" in text  # a special token whole (issue 26), newline shown
+        assert pane._grid.cell == len("<|im_start|>") + 1  # the grid widened for it
 
-        special = segment_for(pane, 0, "<|im_sta")
+        special = segment_for(pane, 0, "<|im_start|>")
         template = segment_for(pane, 0, "user")
         assert special.style != template.style
         assert special.style.bold and not template.style.bold
         # origins are told apart by colour
         user = segment_for(pane, 0, "hello")
-        alpha = segment_for(pane, 0, "alpha")
+        alpha = segment_for(pane, 6 // pane._grid.cols, "alpha")
         assert user.style.color != alpha.style.color != template.style.color
         # the last forward (2 tokens fed: beta, gamma) is highlighted, alpha is not
-        beta = segment_for(pane, 0, "beta")
-        gamma = segment_for(pane, 0, "gamma")
+        row = 7 // pane._grid.cols  # the grid widened for <|im_start|>: beta and gamma may sit on the next row
+        beta = segment_for(pane, row, "beta")
+        gamma = segment_for(pane, 8 // pane._grid.cols, "gamma")
         assert beta.style == gamma.style
         assert beta.style.bgcolor != alpha.style.bgcolor
         assert beta.style.color == alpha.style.color  # same origin colour, different background
@@ -450,3 +452,30 @@ async def test_show_buffer_without_a_snapshot():
         assert "w0" in text and "w11" in text and "▌zz" in text
         assert segment_for(pane, 0, "w7").style.strike and not segment_for(pane, 0, "w8").style.strike
         assert "next pos 12" in pane.border_title
+
+
+async def test_special_tokens_are_never_cut_even_far_from_the_tail():
+    """The newest tokens are scanned at show (O(SCAN_NEW)); an older special token widens the grid when its row
+    is drawn, so on screen it is whole; a reset narrows the grid back."""
+    from kvtui.widgets.token_buffer import SCAN_NEW
+
+    app = Host()
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.query_one(TokenBufferPane)
+        header = BufferToken(0, 9, "<|start_header_id|>", True, "template", 1)
+        tokens = [header, *make_tokens(SCAN_NEW + 500, start_position=1)]
+        buffer = CountingBuffer(tokens)
+        pane.show(make_snapshot(buffer))
+        await pilot.pause()
+        assert buffer.reads < 5_000 and pane._grid.cell == pane.cell_width  # not seen yet: ordinary cells
+        pane.scroll_home(animate=False, immediate=True)
+        await pilot.pause()
+        lines(pane)  # drawn: the row holding it widens the grid
+        await pilot.pause()
+        assert pane._grid.cell == len("<|start_header_id|>") + 1
+        assert "<|start_header_id|>" in lines(pane)[0]
+        pane.show(make_snapshot([]))
+        await pilot.pause()
+        pane.show(make_snapshot(make_tokens(3)))
+        await pilot.pause()
+        assert pane._grid.cell == pane.cell_width

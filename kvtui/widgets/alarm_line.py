@@ -1,0 +1,62 @@
+"""The alarm line: the alarm that explains the bug first, in one line, where the diagnostics pane is folded.
+
+`render_alarm(groups)` is pure (testable without an App): the leading group (`engine.diagnostics.leading_group`:
+the first-fired error or warning) with its count and steps and its first message, then how many other
+groups there are and the key that unfolds the diagnostics pane.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.text import Text
+
+from kvtui.engine.diagnostics import DiagnosticGroup, leading_group
+from kvtui.fmt import one_line
+from kvtui.widgets.live_text import LiveText
+from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+
+MARKS = {"error": "✗", "warning": "▲", "info": "i"}
+
+
+def render_alarm(groups: Sequence[DiagnosticGroup], palette: Palette | None = None, key: str = "F6") -> Text:
+    """'▲ pad-in-cache, step 12: 4 pad tokens … · +2 more alarms (F6)'; 'no alarms' when there are none."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    lead = leading_group(groups)
+    if lead is None:
+        text.append("no alarms", style=role_style(palette, "muted"))
+        return text
+    role = {"error": "error", "warning": "warning"}.get(lead.severity, "info")
+    text.append(f"{MARKS.get(lead.severity, '?')} {lead.headline()}", style=role_style(palette, role, "bold"))
+    others = len(groups) - 1
+    if others:
+        text.append(f" · +{others} more ({key})", style=role_style(palette, "muted"))
+    text.append(": ")
+    text.append(one_line(lead.first.message))
+    return text
+
+
+class AlarmLine(LiveText):
+    """One line above the status bar; the app shows it while the diagnostics pane is folded."""
+
+    DEFAULT_CSS = """
+    AlarmLine { height: 1; padding: 0 1; background: $panel; }
+    """
+
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(render_alarm(()), name=name, id=id, classes=classes)
+        self._groups: Sequence[DiagnosticGroup] = ()
+        self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
+
+    def on_mount(self) -> None:
+        self._palette = theme_palette(self.app)
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        self.show_groups(self._groups)
+
+    def _theme_changed(self, _theme) -> None:
+        self._palette = theme_palette(self.app)
+        self.show_groups(self._groups)
+
+    def show_groups(self, groups: Sequence[DiagnosticGroup]) -> None:
+        self._groups = groups
+        self.show_text(render_alarm(groups, self._palette))
