@@ -195,6 +195,7 @@ def _run_command(executable: str, command: str, args: list[str], env: dict, err)
 
 def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
     from ..engine import tree
+    from ..engine.diagnostics import group_diagnostics, group_last, group_summary
     from ..engine.recorder import failing
     from ..engine.snapshot import Diagnostic
     from ..fmt import printable
@@ -217,10 +218,13 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
                       if r["type"] == "step" and r.get("layers") and r["layers"][0].get("k_shape")), "")
         click.echo(f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(run.models) or '?')}"
                    f"{heads if run.world_size else ''} · {printable(' '.join(run.argv))}{state}", file=err)
-        for d in run.diagnostics:
-            alarms.append(Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)))
-            click.echo(f"{d['severity']:>7} {run.name} step {d.get('step', 0):>4}  {d['code']}  "
-                       f"{printable(d['message'])}", file=err)
+        found = [Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)) for d in run.diagnostics]
+        alarms += found
+        for group in group_diagnostics(found):  # one line per code and cache, errors first (as for a program)
+            click.echo(f"{group.severity:>7} {run.name} {printable(group_summary(group))}", file=err)
+            last = group_last(group)
+            if last is not None:
+                click.echo(f"        {printable(last)}", file=err)
     merged = tree.shards(runs)
     if merged:
         click.echo(f"  tensor-parallel shards, merged: {merged}", file=err)
