@@ -22,14 +22,29 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
+def _print_version(ctx, _param, value):
+    if not value or ctx.resilient_parsing:
+        return
+    from .engine.support import version_line
+
+    click.echo(f"kvtui {__version__}, {version_line()}")
+    ctx.exit()
+
+
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="kvtui")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show kvtui's version and the transformers it runs on (tested or not), then exit.")
 def main():
     """kvtui: inspect the live KV cache of a transformers causal LM while it chats.
 
     `kvtui [MODEL]` opens the TUI (MODEL: a local directory or a hub id already in the local cache;
     none = the embedded SmolLM2-135M-Instruct). `kvtui [MODEL] --headless --script FILE` runs a script.
     """
+    from .engine.support import warning_line
+
+    warning = warning_line()
+    if warning:  # outside the tested range: one line at start, then on as usual
+        click.echo(warning, err=True)
 
 
 @main.command("run")
