@@ -123,6 +123,15 @@ def main() -> int:
     results["watch_tiny"] = b_watch.bench(tiny.model, tiny.tokenizer, n_new=200, repeats=2 if q else 5)
     loads["5. watch"] = section.stop()
 
+    # ---- 7. the live notebook view (a real kernel: its own process, SmolLM2 loaded there) -----------------
+    log("7. live notebook view: watched vs watched + display='live' in a real kernel (SmolLM2)")
+    import b_notebook
+
+    section = BackgroundLoad().start()
+    results["notebook"] = b_notebook.bench("embedded", tokens=24 if q else 48, repeats=3 if q else 5)
+    log(b_notebook.describe(results["notebook"]))
+    loads["7. notebook"] = section.stop()
+
     # ---- 6. step cost, part by part (issue: inspection at GPU speed) ------------------------------------
     log("6. step cost: µs per step by part, engine and watch; Python-bound ratios on a 3-layer tiny llama")
     section = BackgroundLoad().start()
@@ -298,6 +307,32 @@ def watch_report(r: dict) -> list[str]:
         f"{fmt_stat(r['watch_tiny']['watched_ratio'], 3)} (this is the per-step cost issue 'Inspection at GPU speed' "
         "works on).",
     ] if r.get("watch_tiny") else [])
+
+
+def notebook_report(r: dict) -> list[str]:
+    import b_notebook
+
+    n = r.get("notebook")
+    if not n:
+        return []
+    ms, ratio = n["ms_per_token"], n["ratio_live_vs_watched"]
+    return [
+        "", "## 7. The live notebook view (`kvtui.watch(..., display=\"live\")`)", "",
+        f"The same hand-written decode loop in a real Jupyter kernel (nbclient + ipykernel; {n['model']}, "
+        f"{n['tokens']} tokens, {n['repeats']} repeats, the three variants interleaved per repeat): unwatched, watched "
+        "with no display, watched with the live view redrawing one output in place.", "",
+        "| variant | ms per token | ratio |", "|---|---|---|",
+        f"| unwatched | {fmt_stat(ms['plain'], 1)} | {fmt_stat(n['ratio_watched_vs_plain'], 3)} (watched / unwatched) |",
+        f"| watched, no display | {fmt_stat(ms['watched'], 1)} | 1 |",
+        f"| watched, display=\"live\" | {fmt_stat(ms['live'], 1)} | {fmt_stat(ratio, 3)} (live / watched) |", "",
+        f"Redraws: {fmt_stat(n['updates_per_loop'], 1)} per loop ({fmt_stat(n['updates_per_s'], 2)} a second), "
+        f"{fmt_stat(n['render_ms_per_loop'], 0)} ms of drawing and publishing per loop on the model's thread "
+        f"({fmt_stat(n['draw_share'], 3)} of the loop's wall time). CPU time of the kernel process (all threads, "
+        f"IOPub's included) live / watched: {fmt_stat(n['cpu_ratio_live_vs_watched'], 3)}. "
+        f"Greedy tokens identical: {n['same_tokens']}. Target live / watched ≤ 1.05 (wall clock): "
+        f"{_verdict(ratio['median'] <= 1.05)}.",
+        "", "`" + b_notebook.describe(n) + "`",
+    ]
 
 
 def step_cost_report(r: dict) -> list[str]:
@@ -636,6 +671,7 @@ def report(r: dict) -> str:
     add(findings(r))
     lines += watch_report(r)
     lines += step_cost_report(r)
+    lines += notebook_report(r)
     return "\n".join(lines) + "\n"
 
 

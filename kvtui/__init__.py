@@ -1,11 +1,72 @@
 """kvtui: a terminal inspector for the live KV cache of Hugging Face transformers models."""
 
+import sys
+
 from ._version import __version__  # noqa: F401  (one place, read by the engine too)
 
+DISPLAYS = (None, "live")
 
-def watch(model, tokenizer=None, trace=None, **options):
+
+def watch(model, tokenizer=None, trace=None, *, display=None, **options):
     """Watch a model's forwards from your own code: `with kvtui.watch(model, tokenizer, trace="run.jsonl"): ...`
-    (see kvtui.engine.probe.watch). Imported lazily: `import kvtui` stays free of torch."""
+    (see kvtui.engine.probe.watch). Imported lazily: `import kvtui` stays free of torch.
+
+    In a notebook the handle shows itself (the newest step, every alarm); `display="live"` also draws one output
+    per cell that follows the model while generate() or a loop runs, a few times a second (kvtui.notebook)."""
+    if display not in DISPLAYS:
+        raise ValueError(f"display must be None or 'live', not {display!r}")
+    live = None
+    if display == "live":
+        from .notebook import LiveDisplay
+
+        live = LiveDisplay()
+        user_callback = options.pop("on_snapshot", None)
+        if user_callback is None:
+            options["on_snapshot"] = live
+        else:
+            def both(snapshot, _user=user_callback, _live=live):
+                _user(snapshot)
+                _live(snapshot)
+
+            options["on_snapshot"] = both
     from .engine.probe import watch as _watch
 
-    return _watch(model, tokenizer, trace, **options)
+    watcher = _watch(model, tokenizer, trace, **options)
+    if live is not None:
+        live.bind(watcher)
+    return watcher
+
+
+def replay(path):
+    """A recorded trace, every step rebuilt (kvtui.engine.replay.Replay); in a notebook it shows its last step."""
+    from .engine.replay import Replay
+    from .engine.trace import read_trace
+
+    return Replay(read_trace(path))
+
+
+def _register_notebook_formatters() -> None:
+    """In IPython (Jupyter, VS Code, Colab), show kvtui's objects as HTML. Only when IPython is already loaded:
+    nothing is imported here, and the formatters import kvtui.notebook the first time an object is shown."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return
+    try:
+        shell = ipython.get_ipython()
+        if shell is None:
+            return
+        formatter = shell.display_formatter.formatters["text/html"]
+    except Exception:  # noqa: BLE001  an IPython without the usual formatters: plain reprs
+        return
+    for module, name in (("kvtui.engine.snapshot", "StepSnapshot"), ("kvtui.engine.probe", "Watcher"),
+                         ("kvtui.engine.replay", "Replay")):
+        formatter.for_type_by_name(module, name, _html)
+
+
+def _html(obj):
+    from .notebook import html
+
+    return html(obj)
+
+
+_register_notebook_formatters()

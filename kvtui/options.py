@@ -24,9 +24,11 @@ class OptionError(ValueError):
 def session_options(func):
     """The model, cache and sampler options shared by the TUI and the headless runner."""
     options = [
-        click.option("--cache", type=click.Choice(["dynamic", "static", "quantized", "offloaded"]), default="dynamic",
-                     show_default=True, help="Cache kind: DynamicCache(config=...), StaticCache, QuantizedCache, "
-                     "or DynamicCache(offloading=True)."),
+        click.option("--cache", type=click.Choice(["dynamic", "static", "quantized", "offloaded", "none"]),
+                     default="dynamic", show_default=True,
+                     help="Cache kind: DynamicCache(config=...), StaticCache, QuantizedCache, "
+                     "DynamicCache(offloading=True), or none (no cache: every step a full forward over the whole "
+                     "context, use_cache=False)."),
         click.option("--cache-bits", type=click.Choice(["2", "4"]), default="4", show_default=True,
                      help="Quantized cache: bits per value."),
         click.option("--cache-backend", type=click.Choice(["quanto", "hqq", "fp8"]), default="quanto", show_default=True,

@@ -77,7 +77,7 @@ def test_kvtui_imports_from_the_venv_with_its_data(installed):
     assert Path(package_file).resolve().is_relative_to(venv), f"kvtui came from {package_file}, not the venv"
     assert not Path(package_file).resolve().is_relative_to(ROOT)
     assert Path(themes_dir).is_dir() and not Path(themes_dir).is_symlink()  # copied into the wheel
-    assert {"eos-appended.json", "seed-conversation.trace.jsonl"} <= set(samples)
+    assert {"eos-appended.json", "seed-conversation.trace.jsonl", "cache-pitfalls.ipynb"} <= set(samples)
 
 
 def test_version_samples_and_copy(installed):

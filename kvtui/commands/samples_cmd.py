@@ -15,7 +15,7 @@ import click
 from ..fmt import one_line
 from ..locations import shipped
 
-SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".txt")
+SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".txt", ".ipynb")
 
 
 def _files():
@@ -61,6 +61,10 @@ def samples(ctx: click.Context) -> None:
     for sample in files:
         if sample.name.endswith(".trace.jsonl"):
             click.echo(f"{sample.name}\n    a recorded trace: kvtui replay {sample.name}")
+            continue
+        if sample.name.endswith(".ipynb"):
+            click.echo(f"{sample.name}\n    a notebook: the cache pitfalls with kvtui's inline view "
+                       "(pip install 'kvtui[notebook]', then open it in Jupyter, VS Code or Colab)")
             continue
         model, shows, raises = _describe(sample)
         click.echo(f"{sample.name}  [{one_line(model)}]  raises: {one_line(raises)}")

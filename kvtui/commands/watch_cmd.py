@@ -55,14 +55,13 @@ def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_to
             sys.exit(2)
         if connect is not None and not token:
             raise click.BadParameter("--connect needs the --token the viewer printed", param_hint="--token")
-        if not headless and connect is None:
-            click.echo("kvtui watch -- COMMAND: only --headless watches a command's process tree so far "
-                       "(a script or -m MODULE opens the TUI)", err=True)
-            sys.exit(2)
         if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
             raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
-        sys.exit(run_tree_headless(executable, target, list(args), trace_path, fail_on, show_top, listen, connect,
-                                   token))
+        if headless or connect is not None:
+            sys.exit(run_tree_headless(executable, target, list(args), trace_path, fail_on, show_top, listen,
+                                       connect, token))
+        sys.exit(run_tree_tui(executable, target, list(args), trace_path, show_top, listen, paused, break_on_alarm,
+                              theme))
     if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
         raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
     if not headless:
@@ -109,6 +108,31 @@ def _is_script(target: str) -> bool:
     """A Python file run as `python FILE` (as before): a .py file, or any file that is not an executable."""
     path = Path(target)
     return path.is_file() and (path.suffix == ".py" or not os.access(path, os.X_OK))
+
+
+def run_tree_tui(executable: str, command: str, args: list[str], trace_path, top_k: int, listen: str | None,
+                 paused: bool, break_on_alarm: bool, theme: str) -> int:
+    """The watch TUI over a command's tree: every watched process's steps in one timeline (M picks one
+    process), pause / step / run / break on alarm for all of them at once, the command's output and stdin."""
+    from ..engine.tree_source import TreeSource
+    from ..themes import theme_error
+    from ..watch_app import WatchApp
+
+    if theme_error(theme):
+        raise click.BadParameter(theme_error(theme), param_hint="--theme")
+    try:
+        source = TreeSource(executable, args, top_k=top_k, paused=paused, break_on_alarm=break_on_alarm,
+                            listen=listen, trace=trace_path)
+    except (OSError, ValueError) as error:
+        click.echo(f"kvtui watch: {command}: cannot run: {getattr(error, 'strerror', None) or error}", err=True)
+        return 2
+    app = WatchApp(source=source, title=" ".join([command, *args]), paused=paused, break_on_alarm=break_on_alarm,
+                   top_k=top_k, theme_name=theme, trace_path=trace_path)
+    if listen:
+        app.notify(f"listening on {source.server.address}: on the other machines run kvtui watch --connect "
+                   f"{source.server.address} --token {source.server.token} -- COMMAND", timeout=30)
+    app.run()
+    return app.return_code or 0
 
 
 def run_tree_headless(executable: str, command: str, args: list[str], trace_path, fail_on: str, top_k: int,
@@ -193,6 +217,9 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
             alarms.append(Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)))
             click.echo(f"{d['severity']:>7} {run.name} step {d.get('step', 0):>4}  {d['code']}  "
                        f"{printable(d['message'])}", file=err)
+    merged = tree.shards(runs)
+    if merged:
+        click.echo(f"  tensor-parallel shards, merged: {merged}", file=err)
     for d in run_alarms:
         click.echo(f"{d.severity:>7} all ranks step {d.step:>4}  {d.code}  {printable(d.message)}", file=err)
     if trace_path is not None:

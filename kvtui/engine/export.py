@@ -56,6 +56,8 @@ class CacheExport:
 def export_cache(session, path: str | os.PathLike) -> Path:
     """Write the session's cache, as it is now, to `path` (safetensors); returns the path."""
     path = Path(path)
+    if session.cache is None:
+        raise ExportError("no cache to export: this session runs with --cache none (every step a full forward)")
     tensors, layers = _layer_tensors(session)
     metadata = _metadata(session, layers)
     _write_atomically(path, tensors, metadata)

@@ -569,9 +569,13 @@ class Watcher:
         device = model.get_input_embeddings().weight.device
         ids = torch.tensor([tokens], device=device)  # [1, n]
         started = time.perf_counter()
-        with torch.inference_mode():
-            fresh = model(input_ids=ids, use_cache=False,
-                          position_ids=torch.arange(len(tokens), device=device).unsqueeze(0)).logits[0, -1].float()
+        _STATE.stack.append(None)  # kvtui's own forward, not one of the program's: no step, never held by the gate
+        try:
+            with torch.inference_mode():
+                fresh = model(input_ids=ids, use_cache=False,
+                              position_ids=torch.arange(len(tokens), device=device).unsqueeze(0)).logits[0, -1].float()
+        finally:
+            _STATE.stack.pop()
         dtype = str(model.dtype).removeprefix("torch.")
         quant_bits = next((layer.quant_bits for layer in snapshot.layers if layer.quant_bits), None)
         result = judge_recompute(logits, fresh, dtype, self.top_k, len(tokens), (time.perf_counter() - started) * 1000,

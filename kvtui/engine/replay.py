@@ -201,7 +201,7 @@ def _snapshot(record: dict, buffer: TokenBuffer, rows=None) -> StepSnapshot:
         attention=tuple(attention["weights"]) if attention else None,
         attention_layer=attention["layer"] if attention else None,
         compiled="compile" in record, compile_ms=(record.get("compile") or {}).get("compile_ms"),
-        recompiles=(record.get("compile") or {}).get("recompiles", 0),
+        recompiles=(record.get("compile") or {}).get("recompiles", 0), uncached=bool(record.get("uncached")),
         **_watch_fields(record, rows),
     )
 

@@ -43,7 +43,8 @@ VERIFY_TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 0.5, "float16"
 
 @dataclass(frozen=True)
 class SessionConfig:
-    cache: str = "dynamic"  # "dynamic" | "static" | "quantized" | "offloaded"
+    cache: str = "dynamic"  # "dynamic" | "static" | "quantized" | "offloaded" | "none" (no cache object: every
+    # step is one full forward over the whole context with use_cache=False, the honest baseline)
     max_cache_len: int | None = None  # static capacity
     cache_bits: int = 4  # quantized cache: bits per value (quanto 2|4, hqq 1|2|3|4|8; fp8 ignores it)
     cache_backend: str = "quanto"  # quantized cache: "quanto" | "hqq" | "fp8"
@@ -106,7 +107,7 @@ class ChatSession:
         if refusal:
             raise SessionError(refusal)
         self._new_cache()
-        self.capacity = introspect.static_capacity(self.cache)
+        self.capacity = introspect.static_capacity(self.cache) if self.cache is not None else None
         self._compiled = None  # torch.compile(model.forward) for one-token decode steps, built on first use
         self.compiles = 0  # graphs compiled so far (the first one included): more than one means recompiles
         self.compile_ms_total = 0.0
@@ -147,8 +148,13 @@ class ChatSession:
         return self._next_position
 
     @property
+    def uncached(self) -> bool:
+        """--cache none: no cache object; every forward re-reads the whole context."""
+        return self.cache is None
+
+    @property
     def cache_length(self) -> int:
-        return introspect.seq_length(self.cache)
+        return 0 if self.cache is None else introspect.seq_length(self.cache)
 
     @property
     def turn(self) -> int:
@@ -224,18 +230,21 @@ class ChatSession:
             self._record([Diagnostic("static-capacity", "error", str(error), self.steps + 1)])
             raise error
         step = self.steps + 1
+        if self.cache is None:  # --cache none: the tokens the model re-reads take the cache's place in the checks
+            cache_len = len(self._tokens)
         found = list(found or []) + check_feed(step, fed, self._tokens[-1] if self._tokens else None, self.special, self.piece)
         positions = [t.position for t in fed]
         found += self._alarms.check_positions(step, positions, cache_len)
 
-        kwargs = self._cached_forward_kwargs(fed, cache_len)
+        kwargs = (self._cached_forward_kwargs(fed, cache_len) if self.cache is not None
+                  else self._full_forward_kwargs(self._tokens + fed))
         if self.config.attention:
             kwargs["output_attentions"] = True
         compiled = self.config.compile and len(fed) == 1 and not self.config.attention
         graphs_before = _graph_count() if compiled else 0
         started = self._clock()
         try:
-            with torch.inference_mode(), self._threads(len(fed)):
+            with torch.inference_mode(), self._threads(kwargs["input_ids"].shape[1]):
                 out = self._decode_forward()(**kwargs) if compiled else self.model(**kwargs)  # updates self.cache in place
         except BaseException:
             self._restore(cache_len)
@@ -306,6 +315,15 @@ class ChatSession:
             kwargs["logits_to_keep"] = 1
         return kwargs
 
+    def _full_forward_kwargs(self, tokens: list[BufferToken]) -> dict:
+        """--cache none: one forward over every token of the context, no cache object (use_cache=False)."""
+        kwargs = dict(input_ids=torch.tensor([[t.id for t in tokens]], device=self.device),  # [1, n]
+                      position_ids=torch.tensor([[t.position for t in tokens]], device=self.device),  # [1, n]
+                      use_cache=False)
+        if self._accepts_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        return kwargs
+
     def _history(self) -> torch.Tensor:
         if not self.sampler.needs_history:
             return torch.empty((1, 0), dtype=torch.long, device=self.device)
@@ -333,10 +351,13 @@ class ChatSession:
 
     def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw,
                   top) -> StepSnapshot:
-        layers = introspect.layer_infos(self.cache, self._window)
-        cache_len = self.cache_length
-        found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
-        found += self._alarms.check_layers(self.steps, layers, self.capacity, cache_len, reserve=1)
+        if self.cache is None:  # --cache none: nothing is cached, there are no layers to read or check
+            layers, cache_len = (), 0
+        else:
+            layers = introspect.layer_infos(self.cache, self._window)
+            cache_len = self.cache_length
+            found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
+            found += self._alarms.check_layers(self.steps, layers, self.capacity, cache_len, reserve=1)
         self._record(found, in_step=True)
         snapshot = StepSnapshot(
             step=self.steps, phase=phase, turn=self._turn,
@@ -349,6 +370,7 @@ class ChatSession:
             buffer=self.buffer, turn_done=self._turn_done_after(),
             attention=attention[1] if attention else None, attention_layer=attention[0] if attention else None,
             compiled=self.config.compile, compile_ms=compile_ms, recompiles=self.recompiles,
+            uncached=self.cache is None,
         )
         self.last = snapshot
         self._emit("step", snapshot)
@@ -372,6 +394,8 @@ class ChatSession:
 
     def _restore(self, length: int) -> None:
         """After a failed forward, bring the cache back to `length` tokens (some layers may have been written)."""
+        if self.cache is None:  # --cache none: a failed forward changed nothing
+            return
         try:
             # a linear layer's state was changed in place by the failed forward: only a recompute undoes it
             if introspect.can_truncate(self.cache, length) and not introspect.has_linear_layers(self.cache):
@@ -597,8 +621,10 @@ class ChatSession:
         if length >= len(self._tokens):
             return
         kept = self._tokens[:length]  # a new list: views handed out earlier stay valid
-        blocker = introspect.truncate_blocker(self.cache, length)
-        if blocker is None:
+        blocker = "none" if self.cache is None else introspect.truncate_blocker(self.cache, length)
+        if blocker == "none":  # --cache none: the context is the token list, nothing else to cut
+            self._tokens = kept
+        elif blocker is None:
             recorded = introspect.records_past(self.cache)
             introspect.truncate(self.cache, length)
             self._tokens = kept
@@ -623,6 +649,9 @@ class ChatSession:
 
     def _new_cache(self) -> None:
         # A fresh object rather than cache.reset(): 4.x resets dynamic layers by zeroing, then appends after the zeros.
+        if self.config.cache == "none":
+            self.cache = None
+            return
         try:
             self.cache = introspect.make_cache(self.config.cache, self.model.config, self.config.max_cache_len,
                                                bits=self.config.cache_bits, backend=self.config.cache_backend)
@@ -633,7 +662,7 @@ class ChatSession:
     def _recompute(self, tokens: list[BufferToken]) -> None:
         self._new_cache()
         self._tokens = list(tokens)
-        if not tokens:
+        if not tokens or self.cache is None:
             return
         with torch.inference_mode(), self._threads(len(tokens)):
             self.model(**self._cached_forward_kwargs(tokens, 0))

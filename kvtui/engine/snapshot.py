@@ -235,6 +235,9 @@ class StepSnapshot:
     compiled: bool = False
     compile_ms: float | None = None
     recompiles: int = 0
+    # --cache none: no cache object; this step was one full forward over the whole context (use_cache=False),
+    # so there are no layers and cache_seq_length is 0; the buffer is the context the model re-read
+    uncached: bool = False
     # its trace line once serialised (trace.record_line), shared by the trace file and a viewer's pipe
     line: list = field(default_factory=list, init=False, compare=False, repr=False)
 
@@ -272,6 +275,7 @@ class StepSnapshot:
                if self.attention is not None else {}),
             **(self._watch_record(top_record, token_record) if self.source != "session" else {}),
             **({"compile": {"compile_ms": self.compile_ms, "recompiles": self.recompiles}} if self.compiled else {}),
+            **({"uncached": True} if self.uncached else {}),
         }
 
     def _watch_record(self, top_record, token_record) -> dict:

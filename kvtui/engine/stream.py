@@ -99,8 +99,10 @@ class RecordPipe:
 # ---- the child: a gate the viewer controls --------------------------------------------------------
 
 
-def control_gate(control_fd: int, pipe: RecordPipe, start_paused: bool = False, break_on_alarm: bool = False):
-    """A probe Gate that holds the program before a forward while the viewer says pause."""
+def control_gate(control_fd: int, pipe: RecordPipe, start_paused: bool = False, break_on_alarm: bool = False,
+                 on_gone=None):
+    """A probe Gate that holds the program before a forward while the viewer says pause. `on_gone()` runs
+    when the viewer's end of the control channel closes (by default the process exits at once)."""
     from .probe import Gate
 
     class ControlGate(Gate):
@@ -118,7 +120,7 @@ def control_gate(control_fd: int, pipe: RecordPipe, start_paused: bool = False, 
                 for line in commands:
                     self._command(*parse_command(line))
             # the viewer is gone (quit, crash or SIGKILL): the watched program goes with it
-            os._exit(143)
+            (on_gone or (lambda: os._exit(143)))()
 
         def _command(self, word: str, argument) -> None:
             with self._condition:
@@ -226,16 +228,23 @@ class ChildSource:
         command = [sys.executable, "-m", module, "--records-fd", str(records_write), "--control-fd", str(control_read),
                    *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.process = subprocess.Popen(command, pass_fds=(records_write, control_read),
-                                        stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                                        start_new_session=True)
+        process = subprocess.Popen(command, pass_fds=(records_write, control_read),
+                                   stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
+                                   start_new_session=True)
         os.close(records_write)
         os.close(control_read)
-        if interactive:
-            os.set_blocking(self.process.stdin.fileno(), False)  # a program that does not read never blocks the UI
         self._control = os.fdopen(control_write, "w", encoding="utf-8", buffering=1)
         self._control_lock = threading.Lock()
+        self._read_process(process)
+        threading.Thread(target=self._read_records, args=(records_read,), daemon=True).start()
+
+    def _read_process(self, process: subprocess.Popen) -> None:
+        """Its stdout/stderr as "output" records (two of the three streams `records()` waits for; the
+        third, the records themselves, is the subclass's to read)."""
+        self.process = process
+        if process.stdin is not None:
+            os.set_blocking(process.stdin.fileno(), False)  # a program that does not read never blocks the UI
         self._stdin_lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         # the stdout/stderr bytes already shown as a partial line, per stream; an echo of a sent line ends them
@@ -243,8 +252,7 @@ class ChildSource:
         self._shown_partial: dict[str, int] = {}
         self._ended_partial: set[str] = set()
         self._open = 3
-        threading.Thread(target=self._read_records, args=(records_read,), daemon=True).start()
-        for name, stream in (("stdout", self.process.stdout), ("stderr", self.process.stderr)):
+        for name, stream in (("stdout", process.stdout), ("stderr", process.stderr)):
             threading.Thread(target=self._read_output, args=(name, stream), daemon=True).start()
 
     def _read_records(self, fd: int) -> None:
@@ -383,6 +391,10 @@ class ChildSource:
                 self._control.close()
         except OSError:
             pass
+        self._end_group(grace)
+
+    def _end_group(self, grace: float) -> None:
+        """Give the child `grace` seconds to end by itself, then TERM, then KILL its process group."""
         for sig, wait in ((None, grace), (signal.SIGTERM, grace), (signal.SIGKILL, grace)):
             if sig is not None:
                 try:

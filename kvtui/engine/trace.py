@@ -53,7 +53,7 @@ def header_record(session, model_source: str, model_path: str) -> dict:
         "model": model_source,
         "model_path": model_path,
         "model_class": type(model).__name__,
-        "layers": len(session.cache.layers),
+        "layers": len(session.cache.layers) if session.cache is not None else 0,  # --cache none: no cache object
         "dtype": session.dtype,
         "device": str(session.device),
         "cache": session.config.cache,

@@ -19,11 +19,10 @@ Not seen: a process started with `python -I`/`-E`/`-S` (no PYTHONPATH or site), 
 from __future__ import annotations
 
 import atexit
-import importlib.abc
+import hmac
 import importlib.util
 import json
 import os
-import secrets
 import signal
 import socket
 import sys
@@ -32,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENV = "KVTUI_WATCH_TREE"  # JSON: {"connect": "HOST:PORT", "token": ..., "top_k": N}
+ENV = "KVTUI_WATCH_TREE"  # JSON: {"connect": "HOST:PORT", "token", "top_k", "paused", "break_on_alarm"}
 TRIGGER = "transformers.modeling_utils"  # where PreTrainedModel lives: imported before any model is built
 TOKENIZERS = "transformers.tokenization_utils_base"  # a tokenizer may be loaded before any model code
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -72,14 +71,16 @@ del _kvtui_start
 '''
 
 
-def environment(hook_dir: Path, connect: str, token: str, top_k: int, base: dict | None = None) -> dict:
+def environment(hook_dir: Path, connect: str, token: str, top_k: int, base: dict | None = None,
+                paused: bool = False, break_on_alarm: bool = False) -> dict:
     """The environment a watched command runs with: the hook's directory first on PYTHONPATH, and ENV."""
     env = dict(os.environ if base is None else base)
     hook_dir.mkdir(parents=True, exist_ok=True)
     kvtui_home = str(Path(__file__).resolve().parent.parent.parent)  # the directory that holds kvtui/
     (hook_dir / "sitecustomize.py").write_text(f"KVTUI_HOME = {kvtui_home!r}\n" + HOOK, encoding="utf-8")
     env["PYTHONPATH"] = os.pathsep.join([str(hook_dir), *filter(None, [env.get("PYTHONPATH")])])
-    env[ENV] = json.dumps({"connect": connect, "token": token, "top_k": top_k})
+    env[ENV] = json.dumps({"connect": connect, "token": token, "top_k": top_k, "paused": paused,
+                           "break_on_alarm": break_on_alarm})
     return env
 
 
@@ -98,7 +99,7 @@ def start_in_process() -> None:
             sys.meta_path.insert(0, _AfterImport(module, then))
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class _AfterImport:  # a meta path finder (duck-typed: importlib.abc costs ~10 ms in every process)
     """Runs `then()` right after the module `name` has executed, once; finds nothing itself."""
 
     def __init__(self, name: str, then):
@@ -125,8 +126,12 @@ _RUN: dict = {}  # this process's watcher and its connection to the viewer
 
 
 def _watcher(config: dict):
-    """This process's AutoAttach (its watcher, its connection), made at the first trigger."""
+    """This process's AutoAttach (its watcher, its connection), made at the first trigger. As a watched
+    program's child does (stream.child_main): records go to the viewer through one RecordPipe (a step is
+    serialised once, off the model's thread), and a control gate reads the viewer's commands (pause, run,
+    step, break, verify, watch) from the same connection."""
     from .probe import AutoAttach, Watcher
+    from .stream import RecordPipe, control_gate
 
     if _RUN.get("pid") != os.getpid():
         host, _, port = config["connect"].rpartition(":")
@@ -137,20 +142,18 @@ def _watcher(config: dict):
                  **{name.lower(): int(os.environ[name]) for name in RANK_VARIABLES
                     if os.environ.get(name, "").isdigit()}}
         connection.sendall(json.dumps(facts).encode() + b"\n")
-        watcher = Watcher(trace=connection.makefile("wb"), top_k=int(config.get("top_k", 10)), program=list(sys.argv))
-        _RUN.update(pid=os.getpid(), watcher=watcher, attach=AutoAttach(watcher), connection=connection)
-        threading.Thread(target=_end_with_viewer, args=(connection,), name="kvtui-viewer-watch", daemon=True).start()
+        pipe = RecordPipe(os.dup(connection.fileno()))
+        gate = control_gate(os.dup(connection.fileno()), pipe, bool(config.get("paused")),
+                            bool(config.get("break_on_alarm")), on_gone=_viewer_gone)
+        watcher = Watcher(top_k=int(config.get("top_k", 10)), gate=gate, program=list(sys.argv),
+                          on_snapshot=pipe.send, on_event=pipe.send)
+        _RUN.update(pid=os.getpid(), watcher=watcher, attach=AutoAttach(watcher), connection=connection, pipe=pipe)
         atexit.register(_finish)
     return _RUN["attach"]
 
 
-def _end_with_viewer(connection: socket.socket) -> None:
-    """The viewer never writes; its side closing (quit, crash, SIGKILL) ends this process too."""
-    try:
-        while connection.recv(4096):
-            pass
-    except OSError:
-        pass
+def _viewer_gone() -> None:
+    """The viewer closed its end (quit, crash, SIGKILL): this process ends too, unless it is already ending."""
     if not _RUN.get("finishing"):
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -163,10 +166,10 @@ def _finish() -> None:
     _RUN["finishing"] = True
     models = [f"{p.name} ({type(p.model).__name__})" for p in watcher.probes]
     steps = watcher.steps
-    watcher.detach()  # closes the recorder: its queue is written
+    watcher.detach()
+    _RUN["pipe"].send({"type": "process-end", "models": models, "steps": steps})
+    _RUN["pipe"].close()  # its queue is written
     try:
-        _RUN["connection"].sendall(json.dumps({"type": "process-end", "models": models, "steps": steps}).encode()
-                                   + b"\n")
         _RUN["connection"].close()
     except OSError:
         pass
@@ -187,6 +190,7 @@ class ProcessRun:
     ppid: int | None = None
     host: str | None = None
     connection: object = field(default=None, repr=False)
+    send_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     models: list[str] = field(default_factory=list)
     steps: int = 0
     finished: bool = False  # it said goodbye at exit (False: killed, os._exit, or still running)
@@ -216,8 +220,13 @@ class TreeServer:
     its first line) and keeps each one's records as they arrive. A connection with a wrong token, or one
     that sends something that is not a record, is dropped with a line in `notes`; the run goes on."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None, on_record=None):
+        """`on_record(run, record)`: called on the connection's thread for each record as it arrives (a
+        live viewer); `on_record(run, None)` when a process's connection ends."""
+        import secrets
+
         self.token = token or secrets.token_urlsafe(16)
+        self.on_record = on_record
         self._socket = socket.create_server((host, port))
         self.address = "%s:%d" % self._socket.getsockname()[:2]
         self.runs: list[ProcessRun] = []
@@ -245,7 +254,7 @@ class TreeServer:
             connection.settimeout(HELLO_TIMEOUT_S)
             lines = connection.makefile("rb")
             hello = _record(lines.readline())
-            if hello is None or hello.get("type") != "hello" or not secrets.compare_digest(
+            if hello is None or hello.get("type") != "hello" or not hmac.compare_digest(
                     str(hello.get("token", "")), self.token):
                 self._note(f"dropped a connection from {where}: no valid token")
                 return
@@ -264,12 +273,27 @@ class TreeServer:
                     run.models, run.finished = list(record.get("models", [])), True
                     continue
                 run.add(record)
+                if self.on_record is not None:
+                    self.on_record(run, record)
         except (OSError, ValueError) as error:
             self._note(f"dropped a connection from {where}: {error}")
         finally:
             connection.close()
+            if run is not None and self.on_record is not None:
+                self.on_record(run, None)
             with self._lock:
                 self._open.discard(threading.current_thread())
+
+    def broadcast(self, command: str) -> None:
+        """A command line to every watched process still connected (pause, run, step, break on|off, ...)."""
+        with self._lock:
+            runs = list(self.runs)
+        for run in runs:
+            try:
+                with run.send_lock:
+                    run.connection.sendall(command.encode() + b"\n")
+            except OSError:
+                pass  # that process has ended
 
     def _note(self, text: str) -> None:
         with self._lock:
@@ -328,27 +352,87 @@ def desync(runs: list[ProcessRun]) -> list:
     return []
 
 
+def shards(runs: list[ProcessRun]) -> str | None:
+    """The ranks' shards of layer 0 at their last common forward, merged into the logical layer
+    (`K 1×2×27×16 · 2 ranks × 1 head`), when the ranks split the KV heads; None otherwise."""
+    ranked = {run.rank: [r for r in run.records if r["type"] == "step" and r.get("layers")] for run in runs
+              if run.rank is not None and run.watched}
+    ranked = {rank: steps for rank, steps in ranked.items() if steps}
+    if len(ranked) < 2:
+        return None
+    last = min(len(steps) for steps in ranked.values()) - 1
+    shapes = [steps[last]["layers"][0].get("k_shape") for steps in ranked.values()]
+    if any(not shape or len(shape) != 4 for shape in shapes):
+        return None
+    heads = [shape[1] for shape in shapes]
+    if any(shape[:1] + shape[2:] != shapes[0][:1] + shapes[0][2:] for shape in shapes) or len(set(heads)) != 1:
+        return None
+    batch, _, length, dim = shapes[0]
+    return (f"K {batch}×{sum(heads)}×{length}×{dim} · {len(ranked)} ranks × {heads[0]} head"
+            f"{'s' if heads[0] != 1 else ''} (layer 0, forward {last + 1})")
+
+
+class Naming:
+    """Many processes' records made one stream, the same for the live view and the trace: steps numbered
+    in the order they come (each keeps its process's own number as `process_step`; a record that names a
+    step gets the stream's number of it), each process's caches and models named with the process
+    (`rank 1 (pid 42): DynamicCache#1`, `rank 1 (pid 42) · MODEL`: caches of different processes never
+    share a buffer in replay, and the model filter picks a process), every record tagged with `pid`/`rank`."""
+
+    def __init__(self):
+        self._steps = 0
+        self._global: dict[tuple[int, int], int] = {}  # (pid, the process's step) -> the stream's step
+        self._last: dict[int, int] = {}  # pid -> the stream's number of its newest step
+
+    def stream_step(self, pid: int, step: int) -> int:
+        return self._global.get((pid, step), step)
+
+    def __call__(self, run: ProcessRun, record: dict) -> dict:
+        tag, kind, pid = run.name, record.get("type"), run.pid
+        record = {**record, "pid": pid, **({"rank": run.rank} if run.rank is not None else {})}
+        if kind == "step":
+            self._steps += 1
+            self._global[(pid, record["step"])] = self._last[pid] = self._steps
+            record["process_step"], record["step"] = record["step"], self._steps
+        elif isinstance(record.get("step"), int):
+            record["step"] = self._global.get((pid, record["step"]), self._last.get(pid, 0))
+        if kind in ("step", "cache"):
+            record["model"] = f"{tag} · {record['model']}" if record.get("model") else tag
+            if record.get("cache_id"):
+                record["cache_id"] = f"{tag}: {record['cache_id']}"
+            if record.get("parent"):
+                record["parent"] = f"{tag}: {record['parent']}"
+            lineage = record.get("lineage")
+            if isinstance(lineage, dict) and lineage.get("parent"):
+                record["lineage"] = {**lineage, "parent": f"{tag}: {lineage['parent']}"}
+        elif kind == "notice":
+            record["text"] = f"{tag}: {record.get('text', '')}"
+        return record
+
+
 def merge(runs: list[ProcessRun], out: Path, alarms: list = ()) -> None:
-    """One trace: a run header, then per process its `process` record and its records, each naming its pid;
-    then the run's own alarms (rank-desync)."""
+    """One trace: a run header, then per process its `process` record and its records (made one stream by
+    `Naming`: steps numbered through the run); then the run's own alarms (rank-desync), at their steps."""
     from .trace import TraceWriter, header_start
 
     watched = [run for run in runs if run.records]  # a header is their first record
     header = {**(watched[0].records[0] if watched else header_start()), "processes": len(watched)}
     writer = TraceWriter(out, header)
+    naming = Naming()
     try:
         for run in watched:
             writer.write({"type": "process", "pid": run.pid, "ppid": run.ppid, "host": run.host, "argv": run.argv,
                           "rank": run.rank,
                           "local_rank": run.local_rank, "world_size": run.world_size, "models": run.models,
                           "steps": run.steps, "finished": run.finished})
-            tag = {"pid": run.pid, **({"rank": run.rank} if run.rank is not None else {})}
             for record in run.records:
                 if record.get("type") == "header":
                     record = {**record, "type": "process-header"}  # the process's own header, kept whole
-                writer.write({**record, **tag})
-        for d in alarms:
-            writer.write({"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity,
+                writer.write(naming(run, record))
+        first = next((run for run in watched if run.rank is not None), None)
+        for d in alarms:  # at the stream's number of the first rank's forward where the ranks parted
+            step = naming.stream_step(first.pid, d.step) if first is not None else d.step
+            writer.write({"type": "diagnostic", "step": step, "code": d.code, "severity": d.severity,
                           "message": d.message})
     finally:
         writer.close()

@@ -65,7 +65,7 @@ def capacity_bar(used: int, capacity: int, width: int = 20) -> str:
 
 
 def has_alarm(snapshot: StepSnapshot | None) -> bool:
-    return snapshot is not None and snapshot.cursor != snapshot.cache_seq_length
+    return snapshot is not None and not snapshot.uncached and snapshot.cursor != snapshot.cache_seq_length
 
 
 def render_cursor(snapshot: StepSnapshot | None, palette: Palette | None = None) -> Text:
@@ -89,8 +89,12 @@ def render_cursor(snapshot: StepSnapshot | None, palette: Palette | None = None)
     alarm = has_alarm(snapshot)
     text.append("cursor ", style=role_style(palette, "muted"))
     text.append(str(snapshot.cursor), style="bold")
-    text.append(" · cache length ", style=role_style(palette, "muted"))
-    text.append(str(snapshot.cache_seq_length), style=role_style(palette, "error", "bold") if alarm else "bold")
+    if snapshot.uncached:  # --cache none: nothing is cached; the step re-read the whole context
+        text.append(" · no cache: ", style=role_style(palette, "muted"))
+        text.append(f"full forward over {len(snapshot.buffer)} tokens", style=role_style(palette, "warning", "bold"))
+    else:
+        text.append(" · cache length ", style=role_style(palette, "muted"))
+        text.append(str(snapshot.cache_seq_length), style=role_style(palette, "error", "bold") if alarm else "bold")
     text.append("\n")
 
     kinds = kind_summary(snapshot)

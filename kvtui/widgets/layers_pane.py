@@ -125,6 +125,11 @@ def render_totals(
 ) -> Text:
     """'total 1.5 MiB · 4 layers (2 full, 2 sliding) · KV heads 2 vs query heads 4 (GQA ×2)'."""
     text = Text()
+    if snapshot is not None and snapshot.uncached:
+        text.append("no cache (--cache none): ", style=role_style(palette, "warning", "bold"))
+        text.append(f"no layers; every step is a full forward over all {len(snapshot.buffer)} tokens",
+                    style=role_style(palette, "muted"))
+        return text
     if snapshot is None or not snapshot.layers:
         text.append("no layers yet", style=role_style(palette, "muted"))
         return text

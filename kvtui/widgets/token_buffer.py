@@ -24,6 +24,7 @@ from typing import ClassVar, Sequence
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
+from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
@@ -53,6 +54,46 @@ def fit(text: str, width: int) -> str:
     if length <= width:
         return text + " " * (width - length)
     return set_cell_size(text, width - 1) + ELLIPSIS
+
+
+# The origins' colours as palette roles, for renderers outside Textual (the notebook view): the same roles the
+# pane's CSS gives them ($text-primary for user, $text-success for assistant, $text-error for tokenizer-added...).
+ORIGIN_STYLES = {
+    "template": ("muted", ""), "system": ("info", "italic"), "user": ("primary", ""), "assistant": ("success", ""),
+    "forced": ("warning", "underline"), "tokenizer-added": ("error", "bold"), "primed": ("error", "italic"),
+    "fed": ("primary", ""), "pad": ("muted", "italic"), "unknown": ("muted", "italic"),
+}
+SPECIAL_STYLE = "bold reverse"  # a special token stands out as a block of its origin's colour
+
+
+def render_strip(snapshot: StepSnapshot | None, palette=None, limit: int | None = None) -> Text:
+    """The buffer as one wrapping Rich Text, for renderers outside Textual: each token as `position piece`,
+    coloured by origin, specials in reverse, the positions of the last forward's tokens in bold, then the
+    cursor and the pending token after `▌`. `limit`: only the last `limit` tokens (the
+    count of the ones left out is said first). O(limit)."""
+    from .palette import role_style
+
+    text = Text(overflow="fold")
+    if snapshot is None or len(snapshot.buffer) == 0:
+        text.append(EMPTY_TEXT, style="italic")
+        return text
+    buffer = snapshot.buffer
+    count = len(buffer)
+    first = 0 if limit is None or count <= limit else count - limit
+    if first:
+        text.append(f"… {first} earlier tokens … ", style=role_style(palette, "muted", "italic"))
+    last_forward = count - len(snapshot.input_ids)
+    for index in range(first, count):
+        token = buffer[index]
+        role, extra = ORIGIN_STYLES.get(token.origin, ("muted", ""))
+        style = role_style(palette, role, f"{extra} {SPECIAL_STYLE}".strip() if token.special else extra)
+        text.append(f"{token.position}", style=role_style(palette, "muted", "bold" if index >= last_forward else "dim"))
+        text.append("\u00a0")  # the position stays with its piece when the line wraps
+        text.append(display_piece(token.piece), style=style)
+        text.append(" ")
+    pending = "" if snapshot.chosen is None else display_piece(snapshot.chosen.text)
+    text.append(f"{CURSOR_GLYPH}{snapshot.cursor}\u00a0{pending}", style=role_style(palette, "accent", "bold"))
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,6 +498,8 @@ class TokenBufferPane(ScrollView, can_focus=True):
             else:
                 which = f" {snapshot.lineage}" if snapshot.cache_parent or snapshot.cache_unknown else ""
                 title = f"cache{which} · {len(snapshot.buffer)} tokens · next pos {snapshot.cursor}"
+                if snapshot.uncached:  # --cache none: the buffer is the context the step re-read, nothing is cached
+                    title = f"context (no cache) · {len(snapshot.buffer)} tokens re-read · next pos {snapshot.cursor}"
                 layer = self._layer(snapshot)
                 if layer is not None:
                     title += f" · layer {layer.index} {layer.kind}"

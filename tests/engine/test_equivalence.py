@@ -76,3 +76,44 @@ def test_three_turn_chat_matches_full_forward(tiny_model, arch, kwargs):
         assert any(d.code == "sliding-eviction" for d in session.diagnostics)
         assert any(layer.held_from > 0 for layer in session.last.layers)
     assert session.verify().ok
+
+
+@pytest.mark.parametrize("arch,kwargs", [ARCHES[0], ARCHES[3], ARCHES[5]], ids=["llama", "mistral", "gpt2"])
+def test_no_cache_session_is_the_full_forward_and_matches_cached_decoding(tiny_model, arch, kwargs):
+    """--cache none: no cache object, every step one forward over the whole context. Its logits are the full
+    recompute's, its greedy tokens are the dynamic cache's, and every snapshot says it holds no layers."""
+    model, tokenizer = tiny_model(arch, **kwargs)
+    runs = {}
+    for cache in ("none", "dynamic"):
+        session = ChatSession(model, tokenizer, SessionConfig(cache=cache, max_new_tokens=6))
+        snaps = []
+        for turn in TURNS:
+            snaps.append(session.send(turn))
+            session.generate(on_step=snaps.append)
+        runs[cache] = (session, snaps)
+    session, snaps = runs["none"]
+    assert session.cache is None and session.cache_length == 0
+    assert session.buffer.ids() == runs["dynamic"][0].buffer.ids()  # the same greedy chat
+    for snap, cached in zip(snaps, runs["dynamic"][1], strict=True):
+        assert snap.uncached and snap.layers == () and snap.cache_seq_length == 0 and snap.capacity is None
+        # every step fed the whole context: the step's buffer is what the model read, at positions 0..n-1
+        assert [t.position for t in snap.buffer] == list(range(len(snap.buffer))) and snap.cursor == len(snap.buffer)
+        assert snap.chosen.id == cached.chosen.id
+        assert [t.prob for t in snap.topk[:3]] == pytest.approx([t.prob for t in cached.topk[:3]], abs=1e-5)
+    ids = torch.tensor([session.buffer.ids()])
+    with torch.inference_mode():
+        full = model(input_ids=ids, use_cache=False).logits[0, -1].float()
+    assert torch.allclose(session.last_logits, full, atol=1e-6)
+    assert not any(d.code == "cursor-mismatch" for d in session.diagnostics)
+    assert session.verify().ok and session.verify().max_abs_diff < 1e-5
+    # rewinds work on the token list alone; the trace record says the step was uncached and replay reads it back
+    before = session.buffer.ids()
+    rewound = session.rewind(3)
+    assert session.buffer.ids() == before[:-3] and rewound.uncached and len(rewound.buffer) == len(before) - 3
+    with torch.inference_mode():
+        full = model(input_ids=torch.tensor([before[:-3]]), use_cache=False).logits[0, -1].float()
+    assert torch.allclose(session.last_logits, full, atol=1e-6)
+    from kvtui.engine.replay import _snapshot
+
+    again = _snapshot(session.last.to_record(), session.last.buffer)
+    assert again.uncached and again.layers == ()

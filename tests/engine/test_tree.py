@@ -96,6 +96,8 @@ def test_torchrun_ranks_each_record_their_shard_and_agree_with_one_process(tmp_p
                 assert top["prob"] == pytest.approx(float(probs[top["id"]]), abs=1e-5)
     assert "rank-desync" not in watched.stderr
     assert "KV heads held per layer: 1" in watched.stderr
+    length = steps[0][-1]["layers"][0]["k_shape"][2]
+    assert f"shards, merged: K 1×2×{length}×16 · 2 ranks × 1 head (layer 0, forward 8)" in watched.stderr
 
 
 def test_ranks_that_feed_different_tokens_raise_rank_desync(tmp_path, llama_dir):

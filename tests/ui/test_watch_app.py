@@ -64,6 +64,14 @@ async def test_pause_step_run_and_output(program):
         await wait_for(pilot, lambda: app.latest.step == 2, 30, "the second step")
         await pilot.pause(1.0)
         assert app.latest.step == 2
+        # verify while held: its recompute is kvtui's forward, not a step of the program (it used to be one,
+        # held by the same gate that was serving it: the program hung)
+        await pilot.press("v")
+        await wait_for(pilot, lambda: any("full recompute" in str(n.message) for n in app._notifications), 30,
+                       "the verify result")
+        assert any("matches a full recompute" in str(n.message) for n in app._notifications)
+        await pilot.pause(1.0)
+        assert app.latest.step == 2 and len(app.replay.snapshots) == 2
         await pilot.press("r")
         await wait_for(pilot, lambda: app.ended is not None, 60, "the program to end")
         assert app.ended == 0 and app.latest.step == 5
