@@ -39,6 +39,15 @@ def expects_line(path: Path) -> str:
     return header(path, "kvtui-expects")
 
 
+def expected_exit(path: Path) -> int:
+    """The program's own exit code on the installed transformers (`kvtui-exit-if-...: N`; else 0)."""
+    for key, has_feature in FEATURE_HEADERS.items():
+        line = header(path, key.replace("kvtui-expects-", "kvtui-exit-"), "")
+        if line and has_feature():
+            return int(line)
+    return 0
+
+
 def expected_codes(path: Path) -> set[str]:
     expected = expects_line(path)
     return set() if expected == "nothing" else {c.strip() for c in expected.split(",")}
