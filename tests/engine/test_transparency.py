@@ -44,9 +44,10 @@ def test_corpus_programs_name_their_model_and_alarms():
     for program in corpus:
         assert not program.name.startswith("test_"), program
         assert header(program, "kvtui-model").startswith(("tiny:", "embedded")), program
-        expects = header(program, "kvtui-expects")
-        codes = [] if expects == "nothing" else [c.strip() for c in expects.split(",")]
-        assert set(codes) <= set(CODES), (program, codes)
+        for key in ("kvtui-expects", "kvtui-expects-if-cache-position-drives-positions"):
+            expects = header(program, key, "nothing")
+            codes = [] if expects == "nothing" else [c.strip() for c in expects.split(",")]
+            assert set(codes) <= set(CODES), (program, codes)
 
 
 def test_pytest_collects_no_corpus_program():
