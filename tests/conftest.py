@@ -10,8 +10,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # The embedded SmolLM2 is converted once into this directory, not into the user's real cache;
-# it lives under .cache/ so a local re-run of the suite does not convert again.
-os.environ.setdefault("KVTUI_CACHE_DIR", str(ROOT / ".cache" / "test-models"))
+# it lives under .cache/ so a local re-run of the suite does not convert again. One directory per
+# transformers version (make test runs 5.x and 4.57 from one checkout): each converts with its own.
+# The conversion is atomic (a temporary sibling moved into place), so xdist workers may race safely.
+from importlib.metadata import version as _version  # noqa: E402
+
+os.environ.setdefault("KVTUI_CACHE_DIR", str(ROOT / ".cache" / f"test-models-transformers-{_version('transformers')}"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 

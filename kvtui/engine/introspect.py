@@ -64,6 +64,9 @@ def _quantized_cache(config, bits: int, backend: str):
         raise ValueError(f"this transformers ({transformers.__version__}) has no QuantizedCache") from None
     if backend not in QUANT_BACKENDS:
         raise ValueError(f"unknown quantization backend {backend!r}: use {', '.join(QUANT_BACKENDS)}")
+    refusal = quant_backend_refusal(backend)
+    if refusal:
+        raise ValueError(refusal)
     if backend == "fp8":
         kwargs = {}
     else:
@@ -74,6 +77,76 @@ def _quantized_cache(config, bits: int, backend: str):
         raise ValueError(f"the {backend} quantized cache needs its package: {_first_line(exc)}") from None
     except (ValueError, TypeError) as exc:  # e.g. sliding or linear layers: "only ... full attention layers"
         raise ValueError(f"quantized cache refused by transformers: {_first_line(exc)}") from None
+
+
+@lru_cache(maxsize=8)
+def quant_backend_known(backend: str) -> bool:
+    """Feature test: does this transformers' `QuantizedCache` know the backend? (4.57 knows quanto and hqq;
+    fp8 came later.) Asked of QuantizedCache itself on a one-layer config: only its "unknown backend"
+    refusal says no; a missing backend package (ImportError) or anything else means it knows the name."""
+    try:
+        from transformers import PretrainedConfig, QuantizedCache
+    except ImportError:
+        return False
+    try:
+        QuantizedCache(backend=backend, config=PretrainedConfig(num_hidden_layers=1))
+    except ValueError as exc:
+        return "nknown quantization backend" not in str(exc)
+    except Exception:  # noqa: BLE001 - the package, the config: it got past the backend's name
+        return True
+    return True
+
+
+def quant_backends() -> tuple[str, ...]:
+    return tuple(b for b in QUANT_BACKENDS if quant_backend_known(b))
+
+
+def quant_backend_refusal(backend: str) -> str | None:
+    """One line where this transformers' QuantizedCache lacks the backend (checked before any screen)."""
+    if backend not in QUANT_BACKENDS or quant_backend_known(backend):
+        return None
+    return (f"--cache-backend {backend}: this transformers ({transformers.__version__}) has no {backend} quantized "
+            f"cache (its QuantizedCache knows {', '.join(quant_backends()) or 'no backend'})")
+
+
+# What a config declares when its model keeps conv / SSM / linear-attention state besides (or instead of) K/V.
+_STATE_ATTRIBUTES = ("mamba_d_state", "ssm_state_size", "state_size", "linear_conv_kernel_dim", "linear_key_head_dim",
+                     "conv_L_cache")
+_ATTENTION_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
+
+
+def _text_config(config):
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def declares_state(config) -> bool:
+    text = _text_config(config)
+    types = getattr(text, "layer_types", None)
+    if types:  # the layers say it (an LFM2 of attention layers only keeps no conv state)
+        return any(t not in _ATTENTION_TYPES for t in types)
+    return any(hasattr(text, name) for name in _STATE_ATTRIBUTES)
+
+
+def _dynamic_cache_keeps_state(config) -> bool:
+    try:
+        cache = DynamicCache(config=config)
+    except Exception:  # noqa: BLE001 - a cache it cannot build keeps nothing
+        return False
+    return any(_is_linear(layer) for layer in getattr(cache, "layers", ()))
+
+
+def hybrid_refusal(config) -> str | None:
+    """One line where the model keeps conv/SSM state that this transformers' DynamicCache does not hold
+    (4.57: hybrids keep it in their own cache class, which kvtui does not read), else None.
+    A feature test: build `DynamicCache(config=...)` and look for layers with conv/recurrent states."""
+    if not declares_state(config):
+        return None
+    if _dynamic_cache_keeps_state(config):
+        return None
+    name = getattr(config, "model_type", None) or type(config).__name__
+    return (f"{name} keeps conv/SSM state that this transformers ({transformers.__version__}) does not put in "
+            f"DynamicCache's layers (it uses the model's own cache class): kvtui cannot inspect this hybrid here "
+            f"(transformers 5.23+ can)")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -103,6 +103,9 @@ class ChatSession:
         if self.config.compile and self.config.cache != "static":
             raise SessionError("--compile needs --cache static: a dynamic cache changes shape every step, "
                                "so a compiled forward would recompile every step")
+        refusal = introspect.hybrid_refusal(model.config)  # a feature test of this transformers' DynamicCache
+        if refusal:
+            raise SessionError(refusal)
         self._new_cache()
         self.capacity = introspect.static_capacity(self.cache) if self.cache is not None else None
         self._compiled = None  # torch.compile(model.forward) for one-token decode steps, built on first use

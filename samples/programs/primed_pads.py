@@ -7,6 +7,7 @@ re-rendered chat sliced at `cp`. Nothing errors; the answers are subtly worse.
 Run:  kvtui watch samples/programs/primed_pads.py MODEL_DIR
 kvtui-model: embedded
 kvtui-expects: pad-in-cache, cursor-mismatch, ignored-argument
+kvtui-expects-if-cache-position-drives-positions: pad-in-cache, cursor-mismatch, position-gap
 """
 
 import sys

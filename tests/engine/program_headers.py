@@ -15,8 +15,41 @@ def header(path: Path, key: str, default: str | None = None) -> str:
     return found.group(1).strip()
 
 
+def cache_position_drives_positions() -> bool:
+    """Feature test of the installed transformers: do the models take `cache_position` (4.x: a passed one
+    drives the positions and the write slots), or ignore it (5.4+: no such parameter)? Read from the
+    forward's signature, the same test kvtui's probe makes (introspect.forward_accepts)."""
+    import inspect
+
+    from transformers import LlamaForCausalLM
+
+    return "cache_position" in inspect.signature(LlamaForCausalLM.forward).parameters
+
+
+# A header that replaces `kvtui-expects:` where the installed transformers has the feature it names.
+FEATURE_HEADERS = {"kvtui-expects-if-cache-position-drives-positions": cache_position_drives_positions}
+
+
+def expects_line(path: Path) -> str:
+    """The program's `kvtui-expects:` for the installed transformers (a feature header wins where it holds)."""
+    for key, has_feature in FEATURE_HEADERS.items():
+        line = header(path, key, "")
+        if line and has_feature():
+            return line
+    return header(path, "kvtui-expects")
+
+
+def expected_exit(path: Path) -> int:
+    """The program's own exit code on the installed transformers (`kvtui-exit-if-...: N`; else 0)."""
+    for key, has_feature in FEATURE_HEADERS.items():
+        line = header(path, key.replace("kvtui-expects-", "kvtui-exit-"), "")
+        if line and has_feature():
+            return int(line)
+    return 0
+
+
 def expected_codes(path: Path) -> set[str]:
-    expected = header(path, "kvtui-expects")
+    expected = expects_line(path)
     return set() if expected == "nothing" else {c.strip() for c in expected.split(",")}
 
 

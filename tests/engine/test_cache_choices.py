@@ -15,7 +15,21 @@ from kvtui.engine.snapshot import TokenBuffer
 
 TURNS = ["Let's start by defining a variable k equal to 5. What is k?", "Now multiply k by 3. What is k?"]
 
-BACKENDS = [("fp8", 4)]
+def _knows(backend: str) -> bool:
+    """Feature test: does the installed QuantizedCache take this backend (4.57: no fp8)?"""
+    from transformers import PretrainedConfig, QuantizedCache
+
+    try:
+        QuantizedCache(backend=backend, config=PretrainedConfig(num_hidden_layers=1))
+    except ValueError as exc:
+        return "Unknown quantization backend" not in str(exc)
+    except Exception:  # noqa: BLE001 - past the backend's name
+        return True
+    return True
+
+
+FP8 = _knows("fp8")
+BACKENDS = [("fp8", 4)] if FP8 else []
 for name, module in (("quanto", "optimum.quanto"), ("hqq", "hqq")):
     try:
         found = importlib.util.find_spec(module) is not None
@@ -81,13 +95,28 @@ def test_quantized_cache_reports_storage_and_measured_error(tiny_model, backend,
 
 def test_quantized_rewind_recomputes_and_stays_consistent(tiny_model):
     model, tokenizer = tiny_model("llama")
-    session = ChatSession(model, tokenizer, SessionConfig(cache="quantized", cache_backend="fp8", max_new_tokens=6))
+    backend = "fp8" if FP8 else "quanto"
+    session = ChatSession(model, tokenizer, SessionConfig(cache="quantized", cache_backend=backend, max_new_tokens=6))
     _chat(session)
     n = session.cache_length
     session.rewind(4)
     assert session.cache_length == n - 4 == len(session.buffer)
     assert any(d.code == "state-rewind" and "quantized" in d.message for d in session.diagnostics)
     assert session.verify().ok
+
+
+def test_fp8_works_or_is_refused_in_one_line(tiny_model):
+    """fp8 where the installed QuantizedCache has it; else one line, before any cache is built."""
+    model, tokenizer = tiny_model("llama")
+    config = SessionConfig(cache="quantized", cache_backend="fp8", max_new_tokens=2)
+    if FP8:
+        session = ChatSession(model, tokenizer, config)
+        session.send(TURNS[0])
+        assert all(layer.kind == "quantized" for layer in session.last.layers)
+    else:
+        with pytest.raises(SessionError, match="has no fp8 quantized cache") as caught:
+            ChatSession(model, tokenizer, config)
+        assert "\n" not in str(caught.value)
 
 
 def test_unknown_backend_and_missing_package_are_one_line_refusals(tiny_model):

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from program_headers import codes_in, header, model_dir, stdin_of
+from program_headers import codes_in, expected_codes, header, model_dir, stdin_of
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py"))
@@ -29,8 +29,7 @@ def test_every_program_names_its_model_and_alarms():
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.stem for p in PROGRAMS])
 def test_program_raises_exactly_its_alarms(program, tmp_path):
-    expected = header(program, "kvtui-expects")
-    expected = set() if expected == "nothing" else {c.strip() for c in expected.split(",")}
+    expected = expected_codes(program)  # on this transformers (feature-tested headers)
     trace = tmp_path / "run.jsonl"
     result = watch("--headless", "--trace", trace, "--fail-on", "error", program, model_dir(header(program, "kvtui-model")),
                    input=stdin_of(program))

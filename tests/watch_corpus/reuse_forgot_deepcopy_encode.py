@@ -3,6 +3,10 @@ tensor by hand). Every prompt after the first continues a cache that holds anoth
 
 kvtui-model: tiny:qwen3
 kvtui-expects: stale-cache
+kvtui-exit-if-cache-position-drives-positions: 1
+
+Where generate() slices the prompt by cache_position (4.57), the third prompt is shorter than the cache: generate()
+raises IndexError before that forward (exit 1), after kvtui named the second prompt's stale cache.
 """
 
 import sys

@@ -275,6 +275,8 @@ def _make_tokenizer_config_portable(out: Path, tokenizer: Any, max_positions: in
     except (OSError, ValueError):
         cfg = {}
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    # A Llama takes no token_type_ids; 4.57's PreTrainedTokenizerFast returns them unless told the inputs.
+    cfg["model_input_names"] = ["input_ids", "attention_mask"]
     # load-time kwargs that 5.x echoes into the saved config
     for key in ("is_local", "local_files_only", "gguf_file", "_commit_hash"):
         cfg.pop(key, None)

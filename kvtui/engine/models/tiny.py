@@ -489,6 +489,8 @@ def _build_tokenizer(spec: ArchSpec, *, add_bos: bool, add_eos: bool, template: 
         # flags when they are present, agrees with the one set above.
         add_bos_token=add_bos,
         add_eos_token=add_eos,
+        # Decoder-only models take no token_type_ids; 4.57 returns them unless told the model's inputs.
+        model_input_names=["input_ids", "attention_mask"],
     )
     tok.chat_template = template
     return tok
@@ -520,6 +522,7 @@ def _save_tokenizer(tok, out: Path) -> None:
     cfg_path = out / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg["model_input_names"] = ["input_ids", "attention_mask"]
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 

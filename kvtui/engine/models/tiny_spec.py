@@ -28,10 +28,25 @@ def tiny_model_dir(spec: str, progress: Progress | None = None) -> Path:
     safe = "".join(c if c.isalnum() or c in "=-_," else "_" for c in spec.removeprefix("tiny:"))
     out = cache_root() / "tiny" / safe
     if not (out / "config.json").is_file():
+        import os
+        import shutil
+        import tempfile
+
         report(progress, f"building tiny model {spec}", None)
+        # Built in a temporary sibling and moved into place whole: two processes (xdist workers, a test and
+        # its subprocess) asking at once never read a half-written directory.
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
-            build_tiny(arch, out, **kwargs)
+            build_tiny(arch, tmp, **kwargs)
+            try:
+                os.replace(tmp, out)
+            except OSError:  # another process got there first (a non-empty directory): keep theirs
+                if not (out / "config.json").is_file():
+                    raise
         except ValueError as exc:
             raise ModelLoadError(f"{spec}: {exc}") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
