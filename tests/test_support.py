@@ -39,3 +39,15 @@ def test_one_warning_line_at_start_outside_the_range():
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert lines == [support.warning_line("5.10.0")]
     assert "eos-appended.json" in out.stdout
+
+
+def test_make_test_installs_the_newest_and_the_oldest_tested():
+    """The Makefile's two environments are the ends of the declared range (support.TESTED)."""
+    import re
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    pins = dict(re.findall(r"^TRANSFORMERS_(NEWEST|OLDEST) := transformers>=([\d.]+),<[\d.]+$", makefile, re.M))
+    assert support._parse(pins["NEWEST"]) == max(high for _, high in support.TESTED)
+    assert support._parse(pins["OLDEST"]) == min(low for low, _ in support.TESTED)
+    assert "'$(TRANSFORMERS_NEWEST)'" in makefile and "'$(TRANSFORMERS_OLDEST)'" in makefile

@@ -161,6 +161,10 @@ _POSITIONS = Registry()  # position module -> (its _Probe, "rotary" | "embedding
 _WATCHERS: list["Watcher"] = []  # attached watchers (caches are found through them)
 
 
+class WatchRefused(ValueError):
+    """kvtui cannot read this model's cache on the installed transformers (the message is one line)."""
+
+
 def _cache_owner(cache):
     for watcher in _WATCHERS:
         track = watcher.lineage.get(cache)
@@ -288,6 +292,7 @@ class Watcher:
         self._last_logits: torch.Tensor | None = None
         self._last_probe: _Probe | None = None  # the model of the last forward (not its call: that holds the cache)
         self.errors: list[str] = []
+        self.refused: list[str] = []  # why a model the program built is not watched (one line each)
 
     @property
     def turn(self) -> int:
@@ -298,6 +303,9 @@ class Watcher:
     def attach(self, model) -> "Watcher":
         if any(p.model is model for p in self.probes):
             return self
+        refusal = introspect.hybrid_refusal(model.config)  # a feature test of this transformers' DynamicCache
+        if refusal:  # its cache would be misread (4.57: a hybrid's own cache class): refused, left unwatched
+            raise WatchRefused(refusal)
         if self not in _WATCHERS:
             _WATCHERS.append(self)
             PATCHES.acquire(self, threading.Thread, "start", thread_start_wrapper(lambda: caller_line(self._skip)))
@@ -798,7 +806,12 @@ class AutoAttach:
         def watched_post_init(model, *args, **kwargs):
             result = post_init(model, *args, **kwargs)
             if _is_causal_lm(model):
-                watcher.attach(model)
+                try:
+                    watcher.attach(model)
+                except WatchRefused as exc:  # one line, and the program runs on with that model unwatched
+                    if str(exc) not in watcher.refused:
+                        watcher.refused.append(str(exc))
+                        print(f"kvtui watch: not watching this model: {exc}", file=sys.stderr, flush=True)
             return result
 
         PreTrainedModel.post_init = watched_post_init

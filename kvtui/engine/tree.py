@@ -93,10 +93,31 @@ def start_in_process() -> None:
     config = json.loads(os.environ[ENV])
     for module, part in ((TOKENIZERS, "install_tokenizers"), (TRIGGER, "install_models")):
         then = (lambda part=part: getattr(_watcher(config), part)())
+        if module == TOKENIZERS:
+            then = (lambda: _tokenizers_at_first_load(config))
         if module in sys.modules:  # imported already (a hook run twice): at once
             then()
         else:
             sys.meta_path.insert(0, _AfterImport(module, then))
+
+
+def _tokenizers_at_first_load(config: dict) -> None:
+    """The tokenizer patch, installed at the first tokenizer load rather than when its module executes: on 4.57
+    that module runs in the middle of `transformers.configuration_utils`' own imports, and making the watcher
+    then (kvtui's probe imports transformers' cache code) would import that half-made module (an ImportError
+    in the user's program). A stand-in `from_pretrained` makes the watcher at the first call, puts the real
+    patch in place and calls it."""
+    base = sys.modules[TOKENIZERS].PreTrainedTokenizerBase
+    original = base.__dict__["from_pretrained"]  # a classmethod object
+
+    def from_pretrained(cls, *args, **kwargs):
+        if base.__dict__.get("from_pretrained") is stand_in:
+            base.from_pretrained = original
+            _watcher(config).install_tokenizers()
+        return base.__dict__["from_pretrained"].__func__(cls, *args, **kwargs)
+
+    stand_in = classmethod(from_pretrained)
+    base.from_pretrained = stand_in
 
 
 class _AfterImport:  # a meta path finder (duck-typed: importlib.abc costs ~10 ms in every process)

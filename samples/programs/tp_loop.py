@@ -18,7 +18,10 @@ MODEL = sys.argv[1]
 NEW_TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 
 tokenizer = AutoTokenizer.from_pretrained(MODEL)
-model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32, tp_plan="auto")
+# Sharded only under torchrun: run alone, transformers 5.x loads the whole model, but 4.57 refuses tp_plan="auto"
+# without torch.distributed (OSError), so alone it loads the model whole here too.
+tp_plan = "auto" if "WORLD_SIZE" in os.environ else None
+model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32, tp_plan=tp_plan)
 ids = tokenizer.apply_chat_template([{"role": "user", "content": "hello there"}], add_generation_prompt=True,
                                     return_tensors="pt", return_dict=True)["input_ids"]
 cache = DynamicCache(config=model.config)

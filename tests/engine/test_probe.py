@@ -368,3 +368,53 @@ def test_the_probe_keeps_no_discarded_cache_alive(tiny_model, detach_first):
                 break
     finally:
         watcher.detach()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "lfm2", "falcon_h1", "jamba"])
+def test_hybrid_is_watched_or_refused_in_one_line(tiny_model, arch):
+    """Where this transformers' DynamicCache holds the hybrid's conv/SSM layers (5.x), its generate() is watched
+    with no alarm; where the model keeps them in its own cache class (4.57, whose lengths kvtui would misread:
+    Jamba's gave a false cursor-mismatch and position-gap), watching it is refused in one line."""
+    from kvtui.engine.probe import WatchRefused
+
+    model, tokenizer = tiny_model(arch)
+    ids = tokenizer("hello world", return_tensors="pt")
+    keeps_state = any(hasattr(layer, "conv_states") for layer in DynamicCache(config=model.config).layers)
+    if not keeps_state:
+        with pytest.raises(WatchRefused, match="cannot inspect this hybrid here") as caught:
+            watch(model, tokenizer)
+        assert "\n" not in str(caught.value)
+        return
+    with watch(model, tokenizer) as watcher:
+        with torch.inference_mode():
+            out = model.generate(**ids, max_new_tokens=3, do_sample=False)
+    assert watcher.diagnostics == [], watcher.diagnostics
+    assert watcher.last.cache_seq_length == out.shape[1] - 1 == len(watcher.last.buffer)
+
+
+def test_watched_program_with_a_refused_hybrid_runs_on(tiny_dir, tmp_path):
+    """`kvtui watch` of a program that builds a hybrid: watched, or one line and the program runs unwatched."""
+    import subprocess
+    import sys
+
+    path = tiny_dir("jamba")
+    script = tmp_path / "hybrid.py"
+    script.write_text(
+        "import sys, torch\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "tok = AutoTokenizer.from_pretrained(sys.argv[1]); model = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+        "out = model.generate(**tok('hello world', return_tensors='pt'), max_new_tokens=3, do_sample=False)\n"
+        "print('generated', out.shape[1])\n")
+    run = subprocess.run([sys.executable, "-m", "kvtui.cli", "watch", "--headless", str(script), str(path)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("generated ")
+    from transformers import AutoConfig
+
+    keeps_state = any(hasattr(layer, "conv_states")
+                      for layer in DynamicCache(config=AutoConfig.from_pretrained(str(path))).layers)
+    refusals = [line for line in run.stderr.splitlines() if line.startswith("kvtui watch: not watching")]
+    if keeps_state:
+        assert refusals == [] and "3 forwards watched" in run.stderr, run.stderr[-2000:]
+    else:
+        assert len(refusals) == 1 and "cannot inspect this hybrid here" in refusals[0], run.stderr[-2000:]
+        assert "0 forwards watched" in run.stderr and "Traceback" not in run.stderr
