@@ -1,8 +1,7 @@
 """kvtui: a terminal inspector for the live KV cache of Hugging Face transformers models."""
 
-import sys
-
 from ._version import __version__  # noqa: F401  (one place, read by the engine too)
+from .notebook_hook import register_formatters as _register_formatters
 
 DISPLAYS = (None, "live")
 
@@ -45,28 +44,4 @@ def replay(path):
     return Replay(read_trace(path))
 
 
-def _register_notebook_formatters() -> None:
-    """In IPython (Jupyter, VS Code, Colab), show kvtui's objects as HTML. Only when IPython is already loaded:
-    nothing is imported here, and the formatters import kvtui.notebook the first time an object is shown."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return
-    try:
-        shell = ipython.get_ipython()
-        if shell is None:
-            return
-        formatter = shell.display_formatter.formatters["text/html"]
-    except Exception:  # noqa: BLE001  an IPython without the usual formatters: plain reprs
-        return
-    for module, name in (("kvtui.engine.snapshot", "StepSnapshot"), ("kvtui.engine.probe", "Watcher"),
-                         ("kvtui.engine.replay", "Replay")):
-        formatter.for_type_by_name(module, name, _html)
-
-
-def _html(obj):
-    from .notebook import html
-
-    return html(obj)
-
-
-_register_notebook_formatters()
+_register_formatters()

@@ -313,7 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=host.read_commands, args=(options.control_fd,), name="kvtui-control", daemon=True).start()
     if host.load():
         host.serve()
-    return 0
+    # the trace is closed and the app gone or quitting: the interpreter's own teardown (torch's included)
+    # can take seconds the app's SIGKILL promise has not got
+    host.pipe.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

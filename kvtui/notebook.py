@@ -253,10 +253,3 @@ class LiveDisplay:
                 self.shell.events.unregister(event, callback)
             except ValueError:
                 pass
-
-
-def register() -> None:
-    """Format kvtui's objects as HTML in the running IPython (`import kvtui` does it when IPython was loaded first)."""
-    from . import _register_notebook_formatters
-
-    _register_notebook_formatters()

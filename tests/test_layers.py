@@ -17,7 +17,8 @@ LAYERS = [
     ("engine", ["kvtui.engine"]),
     ("options", ["kvtui.options", "kvtui.locations"]),
     ("widgets", ["kvtui.themes", "kvtui.widgets"]),
-    ("app", ["kvtui.app", "kvtui.replay_app", "kvtui.watch_app", "kvtui.headless", "kvtui.engine_host"]),
+    ("app", ["kvtui.app", "kvtui.replay_app", "kvtui.watch_app", "kvtui.headless", "kvtui.engine_host",
+             "kvtui.compare", "kvtui.compare_app", "kvtui.notebook", "kvtui.notebook_hook"]),
     ("commands", ["kvtui.commands"]),
     ("cli", ["kvtui.cli"]),
     ("api", ["kvtui"]),  # the package itself: `kvtui.watch(...)`, a lazy facade over the engine

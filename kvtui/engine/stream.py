@@ -116,9 +116,12 @@ def control_gate(control_fd: int, pipe: RecordPipe, start_paused: bool = False, 
             threading.Thread(target=self._read, args=(control_fd,), name="kvtui-control", daemon=True).start()
 
         def _read(self, fd: int) -> None:
-            with os.fdopen(fd, "r", encoding="utf-8") as commands:
-                for line in commands:
-                    self._command(*parse_command(line))
+            try:
+                with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as commands:
+                    for line in commands:
+                        self._command(*parse_command(line))
+            except OSError:  # a socket reset: a viewer SIGKILLed before it accepted this connection
+                pass
             # the viewer is gone (quit, crash or SIGKILL): the watched program goes with it
             (on_gone or (lambda: os._exit(143)))()
 

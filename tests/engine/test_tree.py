@@ -279,6 +279,26 @@ def test_a_killed_viewer_leaves_no_rank_behind(tmp_path, llama_dir):
     assert not left, f"still running after the viewer was killed: {left}"
 
 
+def test_a_viewer_killed_before_it_accepted_still_ends_the_process():
+    """A loaded viewer SIGKILLed with this connection still in its listen queue: the read ends in a reset,
+    not an end of file, and the watched process must still go (CI saw two ranks outlive their viewer)."""
+    from kvtui.engine.stream import RecordPipe, control_gate
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    connection = socket.create_connection(server.getsockname())
+    connection.sendall(b'{"type": "hello"}\n')
+    gone = threading.Event()
+    pipe = RecordPipe(os.dup(connection.fileno()))
+    control_gate(os.dup(connection.fileno()), pipe, on_gone=gone.set)
+    assert not gone.wait(0.3)  # the viewer is alive: the program runs on
+    server.close()  # never accepted: the kernel resets the connection
+    assert gone.wait(10), "the control reader died on the reset without ending the process"
+    pipe.close()
+    connection.close()
+
+
 def test_pytest_xdist_workers_name_the_fixture_that_tokenized(tmp_path):
     """The motivating bug report: a session-scoped fixture whose tokenizer appends EOS, in a worker process."""
     model = model_dir("tiny:llama,eos=1")
