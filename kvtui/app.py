@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -194,6 +194,10 @@ class KvtuiApp(App):
         Binding("question_mark,f1", "help", "help"),
         Binding("q,ctrl+q", "quit", "quit", priority=False),
     ]
+
+    # Actions this app's source cannot do, with why (kvtui's own chat can do them all; a replay or a watched
+    # program cannot rewind, force, ...). See unavailable().
+    UNAVAILABLE: dict[str, str] = {}
 
     def __init__(self, config: AppConfig | None = None, *, loaded=None, clock=None, loader=None, engine_setup=None):
         """`config`: a ready AppConfig (the CLI builds and validates it). The rest go to the engine process
@@ -639,6 +643,27 @@ class KvtuiApp(App):
                        if self.script_turns else "Type a message, Enter to send")
         self.query_one(ChatPane).input.placeholder = placeholder
 
+    # ---- keys a source cannot honour ------------------------------------------------------------------
+
+    def unavailable(self, action: str) -> str | None:
+        """Why `action` cannot run on this app's source (None: it can). Such a key is dimmed in the footer,
+        its reason is listed in help, and pressing it says the reason and changes nothing."""
+        return self.UNAVAILABLE.get(action)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return None if self.unavailable(action) is not None else True  # None: shown disabled
+
+    def on_key(self, event: events.Key) -> None:
+        """Textual skips a disabled binding silently: a key pressed for one hears why instead."""
+        if isinstance(self.focused, Input):  # typed text, not a key for the app
+            return
+        for binding in self._bindings.key_to_bindings.get(event.key, ()):
+            why = self.unavailable(binding.action.partition("(")[0])
+            if why is not None:
+                event.stop()
+                self.notify(why, severity="warning", timeout=4)
+                return
+
     def action_focus_input(self) -> None:
         self.query_one(ChatPane).input.focus()
 
@@ -759,7 +784,7 @@ class KvtuiApp(App):
         self._apply_layout()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(self.BINDINGS))
+        self.push_screen(HelpScreen(self.BINDINGS, self.unavailable))
 
     def action_next_theme(self) -> None:
         names = sorted(self._themes)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from textual.css.query import NoMatches
 
-from .app import KvtuiApp, SessionState, SnapshotReady
+from .app import KvtuiApp, SnapshotReady
 from .engine.replay import Replay, describe_event, transcript
 from .engine.trace import read_trace
 from .options import AppConfig
@@ -18,6 +18,19 @@ PLAY_INTERVAL = 0.1  # seconds between steps while playing
 
 class ReplayApp(KvtuiApp):
     """Engine actions move through the recorded steps instead of calling a model."""
+
+    UNAVAILABLE = {
+        "verify": "replay is read-only: verify needs the live model (the verifies that ran are in the recording)",
+        "force": "replay is read-only: forcing a token needs the live model",
+        "sampler": "replay is read-only: the sampler belongs to the live model",
+        "reset": "replay is read-only: there is no live cache to reset",
+        "export_cache": "replay is read-only: a trace keeps no K/V tensors to export",
+        "restart_engine": "replay runs no engine: it reads the recording",
+        "watch": "replay is read-only: a token's rank needs the live distribution",
+        "toggle_step_mode": "replay has no model: space and u step through the recording, r plays it",
+        "next_script_turn": "replay has no model to send a script turn to",
+        "focus_input": "replay has no model to type to",
+    }
 
     def __init__(self, trace_path: Path, theme_name: str | None = None):
         super().__init__(AppConfig(theme=theme_name) if theme_name else AppConfig())
@@ -72,9 +85,8 @@ class ReplayApp(KvtuiApp):
         elif action == "run":
             if self._player is None:
                 self._player = self.set_interval(PLAY_INTERVAL, self._advance)
-        else:
-            self.post_message(SessionState(self.messages, self.diagnostics,
-                                           f"replay is read-only: '{action}' needs a live model", "warning"))
+        else:  # only a note: a SessionState here would clear the panes the recording fills
+            self.notify(f"replay is read-only: '{action}' needs a live model", severity="warning")
 
     def _find_step(self, step: int):
         return next((s for s in self.replay.snapshots if s.step == step), None)

@@ -23,6 +23,7 @@ from .widgets.program_output import ProgramOutput
 from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 
+# Keys kvtui's own chat has and a watched program's stream cannot honour (by action name), with why.
 OBSERVE_ONLY = {
     "send": "a watched program writes its own prompts: kvtui only observes its forwards",
     "rewind": "rewinding would change the program's cache behind its back: kvtui only observes",
@@ -30,8 +31,14 @@ OBSERVE_ONLY = {
     "force": "forcing a token would change the program: kvtui only observes its forwards",
     "reset": "resetting would change the program's cache: kvtui only observes",
     "sampler": "the program samples on its own: its sampler is not kvtui's",
-    "export": "export is not available for a watched program yet (pause, then use the trace)",
+    "export_cache": "export is not available for a watched program yet (pause, then use the trace)",
+    "toggle_step_mode": "the program decides how it generates: space steps its forwards one at a time",
+    "next_script_turn": "a watched program writes its own prompts: kvtui has no script to send",
+    "restart_engine": "a watched program has no kvtui engine to restart",
 }
+# Keys that are commands to the stream's source: a trace being followed takes none of them.
+SOURCE_COMMANDS = {"step": "step", "run": "run", "pause": "pause", "verify": "verify", "watch": "watch",
+                   "break_on_alarm": "break"}
 
 
 @dataclass
@@ -240,6 +247,14 @@ class WatchApp(KvtuiApp):
 
     # ---- keys --------------------------------------------------------------------------------------
 
+    def unavailable(self, action: str) -> str | None:
+        if action in OBSERVE_ONLY:
+            return OBSERVE_ONLY[action]
+        command = SOURCE_COMMANDS.get(action)
+        if command is not None and command not in getattr(self.source, "supports", ()):
+            return "this stream is read-only (a trace being followed)"
+        return None
+
     def _send(self, command: str) -> bool:
         if self.source is None or command.split()[0] not in getattr(self.source, "supports", ()):
             self.notify("this stream is read-only (a trace being followed)", severity="warning")
@@ -263,8 +278,8 @@ class WatchApp(KvtuiApp):
             if self._send("verify"):
                 self.notify("verify runs in the program between two of its forwards", timeout=3)
         else:
-            self.notify(OBSERVE_ONLY.get(action, f"'{action}' is not available for a watched program"),
-                        severity="warning")
+            why = OBSERVE_ONLY.get("export_cache" if action == "export" else action)
+            self.notify(why or f"'{action}' is not available for a watched program", severity="warning")
 
     def action_pause(self) -> None:
         if self._send("pause"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -31,9 +32,11 @@ class HelpScreen(ModalScreen):
     HelpScreen > VerticalScroll { width: 90; max-width: 95%; height: 80%; border: thick $primary; background: $surface; padding: 1 2; }
     """
 
-    def __init__(self, bindings: list[Binding]):
+    def __init__(self, bindings: list[Binding], unavailable=lambda action: None):
+        """`unavailable(action)`: why the app's source cannot do an action (None: it can)."""
         super().__init__()
         self._key_bindings = bindings
+        self._unavailable = unavailable
 
     def compose(self) -> ComposeResult:
         table = Table(title="kvtui keys", expand=True, show_edge=False)
@@ -41,7 +44,9 @@ class HelpScreen(ModalScreen):
         table.add_column("does")
         for binding in self._key_bindings:
             keys = ", ".join(k.strip() for k in binding.key.split(","))
-            table.add_row(keys, binding.description)
+            why = self._unavailable(binding.action.partition("(")[0])
+            table.add_row(keys, binding.description if why is None else
+                          Text(f"{binding.description}: not here ({why})", style="dim"))
         with VerticalScroll():
             yield Static(table)
             yield Static(NOTES.strip())

@@ -1,0 +1,188 @@
+"""Keys that belong to their source: in a replay and in a watched program's stream, every key of kvtui's
+own chat either works or is visibly disabled with its reason (dimmed in the footer, listed in help, said
+when pressed), and a refused key never changes what the panes show.
+
+The watched program is a fake source here (records in, commands out, no process), as memray's UI tests
+pass a mock reader; tests/ui/test_watch_app.py keeps the real child end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+
+import pytest
+from pilot_helpers import wait_for
+from rich.console import Console
+
+from kvtui.engine.session import ChatSession, SessionConfig
+from kvtui.engine.snapshot import buffer_record
+from kvtui.engine.trace import TraceWriter, header_record
+from kvtui.replay_app import ReplayApp
+from kvtui.watch_app import WatchApp
+from kvtui.widgets.token_buffer import TokenBufferPane
+
+SIZE = (140, 45)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory, tiny_model):
+    model, tok = tiny_model("qwen2")
+    path = tmp_path_factory.mktemp("keys") / "chat.jsonl"
+    session = ChatSession(model, tok, SessionConfig(max_new_tokens=4))
+    with TraceWriter(path, header_record(session, "tiny-qwen2", "tiny")) as writer:
+        session.on_snapshot = lambda snapshot: writer.write(snapshot.to_record())
+        session.send("What is k?")
+        session.generate()
+        writer.write(buffer_record(session.buffer))
+    return path
+
+
+class FakeProgram:
+    """A watched program's stream without the program: the trace's records, then it waits (still running);
+    commands are kept in order."""
+
+    supports = ("pause", "step", "run", "verify", "watch", "break")
+
+    def __init__(self, records: list[dict]):
+        self._records = records
+        self.sent: list[str] = []
+
+    def records(self, stop: threading.Event):
+        yield from self._records
+        stop.wait()
+
+    def send(self, command: str) -> None:
+        self.sent.append(command)
+
+    def stop(self) -> None:
+        pass
+
+
+def screen_facts(app):
+    """What a refused key must leave as it was: the step shown, its buffer, and the alarms."""
+    pane = app.query_one(TokenBufferPane)
+    return (app.latest.step, pane.snapshot.buffer.ids() if pane.snapshot else None, len(app.diagnostics),
+            app.pinned_step)
+
+
+# key -> what it does in a replay: "works" (a check follows), or the words its reason must contain
+REPLAY_KEYS = {"v": "read-only", "o": "read-only", "R": "runs no engine", "e": "no K/V tensors",
+               "f": "read-only", "w": "read-only", "m": "no model", "X": "read-only", "u": "works",
+               "backspace": "works"}
+# the same keys on a watched program (observe only) and on a trace being followed (takes no command)
+WATCH_KEYS = {"v": "works", "o": "samples on its own", "R": "no kvtui engine", "e": "not available",
+              "f": "change the program", "m": "decides how it generates", "X": "change the program's cache",
+              "u": "behind its back", "backspace": "behind its back", "space": "works"}
+FOLLOW_KEYS = {**WATCH_KEYS, "v": "read-only", "space": "read-only", "r": "read-only", "p": "read-only",
+               "b": "read-only"}
+
+ACTIONS = {"v": "verify", "o": "sampler", "R": "restart_engine", "e": "export_cache", "f": "force", "w": "watch",
+           "m": "toggle_step_mode", "X": "reset", "u": "rewind", "backspace": "rewind_to", "space": "step",
+           "r": "run", "p": "pause", "b": "break_on_alarm"}
+
+
+async def settled(app, pilot):
+    """The panes once every record already read is shown (two looks 0.15 s apart agree)."""
+    facts = screen_facts(app)
+    for _ in range(100):
+        await pilot.pause(0.15)
+        if facts == (facts := screen_facts(app)):
+            return facts
+    raise AssertionError("the panes never settled")
+
+
+async def press_and_check(app, pilot, key: str, expect: str) -> str | None:
+    """Press one key; what went wrong (None: it did what `expect` says)."""
+    action = ACTIONS[key]
+    before = await settled(app, pilot)
+    shown = {id(note) for note in app._notifications}  # older ones may expire meanwhile: not by count
+    await pilot.press(key)
+    await pilot.pause(0.15)
+    said = [str(note.message) for note in app._notifications if id(note) not in shown]
+    if expect == "works":
+        return None if app.check_action(action, ()) is True else f"{key} ({action}): disabled"
+    if app.check_action(action, ()) is not None:
+        return f"{key} ({action}): not shown disabled"
+    if not any(expect in text for text in said):
+        return f"{key} ({action}): said {said}, not the reason ({expect!r})"
+    if await settled(app, pilot) != before:
+        return f"{key} ({action}): changed the panes"
+    return None
+
+
+def refused_first(keys: dict[str, str]) -> list[str]:
+    """The refused keys, then those that work (they move the screen on)."""
+    return [key for key in keys if keys[key] != "works"] + [key for key in keys if keys[key] == "works"]
+
+
+async def test_every_key_in_a_replay_works_or_says_why_it_cannot(trace):
+    app = ReplayApp(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None, what="the first recorded step")
+        app.query_one(TokenBufferPane).focus()
+        await pilot.press("r")  # play to the end: every pane filled
+        await wait_for(pilot, lambda: app.position == len(app.replay) - 1, timeout=20, what="the last step")
+        wrong = []
+        for key in refused_first(REPLAY_KEYS):
+            position = app.position
+            if key == "backspace":  # rewind to a selected token: select one first
+                app.query_one(TokenBufferPane).select(2)
+            wrong.append(await press_and_check(app, pilot, key, REPLAY_KEYS[key]))
+            if REPLAY_KEYS[key] == "works":
+                await wait_for(pilot, lambda: app.position < position, what=f"a step back ({key})")
+                assert app.latest.step == app.replay.snapshots[app.position].step
+        assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
+
+
+async def test_help_lists_why_a_replay_key_is_disabled(trace):
+    from kvtui.widgets.help_screen import HelpScreen
+
+    app = ReplayApp(trace)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None, what="the first recorded step")
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help screen")
+        console = Console(width=200, record=True, file=io.StringIO())
+        for static in app.screen.query("Static"):
+            console.print(static.content)
+        text = " ".join(console.export_text().split())
+        assert "verify: not here (replay is read-only" in text
+        assert "step: not here" not in text  # stepping through the recording works
+
+
+def trace_records(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_every_key_on_a_watched_program_works_or_says_why_it_cannot(trace):
+    source = FakeProgram(trace_records(trace))
+    app = WatchApp(source=source, title="fake program")
+    async with app.run_test(size=SIZE) as pilot:
+        steps = sum(1 for r in source._records if r["type"] == "step")
+        await wait_for(pilot, lambda: app.latest is not None and len(app.replay) == steps, what="every step")
+        app.query_one(TokenBufferPane).focus()
+        app.query_one(TokenBufferPane).select(2)
+        wrong = []
+        for key in refused_first(WATCH_KEYS):
+            sent = len(source.sent)
+            wrong.append(await press_and_check(app, pilot, key, WATCH_KEYS[key]))
+            if WATCH_KEYS[key] == "works":
+                expected = {"v": "verify", "space": "step"}[key]
+                if source.sent[sent:][-1:] != [expected]:
+                    wrong.append(f"{key}: sent {source.sent[sent:]}, not {expected!r}")
+            elif source.sent[sent:]:
+                wrong.append(f"{key}: sent {source.sent[sent:]} to the program")
+        assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
+
+
+async def test_every_key_on_a_followed_trace_works_or_says_why_it_cannot(trace):
+    from kvtui.engine.stream import FollowSource
+
+    app = WatchApp(source=FollowSource(trace), title=f"follow {trace.name}")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.latest is not None, 30, "the first step")
+        app.query_one(TokenBufferPane).focus()
+        app.query_one(TokenBufferPane).select(2)
+        wrong = [await press_and_check(app, pilot, key, FOLLOW_KEYS[key]) for key in refused_first(FOLLOW_KEYS)]
+        assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
