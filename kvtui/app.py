@@ -339,7 +339,7 @@ class KvtuiApp(App):
     def pump(self, restore: dict | None = None) -> None:
         """Start the engine process and turn its records into messages, until it ends."""
         from .engine.replay import SnapshotBuilder
-        from .engine.stream import EngineSource
+        from .engine.stream import EngineSource, ListCopy
 
         worker = get_current_worker()
         try:
@@ -355,22 +355,25 @@ class KvtuiApp(App):
         builder = self._builder
         diagnostics: tuple[Diagnostic, ...] = ()
         messages = facts = None
+        chat, alarms = ListCopy(), ListCopy()  # the engine sends both as what changed
         errors: deque[str] = deque(maxlen=20)
         failed = False
         for record in source.records(stop=worker.cancelled_event):
             kind = record.get("type")
             if kind == "session":
                 facts = record
-                messages = record.get("messages")
-                if "diagnostics" in record:
-                    diagnostics = diagnostics_from(record["diagnostics"])
+                messages = chat.update(record, "messages")
+                if alarms.update(record, "diagnostics") is not None:
+                    diagnostics = diagnostics_from(alarms.items)
             elif kind == "step":
                 snapshot = builder.add(record)
                 self.post_message(SnapshotReady(snapshot, messages, diagnostics, bool(facts and facts["running"]), facts))
                 messages = facts = None
             elif kind == "state":
-                diagnostics = diagnostics_from(record["diagnostics"])
-                self.post_message(SessionState(record["messages"], diagnostics, record.get("note", ""),
+                chat.update(record, "messages")
+                alarms.update(record, "diagnostics")
+                diagnostics = diagnostics_from(alarms.items)
+                self.post_message(SessionState(chat.items, diagnostics, record.get("note", ""),
                                                record.get("severity", "information"), _verify_result(record), record))
             elif kind == "progress":
                 self.post_message(LoadProgress(record["text"], record.get("fraction")))

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from .engine.stream import RecordPipe, parse_command
+from .engine.stream import ListChanges, RecordPipe, parse_command
 
 EXIT_GRACE = 1.5  # seconds a forward may take to end once the app is gone
 MESSAGES_HZ = 2  # transcript updates per second while a turn runs: decoding the reply is O(reply)
@@ -97,7 +97,9 @@ class EngineHost:
         self._lock = threading.Lock()
         self._asides: list[int] = []  # watch requests, applied by the main thread between forwards
         self._messages_at = 0.0
-        self._diagnostics_sent = -1
+        self._messages = ListChanges()  # the chat and the alarms go to the app as what changed
+        self._diagnostics = ListChanges()
+        self._diagnostics_count = -1
 
     # ---- the control thread ------------------------------------------------------------------------
 
@@ -272,20 +274,23 @@ class EngineHost:
         record = {"type": "session", "running": self.running, "steps": session.steps, "turn": session.turn,
                   "cache_length": snapshot.cache_seq_length}
         if not self.running or snapshot.phase != "decode" or now - self._messages_at >= 1 / MESSAGES_HZ:
-            record["messages"], self._messages_at = session.messages, now
-        if len(session.diagnostics) != self._diagnostics_sent:
-            record["diagnostics"] = _diagnostics(session.diagnostics)
-            self._diagnostics_sent = len(session.diagnostics)
+            self._messages.put(record, "messages", session.messages)
+            self._messages_at = now
+        if len(session.diagnostics) != self._diagnostics_count:  # a step only adds alarms: O(1) when none
+            self._diagnostics.put(record, "diagnostics", _diagnostics(session.diagnostics))
+            self._diagnostics_count = len(session.diagnostics)
         self.pipe.send(record, snapshot)  # one write per step: one wake-up of the app's reader
         self._apply_asides()
 
     def state(self, done: str, note: str = "", severity: str = "information", verify=None, error: str | None = None):
         """After every command: what the app shows between turns (and that the command is done)."""
         session = self.session
-        self._diagnostics_sent = len(session.diagnostics)
-        self.pipe.send({"type": "state", "done": done, "note": note, "severity": severity, "error": error,
-                        "verify": asdict(verify) if verify is not None else None, "messages": session.messages,
-                        "diagnostics": _diagnostics(session.diagnostics), **self._facts()})
+        record = {"type": "state", "done": done, "note": note, "severity": severity, "error": error,
+                  "verify": asdict(verify) if verify is not None else None, **self._facts()}
+        self._messages.put(record, "messages", session.messages, always=True)
+        self._diagnostics.put(record, "diagnostics", _diagnostics(session.diagnostics), always=True)
+        self._diagnostics_count = len(session.diagnostics)
+        self.pipe.send(record)
 
     def _facts(self) -> dict:
         session = self.session

@@ -26,10 +26,15 @@ one JSON value (`send {"text": "hi", "run": true}`, `rewind 1`, `watch 42`).
     engine only      {"type": "progress", "text", "fraction"}  loading (conversion, weights)
                      {"type": "ready", "description", "pid", ...facts}  the model is loaded
                      {"type": "load-failed", "error": ...}    one line saying why
-                     {"type": "session", "running", "steps", "turn", "cache_length", ["messages"],
-                      ["diagnostics"]}                        before each step record: the chat around it
+                     {"type": "session", "running", "steps", "turn", "cache_length", ["messages",
+                      "messages_from"], ["diagnostics", "diagnostics_from"]}  before each step record: the chat
+                                                              around it, where it changed
                      {"type": "state", "done": COMMAND, "note", "severity", "error", "verify",
-                      "messages", "diagnostics", ...facts}    after each command (error: a worker-error)
+                      ["messages", "messages_from"], ["diagnostics", "diagnostics_from"], ...facts}
+                                                              after each command (error: a worker-error)
+                     A list is sent as what changed: `X_from: i` and `X`, the items from index i on (the
+                     viewer keeps its first i); absent: unchanged. So a record's bytes follow what a step
+                     changed, not the chat's length (ListChanges, ListCopy).
   viewer -> source
     watch            pause | run | step | break on | break off | verify | watch ID | quit
     engine           send {"text", "run"} | step | run | pause | stop | rewind N | rewind_to N |
@@ -63,6 +68,45 @@ STREAM_ONLY = ("paused", "break", "notice", "program-exit", "output", "process-e
 def format_command(word: str, argument=None) -> str:
     """One command line: the word, then its argument as one JSON value (no newline inside)."""
     return word if argument is None else f"{word} {json.dumps(argument, ensure_ascii=False)}"
+
+
+class ListChanges:
+    """The sender's side of a list sent as its changes (see the module doc): what changed since the last send."""
+
+    def __init__(self):
+        self._sent: list = []
+
+    def changes(self, now: list) -> tuple[int, list] | None:
+        """(i, now[i:]) for the first i items the viewer already has; None when nothing changed."""
+        same, shortest = 0, min(len(self._sent), len(now))
+        while same < shortest and self._sent[same] == now[same]:
+            same += 1
+        if same == len(now) == len(self._sent):
+            return None
+        self._sent = [dict(item) if isinstance(item, dict) else item for item in now]  # items mutated in place
+        return same, now[same:]
+
+    def put(self, record: dict, key: str, now: list, always: bool = False) -> None:
+        """Add `key` and `key_from` to the record when the list changed (or `always`: a state record)."""
+        found = self.changes(now)
+        if found is None and always:
+            found = len(now), []
+        if found is not None:
+            record[f"{key}_from"], record[key] = found
+
+
+class ListCopy:
+    """The viewer's side: the list as the records built it."""
+
+    def __init__(self):
+        self.items: list = []
+
+    def update(self, record: dict, key: str) -> list | None:
+        """The whole list when this record changed it (a new list object), else None."""
+        if key not in record:
+            return None
+        self.items = self.items[: record.get(f"{key}_from", 0)] + list(record[key])
+        return self.items
 
 
 def parse_command(line: str) -> tuple[str, object]:
