@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, log, summary  # noqa: E402  (sets KVTUI_CACHE_DIR before the kernel starts)
+from common import log, summary  # noqa: E402  (sets KVTUI_CACHE_DIR before the kernel starts)
 
 SETUP = """
 import json, os, tempfile, time, torch

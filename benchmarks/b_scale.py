@@ -7,11 +7,11 @@ import json
 import time
 from pathlib import Path
 
-from common import in_worker, log, rss_bytes, summary
+from common import log, rss_bytes, summary
 from kvtui.engine import introspect
 from kvtui.engine.loader import load_model
-from kvtui.engine.session import ChatSession, SessionConfig
 from kvtui.engine.models.tiny import CORPUS, build_tiny
+from kvtui.engine.session import ChatSession, SessionConfig
 
 MAX_POSITIONS = 65536
 CHUNK_TOKENS = 2048  # prefill chunk: keeps the attention scores of one forward small

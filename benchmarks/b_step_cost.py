@@ -301,7 +301,7 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
         rec.close()  # the writer drains: its CPU time is in `engine`
         bare = BareLoop(model, list(first.input_ids))
         feed = [first.chosen.id]
-        bare_s = _timed(steps(lambda: feed.append(bare.step(feed[-1]))))
+        bare_s = _timed(steps(lambda feed=feed, bare=bare: feed.append(bare.step(feed[-1]))))
         if repeat:
             ratios["watched_over_plain"].append(watched[0] / plain[0])
             ratios["engine_over_bare"].append(engine[0] / bare_s[0])

@@ -81,17 +81,15 @@ def main() -> int:
     whole = BackgroundLoad().start()
 
     import torch
-
-    from kvtui.engine.loader import load_model
-    from kvtui.engine.models.tiny import build_tiny
+    from transformers.utils import logging as hf_logging
 
     import b_caches
     import b_overhead
     import b_step_cost
     import b_ui
     import b_watch
-
-    from transformers.utils import logging as hf_logging
+    from kvtui.engine.loader import load_model
+    from kvtui.engine.models.tiny import build_tiny
 
     hf_logging.disable_progress_bar()  # build_tiny's save_pretrained would draw a bar
     tmp = tempfile.TemporaryDirectory(prefix="kvtui-bench-")
@@ -381,7 +379,7 @@ def report(r: dict) -> str:
     add("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
     git = r.get("git") or {}
     if git.get("commit"):
-        add(f"- kvtui source: commit `{git['commit'][:12]}`" + (f", working tree with uncommitted changes in "
+        add(f"- kvtui source: commit `{git['commit'][:12]}`" + (", working tree with uncommitted changes in "
             + ", ".join(f"`{f}`" for f in git["dirty"][:12]) + (" …" if len(git["dirty"]) > 12 else "")
             + " (measured as found)" if git.get("dirty") else ", clean working tree"))
     add(f"- SmolLM2-135M-Instruct (embedded, converted checkpoint) loaded in {r['smol_load_s']:.1f} s")
@@ -742,9 +740,6 @@ def findings(r: dict) -> str:
             "during which the loader thread is already importing torch and competes for the GIL. What limits it: "
             "interpreter start + Textual + kvtui widgets imports, CSS parsing of `app.tcss` and the themes, and the "
             "first compositor pass for 160×48 cells.")
-    prof = rm.get("profile") or {}
-    share = prof.get("share", {})
-    ui_share = share.get("UI thread (asyncio loop)")
     r_s = rm["ratio"]["median"]
     r_e = rm.get("ratio_engine", {}).get("median", float("nan"))
     r_np = rm.get("ratio_tui_no_paint", {}).get("median", float("nan"))

@@ -15,9 +15,9 @@ from textual.worker import get_current_worker
 
 from .app import KvtuiApp, SnapshotReady
 from .engine.snapshot import Diagnostic
+from .fmt import printable
 from .options import AppConfig
 from .widgets.chat_pane import ChatPane
-from .fmt import printable
 from .widgets.program_input import ProgramInput
 from .widgets.program_output import ProgramOutput
 from .widgets.status_bar import StatusBar

@@ -8,8 +8,8 @@ not at every step, so a long run is not flooded; `Alarms` remembers what is acti
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .snapshot import BufferToken, Diagnostic, LayerInfo
 

@@ -109,7 +109,7 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
 
 
 def _compare_step(sa: dict, sb: dict, tol: float, pieces: dict[int, str],
-                  layer_notes: "_LayerNotes") -> tuple[str, str] | None:
+                  layer_notes: _LayerNotes) -> tuple[str, str] | None:
     ids_a, ids_b = list(sa.get("input_ids") or []), list(sb.get("input_ids") or [])
     if ids_a != ids_b:
         return "input_ids", _sequence_detail("fed tokens", ids_a, ids_b, pieces)
@@ -130,7 +130,7 @@ def _compare_step(sa: dict, sb: dict, tol: float, pieces: dict[int, str],
     return _compare_layers(sa.get("layers") or [], sb.get("layers") or [], layer_notes)
 
 
-def _compare_layers(layers_a: list[dict], layers_b: list[dict], notes: "_LayerNotes") -> tuple[str, str] | None:
+def _compare_layers(layers_a: list[dict], layers_b: list[dict], notes: _LayerNotes) -> tuple[str, str] | None:
     if len(layers_a) != len(layers_b):
         return "layers", f"A has {len(layers_a)} cache layers, B has {len(layers_b)}"
     for la, lb in zip(layers_a, layers_b):

@@ -657,7 +657,7 @@ def changed(before: Fingerprint, cache) -> str | None:
     `before` (it is spent)."""
     try:
         layers = list(getattr(cache, "layers", ()))
-        if len(layers) != len(before.layers) or not all(_same(e, l, cache) for e, l in zip(before.layers, layers)):
+        if len(layers) != len(before.layers) or not all(_same(e, layer, cache) for e, layer in zip(before.layers, layers)):
             change = describe_change(before.rows(), _rows(cache))  # None: replaced by equal ones (a no-op)
             if change is not None:
                 return change

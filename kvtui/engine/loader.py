@@ -31,10 +31,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .models.common import CACHE_ENV, ModelLoadError, Progress, cache_root, first_line, quiet_progress_bars, report, scaled
+from .models.common import (
+    CACHE_ENV,
+    ModelLoadError,
+    Progress,
+    cache_root,
+    first_line,
+    quiet_progress_bars,
+    report,
+    scaled,
+)
 from .models.devices import DTYPE_KWARG, dtype_name, resolve_device, resolve_dtype
-from .models.embedded import (EMBEDDED_SOURCE, MARKER, embedded_cache_dir, embedded_model_dir, find_embedded_gguf,
-                              gguf_progress, is_complete)
+from .models.embedded import (
+    EMBEDDED_SOURCE,
+    MARKER,
+    embedded_cache_dir,
+    embedded_model_dir,
+    find_embedded_gguf,
+    gguf_progress,
+    is_complete,
+)
 from .models.hub import hub_snapshot_dir, looks_like_path
 from .models.tiny_spec import tiny_model_dir
 

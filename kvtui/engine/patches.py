@@ -19,7 +19,7 @@ import copyreg
 import functools
 import threading
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -250,7 +250,7 @@ def acquire_copy_patches(user, cls: type, lookup, copied) -> None:
 
 # ---- threads ------------------------------------------------------------------------------------------
 
-_THREAD_STARTS: "weakref.WeakKeyDictionary[threading.Thread, str]" = weakref.WeakKeyDictionary()
+_THREAD_STARTS: weakref.WeakKeyDictionary[threading.Thread, str] = weakref.WeakKeyDictionary()
 
 
 def thread_start_wrapper(where: Callable[[], str]):

@@ -27,16 +27,26 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable
 
 import torch
 
 from . import introspect
 from .diagnostics import check_refed, check_stale_prompt
 from .lineage import CacheTrack, Lineage
-from .patches import (PATCHES, Registry, acquire_copy_patches, call_wrapper, compiling, defining_class, edit_wrapper,
-                      peek_wrapper, started_at, thread_start_wrapper)
+from .patches import (
+    PATCHES,
+    Registry,
+    acquire_copy_patches,
+    call_wrapper,
+    compiling,
+    defining_class,
+    edit_wrapper,
+    peek_wrapper,
+    started_at,
+    thread_start_wrapper,
+)
 from .session import find_sub, judge_recompute
 from .snapshot import Diagnostic, StepSnapshot
 from .watch_step import Call, StepBuilder, read_call
@@ -137,10 +147,10 @@ def _inside_transformers() -> bool:
 class Gate:
     """Where a front end may hold the program: before each watched forward, after each step."""
 
-    def before_forward(self, watcher: "Watcher") -> None:
+    def before_forward(self, watcher: Watcher) -> None:
         pass
 
-    def after_step(self, watcher: "Watcher", snapshot: StepSnapshot) -> None:
+    def after_step(self, watcher: Watcher, snapshot: StepSnapshot) -> None:
         pass
 
 
@@ -158,7 +168,7 @@ class _State(threading.local):
 _STATE = _State()
 _MODELS = Registry()  # watched model -> its _Probe
 _POSITIONS = Registry()  # position module -> (its _Probe, "rotary" | "embedding")
-_WATCHERS: list["Watcher"] = []  # attached watchers (caches are found through them)
+_WATCHERS: list[Watcher] = []  # attached watchers (caches are found through them)
 
 
 class WatchRefused(ValueError):
@@ -176,7 +186,7 @@ def _cache_owner(cache):
 class _Probe:
     """One watched model: its registry entries (no hooks on the instance) and what kvtui read of it."""
 
-    def __init__(self, watcher: "Watcher", model, index: int):
+    def __init__(self, watcher: Watcher, model, index: int):
         self.watcher, self.model, self.index = watcher, model, index
         self.name = getattr(model, "name_or_path", None) or type(model).__name__
         self.role: str | None = None  # "draft" when passed to generate() as assistant_model
@@ -300,7 +310,7 @@ class Watcher:
 
     # ---- attaching -------------------------------------------------------------------------------
 
-    def attach(self, model) -> "Watcher":
+    def attach(self, model) -> Watcher:
         if any(p.model is model for p in self.probes):
             return self
         refusal = introspect.hybrid_refusal(model.config)  # a feature test of this transformers' DynamicCache
@@ -332,7 +342,7 @@ class Watcher:
         if self.recorder is not None:
             self.recorder.close()
 
-    def __enter__(self) -> "Watcher":
+    def __enter__(self) -> Watcher:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -794,10 +804,10 @@ class AutoAttach:
         self.watcher = watcher
         self._undo: list[Callable[[], None]] = []
 
-    def install(self) -> "AutoAttach":
+    def install(self) -> AutoAttach:
         return self.install_models().install_tokenizers()
 
-    def install_models(self) -> "AutoAttach":
+    def install_models(self) -> AutoAttach:
         from transformers import PreTrainedModel
 
         watcher = self.watcher
@@ -818,7 +828,7 @@ class AutoAttach:
         self._undo.append(lambda: setattr(PreTrainedModel, "post_init", post_init))
         return self
 
-    def install_tokenizers(self) -> "AutoAttach":
+    def install_tokenizers(self) -> AutoAttach:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
         watcher = self.watcher

@@ -29,7 +29,7 @@ class Recorder:
             session.on_event = self.on_event
 
     @classmethod
-    def for_records(cls, path: str | Path | None, header: dict) -> "Recorder":
+    def for_records(cls, path: str | Path | None, header: dict) -> Recorder:
         """A recorder of records another source builds (a watched program: steps, caches, alarms, verify)."""
         return cls(None, path, header=header)
 

@@ -181,11 +181,11 @@ def _extra_layer_fields(record: dict) -> dict:
 
 def _snapshot(record: dict, buffer: TokenBuffer, rows=None) -> StepSnapshot:
     step = record["step"]
-    layers = tuple(LayerInfo(index=l["index"], kind=l["kind"], k_shape=tuple(l["k_shape"]), v_shape=tuple(l["v_shape"]),
-                             dtype=l["dtype"], device=l["device"], bytes=l["bytes"], filled=l["filled"],
-                             capacity=l.get("capacity"), window=l.get("window"), seen=l.get("seen", l["filled"]),
-                             held_from=l.get("held_from", 0), **_extra_layer_fields(l))
-                   for l in record["layers"])
+    layers = tuple(LayerInfo(index=layer["index"], kind=layer["kind"], k_shape=tuple(layer["k_shape"]), v_shape=tuple(layer["v_shape"]),
+                             dtype=layer["dtype"], device=layer["device"], bytes=layer["bytes"], filled=layer["filled"],
+                             capacity=layer.get("capacity"), window=layer.get("window"), seen=layer.get("seen", layer["filled"]),
+                             held_from=layer.get("held_from", 0), **_extra_layer_fields(layer))
+                   for layer in record["layers"])
     attention = record.get("attention")
     ms = record.get("ms") or {}
     return StepSnapshot(

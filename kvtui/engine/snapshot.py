@@ -7,8 +7,8 @@ can cross threads, be coalesced, be written to JSON and compared in tests.
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Iterator, Sequence
 
 # Where a cached token came from.
 ORIGINS = ("template", "system", "user", "assistant", "forced", "tokenizer-added", "primed",
@@ -221,7 +221,7 @@ class StepSnapshot:
             return f"{self.cache_id} ({self.cache_unknown} tokens filled before kvtui saw it)"
         return self.cache_id
 
-    def for_row(self, row: int) -> "StepSnapshot":
+    def for_row(self, row: int) -> StepSnapshot:
         """The same step seen from another batch row (the TUI's row picker)."""
         if not self.rows or not 0 <= row < len(self.rows) or row == self.row:
             return self

@@ -52,8 +52,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 COMMANDS = ("pause", "run", "step", "break on", "break off", "verify", "watch", "quit")
 STREAM_ONLY = ("paused", "break", "notice", "program-exit", "output", "process-exit", "progress", "ready",

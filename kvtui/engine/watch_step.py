@@ -14,8 +14,17 @@ from dataclasses import dataclass, field
 import torch
 
 from . import introspect
-from .diagnostics import (Alarms, SpecialIds, check_drift, check_feed, check_padding_side, check_request,
-                          check_row_positions, recomputed_prefix, token_text)
+from .diagnostics import (
+    Alarms,
+    SpecialIds,
+    check_drift,
+    check_feed,
+    check_padding_side,
+    check_request,
+    check_row_positions,
+    recomputed_prefix,
+    token_text,
+)
 from .sampling import top_token_rows, watched_tokens
 from .snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -128,7 +127,7 @@ def cut_cases(finished: list[bytes]):
     whole = b"".join(line + b"\n" for line in finished)
     step = [line for line in finished if line.startswith(b'{"type":"step"')][-1]
     note = json.dumps({"type": "note", "text": "caché → interrupted"}, ensure_ascii=False).encode("utf-8")
-    inside_arrow = note.index("→".encode("utf-8")) + 1  # between the bytes of one UTF-8 character
+    inside_arrow = note.index("→".encode()) + 1  # between the bytes of one UTF-8 character
     return {
         "half a step line": whole + step[: len(step) // 2],
         "one byte of a line": whole + b"{",

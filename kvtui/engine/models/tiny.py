@@ -15,9 +15,9 @@ a double BOS), Qwen adds none, and ``eos=True`` appends EOS to every encode.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")
 # Every family the architecture matrix builds (tests/engine/test_arch_matrix.py); ARCHES are the
