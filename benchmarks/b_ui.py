@@ -112,7 +112,7 @@ async def _pane_bench(sizes: list[int], repeats: int) -> dict:
                       "visible_tokens": len(visible), "tail_visible": visible.stop >= n}
             log(f"  pane {n} tokens: show {out[n]['show_us']['median']:.0f} us, show+render {height} lines "
                 f"{out[n]['show_plus_render_ms']['median']:.2f} ms, refresh cycle "
-                f"{out[n]['refresh_cycle_ms']['median']:.2f} ms wall / {out[n]['refresh_cycle_cpu_ms']['median']:.2f} ms CPU")
+                f"{out[n]['refresh_cycle_ms']['median']:.2f} ms wall / " f"{out[n]['refresh_cycle_cpu_ms']['median']:.2f} ms CPU")
     return out
 
 

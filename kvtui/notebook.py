@@ -47,7 +47,7 @@ BACKGROUND, FOREGROUND = "#1e1e1e", "#e0e0e0"
 CODE_FORMAT = (
     '<div class="kvtui-view"><pre style="font-family:Menlo,\'DejaVu Sans Mono\',Consolas,monospace;'
     'font-size:12px;line-height:1.3;color:' + FOREGROUND + ';background-color:' + BACKGROUND + ';padding:8px;'
-    'border-radius:4px;white-space:pre-wrap;overflow-x:auto"><code style="font-family:inherit">{code}</code></pre></div>'
+    'border-radius:4px;white-space:pre-wrap;overflow-x:auto"><code ' 'style="font-family:inherit">{code}</code></pre></div>'
 )
 
 

@@ -176,7 +176,7 @@ class WatchApp(KvtuiApp):
         if snapshot.phase == "prefill" and snapshot.cache_length_before is not None:
             fed, held = len(snapshot.input_ids), snapshot.cache_seq_length
             share = (held - fed) / held if held else 0.0
-            text += f"\nturn {snapshot.turn} of this cache · reused {held - fed} cached tokens, fed {fed} ({share:.0%} reuse)"
+            text += f"\nturn {snapshot.turn} of this cache · reused " f"{held - fed} cached tokens, fed {fed} ({share:.0%} reuse)"
         waste = self.recomputed
         if waste:
             text += f" · re-encoded {waste} tokens other caches held (recomputed-prefix)"

@@ -93,7 +93,8 @@ def test_headless_compare_on_a_tiny_model(tmp_path, script, tiny_dir, tiny_model
         assert [t["id"] for t in buffer["tokens"]] == session.buffer.ids(), strategy
         steps = [r for r in records if r["type"] == "step"]
         assert all(r.get("uncached") for r in steps) == (strategy == "none")
-    # cache bytes: the dynamic cache's K and V, [1, kv_heads, T, head_dim] fp32 per layer; the static one is preallocated
+    # cache bytes: the dynamic cache's K and V, [1, kv_heads, T, head_dim] fp32 per layer; the static one is
+    # preallocated
     kv_heads, head_dim = model.config.num_key_value_heads, model.config.hidden_size // model.config.num_attention_heads
     layers, held = model.config.num_hidden_layers, session.cache_length
     assert size(layers * 2 * kv_heads * held * head_dim * 4) in rows["dynamic"]

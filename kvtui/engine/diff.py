@@ -196,7 +196,7 @@ def _topk_detail(rank, ids_a, ids_b, logits_a, logits_b, pieces, tol, blocker=No
     x, y = (blocker, b) if blocker is not None else (a, b)
     gaps = [abs(lg[x] - lg[y]) for lg in (logits_a, logits_b) if x in lg and y in lg]
     if gaps:
-        text += f"; {_piece(x, pieces)} and {_piece(y, pieces)} are {min(gaps):.3g} apart, more than the tie tolerance {tol:g}"
+        text += f"; {_piece(x, pieces)} and {_piece(y, pieces)} are " f"{min(gaps):.3g} apart, more than the tie tolerance {tol:g}"
     else:
         text += f"; no trace ranks both, so it is not a near-tie (tolerance {tol:g})"
     return text

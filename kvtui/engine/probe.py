@@ -601,8 +601,8 @@ class Watcher:
         if not result.ok:
             self._diagnose([Diagnostic(
                 "cache-mismatch", "error",
-                f"the program's cached logits ({snapshot.cache_id}) differ from a full recompute of {len(tokens)} "
-                f"tokens: max |diff| {result.max_abs_diff:.3g} > {result.tolerance:g}"
+                f"the program's cached logits ({snapshot.cache_id}) differ from a full recompute of "
+                f"{len(tokens)} tokens: max |diff| {result.max_abs_diff:.3g} > {result.tolerance:g}"
                 f"{'' if result.topk_agree else ', top-k order differs'}", self.steps)])
         record = asdict(result)
         record["cached_top"], record["recomputed_top"] = list(result.cached_top), list(result.recomputed_top)

@@ -728,7 +728,8 @@ class ChatSession:
             self._record([Diagnostic(
                 "cache-mismatch", "error",
                 f"cached logits differ from a full recompute of {len(chat)} tokens: max |diff| {diff:.3g} "
-                f"> {tolerance:g}{' (quantized cache bound)' if quantized else ''}{'' if agree else ', top-k order differs'}"
+                f"> {tolerance:g}{' (quantized cache bound)' if quantized else ''}"
+                f"{'' if agree else ', top-k order differs'}"
                 + (f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""), self.steps)])
         self._emit("verify", result)
         return result

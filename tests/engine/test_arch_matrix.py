@@ -137,7 +137,7 @@ def summarize(model, session, diff: float) -> str:
     else:
         rewind = "crop"
     layers = ", ".join(f"{n} {k}" for k, n in kinds.items())
-    return f"| {FAMILIES[session._arch]} | `{type(model).__name__}` | {layers} | {kv_text} | {state_text} | {rewind} | exact |"
+    return f"| {FAMILIES[session._arch]} | `{type(model).__name__}` | " f"{layers} | {kv_text} | {state_text} | {rewind} | exact |"
 
 
 @pytest.mark.parametrize("arch", list(FAMILIES))
@@ -218,8 +218,8 @@ def test_quantized_cache_is_refused_where_transformers_refuses_it(tiny_model, ar
 
 
 def _readme_table(rows: list[str]) -> str:
-    header = ("| family | class | cache layers | K · V (heads×dim) | non-KV state (layer shape) | rewind | 3-turn chat vs full recompute |\n"
-              "|---|---|---|---|---|---|---|")
+    header = ("| family | class | cache layers | K · V (heads×dim) | non-KV state (layer shape) | rewind | 3-turn chat vs "
+              "full recompute |\n|---|---|---|---|---|---|---|")
     return "\n".join([BEGIN, header, *rows, END])
 
 

@@ -1,9 +1,9 @@
 """Crash: a headless run or a watched program killed with SIGKILL mid-generation leaves a trace whose
 finished lines all read back.
 
-The writer's thread flushes once per line it takes (the model's thread hands it each step and goes on), so a kill leaves whole lines plus, at worst, one unterminated tail
-(a large line goes out in several writes). `read_trace` drops that tail and sets `truncated`; the
-replay app says the recording was interrupted.
+The writer's thread flushes once per line it takes (the model's thread hands it each step and goes on), so a
+kill leaves whole lines plus, at worst, one unterminated tail (a large line goes out in several writes).
+`read_trace` drops that tail and sets `truncated`; the replay app says the recording was interrupted.
 """
 
 from __future__ import annotations
