@@ -197,9 +197,9 @@ def check_request(alarms: Alarms, step: int, *, cache_position: Sequence[int] | 
     found = alarms.transition("ignored-argument", at if cache_position is not None and not accepts_cache_position
                               else None, lambda: Diagnostic(
         "ignored-argument", "warning",
-        f"cache_position={span(cache_position)} was passed but this transformers version ignores it (models take "
-        f"no cache_position since 5.4): the model wrote at the cache's own length {cache_len} and took positions "
-        f"from position_ids or that length" + at, step))
+        f"cache_position={span(cache_position or ())} was passed but this transformers version ignores it (models "
+        f"take no cache_position since 5.4): the model wrote at the cache's own length {cache_len} and took "
+        f"positions from position_ids or that length" + at, step))
     first = cache_position[0] if cache_position else cache_len
     found += alarms.check_cursor(step, first, cache_len, whose=f"the caller's own cursor (cache_position starts at "
                                                                f"{first})", at=at)

@@ -29,6 +29,8 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import asdict
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -51,6 +53,9 @@ from .session import find_sub, judge_recompute
 from .snapshot import Diagnostic, StepSnapshot
 from .watch_step import Call, StepBuilder, read_call
 
+if TYPE_CHECKING:
+    from .recorder import Recorder  # imported when a trace starts
+
 TOP_K = 10
 EDIT_METHODS = ("crop", "reset", "reorder_cache", "batch_select_indices", "batch_repeat_interleave")
 _KVTUI_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -68,7 +73,7 @@ def _library_dirs() -> tuple[str, ...]:
 def caller_line(skip: tuple[str, ...] | None = None) -> str:
     """"file.py:42": the innermost frame that belongs to the user's code, not to torch/transformers/kvtui."""
     skip = skip or _library_dirs()
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(skip) and not name.startswith("<frozen"):
@@ -85,7 +90,7 @@ def caller_and_generate(skip: tuple[str, ...]) -> tuple[str, list]:
     generate() is read from its frame, not wrapped: a wrapper would become the caller that its warnings
     (stacklevel) point at, and the program's stderr would change."""
     frames = []
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code in _GENERATE_CODES:
@@ -138,7 +143,7 @@ def _inside_transformers() -> bool:
     import transformers
 
     root = os.path.dirname(os.path.abspath(transformers.__file__)) + os.sep
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(_KVTUI_DIR):  # kvtui's wrapper frames
         frame = frame.f_back
     return frame is not None and frame.f_code.co_filename.startswith(root)
@@ -284,7 +289,7 @@ class Watcher:
         self.on_snapshot, self.on_event = on_snapshot, on_event
         self.program = program
         self.trace_path = trace
-        self.recorder = None
+        self.recorder: Recorder | None = None
         self.probes: list[_Probe] = []
         self.steps = 0
         self.diagnostics: list[Diagnostic] = []
@@ -294,7 +299,7 @@ class Watcher:
         self.recomputed_tokens = 0  # tokens prefills re-encoded that another cache held (recomputed-prefix)
         self.recomputed_ms = 0.0
         self.builder = StepBuilder(self)
-        self._skip = None
+        self._skip: tuple[str, ...] | None = None  # _library_dirs(), at the first forward
         self._lock = threading.RLock()
         self._started = False  # the header is out (first forward)
         self._waiting: list[dict] = []  # records raised before it
@@ -573,8 +578,8 @@ class Watcher:
         """Compare the last forward's logits (row 0) with one no-cache forward over what its cache row
         holds (attended tokens, positions 0..n-1), judged as kvtui's own session judges. Runs in the
         program's thread, between two forwards. Refuses (ValueError) what it cannot check."""
-        snapshot, logits = self.last, self._last_logits
-        if snapshot is None or logits is None:
+        snapshot, logits, probe = self.last, self._last_logits, self._last_probe  # set together, by a forward
+        if snapshot is None or logits is None or probe is None:
             raise ValueError("nothing to verify yet: the program has not run a forward")
         unknown = snapshot.cache_unknown
         if unknown:
@@ -583,7 +588,7 @@ class Watcher:
                 f"(made before attaching, loaded or copied from an unwatched cache), so a recompute has nothing "
                 f"to start from; the {len(snapshot.buffer) - unknown} tokens after them were fed while watched")
         tokens = [t.id for t in snapshot.buffer if t.origin != "pad" and t.id >= 0]
-        model = self._last_probe.model
+        model = probe.model
         device = model.get_input_embeddings().weight.device
         ids = torch.tensor([tokens], device=device)  # [1, n]
         started = time.perf_counter()

@@ -160,11 +160,13 @@ def _token(record: dict) -> BufferToken:
                        special=record["special"], origin=record["origin"], turn=record.get("turn", 0))
 
 
-def _top(record: dict | None) -> TopToken | None:
-    if record is None:
-        return None
+def _top(record: dict) -> TopToken:
     return TopToken(id=record["id"], text=record["text"], logit=record["logit"], prob=record["prob"],
                     rank=record.get("rank", 0))
+
+
+def _maybe_top(record: dict | None) -> TopToken | None:
+    return None if record is None else _top(record)
 
 
 def _extra_layer_fields(record: dict) -> dict:
@@ -193,7 +195,7 @@ def _snapshot(record: dict, buffer: TokenBuffer, rows=None) -> StepSnapshot:
         input_ids=tuple(record["input_ids"]), positions=tuple(record["positions"]), cursor=record["cursor"],
         cache_seq_length=record["cache_seq_length"], capacity=record.get("capacity"), layers=layers,
         topk=tuple(_top(t) for t in record["topk"]), topk_processed=tuple(_top(t) for t in record.get("topk_processed", [])),
-        watched=tuple(_top(t) for t in record.get("watched", [])), chosen=_top(record.get("chosen")),
+        watched=tuple(_top(t) for t in record.get("watched", [])), chosen=_maybe_top(record.get("chosen")),
         chosen_forced=bool((record.get("chosen") or {}).get("forced")),
         diagnostics=tuple(Diagnostic(d["code"], d["severity"], d["message"], step) for d in record.get("diagnostics", [])),
         forward_ms=ms.get("forward", 0.0), snapshot_ms=ms.get("snapshot", 0.0), buffer=buffer,

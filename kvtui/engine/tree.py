@@ -214,7 +214,8 @@ class ProcessRun:
     world_size: int | None = None
     ppid: int | None = None
     host: str | None = None
-    connection: object = field(default=None, repr=False)
+    # always given (the server makes a run for a connection it accepted); None is only the field's default
+    connection: socket.socket = field(default=None, repr=False)  # type: ignore[assignment]
     send_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     models: list[str] = field(default_factory=list)
     steps: int = 0
@@ -436,7 +437,7 @@ class Naming:
         return record
 
 
-def merge(runs: list[ProcessRun], out: Path, alarms: list = ()) -> None:
+def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:  # alarms: Diagnostics
     """One trace: a run header, then per process its `process` record and its records (made one stream by
     `Naming`: steps numbered through the run); then the run's own alarms (rank-desync), at their steps."""
     from .trace import TraceWriter, header_start
