@@ -9,7 +9,15 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, TypeVar, dataclass_transform
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from typing import dataclass_transform  # Python 3.11: for the checker only, the engine imports on 3.10
+else:
+
+    def dataclass_transform(**_options):
+        return lambda function: function
+
 
 _T = TypeVar("_T")
 
@@ -20,7 +28,7 @@ ORIGINS = ("template", "system", "user", "assistant", "forced", "tokenizer-added
 SEVERITIES = ("info", "warning", "error")
 
 
-# type checkers read a class under @frozen as the frozen dataclass it is (at run time: a mark on the function)
+# type checkers read a class under @frozen as the frozen dataclass it is (nothing at run time)
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def frozen(cls: type[_T]) -> type[_T]:
     """`@dataclass(frozen=True, slots=True)` with an __init__ that fills each slot through its descriptor.
