@@ -14,7 +14,7 @@ TRANSFORMERS_OLDEST := transformers>=4.57,<4.58
 COMPAT := .venv-compat
 COMPAT_TESTS := tests/engine tests/test_support.py
 
-.PHONY: demo test browser test-compat bench clean
+.PHONY: demo test lint browser test-compat bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,13 +31,14 @@ $(STAMP): pyproject.toml Makefile | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/kvtui $(ARGS)
 
-# The whole suite on the newest tested 5.x (.venv) and, at the same time, the engine and watch tests on 4.57
-# (.venv-compat, its output printed after the 5.x run's); make fails if either failed. Two xdist workers for
-# the 5.x suite and one for 4.57's on this 2-core machine: the runs fill each other's idle time.
+# `make lint` first (below), then the whole suite on the newest tested 5.x (.venv) and, at the same time, the
+# engine and watch tests on 4.57 (.venv-compat, its output printed after the 5.x run's); make fails if either
+# failed. Two xdist workers for the 5.x suite and one for 4.57's on this 2-core machine: the runs fill each
+# other's idle time.
 XDIST ?= -n 2
 COMPAT_XDIST ?=
 COMPAT_LOG ?= $(COMPAT)/last-test.log
-test: $(STAMP) $(COMPAT)/.kvtui-installed browser
+test: $(STAMP) $(COMPAT)/.kvtui-installed browser lint
 	@$(COMPAT)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_XDIST) --durations=15 $(COMPAT_TESTS) $(PYTEST_ARGS) \
 	  </dev/null >$(COMPAT_LOG) 2>&1 & compat=$$!; \
 	rc=0; started=$$(date +%s); \
@@ -46,6 +47,18 @@ test: $(STAMP) $(COMPAT)/.kvtui-installed browser
 	wait $$compat || rc=1; \
 	echo "---- transformers 4.57 (.venv-compat): $(COMPAT_TESTS), done $$(( $$(date +%s) - started )) s after the start"; \
 	cat $(COMPAT_LOG); exit $$rc
+
+# Lint (run by make test before the suite; every check runs, make fails if one found something): ruff's rules
+# and its format, the import-linter contracts of the package's layers, mypy on the engine (pyproject.toml
+# configures all four; the tools come with the test extra).
+LINT_PATHS := kvtui tests benchmarks
+lint: $(STAMP)
+	@rc=0; \
+	echo "---- ruff check"; $(BIN)/ruff check $(LINT_PATHS) || rc=1; \
+	echo "---- ruff format --check"; $(BIN)/ruff format --check $(LINT_PATHS) || rc=1; \
+	echo "---- lint-imports"; $(BIN)/lint-imports || rc=1; \
+	echo "---- mypy"; $(BIN)/mypy || rc=1; \
+	exit $$rc
 
 # The `kvtui serve` test loads the app in headless Chromium (Debian's package).
 browser:
@@ -69,4 +82,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(COMPAT)
+	rm -rf $(VENV) $(COMPAT) .ruff_cache .mypy_cache .import_linter_cache

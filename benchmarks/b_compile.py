@@ -18,6 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402,F401  (environment before torch loads)
+
+# isort: split
 import torch  # noqa: E402
 import transformers  # noqa: E402
 

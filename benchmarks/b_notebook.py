@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, log, summary  # noqa: E402  (sets KVTUI_CACHE_DIR before the kernel starts)
+from common import log, summary  # noqa: E402  (sets KVTUI_CACHE_DIR before the kernel starts)
 
 SETUP = """
 import json, os, tempfile, time, torch
@@ -30,8 +30,10 @@ MODEL = {model!r}
 loaded = load_model(None if MODEL == "embedded" else str(build_tiny("llama", tempfile.mkdtemp())),
                     dtype="float32", device="cpu")
 model, tokenizer = loaded.model, loaded.tokenizer
-ids = tokenizer.apply_chat_template([{{"role": "user", "content": "Explain step by step how a KV cache speeds up text generation."}}],
-                                    add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+ids = tokenizer.apply_chat_template(
+    [{{"role": "user", "content": "Explain step by step how a KV cache speeds up text generation."}}],
+    add_generation_prompt=True, return_tensors="pt", return_dict=True,
+)["input_ids"]
 
 def loop(n):
     cache = DynamicCache(config=model.config)
@@ -72,9 +74,11 @@ for repeat in range({repeats}):
         if variant == "plain":
             reference = chosen
         same = same and chosen == reference
-print("KVTUI-BENCH " + json.dumps({{"times": times, "cpu": cpu, "updates": updates, "render_s": render_s, "same_tokens": same,
-                                   "threads": torch.get_num_threads(), "model": f"{{loaded.source}} ({{type(model).__name__}})",
-                                   "layers": model.config.num_hidden_layers}}))
+print("KVTUI-BENCH " + json.dumps({{
+    "times": times, "cpu": cpu, "updates": updates, "render_s": render_s, "same_tokens": same,
+    "threads": torch.get_num_threads(), "model": f"{{loaded.source}} ({{type(model).__name__}})",
+    "layers": model.config.num_hidden_layers,
+}}))
 """
 
 

@@ -7,11 +7,11 @@ import json
 import time
 from pathlib import Path
 
-from common import in_worker, log, rss_bytes, summary
+from common import log, rss_bytes, summary
 from kvtui.engine import introspect
 from kvtui.engine.loader import load_model
-from kvtui.engine.session import ChatSession, SessionConfig
 from kvtui.engine.models.tiny import CORPUS, build_tiny
+from kvtui.engine.session import ChatSession, SessionConfig
 
 MAX_POSITIONS = 65536
 CHUNK_TOKENS = 2048  # prefill chunk: keeps the attention scores of one forward small
@@ -176,7 +176,7 @@ def bench(tiny_dir: Path, lengths: list[int], steps: int = 40, info_calls: int =
             "tokens_ids": len(ids),
         })
         log(f"  scale {last.cache_seq_length} tokens: snapshot {rows[-1]['snapshot_ms']['median']:.3f} ms, "
-            f"layer_infos {rows[-1]['layer_infos_us']['median']:.1f} us, forward {rows[-1]['forward_ms']['median']:.2f} ms, "
+            f"layer_infos {rows[-1]['layer_infos_us']['median']:.1f} " f"us, forward {rows[-1]['forward_ms']['median']:.2f} ms, "
             f"cache {cache_bytes / 2**20:.2f} MiB, step peak +{max(peaks) / 2**20:.2f} MiB (fill {fill_s:.1f} s)")
     return {"model": f"tiny llama ({model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
                      f"{model.config.num_key_value_heads} KV heads x {model.config.hidden_size // model.config.num_attention_heads}"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -32,6 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402,F401  (environment before torch loads)
+
+# isort: split
 import torch  # noqa: E402
 from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: E402
 
@@ -186,7 +187,7 @@ def ratios(model, plain_model, tokenizer, static: bool, tokens: int, repeats: in
         rec.close()
         bare_loop = Bare(plain_model, list(first.input_ids), static, compiled_plain)
         feed = [first.chosen.id]
-        bare = timed(lambda: feed.append(bare_loop.step(feed[-1])))
+        bare = timed(lambda feed=feed, bare_loop=bare_loop: feed.append(bare_loop.step(feed[-1])))
         if repeat:
             found["watched_over_plain"].append(watched / plain)
             found["engine_over_bare"].append(engine / bare)

@@ -16,10 +16,10 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from kvtui.engine.stream import ENGINE_SPIN_COUNT, EngineSource
-
 from common import ROOT, log, summary
-from engine_hooks import read_stamps, reply_decodes, stamps as stamp_hook
+from engine_hooks import read_stamps, reply_decodes
+from engine_hooks import stamps as stamp_hook
+from kvtui.engine.stream import ENGINE_SPIN_COUNT, EngineSource
 
 PANE_SIZE = (160, 48)
 APP_SIZE = (160, 48)
@@ -112,7 +112,7 @@ async def _pane_bench(sizes: list[int], repeats: int) -> dict:
                       "visible_tokens": len(visible), "tail_visible": visible.stop >= n}
             log(f"  pane {n} tokens: show {out[n]['show_us']['median']:.0f} us, show+render {height} lines "
                 f"{out[n]['show_plus_render_ms']['median']:.2f} ms, refresh cycle "
-                f"{out[n]['refresh_cycle_ms']['median']:.2f} ms wall / {out[n]['refresh_cycle_cpu_ms']['median']:.2f} ms CPU")
+                f"{out[n]['refresh_cycle_ms']['median']:.2f} ms wall / " f"{out[n]['refresh_cycle_cpu_ms']['median']:.2f} ms CPU")
     return out
 
 
@@ -323,7 +323,7 @@ async def _key_latencies(app, stamps, repeats: int) -> dict:
         before = layers.display
         t0 = time.perf_counter()
         _send_key(app, "f5", None)
-        await _wait(lambda: layers.display != before, 10)
+        await _wait(lambda before=before: layers.display != before, 10)
         t1 = time.perf_counter()
         await _after_refresh(app.screen)
         t2 = time.perf_counter()
@@ -340,7 +340,7 @@ async def _key_latencies(app, stamps, repeats: int) -> dict:
         pause_ms.append((time.perf_counter() - t0) * 1000)
         steps_after.append(len(stamps()) - step_at)
         _send_key(app, "r", "r")
-        await _wait(lambda: len(stamps()) > step_at + 3, 30, 0.005)
+        await _wait(lambda step_at=step_at: len(stamps()) > step_at + 3, 30, 0.005)
     _send_key(app, "p", "p")
     await _wait(lambda: not _engine_busy(app), 30)
     app.step_mode = True
@@ -349,7 +349,7 @@ async def _key_latencies(app, stamps, repeats: int) -> dict:
         before = app.latest.step
         t0 = time.perf_counter()
         _send_key(app, "space", " ")
-        await _wait(lambda: app.latest.step > before and app._paint_timer is None, 30)
+        await _wait(lambda before=before: app.latest.step > before and app._paint_timer is None, 30)
         await _after_refresh(app.screen)
         step_painted.append((time.perf_counter() - t0) * 1000)
         await _wait(lambda: not _engine_busy(app), 30)
@@ -524,7 +524,7 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
                 with engine_openmp_wait(kind):
                     app = KvtuiApp(AppConfig(options=options), engine_setup=stamp_hook(stamp_file))
                     pilot = await stack.enter_async_context(app.run_test(size=APP_SIZE))
-                    await _wait(lambda: app.session is not None, 120, 0.01)  # spawned inside the with
+                    await _wait(lambda app=app: app.session is not None, 120, 0.01)  # spawned inside the with
                 app.step_mode = False
                 apps[kind] = (app, pilot, stamp_file)
             for cycle in range(turns):

@@ -166,7 +166,7 @@ class BackgroundLoad:
                 pass
         return total
 
-    def start(self) -> "BackgroundLoad":
+    def start(self) -> BackgroundLoad:
         self._thread.start()
         return self
 

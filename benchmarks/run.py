@@ -81,17 +81,15 @@ def main() -> int:
     whole = BackgroundLoad().start()
 
     import torch
-
-    from kvtui.engine.loader import load_model
-    from kvtui.engine.models.tiny import build_tiny
+    from transformers.utils import logging as hf_logging
 
     import b_caches
     import b_overhead
     import b_step_cost
     import b_ui
     import b_watch
-
-    from transformers.utils import logging as hf_logging
+    from kvtui.engine.loader import load_model
+    from kvtui.engine.models.tiny import build_tiny
 
     hf_logging.disable_progress_bar()  # build_tiny's save_pretrained would draw a bar
     tmp = tempfile.TemporaryDirectory(prefix="kvtui-bench-")
@@ -170,10 +168,10 @@ def main() -> int:
     results["importtime"] = import_breakdown()
     results["keys_tiny"] = b_ui.bench_keys(tiny, b_overhead.PROMPT, repeats=3 if q else 5)
     log(f"  keys (tiny, running): F5 handled {results['keys_tiny']['toggle_handled_ms']['median']:.1f} ms, "
-        f"painted {results['keys_tiny']['toggle_painted_ms']['median']:.1f} ms, pause {results['keys_tiny']['pause_ms']['median']:.1f} ms")
+        f"painted {results['keys_tiny']['toggle_painted_ms']['median']:.1f} " f"ms, pause {results['keys_tiny']['pause_ms']['median']:.1f} ms")
     results["keys_smol"] = b_ui.bench_keys(smol, b_overhead.PROMPT, repeats=2 if q else 3)
     log(f"  keys (SmolLM2, running): F5 handled {results['keys_smol']['toggle_handled_ms']['median']:.1f} ms, "
-        f"painted {results['keys_smol']['toggle_painted_ms']['median']:.1f} ms, pause {results['keys_smol']['pause_ms']['median']:.1f} ms")
+        f"painted {results['keys_smol']['toggle_painted_ms']['median']:.1f} " f"ms, pause {results['keys_smol']['pause_ms']['median']:.1f} ms")
     profile_dir = None if args.no_profile or not _has_py_spy() else BENCH / "profiles"
     if profile_dir is not None:
         profile_dir.mkdir(exist_ok=True)
@@ -304,8 +302,8 @@ def watch_report(r: dict) -> list[str]:
     ] + ([
         "", f"The same loop on the tiny llama ({r['watch_tiny']['n_new']} tokens, a ~1 ms forward: the Python-bound "
         "regime of a GPU step): watched / unwatched "
-        f"{fmt_stat(r['watch_tiny']['watched_ratio'], 3)} (this is the per-step cost issue 'Inspection at GPU speed' "
-        "works on).",
+        f"{fmt_stat(r['watch_tiny']['watched_ratio'], 3)} (this is the per-step cost issue 'Inspection at GPU "
+        "speed' works on).",
     ] if r.get("watch_tiny") else [])
 
 
@@ -322,7 +320,7 @@ def notebook_report(r: dict) -> list[str]:
         f"{n['tokens']} tokens, {n['repeats']} repeats, the three variants interleaved per repeat): unwatched, watched "
         "with no display, watched with the live view redrawing one output in place.", "",
         "| variant | ms per token | ratio |", "|---|---|---|",
-        f"| unwatched | {fmt_stat(ms['plain'], 1)} | {fmt_stat(n['ratio_watched_vs_plain'], 3)} (watched / unwatched) |",
+        f"| unwatched | {fmt_stat(ms['plain'], 1)} | " f"{fmt_stat(n['ratio_watched_vs_plain'], 3)} (watched / unwatched) |",
         f"| watched, no display | {fmt_stat(ms['watched'], 1)} | 1 |",
         f"| watched, display=\"live\" | {fmt_stat(ms['live'], 1)} | {fmt_stat(ratio, 3)} (live / watched) |", "",
         f"Redraws: {fmt_stat(n['updates_per_loop'], 1)} per loop ({fmt_stat(n['updates_per_s'], 2)} a second), "
@@ -357,7 +355,7 @@ def step_cost_report(r: dict) -> list[str]:
         f"repeat): watched / plain {fmt_stat(watched, 3)}, engine / bare {fmt_stat(engine, 3)} (CPU time of the whole "
         f"process, a cross-check a busy machine cannot blur: {fmt_stat(ratios['watched_over_plain_cpu'], 3)} and "
         f"{fmt_stat(ratios['engine_over_bare_cpu'], 3)}). Targets ≤ 1.15 and "
-        f"≤ 1.10 (goal 1.05): watched {_verdict(watched['median'] <= 1.15)}, engine {_verdict(engine['median'] <= 1.10)}."
+        f"≤ 1.10 (goal 1.05): watched {_verdict(watched['median'] <= 1.15)}, " f"engine {_verdict(engine['median'] <= 1.10)}."
         " Before/after of this issue's change, measured side by side: `benchmarks/STEP-COST.md`.",
     ]
 
@@ -381,7 +379,7 @@ def report(r: dict) -> str:
     add("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
     git = r.get("git") or {}
     if git.get("commit"):
-        add(f"- kvtui source: commit `{git['commit'][:12]}`" + (f", working tree with uncommitted changes in "
+        add(f"- kvtui source: commit `{git['commit'][:12]}`" + (", working tree with uncommitted changes in "
             + ", ".join(f"`{f}`" for f in git["dirty"][:12]) + (" …" if len(git["dirty"]) > 12 else "")
             + " (measured as found)" if git.get("dirty") else ", clean working tree"))
     add(f"- SmolLM2-135M-Instruct (embedded, converted checkpoint) loaded in {r['smol_load_s']:.1f} s")
@@ -394,8 +392,8 @@ def report(r: dict) -> str:
     tp0, tp1 = r.get("thread_probe_start"), r.get("thread_probe_end")
     if tp0:
         add(f"- torch on this VM (2 intra-op threads, the default): a SmolLM2-sized matmul reaches "
-            f"{fmt_stat(tp0['main_gflops'], 0)} GFLOPS from the **main thread** but {fmt_stat(tp0['worker_gflops'], 0)} "
-            "GFLOPS from a **fresh thread** at the start of the run"
+            f"{fmt_stat(tp0['main_gflops'], 0)} GFLOPS from the **main thread** but "
+            f"{fmt_stat(tp0['worker_gflops'], 0)} GFLOPS from a **fresh thread** at the start of the run"
             + (f", and {fmt_stat(tp1['main_gflops'], 0)} vs {fmt_stat(tp1['worker_gflops'], 0)} at the end" if tp1 else "")
             + " (alternated, 0.5 s each). Every model-driving measurement below therefore runs in a fresh thread, "
             "as the TUI runs its engine; section 4 also times the main thread, where `kvtui --headless` runs.")
@@ -421,40 +419,40 @@ def report(r: dict) -> str:
         f"{overhead_pct:+.1f} % per token, paired ({o_s['paired']['tokens']} token pairs); {per_repeat:+.1f} % from "
         f"whole runs (N={o_s['repeats']}: engine {fmt(o_s['variants']['engine']['decode_tps']['median'])} vs bare "
         f"{fmt(o_s['variants']['bare']['decode_tps']['median'])} tok/s) | ≤ 10 % | {_verdict(overhead_pct <= 10)} "
-        f"({'with' if overhead_pct <= 10 else 'over by'} {abs(10 - overhead_pct):.1f} points{' to spare' if overhead_pct <= 10 else ''}) |")
-    add(f"| engine vs `model.generate`, SmolLM2 decode | {(o_s['ratio_engine_vs_generate']['median'] - 1) * 100:+.1f} % time "
+        f"({'with' if overhead_pct <= 10 else 'over by'} {abs(10 - overhead_pct):.1f} " f"points{' to spare' if overhead_pct <= 10 else ''}) |")
+    add("| engine vs `model.generate`, SmolLM2 decode | " f"{(o_s['ratio_engine_vs_generate']['median'] - 1) * 100:+.1f} % time "
         f"(generate {fmt(o_s['variants']['generate']['decode_tps']['median'])} tok/s) | – | – |")
-    add(f"| engine overhead vs bare loop, tiny llama (Python-bound) | {(_overhead_ratio(o_t) - 1) * 100:+.1f} % per token, "
-        f"paired; {(o_t['ratio_engine_vs_bare']['median'] - 1) * 100:+.1f} % from whole runs | – | – |")
+    add(f"| engine overhead vs bare loop, tiny llama (Python-bound) | {(_overhead_ratio(o_t) - 1) * 100:+.1f} % per "
+        f"token, paired; {(o_t['ratio_engine_vs_bare']['median'] - 1) * 100:+.1f} % from whole runs | – | – |")
     if scale_rows:
-        add(f"| snapshot + diagnostics per step, {scale_rows[0]['length_last']:,} → {scale_rows[-1]['length_last']:,} cached tokens | "
-            f"{scale_rows[0]['snapshot_ms']['median']:.3f} → {scale_rows[-1]['snapshot_ms']['median']:.3f} ms | flat | {_verdict(flat)} |")
+        add(f"| snapshot + diagnostics per step, {scale_rows[0]['length_last']:,} " f"→ {scale_rows[-1]['length_last']:,} cached tokens | "
+            f"{scale_rows[0]['snapshot_ms']['median']:.3f} → " f"{scale_rows[-1]['snapshot_ms']['median']:.3f} ms | flat | {_verdict(flat)} |")
     c = r["caches"]
     if c["total"]["naive_turns_done"] == len(c["per_turn"]):
         add(f"| 8-turn chat: cached (dynamic) vs re-encode everything per token | {c['total']['speedup']:.1f}× faster "
             f"({fmt(c['total']['dynamic_s']['median'])} s vs {fmt(c['total']['naive_s']['median'])} s) | – | – |")
     else:
-        add(f"| 8-turn chat: cached (dynamic) vs re-encode everything per token | {c['total']['speedup_over_done_turns']:.1f}× "
-            f"faster over the first {c['total']['naive_turns_done']} turns (the time budget cut the naive loop) | – | – |")
-    add(f"| same chat: static cache ({c['static_len']} slots) vs dynamic | {c['total']['static_over_dynamic']:.2f}× the time | – | – |")
+        add("| 8-turn chat: cached (dynamic) vs re-encode everything " f"per token | {c['total']['speedup_over_done_turns']:.1f}× "
+            f"faster over the first {c['total']['naive_turns_done']} " "turns (the time budget cut the naive loop) | – | – |")
+    add(f"| same chat: static cache ({c['static_len']} slots) vs dynamic " f"| {c['total']['static_over_dynamic']:.2f}× the time | – | – |")
     if pane100:
         ok = pane100["show_plus_render_ms"]["median"] < 16
         add(f"| token pane at 100k tokens: show() + render every visible line | "
-            f"{pane100['show_plus_render_ms']['median']:.2f} ms (full refresh cycle {pane100['refresh_cycle_ms']['median']:.1f} ms wall, "
+            f"{pane100['show_plus_render_ms']['median']:.2f} ms (full refresh " f"cycle {pane100['refresh_cycle_ms']['median']:.1f} ms wall, "
             f"{pane100['refresh_cycle_cpu_ms']['median']:.1f} ms CPU) | < 16 ms | {_verdict(ok)} |")
     ok_ff = ff["spawn_to_frame_ms"]["median"] < 1000
     add(f"| time to first frame (fresh `python`, incl. imports, before the model loads) | "
-        f"{ff['spawn_to_frame_ms']['median']:.0f} ms (import kvtui.app {ff['import_ms']['median']:.0f} ms) | < 1 s | {_verdict(ok_ff)} |")
+        f"{ff['spawn_to_frame_ms']['median']:.0f} ms (import kvtui.app " f"{ff['import_ms']['median']:.0f} ms) | < 1 s | {_verdict(ok_ff)} |")
     ks = r["keys_smol"]
     add(f"| keys while SmolLM2 runs: `p` → the engine answered that the turn stopped; F5 → pane toggled / on screen | "
-        f"{ks['pause_ms']['median']:.0f} ms; {ks['toggle_handled_ms']['median']:.1f} / {ks['toggle_painted_ms']['median']:.0f} ms | 50 ms (pause) | "
+        f"{ks['pause_ms']['median']:.0f} ms; {ks['toggle_handled_ms']['median']:.1f} " f"/ {ks['toggle_painted_ms']['median']:.0f} ms | 50 ms (pause) | "
         f"{_verdict(ks['pause_ms']['median'] < 50)} |")
     add(f"| step mode, SmolLM2: space → the new step painted | {ks['step_painted_ms']['median']:.0f} ms "
         f"(a forward is {ks['step_ms']['median']:.0f} ms) | – | – |")
-    add(f"| TUI run mode (engine process) vs `--headless` (main thread), SmolLM2 tokens/s, median of {rm['rounds']} rounds "
-        f"of {rm['turns']} interleaved turns | {fmt(rm['tui_tps']['median'])} vs {fmt(rm['headless_main_tps']['median'])} "
-        f"tok/s (ratio {rm['ratio']['median']:.3f}, rounds {rm['ratio']['min']:.3f}–{rm['ratio']['max']:.3f}; turn by turn "
-        f"median {rm['turn_ratio']['tui']['median']:.3f})"
+    add("| TUI run mode (engine process) vs `--headless` (main " f"thread), SmolLM2 tokens/s, median of {rm['rounds']} rounds "
+        f"of {rm['turns']} interleaved turns | {fmt(rm['tui_tps']['median'])} " f"vs {fmt(rm['headless_main_tps']['median'])} "
+        f"tok/s (ratio {rm['ratio']['median']:.3f}, rounds {rm['ratio']['min']:.3f}–{rm['ratio']['max']:.3f}; turn "
+        f"by turn median {rm['turn_ratio']['tui']['median']:.3f})"
         + (f"; the engine process with no app {rm['ratio_engine']['median']:.3f}" if "ratio_engine" in rm else "")
         + f" | ≥ 0.95 (goal 0.98) | {_verdict(rm['ratio']['median'] >= 0.95)} |")
     add("")
@@ -476,7 +474,7 @@ def report(r: dict) -> str:
         "load lands on both halves of a pair, which whole-run ratios cannot guarantee on a shared machine.")
     add("")
     for o in (o_s, o_t):
-        add(f"**{o['label']}** — prompt {o['prompt_tokens']} tokens, N = {o['n_new']} new tokens, {o['repeats']} repeats "
+        add(f"**{o['label']}** — prompt {o['prompt_tokens']} tokens, " f"N = {o['n_new']} new tokens, {o['repeats']} repeats "
             f"(+{o['warmup']} warm-up); greedy tokens identical to the engine's: bare {o['tokens_agree']['bare']}, "
             f"generate {o['tokens_agree']['generate']}.")
         add("")
@@ -489,7 +487,7 @@ def report(r: dict) -> str:
         add("")
         add(f"Side-by-side time ratios (decode): engine / bare {fmt_stat(o['ratio_engine_vs_bare'], 3)}; "
             f"engine / generate {fmt_stat(o['ratio_engine_vs_generate'], 3)}; bare / generate "
-            f"{fmt_stat(o['ratio_bare_vs_generate'], 3)}; engine / bare end-to-end {fmt_stat(o['ratio_engine_vs_bare_e2e'], 3)}; "
+            f"{fmt_stat(o['ratio_bare_vs_generate'], 3)}; engine / bare " f"end-to-end {fmt_stat(o['ratio_engine_vs_bare_e2e'], 3)}; "
             f"fastest engine run / fastest bare run {o['ratio_engine_vs_bare_fastest']:.3f}. "
             f"**Paired per token** ({o['paired']['runs']} runs, {o['paired']['tokens']} pairs, same tokens: "
             f"{o['paired']['agree']}): engine / bare {fmt_stat(o['paired']['ratio_per_token'], 3)}, ratio of the sums "
@@ -512,8 +510,8 @@ def report(r: dict) -> str:
     add("")
     if scale_rows:
         sc = r["scale"]
-        add(f"Model: {sc['model']}, built with `build_tiny('llama')` and its config's max positions raised. The cache is "
-            f"filled with completion-mode `send()`s of ≤ 2,048 tokens (real prefills), then {scale_rows[0]['steps']} decode "
+        add(f"Model: {sc['model']}, built with `build_tiny('llama')` " "and its config's max positions raised. The cache is "
+            "filled with completion-mode `send()`s of ≤ 2,048 tokens " f"(real prefills), then {scale_rows[0]['steps']} decode "
             "`step()`s are timed at each length. `layer_infos` is timed alone (200 calls). Memory: 10 more steps with "
             "every allocation ≥ 64 KiB mmap'ed (`mallopt`), the kernel's RSS high-water mark reset before each step "
             "(`/proc/self/clear_refs` 5): the peak is what the step itself allocated on top of the resident cache "
@@ -525,24 +523,24 @@ def report(r: dict) -> str:
         for row in scale_rows:
             peak = row["step_peak_bytes"]["median"]
             add(f"| {row['length_first']:,}–{row['length_last']:,} | {fmt_stat(row['snapshot_ms'], 3)} | "
-                f"{fmt_stat(row['layer_infos_us'], 1)} | {fmt_stat(row['forward_ms'], 2)} | {fmt_stat(row['step_wall_ms'], 2)} | "
+                f"{fmt_stat(row['layer_infos_us'], 1)} | " f"{fmt_stat(row['forward_ms'], 2)} | {fmt_stat(row['step_wall_ms'], 2)} | "
                 f"{fmt_stat(row['overhead_ms'], 3)} | {fmt(row['to_record_json_us']['median'], 0)} | "
                 f"{fmt(row['reply_decode_ms']['median'], 2)} | {_bytes(row['cache_bytes'])} | {_bytes(peak)} | "
                 f"{peak / row['cache_bytes']:.2f} |")
         add("")
-        add(f"Snapshot cost is {'flat' if flat else 'NOT flat'} across a {scale_rows[-1]['length_last'] // max(1, scale_rows[0]['length_last'])}× "
-            "longer cache: it reads shapes and counters only (O(layers)); `TokenBuffer` is an O(1) view. The forward's own "
+        add(f"Snapshot cost is {'flat' if flat else 'NOT flat'} across a " f"{scale_rows[-1]['length_last'] // max(1, scale_rows[0]['length_last'])}× "
+            "longer cache: it reads shapes and counters only (O(layers)); " "`TokenBuffer` is an O(1) view. The forward's own "
             "cost grows with the cache (attention over every slot + `torch.cat` of each layer's K/V). A decode step's "
-            "transient memory is about one layer's K+V (`DynamicLayer.update` concatenates into a new tensor while the old "
-            f"one is alive): with {scale_rows[-1]['layers']} layers ≈ 1/{scale_rows[-1]['layers']} of the cache; SmolLM2's "
-            "30 layers would make it ≈ 1/30.")
+            "transient memory is about one layer's K+V (`DynamicLayer.update` " "concatenates into a new tensor while the old "
+            f"one is alive): with {scale_rows[-1]['layers']} layers ≈ 1/{scale_rows[-1]['layers']} of the cache; "
+            "SmolLM2's 30 layers would make it ≈ 1/30.")
         add("")
         per_forward = r["run_mode"].get("reply_decodes_per_forward", {}).get("median", float("nan"))
         add("The *decode of a reply this long* column is what one `session.messages` costs (`_reply_text()`, a full "
             "`tokenizer.decode` of the current reply) once a turn's reply is that long: it grows linearly. The TUI's "
             f"worker builds it {per_forward:.2f} times per forward (measured in section 4's run mode)"
             + (": after every step, so a long turn is O(reply²) (issue 2)." if per_forward > 0.5 else
-               ", i.e. at most at the repaint rate, so the cost is bounded per second rather than per token (issue 2)."))
+               ", i.e. at most at the repaint rate, so the cost is " "bounded per second rather than per token (issue 2)."))
     else:
         add(f"scale section failed: {r['scale'].get('error')}")
     add("")
@@ -557,19 +555,19 @@ def report(r: dict) -> str:
         f"{c['static_same_tokens']}, dynamic repeats {c['dynamic_repeat_same_tokens']}. Final context "
         f"{c['final_length']} tokens; {c['generated_total']} tokens chosen over 8 turns.")
     add("")
-    add("| turn | prefill tokens | tokens chosen | cache after | dynamic s | static s | naive s | naive tokens processed | naive / dynamic | static / dynamic |")
+    add("| turn | prefill tokens | tokens chosen | cache after | dynamic s | static " "s | naive s | naive tokens processed | naive / dynamic | static / dynamic |")
     add("|---|---|---|---|---|---|---|---|---|---|")
     for t in c["per_turn"]:
-        add(f"| {t['turn']} | {t['prefill_tokens']} | {t['generated']} | {t['cache_length']} | {fmt_stat(t['dynamic_s'], 2)} | "
+        add(f"| {t['turn']} | {t['prefill_tokens']} | {t['generated']} " f"| {t['cache_length']} | {fmt_stat(t['dynamic_s'], 2)} | "
             f"{fmt_stat(t['static_s'], 2)} | {fmt_stat(t['naive_s'], 2)} | {t['naive_tokens_processed']:,} | "
             f"{_x(t['speedup_naive_over_dynamic'], 1)} | {_x(t['static_over_dynamic'], 2)} |")
     tot = c["total"]
     add(f"| **total** | | {c['generated_total']} | {c['final_length']} | {fmt_stat(tot['dynamic_s'], 2)} | "
-        f"{fmt_stat(tot['static_s'], 2)} | {fmt_stat(tot['naive_s'], 2)} | | **{_x(tot['speedup'], 1)}** | {_x(tot['static_over_dynamic'], 2)} |")
+        f"{fmt_stat(tot['static_s'], 2)} | {fmt_stat(tot['naive_s'], 2)} | | " f"**{_x(tot['speedup'], 1)}** | {_x(tot['static_over_dynamic'], 2)} |")
     add("")
     add(f"Runs: dynamic N={c['dynamic_runs']}, static N={c['static_runs']}, naive N={c['naive_runs']} (one naive pass "
-        "re-encodes every prefix of the chat and is by far the longest part of `make bench`; it gets a second pass only "
-        "when the 10-minute budget allows)."
+        "re-encodes every prefix of the chat and is by far the longest part of `make bench`; it gets a second pass "
+        "only when the 10-minute budget allows)."
         + ("" if tot["naive_turns_done"] == len(c["per_turn"]) else
            f" The budget cut the naive loop after turn {tot['naive_turns_done']}: over those turns it took "
            f"{tot['speedup_over_done_turns']:.1f}× the cached time."))
@@ -585,7 +583,7 @@ def report(r: dict) -> str:
         "`StepSnapshot`/`TokenBuffer`/`BufferToken` with mixed origins and specials; each repeat shows a snapshot one "
         "token longer, as during decoding):")
     add("")
-    add("| tokens | N | show() µs | render_line × visible lines, ms | show() + render, ms | show() → next screen refresh, wall ms | same, CPU ms |")
+    add("| tokens | N | show() µs | render_line × visible lines, ms | show() " "+ render, ms | show() → next screen refresh, wall ms | same, CPU ms |")
     add("|---|---|---|---|---|---|---|")
     for n, p in sorted(r["pane"].items(), key=lambda kv: int(kv[0])):
         add(f"| {int(n):,} | {p['show_us']['n']} | {fmt_stat(p['show_us'], 0)} | {fmt_stat(p['render_visible_ms'], 2)} "
@@ -597,9 +595,9 @@ def report(r: dict) -> str:
         "160×48 screen.")
     add("")
     imp = r.get("importtime", {})
-    add(f"**Time to first frame** (a fresh `python -c` that imports `kvtui.app`, builds `KvtuiApp(model=<tiny dir>)` and "
-        f"runs it headless until the first `call_after_refresh` after mount; N={ff['spawn_to_frame_ms']['n']} after one "
-        "discarded run that warms the file cache):")
+    add("**Time to first frame** (a fresh `python -c` that imports " "`kvtui.app`, builds `KvtuiApp(model=<tiny dir>)` and "
+        f"runs it headless until the first `call_after_refresh` after mount; N={ff['spawn_to_frame_ms']['n']} after "
+        "one discarded run that warms the file cache):")
     add("")
     add("| phase | ms |")
     add("|---|---|")
@@ -612,38 +610,38 @@ def report(r: dict) -> str:
         f"{fmt(ff['import_textual_ms']['median'], 0)} |")
     add("")
     add(f"`import kvtui.app` imports torch: {ff['torch_at_import']}, transformers: {ff['transformers_at_import']}; the "
-        f"model was loaded at the first frame: {ff['model_loaded_at_frame']}. `python -X importtime -c 'import kvtui.app'` "
-        "(cumulative ms, one run): " + ", ".join(f"{k} {val:.0f}" for k, val in sorted(imp.items(), key=lambda kv: -kv[1])) + ".")
+        f"model was loaded at the first frame: {ff['model_loaded_at_frame']}. `python -X importtime -c 'import "
+        "kvtui.app'` (cumulative ms, one run): " + ", ".join(f"{k} {val:.0f}" for k, val in sorted(imp.items(), key=lambda kv: -kv[1])) + ".")
     add("")
     add("**Keys while the model runs** (app `KvtuiApp(loaded=...)` in `run_test(size=(160, 48))`, run mode; the key "
         "event is posted the way `Pilot.press` does, without its wait-for-idle, then the effect is polled every 1 ms):")
     add("")
-    add("| model | F5 → layers pane `display` flipped, ms | F5 → next screen refresh, ms | `p` → engine answered (turn stopped), ms | forwards completed after `p` | step mode: space → step painted, ms |")
+    add("| model | F5 → layers pane `display` flipped, ms | F5 → next screen refresh, ms | `p` → engine " "answered (turn stopped), ms | forwards completed after `p` | step mode: space → step painted, ms |")
     add("|---|---|---|---|---|---|")
     for label, k in (("tiny llama", r["keys_tiny"]), ("SmolLM2-135M", r["keys_smol"])):
         add(f"| {label} | {fmt_stat(k['toggle_handled_ms'], 1)} | {fmt_stat(k['toggle_painted_ms'], 1)} | "
-            f"{fmt_stat(k['pause_ms'], 1)} | {fmt_stat(k['forwards_after_pause'], 0)} | {fmt_stat(k['step_painted_ms'], 1)} |")
+            f"{fmt_stat(k['pause_ms'], 1)} | {fmt_stat(k['forwards_after_pause'], 0)} " f"| {fmt_stat(k['step_painted_ms'], 1)} |")
     add("")
-    add(f"**TUI run mode vs headless** on SmolLM2 ({rm['n_new']} tokens after the section-1 prompt). {rm['rounds']} rounds; "
-        f"in each, every variant runs {rm['turns']} turns, taking turns with the others (order rotated per cycle), because "
+    add(f"**TUI run mode vs headless** on SmolLM2 ({rm['n_new']} " f"tokens after the section-1 prompt). {rm['rounds']} rounds; "
+        f"in each, every variant runs {rm['turns']} turns, taking " "turns with the others (order rotated per cycle), because "
         "this VM's speed drifts by ±20 % within seconds. A fresh app and engine processes per round; every turn starts "
         "from an empty chat. Tokens/s from per-forward timestamps taken where the model runs, first decode step → last "
         "decode step, identical for all. The ratio of a round is its tokens/s over headless's in the same round:")
     add("")
     labels = {
-        "headless_main": "headless `ChatSession.generate` in the main thread (where `kvtui --headless` runs it, with its options)",
+        "headless_main": "headless `ChatSession.generate` in the main thread " "(where `kvtui --headless` runs it, with its options)",
         "headless_main_all_threads": "headless decoding on every thread (`--decode-threads N`)",
-        "engine": "the engine process as the app starts it (setup, trace spool, records over the pipe, short OpenMP spin, decode threads), driven with no app",
-        "tui": f"`KvtuiApp` run mode as shipped (repaints at most {rm['refresh_hz']} Hz; `run_test`, headless driver, 160×48)",
+        "engine": "the engine process as the app starts it (setup, trace spool, records " "over the pipe, short OpenMP spin, decode threads), driven with no app",
+        "tui": "`KvtuiApp` run mode as shipped (repaints at most " f"{rm['refresh_hz']} Hz; `run_test`, headless driver, 160×48)",
         "tui_no_paint": "the same app, no repaint while running (`REFRESH_HZ` patched to 1e-9 for the turn)",
         "tui_unthrottled": "the same app, a repaint per step (`REFRESH_HZ` patched to 1e6 for the turn)",
         "tui_passive": "a second app whose engine's OpenMP threads sleep at once (`OMP_WAIT_POLICY=PASSIVE`)",
         "tui_omp_default": "a third app whose engine keeps libgomp's default wait (300,000 spins, then sleep)",
         "headless_main_1thread": "headless in the main thread with `torch.set_num_threads(1)`",
         "tui_1thread": "a second app started with `--threads 1` (its engine on one core, the app on the other)",
-        "tui_all_threads": "a second app whose engine decodes on every thread (`--decode-threads N`: no core left to the app)",
+        "tui_all_threads": "a second app whose engine decodes on every thread " "(`--decode-threads N`: no core left to the app)",
     }
-    add("| variant | tokens/s (per round) | ratio to headless (per round) | turn-by-turn ratio | app process CPU, share of one core | CPU of the model's process per token, ms |")
+    add("| variant | tokens/s (per round) | ratio to headless (per round) | turn-by-turn ratio " "| app process CPU, share of one core | CPU of the model's process per token, ms |")
     add("|---|---|---|---|---|---|")
     for v in rm["variants"]:
         ratio = "1" if v == "headless_main" else fmt_stat(rm[f"ratio_{v}"], 3)
@@ -654,12 +652,12 @@ def report(r: dict) -> str:
     add("")
     spin = (f"the engine spins {rm['engine_spin_count']} times, then sleeps" if "engine_spin_count" in rm else
             "the engine's wait is not recorded in these results")
-    add("For `engine` the app-process column is this benchmark's record reader (the app's pump minus the panes); the model's "
-        f"CPU per token counts spinning OpenMP threads (headless spins by libgomp's default; {spin}).")
+    add("For `engine` the app-process column is this benchmark's record reader (the app's pump minus the panes); the "
+        f"model's CPU per token counts spinning OpenMP threads (headless spins by libgomp's default; {spin}).")
     add("")
     prof = rm.get("profile")
     if prof and "share" in prof:
-        add(f"py-spy (on-CPU samples, {prof['rate']} Hz for 4 s, one extra TUI round at {fmt(rm['profiled_tps'])} tok/s; "
+        add(f"py-spy (on-CPU samples, {prof['rate']} Hz for 4 s, one " f"extra TUI round at {fmt(rm['profiled_tps'])} tok/s; "
             "raw stacks in `benchmarks/profiles/tui-run-mode.txt`): fraction of wall time each thread was on a CPU — "
             + ", ".join(f"{k} {val:.0%}" for k, val in prof["share"].items()) + ". UI thread by activity: "
             + ", ".join(f"{k} {val:.0%}" for k, val in prof["ui_categories"].items()) + ". Top UI-thread frames: "
@@ -699,20 +697,20 @@ def findings(r: dict) -> str:
         + f"Against `model.generate` (whole runs only, so noisier): the engine takes {gen:.2f}× and the bare loop "
           f"{o_s['ratio_bare_vs_generate']['median']:.2f}× generate's decode time per token. "
         + f"On the tiny model (a bare step is {o_t['paired']['bare_ms']['median']:.2f} ms, almost all Python) the same "
-          f"fixed per-step cost is {(_overhead_ratio(o_t) - 1) * 100:+.0f} %: that is where the engine's own Python shows.")
+          f"fixed per-step cost is {(_overhead_ratio(o_t) - 1) * 100:+.0f} " "%: that is where the engine's own Python shows.")
     if scale_rows:
         snaps = [row["snapshot_ms"]["median"] for row in scale_rows]
         infos = [row["layer_infos_us"]["median"] for row in scale_rows]
         dec = scale_rows[-1]["reply_decode_ms"]["median"]
-        add(f"- **Scale**: snapshot_ms {min(snaps):.2f}–{max(snaps):.2f} ms and `layer_infos` {min(infos):.0f}–{max(infos):.0f} µs "
-            f"from {scale_rows[0]['length_last']:,} to {scale_rows[-1]['length_last']:,} cached tokens: flat to within a few "
+        add(f"- **Scale**: snapshot_ms {min(snaps):.2f}–{max(snaps):.2f} " f"ms and `layer_infos` {min(infos):.0f}–{max(infos):.0f} µs "
+            f"from {scale_rows[0]['length_last']:,} to " f"{scale_rows[-1]['length_last']:,} cached tokens: flat to within a few "
             "tenths of a millisecond, as designed (shapes and counters only, O(layers); the buffer is an O(1) view; "
             "nothing in the snapshot path iterates over cached tokens). The small differences between lengths move "
-            "from run to run (most likely CPU-cache pressure from the growing K/V tensors and other load): a side test with the same "
-            "model gave 0.33 ms at 1k and 0.37 ms at 32k. What grows is the forward itself "
-            f"({scale_rows[0]['forward_ms']['median']:.1f} → {scale_rows[-1]['forward_ms']['median']:.1f} ms: attention over "
-            "every slot and `torch.cat` of every layer's K/V) and the cost of one `session.messages` for a reply that long "
-            f"({dec:.1f} ms at {scale_rows[-1]['length_last']:,} tokens), which the TUI pays "
+            "from run to run (most likely CPU-cache pressure from the growing K/V tensors and other load): a side "
+            "test with the same model gave 0.33 ms at 1k and 0.37 ms at 32k. What grows is the forward itself "
+            f"({scale_rows[0]['forward_ms']['median']:.1f} → " f"{scale_rows[-1]['forward_ms']['median']:.1f} ms: attention over "
+            "every slot and `torch.cat` of every layer's K/V) and the cost of one `session.messages` for a reply "
+            f"that long ({dec:.1f} ms at {scale_rows[-1]['length_last']:,} tokens), which the TUI pays "
             + ("after every step (issue 2 below)" if rm.get("reply_decodes_per_forward", {}).get("median", 1) > 0.5
                else "at most at the repaint rate since issue 2 below was fixed")
             + ". Limits: 2 layers here, so "
@@ -723,39 +721,36 @@ def findings(r: dict) -> str:
     last = c["per_turn"][naive_done - 1]["speedup_naive_over_dynamic"] if naive_done else float("nan")
     add((f"- **Caches**: re-encoding the history for every token costs {first:.1f}× the cached turn at turn 1 and "
          f"{last:.1f}× at turn {naive_done}" + (f", {c['total']['speedup']:.1f}× over the whole chat" if naive_done == len(c['per_turn']) else "")
-         + ": the naive cost per token grows with the history, the cached one barely (the cached turns pay a prefill "
-         "of only the new turn's tokens, then one token per forward). " if naive_done > 1 else
+         + ": the naive cost per token grows with the history, the cached one barely (the cached turns pay a "
+         "prefill of only the new turn's tokens, then one token per forward). " if naive_done > 1 else
          "- **Caches**: the naive loop only finished turn 1 within the budget (see the table). ")
         + _static_text(c))
     verdict = ("target met" if ff["spawn_to_frame_ms"]["median"] < 1000 else
                f"target missed by {ff['spawn_to_frame_ms']['median'] - 1000:.0f} ms")
     if ff["torch_at_import"]:
-        add(f"- **First frame**: {ff['spawn_to_frame_ms']['median']:.0f} ms — {verdict}. `import kvtui.app` alone takes "
-            f"{ff['import_ms']['median']:.0f} ms because it imports torch ({ff['import_torch_ms']['median']:.0f} ms by itself) "
+        add(f"- **First frame**: {ff['spawn_to_frame_ms']['median']:.0f} " f"ms — {verdict}. `import kvtui.app` alone takes "
+            f"{ff['import_ms']['median']:.0f} ms because it imports " f"torch ({ff['import_torch_ms']['median']:.0f} ms by itself) "
             f"and transformers ({ff['import_transformers_ms']['median']:.0f} ms) before any frame, while Textual needs "
             f"~{ff['import_textual_ms']['median']:.0f} ms (issue 1 below).")
     else:
         add(f"- **First frame**: {ff['spawn_to_frame_ms']['median']:.0f} ms — {verdict}. `import kvtui.app` takes "
             f"{ff['import_ms']['median']:.0f} ms (Textual alone ~{ff['import_textual_ms']['median']:.0f} ms; torch, "
-            f"{ff['import_torch_ms']['median']:.0f} ms, and transformers, {ff['import_transformers_ms']['median']:.0f} ms, now "
-            f"load in the model worker after the frame); mount → first frame {ff['mount_to_frame_ms']['median']:.0f} ms, "
+            f"{ff['import_torch_ms']['median']:.0f} ms, and transformers, " f"{ff['import_transformers_ms']['median']:.0f} ms, now "
+            "load in the model worker after the frame); mount → " f"first frame {ff['mount_to_frame_ms']['median']:.0f} ms, "
             "during which the loader thread is already importing torch and competes for the GIL. What limits it: "
             "interpreter start + Textual + kvtui widgets imports, CSS parsing of `app.tcss` and the themes, and the "
             "first compositor pass for 160×48 cells.")
-    prof = rm.get("profile") or {}
-    share = prof.get("share", {})
-    ui_share = share.get("UI thread (asyncio loop)")
     r_s = rm["ratio"]["median"]
     r_e = rm.get("ratio_engine", {}).get("median", float("nan"))
     r_np = rm.get("ratio_tui_no_paint", {}).get("median", float("nan"))
     share_tui = rm["app_cpu_share"]["tui"]["median"]
     share_np = rm["app_cpu_share"].get("tui_no_paint", {}).get("median", float("nan"))
     add(f"- **TUI run mode vs headless**: the model runs in the engine process (issue 9). As shipped "
-        f"{fmt(rm['tui_tps']['median'])} tok/s vs {fmt(rm['headless_main_tps']['median'])} tok/s for `--headless`'s main "
-        f"thread (ratio {r_s:.3f}; target ≥ 0.95, goal 0.98). Where the rest goes, side by side in the same rounds: the "
-        f"engine process alone, with no app, {r_e:.3f}; the app without repaints while running {r_np:.3f}. The app process "
-        f"used {share_tui:.0%} of one core during a turn as shipped and {share_np:.0%} with no repaints (reading the step "
-        "records, rebuilding snapshots, the status bar). " + _threads_finding(rm) + _openmp_finding(rm))
+        f"{fmt(rm['tui_tps']['median'])} tok/s vs " f"{fmt(rm['headless_main_tps']['median'])} tok/s for `--headless`'s main "
+        f"thread (ratio {r_s:.3f}; target ≥ 0.95, goal 0.98). " "Where the rest goes, side by side in the same rounds: the "
+        f"engine process alone, with no app, {r_e:.3f}; the app " f"without repaints while running {r_np:.3f}. The app process "
+        f"used {share_tui:.0%} of one core during a turn as shipped and {share_np:.0%} with no repaints (reading the "
+        "step records, rebuilding snapshots, the status bar). " + _threads_finding(rm) + _openmp_finding(rm))
     tp0 = r.get("thread_probe_start")
     if tp0:
         main_g, worker_g = tp0["main_gflops"]["median"], tp0["worker_gflops"]["median"]
@@ -773,8 +768,8 @@ def findings(r: dict) -> str:
             add(head + "No main-thread penalty on a quiet machine (it appears when another process holds one of "
                 "the 2 cores: the main thread's OpenMP team then degrades far more than a fresh thread's).")
     ks = r["keys_smol"]
-    add(f"- **Keys**: F5 is applied {ks['toggle_handled_ms']['median']:.1f} ms after the key (median) and on screen at the next "
-        f"frame ({ks['toggle_painted_ms']['median']:.0f} ms): the model runs in the engine process, so nothing holds the "
+    add(f"- **Keys**: F5 is applied {ks['toggle_handled_ms']['median']:.1f} " "ms after the key (median) and on screen at the next "
+        f"frame ({ks['toggle_painted_ms']['median']:.0f} ms): the " "model runs in the engine process, so nothing holds the "
         f"app's interpreter lock. `p` is answered (the engine says its turn stopped) {ks['pause_ms']['median']:.0f} ms "
         f"after the key (median; a SmolLM2 step is {ks['step_ms']['median']:.0f} ms): the engine's control thread sets "
         "the cancel event at once, `generate` checks it between steps, so the forward in flight finishes first — a "
@@ -802,16 +797,16 @@ def kvtui_bugs(r: dict) -> str:
     imp = r.get("importtime", {})
     if ff["torch_at_import"]:
         add(f"1. **OPEN — `import kvtui.app` imports torch and transformers before the first frame** "
-            f"({ff['import_ms']['median']:.0f} ms of the {ff['spawn_to_frame_ms']['median']:.0f} ms to the first frame; "
-            "`-X importtime`: " + ", ".join(f"{k} {val:.0f} ms" for k, val in sorted(imp.items(), key=lambda kv: -kv[1])[:4])
+            f"({ff['import_ms']['median']:.0f} ms of the {ff['spawn_to_frame_ms']['median']:.0f} ms to the first "
+            "frame; `-X importtime`: " + ", ".join(f"{k} {val:.0f} ms" for k, val in sorted(imp.items(), key=lambda kv: -kv[1])[:4])
             + "). `kvtui/app.py` imports `kvtui.engine.snapshot`, which runs `kvtui/engine/__init__.py`, which eagerly "
             "imports `.sampling` and `.session`; `widgets/sampler_modal.py` imports `engine.sampling` for "
-            "`SamplerSettings`. Fix: lazy exports in `engine/__init__.py` (PEP 562 `__getattr__`), `SamplerSettings` in a "
-            "torch-free module; torch then loads in the model worker after the first frame.")
+            "`SamplerSettings`. Fix: lazy exports in `engine/__init__.py` (PEP 562 `__getattr__`), `SamplerSettings` "
+            "in a torch-free module; torch then loads in the model worker after the first frame.")
     else:
         add(f"1. **Fixed in the measured tree — first frame without torch.** An earlier run of this benchmark measured "
             "`import kvtui.app` at ~2.5 s of a ~3.0 s first frame (it imported torch and transformers through "
-            "`kvtui/engine/__init__.py` and `widgets/sampler_modal.py`); with lazy engine exports and `SamplerSettings` in "
+            "`kvtui/engine/__init__.py` and `widgets/sampler_modal.py`); " "with lazy engine exports and `SamplerSettings` in "
             f"a torch-free module it is {ff['import_ms']['median']:.0f} ms and the first frame "
             f"{ff['spawn_to_frame_ms']['median']:.0f} ms.")
     per_forward = rm.get("reply_decodes_per_forward", {}).get("median", float("nan"))
@@ -820,15 +815,15 @@ def kvtui_bugs(r: dict) -> str:
     if per_forward == per_forward and per_forward > 0.5:
         add(f"2. **OPEN — O(reply) work after every step in the TUI worker.** `KvtuiApp._on_engine_snapshot` builds "
             "`session.messages` after every forward, and for the open turn that is `ChatSession._reply_text()`, a full "
-            f"`tokenizer.decode` of the reply so far: measured {per_forward:.2f} such decodes per forward in run mode; one "
-            f"costs {decode_32k:.1f} ms for a {length:,}-token reply (section 2), so a long turn is O(reply²). Repaints "
+            "`tokenizer.decode` of the reply so far: measured " f"{per_forward:.2f} such decodes per forward in run mode; one "
+            f"costs {decode_32k:.1f} ms for a {length:,}-token reply " "(section 2), so a long turn is O(reply²). Repaints "
             "are throttled and `SnapshotReady` coalesces, so nearly all are thrown away. Fix: build `messages` at most "
             "at the repaint rate while running (and once at the end of the turn), or keep the reply text incrementally.")
     else:
         add(f"2. **Fixed in the measured tree — O(reply) decode per step in the TUI worker.** An earlier version built "
             "`session.messages` (a full `tokenizer.decode` of the reply so far) after every forward; it now does so at "
-            f"most at the repaint rate: {per_forward:.2f} reply decodes per forward measured in run mode. For scale: one "
-            f"decode of a {length:,}-token reply costs {decode_32k:.1f} ms (section 2).")
+            f"most at the repaint rate: {per_forward:.2f} reply decodes per forward measured in run mode. For scale: "
+            f"one decode of a {length:,}-token reply costs {decode_32k:.1f} ms (section 2).")
     try:
         from kvtui.app import KvtuiApp
 
@@ -836,25 +831,25 @@ def kvtui_bugs(r: dict) -> str:
     except Exception:  # noqa: BLE001 - source unavailable: say so
         guarded = None
     if guarded:
-        add("3. **Fixed in the measured tree (checked in the source of `KvtuiApp._paint`) — a pending repaint could crash "
-            "the app on exit.** `_paint_timer` fired during teardown and `query_one(TokenBufferPane)` raised `NoMatches`; "
-            "a benchmark round died with that traceback before the fix.")
+        add("3. **Fixed in the measured tree (checked in the source " "of `KvtuiApp._paint`) — a pending repaint could crash "
+            "the app on exit.** `_paint_timer` fired during teardown and `query_one(TokenBufferPane)` raised "
+            "`NoMatches`; a benchmark round died with that traceback before the fix.")
     else:
         add("3. **OPEN (robustness, seen while benchmarking) — a pending repaint can crash the app on exit.** "
-            "`on_snapshot_ready` arms `_paint_timer`; if the app exits before it fires, `_paint` runs during teardown and "
-            "`query_one(TokenBufferPane)` raises `NoMatches`. Fix: stop the timer on unmount/quit and return early from "
-            "`_paint` when the app is not running.")
+            "`on_snapshot_ready` arms `_paint_timer`; if the app " "exits before it fires, `_paint` runs during teardown and "
+            "`query_one(TokenBufferPane)` raises `NoMatches`. Fix: stop the timer on unmount/quit and return early "
+            "from `_paint` when the app is not running.")
     rec = scale_rows[-1]["to_record_json_us"]["median"] if scale_rows else float("nan")
-    add(f"4. Minor, open: every step serialises `snapshot.to_record()` to JSON (~{rec:.0f} µs with 2 layers; SmolLM2 has "
+    add("4. Minor, open: every step serialises `snapshot.to_record()` " f"to JSON (~{rec:.0f} µs with 2 layers; SmolLM2 has "
         "30) and flushes the trace spool file in the engine process between two forwards; batching the flush would "
         "trim that work.")
     widgets = (rm.get("profile") or {}).get("ui_widgets", {})
     if widgets:
         add("5. Where the shipped 2 Hz repaints go (UI-thread samples by the innermost widget frame, fraction of wall "
             "time): " + ", ".join(f"`{k}` {val:.1%}" for k, val in widgets.items()) + ". The DataTable panes "
-            "(layers: one row per layer, top-k, diagnostics) re-render their cells through Rich on every paint; updating "
-            "only the cells that changed (or rendering them as a Line-API widget like the token pane) is the next lever "
-            f"if the TUI is to get closer than {rm['ratio']['median']:.2f}× of headless speed on 2 cores.")
+            "(layers: one row per layer, top-k, diagnostics) re-render " "their cells through Rich on every paint; updating "
+            "only the cells that changed (or rendering them as a Line-API widget like the token pane) is the next "
+            f"lever if the TUI is to get closer than {rm['ratio']['median']:.2f}× of headless speed on 2 cores.")
     return "\n".join(out) + "\n"
 
 

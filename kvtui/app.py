@@ -44,7 +44,9 @@ from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 from .widgets.topk_pane import TopKPane
 
-REFRESH_HZ = 2  # pane repaints per second at most while the model runs when no core is spare: each repaint takes CPU the engine could use
+# pane repaints per second at most while the model runs when no core is spare: each repaint takes CPU the engine
+# could use
+REFRESH_HZ = 2
 SHIPPED_REFRESH_HZ = REFRESH_HZ  # benchmarks patch REFRESH_HZ to fix the rate; a patched value is used as is
 MAX_REFRESH_HZ = 15  # with a core to spare (many cores, or a model that waits on a GPU) the panes follow at up to this
 SPARE_CHECK_S = 1.0  # how often the spare CPU is looked at

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import statistics
+import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 STRATEGIES = ("none", "dynamic", "static", "static+compile")
 ENGINE_OVERHEAD = 600 * 2**20  # what an engine process holds besides the weights (torch, transformers, buffers)
@@ -176,7 +176,7 @@ class Comparison:
     """Start one engine per strategy, then run the script's turns through all of them in lockstep."""
 
     def __init__(self, model: str | None, strategies: tuple[str, ...], options: dict, trace_dir: Path,
-                 on_update: Callable[["Comparison", Lane | None], None] | None = None):
+                 on_update: Callable[[Comparison, Lane | None], None] | None = None):
         self.model, self.strategies, self.options, self.trace_dir = model, strategies, options, trace_dir
         self.lanes = [Lane(s) for s in strategies]
         self.on_update = on_update or (lambda comparison, lane: None)

@@ -14,7 +14,7 @@ from textual.containers import Horizontal
 from textual.message import Message
 from textual.widgets import Footer, Static
 
-from .compare import Comparison, CompareError
+from .compare import CompareError, Comparison
 from .themes import DEFAULT_THEME, load_themes
 from .widgets.lane_pane import LanePane
 from .widgets.palette import theme_palette

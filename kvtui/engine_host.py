@@ -21,9 +21,9 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from .engine.stream import ListChanges, RecordPipe, parse_command
 
@@ -141,10 +141,10 @@ class EngineHost:
     def load(self) -> bool:
         import torch
 
-        from .options import build_session_config, load, set_threads
         from .engine import introspect
         from .engine.recorder import Recorder
         from .engine.session import ChatSession
+        from .options import build_session_config, load, set_threads
 
         progress = lambda text, fraction=None: self.pipe.send(  # noqa: E731
             {"type": "progress", "text": text, "fraction": fraction})

@@ -10,9 +10,9 @@ from rich.table import Table
 
 from .engine.diagnostics import group_diagnostics, group_last, group_summary
 from .engine.export import export_cache
-from .engine.session import ChatSession, SessionError
-from .engine.script import Script
 from .engine.recorder import Recorder, failing
+from .engine.script import Script
+from .engine.session import ChatSession, SessionError
 from .engine.snapshot import StepSnapshot
 from .fmt import one_line, printable
 

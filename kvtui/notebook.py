@@ -19,12 +19,13 @@ from __future__ import annotations
 import html as _html
 import io
 import time
+import weakref
 
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from .engine.snapshot import Diagnostic, StepSnapshot
+from .engine.snapshot import StepSnapshot
 from .widgets.cursor_pane import render_cursor
 from .widgets.diagnostics_pane import COLUMNS as ALARM_COLUMNS
 from .widgets.diagnostics_pane import diagnostic_cells, severity_counts, title_for
@@ -46,7 +47,7 @@ BACKGROUND, FOREGROUND = "#1e1e1e", "#e0e0e0"
 CODE_FORMAT = (
     '<div class="kvtui-view"><pre style="font-family:Menlo,\'DejaVu Sans Mono\',Consolas,monospace;'
     'font-size:12px;line-height:1.3;color:' + FOREGROUND + ';background-color:' + BACKGROUND + ';padding:8px;'
-    'border-radius:4px;white-space:pre-wrap;overflow-x:auto"><code style="font-family:inherit">{code}</code></pre></div>'
+    'border-radius:4px;white-space:pre-wrap;overflow-x:auto"><code ' 'style="font-family:inherit">{code}</code></pre></div>'
 )
 
 
@@ -166,10 +167,10 @@ class _HTML:
         return self.text
 
 
-_LIVE: "weakref.WeakKeyDictionary" = None  # watcher -> its LiveDisplay (kvtui's own registry, not an attribute)
+_LIVE: weakref.WeakKeyDictionary | None = None  # watcher -> its LiveDisplay (kvtui's own registry, not an attribute)
 
 
-def live_display(watcher) -> "LiveDisplay | None":
+def live_display(watcher) -> LiveDisplay | None:
     """The live display of a watch made with display="live" (its `updates` count what it drew)."""
     return None if _LIVE is None else _LIVE.get(watcher)
 
@@ -231,8 +232,6 @@ class LiveDisplay:
 
     def bind(self, watcher) -> None:
         global _LIVE
-        import weakref
-
         if _LIVE is None:
             _LIVE = weakref.WeakKeyDictionary()
         self.watcher = watcher

@@ -15,9 +15,9 @@ from textual.worker import get_current_worker
 
 from .app import KvtuiApp, SnapshotReady
 from .engine.snapshot import Diagnostic
+from .fmt import printable
 from .options import AppConfig
 from .widgets.chat_pane import ChatPane
-from .fmt import printable
 from .widgets.program_input import ProgramInput
 from .widgets.program_output import ProgramOutput
 from .widgets.status_bar import StatusBar
@@ -183,7 +183,7 @@ class WatchApp(KvtuiApp):
         if snapshot.phase == "prefill" and snapshot.cache_length_before is not None:
             fed, held = len(snapshot.input_ids), snapshot.cache_seq_length
             share = (held - fed) / held if held else 0.0
-            text += f"\nturn {snapshot.turn} of this cache · reused {held - fed} cached tokens, fed {fed} ({share:.0%} reuse)"
+            text += f"\nturn {snapshot.turn} of this cache · reused " f"{held - fed} cached tokens, fed {fed} ({share:.0%} reuse)"
         waste = self.recomputed
         if waste:
             text += f" · re-encoded {waste} tokens other caches held (recomputed-prefix)"

@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -76,7 +75,7 @@ def test_headless_compare_on_a_tiny_model(tmp_path, script, tiny_dir, tiny_model
     assert lines[-1] == "tokens identical: yes"
     rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in ("none", "dynamic", "static")}
     assert set(rows) == {"none", "dynamic", "static"}
-    traces = {s: [json.loads(l) for l in (tmp_path / "t" / f"compare-{s}.jsonl").read_text().splitlines()]
+    traces = {s: [json.loads(line) for line in (tmp_path / "t" / f"compare-{s}.jsonl").read_text().splitlines()]
               for s in rows}
     # the same chat, computed here without kvtui's engines: the dynamic session's tokens are every trace's tokens
     model, tokenizer = tiny_model("llama")
@@ -94,7 +93,8 @@ def test_headless_compare_on_a_tiny_model(tmp_path, script, tiny_dir, tiny_model
         assert [t["id"] for t in buffer["tokens"]] == session.buffer.ids(), strategy
         steps = [r for r in records if r["type"] == "step"]
         assert all(r.get("uncached") for r in steps) == (strategy == "none")
-    # cache bytes: the dynamic cache's K and V, [1, kv_heads, T, head_dim] fp32 per layer; the static one is preallocated
+    # cache bytes: the dynamic cache's K and V, [1, kv_heads, T, head_dim] fp32 per layer; the static one is
+    # preallocated
     kv_heads, head_dim = model.config.num_key_value_heads, model.config.hidden_size // model.config.num_attention_heads
     layers, held = model.config.num_hidden_layers, session.cache_length
     assert size(layers * 2 * kv_heads * held * head_dim * 4) in rows["dynamic"]

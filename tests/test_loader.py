@@ -7,10 +7,10 @@ depends only on the loader. The embedded-model test converts the real GGUF once
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import json
-import os
 import time
 from pathlib import Path
 
@@ -18,9 +18,9 @@ import platformdirs
 import pytest
 import torch
 
-from kvtui.engine.models import embedded
-from kvtui.engine.models import common as loader_common
 from kvtui.engine.loader import LoadedModel, ModelLoadError, load_model
+from kvtui.engine.models import common as loader_common
+from kvtui.engine.models import embedded
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -93,7 +93,7 @@ def test_load_tiny_float32_cpu(tiny_dir: Path) -> None:
     assert Path(lm.path) == tiny_dir.resolve()
     assert lm.tokenizer.eos_token == "</s>"
     assert lm.tokenizer.pad_token is None  # not invented
-    with pytest.raises(Exception):  # frozen dataclass
+    with pytest.raises(dataclasses.FrozenInstanceError):
         lm.dtype = "float16"  # type: ignore[misc]
 
     fractions = [f for _, f in events if f is not None]

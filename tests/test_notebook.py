@@ -38,7 +38,8 @@ def executed(tmp_path_factory):
     # when a redraw costs 30 ms on a busy machine (redraws are then 1.5 s apart)
     notebook.cells.append(nbformat.v4.new_code_cell(
         "import time\nwatch = kvtui.watch(model, tokenizer, display='live')  # test: slow loop\n"
-        "cache = DynamicCache(config=model.config)\nout = model(input_ids=ids, past_key_values=cache, use_cache=True)\n"
+        "cache = DynamicCache(config=model.config)\n"
+        "out = model(input_ids=ids, past_key_values=cache, use_cache=True)\n"
         "for _ in range(50):\n    time.sleep(0.1)\n"
         "    out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)\n"
         "print('during the loop', kvtui.notebook.live_display(watch).updates)\nwatch.detach()"))
@@ -147,11 +148,12 @@ def test_token_text_is_escaped_and_a_render_error_is_one_line():
 
 
 def test_import_kvtui_registers_formatters_only_inside_ipython():
-    code = ("import sys, kvtui; print(','.join(m for m in ('IPython', 'rich', 'kvtui.notebook', 'torch') if m in sys.modules))")
+    code = ("import sys, kvtui; "
+            "print(','.join(m for m in ('IPython', 'rich', 'kvtui.notebook', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
-    code = ("from IPython.core.interactiveshell import InteractiveShell; shell = InteractiveShell.instance(); import sys, kvtui; "
-            "f = shell.display_formatter.formatters['text/html']; "
+    code = ("from IPython.core.interactiveshell import InteractiveShell; shell = InteractiveShell.instance(); "
+            "import sys, kvtui; f = shell.display_formatter.formatters['text/html']; "
             "print(('kvtui.engine.snapshot', 'StepSnapshot') in f.deferred_printers, 'kvtui.notebook' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -43,7 +43,7 @@ def build(tmp_path_factory):
     return _build
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(path: Path):
     return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
 

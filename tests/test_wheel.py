@@ -69,7 +69,7 @@ def installed(tmp_path_factory):
 def test_kvtui_imports_from_the_venv_with_its_data(installed):
     bin_dir, env, work = installed
     code = ("import json, kvtui, kvtui.locations as l; "
-            "print(json.dumps([kvtui.__file__, str(l.shipped('themes')), sorted(f.name for f in l.shipped('samples').iterdir())]))")
+            "print(json.dumps([kvtui.__file__, str(l.shipped('themes')), " "sorted(f.name for f in l.shipped('samples').iterdir())]))")
     out = _run([bin_dir / "python", "-c", code], env=env, cwd=work)
     assert out.returncode == 0, out.stderr[-3000:]
     package_file, themes_dir, samples = json.loads(out.stdout)

@@ -76,7 +76,7 @@ def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, 
 
 
 def _headless(model, strategies, options, trace_dir, script) -> int:
-    from ..compare import Comparison, CompareError
+    from ..compare import CompareError, Comparison
 
     def progress(comparison, lane):
         if lane is not None and lane.description and not lane.points:

@@ -8,8 +8,8 @@ not at every step, so a long run is not flooded; `Alarms` remembers what is acti
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .snapshot import BufferToken, Diagnostic, LayerInfo
 
@@ -197,9 +197,9 @@ def check_request(alarms: Alarms, step: int, *, cache_position: Sequence[int] | 
     found = alarms.transition("ignored-argument", at if cache_position is not None and not accepts_cache_position
                               else None, lambda: Diagnostic(
         "ignored-argument", "warning",
-        f"cache_position={span(cache_position)} was passed but this transformers version ignores it (models take "
-        f"no cache_position since 5.4): the model wrote at the cache's own length {cache_len} and took positions "
-        f"from position_ids or that length" + at, step))
+        f"cache_position={span(cache_position or ())} was passed but this transformers version ignores it (models "
+        f"take no cache_position since 5.4): the model wrote at the cache's own length {cache_len} and took "
+        f"positions from position_ids or that length" + at, step))
     first = cache_position[0] if cache_position else cache_len
     found += alarms.check_cursor(step, first, cache_len, whose=f"the caller's own cursor (cache_position starts at "
                                                                f"{first})", at=at)
@@ -268,8 +268,8 @@ def check_drift(step: int, cached: Sequence[int], rendering: Sequence[int], fed:
     want = label(rendering[index]) if index < start else "nothing"
     return [Diagnostic(
         "template-drift", "warning",
-        f"the program fed tokens {start}.. of a rendering whose first {start} tokens differ from the cache at index "
-        f"{index} (cache has {have}, the rendering {want}): the cached prefix is stale" + at, step)]
+        f"the program fed tokens {start}.. of a rendering whose first {start} tokens differ from the cache at "
+        f"index {index} (cache has {have}, the rendering {want}): the cached prefix is stale" + at, step)]
 
 
 STALE_MIN_REFED = 8  # a fed prefix this long that repeats the cache's own start is a re-fed prompt
@@ -295,10 +295,10 @@ def check_stale_prompt(step: int, cache_name: str, cached: Sequence[int], prompt
         what = "generate() fed the whole prompt again after them, so the model reads both texts"
     return [Diagnostic(
         "stale-cache", "warning",
-        f"{cache_name} holds {held} tokens that are not a prefix of the prompt it is asked to continue: they differ "
-        f"at index {index} (cache {label(cached[index])}, prompt "
-        f"{label(prompt[index]) if index < len(prompt) else 'nothing'}); {what} (copy the cache per prompt, or crop "
-        f"it to the shared prefix)" + at, step)]
+        f"{cache_name} holds {held} tokens that are not a prefix of the prompt it is asked to continue: they "
+        f"differ at index {index} (cache {label(cached[index])}, prompt "
+        f"{label(prompt[index]) if index < len(prompt) else 'nothing'}); {what} (copy the cache per prompt, or "
+        "crop it to the shared prefix)" + at, step)]
 
 
 def check_refed(step: int, cache_name: str, cached: Sequence[int], fed: Sequence[int], at: str) -> list[Diagnostic]:
@@ -311,8 +311,8 @@ def check_refed(step: int, cache_name: str, cached: Sequence[int], fed: Sequence
         return []
     return [Diagnostic(
         "stale-cache", "warning",
-        f"{cache_name} already holds {len(cached)} tokens and this forward feeds a prompt whose first {same} tokens "
-        f"repeat the cache's own start: the model sees them twice (copy or reset the cache per prompt)" + at, step)]
+        f"{cache_name} already holds {len(cached)} tokens and this forward feeds a prompt whose first {same} "
+        "tokens repeat the cache's own start: the model sees them twice (copy or reset the cache per prompt)" + at, step)]
 
 
 RECOMPUTED_MIN = 8  # fewer re-encoded tokens are the unavoidable shared start of two prompts
@@ -335,7 +335,7 @@ def recomputed_prefix(step: int, cache_name: str, held_before: int, ids: Sequenc
     return [Diagnostic(
         "recomputed-prefix", "info",
         f"this prefill re-encoded {count} tokens that {where} {state} (positions {held_before}..{best - 1}): "
-        f"~{cost:.1f} ms of its {forward_ms:.1f} ms; pass that cache back (or a copy) to feed only the new tokens"
+        f"~{cost:.1f} ms of its {forward_ms:.1f} ms; pass that " "cache back (or a copy) to feed only the new tokens"
         + at, step)], count, cost
 
 

@@ -23,7 +23,8 @@ Pure Python over the records of `kvtui.engine.trace.read_trace`: no torch, no UI
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 
 from .replay import describe_event
 from .trace import Trace
@@ -47,7 +48,8 @@ class DiffResult:
     # At the divergence: max |logit difference| over the tokens in both top-k lists (None when they
     # share none). When they agree: the largest such gap over every compared step.
     logit_gap: float | None
-    notes: list[str] = field(default_factory=list)  # differences that are not a divergence
+    # dataclasses.field: the class's own `field` (the name of what differs) hides the bare name here
+    notes: list[str] = dataclasses.field(default_factory=list)  # differences that are not a divergence
     steps_compared: int = 0  # steps found equal before the divergence (all of them when they agree)
     # The chosen token's logit in each trace at the divergence step (None when absent).
     chosen_logits: tuple[float | None, float | None] = (None, None)
@@ -109,7 +111,7 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
 
 
 def _compare_step(sa: dict, sb: dict, tol: float, pieces: dict[int, str],
-                  layer_notes: "_LayerNotes") -> tuple[str, str] | None:
+                  layer_notes: _LayerNotes) -> tuple[str, str] | None:
     ids_a, ids_b = list(sa.get("input_ids") or []), list(sb.get("input_ids") or [])
     if ids_a != ids_b:
         return "input_ids", _sequence_detail("fed tokens", ids_a, ids_b, pieces)
@@ -130,7 +132,7 @@ def _compare_step(sa: dict, sb: dict, tol: float, pieces: dict[int, str],
     return _compare_layers(sa.get("layers") or [], sb.get("layers") or [], layer_notes)
 
 
-def _compare_layers(layers_a: list[dict], layers_b: list[dict], notes: "_LayerNotes") -> tuple[str, str] | None:
+def _compare_layers(layers_a: list[dict], layers_b: list[dict], notes: _LayerNotes) -> tuple[str, str] | None:
     if len(layers_a) != len(layers_b):
         return "layers", f"A has {len(layers_a)} cache layers, B has {len(layers_b)}"
     for la, lb in zip(layers_a, layers_b):
@@ -161,7 +163,7 @@ def _compare_topk(top_a: list[dict], top_b: list[dict], tol: float, pieces: dict
     logits_a = {t.get("id"): t["logit"] for t in top_a if t.get("logit") is not None}
     logits_b = {t.get("id"): t["logit"] for t in top_b if t.get("logit") is not None}
 
-    def tied(x: int, y: int) -> bool:
+    def tied(x: int | None, y: int | None) -> bool:  # an id (None: a record without one)
         for logits in (logits_a, logits_b):
             if x in logits and y in logits and abs(logits[x] - logits[y]) <= tol:
                 return True
@@ -196,7 +198,7 @@ def _topk_detail(rank, ids_a, ids_b, logits_a, logits_b, pieces, tol, blocker=No
     x, y = (blocker, b) if blocker is not None else (a, b)
     gaps = [abs(lg[x] - lg[y]) for lg in (logits_a, logits_b) if x in lg and y in lg]
     if gaps:
-        text += f"; {_piece(x, pieces)} and {_piece(y, pieces)} are {min(gaps):.3g} apart, more than the tie tolerance {tol:g}"
+        text += f"; {_piece(x, pieces)} and {_piece(y, pieces)} are " f"{min(gaps):.3g} apart, more than the tie tolerance {tol:g}"
     else:
         text += f"; no trace ranks both, so it is not a near-tie (tolerance {tol:g})"
     return text
@@ -207,6 +209,7 @@ def _topk_detail(rank, ids_a, ids_b, logits_a, logits_b, pieces, tol, blocker=No
 
 def _sequence_detail(what: str, a: list, b: list, pieces: dict[int, str] | None) -> str:
     at = first_difference(a, b)
+    assert at is not None  # callers compare lists that differ
     show = (lambda v: _piece(v, pieces)) if pieces is not None else str
     text = f"{what}: {len(a)} in A, {len(b)} in B; first difference at index {at}: "
     text += f"A {show(a[at]) if at < len(a) else '(ends)'}, B {show(b[at]) if at < len(b) else '(ends)'}"

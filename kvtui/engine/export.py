@@ -24,6 +24,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -72,7 +73,8 @@ def _layer_tensors(session) -> tuple[dict[str, torch.Tensor], list[dict]]:
     tensors: dict[str, torch.Tensor] = {}
     layers: list[dict] = []
     for info, layer in zip(infos, cache.layers, strict=True):
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        keys: Any = getattr(layer, "keys", None)
+        values: Any = getattr(layer, "values", None)
         if keys is not None and keys.dim() == 4 and info.filled > 0:
             # static: [:filled] (the rest is preallocated zeros); full and sliding: every stored slot,
             # which is filled (a static-sliding layer keeps its window in order, oldest first).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import torch
 import transformers
@@ -279,7 +280,7 @@ def _static_counter(layer) -> int | None:
 
 def _layer_counts(layer, kind: str, cache_len: int) -> tuple[int, int]:
     """(seen, filled): tokens fed to this layer in total, and slots holding real states now."""
-    keys = getattr(layer, "keys", None)
+    keys: Any = getattr(layer, "keys", None)
     initialized = keys is not None and getattr(layer, "is_initialized", True) and keys.dim() == 4
     slots = keys.shape[-2] if initialized else 0
     if kind == "full":
@@ -380,7 +381,8 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
             continue
         if linear:
             kind = f"{kind}+{_state_kind(cache, layer)}"
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        keys: Any = getattr(layer, "keys", None)
+        values: Any = getattr(layer, "values", None)
         has_states = keys is not None and keys.dim() == 4
         base = kind.split("+")[0]
         seen, filled = _layer_counts(layer, base, cache_len)
@@ -584,7 +586,7 @@ class Fingerprint:
 
     def rows(self) -> tuple:
         """(kind, seen, K shape, K/V addresses[, write counters]) per layer, as they were."""
-        out = []
+        out: list[tuple] = []
         for layer, keys, values, counter, versions in self.layers:
             kind = _kind(layer)
             if not _kv_tensors(keys, values):
@@ -609,9 +611,11 @@ def _counter(layer, kind: str, keys, cache) -> tuple[int | None, int]:
 def fingerprint(cache) -> Fingerprint:
     """The cache now, in O(layers) attribute reads (plus two end-slot views per inference layer):
     no K/V copy, no transfer to the host."""
-    layers, views = [], []
+    layers: list[tuple] = []
+    views = []
     for index, layer in enumerate(getattr(cache, "layers", ())):
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        keys: Any = getattr(layer, "keys", None)
+        values: Any = getattr(layer, "values", None)
         if not _kv_tensors(keys, values):
             layers.append((layer, keys, values, None, None))
             continue
@@ -649,7 +653,7 @@ def _same(entry, layer, cache) -> bool:
         return True
     if counter is not None and _counter(layer, _kind(layer), keys, cache)[0] != counter:
         return False
-    return versions is None or versions == (keys._version, values._version)
+    return versions is None or versions == (keys._version, values._version)  # type: ignore[union-attr]  # _kv_tensors
 
 
 def changed(before: Fingerprint, cache) -> str | None:
@@ -657,11 +661,11 @@ def changed(before: Fingerprint, cache) -> str | None:
     `before` (it is spent)."""
     try:
         layers = list(getattr(cache, "layers", ()))
-        if len(layers) != len(before.layers) or not all(_same(e, l, cache) for e, l in zip(before.layers, layers)):
+        if len(layers) != len(before.layers) or not all(_same(e, layer, cache) for e, layer in zip(before.layers, layers)):
             change = describe_change(before.rows(), _rows(cache))  # None: replaced by equal ones (a no-op)
             if change is not None:
                 return change
-        edited = set()
+        edited: set[int] = set()
         for indices, copy in before.values:
             now = torch.stack([before.views[i][1] for i in indices])  # the same slots, read again
             if not torch.equal(now, copy):

@@ -31,10 +31,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .models.common import CACHE_ENV, ModelLoadError, Progress, cache_root, first_line, quiet_progress_bars, report, scaled
+from .models.common import (
+    CACHE_ENV,
+    ModelLoadError,
+    Progress,
+    cache_root,
+    first_line,
+    quiet_progress_bars,
+    report,
+    scaled,
+)
 from .models.devices import DTYPE_KWARG, dtype_name, resolve_device, resolve_dtype
-from .models.embedded import (EMBEDDED_SOURCE, MARKER, embedded_cache_dir, embedded_model_dir, find_embedded_gguf,
-                              gguf_progress, is_complete)
+from .models.embedded import (
+    EMBEDDED_SOURCE,
+    MARKER,
+    embedded_cache_dir,
+    embedded_model_dir,
+    find_embedded_gguf,
+    gguf_progress,
+    is_complete,
+)
 from .models.hub import hub_snapshot_dir, looks_like_path
 from .models.tiny_spec import tiny_model_dir
 
@@ -120,7 +136,7 @@ def resolve_source(name_or_path: str | None, progress: Progress | None = None):
             snap = hub_snapshot_dir(source)
             if snap is None:
                 raise ModelLoadError(
-                    f"model '{source}' is neither a local directory nor in the local Hugging Face cache (no network here)"
+                    f"model '{source}' is neither a local directory nor " "in the local Hugging Face cache (no network here)"
                 )
             path = snap
     return source, shown, path, gguf_file, load_lo

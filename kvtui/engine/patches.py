@@ -19,7 +19,7 @@ import copyreg
 import functools
 import threading
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -96,7 +96,7 @@ class Registry:
     reused id never matches (the weak ref is checked)."""
 
     def __init__(self):
-        self._items: dict[int, tuple[object, object]] = {}
+        self._items: dict[int, tuple[weakref.ref, object]] = {}
 
     def add(self, obj, value, on_dead: Callable[[], None] | None = None) -> None:
         """`on_dead`: called when obj is collected (it must only let go of what the value holds)."""
@@ -204,7 +204,7 @@ def default_copy(obj, memo: dict | None = None):
     rv = reductor(obj) if reductor is not None else obj.__reduce_ex__(4)
     if isinstance(rv, str):
         return obj
-    return copy._reconstruct(obj, memo, *rv)
+    return copy._reconstruct(obj, memo, *rv)  # type: ignore[attr-defined]  # copy's own (private) last step
 
 
 def copy_wrappers(lookup: Callable[[object], object], copied: Callable):
@@ -237,20 +237,25 @@ def copy_wrappers(lookup: Callable[[object], object], copied: Callable):
 _DEFAULT = object()
 
 
+def _over_default(make: Callable[[object], object]) -> Callable[[object], object]:
+    """A `make` for a class without its own method: the wrapper runs copy's default instead."""
+    return lambda _original: make(_DEFAULT)
+
+
 def acquire_copy_patches(user, cls: type, lookup, copied) -> None:
     """Patch `cls`'s copy protocol where it is defined, or add it to `cls` when copy's default applies."""
     make_deep, make_shallow = copy_wrappers(lookup, copied)
     for name, make in (("__deepcopy__", make_deep), ("__copy__", make_shallow)):
         owner = defining_class(cls, name)
         if owner is None or owner is object:
-            PATCHES.acquire(user, cls, name, lambda _original, make=make: make(_DEFAULT))
+            PATCHES.acquire(user, cls, name, _over_default(make))
         else:
             PATCHES.acquire(user, owner, name, make)
 
 
 # ---- threads ------------------------------------------------------------------------------------------
 
-_THREAD_STARTS: "weakref.WeakKeyDictionary[threading.Thread, str]" = weakref.WeakKeyDictionary()
+_THREAD_STARTS: weakref.WeakKeyDictionary[threading.Thread, str] = weakref.WeakKeyDictionary()
 
 
 def thread_start_wrapper(where: Callable[[], str]):

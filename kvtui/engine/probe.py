@@ -27,19 +27,34 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import introspect
 from .diagnostics import check_refed, check_stale_prompt
 from .lineage import CacheTrack, Lineage
-from .patches import (PATCHES, Registry, acquire_copy_patches, call_wrapper, compiling, defining_class, edit_wrapper,
-                      peek_wrapper, started_at, thread_start_wrapper)
+from .patches import (
+    PATCHES,
+    Registry,
+    acquire_copy_patches,
+    call_wrapper,
+    compiling,
+    defining_class,
+    edit_wrapper,
+    peek_wrapper,
+    started_at,
+    thread_start_wrapper,
+)
 from .session import find_sub, judge_recompute
 from .snapshot import Diagnostic, StepSnapshot
 from .watch_step import Call, StepBuilder, read_call
+
+if TYPE_CHECKING:
+    from .recorder import Recorder  # imported when a trace starts
 
 TOP_K = 10
 EDIT_METHODS = ("crop", "reset", "reorder_cache", "batch_select_indices", "batch_repeat_interleave")
@@ -58,7 +73,7 @@ def _library_dirs() -> tuple[str, ...]:
 def caller_line(skip: tuple[str, ...] | None = None) -> str:
     """"file.py:42": the innermost frame that belongs to the user's code, not to torch/transformers/kvtui."""
     skip = skip or _library_dirs()
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(skip) and not name.startswith("<frozen"):
@@ -75,7 +90,7 @@ def caller_and_generate(skip: tuple[str, ...]) -> tuple[str, list]:
     generate() is read from its frame, not wrapped: a wrapper would become the caller that its warnings
     (stacklevel) point at, and the program's stderr would change."""
     frames = []
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code in _GENERATE_CODES:
@@ -128,7 +143,7 @@ def _inside_transformers() -> bool:
     import transformers
 
     root = os.path.dirname(os.path.abspath(transformers.__file__)) + os.sep
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(_KVTUI_DIR):  # kvtui's wrapper frames
         frame = frame.f_back
     return frame is not None and frame.f_code.co_filename.startswith(root)
@@ -137,10 +152,10 @@ def _inside_transformers() -> bool:
 class Gate:
     """Where a front end may hold the program: before each watched forward, after each step."""
 
-    def before_forward(self, watcher: "Watcher") -> None:
+    def before_forward(self, watcher: Watcher) -> None:
         pass
 
-    def after_step(self, watcher: "Watcher", snapshot: StepSnapshot) -> None:
+    def after_step(self, watcher: Watcher, snapshot: StepSnapshot) -> None:
         pass
 
 
@@ -158,7 +173,7 @@ class _State(threading.local):
 _STATE = _State()
 _MODELS = Registry()  # watched model -> its _Probe
 _POSITIONS = Registry()  # position module -> (its _Probe, "rotary" | "embedding")
-_WATCHERS: list["Watcher"] = []  # attached watchers (caches are found through them)
+_WATCHERS: list[Watcher] = []  # attached watchers (caches are found through them)
 
 
 class WatchRefused(ValueError):
@@ -176,7 +191,7 @@ def _cache_owner(cache):
 class _Probe:
     """One watched model: its registry entries (no hooks on the instance) and what kvtui read of it."""
 
-    def __init__(self, watcher: "Watcher", model, index: int):
+    def __init__(self, watcher: Watcher, model, index: int):
         self.watcher, self.model, self.index = watcher, model, index
         self.name = getattr(model, "name_or_path", None) or type(model).__name__
         self.role: str | None = None  # "draft" when passed to generate() as assistant_model
@@ -274,7 +289,7 @@ class Watcher:
         self.on_snapshot, self.on_event = on_snapshot, on_event
         self.program = program
         self.trace_path = trace
-        self.recorder = None
+        self.recorder: Recorder | None = None
         self.probes: list[_Probe] = []
         self.steps = 0
         self.diagnostics: list[Diagnostic] = []
@@ -284,7 +299,7 @@ class Watcher:
         self.recomputed_tokens = 0  # tokens prefills re-encoded that another cache held (recomputed-prefix)
         self.recomputed_ms = 0.0
         self.builder = StepBuilder(self)
-        self._skip = None
+        self._skip: tuple[str, ...] | None = None  # _library_dirs(), at the first forward
         self._lock = threading.RLock()
         self._started = False  # the header is out (first forward)
         self._waiting: list[dict] = []  # records raised before it
@@ -300,7 +315,7 @@ class Watcher:
 
     # ---- attaching -------------------------------------------------------------------------------
 
-    def attach(self, model) -> "Watcher":
+    def attach(self, model) -> Watcher:
         if any(p.model is model for p in self.probes):
             return self
         refusal = introspect.hybrid_refusal(model.config)  # a feature test of this transformers' DynamicCache
@@ -332,7 +347,7 @@ class Watcher:
         if self.recorder is not None:
             self.recorder.close()
 
-    def __enter__(self) -> "Watcher":
+    def __enter__(self) -> Watcher:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -563,8 +578,8 @@ class Watcher:
         """Compare the last forward's logits (row 0) with one no-cache forward over what its cache row
         holds (attended tokens, positions 0..n-1), judged as kvtui's own session judges. Runs in the
         program's thread, between two forwards. Refuses (ValueError) what it cannot check."""
-        snapshot, logits = self.last, self._last_logits
-        if snapshot is None or logits is None:
+        snapshot, logits, probe = self.last, self._last_logits, self._last_probe  # set together, by a forward
+        if snapshot is None or logits is None or probe is None:
             raise ValueError("nothing to verify yet: the program has not run a forward")
         unknown = snapshot.cache_unknown
         if unknown:
@@ -573,7 +588,7 @@ class Watcher:
                 f"(made before attaching, loaded or copied from an unwatched cache), so a recompute has nothing "
                 f"to start from; the {len(snapshot.buffer) - unknown} tokens after them were fed while watched")
         tokens = [t.id for t in snapshot.buffer if t.origin != "pad" and t.id >= 0]
-        model = self._last_probe.model
+        model = probe.model
         device = model.get_input_embeddings().weight.device
         ids = torch.tensor([tokens], device=device)  # [1, n]
         started = time.perf_counter()
@@ -591,8 +606,8 @@ class Watcher:
         if not result.ok:
             self._diagnose([Diagnostic(
                 "cache-mismatch", "error",
-                f"the program's cached logits ({snapshot.cache_id}) differ from a full recompute of {len(tokens)} "
-                f"tokens: max |diff| {result.max_abs_diff:.3g} > {result.tolerance:g}"
+                f"the program's cached logits ({snapshot.cache_id}) differ from a full recompute of "
+                f"{len(tokens)} tokens: max |diff| {result.max_abs_diff:.3g} > {result.tolerance:g}"
                 f"{'' if result.topk_agree else ', top-k order differs'}", self.steps)])
         record = asdict(result)
         record["cached_top"], record["recomputed_top"] = list(result.cached_top), list(result.recomputed_top)
@@ -794,10 +809,10 @@ class AutoAttach:
         self.watcher = watcher
         self._undo: list[Callable[[], None]] = []
 
-    def install(self) -> "AutoAttach":
+    def install(self) -> AutoAttach:
         return self.install_models().install_tokenizers()
 
-    def install_models(self) -> "AutoAttach":
+    def install_models(self) -> AutoAttach:
         from transformers import PreTrainedModel
 
         watcher = self.watcher
@@ -818,7 +833,7 @@ class AutoAttach:
         self._undo.append(lambda: setattr(PreTrainedModel, "post_init", post_init))
         return self
 
-    def install_tokenizers(self) -> "AutoAttach":
+    def install_tokenizers(self) -> AutoAttach:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
         watcher = self.watcher

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from .snapshot import SEVERITIES, Diagnostic, buffer_record
+from .snapshot import SEVERITIES, Diagnostic, StepSnapshot, buffer_record
 from .trace import TraceWriter, header_record
 
 
@@ -24,16 +24,17 @@ class Recorder:
         self._verified_at = 0  # the step of the last verify
         if header is None and session is not None:
             header = header_record(session, model_source, model_path)
-        self.writer = TraceWriter(path, header, append=append) if path is not None else None
+        # header: given whenever session is None (for_records)
+        self.writer = TraceWriter(path, header, append=append) if path is not None else None  # type: ignore[arg-type]
         if session is not None:
             session.on_event = self.on_event
 
     @classmethod
-    def for_records(cls, path: str | Path | None, header: dict) -> "Recorder":
+    def for_records(cls, path: str | Path | None, header: dict) -> Recorder:
         """A recorder of records another source builds (a watched program: steps, caches, alarms, verify)."""
         return cls(None, path, header=header)
 
-    def record(self, record: dict) -> None:
+    def record(self, record: dict | StepSnapshot) -> None:  # a step: serialised by the writer's thread
         self._write(record)
 
     def on_event(self, kind: str, payload) -> None:
@@ -54,7 +55,7 @@ class Recorder:
         else:  # rewind, force, sampler, watch, reset, export: what happened, at which step
             self._write({"type": kind, "step": session.steps, **payload})
 
-    def _write(self, record: dict) -> None:
+    def _write(self, record: dict | StepSnapshot) -> None:
         if self.writer is not None:
             self.writer.write(record)
 

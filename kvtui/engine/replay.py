@@ -160,11 +160,13 @@ def _token(record: dict) -> BufferToken:
                        special=record["special"], origin=record["origin"], turn=record.get("turn", 0))
 
 
-def _top(record: dict | None) -> TopToken | None:
-    if record is None:
-        return None
+def _top(record: dict) -> TopToken:
     return TopToken(id=record["id"], text=record["text"], logit=record["logit"], prob=record["prob"],
                     rank=record.get("rank", 0))
+
+
+def _maybe_top(record: dict | None) -> TopToken | None:
+    return None if record is None else _top(record)
 
 
 def _extra_layer_fields(record: dict) -> dict:
@@ -181,11 +183,11 @@ def _extra_layer_fields(record: dict) -> dict:
 
 def _snapshot(record: dict, buffer: TokenBuffer, rows=None) -> StepSnapshot:
     step = record["step"]
-    layers = tuple(LayerInfo(index=l["index"], kind=l["kind"], k_shape=tuple(l["k_shape"]), v_shape=tuple(l["v_shape"]),
-                             dtype=l["dtype"], device=l["device"], bytes=l["bytes"], filled=l["filled"],
-                             capacity=l.get("capacity"), window=l.get("window"), seen=l.get("seen", l["filled"]),
-                             held_from=l.get("held_from", 0), **_extra_layer_fields(l))
-                   for l in record["layers"])
+    layers = tuple(LayerInfo(index=layer["index"], kind=layer["kind"], k_shape=tuple(layer["k_shape"]), v_shape=tuple(layer["v_shape"]),
+                             dtype=layer["dtype"], device=layer["device"], bytes=layer["bytes"], filled=layer["filled"],
+                             capacity=layer.get("capacity"), window=layer.get("window"), seen=layer.get("seen", layer["filled"]),
+                             held_from=layer.get("held_from", 0), **_extra_layer_fields(layer))
+                   for layer in record["layers"])
     attention = record.get("attention")
     ms = record.get("ms") or {}
     return StepSnapshot(
@@ -193,7 +195,7 @@ def _snapshot(record: dict, buffer: TokenBuffer, rows=None) -> StepSnapshot:
         input_ids=tuple(record["input_ids"]), positions=tuple(record["positions"]), cursor=record["cursor"],
         cache_seq_length=record["cache_seq_length"], capacity=record.get("capacity"), layers=layers,
         topk=tuple(_top(t) for t in record["topk"]), topk_processed=tuple(_top(t) for t in record.get("topk_processed", [])),
-        watched=tuple(_top(t) for t in record.get("watched", [])), chosen=_top(record.get("chosen")),
+        watched=tuple(_top(t) for t in record.get("watched", [])), chosen=_maybe_top(record.get("chosen")),
         chosen_forced=bool((record.get("chosen") or {}).get("forced")),
         diagnostics=tuple(Diagnostic(d["code"], d["severity"], d["message"], step) for d in record.get("diagnostics", [])),
         forward_ms=ms.get("forward", 0.0), snapshot_ms=ms.get("snapshot", 0.0), buffer=buffer,

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from . import introspect
 from .diagnostics import Alarms, SpecialIds, check_feed
 from .sampling import Sampler, SamplerSettings, chosen_from_top, top_tokens, watched_tokens
-from .snapshot import BufferToken, Diagnostic, StepSnapshot, TokenBuffer, TopToken, VerifyResult
+from .snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 
 
 class SessionError(Exception):
@@ -351,6 +351,7 @@ class ChatSession:
 
     def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw,
                   top) -> StepSnapshot:
+        layers: tuple[LayerInfo, ...]
         if self.cache is None:  # --cache none: nothing is cached, there are no layers to read or check
             layers, cache_len = (), 0
         else:
@@ -555,9 +556,9 @@ class ChatSession:
 
     def force(self, token_id: int) -> TopToken:
         """Replace the pending choice; the next `step` feeds it (origin 'forced')."""
-        vocab = self._logits.shape[-1] if self._logits is not None else None
         if self._logits is None:
             raise SessionError("nothing to force: send a message first")
+        vocab = self._logits.shape[-1]
         if not 0 <= token_id < vocab:
             raise SessionError(f"token id {token_id} is outside the vocabulary (0..{vocab - 1})")
         scores = self.sampler.process(self._history(), self._logits)
@@ -690,7 +691,7 @@ class ChatSession:
         last = self._messages[-1] if self._messages else None
         self._turn_open = last is not None and last.role == "assistant"
         self._turn_recorded = False
-        self._new_in_turn = len(tokens) - last.start if self._turn_open else 0
+        self._new_in_turn = len(tokens) - last.start if last is not None and self._turn_open else 0
         return self._forward(list(tokens), "restore")
 
     def _quant_bits(self) -> int:
@@ -728,7 +729,8 @@ class ChatSession:
             self._record([Diagnostic(
                 "cache-mismatch", "error",
                 f"cached logits differ from a full recompute of {len(chat)} tokens: max |diff| {diff:.3g} "
-                f"> {tolerance:g}{' (quantized cache bound)' if quantized else ''}{'' if agree else ', top-k order differs'}"
+                f"> {tolerance:g}{' (quantized cache bound)' if quantized else ''}"
+                f"{'' if agree else ', top-k order differs'}"
                 + (f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""), self.steps)])
         self._emit("verify", result)
         return result

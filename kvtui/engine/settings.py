@@ -42,5 +42,5 @@ class SamplerSettings:
             parts.append(f"seed={self.seed}")
         return " ".join(parts)
 
-    def with_changes(self, **changes) -> "SamplerSettings":
+    def with_changes(self, **changes) -> SamplerSettings:
         return replace(self, **changes)

@@ -57,8 +57,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Any
 
 COMMANDS = ("pause", "run", "step", "break on", "break off", "verify", "watch", "quit")
 STREAM_ONLY = ("paused", "break", "notice", "program-exit", "output", "process-exit", "progress", "ready",
@@ -109,7 +110,7 @@ class ListCopy:
         return self.items
 
 
-def parse_command(line: str) -> tuple[str, object]:
+def parse_command(line: str) -> tuple[str, Any]:  # the argument: a JSON value
     word, _, rest = line.strip().partition(" ")
     if not rest:
         return word, None
@@ -154,7 +155,7 @@ def control_gate(control_fd: int, pipe: RecordPipe, start_paused: bool = False, 
             self.paused = start_paused
             self.break_on_alarm = break_on_alarm
             self.allowed = 0  # forwards a "step" lets through while paused
-            self.requests: list[tuple[str, object]] = []  # commands that must run in the program's thread
+            self.requests: list[tuple[str, Any]] = []  # commands that must run in the program's thread
             self.watcher = None
             self._condition = threading.Condition()
             threading.Thread(target=self._read, args=(control_fd,), name="kvtui-control", daemon=True).start()
@@ -373,19 +374,25 @@ class ChildSource:
 
     @property
     def stdin_open(self) -> bool:
-        return getattr(self.process, "stdin", None) is not None and not self.process.stdin.closed
+        return self._stdin() is not None
+
+    def _stdin(self) -> IO[bytes] | None:
+        """The program's stdin while it is open."""
+        stdin = getattr(self.process, "stdin", None)
+        return stdin if stdin is not None and not stdin.closed else None
 
     def write_stdin(self, text: str) -> bool:
         """Send text (a line ends with "\n") to the program's stdin, and echo it (without the newline) as an
         "output" record of stream "stdin", in order with the program's output. False (nothing sent) when its
         stdin is closed, the program is gone, or it has not read the last 64 KiB it was sent."""
-        if not self.stdin_open:
+        stdin = self._stdin()
+        if stdin is None:
             return False
         data = text.encode("utf-8")
         # the output lock is held while the line goes out: whatever the program answers is read after the echo
         with self._stdin_lock, self._output_lock:
             try:
-                written = os.write(self.process.stdin.fileno(), data)
+                written = os.write(stdin.fileno(), data)
             except (BlockingIOError, BrokenPipeError, OSError, ValueError):
                 return False
             deadline = time.monotonic() + 1.0
@@ -393,7 +400,7 @@ class ChildSource:
                 if time.monotonic() > deadline:
                     return False
                 try:
-                    written += os.write(self.process.stdin.fileno(), data[written:])
+                    written += os.write(stdin.fileno(), data[written:])
                 except BlockingIOError:
                     time.sleep(0.01)
                 except (BrokenPipeError, OSError, ValueError):
@@ -404,10 +411,11 @@ class ChildSource:
 
     def close_stdin(self) -> None:
         """End the program's input (EOF: its input() raises EOFError, a read returns b"")."""
-        if self.stdin_open:
+        stdin = self._stdin()
+        if stdin is not None:
             with self._stdin_lock:
                 try:
-                    self.process.stdin.close()
+                    stdin.close()
                 except OSError:
                     pass
 

@@ -14,9 +14,10 @@ import os
 import platform
 import queue
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 import orjson
 
@@ -98,7 +99,7 @@ class LineWriter:
         self._raise = raise_errors
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         atexit.register(self.close)  # a program that exits without closing loses nothing queued
 
@@ -156,12 +157,13 @@ class TraceWriter:
         """`append`: go on with a trace another writer started (a restarted engine): no second header.
         `path` may be an open binary stream (a watched process's connection to its viewer): a write that
         fails there stops the writing silently (the viewer is gone), never the program."""
-        stream = hasattr(path, "write")
-        self.path = Path("<stream>") if stream else Path(path)
+        handle: IO[bytes] | None
+        if isinstance(path, (str, os.PathLike)):
+            stream, self.path, handle = False, Path(path), None
+        else:  # an open binary stream
+            stream, self.path, handle = True, Path("<stream>"), path
         try:
-            if stream:
-                handle = path
-            else:
+            if handle is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 handle = open(self.path, "ab" if append else "wb")
             if not append:

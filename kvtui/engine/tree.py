@@ -91,10 +91,14 @@ def start_in_process() -> None:
     """Called by the hook: when transformers' tokenizer code loads, remember the tokenizers this process
     loads; when its modeling code loads, watch every causal LM it builds."""
     config = json.loads(os.environ[ENV])
-    for module, part in ((TOKENIZERS, "install_tokenizers"), (TRIGGER, "install_models")):
-        then = (lambda part=part: getattr(_watcher(config), part)())
+
+    def then_for(module: str, part: str):
         if module == TOKENIZERS:
-            then = (lambda: _tokenizers_at_first_load(config))
+            return lambda: _tokenizers_at_first_load(config)
+        return lambda: getattr(_watcher(config), part)()
+
+    for module, part in ((TOKENIZERS, "install_tokenizers"), (TRIGGER, "install_models")):
+        then = then_for(module, part)
         if module in sys.modules:  # imported already (a hook run twice): at once
             then()
         else:
@@ -210,7 +214,8 @@ class ProcessRun:
     world_size: int | None = None
     ppid: int | None = None
     host: str | None = None
-    connection: object = field(default=None, repr=False)
+    # always given (the server makes a run for a connection it accepted); None is only the field's default
+    connection: socket.socket = field(default=None, repr=False)  # type: ignore[assignment]
     send_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     models: list[str] = field(default_factory=list)
     steps: int = 0
@@ -249,7 +254,8 @@ class TreeServer:
         self.token = token or secrets.token_urlsafe(16)
         self.on_record = on_record
         self._socket = socket.create_server((host, port))
-        self.address = "%s:%d" % self._socket.getsockname()[:2]
+        host, port = self._socket.getsockname()[:2]
+        self.address = f"{host}:{port}"
         self.runs: list[ProcessRun] = []
         self.notes: list[str] = []
         self._lock = threading.Lock()
@@ -269,7 +275,7 @@ class TreeServer:
             reader.start()
 
     def _read(self, connection: socket.socket, peer) -> None:
-        where = "%s:%d" % peer[:2]
+        where = "{}:{}".format(*peer[:2])
         run = None
         try:
             connection.settimeout(HELLO_TIMEOUT_S)
@@ -431,7 +437,7 @@ class Naming:
         return record
 
 
-def merge(runs: list[ProcessRun], out: Path, alarms: list = ()) -> None:
+def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:  # alarms: Diagnostics
     """One trace: a run header, then per process its `process` record and its records (made one stream by
     `Naming`: steps numbered through the run); then the run's own alarms (rank-desync), at their steps."""
     from .trace import TraceWriter, header_start

@@ -12,6 +12,7 @@ from .diagnostics import check_ranks
 from .stream import ChildSource
 from .tree import Naming, ProcessRun, TreeServer, desync, environment, merge
 
+
 class TreeSource(ChildSource):
     """A command's process tree as one source for the watch TUI (`kvtui watch -- COMMAND`): the command runs
     in a session of its own, its stdout/stderr become "output" records (and its stdin is the TUI's input

@@ -10,21 +10,32 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from . import introspect
-from .diagnostics import (Alarms, SpecialIds, check_drift, check_feed, check_padding_side, check_request,
-                          check_row_positions, recomputed_prefix, token_text)
+from .diagnostics import (
+    Alarms,
+    SpecialIds,
+    check_drift,
+    check_feed,
+    check_padding_side,
+    check_request,
+    check_row_positions,
+    recomputed_prefix,
+    token_text,
+)
+from .lineage import CacheTrack
 from .sampling import top_token_rows, watched_tokens
-from .snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer
+from .snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
 
 
 @dataclass
 class Call:
     """One top-level forward in flight (between the probe's before and after)."""
 
-    probe: object  # the probe of the model called
+    probe: Any  # the probe of the model called (a probe._Probe: probe imports this module, not the reverse)
     caller: str
     thread: str | None  # the thread's name, off the main thread
     input_ids: list[list[int]] | None  # [batch][n]; None when only inputs_embeds were passed
@@ -36,7 +47,7 @@ class Call:
     requested_cache_position: list[int] | None
     cache: object | None
     cache_length_before: int
-    track: object | None = None  # the cache's lineage.CacheTrack
+    track: CacheTrack | None = None  # the cache's
     found: list[Diagnostic] = field(default_factory=list)
     applied: torch.Tensor | None = None  # position ids read at the rotary / position embedding
     positions_source: str = "derived"
@@ -213,7 +224,8 @@ class StepBuilder:
         gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)  # state kept either way
         if not stale:
             found += gaps
-        layers = introspect.layer_infos(cache, probe.window) if cache is not None and hasattr(cache, "layers") else ()
+        layers: tuple[LayerInfo, ...] = (
+            introspect.layer_infos(cache, probe.window) if cache is not None and hasattr(cache, "layers") else ())
         capacity = track.capacity if track is not None else None
         # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
         # and check_request names it before the forward; here only sliding eviction is said
@@ -237,7 +249,7 @@ class StepBuilder:
         requested = call.requested_positions[0] if call.requested_positions else None
         cursor = (call.requested_cache_position[-1] + 1 if call.requested_cache_position
                   else requested[-1] + 1 if requested and call.mask_new is None else cache_len)
-        watched = ()
+        watched: tuple[TopToken, ...] = ()
         if watcher.watch_ids and logits is not None:
             watched = watched_tokens(logits[0, -1].float(), watcher.watch_ids, self.piece)
         return StepSnapshot(

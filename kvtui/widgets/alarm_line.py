@@ -7,7 +7,7 @@ groups there are and the key that unfolds the diagnostics pane.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from rich.text import Text
 

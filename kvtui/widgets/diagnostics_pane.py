@@ -12,7 +12,8 @@ without an App). Rows are keyed and updated in place (`table_rows.update_rows`).
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from rich.text import Text
 from textual import on
@@ -23,8 +24,8 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from kvtui.engine.diagnostics import DiagnosticGroup, group_diagnostics, leading_group
-from kvtui.fmt import one_line, printable
 from kvtui.engine.snapshot import SEVERITIES, Diagnostic, StepSnapshot
+from kvtui.fmt import one_line, printable
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 from kvtui.widgets.table_rows import update_rows
 

@@ -4,7 +4,7 @@ when the theme changes."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from rich.color import Color, ColorParseError
 from textual.app import App

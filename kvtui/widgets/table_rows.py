@@ -14,7 +14,8 @@ columns narrow again.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from rich.text import Text
 from textual.widgets import DataTable

@@ -21,9 +21,10 @@ cursor style, at `snapshot.cursor`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -200,10 +201,10 @@ class TokenBufferPane(ScrollView, can_focus=True):
 
         index: int  # buffer index
         token: BufferToken
-        pane: "TokenBufferPane | None" = None
+        pane: TokenBufferPane | None = None
 
         @property
-        def control(self) -> "TokenBufferPane | None":
+        def control(self) -> TokenBufferPane | None:
             return self.pane
 
     def __init__(self, *, cell_width: int = 10, auto_title: bool = True, name: str | None = None,

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from kvtui.engine import ChatSession, SessionConfig
-from kvtui.engine.session import SessionError
 from kvtui.engine.models.tiny import MATRIX_ARCHES
+from kvtui.engine.session import SessionError
 
 
 def dynamic_cache_keeps_state(config) -> bool:
@@ -124,10 +124,10 @@ def summarize(model, session, diff: float) -> str:
     kinds: dict[str, int] = {}
     for layer in session.last.layers:
         kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
-    kv = next((l for l in session.last.layers if l.k_shape), None)
+    kv = next((layer for layer in session.last.layers if layer.k_shape), None)
     kv_text = "-" if kv is None else f"K {'×'.join(map(str, kv.k_shape[1:2] + kv.k_shape[3:]))}" \
         f" · V {'×'.join(map(str, kv.v_shape[1:2] + kv.v_shape[3:]))}"
-    state = next((l for l in session.last.layers if l.states), None)
+    state = next((layer for layer in session.last.layers if layer.states), None)
     state_text = "-" if state is None else ", ".join(f"{n} {'×'.join(map(str, s[1:]))}" for n, s in state.states)
     codes = [d.message for d in session.diagnostics if d.code in ("state-rewind", "sliding-eviction") and "rewind to" in d.message]
     if any("past recording" in m for m in codes):
@@ -137,7 +137,7 @@ def summarize(model, session, diff: float) -> str:
     else:
         rewind = "crop"
     layers = ", ".join(f"{n} {k}" for k, n in kinds.items())
-    return f"| {FAMILIES[session._arch]} | `{type(model).__name__}` | {layers} | {kv_text} | {state_text} | {rewind} | exact |"
+    return f"| {FAMILIES[session._arch]} | `{type(model).__name__}` | " f"{layers} | {kv_text} | {state_text} | {rewind} | exact |"
 
 
 @pytest.mark.parametrize("arch", list(FAMILIES))
@@ -218,8 +218,8 @@ def test_quantized_cache_is_refused_where_transformers_refuses_it(tiny_model, ar
 
 
 def _readme_table(rows: list[str]) -> str:
-    header = ("| family | class | cache layers | K · V (heads×dim) | non-KV state (layer shape) | rewind | 3-turn chat vs full recompute |\n"
-              "|---|---|---|---|---|---|---|")
+    header = ("| family | class | cache layers | K · V (heads×dim) | non-KV state (layer shape) | rewind | 3-turn chat vs "
+              "full recompute |\n|---|---|---|---|---|---|---|")
     return "\n".join([BEGIN, header, *rows, END])
 
 

@@ -52,10 +52,10 @@ def run_in_process(tiny_model, model_dir, script_path, trace_path):
 
     from rich.console import Console
 
-    from kvtui.options import DEFAULT_OPTIONS, build_session_config
     from kvtui.engine import ChatSession
     from kvtui.engine.script import load_script
     from kvtui.headless import run_script
+    from kvtui.options import DEFAULT_OPTIONS, build_session_config
 
     model, tokenizer = tiny_model("qwen2")
     script = load_script(script_path)

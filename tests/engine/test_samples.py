@@ -1,6 +1,5 @@
 """Every pitfall sample, run headless as a user would, raises the diagnostic it names and no other error."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path

@@ -26,8 +26,8 @@ from transformers import DynamicCache, GenerationMixin, PreTrainedModel, StaticC
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from kvtui.engine.diagnostics import CODES
-from program_headers import codes_in, expected_codes, expected_exit, header, model_dir, stdin_of
 from kvtui.engine.probe import watch
+from program_headers import codes_in, expected_codes, expected_exit, header, model_dir, stdin_of
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "watch_corpus"
@@ -376,7 +376,7 @@ def _reuse_prompt_cache(model, tokenizer):
         cache = copy.deepcopy(prompt_cache)
         out = model.generate(**inputs, past_key_values=cache, max_new_tokens=6, do_sample=False,
                              output_logits=True, return_dict_in_generate=True)
-        results.append((out.sequences.tolist(), [l.clone() for l in out.logits], int(cache.get_seq_length())))
+        results.append((out.sequences.tolist(), [logits.clone() for logits in out.logits], int(cache.get_seq_length())))
     return results, int(prompt_cache.get_seq_length())
 
 
@@ -384,7 +384,7 @@ def _crop_and_continue(model, tokenizer):
     ids, cache, out = _prefill(model, tokenizer, "Count from 0 to 9: 0, 1, 2, 3,")
     tokens, logits, lengths = [], [], []
     with torch.no_grad():
-        for step in range(6):
+        for _ in range(6):
             token = int(out.logits[0, -1].argmax())
             tokens.append(token)
             guess = torch.tensor([[token, token, token]])  # feed two guesses, keep none of them

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from program_headers import codes_in, expected_codes, model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,7 +119,7 @@ def test_ranks_that_feed_different_tokens_raise_rank_desync(tmp_path, llama_dir)
 
 def test_a_multiprocessing_spawn_child_is_watched(tmp_path, llama_dir):
     program = tmp_path / "spawn.py"
-    program.write_text(f"""
+    program.write_text("""
 import multiprocessing as mp
 import sys
 
@@ -214,7 +215,7 @@ def test_two_nodes_over_a_loopback_rendezvous_report_to_one_viewer(tmp_path, lla
     assert listening.wait(60), "".join(lines)
     address, token = _address_and_token(lines)
     other = kvtui_watch("--headless", "--connect", address, "--token", token, "--", *launch)
-    stdout = viewer.stdout.read()  # stderr is the reader thread's
+    viewer.stdout.read()  # drained until the viewer closes it (stderr is the reader thread's)
     viewer.wait(300)
     reader.join(10)
     assert viewer.returncode == 0 and other.returncode == 0, "".join(lines)[-3000:] + other.stderr[-2000:]

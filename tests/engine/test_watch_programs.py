@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from program_headers import codes_in, expected_codes, header, model_dir, stdin_of
 
 ROOT = Path(__file__).resolve().parents[2]

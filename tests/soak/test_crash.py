@@ -1,16 +1,15 @@
 """Crash: a headless run or a watched program killed with SIGKILL mid-generation leaves a trace whose
 finished lines all read back.
 
-The writer's thread flushes once per line it takes (the model's thread hands it each step and goes on), so a kill leaves whole lines plus, at worst, one unterminated tail
-(a large line goes out in several writes). `read_trace` drops that tail and sets `truncated`; the
-replay app says the recording was interrupted.
+The writer's thread flushes once per line it takes (the model's thread hands it each step and goes on), so a
+kill leaves whole lines plus, at worst, one unterminated tail (a large line goes out in several writes).
+`read_trace` drops that tail and sets `truncated`; the replay app says the recording was interrupted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -128,7 +127,7 @@ def cut_cases(finished: list[bytes]):
     whole = b"".join(line + b"\n" for line in finished)
     step = [line for line in finished if line.startswith(b'{"type":"step"')][-1]
     note = json.dumps({"type": "note", "text": "caché → interrupted"}, ensure_ascii=False).encode("utf-8")
-    inside_arrow = note.index("→".encode("utf-8")) + 1  # between the bytes of one UTF-8 character
+    inside_arrow = note.index("→".encode()) + 1  # between the bytes of one UTF-8 character
     return {
         "half a step line": whole + step[: len(step) // 2],
         "one byte of a line": whole + b"{",

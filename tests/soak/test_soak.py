@@ -25,8 +25,8 @@ import torch
 from textual.widgets import Input, Sparkline
 
 from kvtui.app import HISTORY_STEPS, KvtuiApp
-from kvtui.options import AppConfig
 from kvtui.engine.snapshot import BufferToken, StepSnapshot
+from kvtui.options import AppConfig
 from kvtui.widgets import status_bar
 from kvtui.widgets.status_bar import StatusBar
 

@@ -14,7 +14,6 @@ from kvtui.widgets.layers_pane import LayersPane, format_shape
 from kvtui.widgets.status_bar import StatusBar
 from kvtui.widgets.token_buffer import TokenBufferPane
 from kvtui.widgets.topk_pane import TopKPane
-
 from pilot_helpers import start, wait_for, wait_idle
 
 SIZE = (140, 45)

@@ -16,7 +16,6 @@ import pytest
 from kvtui.app import KvtuiApp
 from kvtui.options import AppConfig
 from kvtui.widgets.status_bar import StatusBar
-
 from pilot_helpers import start, wait_for, wait_idle
 
 SIZE = (140, 45)

@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from kvtui.app import KvtuiApp
 from kvtui.cli import main
 from kvtui.engine.trace import read_trace
-
 from pilot_helpers import wait_for, wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +62,7 @@ async def test_tui_and_headless_write_the_same_trace(sample, tmp_path, monkeypat
         await wait_for(pilot, lambda: app.session is not None, 600, "the model to load")
         for number in range(turns):
             await pilot.press("enter")  # the script's next turn, wherever the focus is (first: the input)
-            await wait_for(pilot, lambda: app.session.turn == number + 1, 120, f"turn {number + 1} to start")
+            await wait_for(pilot, lambda number=number: app.session.turn == number + 1, 120, f"turn {number + 1} to start")
             await wait_idle(pilot, app, 600)
         assert not app.script_turns
         await pilot.press("q")

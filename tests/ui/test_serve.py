@@ -19,8 +19,16 @@ import urllib.request
 import aiohttp
 import pytest
 
-from browser_helpers import (CAPTURE_TERMINAL_JS, READ_SCREEN_JS, Chromium, DevTools, find_chromium, free_port,
-                             png_size, stop_process_group)
+from browser_helpers import (
+    CAPTURE_TERMINAL_JS,
+    READ_SCREEN_JS,
+    Chromium,
+    DevTools,
+    find_chromium,
+    free_port,
+    png_size,
+    stop_process_group,
+)
 from kvtui.commands.serve_cmd import app_command
 
 SERVER_START_S = 20.0  # until the server answers HTTP

@@ -10,7 +10,6 @@ import pytest
 
 from kvtui.watch_app import WatchApp
 from kvtui.widgets.program_output import ProgramOutput
-
 from pilot_helpers import wait_for
 
 PROGRAM = textwrap.dedent('''

@@ -14,7 +14,6 @@ from kvtui.watch_app import WatchApp
 from kvtui.widgets.program_input import ProgramInput
 from kvtui.widgets.program_output import ProgramOutput
 from kvtui.widgets.token_buffer import TokenBufferPane
-
 from pilot_helpers import wait_for
 
 CHAT = Path(__file__).resolve().parents[2] / "samples" / "programs" / "chat_input.py"

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from kvtui.engine.tree_source import TreeSource
 from kvtui.watch_app import WatchApp
-
 from pilot_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +47,10 @@ async def test_pause_a_two_rank_run_step_once_and_quit(tiny_dir):
         assert len(app.replay.snapshots) == 4 and {s.phase for s in app.replay.snapshots[2:]} == {"decode"}
         # both held after the same forward: verify runs on every rank (each recompute is a collective forward)
         await pilot.press("v")
-        verified = lambda: [r for run in source.server.runs for r in run.records if r["type"] == "verify"]
+
+        def verified():
+            return [r for run in source.server.runs for r in run.records if r["type"] == "verify"]
+
         await wait_for(pilot, lambda: len(verified()) == 2, 60, "a verify result from each rank")
         assert all(r["ok"] and r["tokens"] == app.latest.cache_seq_length for r in verified())
         await pilot.press("q")

@@ -215,7 +215,7 @@ def _convert_gguf(gguf_path: Path, out: Path, progress: Progress | None) -> None
         missing = [k for k in missing if not (getattr(config, "tie_word_embeddings", False) and k.startswith("lm_head."))]
         if missing or unexpected:
             raise ModelLoadError(
-                f"converting the embedded model failed: weight mismatch (missing {missing[:3]}, unexpected {unexpected[:3]})"
+                "converting the embedded model failed: weight mismatch " f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
             )
         model.tie_weights()
         model.generation_config = copy.deepcopy(gguf_model.generation_config)

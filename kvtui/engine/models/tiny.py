@@ -15,9 +15,10 @@ a double BOS), Qwen adds none, and ``eos=True`` appends EOS to every encode.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")
 # Every family the architecture matrix builds (tests/engine/test_arch_matrix.py); ARCHES are the
@@ -342,7 +343,7 @@ def _LAYERS(layers, window):
     return layers
 
 
-_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+_MOE: dict[str, Any] = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
 SPECS.update({
     "qwen3_moe": _chatml(_family_config("Qwen3MoeConfig", **_MOE, tie_word_embeddings=True),
