@@ -30,12 +30,24 @@ def run_cached(model, tokenizer, max_new: int, cache: str = "dynamic", max_cache
         first = session.send(text)
         session.generate()
         dt = time.perf_counter() - t0
-        turns.append({"seconds": dt, "prefill_tokens": len(first.input_ids), "forwards": forwards,
-                      "generated": len(forwards), "cache_length": session.cache_length})
+        turns.append(
+            {
+                "seconds": dt,
+                "prefill_tokens": len(first.input_ids),
+                "forwards": forwards,
+                "generated": len(forwards),
+                "cache_length": session.cache_length,
+            }
+        )
     session.on_snapshot = None
-    return {"turns": turns, "ids": [t.id for t in session.buffer], "total_s": sum(t["seconds"] for t in turns),
-            "final_length": session.cache_length, "capacity": session.capacity,
-            "cache_bytes": session.last.cache_bytes if session.last else 0}
+    return {
+        "turns": turns,
+        "ids": [t.id for t in session.buffer],
+        "total_s": sum(t["seconds"] for t in turns),
+        "final_length": session.cache_length,
+        "capacity": session.capacity,
+        "cache_bytes": session.last.cache_bytes if session.last else 0,
+    }
 
 
 def run_naive(model, cached: dict, deadline: float | None = None) -> dict:
@@ -53,18 +65,33 @@ def run_naive(model, cached: dict, deadline: float | None = None) -> dict:
             t0 = time.perf_counter()
             processed = 0
             for length, chosen in turn["forwards"]:
-                out = model(input_ids=torch.tensor([ids[:length]]), use_cache=False,
-                            position_ids=torch.arange(length).unsqueeze(0), **keep)
+                out = model(
+                    input_ids=torch.tensor([ids[:length]]),
+                    use_cache=False,
+                    position_ids=torch.arange(length).unsqueeze(0),
+                    **keep,
+                )
                 processed += length
                 agree &= int(torch.argmax(out.logits[0, -1])) == chosen
             turns.append({"seconds": time.perf_counter() - t0, "tokens_processed": processed})
             log(f"  naive turn {i + 1}: {turns[-1]['seconds']:.1f} s ({processed:,} tokens re-encoded)")
-    return {"turns": turns, "total_s": sum(t["seconds"] for t in turns), "agree": agree,
-            "complete": len(turns) == len(cached["turns"])}
+    return {
+        "turns": turns,
+        "total_s": sum(t["seconds"] for t in turns),
+        "agree": agree,
+        "complete": len(turns) == len(cached["turns"]),
+    }
 
 
-def bench_cached(model, tokenizer, max_new: int, cached_repeats: int, static_repeats: int, static_len: int = 2048,
-                 deadline: float | None = None) -> dict:
+def bench_cached(
+    model,
+    tokenizer,
+    max_new: int,
+    cached_repeats: int,
+    static_repeats: int,
+    static_len: int = 2048,
+    deadline: float | None = None,
+) -> dict:
     """Dynamic and static sessions on the seed chat, interleaved per round."""
     dyn, sta = [], []
     in_worker(run_cached, model, tokenizer, 4)  # warm-up (short); every run in a fresh thread, like the TUI
@@ -89,13 +116,22 @@ def combine(cached: dict, naive: list[dict]) -> dict:
         d = summary([run["turns"][i]["seconds"] for run in dyn])
         s = summary([run["turns"][i]["seconds"] for run in sta])
         n = summary([run["turns"][i]["seconds"] for run in naive if i < len(run["turns"])])
-        per_turn.append({
-            "turn": i + 1, "prefill_tokens": turn["prefill_tokens"], "generated": turn["generated"],
-            "cache_length": turn["cache_length"], "dynamic_s": d, "static_s": s, "naive_s": n,
-            "naive_tokens_processed": naive[0]["turns"][i]["tokens_processed"] if naive and i < len(naive[0]["turns"]) else 0,
-            "speedup_naive_over_dynamic": n["median"] / d["median"] if n["n"] else float("nan"),
-            "static_over_dynamic": s["median"] / d["median"] if sta else float("nan"),
-        })
+        per_turn.append(
+            {
+                "turn": i + 1,
+                "prefill_tokens": turn["prefill_tokens"],
+                "generated": turn["generated"],
+                "cache_length": turn["cache_length"],
+                "dynamic_s": d,
+                "static_s": s,
+                "naive_s": n,
+                "naive_tokens_processed": naive[0]["turns"][i]["tokens_processed"]
+                if naive and i < len(naive[0]["turns"])
+                else 0,
+                "speedup_naive_over_dynamic": n["median"] / d["median"] if n["n"] else float("nan"),
+                "static_over_dynamic": s["median"] / d["median"] if sta else float("nan"),
+            }
+        )
     complete = [run for run in naive if run["complete"]]
     total_d = summary([run["total_s"] for run in dyn])
     total_s = summary([run["total_s"] for run in sta])
@@ -105,16 +141,26 @@ def combine(cached: dict, naive: list[dict]) -> dict:
     partial_d = sum(t["dynamic_s"]["median"] for t in per_turn[:done])
     partial_n = sum(t["naive_s"]["median"] for t in per_turn[:done])
     return {
-        "max_new": cached["max_new"], "static_len": cached["static_len"], "per_turn": per_turn,
-        "total": {"dynamic_s": total_d, "static_s": total_s, "naive_s": total_n,
-                  "speedup": total_n["median"] / total_d["median"] if complete else float("nan"),
-                  "speedup_over_done_turns": partial_n / partial_d if done else float("nan"),
-                  "naive_turns_done": done,
-                  "static_over_dynamic": total_s["median"] / total_d["median"] if sta else float("nan")},
-        "final_length": ref["final_length"], "generated_total": sum(t["generated"] for t in ref["turns"]),
+        "max_new": cached["max_new"],
+        "static_len": cached["static_len"],
+        "per_turn": per_turn,
+        "total": {
+            "dynamic_s": total_d,
+            "static_s": total_s,
+            "naive_s": total_n,
+            "speedup": total_n["median"] / total_d["median"] if complete else float("nan"),
+            "speedup_over_done_turns": partial_n / partial_d if done else float("nan"),
+            "naive_turns_done": done,
+            "static_over_dynamic": total_s["median"] / total_d["median"] if sta else float("nan"),
+        },
+        "final_length": ref["final_length"],
+        "generated_total": sum(t["generated"] for t in ref["turns"]),
         "naive_agree": all(n["agree"] for n in naive) if naive else None,
-        "naive_runs": len(naive), "dynamic_runs": len(dyn), "static_runs": len(sta),
+        "naive_runs": len(naive),
+        "dynamic_runs": len(dyn),
+        "static_runs": len(sta),
         "static_same_tokens": all(s["ids"] == ref["ids"] for s in sta),
         "dynamic_repeat_same_tokens": all(d["ids"] == ref["ids"] for d in dyn),
-        "dynamic_cache_bytes": ref["cache_bytes"], "static_cache_bytes": sta[0]["cache_bytes"] if sta else 0,
+        "dynamic_cache_bytes": ref["cache_bytes"],
+        "static_cache_bytes": sta[0]["cache_bytes"] if sta else 0,
     }

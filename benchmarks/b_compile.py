@@ -27,8 +27,11 @@ from kvtui.engine.loader import load_model  # noqa: E402
 from kvtui.engine.session import ChatSession, SessionConfig  # noqa: E402
 
 TURNS = ["Let's start by defining a variable k equal to 5. What is k?", "Now multiply k by 3. What is k?"]
-CONFIGS = {"dynamic": dict(cache="dynamic"), "static": dict(cache="static", max_cache_len=512),
-           "static+compile": dict(cache="static", max_cache_len=512, compile=True)}
+CONFIGS = {
+    "dynamic": dict(cache="dynamic"),
+    "static": dict(cache="static", max_cache_len=512),
+    "static+compile": dict(cache="static", max_cache_len=512, compile=True),
+}
 
 
 def run(model, tokenizer, name: str, new: int) -> dict:
@@ -45,8 +48,13 @@ def run(model, tokenizer, name: str, new: int) -> dict:
             else:
                 decode_s += dt
                 decode_n += 1
-    return {"tok_s": decode_n / decode_s if decode_s else 0.0, "tokens": decode_n, "compile_s": compile_s,
-            "ids": session.buffer.ids(), "recompiles": session.recompiles if name.endswith("compile") else None}
+    return {
+        "tok_s": decode_n / decode_s if decode_s else 0.0,
+        "tokens": decode_n,
+        "compile_s": compile_s,
+        "ids": session.buffer.ids(),
+        "recompiles": session.recompiles if name.endswith("compile") else None,
+    }
 
 
 def main() -> int:
@@ -66,22 +74,31 @@ def main() -> int:
         for name in CONFIGS:
             r = run(model, tokenizer, name, args.new)
             results[name].append(r)
-            print(f"repeat {repeat + 1} {name:15s} {r['tok_s']:6.1f} tok/s over {r['tokens']} decode steps"
-                  + (f", compile {r['compile_s']:.1f} s, recompiles {r['recompiles']}" if r["compile_s"] else ""),
-                  flush=True)
+            print(
+                f"repeat {repeat + 1} {name:15s} {r['tok_s']:6.1f} tok/s over {r['tokens']} decode steps"
+                + (f", compile {r['compile_s']:.1f} s, recompiles {r['recompiles']}" if r["compile_s"] else ""),
+                flush=True,
+            )
     same = all(r["ids"] == results["dynamic"][0]["ids"] for rs in results.values() for r in rs)
-    lines = ["# Dynamic vs static vs static + compile (SmolLM2-135M-Instruct, greedy)", "",
-             f"{loaded.device}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-             f"transformers {transformers.__version__}, Python {platform.python_version()}; "
-             f"{len(TURNS)} turns, up to {args.new} new tokens each, {args.repeats} interleaved repeats. "
-             "Decode tokens/s: one-token steps through `ChatSession.step` (snapshots included), the compiling "
-             "step excluded and reported as compile time.", "",
-             "| cache | decode tok/s (median) | all repeats | first compile | recompiles |", "|---|---|---|---|---|"]
+    lines = [
+        "# Dynamic vs static vs static + compile (SmolLM2-135M-Instruct, greedy)",
+        "",
+        f"{loaded.device}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, Python {platform.python_version()}; "
+        f"{len(TURNS)} turns, up to {args.new} new tokens each, {args.repeats} interleaved repeats. "
+        "Decode tokens/s: one-token steps through `ChatSession.step` (snapshots included), the compiling "
+        "step excluded and reported as compile time.",
+        "",
+        "| cache | decode tok/s (median) | all repeats | first compile | recompiles |",
+        "|---|---|---|---|---|",
+    ]
     for name, rs in results.items():
         speeds = [r["tok_s"] for r in rs]
         compile_text = f"{rs[0]['compile_s']:.1f} s" if rs[0]["compile_s"] else "-"
-        lines.append(f"| {name} | {statistics.median(speeds):.1f} | {', '.join(f'{s:.1f}' for s in speeds)} | "
-                     f"{compile_text} | {rs[-1]['recompiles'] if rs[-1]['recompiles'] is not None else '-'} |")
+        lines.append(
+            f"| {name} | {statistics.median(speeds):.1f} | {', '.join(f'{s:.1f}' for s in speeds)} | "
+            f"{compile_text} | {rs[-1]['recompiles'] if rs[-1]['recompiles'] is not None else '-'} |"
+        )
     lines += ["", f"Greedy tokens identical across all runs: {'yes' if same else 'NO'}."]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

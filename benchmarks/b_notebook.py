@@ -87,8 +87,10 @@ def bench(model: str = "embedded", tokens: int = 48, repeats: int = 5) -> dict:
     from nbclient import NotebookClient
 
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(SETUP.format(model=model)),
-                      nbformat.v4.new_code_cell(RUN.format(repeats=repeats, tokens=tokens))]
+    notebook.cells = [
+        nbformat.v4.new_code_cell(SETUP.format(model=model)),
+        nbformat.v4.new_code_cell(RUN.format(repeats=repeats, tokens=tokens)),
+    ]
     with tempfile.TemporaryDirectory(prefix="kvtui-bench-nb-") as work:
         NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": work}}).execute()
     text = "".join(o.get("text", "") for o in notebook.cells[1].outputs if o.get("output_type") == "stream")
@@ -96,7 +98,11 @@ def bench(model: str = "embedded", tokens: int = 48, repeats: int = 5) -> dict:
     times = raw["times"]
     live_ratio = [lv / w for lv, w in zip(times["live"], times["watched"])]
     return {
-        "model": raw["model"], "layers": raw["layers"], "tokens": tokens, "repeats": repeats, "threads": raw["threads"],
+        "model": raw["model"],
+        "layers": raw["layers"],
+        "tokens": tokens,
+        "repeats": repeats,
+        "threads": raw["threads"],
         "ms_per_token": {k: summary([t * 1000 / tokens for t in v]) for k, v in times.items()},
         "ratio_live_vs_watched": summary(live_ratio),
         # CPU time of the kernel process (all its threads) per loop: what the live view costs, whatever else the
@@ -114,15 +120,17 @@ def bench(model: str = "embedded", tokens: int = 48, repeats: int = 5) -> dict:
 
 def describe(r: dict) -> str:
     ms, ratio = r["ms_per_token"], r["ratio_live_vs_watched"]
-    return (f"{r['model']} ({r['layers']} layers), {r['tokens']} tokens x {r['repeats']} repeats: "
-            f"ms/token plain {ms['plain']['median']:.1f}, watched {ms['watched']['median']:.1f}, "
-            f"watched + live display {ms['live']['median']:.1f}; live / watched {ratio['median']:.3f} "
-            f"(min {ratio['min']:.3f}, max {ratio['max']:.3f}; target <= 1.05); "
-            f"CPU time live / watched {r['cpu_ratio_live_vs_watched']['median']:.3f} "
-            f"(min {r['cpu_ratio_live_vs_watched']['min']:.3f}, max {r['cpu_ratio_live_vs_watched']['max']:.3f}); "
-            f"{r['updates_per_s']['median']:.1f} redraws/s, {r['render_ms_per_loop']['median']:.0f} ms drawing per loop "
-            f"({r['draw_share']['median']:.1%} of the loop); "
-            f"same tokens: {r['same_tokens']}")
+    return (
+        f"{r['model']} ({r['layers']} layers), {r['tokens']} tokens x {r['repeats']} repeats: "
+        f"ms/token plain {ms['plain']['median']:.1f}, watched {ms['watched']['median']:.1f}, "
+        f"watched + live display {ms['live']['median']:.1f}; live / watched {ratio['median']:.3f} "
+        f"(min {ratio['min']:.3f}, max {ratio['max']:.3f}; target <= 1.05); "
+        f"CPU time live / watched {r['cpu_ratio_live_vs_watched']['median']:.3f} "
+        f"(min {r['cpu_ratio_live_vs_watched']['min']:.3f}, max {r['cpu_ratio_live_vs_watched']['max']:.3f}); "
+        f"{r['updates_per_s']['median']:.1f} redraws/s, {r['render_ms_per_loop']['median']:.0f} ms drawing per loop "
+        f"({r['draw_share']['median']:.1%} of the loop); "
+        f"same tokens: {r['same_tokens']}"
+    )
 
 
 def main() -> int:

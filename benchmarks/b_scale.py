@@ -84,7 +84,7 @@ class _Filler:
         """A prefix of the long text with at most `tokens` tokens (cut at a token end), and its count."""
         cut = min(tokens, len(self.ends))
         while cut > 0:
-            text = self.full[:self.ends[cut - 1]]
+            text = self.full[: self.ends[cut - 1]]
             n = self.count(text)
             if n <= tokens:
                 return text, n
@@ -155,33 +155,41 @@ def bench(tiny_dir: Path, lengths: list[int], steps: int = 40, info_calls: int =
             tokenizer.decode([tok.id for tok in session.buffer], skip_special_tokens=True)
             decode_ms.append((time.perf_counter() - t) * 1000)
         cache_bytes = last.cache_bytes
-        rows.append({
-            "target": target,
-            "length_first": snaps[0].cache_seq_length,
-            "length_last": last.cache_seq_length,
-            "fill_s": fill_s,
-            "steps": steps,
-            "snapshot_ms": summary([s.snapshot_ms for s in snaps]),
-            "forward_ms": summary([s.forward_ms for s in snaps]),
-            "step_wall_ms": summary(walls),
-            "overhead_ms": summary([w - s.forward_ms for w, s in zip(walls, snaps)]),
-            "layer_infos_us": summary(infos_us),
-            "to_record_json_us": summary(record_us),
-            "reply_decode_ms": summary(decode_ms),
-            "cache_bytes": cache_bytes,
-            "rss_before": rss_before,
-            "step_peak_bytes": summary(peaks),
-            "rss_growth": rss_after - rss_before,
-            "layers": len(last.layers),
-            "tokens_ids": len(ids),
-        })
-        log(f"  scale {last.cache_seq_length} tokens: snapshot {rows[-1]['snapshot_ms']['median']:.3f} ms, "
-            f"layer_infos {rows[-1]['layer_infos_us']['median']:.1f} " f"us, forward {rows[-1]['forward_ms']['median']:.2f} ms, "
-            f"cache {cache_bytes / 2**20:.2f} MiB, step peak +{max(peaks) / 2**20:.2f} MiB (fill {fill_s:.1f} s)")
-    return {"model": f"tiny llama ({model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
-                     f"{model.config.num_key_value_heads} KV heads x {model.config.hidden_size // model.config.num_attention_heads}"
-                     f" head dim, max positions {model.config.max_position_embeddings})",
-            "rss_end": rss_bytes(), "rows": rows}
+        rows.append(
+            {
+                "target": target,
+                "length_first": snaps[0].cache_seq_length,
+                "length_last": last.cache_seq_length,
+                "fill_s": fill_s,
+                "steps": steps,
+                "snapshot_ms": summary([s.snapshot_ms for s in snaps]),
+                "forward_ms": summary([s.forward_ms for s in snaps]),
+                "step_wall_ms": summary(walls),
+                "overhead_ms": summary([w - s.forward_ms for w, s in zip(walls, snaps)]),
+                "layer_infos_us": summary(infos_us),
+                "to_record_json_us": summary(record_us),
+                "reply_decode_ms": summary(decode_ms),
+                "cache_bytes": cache_bytes,
+                "rss_before": rss_before,
+                "step_peak_bytes": summary(peaks),
+                "rss_growth": rss_after - rss_before,
+                "layers": len(last.layers),
+                "tokens_ids": len(ids),
+            }
+        )
+        log(
+            f"  scale {last.cache_seq_length} tokens: snapshot {rows[-1]['snapshot_ms']['median']:.3f} ms, "
+            f"layer_infos {rows[-1]['layer_infos_us']['median']:.1f} "
+            f"us, forward {rows[-1]['forward_ms']['median']:.2f} ms, "
+            f"cache {cache_bytes / 2**20:.2f} MiB, step peak +{max(peaks) / 2**20:.2f} MiB (fill {fill_s:.1f} s)"
+        )
+    return {
+        "model": f"tiny llama ({model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
+        f"{model.config.num_key_value_heads} KV heads x {model.config.hidden_size // model.config.num_attention_heads}"
+        f" head dim, max positions {model.config.max_position_embeddings})",
+        "rss_end": rss_bytes(),
+        "rows": rows,
+    }
 
 
 if __name__ == "__main__":  # run in a child process (see run.py): its memory is its own

@@ -28,8 +28,21 @@ from kvtui.engine import diagnostics, introspect, probe, recorder, session, snap
 from kvtui.engine.session import ChatSession, SessionConfig
 
 PROMPT = "Explain step by step how a KV cache speeds up text generation."
-PART_ORDER = ("hooks in", "positions", "fingerprint", "top-k", "layer infos", "diagnostics", "step building",
-              "record building", "serialising", "writing/sending", "hooks out", "feed & kwargs", "choose")
+PART_ORDER = (
+    "hooks in",
+    "positions",
+    "fingerprint",
+    "top-k",
+    "layer infos",
+    "diagnostics",
+    "step building",
+    "record building",
+    "serialising",
+    "writing/sending",
+    "hooks out",
+    "feed & kwargs",
+    "choose",
+)
 
 
 class PartClock:
@@ -99,6 +112,7 @@ def _serialising(clock: PartClock) -> None:
     trace.json = TimedJson
     fast = getattr(trace, "orjson", None)
     if fast is not None:
+
         class TimedOrjson:
             dumps = staticmethod(fast.dumps)
 
@@ -147,8 +161,9 @@ def session_parts(clock: PartClock) -> None:
 
 
 def _prompt_ids(tokenizer) -> torch.Tensor:
-    return tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                         return_tensors="pt", return_dict=True)["input_ids"]  # [1, n]
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]  # [1, n]
 
 
 class UserLoop:
@@ -180,8 +195,13 @@ class BareLoop:
 
     def _forward(self, ids: list[int], start: int) -> int:
         with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([ids]), past_key_values=self.cache, use_cache=True,
-                             position_ids=torch.arange(start, start + len(ids)).unsqueeze(0), **self.extra)
+            out = self.model(
+                input_ids=torch.tensor([ids]),
+                past_key_values=self.cache,
+                use_cache=True,
+                position_ids=torch.arange(start, start + len(ids)).unsqueeze(0),
+                **self.extra,
+            )
         return int(torch.argmax(out.logits[0, -1]))
 
     def step(self, token: int) -> int:
@@ -194,7 +214,7 @@ def _pairs(first, second, n: int) -> tuple[list[float], list[float]]:
     """Per-step wall times of two step functions advanced in alternation (order flipped every step)."""
     a, b = [], []
     for i in range(n):
-        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
             started = time.perf_counter()
             (first if side == 0 else second)()
             (a if side == 0 else b).append(time.perf_counter() - started)
@@ -258,10 +278,14 @@ def _costs(clock: PartClock, inspected_s: list[float], plain_s: list[float]) -> 
     extra = [(w - p) * 1e6 for w, p in zip(inspected_s[1:], plain_s[1:])]
     parts = clock.medians()
     steps = max(1, len(clock.steps))
-    return {"off_thread_us": {part: seconds / steps * 1e6 for part, seconds in clock.off_thread.items()},
-            "step_us": statistics.median(x * 1e6 for x in inspected_s[1:]),
-            "plain_us": statistics.median(x * 1e6 for x in plain_s[1:]),
-            "extra_us": statistics.median(extra), "parts_us": parts, "named_us": sum(parts.values())}
+    return {
+        "off_thread_us": {part: seconds / steps * 1e6 for part, seconds in clock.off_thread.items()},
+        "step_us": statistics.median(x * 1e6 for x in inspected_s[1:]),
+        "plain_us": statistics.median(x * 1e6 for x in plain_s[1:]),
+        "extra_us": statistics.median(extra),
+        "parts_us": parts,
+        "named_us": sum(parts.values()),
+    }
 
 
 # ---- whole-loop ratios (no part clocks) ------------------------------------------------------------------
@@ -278,13 +302,18 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
     """watched / plain (a user's loop) and engine / bare, whole loops of n tokens, interleaved per repeat.
     Wall-time ratios are the measure; CPU-time ratios (all threads) are the cross-check a busy shared
     machine cannot blur (a process that waits for a core accrues no CPU time)."""
-    ratios: dict[str, list[float]] = {"watched_over_plain": [], "engine_over_bare": [], "watched_over_plain_cpu": [],
-                                      "engine_over_bare_cpu": []}
+    ratios: dict[str, list[float]] = {
+        "watched_over_plain": [],
+        "engine_over_bare": [],
+        "watched_over_plain_cpu": [],
+        "engine_over_bare_cpu": [],
+    }
 
     def steps(step, count=n):
         def run():
             for _ in range(count):
                 step()
+
         return run
 
     for repeat in range(repeats + 1):  # the first is a warm-up
@@ -307,9 +336,11 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
             ratios["engine_over_bare"].append(engine[0] / bare_s[0])
             ratios["watched_over_plain_cpu"].append(watched[1] / plain[1])
             ratios["engine_over_bare_cpu"].append(engine[1] / bare_s[1])
-            log(f"  repeat {repeat}: watched/plain {ratios['watched_over_plain'][-1]:.3f} (CPU "
+            log(
+                f"  repeat {repeat}: watched/plain {ratios['watched_over_plain'][-1]:.3f} (CPU "
                 f"{ratios['watched_over_plain_cpu'][-1]:.3f}), engine/bare {ratios['engine_over_bare'][-1]:.3f} (CPU "
-                f"{ratios['engine_over_bare_cpu'][-1]:.3f}); plain {plain[0] / n * 1e3:.2f} ms/token")
+                f"{ratios['engine_over_bare_cpu'][-1]:.3f}); plain {plain[0] / n * 1e3:.2f} ms/token"
+            )
     return {"n": n, **{name: summary(values) for name, values in ratios.items()}}
 
 
@@ -333,8 +364,10 @@ def _bench(models: dict, n: int, repeats: int, ratio_tokens: int, out: dict) -> 
                 result = measure(model, tokenizer, n, Path(tmp))
                 result["layers"] = layers
                 out["parts"][f"{kind} · {label}"] = result
-                log(f"  {kind} · {label} ({layers} layers): +{result['extra_us']:.0f} µs a step "
-                    f"(named parts {result['named_us']:.0f} µs; plain step {result['plain_us']:.0f} µs)")
+                log(
+                    f"  {kind} · {label} ({layers} layers): +{result['extra_us']:.0f} µs a step "
+                    f"(named parts {result['named_us']:.0f} µs; plain step {result['plain_us']:.0f} µs)"
+                )
         model, tokenizer = next(iter(models.values()))
         out["ratios"] = python_bound_ratios(model, tokenizer, ratio_tokens, repeats, Path(tmp))
     return out
@@ -342,8 +375,7 @@ def _bench(models: dict, n: int, repeats: int, ratio_tokens: int, out: dict) -> 
 
 def table(result: dict) -> list[str]:
     columns = list(result["parts"])
-    lines = ["| part (µs per decode step, median) | " + " | ".join(columns) + " |",
-             "|---|" + "---|" * len(columns)]
+    lines = ["| part (µs per decode step, median) | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     parts = [p for p in PART_ORDER if any(p in result["parts"][c]["parts_us"] for c in columns)]
     for part in parts + ["rest"]:
         cells = []
@@ -352,15 +384,21 @@ def table(result: dict) -> list[str]:
             value = r["extra_us"] - r["named_us"] if part == "rest" else r["parts_us"].get(part)
             cells.append("–" if value is None else f"{value:.0f}")
         lines.append(f"| {part} | " + " | ".join(cells) + " |")
-    lines.append("| **step cost** (inspected − plain, paired) | "
-                 + " | ".join(f"**{result['parts'][c]['extra_us']:.0f}**" for c in columns) + " |")
-    lines.append("| plain step (forward alone) | "
-                 + " | ".join(f"{result['parts'][c]['plain_us']:.0f}" for c in columns) + " |")
+    lines.append(
+        "| **step cost** (inspected − plain, paired) | "
+        + " | ".join(f"**{result['parts'][c]['extra_us']:.0f}**" for c in columns)
+        + " |"
+    )
+    lines.append(
+        "| plain step (forward alone) | " + " | ".join(f"{result['parts'][c]['plain_us']:.0f}" for c in columns) + " |"
+    )
     off = sorted({p for c in columns for p in result["parts"][c].get("off_thread_us", {})})
     for part in off:
-        lines.append(f"| *on the trace writer's thread:* {part} (mean) | "
-                     + " | ".join(f"{result['parts'][c].get('off_thread_us', {}).get(part, 0):.0f}" for c in columns)
-                     + " |")
+        lines.append(
+            f"| *on the trace writer's thread:* {part} (mean) | "
+            + " | ".join(f"{result['parts'][c].get('off_thread_us', {}).get(part, 0):.0f}" for c in columns)
+            + " |"
+        )
     return lines
 
 
@@ -392,12 +430,16 @@ def compare(before_src: str, rounds: int, out: Path) -> None:
     load = BackgroundLoad().start()
     with tempfile.TemporaryDirectory(prefix="kvtui-step-cost-cmp-") as tmp:
         for round_ in range(rounds):
-            for label, src in (("before", before_src), ("after", after_src)) if round_ % 2 == 0 else (
-                    ("after", after_src), ("before", before_src)):
+            for label, src in (
+                (("before", before_src), ("after", after_src))
+                if round_ % 2 == 0
+                else (("after", after_src), ("before", before_src))
+            ):
                 target = Path(tmp) / f"{label}{round_}.json"
                 env = {**os.environ, "PYTHONPATH": src}
-                subprocess.run([sys.executable, __file__, "--json", str(target)], check=True, env=env,
-                               cwd=Path(__file__).parent)
+                subprocess.run(
+                    [sys.executable, __file__, "--json", str(target)], check=True, env=env, cwd=Path(__file__).parent
+                )
                 runs[label].append(json.loads(target.read_text()))
                 log(f"round {round_ + 1}: {label} done")
     runs["load"] = load.stop()
@@ -409,8 +451,9 @@ def _commit(src: str) -> str:
     import subprocess
 
     found = subprocess.run(["git", "-C", src, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", src, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                           text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", src, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    ).stdout.strip()
     return found.stdout.strip() + (" + uncommitted changes" if dirty else "")
 
 
@@ -424,32 +467,40 @@ def compare_report(runs: dict, before_src: str) -> str:
 
     n_runs = len(runs["after"])
     lines = [
-        "# What a step costs kvtui: before and after (issue: inspection at GPU speed)", "",
+        "# What a step costs kvtui: before and after (issue: inspection at GPU speed)",
+        "",
         f"Written by `python benchmarks/b_step_cost.py --compare {before_src} {n_runs}` on this machine "
         f"({platform.machine()}, {os.cpu_count()} CPUs, torch on 1 thread): before = kvtui at "
         f"`{runs['commits']['before']}`, after = `{runs['commits']['after']}`. The same benchmark file ran on each, "
         f"{n_runs} fresh processes each, alternated (before, after, after, before, ...). Each cell is the median "
         "over runs of the per-run median over 120 decode steps; each run's ratios are the median of 5 interleaved "
-        "repeats of whole 200-token loops.", "",
+        "repeats of whole 200-token loops.",
+        "",
         f"Other processes used {runs['load'].get('median', float('nan')):.2f} cores (median; max "
         f"{runs['load'].get('max', float('nan')):.2f}) of the 2 while this ran: the machine was shared, so wall times "
-        "scatter; the paired step costs and the CPU-time ratios are the measures that competition blurs least.", "",
+        "scatter; the paired step costs and the CPU-time ratios are the measures that competition blurs least.",
+        "",
         "How a part is timed: the functions that do it are wrapped (exclusive wall time on the model's thread); "
         "'step cost' is a decode step inspected minus the same forward uninspected, from the two loops advanced "
         "in alternation; 'rest' is step cost minus the named parts (the class patches' frames, registry lookups, "
         "waiting for the GIL, noise). After the change, the step record is built, serialised and written on the "
         "trace writer's thread: 'record building' and 'serialising' leave the model's thread, and "
-        "'writing/sending' is the hand-over.", "",
-        *compare_table(runs), "",
-        "| Python-bound ratio (3-layer tiny llama, 200 tokens) | before | after | target |", "|---|---|---|---|",
-        "| watched / plain (a hand-written loop under `kvtui.watch` " f"with a trace) | {ratio('before', 'watched_over_plain')} "
+        "'writing/sending' is the hand-over.",
+        "",
+        *compare_table(runs),
+        "",
+        "| Python-bound ratio (3-layer tiny llama, 200 tokens) | before | after | target |",
+        "|---|---|---|---|",
+        "| watched / plain (a hand-written loop under `kvtui.watch` "
+        f"with a trace) | {ratio('before', 'watched_over_plain')} "
         f"| {ratio('after', 'watched_over_plain')} | ≤ 1.15 (goal 1.05) |",
         "| engine / bare (`ChatSession.step` + Recorder vs a bare forward loop) | "
         f"{ratio('before', 'engine_over_bare')} | {ratio('after', 'engine_over_bare')} | ≤ 1.10 (goal 1.05) |",
         f"| watched / plain, CPU time (all threads) | {ratio('before', 'watched_over_plain_cpu')} "
         f"| {ratio('after', 'watched_over_plain_cpu')} | – |",
         f"| engine / bare, CPU time (all threads) | {ratio('before', 'engine_over_bare_cpu')} "
-        f"| {ratio('after', 'engine_over_bare_cpu')} | – |", "",
+        f"| {ratio('after', 'engine_over_bare_cpu')} | – |",
+        "",
     ]
     return "\n".join(lines)
 
@@ -458,8 +509,10 @@ def compare_table(runs: dict) -> list[str]:
     """Per column: before → after (median over runs of each part's median)."""
     first = runs["after"][0]
     columns = list(first["parts"])
-    lines = ["| part (µs per decode step) | " + " | ".join(f"{c}: before → after" for c in columns) + " |",
-             "|---|" + "---|" * len(columns)]
+    lines = [
+        "| part (µs per decode step) | " + " | ".join(f"{c}: before → after" for c in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
 
     def value(run, column, part):
         r = run["parts"][column]
@@ -471,15 +524,20 @@ def compare_table(runs: dict) -> list[str]:
             return r["plain_us"]
         return r["parts_us"].get(part, 0.0)
 
-    parts = [p for p in PART_ORDER if any(p in run["parts"][c]["parts_us"] for run in runs["before"] + runs["after"]
-                                          for c in columns)]
+    parts = [
+        p
+        for p in PART_ORDER
+        if any(p in run["parts"][c]["parts_us"] for run in runs["before"] + runs["after"] for c in columns)
+    ]
     for part in parts + ["rest", "step cost", "plain"]:
         cells = []
         for c in columns:
             b = statistics.median(value(run, c, part) for run in runs["before"])
             a = statistics.median(value(run, c, part) for run in runs["after"])
             cells.append(f"{b:.0f} → {a:.0f}")
-        name = {"step cost": "**step cost** (inspected − plain, paired)", "plain": "plain step (forward alone)"}.get(part, part)
+        name = {"step cost": "**step cost** (inspected − plain, paired)", "plain": "plain step (forward alone)"}.get(
+            part, part
+        )
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
@@ -500,6 +558,8 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
         Path(args[args.index("--json") + 1]).write_text(json.dumps(found))
     print("\n".join(table(found)))
     r = found["ratios"]
-    print(f"watched/plain {r['watched_over_plain']['median']:.3f} ({r['watched_over_plain']['min']:.3f}–"
-          f"{r['watched_over_plain']['max']:.3f}); engine/bare {r['engine_over_bare']['median']:.3f} "
-          f"({r['engine_over_bare']['min']:.3f}–{r['engine_over_bare']['max']:.3f})")
+    print(
+        f"watched/plain {r['watched_over_plain']['median']:.3f} ({r['watched_over_plain']['min']:.3f}–"
+        f"{r['watched_over_plain']['max']:.3f}); engine/bare {r['engine_over_bare']['median']:.3f} "
+        f"({r['engine_over_bare']['min']:.3f}–{r['engine_over_bare']['max']:.3f})"
+    )

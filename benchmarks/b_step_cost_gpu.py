@@ -54,8 +54,9 @@ class Loop:
 
     def __init__(self, model, tokenizer, static: bool, forward=None):
         self.model, self.forward = model, forward or model
-        self.cache = (StaticCache(config=model.config, max_cache_len=MAX_LEN) if static
-                      else DynamicCache(config=model.config))
+        self.cache = (
+            StaticCache(config=model.config, max_cache_len=MAX_LEN) if static else DynamicCache(config=model.config)
+        )
         with torch.inference_mode():
             out = model(input_ids=_prompt_ids(tokenizer).to(model.device), past_key_values=self.cache, use_cache=True)
         self.token = _sync_argmax(out.logits)
@@ -72,8 +73,9 @@ class Bare:
 
     def __init__(self, model, prompt_ids: list[int], static: bool, compiled=None):
         self.model = model
-        self.cache = (StaticCache(config=model.config, max_cache_len=MAX_LEN) if static
-                      else DynamicCache(config=model.config))
+        self.cache = (
+            StaticCache(config=model.config, max_cache_len=MAX_LEN) if static else DynamicCache(config=model.config)
+        )
         self.decode = compiled or model
         self.extra = {"logits_to_keep": 1} if introspect.forward_accepts(model, "logits_to_keep") else {}
         self.position = len(prompt_ids)
@@ -82,8 +84,13 @@ class Bare:
     def _forward(self, forward, ids: list[int], start: int) -> int:
         device = self.model.device
         with torch.inference_mode():
-            out = forward(input_ids=torch.tensor([ids], device=device), past_key_values=self.cache, use_cache=True,
-                          position_ids=torch.arange(start, start + len(ids), device=device).unsqueeze(0), **self.extra)
+            out = forward(
+                input_ids=torch.tensor([ids], device=device),
+                past_key_values=self.cache,
+                use_cache=True,
+                position_ids=torch.arange(start, start + len(ids), device=device).unsqueeze(0),
+                **self.extra,
+            )
         return int(torch.argmax(out.logits[0, -1]))
 
     def step(self, token: int) -> int:
@@ -97,8 +104,11 @@ def _compile(model):
 
 
 def _session(model, tokenizer, static: bool, trace: Path):
-    config = (SessionConfig(max_new_tokens=10**9, cache="static", max_cache_len=MAX_LEN, compile=True) if static
-              else SessionConfig(max_new_tokens=10**9))
+    config = (
+        SessionConfig(max_new_tokens=10**9, cache="static", max_cache_len=MAX_LEN, compile=True)
+        if static
+        else SessionConfig(max_new_tokens=10**9)
+    )
     chat = ChatSession(model, tokenizer, config)
     chat.stop_ids = frozenset()  # random weights: never stop on an end-of-turn token
     rec = recorder.Recorder(chat, trace)
@@ -191,8 +201,10 @@ def ratios(model, plain_model, tokenizer, static: bool, tokens: int, repeats: in
         if repeat:
             found["watched_over_plain"].append(watched / plain)
             found["engine_over_bare"].append(engine / bare)
-            log(f"    repeat {repeat}: watched/plain {watched / plain:.3f}, engine/bare {engine / bare:.3f}; "
-                f"plain {plain / tokens * 1e3:.2f} ms/token, bare {bare / tokens * 1e3:.2f} ms/token")
+            log(
+                f"    repeat {repeat}: watched/plain {watched / plain:.3f}, engine/bare {engine / bare:.3f}; "
+                f"plain {plain / tokens * 1e3:.2f} ms/token, bare {bare / tokens * 1e3:.2f} ms/token"
+            )
     return {name: summary(values) for name, values in found.items()}
 
 
@@ -229,10 +241,20 @@ def build(row: str, tokenizer_dir: Path, tmp: Path):
         label = "SmolLM2-shaped, 30 layers, bf16" + (", static + compile" if row == "smol-compile" else ", dynamic")
         return label, model, _random_llama(config, torch.bfloat16), tokenizer, row == "smol-compile"
     if row == "8b":
-        config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                             num_key_value_heads=8, head_dim=128, vocab_size=smol["vocab_size"], rope_theta=500000.0,
-                             max_position_embeddings=8192, bos_token_id=smol.get("bos_token_id"),
-                             eos_token_id=smol.get("eos_token_id"), tie_word_embeddings=False)
+        config = LlamaConfig(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=smol["vocab_size"],
+            rope_theta=500000.0,
+            max_position_embeddings=8192,
+            bos_token_id=smol.get("bos_token_id"),
+            eos_token_id=smol.get("eos_token_id"),
+            tie_word_embeddings=False,
+        )
         model = _random_llama(config, torch.bfloat16)
         plain_model = _random_llama(config, torch.bfloat16)  # a second instance: the probe watches the first
         return "8B-class (Llama-3-8B shape), 32 layers, bf16, dynamic", model, plain_model, tokenizer, False
@@ -253,7 +275,12 @@ def main() -> None:
     DEVICE = args.device
     if DEVICE == "cuda" and not torch.cuda.is_available():
         raise SystemExit("b_step_cost_gpu: no CUDA device here")
-    result = {"device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE, "torch": torch.__version__, "parts": {}, "ratios": {}}
+    result = {
+        "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE,
+        "torch": torch.__version__,
+        "parts": {},
+        "ratios": {},
+    }
     import transformers
 
     result["transformers"] = transformers.__version__
@@ -267,12 +294,16 @@ def main() -> None:
                 for kind, measure in (("engine", engine_cost), ("watch", watch_cost)):
                     r = measure(model, plain_model, tokenizer, static, args.n, tmp)
                     result["parts"][f"{kind} · {label}"] = r
-                    log(f"  {kind}: +{r['extra_us']:.0f} µs a step (named {r['named_us']:.0f} µs; "
-                        f"plain step {r['plain_us']:.0f} µs; inspected {r['step_us']:.0f} µs)")
+                    log(
+                        f"  {kind}: +{r['extra_us']:.0f} µs a step (named {r['named_us']:.0f} µs; "
+                        f"plain step {r['plain_us']:.0f} µs; inspected {r['step_us']:.0f} µs)"
+                    )
                 result["ratios"][label] = ratios(model, plain_model, tokenizer, static, args.tokens, args.repeats, tmp)
                 r = result["ratios"][label]
-                log(f"  ratios: watched/plain {r['watched_over_plain']['median']:.3f}, "
-                    f"engine/bare {r['engine_over_bare']['median']:.3f}")
+                log(
+                    f"  ratios: watched/plain {r['watched_over_plain']['median']:.3f}, "
+                    f"engine/bare {r['engine_over_bare']['median']:.3f}"
+                )
             except Exception as error:  # one row failing must not lose the others
                 result["ratios"][label] = {"error": f"{type(error).__name__}: {error}"}
                 log(f"  FAILED: {type(error).__name__}: {error}")
@@ -284,10 +315,12 @@ def main() -> None:
         if "error" in r:
             print(f"{label}: {r['error']}")
         else:
-            print(f"{label}: watched/plain {r['watched_over_plain']['median']:.3f} "
-                  f"({r['watched_over_plain']['min']:.3f}–{r['watched_over_plain']['max']:.3f}); engine/bare "
-                  f"{r['engine_over_bare']['median']:.3f} ({r['engine_over_bare']['min']:.3f}–"
-                  f"{r['engine_over_bare']['max']:.3f})")
+            print(
+                f"{label}: watched/plain {r['watched_over_plain']['median']:.3f} "
+                f"({r['watched_over_plain']['min']:.3f}–{r['watched_over_plain']['max']:.3f}); engine/bare "
+                f"{r['engine_over_bare']['median']:.3f} ({r['engine_over_bare']['min']:.3f}–"
+                f"{r['engine_over_bare']['max']:.3f})"
+            )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 

@@ -26,9 +26,39 @@ APP_SIZE = (160, 48)
 
 # ---- the token pane ---------------------------------------------------------------------------------
 
-WORDS = ["The", " cache", " holds", " every", " token", ",", " and", " its", " position", ".", "\n", " k", " =",
-         " 5", " multiplied", " by", " 11", " is", " 55", "?", " Let", "'s", " start", "<|im_start|>", "<|im_end|>",
-         "user", "assistant", " 🙂", "\t", " résumé", " 変数"]
+WORDS = [
+    "The",
+    " cache",
+    " holds",
+    " every",
+    " token",
+    ",",
+    " and",
+    " its",
+    " position",
+    ".",
+    "\n",
+    " k",
+    " =",
+    " 5",
+    " multiplied",
+    " by",
+    " 11",
+    " is",
+    " 55",
+    "?",
+    " Let",
+    "'s",
+    " start",
+    "<|im_start|>",
+    "<|im_end|>",
+    "user",
+    "assistant",
+    " 🙂",
+    "\t",
+    " résumé",
+    " 変数",
+]
 ORIGIN_CYCLE = ["template", "system", "user", "user", "assistant", "assistant", "assistant", "forced"]
 
 
@@ -40,23 +70,54 @@ def synthetic_tokens(count: int):
         piece = WORDS[(i * 7) % len(WORDS)]
         special = piece.startswith("<|")
         origin = "template" if special else ORIGIN_CYCLE[(i // 13) % len(ORIGIN_CYCLE)]
-        tokens.append(BufferToken(position=i, id=(i * 31) % 49152, piece=piece, special=special, origin=origin,
-                                  turn=i // 500))
+        tokens.append(
+            BufferToken(position=i, id=(i * 31) % 49152, piece=piece, special=special, origin=origin, turn=i // 500)
+        )
     return tokens
 
 
 def synthetic_snapshot(tokens, length: int, step: int):
     from kvtui.engine.snapshot import LayerInfo, StepSnapshot, TokenBuffer, TopToken
 
-    layers = tuple(LayerInfo(index=i, kind="full", k_shape=(1, 3, length, 64), v_shape=(1, 3, length, 64),
-                             dtype="float32", device="cpu", bytes=2 * 3 * length * 64 * 4, filled=length,
-                             capacity=None, window=None, seen=length, held_from=0) for i in range(30))
+    layers = tuple(
+        LayerInfo(
+            index=i,
+            kind="full",
+            k_shape=(1, 3, length, 64),
+            v_shape=(1, 3, length, 64),
+            dtype="float32",
+            device="cpu",
+            bytes=2 * 3 * length * 64 * 4,
+            filled=length,
+            capacity=None,
+            window=None,
+            seen=length,
+            held_from=0,
+        )
+        for i in range(30)
+    )
     chosen = TopToken(id=42, text=" next", logit=12.5, prob=0.61, rank=1)
-    return StepSnapshot(step=step, phase="decode", turn=length // 500, input_ids=(tokens[length - 1].id,),
-                        positions=(length - 1,), cursor=length, cache_seq_length=length, capacity=None,
-                        layers=layers, topk=(chosen,), topk_processed=(chosen,), watched=(), chosen=chosen,
-                        chosen_forced=False, diagnostics=(), forward_ms=60.0, snapshot_ms=1.0,
-                        buffer=TokenBuffer(tokens, length), turn_done=False)
+    return StepSnapshot(
+        step=step,
+        phase="decode",
+        turn=length // 500,
+        input_ids=(tokens[length - 1].id,),
+        positions=(length - 1,),
+        cursor=length,
+        cache_seq_length=length,
+        capacity=None,
+        layers=layers,
+        topk=(chosen,),
+        topk_processed=(chosen,),
+        watched=(),
+        chosen=chosen,
+        chosen_forced=False,
+        diagnostics=(),
+        forward_ms=60.0,
+        snapshot_ms=1.0,
+        buffer=TokenBuffer(tokens, length),
+        turn_done=False,
+    )
 
 
 async def _after_refresh(widget) -> None:
@@ -106,13 +167,22 @@ async def _pane_bench(sizes: list[int], repeats: int) -> dict:
                 cycle_ms.append((time.perf_counter() - w0) * 1000)
                 cycle_cpu_ms.append((time.process_time() - c0) * 1000)
             visible = pane.visible_range()
-            out[n] = {"show_us": summary(show_us), "render_visible_ms": summary(lines_ms),
-                      "show_plus_render_ms": summary(both_ms), "refresh_cycle_ms": summary(cycle_ms),
-                      "refresh_cycle_cpu_ms": summary(cycle_cpu_ms), "visible_lines": height,
-                      "visible_tokens": len(visible), "tail_visible": visible.stop >= n}
-            log(f"  pane {n} tokens: show {out[n]['show_us']['median']:.0f} us, show+render {height} lines "
+            out[n] = {
+                "show_us": summary(show_us),
+                "render_visible_ms": summary(lines_ms),
+                "show_plus_render_ms": summary(both_ms),
+                "refresh_cycle_ms": summary(cycle_ms),
+                "refresh_cycle_cpu_ms": summary(cycle_cpu_ms),
+                "visible_lines": height,
+                "visible_tokens": len(visible),
+                "tail_visible": visible.stop >= n,
+            }
+            log(
+                f"  pane {n} tokens: show {out[n]['show_us']['median']:.0f} us, show+render {height} lines "
                 f"{out[n]['show_plus_render_ms']['median']:.2f} ms, refresh cycle "
-                f"{out[n]['refresh_cycle_ms']['median']:.2f} ms wall / " f"{out[n]['refresh_cycle_cpu_ms']['median']:.2f} ms CPU")
+                f"{out[n]['refresh_cycle_ms']['median']:.2f} ms wall / "
+                f"{out[n]['refresh_cycle_cpu_ms']['median']:.2f} ms CPU"
+            )
     return out
 
 
@@ -177,34 +247,52 @@ def bench_first_frame(model_dir: Path, repeats: int = 3) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "frame.json"
             t0 = time.time()
-            proc = subprocess.run([sys.executable, "-c", FIRST_FRAME_CHILD, str(out), str(model_dir)], env=env,
-                                  cwd=ROOT, capture_output=True, text=True, timeout=120)
+            proc = subprocess.run(
+                [sys.executable, "-c", FIRST_FRAME_CHILD, str(out), str(model_dir)],
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             t_exit = time.time()
             if not out.exists():
                 raise RuntimeError(f"first-frame child failed: {proc.stderr[-2000:]}")
             data = json.loads(out.read_text())
-        rows.append({"interpreter_ms": (data["start"] - t0) * 1000, "import_ms": (data["imported"] - data["start"]) * 1000,
-                     "construct_ms": (data["constructed"] - data["imported"]) * 1000,
-                     "mount_to_frame_ms": (data["frame"] - data["constructed"]) * 1000,
-                     "spawn_to_frame_ms": (data["frame"] - t0) * 1000, "exit_ms": (t_exit - t0) * 1000,
-                     "torch_at_import": data["torch_at_import"], "transformers_at_import": data["transformers_at_import"],
-                     "model_loaded_at_frame": data["model_loaded_at_frame"]})
+        rows.append(
+            {
+                "interpreter_ms": (data["start"] - t0) * 1000,
+                "import_ms": (data["imported"] - data["start"]) * 1000,
+                "construct_ms": (data["constructed"] - data["imported"]) * 1000,
+                "mount_to_frame_ms": (data["frame"] - data["constructed"]) * 1000,
+                "spawn_to_frame_ms": (data["frame"] - t0) * 1000,
+                "exit_ms": (t_exit - t0) * 1000,
+                "torch_at_import": data["torch_at_import"],
+                "transformers_at_import": data["transformers_at_import"],
+                "model_loaded_at_frame": data["model_loaded_at_frame"],
+            }
+        )
     rows = rows[1:]
     split = []
     for _ in range(repeats):
-        proc = subprocess.run([sys.executable, "-c", IMPORT_CHILD], env=env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", IMPORT_CHILD], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
         split.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    result = {key: summary([r[key] for r in rows]) for key in
-              ("interpreter_ms", "import_ms", "construct_ms", "mount_to_frame_ms", "spawn_to_frame_ms")}
+    result = {
+        key: summary([r[key] for r in rows])
+        for key in ("interpreter_ms", "import_ms", "construct_ms", "mount_to_frame_ms", "spawn_to_frame_ms")
+    }
     result["torch_at_import"] = all(r["torch_at_import"] for r in rows)
     result["transformers_at_import"] = all(r["transformers_at_import"] for r in rows)
     result["model_loaded_at_frame"] = any(r["model_loaded_at_frame"] for r in rows)
     result["import_torch_ms"] = summary([s["torch"] * 1000 for s in split])
     result["import_transformers_ms"] = summary([s["transformers"] * 1000 for s in split])
     result["import_textual_ms"] = summary([s["textual"] * 1000 for s in split])
-    log(f"  first frame: spawn->frame {result['spawn_to_frame_ms']['median']:.0f} ms (import kvtui.app "
-        f"{result['import_ms']['median']:.0f} ms, torch imported by it: {result['torch_at_import']})")
+    log(
+        f"  first frame: spawn->frame {result['spawn_to_frame_ms']['median']:.0f} ms (import kvtui.app "
+        f"{result['import_ms']['median']:.0f} ms, torch imported by it: {result['torch_at_import']})"
+    )
     return result
 
 
@@ -250,16 +338,21 @@ def headless_rate(loaded, prompt: str, n_new: int, options: dict | None = None) 
 
     stamps: list[tuple[float, str, int]] = []
     config = build_session_config({"max_new_tokens": n_new, **(options or {})}, loaded.tokenizer)
-    session = ChatSession(loaded.model, loaded.tokenizer, config,
-                          on_snapshot=lambda s: stamps.append((time.perf_counter(), s.phase, s.step)))
+    session = ChatSession(
+        loaded.model,
+        loaded.tokenizer,
+        config,
+        on_snapshot=lambda s: stamps.append((time.perf_counter(), s.phase, s.step)),
+    )
     session.stop_ids = frozenset()
     session.send(prompt)
     session.generate()
     return decode_rate(stamps)
 
 
-async def _tui_round(loaded, prompt: str, n_new: int, profile_out: Path | None = None,
-                     key_tests: bool = False, key_repeats: int = 5) -> dict:
+async def _tui_round(
+    loaded, prompt: str, n_new: int, profile_out: Path | None = None, key_tests: bool = False, key_repeats: int = 5
+) -> dict:
     """A fresh app; its engine process gets the same loaded model (pickled) and stamps every forward."""
     from textual.widgets import Input
 
@@ -268,8 +361,11 @@ async def _tui_round(loaded, prompt: str, n_new: int, profile_out: Path | None =
 
     with tempfile.TemporaryDirectory() as tmp:
         stamp_file = Path(tmp) / "stamps.txt"
-        app = KvtuiApp(AppConfig(options={"max_new_tokens": n_new if not key_tests else 10**6}), loaded=loaded,
-                       engine_setup=stamp_hook(stamp_file))
+        app = KvtuiApp(
+            AppConfig(options={"max_new_tokens": n_new if not key_tests else 10**6}),
+            loaded=loaded,
+            engine_setup=stamp_hook(stamp_file),
+        )
         stamps = lambda: read_stamps(stamp_file)  # noqa: E731
         result: dict = {}
         async with app.run_test(size=APP_SIZE) as pilot:
@@ -283,10 +379,26 @@ async def _tui_round(loaded, prompt: str, n_new: int, profile_out: Path | None =
             _send_key(app, "enter", "\r")
             if profile_out is not None:
                 await _wait(lambda: app.latest is not None and app.latest.phase == "decode", 60, 0.005)
-                spy = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--rate", str(PROFILE_RATE),
-                                        "--threads", "--format", "raw", "--duration", str(PROFILE_SECONDS),
-                                        "--output", str(profile_out)], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE, text=True)
+                spy = subprocess.Popen(
+                    [
+                        "py-spy",
+                        "record",
+                        "--pid",
+                        str(os.getpid()),
+                        "--rate",
+                        str(PROFILE_RATE),
+                        "--threads",
+                        "--format",
+                        "raw",
+                        "--duration",
+                        str(PROFILE_SECONDS),
+                        "--output",
+                        str(profile_out),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
             if key_tests:
                 result.update(await _key_latencies(app, stamps, key_repeats))
                 _send_key(app, "p", "p")
@@ -306,8 +418,14 @@ async def _tui_round(loaded, prompt: str, n_new: int, profile_out: Path | None =
             await pilot.pause()
             got = stamps()
             rate, n = decode_rate(got)
-            result.update({"tps": rate, "decode_tokens": n, "reply_decodes": reply_decodes(stamp_file),
-                           "send_to_first_ms": (got[0][0] - t_send) * 1000 if got else float("nan")})
+            result.update(
+                {
+                    "tps": rate,
+                    "decode_tokens": n,
+                    "reply_decodes": reply_decodes(stamp_file),
+                    "send_to_first_ms": (got[0][0] - t_send) * 1000 if got else float("nan"),
+                }
+            )
             await pilot.pause()
     return result
 
@@ -354,11 +472,16 @@ async def _key_latencies(app, stamps, repeats: int) -> dict:
         step_painted.append((time.perf_counter() - t0) * 1000)
         await _wait(lambda: not _engine_busy(app), 30)
         await asyncio.sleep(0.1)
-    return {"toggle_handled_ms": summary(toggle_handled), "toggle_painted_ms": summary(toggle_painted),
-            "pause_ms": summary(pause_ms), "forwards_after_pause": summary(steps_after),
-            "step_painted_ms": summary(step_painted),
-            "step_ms": summary([(b - a) * 1000 for (a, pa, _), (b, pb, _) in zip(stamps(), stamps()[1:])
-                                if pa == pb == "decode"])}
+    return {
+        "toggle_handled_ms": summary(toggle_handled),
+        "toggle_painted_ms": summary(toggle_painted),
+        "pause_ms": summary(pause_ms),
+        "forwards_after_pause": summary(steps_after),
+        "step_painted_ms": summary(step_painted),
+        "step_ms": summary(
+            [(b - a) * 1000 for (a, pa, _), (b, pb, _) in zip(stamps(), stamps()[1:]) if pa == pb == "decode"]
+        ),
+    }
 
 
 def bench_keys(loaded, prompt: str, repeats: int = 5) -> dict:
@@ -366,7 +489,11 @@ def bench_keys(loaded, prompt: str, repeats: int = 5) -> dict:
     return result
 
 
-REFRESH_HZ_OF = {"tui_no_paint": 1e-9, "tui_1hz": 1, "tui_unthrottled": 1_000_000}  # the app's variants; others as shipped
+REFRESH_HZ_OF = {
+    "tui_no_paint": 1e-9,
+    "tui_1hz": 1,
+    "tui_unthrottled": 1_000_000,
+}  # the app's variants; others as shipped
 
 
 OPENMP_WAIT_OF = {"omp_default": "", "passive": "PASSIVE"}  # OMP_WAIT_POLICY for an app kind's engine
@@ -408,8 +535,16 @@ class EngineOnly:
 
         setup = tmp / "engine-only.pickle"
         options = AppConfig(options={"max_new_tokens": n_new, **ENGINE_OPTIONS}).options
-        write_setup(EngineSetup(model=None, options=options, trace_path=str(tmp / "engine-only.jsonl"),
-                                engine_setup=stamp_hook(stamp_file)), setup, tmp)
+        write_setup(
+            EngineSetup(
+                model=None,
+                options=options,
+                trace_path=str(tmp / "engine-only.jsonl"),
+                engine_setup=stamp_hook(stamp_file),
+            ),
+            setup,
+            tmp,
+        )
         self.stamp_file = stamp_file
         self.source = EngineSource(setup)
         self.done: queue.Queue[str] = queue.Queue()
@@ -528,10 +663,17 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
                 app.step_mode = False
                 apps[kind] = (app, pilot, stamp_file)
             for cycle in range(turns):
-                for which in variants[cycle % len(variants):] + variants[:cycle % len(variants)]:
+                for which in variants[cycle % len(variants) :] + variants[: cycle % len(variants)]:
                     if which.startswith("headless_main"):
-                        out[which].append(_headless_turn(loaded, prompt, n_new, 1 if which.endswith("1thread") else None,
-                                                         _app_options(which.removeprefix("headless_main_"))))
+                        out[which].append(
+                            _headless_turn(
+                                loaded,
+                                prompt,
+                                n_new,
+                                1 if which.endswith("1thread") else None,
+                                _app_options(which.removeprefix("headless_main_")),
+                            )
+                        )
                     elif which == "engine":
                         out[which].append(_engine_turn(engine, prompt))
                     else:
@@ -560,8 +702,16 @@ def _app_options(kind: str) -> dict:
 RUN_MODE_VARIANTS = ("headless_main", "engine", "tui", "tui_no_paint", "tui_all_threads", "headless_main_all_threads")
 
 
-def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3, profile_dir: Path | None = None,
-                   deadline: float | None = None, variants: tuple[str, ...] = RUN_MODE_VARIANTS) -> dict:
+def bench_run_mode(
+    loaded,
+    prompt: str,
+    n_new: int,
+    rounds: int,
+    turns: int = 3,
+    profile_dir: Path | None = None,
+    deadline: float | None = None,
+    variants: tuple[str, ...] = RUN_MODE_VARIANTS,
+) -> dict:
     """TUI run mode vs the headless engine, interleaved turn by turn (see _interleaved_round); a fresh app and
     engine processes per round. Variants (the first must be headless_main):
     - headless_main: ChatSession.generate in this process's main thread (where `kvtui --headless` runs it);
@@ -592,22 +742,35 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3,
         for v in variants:
             turns_all[v] += got[v]
         for v in variants[1:]:  # turn by turn, each against the headless turn of its cycle
-            turn_ratios[v] += [(t.tokens / t.seconds) / (h.tokens / h.seconds) for t, h in zip(got[v], got["headless_main"])]
-        log(f"  run mode round {r + 1}/{rounds} ({turns} turns each, interleaved): "
-            + ", ".join(f"{k} {v:.2f}" for k, v in per_round[-1].items()) + " tok/s")
+            turn_ratios[v] += [
+                (t.tokens / t.seconds) / (h.tokens / h.seconds) for t, h in zip(got[v], got["headless_main"])
+            ]
+        log(
+            f"  run mode round {r + 1}/{rounds} ({turns} turns each, interleaved): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in per_round[-1].items())
+            + " tok/s"
+        )
     from kvtui.options import default_decode_threads
 
-    result = {"n_new": n_new, "refresh_hz": app_module.REFRESH_HZ, "rounds": len(per_round), "turns": turns,
-              "variants": list(variants), "engine_spin_count": ENGINE_SPIN_COUNT, "threads": _all_threads(),
-              "decode_threads": default_decode_threads(),
-              **{f"{v}_tps": summary([row[v] for row in per_round]) for v in variants},
-              **{f"ratio_{v}": summary([row[v] / row["headless_main"] for row in per_round]) for v in variants[1:]},
-              "turn_ratio": {v: summary(x) for v, x in turn_ratios.items()},
-              # where the CPU went: the app's share of one core while a turn ran, and the CPU the model's process
-              # spent per decode token (2 intra-op threads: up to 2 CPU-seconds per second; spinning counts)
-              "app_cpu_share": {v: summary([t.app_cpu / t.wall for t in turns_all[v]]) for v in variants[1:]},
-              "model_cpu_ms_per_token": {v: summary([1000 * t.model_cpu / (t.tokens + 1) for t in turns_all[v]])
-                                         for v in variants}}
+    result = {
+        "n_new": n_new,
+        "refresh_hz": app_module.REFRESH_HZ,
+        "rounds": len(per_round),
+        "turns": turns,
+        "variants": list(variants),
+        "engine_spin_count": ENGINE_SPIN_COUNT,
+        "threads": _all_threads(),
+        "decode_threads": default_decode_threads(),
+        **{f"{v}_tps": summary([row[v] for row in per_round]) for v in variants},
+        **{f"ratio_{v}": summary([row[v] / row["headless_main"] for row in per_round]) for v in variants[1:]},
+        "turn_ratio": {v: summary(x) for v, x in turn_ratios.items()},
+        # where the CPU went: the app's share of one core while a turn ran, and the CPU the model's process
+        # spent per decode token (2 intra-op threads: up to 2 CPU-seconds per second; spinning counts)
+        "app_cpu_share": {v: summary([t.app_cpu / t.wall for t in turns_all[v]]) for v in variants[1:]},
+        "model_cpu_ms_per_token": {
+            v: summary([1000 * t.model_cpu / (t.tokens + 1) for t in turns_all[v]]) for v in variants
+        },
+    }
     result["ratio"] = result["ratio_tui"]
     # forwards of a turn: its prefill, then tokens + 1 decode steps
     result["reply_decodes_per_forward"] = summary([t.reply_decodes / (t.tokens + 2) for t in turns_all.get("tui", [])])
@@ -615,8 +778,11 @@ def bench_run_mode(loaded, prompt: str, n_new: int, rounds: int, turns: int = 3,
         raw = profile_dir / "tui-run-mode.txt"
         prof = asyncio.run(_tui_round(loaded, prompt, n_new, profile_out=raw))
         result["profiled_tps"] = prof["tps"]
-        result["profile"] = (summarize_profile(raw, PROFILE_RATE, PROFILE_SECONDS) if raw.exists() and raw.stat().st_size
-                             else {"error": prof.get("profile_err")})
+        result["profile"] = (
+            summarize_profile(raw, PROFILE_RATE, PROFILE_SECONDS)
+            if raw.exists() and raw.stat().st_size
+            else {"error": prof.get("profile_err")}
+        )
         log(f"  profiled TUI round: {prof['tps']:.2f} tok/s; on-CPU share: {result['profile'].get('share', {})}")
     return result
 
@@ -632,18 +798,42 @@ PROFILE_SECONDS = 4
 CATEGORIES = [  # first match wins, checked against the whole stack of a UI-thread sample
     ("waiting in select (idle loop)", ("EpollSelector.select",)),
     ("kvtui pane show()/_paint", ("_paint (kvtui/app.py", "show (kvtui/widgets", "_show (kvtui/app.py")),
-    ("Textual compositor / render", ("_compositor.py", "render_lines", "render_line", "_styles_cache.py", "strip.py",
-                                     "_render", "segment.py")),
+    (
+        "Textual compositor / render",
+        ("_compositor.py", "render_lines", "render_line", "_styles_cache.py", "strip.py", "_render", "segment.py"),
+    ),
     ("Textual layout / CSS", ("_arrange.py", "_layout", "stylesheet.py", "styles.py", "_resolve.py", "box_model")),
     ("message dispatch", ("message_pump.py", "_dispatch_message", "on_snapshot_ready")),
 ]
 
 
-_GENERIC = {"Widget", "StylesCache", "Compositor", "Screen", "Console", "Segment", "Text", "Strip", "MessagePump",
-            "App", "DOMNode", "Content", "Visual", "KvtuiApp", "Timer", "ScrollView", "Vertical", "Horizontal",
-            "Container", "ScrollableContainer", "VerticalScroll"}
-_WIDGET_FRAME = re.compile(r"^(\w+)\.(render_line|render_lines|_render_line|_render_line_in_row|_render_cell|render_strips|"
-                           r"render|_render_content|show|show_messages|show_diagnostics|update|set_model_info|record)\b")
+_GENERIC = {
+    "Widget",
+    "StylesCache",
+    "Compositor",
+    "Screen",
+    "Console",
+    "Segment",
+    "Text",
+    "Strip",
+    "MessagePump",
+    "App",
+    "DOMNode",
+    "Content",
+    "Visual",
+    "KvtuiApp",
+    "Timer",
+    "ScrollView",
+    "Vertical",
+    "Horizontal",
+    "Container",
+    "ScrollableContainer",
+    "VerticalScroll",
+}
+_WIDGET_FRAME = re.compile(
+    r"^(\w+)\.(render_line|render_lines|_render_line|_render_line_in_row|_render_cell|render_strips|"
+    r"render|_render_content|show|show_messages|show_diagnostics|update|set_model_info|record)\b"
+)
 
 
 def _widget_of(frames: list[str]) -> str:
@@ -701,7 +891,8 @@ def summarize_profile(path: Path, rate: int, seconds: float) -> dict:
             engine_leaf[leaf] += n
     return {
         "ui_widgets": {k: round(v / (rate * seconds), 3) for k, v in ui_widgets.most_common(8)},
-        "samples": total, "rate": rate,
+        "samples": total,
+        "rate": rate,
         "share": {k: round(v / (rate * seconds), 3) for k, v in threads.most_common()},
         "ui_categories": {k: round(v / (rate * seconds), 3) for k, v in ui_cats.most_common()},
         "ui_top": [(leaf, round(n / (rate * seconds), 3)) for leaf, n in ui_leaf.most_common(8)],

@@ -19,8 +19,9 @@ PROMPT = "Explain step by step how a KV cache speeds up text generation."
 
 def user_loop(model, tokenizer, n_new: int) -> tuple[float, list[int]]:
     """A loop the way users write it: template ids, a DynamicCache, argmax, positions from the cache."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
     cache = DynamicCache(config=model.config)
     chosen = []
     with torch.inference_mode():
@@ -59,13 +60,20 @@ def bench(model, tokenizer, n_new: int = 48, repeats: int = 3) -> dict:
             seconds, tokens = user_loop(model, tokenizer, n_new)
             after.append(seconds)
             same &= tokens == reference
-            log(f"  repeat {repeat + 1}: unwatched {plain[-1]:.2f} s, watched {watched[-1]:.2f} s, "
-                f"after detach {after[-1]:.2f} s ({n_new} tokens)")
+            log(
+                f"  repeat {repeat + 1}: unwatched {plain[-1]:.2f} s, watched {watched[-1]:.2f} s, "
+                f"after detach {after[-1]:.2f} s ({n_new} tokens)"
+            )
     return {
-        "n_new": n_new, "unwatched_s": summary(plain), "watched_s": summary(watched), "after_detach_s": summary(after),
+        "n_new": n_new,
+        "unwatched_s": summary(plain),
+        "watched_s": summary(watched),
+        "after_detach_s": summary(after),
         "watched_ratio": summary([w / p for w, p in zip(watched, plain)]),
         "after_ratio": summary([a / p for a, p in zip(after, plain)]),
-        "same_tokens": same, "hooks_after_detach": _hooks(model) - baseline_hooks, "patches_after_detach": _patches(),
+        "same_tokens": same,
+        "hooks_after_detach": _hooks(model) - baseline_hooks,
+        "patches_after_detach": _patches(),
     }
 
 
@@ -80,7 +88,9 @@ if __name__ == "__main__":  # section 5 alone: python benchmarks/b_watch.py
         smol = load_model(None, dtype="float32", device="cpu")
         for name, loaded, n in (("SmolLM2", smol, 48), ("tiny llama", tiny, 200)):
             result = bench(loaded.model, loaded.tokenizer, n_new=n, repeats=5)
-            log(f"{name}: watched / unwatched {result['watched_ratio']['median']:.3f} "
+            log(
+                f"{name}: watched / unwatched {result['watched_ratio']['median']:.3f} "
                 f"(min {result['watched_ratio']['min']:.3f}, max {result['watched_ratio']['max']:.3f}); after detach "
                 f"{result['after_ratio']['median']:.3f}; same tokens {result['same_tokens']}; hooks left "
-                f"{result['hooks_after_detach']}, patches left {result['patches_after_detach']}")
+                f"{result['hooks_after_detach']}, patches left {result['patches_after_detach']}"
+            )

@@ -47,14 +47,26 @@ def summary(values) -> dict:
     """N, median, min, max, and the interquartile range of a list of numbers."""
     values = sorted(float(v) for v in values)
     if not values:
-        return {"n": 0, "median": float("nan"), "min": float("nan"), "max": float("nan"),
-                "q1": float("nan"), "q3": float("nan")}
+        return {
+            "n": 0,
+            "median": float("nan"),
+            "min": float("nan"),
+            "max": float("nan"),
+            "q1": float("nan"),
+            "q3": float("nan"),
+        }
     if len(values) >= 4:
         q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     else:
         q1, q3 = values[0], values[-1]
-    return {"n": len(values), "median": statistics.median(values), "min": values[0], "max": values[-1],
-            "q1": q1, "q3": q3}
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "min": values[0],
+        "max": values[-1],
+        "q1": q1,
+        "q3": q3,
+    }
 
 
 def fmt(value: float, digits: int = 2) -> str:
@@ -142,9 +154,15 @@ class BackgroundLoad:
             total = psutil.cpu_times()
             mine = self._mine(me)
             now = time.monotonic()
-            busy = (total.user + total.system + total.nice + getattr(total, "irq", 0) + getattr(total, "softirq", 0)) - (
-                last_total.user + last_total.system + last_total.nice + getattr(last_total, "irq", 0)
-                + getattr(last_total, "softirq", 0))
+            busy = (
+                total.user + total.system + total.nice + getattr(total, "irq", 0) + getattr(total, "softirq", 0)
+            ) - (
+                last_total.user
+                + last_total.system
+                + last_total.nice
+                + getattr(last_total, "irq", 0)
+                + getattr(last_total, "softirq", 0)
+            )
             dt = now - last_t
             if dt > 0:
                 self.samples.append(max(0.0, (busy - (mine - last_mine)) / dt))

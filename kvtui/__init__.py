@@ -23,6 +23,7 @@ def watch(model, tokenizer=None, trace=None, *, display=None, **options):
         if user_callback is None:
             options["on_snapshot"] = live
         else:
+
             def both(snapshot, _user=user_callback, _live=live):
                 _user(snapshot)
                 _live(snapshot)

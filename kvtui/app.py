@@ -58,6 +58,8 @@ def spare_cores() -> float | None:
         return (os.cpu_count() or 1) - os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
+
+
 HISTORY_STEPS = 512  # snapshots kept for "jump to step"; older steps live in the trace on disk
 PANES = ("buffer", "cursor", "topk", "layers", "diagnostics")
 SESSION_KEPT = "the session is as it was before this action: go on, v verifies it, q quits"
@@ -79,8 +81,7 @@ class SnapshotReady(Message):
         # A prefill is kept (the reuse meter reads what it fed), and so is a step that raised an
         # alarm (the diagnostics pane jumps to it).
         # Textual asks the queued (older) message whether the next one may supersede it.
-        return (isinstance(message, SnapshotReady) and self.snapshot.phase == "decode"
-                and not self.snapshot.diagnostics)
+        return isinstance(message, SnapshotReady) and self.snapshot.phase == "decode" and not self.snapshot.diagnostics
 
 
 @dataclass
@@ -143,8 +144,9 @@ def _verify_result(state: dict) -> VerifyResult | None:
     verify = state.get("verify")
     if not verify:
         return None
-    return VerifyResult(**{**verify, "cached_top": tuple(verify["cached_top"]),
-                           "recomputed_top": tuple(verify["recomputed_top"])})
+    return VerifyResult(
+        **{**verify, "cached_top": tuple(verify["cached_top"]), "recomputed_top": tuple(verify["recomputed_top"])}
+    )
 
 
 def _exit_reason(code: int | None, stderr: deque) -> str:
@@ -167,9 +169,15 @@ class KvtuiApp(App):
     step_mode = reactive(False)  # Enter only prefills; space steps
     CSS_PATH = "app.tcss"
     BINDINGS = [
-        Binding("f5", "toggle_pane('layers')", "layers", tooltip="show/hide the layers pane (folded on short terminals)"),
-        Binding("f6", "toggle_pane('diagnostics')", "alarms",
-                tooltip="show/hide the diagnostics pane (folded on short terminals: the alarm line shows the top alarm)"),
+        Binding(
+            "f5", "toggle_pane('layers')", "layers", tooltip="show/hide the layers pane (folded on short terminals)"
+        ),
+        Binding(
+            "f6",
+            "toggle_pane('diagnostics')",
+            "alarms",
+            tooltip="show/hide the diagnostics pane (folded on short terminals: the alarm line shows the top alarm)",
+        ),
         Binding("space,s", "step", "step"),
         Binding("r", "run", "run"),
         Binding("p", "pause", "pause"),
@@ -255,11 +263,19 @@ class KvtuiApp(App):
         theme = config.theme
         self.theme = theme if theme in self._themes or theme in self.available_themes else DEFAULT_THEME
 
-    def notify(self, message: str, *, title: str = "", severity="information", timeout: float | None = None,
-               markup: bool = False) -> None:
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity="information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
         """Every notification shows its text literally: no markup, control characters escaped."""
-        super().notify(printable(message, newlines=True), title=printable(title), severity=severity,
-                       timeout=timeout, markup=markup)
+        super().notify(
+            printable(message, newlines=True), title=printable(title), severity=severity, timeout=timeout, markup=markup
+        )
 
     # ---- layout ----------------------------------------------------------------------------------
 
@@ -332,9 +348,18 @@ class KvtuiApp(App):
         if self._scratch is None and self._engine_objects["loaded"] is not None:
             self._scratch = Path(tempfile.mkdtemp(prefix="kvtui-handover-"))  # used if the model does not pickle
         trace = self.trace_path or self._spool
-        write_setup(EngineSetup(model=self.model_name, options=self.options, trace_path=str(trace),
-                                verify_every=self.verify_every, append=append, **self._engine_objects),
-                    self._setup_path, self._scratch)
+        write_setup(
+            EngineSetup(
+                model=self.model_name,
+                options=self.options,
+                trace_path=str(trace),
+                verify_every=self.verify_every,
+                append=append,
+                **self._engine_objects,
+            ),
+            self._setup_path,
+            self._scratch,
+        )
         return self._setup_path
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
@@ -347,7 +372,9 @@ class KvtuiApp(App):
         try:
             setup = self._write_setup(append=restore is not None)
         except Exception as exc:  # a model object that does not pickle, a full disk
-            self.post_message(LoadFailed(f"could not hand the model to the engine process: {type(exc).__name__}: {exc}"))
+            self.post_message(
+                LoadFailed(f"could not hand the model to the engine process: {type(exc).__name__}: {exc}")
+            )
             return
         source = self.source = EngineSource(setup)
         if restore is not None:
@@ -369,14 +396,24 @@ class KvtuiApp(App):
                     diagnostics = diagnostics_from(alarms.items)
             elif kind == "step":
                 snapshot = builder.add(record)
-                self.post_message(SnapshotReady(snapshot, messages, diagnostics, bool(facts and facts["running"]), facts))
+                self.post_message(
+                    SnapshotReady(snapshot, messages, diagnostics, bool(facts and facts["running"]), facts)
+                )
                 messages = facts = None
             elif kind == "state":
                 chat.update(record, "messages")
                 alarms.update(record, "diagnostics")
                 diagnostics = diagnostics_from(alarms.items)
-                self.post_message(SessionState(chat.items, diagnostics, record.get("note", ""),
-                                               record.get("severity", "information"), _verify_result(record), record))
+                self.post_message(
+                    SessionState(
+                        chat.items,
+                        diagnostics,
+                        record.get("note", ""),
+                        record.get("severity", "information"),
+                        _verify_result(record),
+                        record,
+                    )
+                )
             elif kind == "progress":
                 self.post_message(LoadProgress(record["text"], record.get("fraction")))
             elif kind == "ready":
@@ -424,16 +461,24 @@ class KvtuiApp(App):
             self._queued = None
         self.model_text = f"no model: {message.error}"
         self.query_one(StatusBar).set_text(f"✗ {message.error}")
-        self.notify(f"{message.error}\nq quits; fix the model or the options and start kvtui again",
-                    title="model not loaded", severity="error", timeout=30)
+        self.notify(
+            f"{message.error}\nq quits; fix the model or the options and start kvtui again",
+            title="model not loaded",
+            severity="error",
+            timeout=30,
+        )
 
     def on_engine_exited(self, message: EngineExited) -> None:
         self._engine_dead = message.error
         self._pending = 0
         self.query_one(StatusBar).set_text(f"✗ engine stopped: {message.error} · R restarts it")
-        self._worker_error(f"engine process: {message.error}", message.error,
-                           "R restarts the engine and replays the chat so far into a fresh cache; q quits",
-                           "the engine process died", timeout=30)
+        self._worker_error(
+            f"engine process: {message.error}",
+            message.error,
+            "R restarts the engine and replays the chat so far into a fresh cache; q quits",
+            "the engine process died",
+            timeout=30,
+        )
 
     def action_restart_engine(self) -> None:
         """R: a fresh engine process; the chat so far is fed into its new cache in one forward."""
@@ -461,8 +506,9 @@ class KvtuiApp(App):
             self.notify(f"the engine process stopped ({self._engine_dead}): R restarts it", severity="warning")
             return
         if self.session is None:
-            self.notify("the model is not loaded yet" if "✗" not in self.model_text else self.model_text,
-                        severity="warning")
+            self.notify(
+                "the model is not loaded yet" if "✗" not in self.model_text else self.model_text, severity="warning"
+            )
             return
         run = not self.step_mode
         if action == "send":
@@ -485,7 +531,9 @@ class KvtuiApp(App):
         if event.state == WorkerState.ERROR:
             error = event.worker.error
             text = f"{type(error).__name__}: {error}"
-            self._worker_error(f"{event.worker.name}: {text}", text, SESSION_KEPT, "error in the model worker (session kept)")
+            self._worker_error(
+                f"{event.worker.name}: {text}", text, SESSION_KEPT, "error in the model worker (session kept)"
+            )
 
     def _worker_error(self, alarm: str, text: str, next_steps: str, title: str, timeout: float = 10) -> None:
         """A `worker-error` alarm at the live step (the engine never saw it), and a notification saying what next."""
@@ -566,8 +614,12 @@ class KvtuiApp(App):
             if self._ui_before_verify is not None:
                 self._verify_ui_ms, self._ui_before_verify = _ui_ms_since(self._ui_before_verify), None
         if record.get("error"):  # an exception in the engine: said as an alarm; the engine kept its session
-            self._worker_error(f"{record['done']}: {record['error']}", record["error"], SESSION_KEPT,
-                               "error in the engine (session kept)")
+            self._worker_error(
+                f"{record['done']}: {record['error']}",
+                record["error"],
+                SESSION_KEPT,
+                "error in the engine (session kept)",
+            )
         self._show_chat()
         self._show_diagnostics()
         if message.note:
@@ -599,12 +651,16 @@ class KvtuiApp(App):
         fed = len(prefill.input_ids)
         reused = len(prefill.buffer) - fed
         share = reused / len(prefill.buffer) if len(prefill.buffer) else 0.0
-        text = (f"turn {snapshot.turn} · reused {reused} cached tokens, fed {fed} ({share:.0%} reuse) · "
-                f"prefill {prefill.forward_ms:.0f} ms{_load_note(self._prefill_ui_ms, prefill.forward_ms)}")
+        text = (
+            f"turn {snapshot.turn} · reused {reused} cached tokens, fed {fed} ({share:.0%} reuse) · "
+            f"prefill {prefill.forward_ms:.0f} ms{_load_note(self._prefill_ui_ms, prefill.forward_ms)}"
+        )
         verify = self._last_verify
         if verify is not None:
-            text += (f" · full re-encode of {verify.tokens} tokens: {verify.ms:.0f} ms"
-                     f"{_load_note(self._verify_ui_ms, verify.ms)}")
+            text += (
+                f" · full re-encode of {verify.tokens} tokens: {verify.ms:.0f} ms"
+                f"{_load_note(self._verify_ui_ms, verify.ms)}"
+            )
         else:
             text += " · v measures a full re-encode"
         return text
@@ -644,8 +700,11 @@ class KvtuiApp(App):
         self._show_next_script_turn()
 
     def _show_next_script_turn(self) -> None:
-        placeholder = (f"Enter (here or in the cache pane) sends the script's next turn: {self.script_turns[0]}"
-                       if self.script_turns else "Type a message, Enter to send")
+        placeholder = (
+            f"Enter (here or in the cache pane) sends the script's next turn: {self.script_turns[0]}"
+            if self.script_turns
+            else "Type a message, Enter to send"
+        )
         self.query_one(ChatPane).input.placeholder = placeholder
 
     # ---- keys a source cannot honour ------------------------------------------------------------------
@@ -726,8 +785,9 @@ class KvtuiApp(App):
 
     def action_toggle_step_mode(self) -> None:
         self.step_mode = not self.step_mode
-        self.notify("step mode: Enter prefills, space steps" if self.step_mode else "run mode: Enter runs the turn",
-                    timeout=3)
+        self.notify(
+            "step mode: Enter prefills, space steps" if self.step_mode else "run mode: Enter runs the turn", timeout=3
+        )
 
     def _update_title(self) -> None:
         self.sub_title = "step mode" if self.step_mode else "run mode"
@@ -765,8 +825,10 @@ class KvtuiApp(App):
     def jump_to(self, message: DiagnosticsPane.JumpTo) -> None:
         found = self._find_step(message.step)
         if found is None:
-            self.notify(f"step {message.step} is older than the last {HISTORY_STEPS} kept in memory "
-                        f"(it is in the trace)", severity="warning")
+            self.notify(
+                f"step {message.step} is older than the last {HISTORY_STEPS} kept in memory (it is in the trace)",
+                severity="warning",
+            )
             return
         self.pinned_step = message.step
         self._show(found)

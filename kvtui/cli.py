@@ -32,8 +32,14 @@ def _print_version(ctx, _param, value):
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              help="Show kvtui's version and the transformers it runs on (tested or not), then exit.")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show kvtui's version and the transformers it runs on (tested or not), then exit.",
+)
 def main():
     """kvtui: inspect the live KV cache of a transformers causal LM while it chats.
 
@@ -50,8 +56,21 @@ def main():
 @main.command("run")
 @run_options
 @click.pass_context
-def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, verbose, theme, refresh_hz,
-        export_cache_at, export_path, **options):
+def run(
+    ctx,
+    model,
+    headless,
+    script_path,
+    trace_path,
+    verify_every,
+    fail_on,
+    verbose,
+    theme,
+    refresh_hz,
+    export_cache_at,
+    export_path,
+    **options,
+):
     """Open the TUI, or with --headless run a script."""
     from .engine.script import ScriptError, load_script
 
@@ -85,14 +104,27 @@ def run(ctx, model, headless, script_path, trace_path, verify_every, fail_on, ve
     if headless:
         if script is None:
             raise click.UsageError("--headless needs --script FILE")
-        export = (export_cache_at, export_path or Path(f"cache-step{export_cache_at}.safetensors")) if export_cache_at else None
+        export = (
+            (export_cache_at, export_path or Path(f"cache-step{export_cache_at}.safetensors"))
+            if export_cache_at
+            else None
+        )
         sys.exit(_run_headless(model, script, trace_path, verify_every, fail_on, options, export, verbose))
     _check_theme(theme)
     _check_watch_words(model, options)
     from .app import KvtuiApp
 
-    app = KvtuiApp(AppConfig(model=model, options=options, theme=theme, script=script, trace_path=trace_path,
-                             verify_every=verify_every, refresh_hz=refresh_hz))
+    app = KvtuiApp(
+        AppConfig(
+            model=model,
+            options=options,
+            theme=theme,
+            script=script,
+            trace_path=trace_path,
+            verify_every=verify_every,
+            refresh_hz=refresh_hz,
+        )
+    )
     app.run()
     sys.exit(app.return_code or 0)
 
@@ -183,9 +215,18 @@ def _run_headless(model, script, trace_path, verify_every, fail_on, options, exp
         with console.status("loading model…") as status:
             loaded = load(model, options, progress=lambda message, fraction=None: status.update(message))
         session = ChatSession(loaded.model, loaded.tokenizer, build_session_config(options, loaded.tokenizer))
-        return run_script(session, script, trace_path=trace_path, model_source=loaded.source, model_path=loaded.path,
-                          verify_every=verify_every, fail_on=fail_on, console=console, export=export,
-                          verbose=verbose)
+        return run_script(
+            session,
+            script,
+            trace_path=trace_path,
+            model_source=loaded.source,
+            model_path=loaded.path,
+            verify_every=verify_every,
+            fail_on=fail_on,
+            console=console,
+            export=export,
+            verbose=verbose,
+        )
     except (ModelLoadError, SessionError, TraceError, ExportError, OptionError, ValueError) as exc:
         _bad_input(str(exc))  # one line, unwrapped, on stderr
 

@@ -109,9 +109,11 @@ def check_memory(model: str | None, engines: int, available: int | None = None) 
     needed = engines * (weights + ENGINE_OVERHEAD)
     if needed > available:
         gib = 2**30
-        raise CompareError(f"{engines} engines need about {needed / gib:.1f} GiB ({weights / gib:.1f} GiB of weights "
-                           f"each, plus about {ENGINE_OVERHEAD / gib:.1f} GiB per process) but only "
-                           f"{available / gib:.1f} GiB is available: compare fewer strategies")
+        raise CompareError(
+            f"{engines} engines need about {needed / gib:.1f} GiB ({weights / gib:.1f} GiB of weights "
+            f"each, plus about {ENGINE_OVERHEAD / gib:.1f} GiB per process) but only "
+            f"{available / gib:.1f} GiB is available: compare fewer strategies"
+        )
 
 
 def lane_options(strategy: str, base: dict) -> dict:
@@ -175,8 +177,14 @@ class Lane:
 class Comparison:
     """Start one engine per strategy, then run the script's turns through all of them in lockstep."""
 
-    def __init__(self, model: str | None, strategies: tuple[str, ...], options: dict, trace_dir: Path,
-                 on_update: Callable[[Comparison, Lane | None], None] | None = None):
+    def __init__(
+        self,
+        model: str | None,
+        strategies: tuple[str, ...],
+        options: dict,
+        trace_dir: Path,
+        on_update: Callable[[Comparison, Lane | None], None] | None = None,
+    ):
         self.model, self.strategies, self.options, self.trace_dir = model, strategies, options, trace_dir
         self.lanes = [Lane(s) for s in strategies]
         self.on_update = on_update or (lambda comparison, lane: None)
@@ -194,8 +202,14 @@ class Comparison:
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         for lane in self.lanes:
             setup = self._scratch / f"{trace_name(lane.strategy)}.pickle"
-            write_setup(EngineSetup(model=self.model, options=lane_options(lane.strategy, self.options),
-                                    trace_path=str(self.trace_dir / trace_name(lane.strategy))), setup)
+            write_setup(
+                EngineSetup(
+                    model=self.model,
+                    options=lane_options(lane.strategy, self.options),
+                    trace_path=str(self.trace_dir / trace_name(lane.strategy)),
+                ),
+                setup,
+            )
             lane.source = EngineSource(setup)
             lane.records = lane.source.records()
         for lane in self.lanes:  # they load side by side; each says ready or why not
@@ -261,8 +275,14 @@ class Comparison:
         fed = len(record["input_ids"])
         length = record.get("buffer_length", 0)
         compile_ms = (record.get("compile") or {}).get("compile_ms")
-        lane.points.append(Point(context=length, ms=(record.get("ms") or {}).get("forward", 0.0),
-                                 phase=record.get("phase", "decode"), compile=compile_ms is not None))
+        lane.points.append(
+            Point(
+                context=length,
+                ms=(record.get("ms") or {}).get("forward", 0.0),
+                phase=record.get("phase", "decode"),
+                compile=compile_ms is not None,
+            )
+        )
         if compile_ms is not None:
             lane.compile_ms += compile_ms
         lane.recompiles = (record.get("compile") or {}).get("recompiles", lane.recompiles)

@@ -36,15 +36,24 @@ class CompareApp(App):
     """
     BINDINGS = [Binding("q", "quit", "Quit")]
 
-    def __init__(self, model: str | None, strategies, options: dict, trace_dir: Path, script,
-                 theme_name: str | None = None, comparison: Comparison | None = None):
+    def __init__(
+        self,
+        model: str | None,
+        strategies,
+        options: dict,
+        trace_dir: Path,
+        script,
+        theme_name: str | None = None,
+        comparison: Comparison | None = None,
+    ):
         super().__init__()
         for theme in load_themes().values():
             self.register_theme(theme)
         self.theme = theme_name or DEFAULT_THEME
         self.script = script
-        self.comparison = comparison or Comparison(model, tuple(strategies), options, Path(trace_dir),
-                                                   on_update=lambda c, lane: self.post_message(Updated()))
+        self.comparison = comparison or Comparison(
+            model, tuple(strategies), options, Path(trace_dir), on_update=lambda c, lane: self.post_message(Updated())
+        )
         self.model_name = model or "embedded SmolLM2-135M-Instruct"
         self.outcome = 0
         self.finished = False

@@ -71,8 +71,11 @@ def _saved(setup: EngineSetup, scratch: Path) -> EngineSetup:
     loaded.model.save_pretrained(scratch)
     loaded.tokenizer.save_pretrained(scratch)
     attention = getattr(loaded.model.config, "_attn_implementation", None)
-    return replace(setup, loaded=None, loader=partial(load_saved, str(scratch), loaded.source, loaded.path,
-                                                      loaded.dtype, loaded.device, attention))
+    return replace(
+        setup,
+        loaded=None,
+        loader=partial(load_saved, str(scratch), loaded.source, loaded.path, loaded.dtype, loaded.device, attention),
+    )
 
 
 def load_saved(directory: str, source: str, path: str, dtype: str, device: str, attention: str | None):
@@ -147,19 +150,27 @@ class EngineHost:
         from .options import build_session_config, load, set_threads
 
         progress = lambda text, fraction=None: self.pipe.send(  # noqa: E731
-            {"type": "progress", "text": text, "fraction": fraction})
+            {"type": "progress", "text": text, "fraction": fraction}
+        )
         try:
             progress("starting the engine process")
             with open(self.setup_path, "rb") as handle:
                 setup: EngineSetup = pickle.load(handle)
             set_threads(setup.options)
-            loaded = setup.loaded or (setup.loader() if setup.loader else load(setup.model, setup.options,
-                                                                               progress=progress))
+            loaded = setup.loaded or (
+                setup.loader() if setup.loader else load(setup.model, setup.options, progress=progress)
+            )
             config = build_session_config(setup.options, loaded.tokenizer)
             extra = {"clock": setup.clock} if setup.clock else {}
             session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self.on_snapshot, **extra)
-            self.recorder = Recorder(session, setup.trace_path, model_source=loaded.source, model_path=loaded.path,
-                                     verify_every=setup.verify_every, append=setup.append)
+            self.recorder = Recorder(
+                session,
+                setup.trace_path,
+                model_source=loaded.source,
+                model_path=loaded.path,
+                verify_every=setup.verify_every,
+                append=setup.append,
+            )
             if setup.engine_setup is not None:
                 setup.engine_setup(session)
         except Exception as exc:  # every load error, said in one line: the app shows it and stays open
@@ -175,11 +186,19 @@ class EngineHost:
         capacity = f" {session.capacity}" if session.capacity else ""
         decode, every = config.decode_threads, torch.get_num_threads()
         threads = f" · decode on {decode} of {every} threads" if decode and decode != every else ""
-        self.pipe.send({
-            "type": "ready", "pid": os.getpid(),
-            "description": (f"{loaded.source} · {type(loaded.model).__name__} · {loaded.device} · {loaded.dtype} · "
-                            f"{session.config.cache}{capacity} cache · {session.config.sampler.describe()}{threads}"),
-            "query_heads": query, "kv_heads": kv, **self._facts()})
+        self.pipe.send(
+            {
+                "type": "ready",
+                "pid": os.getpid(),
+                "description": (
+                    f"{loaded.source} · {type(loaded.model).__name__} · {loaded.device} · {loaded.dtype} · "
+                    f"{session.config.cache}{capacity} cache · {session.config.sampler.describe()}{threads}"
+                ),
+                "query_heads": query,
+                "kv_heads": kv,
+                **self._facts(),
+            }
+        )
         return True
 
     # ---- the main thread: one command at a time ----------------------------------------------------
@@ -230,9 +249,13 @@ class EngineHost:
         elif word == "verify":
             result = session.verify()
             verdict = "matches" if result.ok else "DIFFERS FROM"
-            return (f"cache {verdict} a full recompute of {result.tokens} tokens: max |diff| {result.max_abs_diff:.2e} "
-                    f"(tolerance {result.tolerance:g}), top-k {'agrees' if result.topk_agree else 'differs'} · "
-                    f"{result.ms:.0f} ms", "information" if result.ok else "error", result)
+            return (
+                f"cache {verdict} a full recompute of {result.tokens} tokens: max |diff| {result.max_abs_diff:.2e} "
+                f"(tolerance {result.tolerance:g}), top-k {'agrees' if result.topk_agree else 'differs'} · "
+                f"{result.ms:.0f} ms",
+                "information" if result.ok else "error",
+                result,
+            )
         elif word == "sampler":
             from .engine.settings import SamplerSettings
 
@@ -246,15 +269,21 @@ class EngineHost:
             from .engine.export import export_cache
 
             path = export_cache(session, Path.cwd() / f"kvtui-cache-step{session.steps}.safetensors")
-            return (f"cache at step {session.steps} exported to {path} (kvtui.engine.export.load_cache reads it back)",
-                    "information", None)
+            return (
+                f"cache at step {session.steps} exported to {path} (kvtui.engine.export.load_cache reads it back)",
+                "information",
+                None,
+            )
         elif word == "restore":
             from .engine.replay import _token
 
             tokens = [_token(t) for t in argument["tokens"]]
             session.restore(tokens, argument["state"])
-            return (f"engine restarted: the cache was rebuilt from {len(tokens)} tokens in one forward "
-                    "(v verifies it)", "information", None)
+            return (
+                f"engine restarted: the cache was rebuilt from {len(tokens)} tokens in one forward (v verifies it)",
+                "information",
+                None,
+            )
         return "", "information", None
 
     def _run(self, cancel: threading.Event) -> None:
@@ -271,8 +300,13 @@ class EngineHost:
         """After every forward (main thread): the session's state, then the step record itself."""
         session = self.session
         now = time.monotonic()
-        record = {"type": "session", "running": self.running, "steps": session.steps, "turn": session.turn,
-                  "cache_length": snapshot.cache_seq_length}
+        record = {
+            "type": "session",
+            "running": self.running,
+            "steps": session.steps,
+            "turn": session.turn,
+            "cache_length": snapshot.cache_seq_length,
+        }
         if not self.running or snapshot.phase != "decode" or now - self._messages_at >= 1 / MESSAGES_HZ:
             self._messages.put(record, "messages", session.messages)
             self._messages_at = now
@@ -285,8 +319,15 @@ class EngineHost:
     def state(self, done: str, note: str = "", severity: str = "information", verify=None, error: str | None = None):
         """After every command: what the app shows between turns (and that the command is done)."""
         session = self.session
-        record = {"type": "state", "done": done, "note": note, "severity": severity, "error": error,
-                  "verify": asdict(verify) if verify is not None else None, **self._facts()}
+        record = {
+            "type": "state",
+            "done": done,
+            "note": note,
+            "severity": severity,
+            "error": error,
+            "verify": asdict(verify) if verify is not None else None,
+            **self._facts(),
+        }
         self._messages.put(record, "messages", session.messages, always=True)
         self._diagnostics.put(record, "diagnostics", _diagnostics(session.diagnostics), always=True)
         self._diagnostics_count = len(session.diagnostics)
@@ -294,9 +335,15 @@ class EngineHost:
 
     def _facts(self) -> dict:
         session = self.session
-        return {"steps": session.steps, "turn": session.turn, "cache_length": session.cache_length,
-                "buffer_length": len(session.buffer), "capacity": session.capacity,
-                "sampler": asdict(session.config.sampler), "restorable": session.restorable()}
+        return {
+            "steps": session.steps,
+            "turn": session.turn,
+            "cache_length": session.cache_length,
+            "buffer_length": len(session.buffer),
+            "capacity": session.capacity,
+            "sampler": asdict(session.config.sampler),
+            "restorable": session.restorable(),
+        }
 
     def close(self) -> None:
         if self.recorder is not None:

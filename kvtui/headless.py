@@ -19,17 +19,28 @@ from .fmt import one_line, printable
 STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
 
 
-def run_script(session: ChatSession, script: Script, *, trace_path=None, model_source: str = "", model_path: str = "",
-               verify_every: int = 0, fail_on: str = "error", console: Console | None = None,
-               export: tuple[int, object] | None = None, verbose: bool = False) -> int:
+def run_script(
+    session: ChatSession,
+    script: Script,
+    *,
+    trace_path=None,
+    model_source: str = "",
+    model_path: str = "",
+    verify_every: int = 0,
+    fail_on: str = "error",
+    console: Console | None = None,
+    export: tuple[int, object] | None = None,
+    verbose: bool = False,
+) -> int:
     """Run every turn; returns the exit code (1 when a diagnostic at or above `fail_on` fired).
 
     The summary has one line per turn (texts cut with …) unless `verbose`, which prints them whole.
     Every text from the user or the model is printed with its control characters escaped.
     """
     console = console or Console()
-    recorder = Recorder(session, trace_path, model_source=model_source, model_path=model_path,
-                        verify_every=verify_every)
+    recorder = Recorder(
+        session, trace_path, model_source=model_source, model_path=model_path, verify_every=verify_every
+    )
     exported: list = []
 
     def on_snapshot(snapshot: StepSnapshot) -> None:
@@ -37,13 +48,31 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
             exported.append(export_cache(session, export[1]))
 
     session.on_snapshot = on_snapshot
-    table = Table(title=escape(f"kvtui · {printable(model_source or 'model')} · {session.config.cache} cache · "
-                               f"{session.config.sampler.describe()}"), expand=True)
-    for column, justify in (("turn", "right"), ("you", "left"), ("model", "left"), ("fed", "right"),
-                            ("new", "right"), ("cache", "right"), ("tok/s", "right"), ("alarms", "left")):
+    table = Table(
+        title=escape(
+            f"kvtui · {printable(model_source or 'model')} · {session.config.cache} cache · "
+            f"{session.config.sampler.describe()}"
+        ),
+        expand=True,
+    )
+    for column, justify in (
+        ("turn", "right"),
+        ("you", "left"),
+        ("model", "left"),
+        ("fed", "right"),
+        ("new", "right"),
+        ("cache", "right"),
+        ("tok/s", "right"),
+        ("alarms", "left"),
+    ):
         text = column in ("you", "model", "alarms")
-        table.add_column(column, justify=justify, overflow="fold" if verbose or not text else "ellipsis",
-                         no_wrap=not (verbose and text), ratio=2 if column in ("you", "model") else None)
+        table.add_column(
+            column,
+            justify=justify,
+            overflow="fold" if verbose or not text else "ellipsis",
+            no_wrap=not (verbose and text),
+            ratio=2 if column in ("you", "model") else None,
+        )
     shown = (lambda s: printable(s, newlines=True)) if verbose else one_line
     try:
         for number, text in enumerate(script.turns, start=1):
@@ -58,31 +87,49 @@ def run_script(session: ChatSession, script: Script, *, trace_path=None, model_s
             except SessionError as exc:
                 error = str(exc)
             elapsed = time.perf_counter() - started
-            reply = session.messages[-1]["content"] if session.messages and session.messages[-1]["role"] == "assistant" else ""
+            reply = (
+                session.messages[-1]["content"]
+                if session.messages and session.messages[-1]["role"] == "assistant"
+                else ""
+            )
             new_diags = session.diagnostics[before_diag:]
             codes = ", ".join(sorted({d.code for d in new_diags}))
-            table.add_row(str(number), escape(shown(text)),
-                          escape(shown(reply)) if not error else f"[red]{escape(shown(error))}[/]",
-                          str(fed), str(generated), f"{before_len}→{session.cache_length}",
-                          f"{generated / elapsed:.1f}" if generated and elapsed > 0 else "-", codes or "-")
+            table.add_row(
+                str(number),
+                escape(shown(text)),
+                escape(shown(reply)) if not error else f"[red]{escape(shown(error))}[/]",
+                str(fed),
+                str(generated),
+                f"{before_len}→{session.cache_length}",
+                f"{generated / elapsed:.1f}" if generated and elapsed > 0 else "-",
+                codes or "-",
+            )
     finally:
         session.on_snapshot = None
         recorder.close()
     console.print(table)
     if session.config.compile:
-        console.print(f"--compile: {session.compiles} graph(s) compiled in {session.compile_ms_total / 1000:.1f} s "
-                      f"(inside the first turn's tok/s), {session.recompiles} recompile(s)", highlight=False)
+        console.print(
+            f"--compile: {session.compiles} graph(s) compiled in {session.compile_ms_total / 1000:.1f} s "
+            f"(inside the first turn's tok/s), {session.recompiles} recompile(s)",
+            highlight=False,
+        )
     for group in group_diagnostics(session.diagnostics):  # one line per code and cache, errors first
-        console.print(f"[{STYLE[group.severity]}]{group.severity:>7}[/] {escape(printable(group_summary(group)))}",
-                      highlight=False)
+        console.print(
+            f"[{STYLE[group.severity]}]{group.severity:>7}[/] {escape(printable(group_summary(group)))}",
+            highlight=False,
+        )
         last = group_last(group)
         if last is not None:
             console.print(f"        {escape(printable(last))}", highlight=False)
     if trace_path:
         console.print(f"trace written to {escape(printable(trace_path))}")
     if export:
-        console.print(f"cache at step {export[0]} exported to {exported[0]}" if exported
-                      else f"[yellow]no cache exported: the run ended before step {export[0]}[/]")
+        console.print(
+            f"cache at step {export[0]} exported to {exported[0]}"
+            if exported
+            else f"[yellow]no cache exported: the run ended before step {export[0]}[/]"
+        )
     failed = failing(session.diagnostics, fail_on)
     if failed:
         console.print(f"[bold red]{len(failed)} diagnostic(s) at or above {fail_on}[/]")

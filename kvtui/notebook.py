@@ -46,8 +46,9 @@ COST_FACTOR = 50  # and at least 50x the last render's cost apart: rendering sta
 BACKGROUND, FOREGROUND = "#1e1e1e", "#e0e0e0"
 CODE_FORMAT = (
     '<div class="kvtui-view"><pre style="font-family:Menlo,\'DejaVu Sans Mono\',Consolas,monospace;'
-    'font-size:12px;line-height:1.3;color:' + FOREGROUND + ';background-color:' + BACKGROUND + ';padding:8px;'
-    'border-radius:4px;white-space:pre-wrap;overflow-x:auto"><code ' 'style="font-family:inherit">{code}</code></pre></div>'
+    "font-size:12px;line-height:1.3;color:" + FOREGROUND + ";background-color:" + BACKGROUND + ";padding:8px;"
+    'border-radius:4px;white-space:pre-wrap;overflow-x:auto"><code '
+    'style="font-family:inherit">{code}</code></pre></div>'
 )
 
 
@@ -81,8 +82,9 @@ def _alike_rows_merged(rows) -> list[tuple[Text, ...]]:
     return out
 
 
-def snapshot_view(snapshot: StepSnapshot | None, diagnostics=None, *, title: str | None = None,
-                  strip_limit: int | None = STRIP_LIMIT):
+def snapshot_view(
+    snapshot: StepSnapshot | None, diagnostics=None, *, title: str | None = None, strip_limit: int | None = STRIP_LIMIT
+):
     """One step as the TUI shows it: cursor, token strip, layers, top-k and alarms (Rich renderables, from the
     panes' own functions). `diagnostics`: every alarm so far (default: the step's own)."""
     palette = DEFAULT_PALETTE
@@ -95,11 +97,17 @@ def snapshot_view(snapshot: StepSnapshot | None, diagnostics=None, *, title: str
         heading.append("".join(f" · {e}" for e in extras if e), style=role_style(palette, "muted"))
     parts.append(heading)
     if snapshot is None:
-        parts.append(Text("no forward yet: run generate() or the model, then show this again",
-                          style=role_style(palette, "muted", "italic")))
+        parts.append(
+            Text(
+                "no forward yet: run generate() or the model, then show this again",
+                style=role_style(palette, "muted", "italic"),
+            )
+        )
         return Group(*parts)
     parts.append(render_cursor(snapshot, palette))
-    parts.append(_rule(f"tokens ({len(snapshot.buffer)} {'in context, no cache' if snapshot.uncached else 'in the cache'})"))
+    parts.append(
+        _rule(f"tokens ({len(snapshot.buffer)} {'in context, no cache' if snapshot.uncached else 'in the cache'})")
+    )
     parts.append(render_strip(snapshot, palette, strip_limit))
     parts.append(_rule("layers"))
     parts.append(render_totals(snapshot, palette=palette))
@@ -125,11 +133,14 @@ def view(obj, strip_limit: int | None = STRIP_LIMIT):
 
     if isinstance(obj, Watcher):
         state = f"watching {', '.join(p.name for p in obj.probes)}" if obj.probes else "detached"
-        return snapshot_view(obj.last, tuple(obj.diagnostics), title=f"{state} · {obj.steps} forwards",
-                             strip_limit=strip_limit)
+        return snapshot_view(
+            obj.last, tuple(obj.diagnostics), title=f"{state} · {obj.steps} forwards", strip_limit=strip_limit
+        )
     if isinstance(obj, Replay):
         last = obj.snapshots[-1] if obj.snapshots else None
-        return snapshot_view(last, obj.diagnostics, title=f"{obj.describe()} · {len(obj)} steps", strip_limit=strip_limit)
+        return snapshot_view(
+            last, obj.diagnostics, title=f"{obj.describe()} · {len(obj)} steps", strip_limit=strip_limit
+        )
     if isinstance(obj, StepSnapshot):
         return snapshot_view(obj, strip_limit=strip_limit)
     raise TypeError(f"kvtui cannot show a {type(obj).__name__}")
@@ -137,8 +148,15 @@ def view(obj, strip_limit: int | None = STRIP_LIMIT):
 
 def to_html(renderable, width: int = WIDTH) -> str:
     """A renderable as an HTML fragment with inline styles (Rich escapes every text it exports)."""
-    console = Console(record=True, width=width, file=io.StringIO(), force_terminal=True, color_system="truecolor",
-                      legacy_windows=False, force_jupyter=False)  # in a kernel Rich would display() it itself
+    console = Console(
+        record=True,
+        width=width,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system="truecolor",
+        legacy_windows=False,
+        force_jupyter=False,
+    )  # in a kernel Rich would display() it itself
     console.print(renderable)
     return console.export_html(inline_styles=True, code_format=CODE_FORMAT)
 
@@ -153,8 +171,10 @@ def html(obj, strip_limit: int | None = STRIP_LIMIT) -> str:
 
 def render_error(obj, exc: BaseException) -> str:
     message = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-    return (f'<pre class="kvtui-error">kvtui could not draw this {_html.escape(type(obj).__name__)}: '
-            f"{_html.escape(message)}</pre>")
+    return (
+        f'<pre class="kvtui-error">kvtui could not draw this {_html.escape(type(obj).__name__)}: '
+        f"{_html.escape(message)}</pre>"
+    )
 
 
 class _HTML:
@@ -200,7 +220,9 @@ class LiveDisplay:
         """on_snapshot, on the model's thread: a reference kept, and a render only when the clock allows."""
         self._pending = snapshot
         now = time.perf_counter()
-        if self._next == 0.0:  # the first step: draw once the loop has run MIN_INTERVAL (a short loop is drawn at its end)
+        if (
+            self._next == 0.0
+        ):  # the first step: draw once the loop has run MIN_INTERVAL (a short loop is drawn at its end)
             self._next = now + MIN_INTERVAL
         elif now >= self._next:
             self._draw(now)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import sys
 
-SHOWN = (("kvtui.engine.snapshot", "StepSnapshot"), ("kvtui.engine.probe", "Watcher"),
-         ("kvtui.engine.replay", "Replay"))
+SHOWN = (
+    ("kvtui.engine.snapshot", "StepSnapshot"),
+    ("kvtui.engine.probe", "Watcher"),
+    ("kvtui.engine.replay", "Replay"),
+)
 
 
 def register_formatters() -> None:

@@ -24,47 +24,101 @@ class OptionError(ValueError):
 def session_options(func):
     """The model, cache and sampler options shared by the TUI and the headless runner."""
     options = [
-        click.option("--cache", type=click.Choice(["dynamic", "static", "quantized", "offloaded", "none"]),
-                     default="dynamic", show_default=True,
-                     help="Cache kind: DynamicCache(config=...), StaticCache, QuantizedCache, "
-                     "DynamicCache(offloading=True), or none (no cache: every step a full forward over the whole "
-                     "context, use_cache=False)."),
-        click.option("--cache-bits", type=click.Choice(["2", "4"]), default="4", show_default=True,
-                     help="Quantized cache: bits per value."),
-        click.option("--cache-backend", type=click.Choice(["quanto", "hqq", "fp8"]), default="quanto", show_default=True,
-                     help="Quantized cache backend (quanto: pip install optimum-quanto; hqq: pip install hqq; "
-                     "fp8: built in, ignores --cache-bits)."),
-        click.option("--compile", "compile_decode", is_flag=True, default=False,
-                     help="Static cache: torch.compile the one-token decode forward (counts recompiles)."),
-        click.option("--max-cache-len", type=click.IntRange(1), default=None,
-                     help=f"Static cache capacity in tokens (default {STATIC_DEFAULT_CAPACITY} with --cache static)."),
+        click.option(
+            "--cache",
+            type=click.Choice(["dynamic", "static", "quantized", "offloaded", "none"]),
+            default="dynamic",
+            show_default=True,
+            help="Cache kind: DynamicCache(config=...), StaticCache, QuantizedCache, "
+            "DynamicCache(offloading=True), or none (no cache: every step a full forward over the whole "
+            "context, use_cache=False).",
+        ),
+        click.option(
+            "--cache-bits",
+            type=click.Choice(["2", "4"]),
+            default="4",
+            show_default=True,
+            help="Quantized cache: bits per value.",
+        ),
+        click.option(
+            "--cache-backend",
+            type=click.Choice(["quanto", "hqq", "fp8"]),
+            default="quanto",
+            show_default=True,
+            help="Quantized cache backend (quanto: pip install optimum-quanto; hqq: pip install hqq; "
+            "fp8: built in, ignores --cache-bits).",
+        ),
+        click.option(
+            "--compile",
+            "compile_decode",
+            is_flag=True,
+            default=False,
+            help="Static cache: torch.compile the one-token decode forward (counts recompiles).",
+        ),
+        click.option(
+            "--max-cache-len",
+            type=click.IntRange(1),
+            default=None,
+            help=f"Static cache capacity in tokens (default {STATIC_DEFAULT_CAPACITY} with --cache static).",
+        ),
         click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True),
         click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 is greedy."),
         click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0 is off."),
         click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
         click.option("--repetition-penalty", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True),
         click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--mode", type=click.Choice(["chat", "completion"]), default="chat", show_default=True,
-                     help="chat: the chat template; completion: tokenizer(prompt) on raw text."),
+        click.option(
+            "--mode",
+            type=click.Choice(["chat", "completion"]),
+            default="chat",
+            show_default=True,
+            help="chat: the chat template; completion: tokenizer(prompt) on raw text.",
+        ),
         click.option("--system", default=None, help="System prompt (chat mode)."),
-        click.option("--chat-tokenize", type=click.Choice(["template", "text"]), default="template", show_default=True,
-                     help="template: the template's own ids; text: tokenizer(rendered text), the double-BOS pitfall."),
-        click.option("--prime-pad", type=click.IntRange(0), default=0,
-                     help="Reproduce the mistake of priming the cache with N pad tokens."),
-        click.option("--show-top", type=click.IntRange(1, 100), default=10, show_default=True,
-                     help="How many top-k tokens each snapshot keeps."),
+        click.option(
+            "--chat-tokenize",
+            type=click.Choice(["template", "text"]),
+            default="template",
+            show_default=True,
+            help="template: the template's own ids; text: tokenizer(rendered text), the double-BOS pitfall.",
+        ),
+        click.option(
+            "--prime-pad",
+            type=click.IntRange(0),
+            default=0,
+            help="Reproduce the mistake of priming the cache with N pad tokens.",
+        ),
+        click.option(
+            "--show-top",
+            type=click.IntRange(1, 100),
+            default=10,
+            show_default=True,
+            help="How many top-k tokens each snapshot keeps.",
+        ),
         click.option("--watch", multiple=True, help="A token (text or id) to follow in every step's distribution."),
-        click.option("--attention", is_flag=True,
-                     help="Shade the buffer by the newest token's attention (eager attention; costs O(cache) per step)."),
-        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-                     show_default=True),
+        click.option(
+            "--attention",
+            is_flag=True,
+            help="Shade the buffer by the newest token's attention (eager attention; costs O(cache) per step).",
+        ),
+        click.option(
+            "--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True
+        ),
         click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps."),
         click.option("--device-map", default=None, help="'auto' spreads a large model over devices (accelerate)."),
-        click.option("--threads", type=click.IntRange(1), default=None,
-                     help="CPU threads for the model's forward (torch.set_num_threads; default: torch's choice)."),
-        click.option("--decode-threads", type=click.IntRange(1), default=None,
-                     help="CPU threads for one-token (decode) forwards. Default: one fewer than the model's threads "
-                          "(at least 1), leaving a core to the TUI's panes; with --threads, the same as every forward."),
+        click.option(
+            "--threads",
+            type=click.IntRange(1),
+            default=None,
+            help="CPU threads for the model's forward (torch.set_num_threads; default: torch's choice).",
+        ),
+        click.option(
+            "--decode-threads",
+            type=click.IntRange(1),
+            default=None,
+            help="CPU threads for one-token (decode) forwards. Default: one fewer than the model's threads "
+            "(at least 1), leaving a core to the TUI's panes; with --threads, the same as every forward.",
+        ),
         click.argument("model", required=False),
     ]
     for option in reversed(options):
@@ -76,25 +130,62 @@ def run_options(func):
     """`kvtui run`'s own options (TUI and headless) on top of the session options."""
     options = [
         click.option("--headless", is_flag=True, help="No TUI: run --script and print a summary."),
-        click.option("--script", "script_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="JSON/YAML script ({turns, system, mode, prompt}) or .txt (one user turn per line)."),
-        click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Write a JSON Lines trace here."),
-        click.option("--verify-every", type=click.IntRange(0), default=0,
-                     help="Verify against a full recompute every N steps."),
-        click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
-                     help="Headless exit code is 1 when a diagnostic at or above this fired."),
-        click.option("--verbose", "-v", is_flag=True,
-                     help="Headless: print every turn and reply in full (default: one line per turn)."),
-        click.option("--theme", default=DEFAULT_THEME, show_default=True,
-                     help="TUI theme (`kvtui themes` lists them, with the user themes dir)."),
-        click.option("--refresh", "refresh_hz", type=click.FloatRange(0.5, 60), default=None,
-                     help="TUI: pane repaints per second while the model runs (default: 15 while a core is "
-                          "spare, else 2)."),
-        click.option("--export-cache-at", type=click.IntRange(1), default=None,
-                     help="Headless: save the cache as safetensors right after forward step N."),
-        click.option("--export-cache", "export_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Where --export-cache-at writes (default cache-stepN.safetensors)."),
+        click.option(
+            "--script",
+            "script_path",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="JSON/YAML script ({turns, system, mode, prompt}) or .txt (one user turn per line).",
+        ),
+        click.option(
+            "--trace",
+            "trace_path",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Write a JSON Lines trace here.",
+        ),
+        click.option(
+            "--verify-every", type=click.IntRange(0), default=0, help="Verify against a full recompute every N steps."
+        ),
+        click.option(
+            "--fail-on",
+            type=click.Choice(["info", "warning", "error"]),
+            default="error",
+            show_default=True,
+            help="Headless exit code is 1 when a diagnostic at or above this fired.",
+        ),
+        click.option(
+            "--verbose",
+            "-v",
+            is_flag=True,
+            help="Headless: print every turn and reply in full (default: one line per turn).",
+        ),
+        click.option(
+            "--theme",
+            default=DEFAULT_THEME,
+            show_default=True,
+            help="TUI theme (`kvtui themes` lists them, with the user themes dir).",
+        ),
+        click.option(
+            "--refresh",
+            "refresh_hz",
+            type=click.FloatRange(0.5, 60),
+            default=None,
+            help="TUI: pane repaints per second while the model runs (default: 15 while a core is spare, else 2).",
+        ),
+        click.option(
+            "--export-cache-at",
+            type=click.IntRange(1),
+            default=None,
+            help="Headless: save the cache as safetensors right after forward step N.",
+        ),
+        click.option(
+            "--export-cache",
+            "export_path",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Where --export-cache-at writes (default cache-stepN.safetensors).",
+        ),
     ]
     func = session_options(func)
     for option in reversed(options):
@@ -107,14 +198,39 @@ def run_command(callback=None) -> click.Command:
     return click.command("run")(run_options(callback or (lambda **_: None)))
 
 
-SESSION_KEYS = ("cache", "cache_bits", "cache_backend", "compile_decode", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
-                "seed", "mode", "system", "chat_tokenize", "prime_pad", "show_top", "watch", "attention", "dtype",
-                "device", "device_map", "threads", "decode_threads")
+SESSION_KEYS = (
+    "cache",
+    "cache_bits",
+    "cache_backend",
+    "compile_decode",
+    "max_cache_len",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "seed",
+    "mode",
+    "system",
+    "chat_tokenize",
+    "prime_pad",
+    "show_top",
+    "watch",
+    "attention",
+    "dtype",
+    "device",
+    "device_map",
+    "threads",
+    "decode_threads",
+)
 # The session options' defaults, for callers that build the app without the command line (tests, benchmarks,
 # code that makes an AppConfig): what an empty command line parses to. Not the parameters' `default`: since
 # click 8.3 a flag's is a truthy sentinel, which turned --attention (eager attention, O(cache) per step) on.
-DEFAULT_OPTIONS = {name: value for name, value in run_command().make_context("run", [], resilient_parsing=True)
-                   .params.items() if name in SESSION_KEYS}
+DEFAULT_OPTIONS = {
+    name: value
+    for name, value in run_command().make_context("run", [], resilient_parsing=True).params.items()
+    if name in SESSION_KEYS
+}
 
 
 @dataclass(frozen=True)
@@ -144,19 +260,34 @@ def build_session_config(options: dict, tokenizer=None):
     options = {**DEFAULT_OPTIONS, **options}
     cache = options["cache"]
     max_cache_len = options.get("max_cache_len") or (STATIC_DEFAULT_CAPACITY if cache == "static" else None)
-    sampler = SamplerSettings(temperature=options["temperature"], top_k=options["top_k"], top_p=options["top_p"],
-                              repetition_penalty=options["repetition_penalty"], seed=options["seed"])
+    sampler = SamplerSettings(
+        temperature=options["temperature"],
+        top_k=options["top_k"],
+        top_p=options["top_p"],
+        repetition_penalty=options["repetition_penalty"],
+        seed=options["seed"],
+    )
     watch = tuple(resolve_token(tokenizer, w) for w in options.get("watch") or ()) if tokenizer else ()
     decode_threads = options.get("decode_threads")
     if decode_threads is None and not options.get("threads"):
         decode_threads = default_decode_threads()
-    return SessionConfig(cache=cache, max_cache_len=max_cache_len, max_new_tokens=options["max_new_tokens"],
-                         cache_bits=int(options.get("cache_bits") or 4),
-                         cache_backend=options.get("cache_backend") or "quanto",
-                         compile=bool(options.get("compile_decode")), sampler=sampler, mode=options["mode"], system=options.get("system"),
-                         chat_tokenize=options["chat_tokenize"], top_k_shown=options["show_top"], watch=watch,
-                         prime_pad=options["prime_pad"], attention=bool(options.get("attention")),
-                         decode_threads=decode_threads)
+    return SessionConfig(
+        cache=cache,
+        max_cache_len=max_cache_len,
+        max_new_tokens=options["max_new_tokens"],
+        cache_bits=int(options.get("cache_bits") or 4),
+        cache_backend=options.get("cache_backend") or "quanto",
+        compile=bool(options.get("compile_decode")),
+        sampler=sampler,
+        mode=options["mode"],
+        system=options.get("system"),
+        chat_tokenize=options["chat_tokenize"],
+        top_k_shown=options["show_top"],
+        watch=watch,
+        prime_pad=options["prime_pad"],
+        attention=bool(options.get("attention")),
+        decode_threads=decode_threads,
+    )
 
 
 def default_decode_threads() -> int:
@@ -187,8 +318,14 @@ def load(model: str | None, options: dict, progress=None):
 
     options = {**DEFAULT_OPTIONS, **options}
     set_threads(options)
-    return load_model(model, dtype=options["dtype"], device=options["device"], device_map=options["device_map"],
-                      attn_implementation="eager" if options.get("attention") else None, progress=progress)
+    return load_model(
+        model,
+        dtype=options["dtype"],
+        device=options["device"],
+        device_map=options["device_map"],
+        attn_implementation="eager" if options.get("attention") else None,
+        progress=progress,
+    )
 
 
 def set_threads(options: dict) -> None:

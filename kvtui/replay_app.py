@@ -44,11 +44,14 @@ class ReplayApp(KvtuiApp):
         self.query_one(StatusBar).set_text(self.model_text)
         chat = self.query_one(ChatPane)
         chat.input.disabled = True
-        chat.input.placeholder = f"replaying {self.trace_path.name}: {len(self.replay)} steps (space/u to step, r to play)"
+        chat.input.placeholder = (
+            f"replaying {self.trace_path.name}: {len(self.replay)} steps (space/u to step, r to play)"
+        )
         self.query_one("#buffer").focus()
         if self.replay.trace.truncated:  # read_trace dropped a last line cut short by a crash
-            self.notify(f"the recording was interrupted: {len(self.replay)} finished steps", severity="warning",
-                        timeout=10)
+            self.notify(
+                f"the recording was interrupted: {len(self.replay)} finished steps", severity="warning", timeout=10
+            )
         if len(self.replay):
             self._goto(0)
 
@@ -68,8 +71,12 @@ class ReplayApp(KvtuiApp):
         if self._player is None:  # stepping: say what happened right after this step (not while playing)
             for event in self.replay.events_at(snapshot.step):
                 failed = event.get("type") == "verify" and not event.get("ok")
-                self.notify(describe_event(event), title=f"after step {snapshot.step}",
-                            severity="error" if failed else "information", timeout=6)
+                self.notify(
+                    describe_event(event),
+                    title=f"after step {snapshot.step}",
+                    severity="error" if failed else "information",
+                    timeout=6,
+                )
 
     def _engine(self, action: str, argument=None) -> None:
         if action == "step":

@@ -37,8 +37,14 @@ OBSERVE_ONLY = {
     "restart_engine": "a watched program has no kvtui engine to restart",
 }
 # Keys that are commands to the stream's source: a trace being followed takes none of them.
-SOURCE_COMMANDS = {"step": "step", "run": "run", "pause": "pause", "verify": "verify", "watch": "watch",
-                   "break_on_alarm": "break"}
+SOURCE_COMMANDS = {
+    "step": "step",
+    "run": "run",
+    "pause": "pause",
+    "verify": "verify",
+    "watch": "watch",
+    "break_on_alarm": "break",
+}
 
 
 @dataclass
@@ -58,15 +64,33 @@ class WatchApp(KvtuiApp):
         *(binding for binding in KvtuiApp.BINDINGS if binding.key != "i"),
     ]
 
-    def __init__(self, target: str | None = None, args: list[str] | None = None, *, module: bool = False,
-                 trace_path: Path | None = None, paused: bool = False, break_on_alarm: bool = False, top_k: int = 10,
-                 theme_name: str | None = None, source=None, title: str | None = None):
+    def __init__(
+        self,
+        target: str | None = None,
+        args: list[str] | None = None,
+        *,
+        module: bool = False,
+        trace_path: Path | None = None,
+        paused: bool = False,
+        break_on_alarm: bool = False,
+        top_k: int = 10,
+        theme_name: str | None = None,
+        source=None,
+        title: str | None = None,
+    ):
         super().__init__(AppConfig(theme=theme_name) if theme_name else AppConfig())
         from .engine.replay import Replay
         from .engine.trace import Trace
 
-        self._source_args = dict(target=target, args=list(args or []), module=module, trace=trace_path, paused=paused,
-                                 break_on_alarm=break_on_alarm, top_k=top_k)
+        self._source_args = dict(
+            target=target,
+            args=list(args or []),
+            module=module,
+            trace=trace_path,
+            paused=paused,
+            break_on_alarm=break_on_alarm,
+            top_k=top_k,
+        )
         self.source = source
         self.label = title or (f"{'-m ' if module else ''}{target}" if target else "stream")
         self.replay = Replay(Trace(Path(self.label), {}))
@@ -134,11 +158,17 @@ class WatchApp(KvtuiApp):
             if record.get("partial") and record["stream"] == "stdout" and not self._prompted:
                 self._prompted = True  # a prompt: the person can just type (once; esc gives the keys back)
                 program_input = self._program_input()
-                if program_input is not None and not program_input.disabled and not isinstance(self.screen, ModalScreen):
+                if (
+                    program_input is not None
+                    and not program_input.disabled
+                    and not isinstance(self.screen, ModalScreen)
+                ):
                     program_input.focus()
         elif kind == "header":
-            self.model_text = (f"watching {self.label} · {record.get('model_class', '?')} · {record.get('device', '?')} · "
-                               f"{record.get('dtype', '?')} · transformers {record.get('transformers', '?')}")
+            self.model_text = (
+                f"watching {self.label} · {record.get('model_class', '?')} · {record.get('device', '?')} · "
+                f"{record.get('dtype', '?')} · transformers {record.get('transformers', '?')}"
+            )
             self.query_one(StatusBar).set_text(self.model_text)
         elif kind == "paused":
             self.paused = True
@@ -146,13 +176,20 @@ class WatchApp(KvtuiApp):
         elif kind == "break":
             self.paused = True
             self._update_title()
-            self.notify(f"break on alarm after step {record['step']}: {', '.join(record.get('codes', []))} "
-                        "(space steps, r runs)", severity="warning", timeout=8)
+            self.notify(
+                f"break on alarm after step {record['step']}: {', '.join(record.get('codes', []))} "
+                "(space steps, r runs)",
+                severity="warning",
+                timeout=8,
+            )
         elif kind == "verify":
             verdict = "matches" if record["ok"] else "DIFFERS FROM"
-            self.notify(f"the program's cache {verdict} a full recompute of {record['tokens']} tokens: max |diff| "
-                        f"{record['max_abs_diff']:.2e} (tolerance {record['tolerance']:g})",
-                        severity="information" if record["ok"] else "error", timeout=10)
+            self.notify(
+                f"the program's cache {verdict} a full recompute of {record['tokens']} tokens: max |diff| "
+                f"{record['max_abs_diff']:.2e} (tolerance {record['tolerance']:g})",
+                severity="information" if record["ok"] else "error",
+                timeout=10,
+            )
         elif kind == "notice":
             self.notify(printable(record["text"]), severity=record.get("severity", "information"), timeout=5)
         elif kind in ("program-exit", "process-exit"):
@@ -161,8 +198,9 @@ class WatchApp(KvtuiApp):
                 self.paused = False
                 self._update_title()
                 self._close_input(f"the program has ended (exit code {self.ended}): it reads no more input")
-                self.notify(f"the program ended (exit code {self.ended}): everything stays here to inspect; q quits",
-                            timeout=8)
+                self.notify(
+                    f"the program ended (exit code {self.ended}): everything stays here to inspect; q quits", timeout=8
+                )
 
     # ---- what the panes show ----------------------------------------------------------------------
 
@@ -178,19 +216,24 @@ class WatchApp(KvtuiApp):
             asked = f" · asked position_ids {snapshot.requested_positions[0]}.."
         who = f" · {snapshot.model}" if snapshot.model else ""
         thread = f" · {snapshot.thread}" if snapshot.thread and snapshot.thread not in (snapshot.caller or "") else ""
-        text = (f"step {snapshot.step} at {snapshot.caller}{thread}{who} · {snapshot.lineage or 'no cache'} "
-                f"{snapshot.cache_length_before}→{snapshot.cache_seq_length}{asked}{rows}")
+        text = (
+            f"step {snapshot.step} at {snapshot.caller}{thread}{who} · {snapshot.lineage or 'no cache'} "
+            f"{snapshot.cache_length_before}→{snapshot.cache_seq_length}{asked}{rows}"
+        )
         if snapshot.phase == "prefill" and snapshot.cache_length_before is not None:
             fed, held = len(snapshot.input_ids), snapshot.cache_seq_length
             share = (held - fed) / held if held else 0.0
-            text += f"\nturn {snapshot.turn} of this cache · reused " f"{held - fed} cached tokens, fed {fed} ({share:.0%} reuse)"
+            text += (
+                f"\nturn {snapshot.turn} of this cache · reused "
+                f"{held - fed} cached tokens, fed {fed} ({share:.0%} reuse)"
+            )
         waste = self.recomputed
         if waste:
             text += f" · re-encoded {waste} tokens other caches held (recomputed-prefix)"
         return text
 
     def _update_title(self) -> None:
-        state = ("ended" if self.ended is not None else "paused" if self.paused else "running")
+        state = "ended" if self.ended is not None else "paused" if self.paused else "running"
         self.sub_title = state
         try:
             self.query_one(ChatPane).border_title = f"kvtui · watch · {self.label} · {state}"
@@ -224,9 +267,13 @@ class WatchApp(KvtuiApp):
     @on(ProgramInput.Line)
     def send_line(self, message: ProgramInput.Line) -> None:
         if not self.source.write_stdin(message.text + "\n"):
-            why = ("the program has ended" if not self.source.running else
-                   "its input is closed" if not self.source.stdin_open else
-                   "it is not reading its input (64 KiB are waiting)")
+            why = (
+                "the program has ended"
+                if not self.source.running
+                else "its input is closed"
+                if not self.source.stdin_open
+                else "it is not reading its input (64 KiB are waiting)"
+            )
             self.notify(f"not sent: {why}", severity="warning", timeout=5)
 
     @on(ProgramInput.EndInput)
@@ -326,8 +373,10 @@ class WatchApp(KvtuiApp):
 
     def action_save_trace(self) -> None:
         path = self._source_args.get("trace")
-        self.notify(f"the trace is being written to {path}" if path else
-                    "start with --trace FILE to record a watched program", timeout=5)
+        self.notify(
+            f"the trace is being written to {path}" if path else "start with --trace FILE to record a watched program",
+            timeout=5,
+        )
 
     def _find_step(self, step: int):
         return next((s for s in self.replay.snapshots if s.step == step), None)

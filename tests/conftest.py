@@ -61,7 +61,8 @@ def tiny_loaded(tiny_model):
 
     def make(arch: str = "qwen2", **kwargs) -> LoadedModel:
         model, tokenizer = tiny_model(arch, **kwargs)
-        return LoadedModel(model=model, tokenizer=tokenizer, source=f"tiny-{arch}", path=f"tiny-{arch}",
-                           dtype="float32", device="cpu")
+        return LoadedModel(
+            model=model, tokenizer=tokenizer, source=f"tiny-{arch}", path=f"tiny-{arch}", dtype="float32", device="cpu"
+        )
 
     return make

@@ -16,8 +16,14 @@ KVTUI = [sys.executable, "-m", "kvtui.cli"]
 
 
 def _run(args, cwd, env=None, timeout=600):
-    return subprocess.run([*KVTUI, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(
+        [*KVTUI, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
 @pytest.fixture
@@ -27,13 +33,18 @@ def script(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("caches,message", [
-    ("none,dynamic,paged", "unknown cache strategy 'paged' in --caches"),
-    ("dynamic,dynamic", "names a strategy twice"),
-    (",", "needs at least one strategy"),
-])
+@pytest.mark.parametrize(
+    "caches,message",
+    [
+        ("none,dynamic,paged", "unknown cache strategy 'paged' in --caches"),
+        ("dynamic,dynamic", "names a strategy twice"),
+        (",", "needs at least one strategy"),
+    ],
+)
 def test_bad_strategies_are_one_line_and_exit_2(tmp_path, script, caches, message):
-    out = _run(["compare", "--caches", caches, "--script", script, "--headless", "--trace-dir", tmp_path / "t"], tmp_path)
+    out = _run(
+        ["compare", "--caches", caches, "--script", script, "--headless", "--trace-dir", tmp_path / "t"], tmp_path
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
     assert not (tmp_path / "t").exists()  # no engine started, nothing written
 
@@ -41,8 +52,22 @@ def test_bad_strategies_are_one_line_and_exit_2(tmp_path, script, caches, messag
 def test_a_model_that_does_not_fit_is_refused_before_loading(tmp_path, script, tiny_dir):
     model = tiny_dir("llama")
     started = time.perf_counter()
-    out = _run(["compare", model, "--caches", "none,dynamic,static", "--script", script, "--headless",
-                "--memory", "0.5", "--trace-dir", tmp_path / "t"], tmp_path)
+    out = _run(
+        [
+            "compare",
+            model,
+            "--caches",
+            "none,dynamic,static",
+            "--script",
+            script,
+            "--headless",
+            "--memory",
+            "0.5",
+            "--trace-dir",
+            tmp_path / "t",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert re.search(r"3 engines need about [\d.]+ GiB .* only 0\.5 GiB is available", out.stderr)
     assert not (tmp_path / "t").exists() and time.perf_counter() - started < 30
@@ -53,9 +78,25 @@ def test_static_compile_without_a_compiler_is_refused(tmp_path, script, tiny_dir
     bare.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "CXX"}
     env["PATH"] = str(bare)
-    out = subprocess.run([sys.executable, "-m", "kvtui.cli", "compare", str(tiny_dir("llama")), "--caches",
-                          "dynamic,static+compile", "--script", str(script), "--headless"],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtui.cli",
+            "compare",
+            str(tiny_dir("llama")),
+            "--caches",
+            "dynamic,static+compile",
+            "--script",
+            str(script),
+            "--headless",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "static+compile cannot run here: torch.compile on CPU needs a C++ compiler" in out.stderr
 
@@ -67,16 +108,36 @@ def test_headless_compare_on_a_tiny_model(tmp_path, script, tiny_dir, tiny_model
     from kvtui.fmt import size
 
     model_dir = tiny_dir("llama")
-    out = _run(["compare", model_dir, "--caches", "none,dynamic,static", "--script", script, "--headless",
-                "--max-new-tokens", "6", "--max-cache-len", "256", "--threads", "1", "--trace-dir", tmp_path / "t"],
-               tmp_path)
+    out = _run(
+        [
+            "compare",
+            model_dir,
+            "--caches",
+            "none,dynamic,static",
+            "--script",
+            script,
+            "--headless",
+            "--max-new-tokens",
+            "6",
+            "--max-cache-len",
+            "256",
+            "--threads",
+            "1",
+            "--trace-dir",
+            tmp_path / "t",
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
     assert lines[-1] == "tokens identical: yes"
-    rows = {line.split()[0]: line for line in lines if line.split() and line.split()[0] in ("none", "dynamic", "static")}
+    rows = {
+        line.split()[0]: line for line in lines if line.split() and line.split()[0] in ("none", "dynamic", "static")
+    }
     assert set(rows) == {"none", "dynamic", "static"}
-    traces = {s: [json.loads(line) for line in (tmp_path / "t" / f"compare-{s}.jsonl").read_text().splitlines()]
-              for s in rows}
+    traces = {
+        s: [json.loads(line) for line in (tmp_path / "t" / f"compare-{s}.jsonl").read_text().splitlines()] for s in rows
+    }
     # the same chat, computed here without kvtui's engines: the dynamic session's tokens are every trace's tokens
     model, tokenizer = tiny_model("llama")
     threads = torch.get_num_threads()

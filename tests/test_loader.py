@@ -190,9 +190,7 @@ def test_unavailable_cuda(tiny_dir: Path) -> None:
 def test_bert_dir_is_not_causal_lm(tmp_path: Path) -> None:
     from transformers import BertConfig, BertForMaskedLM
 
-    cfg = BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
-    )
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     BertForMaskedLM(cfg).save_pretrained(tmp_path / "bert")
     with pytest.raises(ModelLoadError) as info:
         load_model(str(tmp_path / "bert"), device="cpu")
@@ -356,7 +354,7 @@ def test_embedded_model_converts_once_then_loads_from_cache(embedded_cache: Path
         assert logits.shape == (1, ids.shape[1], 49152)
         assert torch.isfinite(logits).all()
         out = model.generate(ids, max_new_tokens=16, do_sample=False)
-    answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    answer = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert "4" in answer, answer
 
     second: list[tuple[str, float | None]] = []

@@ -36,18 +36,23 @@ def executed(tmp_path_factory):
     notebook = nbformat.read(work / NOTEBOOK.name, as_version=4)
     # one cell of the test's own: a loop slow enough (~5 s) for the live view to redraw while it runs, even
     # when a redraw costs 30 ms on a busy machine (redraws are then 1.5 s apart)
-    notebook.cells.append(nbformat.v4.new_code_cell(
-        "import time\nwatch = kvtui.watch(model, tokenizer, display='live')  # test: slow loop\n"
-        "cache = DynamicCache(config=model.config)\n"
-        "out = model(input_ids=ids, past_key_values=cache, use_cache=True)\n"
-        "for _ in range(50):\n    time.sleep(0.1)\n"
-        "    out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)\n"
-        "print('during the loop', kvtui.notebook.live_display(watch).updates)\nwatch.detach()"))
+    notebook.cells.append(
+        nbformat.v4.new_code_cell(
+            "import time\nwatch = kvtui.watch(model, tokenizer, display='live')  # test: slow loop\n"
+            "cache = DynamicCache(config=model.config)\n"
+            "out = model(input_ids=ids, past_key_values=cache, use_cache=True)\n"
+            "for _ in range(50):\n    time.sleep(0.1)\n"
+            "    out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)\n"
+            "print('during the loop', kvtui.notebook.live_display(watch).updates)\nwatch.detach()"
+        )
+    )
     import os
 
     os.environ["KVTUI_NOTEBOOK_MODEL"] = "tiny"  # the kernel inherits it: a tiny model built offline
     try:
-        NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
+        NotebookClient(
+            notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(work)}}
+        ).execute()
     finally:
         os.environ.pop("KVTUI_NOTEBOOK_MODEL", None)
     return notebook, work
@@ -98,7 +103,7 @@ def test_pitfall_cells_show_their_alarms(executed):
     notebook, _ = executed
     stale = _text(_html_outputs(_cell(notebook, '"What is k?", "What is the capital'))[0])
     assert "stale-cache" in stale
-    primed = _text(_html_outputs(_cell(notebook, "the \"warm-up\""))[0])
+    primed = _text(_html_outputs(_cell(notebook, 'the "warm-up"'))[0])
     assert "pad-in-cache" in primed
     # the pads are in the strip, in front of the chat, at positions 0..7
     assert re.search(r"0\s<\|endoftext\|>\s1\s<\|endoftext\|>", primed)
@@ -130,30 +135,74 @@ def test_token_text_is_escaped_and_a_render_error_is_one_line():
     from kvtui.engine.snapshot import BufferToken, StepSnapshot, TokenBuffer, TopToken
     from kvtui.notebook import html as to_html
 
-    tokens = [BufferToken(position=i, id=i, piece=p, special=i == 0, origin="user", turn=1)
-              for i, p in enumerate(["<s>", "<script>alert(1)</script>", "&amp;"])]
-    snap = StepSnapshot(step=1, phase="prefill", turn=1, input_ids=(0, 1, 2), positions=(0, 1, 2), cursor=3,
-                        cache_seq_length=3, capacity=None, layers=(), topk=(TopToken(5, "<b>", 1.0, 0.5, 1),),
-                        topk_processed=(TopToken(5, "<b>", 1.0, 0.5, 1),), watched=(), chosen=None,
-                        chosen_forced=False, diagnostics=(), forward_ms=1.0, snapshot_ms=0.1, buffer=TokenBuffer(tokens))
+    tokens = [
+        BufferToken(position=i, id=i, piece=p, special=i == 0, origin="user", turn=1)
+        for i, p in enumerate(["<s>", "<script>alert(1)</script>", "&amp;"])
+    ]
+    snap = StepSnapshot(
+        step=1,
+        phase="prefill",
+        turn=1,
+        input_ids=(0, 1, 2),
+        positions=(0, 1, 2),
+        cursor=3,
+        cache_seq_length=3,
+        capacity=None,
+        layers=(),
+        topk=(TopToken(5, "<b>", 1.0, 0.5, 1),),
+        topk_processed=(TopToken(5, "<b>", 1.0, 0.5, 1),),
+        watched=(),
+        chosen=None,
+        chosen_forced=False,
+        diagnostics=(),
+        forward_ms=1.0,
+        snapshot_ms=0.1,
+        buffer=TokenBuffer(tokens),
+    )
     shown = to_html(snap)
     assert "<script>" not in shown and "<b>" not in shown and "&lt;script&gt;" in shown and "&amp;amp;" in shown
-    broken = StepSnapshot(**{**{f: getattr(snap, f) for f in ("step", "phase", "turn", "input_ids", "positions", "cursor",
-                                                              "cache_seq_length", "capacity", "topk", "topk_processed",
-                                                              "watched", "chosen", "chosen_forced", "diagnostics",
-                                                              "forward_ms", "snapshot_ms", "buffer")},
-                             "layers": ("not a layer",)})
+    broken = StepSnapshot(
+        **{
+            **{
+                f: getattr(snap, f)
+                for f in (
+                    "step",
+                    "phase",
+                    "turn",
+                    "input_ids",
+                    "positions",
+                    "cursor",
+                    "cache_seq_length",
+                    "capacity",
+                    "topk",
+                    "topk_processed",
+                    "watched",
+                    "chosen",
+                    "chosen_forced",
+                    "diagnostics",
+                    "forward_ms",
+                    "snapshot_ms",
+                    "buffer",
+                )
+            },
+            "layers": ("not a layer",),
+        }
+    )
     error = to_html(broken)
     assert error.startswith('<pre class="kvtui-error">kvtui could not draw this StepSnapshot') and len(error) < 400
 
 
 def test_import_kvtui_registers_formatters_only_inside_ipython():
-    code = ("import sys, kvtui; "
-            "print(','.join(m for m in ('IPython', 'rich', 'kvtui.notebook', 'torch') if m in sys.modules))")
+    code = (
+        "import sys, kvtui; "
+        "print(','.join(m for m in ('IPython', 'rich', 'kvtui.notebook', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
-    code = ("from IPython.core.interactiveshell import InteractiveShell; shell = InteractiveShell.instance(); "
-            "import sys, kvtui; f = shell.display_formatter.formatters['text/html']; "
-            "print(('kvtui.engine.snapshot', 'StepSnapshot') in f.deferred_printers, 'kvtui.notebook' in sys.modules)")
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell; shell = InteractiveShell.instance(); "
+        "import sys, kvtui; f = shell.display_formatter.formatters['text/html']; "
+        "print(('kvtui.engine.snapshot', 'StepSnapshot') in f.deferred_printers, 'kvtui.notebook' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"]

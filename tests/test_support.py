@@ -32,8 +32,10 @@ def test_the_range_itself():
 
 def test_one_warning_line_at_start_outside_the_range():
     # A fake installed version outside the range: the command runs on, with one warning line on stderr.
-    code = ("import kvtui.engine.support as s; s.installed = lambda: '5.10.0'; "
-            "from kvtui.cli import main; main(['samples'])")
+    code = (
+        "import kvtui.engine.support as s; s.installed = lambda: '5.10.0'; "
+        "from kvtui.cli import main; main(['samples'])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]

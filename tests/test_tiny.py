@@ -19,11 +19,37 @@ from kvtui.engine.models.tiny import ARCHES, build_tiny
 # What each arch should look like by default, written out independently of tiny.SPECS.
 EXPECTED = {
     "llama": dict(bos="<s>", eos="</s>", eot="<|end|>", adds_bos=True, template_bos=True, window=None, layers=2),
-    "qwen2": dict(bos="<|endoftext|>", eos="<|im_end|>", eot="<|im_end|>", adds_bos=False, template_bos=False, window=None, layers=2),
-    "qwen3": dict(bos="<|endoftext|>", eos="<|im_end|>", eot="<|im_end|>", adds_bos=False, template_bos=False, window=None, layers=2),
+    "qwen2": dict(
+        bos="<|endoftext|>",
+        eos="<|im_end|>",
+        eot="<|im_end|>",
+        adds_bos=False,
+        template_bos=False,
+        window=None,
+        layers=2,
+    ),
+    "qwen3": dict(
+        bos="<|endoftext|>",
+        eos="<|im_end|>",
+        eot="<|im_end|>",
+        adds_bos=False,
+        template_bos=False,
+        window=None,
+        layers=2,
+    ),
     "mistral": dict(bos="<s>", eos="</s>", eot="</s>", adds_bos=True, template_bos=True, window=8, layers=2),
-    "gemma3": dict(bos="<bos>", eos="<eos>", eot="<end_of_turn>", adds_bos=False, template_bos=True, window=8, layers=4),
-    "gpt2": dict(bos="<|endoftext|>", eos="<|endoftext|>", eot="<|im_end|>", adds_bos=False, template_bos=False, window=None, layers=2),
+    "gemma3": dict(
+        bos="<bos>", eos="<eos>", eot="<end_of_turn>", adds_bos=False, template_bos=True, window=8, layers=4
+    ),
+    "gpt2": dict(
+        bos="<|endoftext|>",
+        eos="<|endoftext|>",
+        eot="<|im_end|>",
+        adds_bos=False,
+        template_bos=False,
+        window=None,
+        layers=2,
+    ),
 }
 USER = [{"role": "user", "content": "What is k?"}]
 TEXT = "Let's start by defining a variable k equal to 5. What is k?"

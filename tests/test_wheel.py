@@ -42,8 +42,9 @@ def installed(tmp_path_factory):
             shutil.copytree(source, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(source, src / name)
-    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist",
-                  src])
+    built = _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist", src]
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     wheels = list((tmp / "dist").glob("kvtui-*.whl"))
     assert len(wheels) == 1, wheels
@@ -53,10 +54,17 @@ def installed(tmp_path_factory):
     assert made.returncode == 0, made.stderr
     bin_dir = venv / ("Scripts" if os.name == "nt" else "bin")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(KVTUI_CACHE_DIR=str(tmp / "cache"), KVTUI_CONFIG_DIR=str(tmp / "config"), HF_HUB_OFFLINE="1",
-               PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", TERM="xterm-256color")
-    pip = _run([bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheels[0]], env=env,
-               cwd=tmp)
+    env.update(
+        KVTUI_CACHE_DIR=str(tmp / "cache"),
+        KVTUI_CONFIG_DIR=str(tmp / "config"),
+        HF_HUB_OFFLINE="1",
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        OMP_NUM_THREADS="1",
+        TERM="xterm-256color",
+    )
+    pip = _run(
+        [bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheels[0]], env=env, cwd=tmp
+    )
     assert pip.returncode == 0, pip.stderr[-3000:]
     site = _run([bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], env=env)
     shared = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
@@ -68,8 +76,11 @@ def installed(tmp_path_factory):
 
 def test_kvtui_imports_from_the_venv_with_its_data(installed):
     bin_dir, env, work = installed
-    code = ("import json, kvtui, kvtui.locations as l; "
-            "print(json.dumps([kvtui.__file__, str(l.shipped('themes')), " "sorted(f.name for f in l.shipped('samples').iterdir())]))")
+    code = (
+        "import json, kvtui, kvtui.locations as l; "
+        "print(json.dumps([kvtui.__file__, str(l.shipped('themes')), "
+        "sorted(f.name for f in l.shipped('samples').iterdir())]))"
+    )
     out = _run([bin_dir / "python", "-c", code], env=env, cwd=work)
     assert out.returncode == 0, out.stderr[-3000:]
     package_file, themes_dir, samples = json.loads(out.stdout)
@@ -102,8 +113,11 @@ def test_a_headless_sample_on_a_tiny_model(installed):
     bin_dir, env, work = installed
     _run([bin_dir / "kvtui", "samples", "copy", work / "run"], env=env, cwd=work)
     trace = work / "eos.jsonl"
-    run = _run([bin_dir / "kvtui", "--headless", "--script", work / "run" / "eos-appended.json", "--trace", trace],
-               env={**env, "COLUMNS": "100"}, cwd=work)
+    run = _run(
+        [bin_dir / "kvtui", "--headless", "--script", work / "run" / "eos-appended.json", "--trace", trace],
+        env={**env, "COLUMNS": "100"},
+        cwd=work,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "eos-in-context" in run.stdout and "Traceback" not in run.stderr
     records = [json.loads(line) for line in trace.read_text().splitlines()]

@@ -22,19 +22,49 @@ def _fail(message: str) -> None:
 
 @click.command("compare")
 @click.argument("model", required=False)
-@click.option("--caches", default="none,dynamic,static", show_default=True,
-              help="Comma-separated strategies: none, dynamic, static, static+compile.")
-@click.option("--script", "script_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The chat to run (JSON/YAML/.txt, as for --script): its turns, system prompt and mode.")
-@click.option("--max-new-tokens", type=click.IntRange(1), default=24, show_default=True, help="Tokens per turn at most.")
-@click.option("--max-cache-len", type=click.IntRange(1), default=STATIC_DEFAULT_CAPACITY, show_default=True,
-              help="Static caches' capacity in tokens.")
-@click.option("--threads", type=click.IntRange(1), default=None,
-              help="CPU threads of every forward in every engine (default: one per CPU; the engines take turns).")
-@click.option("--memory", "memory_gib", type=click.FloatRange(0, min_open=True), default=None,
-              help="GiB the engines may use together (default: the memory available now).")
-@click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True,
-              help="Where the traces go: one compare-STRATEGY.jsonl per strategy.")
+@click.option(
+    "--caches",
+    default="none,dynamic,static",
+    show_default=True,
+    help="Comma-separated strategies: none, dynamic, static, static+compile.",
+)
+@click.option(
+    "--script",
+    "script_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The chat to run (JSON/YAML/.txt, as for --script): its turns, system prompt and mode.",
+)
+@click.option(
+    "--max-new-tokens", type=click.IntRange(1), default=24, show_default=True, help="Tokens per turn at most."
+)
+@click.option(
+    "--max-cache-len",
+    type=click.IntRange(1),
+    default=STATIC_DEFAULT_CAPACITY,
+    show_default=True,
+    help="Static caches' capacity in tokens.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=None,
+    help="CPU threads of every forward in every engine (default: one per CPU; the engines take turns).",
+)
+@click.option(
+    "--memory",
+    "memory_gib",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="GiB the engines may use together (default: the memory available now).",
+)
+@click.option(
+    "--trace-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Where the traces go: one compare-STRATEGY.jsonl per strategy.",
+)
 @click.option("--headless", is_flag=True, help="No TUI: print the table and `tokens identical: yes|no`.")
 @click.option("--theme", default=DEFAULT_THEME, show_default=True, help="TUI theme (kvtui-projector for a classroom).")
 def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, memory_gib, trace_dir, headless, theme):
@@ -63,9 +93,17 @@ def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, 
     except CompareError as exc:
         _fail(str(exc))
     threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) or 1
-    options = {"max_new_tokens": max_new_tokens, "max_cache_len": max_cache_len, "temperature": 0.0,
-               "mode": script.mode, "system": script.system, "threads": threads, "decode_threads": threads,
-               "dtype": "float32", "device": "cpu"}
+    options = {
+        "max_new_tokens": max_new_tokens,
+        "max_cache_len": max_cache_len,
+        "temperature": 0.0,
+        "mode": script.mode,
+        "system": script.system,
+        "threads": threads,
+        "decode_threads": threads,
+        "dtype": "float32",
+        "device": "cpu",
+    }
     if headless:
         sys.exit(_headless(model, strategies, options, trace_dir, script))
     from ..compare_app import CompareApp
@@ -119,10 +157,21 @@ def table_lines(comparison) -> list[str]:
     for lane in comparison.lanes:
         start, end = lane.edge_ms(False), lane.edge_ms(True)
         rate = lane.tokens_per_s
-        rows.append((lane.strategy, f"{rate:.1f}" if rate else "-",
-                     f"{start[0]:.1f} @{start[1]}" if start else "-", f"{end[0]:.1f} @{end[1]}" if end else "-",
-                     format_bytes(lane.cache_bytes) if lane.strategy != "none" else "0 (no cache)",
-                     f"{lane.compile_ms / 1000:.1f}" if lane.compile_ms else "-", str(len(lane.points))))
+        rows.append(
+            (
+                lane.strategy,
+                f"{rate:.1f}" if rate else "-",
+                f"{start[0]:.1f} @{start[1]}" if start else "-",
+                f"{end[0]:.1f} @{end[1]}" if end else "-",
+                format_bytes(lane.cache_bytes) if lane.strategy != "none" else "0 (no cache)",
+                f"{lane.compile_ms / 1000:.1f}" if lane.compile_ms else "-",
+                str(len(lane.points)),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return ["  ".join(cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in
-                      enumerate(zip(row, widths))) for row in rows]
+    return [
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width) for i, (cell, width) in enumerate(zip(row, widths))
+        )
+        for row in rows
+    ]

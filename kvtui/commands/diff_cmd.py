@@ -24,8 +24,13 @@ TOP_SHOWN = 5
 @click.command("diff")
 @click.argument("trace_a", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("trace_b", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--tie-tolerance", type=click.FloatRange(0), default=1e-3, show_default=True,
-              help="Top-k neighbours whose logits differ by at most this much may swap places (near-ties).")
+@click.option(
+    "--tie-tolerance",
+    type=click.FloatRange(0),
+    default=1e-3,
+    show_default=True,
+    help="Top-k neighbours whose logits differ by at most this much may swap places (near-ties).",
+)
 def diff(trace_a: Path, trace_b: Path, tie_tolerance: float) -> None:
     """Compare two traces and report the first step where they diverge.
 
@@ -49,11 +54,17 @@ def print_report(console: Console, a: Trace, b: Trace, result: DiffResult, tie_t
     for note in result.notes:
         console.print(f"[dim]note[/]  {_literal(note)}", soft_wrap=True, highlight=False)
     if result.agree:
-        console.print(f"[bold green]agree[/]  {_literal(result.detail)}; tie tolerance {tie_tolerance:g}",
-                      soft_wrap=True, highlight=False)
+        console.print(
+            f"[bold green]agree[/]  {_literal(result.detail)}; tie tolerance {tie_tolerance:g}",
+            soft_wrap=True,
+            highlight=False,
+        )
         return
-    console.print(f"[bold red]diverge at step {result.step}[/] ([bold]{result.field}[/]): {_literal(result.detail)}",
-                  soft_wrap=True, highlight=False)
+    console.print(
+        f"[bold red]diverge at step {result.step}[/] ([bold]{result.field}[/]): {_literal(result.detail)}",
+        soft_wrap=True,
+        highlight=False,
+    )
     facts = [f"{result.steps_compared} step(s) agreed before it"]
     if result.logit_gap is not None:
         facts.append(f"max |logit difference| over the shared top-k there: {result.logit_gap:.3g}")
@@ -76,10 +87,16 @@ def _summary(a: Trace, b: Trace) -> Table:
         ("model", _get(a.header, "model"), _get(b.header, "model")),
         ("class", _get(a.header, "model_class"), _get(b.header, "model_class")),
         ("cache", _cache(a.header), _cache(b.header)),
-        ("dtype · device", f"{_get(a.header, 'dtype')} · {_get(a.header, 'device')}",
-         f"{_get(b.header, 'dtype')} · {_get(b.header, 'device')}"),
-        ("transformers · torch", f"{_get(a.header, 'transformers')} · {_get(a.header, 'torch')}",
-         f"{_get(b.header, 'transformers')} · {_get(b.header, 'torch')}"),
+        (
+            "dtype · device",
+            f"{_get(a.header, 'dtype')} · {_get(a.header, 'device')}",
+            f"{_get(b.header, 'dtype')} · {_get(b.header, 'device')}",
+        ),
+        (
+            "transformers · torch",
+            f"{_get(a.header, 'transformers')} · {_get(a.header, 'torch')}",
+            f"{_get(b.header, 'transformers')} · {_get(b.header, 'torch')}",
+        ),
         ("steps", str(len(a.steps)), str(len(b.steps))),
     ]
     for name, va, vb in rows:
@@ -135,8 +152,7 @@ def _fed(ids: list, at: int | None, pieces: dict) -> str:
     shown = [f"{pieces[i]!r}:{i}" if i in pieces else str(i) for i in ids[start:stop]]
     if at < len(ids):
         shown[at - start] = f"[{shown[at - start]}]"  # the first difference
-    return (f"{len(ids)} token(s): " + ("… " if start else "") + " ".join(shown)
-            + (" …" if stop < len(ids) else ""))
+    return f"{len(ids)} token(s): " + ("… " if start else "") + " ".join(shown) + (" …" if stop < len(ids) else "")
 
 
 def _top(record: dict | None) -> str:

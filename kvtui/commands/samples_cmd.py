@@ -63,20 +63,27 @@ def samples(ctx: click.Context) -> None:
             click.echo(f"{sample.name}\n    a recorded trace: kvtui replay {sample.name}")
             continue
         if sample.name.endswith(".ipynb"):
-            click.echo(f"{sample.name}\n    a notebook: the cache pitfalls with kvtui's inline view "
-                       "(pip install 'kvtui[notebook]', then open it in Jupyter, VS Code or Colab)")
+            click.echo(
+                f"{sample.name}\n    a notebook: the cache pitfalls with kvtui's inline view "
+                "(pip install 'kvtui[notebook]', then open it in Jupyter, VS Code or Colab)"
+            )
             continue
         model, shows, raises = _describe(sample)
         click.echo(f"{sample.name}  [{one_line(model)}]  raises: {one_line(raises)}")
         click.echo(f"    {one_line(shows, max(20, width - 4))}")
     programs = _programs()
     for program in programs:
-        first = program.read_text(encoding="utf-8").split('"""')[1].strip().splitlines()[0] if '"""' in program.read_text(
-            encoding="utf-8") else ""
+        first = (
+            program.read_text(encoding="utf-8").split('"""')[1].strip().splitlines()[0]
+            if '"""' in program.read_text(encoding="utf-8")
+            else ""
+        )
         click.echo(f"programs/{program.name}  raises: {one_line(_program_expects(program))}")
         click.echo(f"    {one_line(first, max(20, width - 4))} (kvtui watch programs/{program.name} MODEL_DIR)")
-    click.echo(f"\n{len(files)} scripts, {len(programs)} programs. Run one: kvtui --headless --script FILE (after "
-               "`kvtui samples copy DIR`), in the TUI: kvtui --script FILE, a program: kvtui watch FILE MODEL_DIR")
+    click.echo(
+        f"\n{len(files)} scripts, {len(programs)} programs. Run one: kvtui --headless --script FILE (after "
+        "`kvtui samples copy DIR`), in the TUI: kvtui --script FILE, a program: kvtui watch FILE MODEL_DIR"
+    )
 
 
 @samples.command("copy")

@@ -45,18 +45,19 @@ def _check_pass_through(argv: list[str]) -> str | None:
 
 @click.command(
     "serve",
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                      "help_option_names": ["-h", "--help"]},
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": ["-h", "--help"]},
 )
 @click.argument("model", required=False)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port to listen on.")
 @click.option("--title", default=None, help="Title on the page's start dialog (default: kvtui and the model).")
-@click.option("--public-url", default=None,
-              help="URL browsers use to reach this server (behind a proxy, or with --host 0.0.0.0).")
+@click.option(
+    "--public-url", default=None, help="URL browsers use to reach this server (behind a proxy, or with --host 0.0.0.0)."
+)
 @click.pass_context
-def serve(ctx: click.Context, model: str | None, host: str, port: int, title: str | None,
-          public_url: str | None) -> None:
+def serve(
+    ctx: click.Context, model: str | None, host: str, port: int, title: str | None, public_url: str | None
+) -> None:
     """Serve the TUI in a web browser (one kvtui process per browser tab).
 
     Every other option is passed to the TUI, e.g.
@@ -81,8 +82,7 @@ def serve(ctx: click.Context, model: str | None, host: str, port: int, title: st
             shown_host = f"[{shown_host}]"  # IPv6 literal
         public_url = f"http://{shown_host}:{port}"
     public_url = public_url.rstrip("/")
-    server = Server(command, host=host, port=port, title=title or f"kvtui {model or ''}".strip(),
-                    public_url=public_url)
+    server = Server(command, host=host, port=port, title=title or f"kvtui {model or ''}".strip(), public_url=public_url)
     click.echo(f"kvtui: serving on {public_url}  (Ctrl+C to stop)")
     sys.stdout.flush()
     server.serve()

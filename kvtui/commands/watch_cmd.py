@@ -19,27 +19,54 @@ import click
 from ..engine.snapshot import SEVERITIES
 
 
-@click.command("watch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
-                                          "help_option_names": ["-h", "--help"]})
+@click.command(
+    "watch",
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_interspersed_args": False,
+        "help_option_names": ["-h", "--help"],
+    },
+)
 @click.option("-m", "module", is_flag=True, help="TARGET is a module to run as `python -m MODULE`.")
 @click.option("--headless", is_flag=True, help="No TUI: run the program, pass its output through, print the alarms.")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the JSON Lines trace here (schema 1, watch fields).")
-@click.option("--fail-on", type=click.Choice(SEVERITIES), default="error", show_default=True,
-              help="Headless: exit 1 when an alarm at or above this fired (else the program's own exit code).")
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the JSON Lines trace here (schema 1, watch fields).",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(SEVERITIES),
+    default="error",
+    show_default=True,
+    help="Headless: exit 1 when an alarm at or above this fired (else the program's own exit code).",
+)
 @click.option("--paused", is_flag=True, help="TUI: hold the program before its first forward.")
-@click.option("--break-on-alarm", is_flag=True, help="TUI: pause right after a step that raised a warning or error (b).")
+@click.option(
+    "--break-on-alarm", is_flag=True, help="TUI: pause right after a step that raised a warning or error (b)."
+)
 @click.option("--show-top", type=click.IntRange(1, 100), default=10, show_default=True)
 @click.option("--theme", default="kvtui-dark", show_default=True, help="TUI theme.")
-@click.option("--listen", metavar="HOST:PORT", default=None,
-              help="-- COMMAND: also watch processes of other machines that connect here (prints the token).")
-@click.option("--connect", metavar="HOST:PORT", default=None,
-              help="-- COMMAND: send this machine's processes to a viewer started with --listen.")
+@click.option(
+    "--listen",
+    metavar="HOST:PORT",
+    default=None,
+    help="-- COMMAND: also watch processes of other machines that connect here (prints the token).",
+)
+@click.option(
+    "--connect",
+    metavar="HOST:PORT",
+    default=None,
+    help="-- COMMAND: send this machine's processes to a viewer started with --listen.",
+)
 @click.option("--token", default=None, help="With --connect: the token the viewer printed.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_top, theme, listen, connect, token,
-          target, args):
+def watch(
+    module, headless, trace_path, fail_on, paused, break_on_alarm, show_top, theme, listen, connect, token, target, args
+):
     """Run a program that uses transformers and watch every causal LM it loads: each top-level forward
     becomes a step (tokens fed, positions applied vs asked for, cache per layer, top-k) and the cache
     bugs it makes are named with the line that made them."""
@@ -58,10 +85,12 @@ def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_to
         if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
             raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
         if headless or connect is not None:
-            sys.exit(run_tree_headless(executable, target, list(args), trace_path, fail_on, show_top, listen,
-                                       connect, token))
-        sys.exit(run_tree_tui(executable, target, list(args), trace_path, show_top, listen, paused, break_on_alarm,
-                              theme))
+            sys.exit(
+                run_tree_headless(executable, target, list(args), trace_path, fail_on, show_top, listen, connect, token)
+            )
+        sys.exit(
+            run_tree_tui(executable, target, list(args), trace_path, show_top, listen, paused, break_on_alarm, theme)
+        )
     if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
         raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
     if not headless:
@@ -73,8 +102,16 @@ def watch(module, headless, trace_path, fail_on, paused, break_on_alarm, show_to
         sys.exit(run_headless(target, list(args), module, trace_path, fail_on, show_top))
     from ..watch_app import WatchApp
 
-    app = WatchApp(target, list(args), module=module, trace_path=trace_path, paused=paused,
-                   break_on_alarm=break_on_alarm, top_k=show_top, theme_name=theme)
+    app = WatchApp(
+        target,
+        list(args),
+        module=module,
+        trace_path=trace_path,
+        paused=paused,
+        break_on_alarm=break_on_alarm,
+        top_k=show_top,
+        theme_name=theme,
+    )
     app.run()
     sys.exit(app.return_code or 0)
 
@@ -91,8 +128,10 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
     code, watched = run_watched(watcher, target, args, module=module)
     models = ", ".join(watched) or "none"
     err = click.get_text_stream("stderr")
-    click.echo(f"kvtui watch: {watcher.steps} forwards watched · models: {printable(models)} · "
-               f"program exit code {code}", file=err)
+    click.echo(
+        f"kvtui watch: {watcher.steps} forwards watched · models: {printable(models)} · program exit code {code}",
+        file=err,
+    )
     for group in group_diagnostics(watcher.diagnostics):  # one line per code and cache, errors first
         click.echo(f"{group.severity:>7} {printable(group_summary(group))}", file=err)
         last = group_last(group)
@@ -114,8 +153,17 @@ def _is_script(target: str) -> bool:
     return path.is_file() and (path.suffix == ".py" or not os.access(path, os.X_OK))
 
 
-def run_tree_tui(executable: str, command: str, args: list[str], trace_path, top_k: int, listen: str | None,
-                 paused: bool, break_on_alarm: bool, theme: str) -> int:
+def run_tree_tui(
+    executable: str,
+    command: str,
+    args: list[str],
+    trace_path,
+    top_k: int,
+    listen: str | None,
+    paused: bool,
+    break_on_alarm: bool,
+    theme: str,
+) -> int:
     """The watch TUI over a command's tree: every watched process's steps in one timeline (M picks one
     process), pause / step / run / break on alarm for all of them at once, the command's output and stdin."""
     from ..engine.tree_source import TreeSource
@@ -125,22 +173,42 @@ def run_tree_tui(executable: str, command: str, args: list[str], trace_path, top
     if theme_error(theme):
         raise click.BadParameter(theme_error(theme), param_hint="--theme")
     try:
-        source = TreeSource(executable, args, top_k=top_k, paused=paused, break_on_alarm=break_on_alarm,
-                            listen=listen, trace=trace_path)
+        source = TreeSource(
+            executable, args, top_k=top_k, paused=paused, break_on_alarm=break_on_alarm, listen=listen, trace=trace_path
+        )
     except (OSError, ValueError) as error:
         click.echo(f"kvtui watch: {command}: cannot run: {getattr(error, 'strerror', None) or error}", err=True)
         return 2
-    app = WatchApp(source=source, title=" ".join([command, *args]), paused=paused, break_on_alarm=break_on_alarm,
-                   top_k=top_k, theme_name=theme, trace_path=trace_path)
+    app = WatchApp(
+        source=source,
+        title=" ".join([command, *args]),
+        paused=paused,
+        break_on_alarm=break_on_alarm,
+        top_k=top_k,
+        theme_name=theme,
+        trace_path=trace_path,
+    )
     if listen:
-        app.notify(f"listening on {source.server.address}: on the other machines run kvtui watch --connect "
-                   f"{source.server.address} --token {source.server.token} -- COMMAND", timeout=30)
+        app.notify(
+            f"listening on {source.server.address}: on the other machines run kvtui watch --connect "
+            f"{source.server.address} --token {source.server.token} -- COMMAND",
+            timeout=30,
+        )
     app.run()
     return app.return_code or 0
 
 
-def run_tree_headless(executable: str, command: str, args: list[str], trace_path, fail_on: str, top_k: int,
-                      listen: str | None = None, connect: str | None = None, token: str | None = None) -> int:
+def run_tree_headless(
+    executable: str,
+    command: str,
+    args: list[str],
+    trace_path,
+    fail_on: str,
+    top_k: int,
+    listen: str | None = None,
+    connect: str | None = None,
+    token: str | None = None,
+) -> int:
     """Run COMMAND with every Python process of its tree watched; its output passes through. Exit code: the
     command's own, or 1 when an alarm at/above fail_on fired in any process. `listen`: also take the
     processes of other machines (`kvtui watch --connect ADDRESS --token T -- COMMAND` there); `connect`:
@@ -158,8 +226,11 @@ def run_tree_headless(executable: str, command: str, args: list[str], trace_path
             return 2
         connect, token = server.address, server.token
         if listen:
-            click.echo(f"kvtui watch: listening on {server.address} · on the other machines run: kvtui watch "
-                       f"--connect {server.address} --token {server.token} -- COMMAND", file=err)
+            click.echo(
+                f"kvtui watch: listening on {server.address} · on the other machines run: kvtui watch "
+                f"--connect {server.address} --token {server.token} -- COMMAND",
+                file=err,
+            )
     try:
         with tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-") as hook_dir:
             env = tree.environment(Path(hook_dir), connect, token, top_k)
@@ -207,17 +278,29 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
     for note in server.notes:
         click.echo(f"kvtui watch: {printable(note)}", file=err)
     watched = [run for run in runs if run.watched]
-    click.echo(f"kvtui watch: {len(watched)} process(es) built a causal LM · {sum(r.steps for r in watched)} forwards "
-               f"watched · {command} exit code {code}", file=err)
+    click.echo(
+        f"kvtui watch: {len(watched)} process(es) built a causal LM · {sum(r.steps for r in watched)} forwards "
+        f"watched · {command} exit code {code}",
+        file=err,
+    )
     if not watched:
         click.echo(f"kvtui watch: no process of `{command}` built a causal LM (nothing watched)", file=err)
     alarms: list[Diagnostic] = list(run_alarms)
     for run in watched:
         state = "" if run.finished else " · ended without saying goodbye (killed?)"
-        heads = next((f" · KV heads held per layer: {r['layers'][0]['k_shape'][1]}" for r in run.records
-                      if r["type"] == "step" and r.get("layers") and r["layers"][0].get("k_shape")), "")
-        click.echo(f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(run.models) or '?')}"
-                   f"{heads if run.world_size else ''} · {printable(' '.join(run.argv))}{state}", file=err)
+        heads = next(
+            (
+                f" · KV heads held per layer: {r['layers'][0]['k_shape'][1]}"
+                for r in run.records
+                if r["type"] == "step" and r.get("layers") and r["layers"][0].get("k_shape")
+            ),
+            "",
+        )
+        click.echo(
+            f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(run.models) or '?')}"
+            f"{heads if run.world_size else ''} · {printable(' '.join(run.argv))}{state}",
+            file=err,
+        )
         found = [Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)) for d in run.diagnostics]
         alarms += found
         for group in group_diagnostics(found):  # one line per code and cache, errors first (as for a program)

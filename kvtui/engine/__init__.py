@@ -9,9 +9,17 @@ from importlib import import_module
 
 _EXPORTS = {
     "SamplerSettings": "settings",
-    "CacheOverflowError": "session", "ChatSession": "session", "SessionConfig": "session", "SessionError": "session",
-    "BufferToken": "snapshot", "Diagnostic": "snapshot", "LayerInfo": "snapshot", "StepSnapshot": "snapshot",
-    "TokenBuffer": "snapshot", "TopToken": "snapshot", "VerifyResult": "snapshot",
+    "CacheOverflowError": "session",
+    "ChatSession": "session",
+    "SessionConfig": "session",
+    "SessionError": "session",
+    "BufferToken": "snapshot",
+    "Diagnostic": "snapshot",
+    "LayerInfo": "snapshot",
+    "StepSnapshot": "snapshot",
+    "TokenBuffer": "snapshot",
+    "TopToken": "snapshot",
+    "VerifyResult": "snapshot",
 }
 __all__ = sorted(_EXPORTS)
 

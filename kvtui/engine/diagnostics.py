@@ -59,8 +59,17 @@ def token_text(piece: str, token_id: int, raw: str | None = None) -> str:
     return f"{piece!r} (id {token_id})"
 
 
-def check_feed(step: int, fed: Sequence[BufferToken], before: BufferToken | None, ids: SpecialIds, piece,
-               *, prompt_end: bool = False, at: str = "", label=None) -> list[Diagnostic]:
+def check_feed(
+    step: int,
+    fed: Sequence[BufferToken],
+    before: BufferToken | None,
+    ids: SpecialIds,
+    piece,
+    *,
+    prompt_end: bool = False,
+    at: str = "",
+    label=None,
+) -> list[Diagnostic]:
     """Alarms about the tokens one forward is about to write (before: the token already cached last), for
     kvtui's own chat and a watched program alike. `prompt_end`: the forward feeds a whole prompt (a
     watched prefill), so an end token as its last token ends the text. `label(t)` names a token."""
@@ -68,37 +77,74 @@ def check_feed(step: int, fed: Sequence[BufferToken], before: BufferToken | None
     found = []
     attended = [t for t in fed if t.origin != "pad"]
     added = [t for t in attended if t.origin == "tokenizer-added"]
-    if added and added == attended[:1] and before is None and added[0].id == ids.bos and not (
-            len(attended) > 1 and attended[1].id == ids.bos):
+    if (
+        added
+        and added == attended[:1]
+        and before is None
+        and added[0].id == ids.bos
+        and not (len(attended) > 1 and attended[1].id == ids.bos)
+    ):
         added = []  # one BOS in front of an empty cache is what the model expects: not news
     if added:
         names = ", ".join(f"{label(t)} at position {t.position}" for t in added)
         kinds = {"BOS" if t.id == ids.bos else "EOS" if t.id in ids.eos else "special" for t in added}
-        found.append(Diagnostic("tokenizer-added-special", "warning" if kinds - {"BOS"} else "info",
-                                f"the tokenizer inserted {names} that the text did not contain" + at, step))
+        found.append(
+            Diagnostic(
+                "tokenizer-added-special",
+                "warning" if kinds - {"BOS"} else "info",
+                f"the tokenizer inserted {names} that the text did not contain" + at,
+                step,
+            )
+        )
     previous = before if before is None or before.origin != "pad" else None
     for token in attended:
         if ids.bos is not None and token.id == ids.bos and previous is not None and previous.id == ids.bos:
-            found.append(Diagnostic("double-bos", "warning",
-                                    f"BOS {label(token)} at position {token.position} follows another BOS" + at, step))
+            found.append(
+                Diagnostic(
+                    "double-bos",
+                    "warning",
+                    f"BOS {label(token)} at position {token.position} follows another BOS" + at,
+                    step,
+                )
+            )
         previous = token
     pads = [t for t in attended if (ids.pad is not None and t.id == ids.pad) or t.origin == "primed"]
     # a pad id that doubles as EOS/BOS is a pad only in a run: chats hold single <|im_end|>s
-    if pads and (ids.pad_is_distinct or any(t.origin == "primed" for t in pads) or _longest_run(attended, ids.pad) >= 2):
-        found.append(Diagnostic(
-            "pad-in-cache", "warning",
-            f"{len(pads)} pad token(s) {label(pads[0])} written to the cache with attention from position "
-            f"{pads[0].position}: later tokens attend to them (mask them or do not feed them)" + at, step))
-    ends = [t for t in attended if t.id in ids.eos and t.origin != "primed" and (
-        t.origin == "tokenizer-added" or t.origin not in ("template", "fed")
-        or (prompt_end and len(attended) > 1 and t is attended[-1]))]
+    if pads and (
+        ids.pad_is_distinct or any(t.origin == "primed" for t in pads) or _longest_run(attended, ids.pad) >= 2
+    ):
+        found.append(
+            Diagnostic(
+                "pad-in-cache",
+                "warning",
+                f"{len(pads)} pad token(s) {label(pads[0])} written to the cache with attention from position "
+                f"{pads[0].position}: later tokens attend to them (mask them or do not feed them)" + at,
+                step,
+            )
+        )
+    ends = [
+        t
+        for t in attended
+        if t.id in ids.eos
+        and t.origin != "primed"
+        and (
+            t.origin == "tokenizer-added"
+            or t.origin not in ("template", "fed")
+            or (prompt_end and len(attended) > 1 and t is attended[-1])
+        )
+    ]
     if ends and not (pads and ids.pad in ids.eos):
         t = ends[0]
         how = {"tokenizer-added": "added by the tokenizer", "fed": "last of the prompt"}.get(t.origin, t.origin)
-        found.append(Diagnostic(
-            "eos-in-context", "warning",
-            f"end token {label(t)} ({how}) enters the context at position {t.position}: the model reads it as "
-            f"'the text ended'" + at, step))
+        found.append(
+            Diagnostic(
+                "eos-in-context",
+                "warning",
+                f"end token {label(t)} ({how}) enters the context at position {t.position}: the model reads it as "
+                f"'the text ended'" + at,
+                step,
+            )
+        )
     return _merge_repeats(found)
 
 
@@ -119,7 +165,9 @@ def _merge_repeats(found: list[Diagnostic]) -> list[Diagnostic]:
     for code, items in by_code.items():
         first = items[0]
         if len(items) > 1:
-            first = Diagnostic(code, first.severity, f"{first.message} (and {len(items) - 1} more in this forward)", first.step)
+            first = Diagnostic(
+                code, first.severity, f"{first.message} (and {len(items) - 1} more in this forward)", first.step
+            )
         merged.append(first)
     return merged
 
@@ -148,12 +196,20 @@ class Alarms:
         the cache's own length: news only when the gap appears or changes."""
         gap = cursor - cache_len
         whose = whose or f"cursor (next position {cursor})"
-        return self.transition("cursor-mismatch", None if gap == 0 else str(gap), lambda: Diagnostic(
-            "cursor-mismatch", "error", f"{whose} differs from the cache length by {gap:+d}: the cache holds "
-                                        f"{cache_len} tokens" + at, step))
+        return self.transition(
+            "cursor-mismatch",
+            None if gap == 0 else str(gap),
+            lambda: Diagnostic(
+                "cursor-mismatch",
+                "error",
+                f"{whose} differs from the cache length by {gap:+d}: the cache holds {cache_len} tokens" + at,
+                step,
+            ),
+        )
 
-    def check_layers(self, step: int, layers: Sequence[LayerInfo], capacity: int | None, cache_len: int,
-                     reserve: int) -> list[Diagnostic]:
+    def check_layers(
+        self, step: int, layers: Sequence[LayerInfo], capacity: int | None, cache_len: int, reserve: int
+    ) -> list[Diagnostic]:
         found = []
         evicting = [layer for layer in layers if layer.held_from > 0]
         key = None
@@ -161,10 +217,15 @@ class Alarms:
             key = "on"
             first = evicting[0]
             if "sliding-eviction" not in self.active:
-                found.append(Diagnostic(
-                    "sliding-eviction", "info",
-                    f"{len(evicting)} of {len(layers)} layers ({first.kind}, window {first.window}) no longer hold "
-                    f"positions < {first.held_from}; full layers still hold all {cache_len}", step))
+                found.append(
+                    Diagnostic(
+                        "sliding-eviction",
+                        "info",
+                        f"{len(evicting)} of {len(layers)} layers ({first.kind}, window {first.window}) no longer hold "
+                        f"positions < {first.held_from}; full layers still hold all {cache_len}",
+                        step,
+                    )
+                )
         if key is None:
             self.active.pop("sliding-eviction", None)
         else:
@@ -172,9 +233,13 @@ class Alarms:
         if capacity is not None:
             left = capacity - cache_len
             near = left <= max(reserve, capacity // 10)
-            found += self.transition("static-capacity", "near" if near else None, lambda: Diagnostic(
-                "static-capacity", "warning",
-                f"static cache {cache_len}/{capacity} full: {left} slots left", step))
+            found += self.transition(
+                "static-capacity",
+                "near" if near else None,
+                lambda: Diagnostic(
+                    "static-capacity", "warning", f"static cache {cache_len}/{capacity} full: {left} slots left", step
+                ),
+            )
         return found
 
 
@@ -190,29 +255,56 @@ def span(values: Sequence[int]) -> str:
     return str(values[:8])[:-1] + (", ...]" if len(values) > 8 else "]")
 
 
-def check_request(alarms: Alarms, step: int, *, cache_position: Sequence[int] | None, accepts_cache_position: bool,
-                  cache_len: int, n: int, capacity: int | None, at: str) -> list[Diagnostic]:
+def check_request(
+    alarms: Alarms,
+    step: int,
+    *,
+    cache_position: Sequence[int] | None,
+    accepts_cache_position: bool,
+    cache_len: int,
+    n: int,
+    capacity: int | None,
+    at: str,
+) -> list[Diagnostic]:
     """What the caller asked for: an argument this version ignores, its own cursor against the cache's,
     and a static cache this forward is about to overflow. State-like: each fires when it starts or changes."""
-    found = alarms.transition("ignored-argument", at if cache_position is not None and not accepts_cache_position
-                              else None, lambda: Diagnostic(
-        "ignored-argument", "warning",
-        f"cache_position={span(cache_position or ())} was passed but this transformers version ignores it (models "
-        f"take no cache_position since 5.4): the model wrote at the cache's own length {cache_len} and took "
-        f"positions from position_ids or that length" + at, step))
+    found = alarms.transition(
+        "ignored-argument",
+        at if cache_position is not None and not accepts_cache_position else None,
+        lambda: Diagnostic(
+            "ignored-argument",
+            "warning",
+            f"cache_position={span(cache_position or ())} was passed but this transformers version ignores it (models "
+            f"take no cache_position since 5.4): the model wrote at the cache's own length {cache_len} and took "
+            f"positions from position_ids or that length" + at,
+            step,
+        ),
+    )
     first = cache_position[0] if cache_position else cache_len
-    found += alarms.check_cursor(step, first, cache_len, whose=f"the caller's own cursor (cache_position starts at "
-                                                               f"{first})", at=at)
+    found += alarms.check_cursor(
+        step, first, cache_len, whose=f"the caller's own cursor (cache_position starts at {first})", at=at
+    )
     if capacity is not None and cache_len + n > capacity:
-        found.append(Diagnostic(
-            "static-capacity", "error",
-            f"this forward writes {n} tokens into a static cache holding {cache_len} of {capacity}: "
-            f"{cache_len + n - capacity} too many (index_copy_ IndexError follows)" + at, step))
+        found.append(
+            Diagnostic(
+                "static-capacity",
+                "error",
+                f"this forward writes {n} tokens into a static cache holding {cache_len} of {capacity}: "
+                f"{cache_len + n - capacity} too many (index_copy_ IndexError follows)" + at,
+                step,
+            )
+        )
     return found
 
 
-def check_row_positions(alarms: Alarms, step: int, applied: Sequence[Sequence[int]], masks: Sequence[Sequence[int]],
-                        attended_before: Sequence[int], at: str) -> list[Diagnostic]:
+def check_row_positions(
+    alarms: Alarms,
+    step: int,
+    applied: Sequence[Sequence[int]],
+    masks: Sequence[Sequence[int]],
+    attended_before: Sequence[int],
+    at: str,
+) -> list[Diagnostic]:
     """Applied positions must continue what each row has attended to so far (left pads excluded)."""
     key, message = None, ""
     for row, (positions, mask, real) in enumerate(zip(applied, masks, attended_before)):
@@ -222,8 +314,10 @@ def check_row_positions(alarms: Alarms, step: int, applied: Sequence[Sequence[in
             if position != real:
                 key = f"{position - real:+d}"
                 where = f"row {row} token {i}" if len(applied) > 1 else f"token {i}"
-                message = (f"{where} was applied at position {position} but {real} attended tokens precede it "
-                           f"(offset {position - real:+d}): RoPE sees the wrong distances")
+                message = (
+                    f"{where} was applied at position {position} but {real} attended tokens precede it "
+                    f"(offset {position - real:+d}): RoPE sees the wrong distances"
+                )
                 break
             real += 1
         if key:
@@ -237,9 +331,15 @@ def check_padding_side(step: int, masks: Sequence[Sequence[int]], at: str) -> li
             continue
         right_pads = len(mask) - 1 - max((i for i, m in enumerate(mask) if m), default=len(mask) - 1)
         if right_pads:
-            return [Diagnostic("padding-side", "warning",
-                               f"row {row} ends with {right_pads} pad(s): its next token is predicted from padding "
-                               f"(decoder-only models need padding_side='left')" + at, step)]
+            return [
+                Diagnostic(
+                    "padding-side",
+                    "warning",
+                    f"row {row} ends with {right_pads} pad(s): its next token is predicted from padding "
+                    f"(decoder-only models need padding_side='left')" + at,
+                    step,
+                )
+            ]
     return []
 
 
@@ -253,8 +353,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def check_drift(step: int, cached: Sequence[int], rendering: Sequence[int], fed: Sequence[int], label,
-                at: str) -> list[Diagnostic]:
+def check_drift(
+    step: int, cached: Sequence[int], rendering: Sequence[int], fed: Sequence[int], label, at: str
+) -> list[Diagnostic]:
     """The program fed the tail of a rendering (a tokenizer call kvtui saw): its head must equal what the
     cache holds, else the cached prefix is stale."""
     start = len(rendering) - len(fed)
@@ -266,17 +367,29 @@ def check_drift(step: int, cached: Sequence[int], rendering: Sequence[int], fed:
     index = next((i for i, (a, b) in enumerate(zip(held, rendering[:start])) if a != b), min(len(held), start))
     have = label(held[index]) if index < len(held) else "nothing"
     want = label(rendering[index]) if index < start else "nothing"
-    return [Diagnostic(
-        "template-drift", "warning",
-        f"the program fed tokens {start}.. of a rendering whose first {start} tokens differ from the cache at "
-        f"index {index} (cache has {have}, the rendering {want}): the cached prefix is stale" + at, step)]
+    return [
+        Diagnostic(
+            "template-drift",
+            "warning",
+            f"the program fed tokens {start}.. of a rendering whose first {start} tokens differ from the cache at "
+            f"index {index} (cache has {have}, the rendering {want}): the cached prefix is stale" + at,
+            step,
+        )
+    ]
 
 
 STALE_MIN_REFED = 8  # a fed prefix this long that repeats the cache's own start is a re-fed prompt
 
 
-def check_stale_prompt(step: int, cache_name: str, cached: Sequence[int], prompt: Sequence[int], label,
-                       at: str, fed_from: int | None = None) -> list[Diagnostic]:
+def check_stale_prompt(
+    step: int,
+    cache_name: str,
+    cached: Sequence[int],
+    prompt: Sequence[int],
+    label,
+    at: str,
+    fed_from: int | None = None,
+) -> list[Diagnostic]:
     """generate() was handed a cache and a prompt: it feeds only prompt[len(cache):] (`fed_from`; the whole
     prompt again when the cache is at least as long), so the cache must hold a prefix of the prompt.
     Unknown cached tokens (< 0) are taken on trust."""
@@ -289,16 +402,23 @@ def check_stale_prompt(step: int, cache_name: str, cached: Sequence[int], prompt
     fed_from = held if fed_from is None else fed_from
     if fed_from > 0:
         never = max(0, min(fed_from, len(prompt)) - index)
-        what = (f"generate() feeds only prompt tokens {fed_from}.., so {never} prompt token(s) were never fed and "
-                f"the model continues the cache's text")
+        what = (
+            f"generate() feeds only prompt tokens {fed_from}.., so {never} prompt token(s) were never fed and "
+            f"the model continues the cache's text"
+        )
     else:
         what = "generate() fed the whole prompt again after them, so the model reads both texts"
-    return [Diagnostic(
-        "stale-cache", "warning",
-        f"{cache_name} holds {held} tokens that are not a prefix of the prompt it is asked to continue: they "
-        f"differ at index {index} (cache {label(cached[index])}, prompt "
-        f"{label(prompt[index]) if index < len(prompt) else 'nothing'}); {what} (copy the cache per prompt, or "
-        "crop it to the shared prefix)" + at, step)]
+    return [
+        Diagnostic(
+            "stale-cache",
+            "warning",
+            f"{cache_name} holds {held} tokens that are not a prefix of the prompt it is asked to continue: they "
+            f"differ at index {index} (cache {label(cached[index])}, prompt "
+            f"{label(prompt[index]) if index < len(prompt) else 'nothing'}); {what} (copy the cache per prompt, or "
+            "crop it to the shared prefix)" + at,
+            step,
+        )
+    ]
 
 
 def check_refed(step: int, cache_name: str, cached: Sequence[int], fed: Sequence[int], at: str) -> list[Diagnostic]:
@@ -309,17 +429,23 @@ def check_refed(step: int, cache_name: str, cached: Sequence[int], fed: Sequence
     same = common_prefix(cached, fed)
     if same < 2 or same < min(len(cached), STALE_MIN_REFED):
         return []
-    return [Diagnostic(
-        "stale-cache", "warning",
-        f"{cache_name} already holds {len(cached)} tokens and this forward feeds a prompt whose first {same} "
-        "tokens repeat the cache's own start: the model sees them twice (copy or reset the cache per prompt)" + at, step)]
+    return [
+        Diagnostic(
+            "stale-cache",
+            "warning",
+            f"{cache_name} already holds {len(cached)} tokens and this forward feeds a prompt whose first {same} "
+            "tokens repeat the cache's own start: the model sees them twice (copy or reset the cache per prompt)" + at,
+            step,
+        )
+    ]
 
 
 RECOMPUTED_MIN = 8  # fewer re-encoded tokens are the unavoidable shared start of two prompts
 
 
-def recomputed_prefix(step: int, cache_name: str, held_before: int, ids: Sequence[int], others,
-                      forward_ms: float, fed: int, at: str) -> tuple[list[Diagnostic], int, float]:
+def recomputed_prefix(
+    step: int, cache_name: str, held_before: int, ids: Sequence[int], others, forward_ms: float, fed: int, at: str
+) -> tuple[list[Diagnostic], int, float]:
     """A prefill wrote ids[held_before:] into a cache; `others` are (name, ids, alive) of the same model's
     other caches. Tokens of this prefill that another cache already held were computed twice."""
     best, where, alive = 0, "", True
@@ -332,11 +458,20 @@ def recomputed_prefix(step: int, cache_name: str, held_before: int, ids: Sequenc
         return [], 0, 0.0
     cost = forward_ms * count / max(fed, 1)
     state = "still holds" if alive else "held (since discarded)"
-    return [Diagnostic(
-        "recomputed-prefix", "info",
-        f"this prefill re-encoded {count} tokens that {where} {state} (positions {held_before}..{best - 1}): "
-        f"~{cost:.1f} ms of its {forward_ms:.1f} ms; pass that " "cache back (or a copy) to feed only the new tokens"
-        + at, step)], count, cost
+    return (
+        [
+            Diagnostic(
+                "recomputed-prefix",
+                "info",
+                f"this prefill re-encoded {count} tokens that {where} {state} (positions {held_before}..{best - 1}): "
+                f"~{cost:.1f} ms of its {forward_ms:.1f} ms; pass that "
+                "cache back (or a copy) to feed only the new tokens" + at,
+                step,
+            )
+        ],
+        count,
+        cost,
+    )
 
 
 def check_ranks(step: int, ranks: dict[int, tuple | None]) -> list[Diagnostic]:
@@ -354,8 +489,10 @@ def check_ranks(step: int, ranks: dict[int, tuple | None]) -> list[Diagnostic]:
         if facts == reference:
             continue
         what = [name for name, a, b in zip(("fed ids", "positions", "cache length"), facts, reference) if a != b]
-        differ.append(f"rank {rank} differs from rank {first} in its {', '.join(what)} "
-                      f"({_facts_text(facts)} vs {_facts_text(reference)})")
+        differ.append(
+            f"rank {rank} differs from rank {first} in its {', '.join(what)} "
+            f"({_facts_text(facts)} vs {_facts_text(reference)})"
+        )
     if missing:
         differ.append(f"rank(s) {', '.join(map(str, missing))} made no forward {step}")
     return [Diagnostic("rank-desync", "error", f"ranks disagree at forward {step}: " + "; ".join(differ), step)]

@@ -30,8 +30,23 @@ from .replay import describe_event
 from .trace import Trace
 
 # Header fields whose difference is worth a note (never a divergence), in report order.
-HEADER_NOTES = ("model", "model_path", "model_class", "layers", "dtype", "device", "cache", "capacity", "mode",
-                "sampler", "seed", "transformers", "torch", "python", "kvtui")
+HEADER_NOTES = (
+    "model",
+    "model_path",
+    "model_class",
+    "layers",
+    "dtype",
+    "device",
+    "cache",
+    "capacity",
+    "mode",
+    "sampler",
+    "seed",
+    "transformers",
+    "torch",
+    "python",
+    "kvtui",
+)
 
 FIELDS = ("input_ids", "positions", "chosen", "topk", "cache_seq_length", "layers", "steps", "verify", "events")
 # Event records compared after the steps (timings and file paths are not compared)
@@ -70,8 +85,10 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
         step = sa.get("step", compared + 1)
         if sb.get("step", step) != step and not renumbered:
             renumbered = True
-            notes.append(f"step numbers differ from the {compared + 1}th step record on: A {step}, B {sb.get('step')} "
-                         f"(reported by A's numbering)")
+            notes.append(
+                f"step numbers differ from the {compared + 1}th step record on: A {step}, B {sb.get('step')} "
+                f"(reported by A's numbering)"
+            )
         gap = _logit_gap(sa, sb)
         found = _compare_step(sa, sb, tie_tolerance, pieces, layer_notes)
         if first_event is not None and first_event[0] < step:  # what happened before this step comes first
@@ -93,8 +110,10 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
         missing = longer.steps[len(shorter.steps)]
         other = "A" if name == "B" else "B"
         ends = f"trace {name} ends at step {last}" if shorter.steps else f"trace {name} has no steps"
-        detail = (f"{ends}; trace {other} goes on to step {longer.steps[-1].get('step', len(longer.steps))} "
-                  f"({len(longer.steps) - len(shorter.steps)} more)")
+        detail = (
+            f"{ends}; trace {other} goes on to step {longer.steps[-1].get('step', len(longer.steps))} "
+            f"({len(longer.steps) - len(shorter.steps)} more)"
+        )
         if shorter.steps:
             detail += "; the steps both traces hold agree"
         return DiffResult(False, missing.get("step", len(shorter.steps) + 1), "steps", detail, None, notes, compared)
@@ -110,8 +129,9 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
 # ---- one step ----------------------------------------------------------------------------------
 
 
-def _compare_step(sa: dict, sb: dict, tol: float, pieces: dict[int, str],
-                  layer_notes: _LayerNotes) -> tuple[str, str] | None:
+def _compare_step(
+    sa: dict, sb: dict, tol: float, pieces: dict[int, str], layer_notes: _LayerNotes
+) -> tuple[str, str] | None:
     ids_a, ids_b = list(sa.get("input_ids") or []), list(sb.get("input_ids") or [])
     if ids_a != ids_b:
         return "input_ids", _sequence_detail("fed tokens", ids_a, ids_b, pieces)
@@ -121,8 +141,10 @@ def _compare_step(sa: dict, sb: dict, tol: float, pieces: dict[int, str],
     ca, cb = sa.get("chosen"), sb.get("chosen")
     id_a, id_b = (ca or {}).get("id"), (cb or {}).get("id")
     if id_a != id_b:
-        return "chosen", (f"the next token differs: A chose {_token(id_a, ca, pieces)}"
-                          f"{_forced(ca)}, B chose {_token(id_b, cb, pieces)}{_forced(cb)}")
+        return "chosen", (
+            f"the next token differs: A chose {_token(id_a, ca, pieces)}"
+            f"{_forced(ca)}, B chose {_token(id_b, cb, pieces)}{_forced(cb)}"
+        )
     topk = _compare_topk(sa.get("topk") or [], sb.get("topk") or [], tol, pieces)
     if topk is not None:
         return "topk", topk
@@ -141,15 +163,15 @@ def _compare_layers(layers_a: list[dict], layers_b: list[dict], notes: _LayerNot
         notes.see(index, la, lb)
         if kind_a == kind_b:
             if la.get("filled") != lb.get("filled"):
-                return "layers", (f"layer {index} ({kind_a}) holds {la.get('filled')} filled slots in A, "
-                                  f"{lb.get('filled')} in B")
+                return "layers", (
+                    f"layer {index} ({kind_a}) holds {la.get('filled')} filled slots in A, {lb.get('filled')} in B"
+                )
         else:
             # Different kinds hold a different number of slots by design (a dynamic sliding layer keeps
             # window-1, a static one the window): what must agree is how many tokens each was fed.
             seen_a, seen_b = la.get("seen", la.get("filled")), lb.get("seen", lb.get("filled"))
             if seen_a != seen_b:
-                return "layers", (f"layer {index} was fed {seen_a} tokens in A ({kind_a}), "
-                                  f"{seen_b} in B ({kind_b})")
+                return "layers", (f"layer {index} was fed {seen_a} tokens in A ({kind_a}), {seen_b} in B ({kind_b})")
     return None
 
 
@@ -177,7 +199,7 @@ def _compare_topk(top_a: list[dict], top_b: list[dict], tol: float, pieces: dict
         want = ids_b[rank]
         if work[rank] == want:
             continue
-        if want in work[rank + 1:]:
+        if want in work[rank + 1 :]:
             at = work.index(want, rank + 1)
             while at > rank:  # bubble `want` up, one adjacent swap at a time
                 if not tied(work[at - 1], want):
@@ -193,12 +215,17 @@ def _compare_topk(top_a: list[dict], top_b: list[dict], tol: float, pieces: dict
 
 def _topk_detail(rank, ids_a, ids_b, logits_a, logits_b, pieces, tol, blocker=None) -> str:
     a, b = ids_a[rank], ids_b[rank]
-    text = (f"top-k order differs at rank {rank + 1}: A has {_piece(a, pieces)} (logit {_fmt(logits_a.get(a))}), "
-            f"B has {_piece(b, pieces)} (logit {_fmt(logits_b.get(b))})")
+    text = (
+        f"top-k order differs at rank {rank + 1}: A has {_piece(a, pieces)} (logit {_fmt(logits_a.get(a))}), "
+        f"B has {_piece(b, pieces)} (logit {_fmt(logits_b.get(b))})"
+    )
     x, y = (blocker, b) if blocker is not None else (a, b)
     gaps = [abs(lg[x] - lg[y]) for lg in (logits_a, logits_b) if x in lg and y in lg]
     if gaps:
-        text += f"; {_piece(x, pieces)} and {_piece(y, pieces)} are " f"{min(gaps):.3g} apart, more than the tie tolerance {tol:g}"
+        text += (
+            f"; {_piece(x, pieces)} and {_piece(y, pieces)} are "
+            f"{min(gaps):.3g} apart, more than the tie tolerance {tol:g}"
+        )
     else:
         text += f"; no trace ranks both, so it is not a near-tie (tolerance {tol:g})"
     return text
@@ -314,11 +341,14 @@ class _LayerNotes:
         for (ca, cb), layers in self.capacities.items():
             out.append(f"layer capacity differs: {_cap(ca)} in A, {_cap(cb)} in B ({_layers(layers)})")
         for (ka, kb), layers in self.slots.items():
-            out.append(f"allocated K/V slots differ ({ka} in A, {kb} in B; {_layers(layers)}): "
-                       f"a static cache preallocates its capacity")
+            out.append(
+                f"allocated K/V slots differ ({ka} in A, {kb} in B; {_layers(layers)}): "
+                f"a static cache preallocates its capacity"
+            )
         for (ka, kb), layers in self.filled.items():
-            out.append(f"held slots differ by design ({ka} in A, {kb} in B; {_layers(layers)}): "
-                       f"compared by tokens fed instead")
+            out.append(
+                f"held slots differ by design ({ka} in A, {kb} in B; {_layers(layers)}): compared by tokens fed instead"
+            )
         return out
 
 
@@ -347,22 +377,31 @@ def _layers(indices: list) -> str:
 
 
 def _events(trace: Trace) -> list[dict]:
-    return [{k: v for k, v in e.items() if k not in EVENT_IGNORED} for e in trace.events if e.get("type") in EVENT_KINDS]
+    return [
+        {k: v for k, v in e.items() if k not in EVENT_IGNORED} for e in trace.events if e.get("type") in EVENT_KINDS
+    ]
 
 
 def _compare_events(a: Trace, b: Trace) -> tuple[int, str, str] | None:
     """The first recorded event (verify, refusal, rewind, force, ...) that differs: (step, field, detail)."""
     ea, eb = _events(a), _events(b)
     for x, y in zip(ea, eb):
-        if x == y or (x.get("type") == y.get("type") == "verify" and x.get("ok") == y.get("ok")
-                      and x.get("step") == y.get("step")):
+        if x == y or (
+            x.get("type") == y.get("type") == "verify" and x.get("ok") == y.get("ok") and x.get("step") == y.get("step")
+        ):
             continue
         step = x.get("step") or y.get("step") or 0
         if x.get("type") == y.get("type") == "verify":
             failed, ok = (x, "B") if not x.get("ok") else (y, "A")
             bad = "A" if ok == "B" else "B"
-            return step, "verify", (f"verify at step {step}: ok in {ok}, failed in {bad} (max |diff| "
-                                    f"{_fmt(failed.get('max_abs_diff'))} > {_fmt(failed.get('tolerance'))})")
+            return (
+                step,
+                "verify",
+                (
+                    f"verify at step {step}: ok in {ok}, failed in {bad} (max |diff| "
+                    f"{_fmt(failed.get('max_abs_diff'))} > {_fmt(failed.get('tolerance'))})"
+                ),
+            )
         return step, "events", f"at step {step}: A recorded {describe_event(x)}, B recorded {describe_event(y)}"
     if len(ea) != len(eb):
         extra, name = (ea[len(eb)], "A") if len(ea) > len(eb) else (eb[len(ea)], "B")

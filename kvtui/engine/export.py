@@ -83,12 +83,22 @@ def _layer_tensors(session) -> tuple[dict[str, torch.Tensor], list[dict]]:
             k, v = torch.empty((0,), dtype=_dtype(session)), torch.empty((0,), dtype=_dtype(session))
         tensors[f"layers.{info.index}.keys"] = k
         tensors[f"layers.{info.index}.values"] = v
-        layers.append({
-            "index": info.index, "kind": info.kind, "filled": info.filled, "seen": info.seen,
-            "held_from": info.held_from, "window": info.window, "capacity": info.capacity,
-            "slots": info.k_shape[-2] if info.k_shape else 0, "k_shape": list(k.shape), "v_shape": list(v.shape),
-            "dtype": str(k.dtype).removeprefix("torch."), "device": info.device,
-        })
+        layers.append(
+            {
+                "index": info.index,
+                "kind": info.kind,
+                "filled": info.filled,
+                "seen": info.seen,
+                "held_from": info.held_from,
+                "window": info.window,
+                "capacity": info.capacity,
+                "slots": info.k_shape[-2] if info.k_shape else 0,
+                "k_shape": list(k.shape),
+                "v_shape": list(v.shape),
+                "dtype": str(k.dtype).removeprefix("torch."),
+                "device": info.device,
+            }
+        )
     return tensors, layers
 
 
@@ -108,8 +118,10 @@ def _metadata(session, layers: list[dict]) -> dict[str, str]:
     from kvtui._version import __version__
 
     buffer = session.buffer
-    tokens = [{"position": t.position, "id": t.id, "piece": t.piece, "special": t.special, "origin": t.origin,
-               "turn": t.turn} for t in buffer]
+    tokens = [
+        {"position": t.position, "id": t.id, "piece": t.piece, "special": t.special, "origin": t.origin, "turn": t.turn}
+        for t in buffer
+    ]
     config = getattr(session, "config", None)
     values = {
         "schema": SCHEMA,

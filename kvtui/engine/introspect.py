@@ -45,7 +45,9 @@ def make_cache(kind: str, config, max_cache_len: int | None = None, *, bits: int
         try:
             cache = DynamicCache(config=config, offloading=True)
         except TypeError as exc:
-            raise ValueError(f"this transformers ({transformers.__version__}) has no offloaded DynamicCache: {exc}") from None
+            raise ValueError(
+                f"this transformers ({transformers.__version__}) has no offloaded DynamicCache: {exc}"
+            ) from None
     elif kind == "static":
         if not max_cache_len or max_cache_len < 1:
             raise ValueError("a static cache needs --max-cache-len N (N >= 1)")
@@ -106,13 +108,21 @@ def quant_backend_refusal(backend: str) -> str | None:
     """One line where this transformers' QuantizedCache lacks the backend (checked before any screen)."""
     if backend not in QUANT_BACKENDS or quant_backend_known(backend):
         return None
-    return (f"--cache-backend {backend}: this transformers ({transformers.__version__}) has no {backend} quantized "
-            f"cache (its QuantizedCache knows {', '.join(quant_backends()) or 'no backend'})")
+    return (
+        f"--cache-backend {backend}: this transformers ({transformers.__version__}) has no {backend} quantized "
+        f"cache (its QuantizedCache knows {', '.join(quant_backends()) or 'no backend'})"
+    )
 
 
 # What a config declares when its model keeps conv / SSM / linear-attention state besides (or instead of) K/V.
-_STATE_ATTRIBUTES = ("mamba_d_state", "ssm_state_size", "state_size", "linear_conv_kernel_dim", "linear_key_head_dim",
-                     "conv_L_cache")
+_STATE_ATTRIBUTES = (
+    "mamba_d_state",
+    "ssm_state_size",
+    "state_size",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "conv_L_cache",
+)
 _ATTENTION_TYPES = {"full_attention", "sliding_attention", "chunked_attention"}
 
 
@@ -145,9 +155,11 @@ def hybrid_refusal(config) -> str | None:
     if _dynamic_cache_keeps_state(config):
         return None
     name = getattr(config, "model_type", None) or type(config).__name__
-    return (f"{name} keeps conv/SSM state that this transformers ({transformers.__version__}) does not put in "
-            f"DynamicCache's layers (it uses the model's own cache class): kvtui cannot inspect this hybrid here "
-            f"(transformers 5.23+ can)")
+    return (
+        f"{name} keeps conv/SSM state that this transformers ({transformers.__version__}) does not put in "
+        f"DynamicCache's layers (it uses the model's own cache class): kvtui cannot inspect this hybrid here "
+        f"(transformers 5.23+ can)"
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -339,12 +351,23 @@ def _quantized_info(index: int, layer, offloaded: bool) -> LayerInfo:
     k_shape = stored[:2] + (seen,) + stored[3:] if len(stored) == 4 else ()
     v_shape = stored_v[:2] + (seen,) + stored_v[3:] if len(stored_v) == 4 else ()
     return LayerInfo(
-        index=index, kind="quantized", k_shape=k_shape, v_shape=v_shape,
+        index=index,
+        kind="quantized",
+        k_shape=k_shape,
+        v_shape=v_shape,
         dtype=str(dtype).removeprefix("torch.") if dtype is not None else "-",
         device=str(layer.device) if getattr(layer, "device", None) is not None else "-",
-        bytes=quant_bytes + residual_bytes, filled=seen, capacity=None, window=None, seen=seen, held_from=0,
-        quant_bits=int(getattr(layer, "nbits", 8)), quant_group=getattr(layer, "q_group_size", None),
-        quant_bytes=quant_bytes, residual=residual, residual_capacity=getattr(layer, "residual_length", None),
+        bytes=quant_bytes + residual_bytes,
+        filled=seen,
+        capacity=None,
+        window=None,
+        seen=seen,
+        held_from=0,
+        quant_bits=int(getattr(layer, "nbits", 8)),
+        quant_group=getattr(layer, "q_group_size", None),
+        quant_bytes=quant_bytes,
+        residual=residual,
+        residual_capacity=getattr(layer, "residual_length", None),
         offloaded=offloaded,
     )
 
@@ -368,16 +391,32 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
         linear = _is_linear(layer)
         states, state_bytes = _linear_states(layer) if linear else ((), 0)
         offloaded = offloading and not linear and kind != "none" and not (only_non_sliding and "sliding" in kind)
-        if linear and not _has_kv(layer) and not hasattr(layer, "max_cache_len") and not isinstance(
-                getattr(layer, "keys", None), torch.Tensor):
+        if (
+            linear
+            and not _has_kv(layer)
+            and not hasattr(layer, "max_cache_len")
+            and not isinstance(getattr(layer, "keys", None), torch.Tensor)
+        ):
             # conv / recurrent state only: it summarizes every token it was fed, in a fixed-size state
             state_kind = _state_kind(cache, layer)
-            infos.append(LayerInfo(
-                index=index, kind=state_kind, k_shape=(), v_shape=(),
-                dtype=str(layer.dtype).removeprefix("torch.") if layer.dtype is not None else "-",
-                device=str(layer.device) if layer.device is not None else "-", bytes=state_bytes,
-                filled=cache_len if states else 0, capacity=None, window=None, seen=cache_len if states else 0,
-                held_from=0, states=states, state_bytes=state_bytes))
+            infos.append(
+                LayerInfo(
+                    index=index,
+                    kind=state_kind,
+                    k_shape=(),
+                    v_shape=(),
+                    dtype=str(layer.dtype).removeprefix("torch.") if layer.dtype is not None else "-",
+                    device=str(layer.device) if layer.device is not None else "-",
+                    bytes=state_bytes,
+                    filled=cache_len if states else 0,
+                    capacity=None,
+                    window=None,
+                    seen=cache_len if states else 0,
+                    held_from=0,
+                    states=states,
+                    state_bytes=state_bytes,
+                )
+            )
             continue
         if linear:
             kind = f"{kind}+{_state_kind(cache, layer)}"
@@ -433,12 +472,28 @@ def _plain_info(index: int, layer) -> LayerInfo | None:
         _NOT_PLAIN.add(type(layer))
         return None
     keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-    if not (isinstance(keys, torch.Tensor) and keys.dim() == 4 and isinstance(values, torch.Tensor)
-            and getattr(layer, "is_initialized", True)):
+    if not (
+        isinstance(keys, torch.Tensor)
+        and keys.dim() == 4
+        and isinstance(values, torch.Tensor)
+        and getattr(layer, "is_initialized", True)
+    ):
         return None
     slots = keys.shape[-2]
-    return LayerInfo(index, "full", tuple(keys.shape), tuple(values.shape), _text(keys.dtype), _text(keys.device),
-                     _storage_bytes(keys) + _storage_bytes(values), slots, None, None, slots, 0)
+    return LayerInfo(
+        index,
+        "full",
+        tuple(keys.shape),
+        tuple(values.shape),
+        _text(keys.dtype),
+        _text(keys.device),
+        _storage_bytes(keys) + _storage_bytes(values),
+        slots,
+        None,
+        None,
+        slots,
+        0,
+    )
 
 
 def static_capacity(cache) -> int | None:
@@ -661,7 +716,9 @@ def changed(before: Fingerprint, cache) -> str | None:
     `before` (it is spent)."""
     try:
         layers = list(getattr(cache, "layers", ()))
-        if len(layers) != len(before.layers) or not all(_same(e, layer, cache) for e, layer in zip(before.layers, layers)):
+        if len(layers) != len(before.layers) or not all(
+            _same(e, layer, cache) for e, layer in zip(before.layers, layers)
+        ):
             change = describe_change(before.rows(), _rows(cache))  # None: replaced by equal ones (a no-op)
             if change is not None:
                 return change

@@ -57,8 +57,15 @@ class CacheTrack:
 
     def record(self) -> dict:
         """The trace's `cache` line: a cache kvtui saw for the first time."""
-        return {"type": "cache", "cache_id": self.name, "made": self.made, "parent": self.parent,
-                "copied_at": self.copied_at, "unknown_prefix": self.unknown, "model": self.model}
+        return {
+            "type": "cache",
+            "cache_id": self.name,
+            "made": self.made,
+            "parent": self.parent,
+            "copied_at": self.copied_at,
+            "unknown_prefix": self.unknown,
+            "model": self.model,
+        }
 
 
 class Lineage:
@@ -82,13 +89,18 @@ class Lineage:
         self._tracks.add(cache, track, on_dead=track.release)  # its views must not outlive the cache
         return track
 
-    def first_seen(self, cache, model: int | None, length: int, batch: int, made: str,
-                   capacity: int | None) -> CacheTrack:
+    def first_seen(
+        self, cache, model: int | None, length: int, batch: int, made: str, capacity: int | None
+    ) -> CacheTrack:
         """A cache kvtui meets in a forward: empty (made by the program or the forward), or holding
         `length` tokens it never saw."""
         rows = [[unknown_token(i) for i in range(length)] for _ in range(batch)]
-        return self._add(cache, CacheTrack(self._name(cache), model, rows, made="unknown" if length else made,
-                                           unknown=length, capacity=capacity))
+        return self._add(
+            cache,
+            CacheTrack(
+                self._name(cache), model, rows, made="unknown" if length else made, unknown=length, capacity=capacity
+            ),
+        )
 
     def release(self) -> None:
         """kvtui detaches: hold nothing of any cache's storage."""
@@ -98,8 +110,17 @@ class Lineage:
     def copied(self, parent: CacheTrack, copy, how: str, length: int) -> CacheTrack:
         """A copy of a watched cache: its parent's tokens, its own name and alarms."""
         rows = [list(row) for row in parent.rows]
-        track = CacheTrack(self._name(copy), parent.model, rows, made=how, parent=parent.name, copied_at=length,
-                           unknown=parent.unknown, capacity=parent.capacity, turn=parent.turn)
+        track = CacheTrack(
+            self._name(copy),
+            parent.model,
+            rows,
+            made=how,
+            parent=parent.name,
+            copied_at=length,
+            unknown=parent.unknown,
+            capacity=parent.capacity,
+            turn=parent.turn,
+        )
         return self._add(copy, track)
 
     def others(self, track: CacheTrack, model: int | None) -> list[tuple[str, list[int] | tuple[int, ...], bool]]:

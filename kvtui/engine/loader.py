@@ -23,7 +23,6 @@ This module only resolves a name to a directory and loads it; each source's own 
 dtype resolution) and ``common`` (the error, progress reporting, the cache root).
 """
 
-
 from __future__ import annotations
 
 import os
@@ -136,7 +135,8 @@ def resolve_source(name_or_path: str | None, progress: Progress | None = None):
             snap = hub_snapshot_dir(source)
             if snap is None:
                 raise ModelLoadError(
-                    f"model '{source}' is neither a local directory nor " "in the local Hugging Face cache (no network here)"
+                    f"model '{source}' is neither a local directory nor "
+                    "in the local Hugging Face cache (no network here)"
                 )
             path = snap
     return source, shown, path, gguf_file, load_lo

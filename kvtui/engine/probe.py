@@ -65,13 +65,16 @@ _LIBRARY_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, _KVT
 def _library_dirs() -> tuple[str, ...]:
     import transformers
 
-    extra = [os.path.dirname(os.path.abspath(transformers.__file__)) + os.sep, os.path.dirname(inspect.__file__) + os.sep,
-             os.path.dirname(threading.__file__) + os.sep + "threading.py"]
+    extra = [
+        os.path.dirname(os.path.abspath(transformers.__file__)) + os.sep,
+        os.path.dirname(inspect.__file__) + os.sep,
+        os.path.dirname(threading.__file__) + os.sep + "threading.py",
+    ]
     return _LIBRARY_DIRS + tuple(extra)
 
 
 def caller_line(skip: tuple[str, ...] | None = None) -> str:
-    """"file.py:42": the innermost frame that belongs to the user's code, not to torch/transformers/kvtui."""
+    """ "file.py:42": the innermost frame that belongs to the user's code, not to torch/transformers/kvtui."""
     skip = skip or _library_dirs()
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
@@ -106,13 +109,15 @@ _FIXTURES: dict = {}  # code object -> " in fixture NAME" or ""
 
 
 def _fixture(code, module_globals: dict) -> str:
-    """" in fixture NAME" when the user's line is inside a pytest fixture (a session-scoped fixture that
+    """ " in fixture NAME" when the user's line is inside a pytest fixture (a session-scoped fixture that
     tokenizes is where "prompt of 862 tokens, cache of 863" hides); looked up once per function."""
     found = _FIXTURES.get(code)
     if found is None:
         definition = module_globals.get(code.co_name) if "pytest" in sys.modules else None
-        is_fixture = (type(definition).__name__ == "FixtureFunctionDefinition"  # pytest >= 8.4
-                      or hasattr(definition, "_pytestfixturefunction"))  # older pytest marks the function
+        is_fixture = (
+            type(definition).__name__ == "FixtureFunctionDefinition"  # pytest >= 8.4
+            or hasattr(definition, "_pytestfixturefunction")
+        )  # older pytest marks the function
         found = _FIXTURES[code] = f" in fixture {code.co_name}" if is_fixture else ""
     return found
 
@@ -269,7 +274,11 @@ def _position_modules(model) -> list[tuple[torch.nn.Module, str]]:
     if found:
         return found
     for name, module in model.named_modules():
-        if type(module) is torch.nn.Embedding and name.rsplit(".", 1)[-1] in ("wpe", "embed_positions", "position_embeddings"):
+        if type(module) is torch.nn.Embedding and name.rsplit(".", 1)[-1] in (
+            "wpe",
+            "embed_positions",
+            "position_embeddings",
+        ):
             return [(module, "embedding")]
     return []
 
@@ -280,9 +289,16 @@ class Watcher:
     `on_snapshot(snapshot)` and `on_event(record)` receive everything; `trace` (a path) writes the
     same records as kvtui's own session (schema 1, with the watch fields), through the one Recorder."""
 
-    def __init__(self, tokenizer=None, trace=None, top_k: int = TOP_K, gate: Gate | None = None,
-                 on_snapshot: Callable[[StepSnapshot], None] | None = None,
-                 on_event: Callable[[dict], None] | None = None, program: list[str] | None = None):
+    def __init__(
+        self,
+        tokenizer=None,
+        trace=None,
+        top_k: int = TOP_K,
+        gate: Gate | None = None,
+        on_snapshot: Callable[[StepSnapshot], None] | None = None,
+        on_event: Callable[[dict], None] | None = None,
+        program: list[str] | None = None,
+    ):
         self.tokenizer = tokenizer
         self.top_k = top_k
         self.gate = gate or Gate()
@@ -330,8 +346,15 @@ class Watcher:
             self.tokenizer = _TOKENIZERS.find(model)
         if self.tokenizer is not None:
             _TOKENIZERS.watch(self.tokenizer, self)
-        self._event({"type": "model", "index": probe.index, "name": probe.name, "class": type(model).__name__,
-                     "layers": getattr(model.config, "num_hidden_layers", None)})
+        self._event(
+            {
+                "type": "model",
+                "index": probe.index,
+                "name": probe.name,
+                "class": type(model).__name__,
+                "layers": getattr(model.config, "num_hidden_layers", None),
+            }
+        )
         return self
 
     def detach(self) -> None:
@@ -391,12 +414,17 @@ class Watcher:
         model = probe.model if probe else None
         return {
             **header_start(),
-            "model": probe.name if probe else "?", "model_path": probe.name if probe else "?",
+            "model": probe.name if probe else "?",
+            "model_path": probe.name if probe else "?",
             "model_class": type(model).__name__ if model is not None else "?",
             "layers": getattr(model.config, "num_hidden_layers", None) if model is not None else None,
             "dtype": str(model.dtype).removeprefix("torch.") if model is not None else "?",
             "device": str(model.device) if model is not None else "?",
-            "cache": "program", "capacity": None, "mode": "watch", "source": "watch", "program": self.program,
+            "cache": "program",
+            "capacity": None,
+            "mode": "watch",
+            "source": "watch",
+            "program": self.program,
         }
 
     def _internal_error(self, where: str, exc: BaseException) -> None:
@@ -408,7 +436,9 @@ class Watcher:
         """Alarms raised outside a step (cache edits, refusals): a record of their own."""
         for d in found:
             self.diagnostics.append(d)
-            self._event({"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity, "message": d.message})
+            self._event(
+                {"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity, "message": d.message}
+            )
 
     # ---- tokens ----------------------------------------------------------------------------------
 
@@ -467,10 +497,17 @@ class Watcher:
             track.fingerprint = introspect.fingerprint(cache)
             if not internal:  # generate's own bookkeeping (beam reordering, assisted crops) is followed, not said
                 shown = ", ".join(_short_arg(a) for a in args)
-                self._diagnose([Diagnostic(
-                    "cache-edited", "info",  # the program called the cache's own method: said, not blamed
-                    f"{track.name}.{name}({shown}) at [{caller_line(self._skip or _library_dirs())}]: "
-                    f"{before} -> {after} tokens outside a forward", self.steps)])
+                self._diagnose(
+                    [
+                        Diagnostic(
+                            "cache-edited",
+                            "info",  # the program called the cache's own method: said, not blamed
+                            f"{track.name}.{name}({shown}) at [{caller_line(self._skip or _library_dirs())}]: "
+                            f"{before} -> {after} tokens outside a forward",
+                            self.steps,
+                        )
+                    ]
+                )
         return result
 
     def _check_edits(self, call: Call, track: CacheTrack, cache) -> None:
@@ -482,10 +519,14 @@ class Watcher:
         if change is None:
             return
         track.truncate(call.cache_length_before)
-        call.found.append(Diagnostic(
-            "cache-edited", "warning",
-            f"{track.name} changed since the last forward without a forward: {change} (noticed at [{call.caller}])",
-            self.steps + 1))
+        call.found.append(
+            Diagnostic(
+                "cache-edited",
+                "warning",
+                f"{track.name} changed since the last forward without a forward: {change} (noticed at [{call.caller}])",
+                self.steps + 1,
+            )
+        )
 
     # ---- generate() ------------------------------------------------------------------------------
 
@@ -509,8 +550,15 @@ class Watcher:
         if not first or not call.cache_length_before:
             return
         length = prompt.shape[-1]
-        call.found += check_stale_prompt(self.steps + 1, track.name, track.ids(), prompt[0].tolist(), self.label,
-                                         f" [{call.caller}]", fed_from=length - call.n)
+        call.found += check_stale_prompt(
+            self.steps + 1,
+            track.name,
+            track.ids(),
+            prompt[0].tolist(),
+            self.label,
+            f" [{call.caller}]",
+            fed_from=length - call.n,
+        )
 
     # ---- the forward -----------------------------------------------------------------------------
 
@@ -524,7 +572,9 @@ class Watcher:
             if call.cache is not None:
                 track = self.lineage.get(call.cache)
                 if track is None:
-                    made = "generate" if generating and not _passed_to_generate(call.cache, generating[-1]) else "program"
+                    made = (
+                        "generate" if generating and not _passed_to_generate(call.cache, generating[-1]) else "program"
+                    )
                     track = self._new_track(call.cache, probe, call.cache_length_before, call.batch, made)
                 else:
                     self._check_edits(call, track, call.cache)
@@ -532,17 +582,26 @@ class Watcher:
                 if generating:
                     self._generate(call, generating)
                 if call.n > 1 and call.input_ids is not None and not any(d.code == "stale-cache" for d in call.found):
-                    call.found += check_refed(self.steps + 1, track.name, track.ids(), call.input_ids[0],
-                                              f" [{call.caller}]")
+                    call.found += check_refed(
+                        self.steps + 1, track.name, track.ids(), call.input_ids[0], f" [{call.caller}]"
+                    )
             self.builder.check_request(call)
             return call
 
     def _finish(self, call: Call, output) -> None:
         with self._lock:
             if output is None:  # the forward raised: what it would have been is still worth an alarm
-                self._diagnose(list(call.found) or [Diagnostic(
-                    "worker-error", "error", f"the forward raised (see the program's traceback) [{call.caller}]",
-                    self.steps + 1)])
+                self._diagnose(
+                    list(call.found)
+                    or [
+                        Diagnostic(
+                            "worker-error",
+                            "error",
+                            f"the forward raised (see the program's traceback) [{call.caller}]",
+                            self.steps + 1,
+                        )
+                    ]
+                )
                 return
             forward_ms = (time.perf_counter() - call.started) * 1000
             snap_started = time.perf_counter()
@@ -558,8 +617,9 @@ class Watcher:
             if cache is not None:
                 track = call.track if call.cache is cache else self.lineage.get(cache)
                 if track is None:  # made by this forward (no cache was passed), or a cache it swapped in
-                    track = self._new_track(cache, call.probe, 0 if call.cache is None else call.cache_length_before,
-                                            call.batch, "forward")
+                    track = self._new_track(
+                        cache, call.probe, 0 if call.cache is None else call.cache_length_before, call.batch, "forward"
+                    )
             snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_probe = call.probe
@@ -586,7 +646,8 @@ class Watcher:
             raise ValueError(
                 f"cannot check {snapshot.cache_id}: its first {unknown} tokens were written before kvtui saw it "
                 f"(made before attaching, loaded or copied from an unwatched cache), so a recompute has nothing "
-                f"to start from; the {len(snapshot.buffer) - unknown} tokens after them were fed while watched")
+                f"to start from; the {len(snapshot.buffer) - unknown} tokens after them were fed while watched"
+            )
         tokens = [t.id for t in snapshot.buffer if t.origin != "pad" and t.id >= 0]
         model = probe.model
         device = model.get_input_embeddings().weight.device
@@ -595,20 +656,35 @@ class Watcher:
         _STATE.stack.append(None)  # kvtui's own forward, not one of the program's: no step, never held by the gate
         try:
             with torch.inference_mode():
-                fresh = model(input_ids=ids, use_cache=False,
-                              position_ids=torch.arange(len(tokens), device=device).unsqueeze(0)).logits[0, -1].float()
+                fresh = (
+                    model(
+                        input_ids=ids,
+                        use_cache=False,
+                        position_ids=torch.arange(len(tokens), device=device).unsqueeze(0),
+                    )
+                    .logits[0, -1]
+                    .float()
+                )
         finally:
             _STATE.stack.pop()
         dtype = str(model.dtype).removeprefix("torch.")
         quant_bits = next((layer.quant_bits for layer in snapshot.layers if layer.quant_bits), None)
-        result = judge_recompute(logits, fresh, dtype, self.top_k, len(tokens), (time.perf_counter() - started) * 1000,
-                                 quant_bits)
+        result = judge_recompute(
+            logits, fresh, dtype, self.top_k, len(tokens), (time.perf_counter() - started) * 1000, quant_bits
+        )
         if not result.ok:
-            self._diagnose([Diagnostic(
-                "cache-mismatch", "error",
-                f"the program's cached logits ({snapshot.cache_id}) differ from a full recompute of "
-                f"{len(tokens)} tokens: max |diff| {result.max_abs_diff:.3g} > {result.tolerance:g}"
-                f"{'' if result.topk_agree else ', top-k order differs'}", self.steps)])
+            self._diagnose(
+                [
+                    Diagnostic(
+                        "cache-mismatch",
+                        "error",
+                        f"the program's cached logits ({snapshot.cache_id}) differ from a full recompute of "
+                        f"{len(tokens)} tokens: max |diff| {result.max_abs_diff:.3g} > {result.tolerance:g}"
+                        f"{'' if result.topk_agree else ', top-k order differs'}",
+                        self.steps,
+                    )
+                ]
+            )
         record = asdict(result)
         record["cached_top"], record["recomputed_top"] = list(result.cached_top), list(result.recomputed_top)
         if self.recorder is not None:
@@ -624,8 +700,10 @@ class Watcher:
         """The waste line of the headless report."""
         if not self.recomputed_tokens:
             return "no prefill re-encoded what another cache held"
-        return (f"re-encoded {self.recomputed_tokens} tokens that earlier caches held, "
-                f"~{self.recomputed_ms:.0f} ms (recomputed-prefix)")
+        return (
+            f"re-encoded {self.recomputed_tokens} tokens that earlier caches held, "
+            f"~{self.recomputed_ms:.0f} ms (recomputed-prefix)"
+        )
 
 
 def _passed_to_generate(cache, frame) -> bool:
@@ -767,7 +845,13 @@ def _saw_call(watchers, name: str, original, tok, args, kwargs, result) -> None:
                 watcher.saw_encoding(row, set())
         return
     text = args[0] if args else kwargs.get("text")
-    texts = [text] if isinstance(text, str) else text if isinstance(text, list) and all(isinstance(t, str) for t in text) else None
+    texts = (
+        [text]
+        if isinstance(text, str)
+        else text
+        if isinstance(text, list) and all(isinstance(t, str) for t in text)
+        else None
+    )
     rows = _id_rows(result)
     if texts is None or len(rows) != len(texts):
         return
@@ -779,7 +863,9 @@ def _saw_call(watchers, name: str, original, tok, args, kwargs, result) -> None:
             real = [i for i in ids if i != tok.pad_token_id] if tok.pad_token_id is not None else ids
             front = find_sub(ids, bare)
             if front >= 0 and len(real) != len(bare):
-                added = set(range(front)) | {i for i in range(front + len(bare), len(ids)) if ids[i] != tok.pad_token_id}
+                added = set(range(front)) | {
+                    i for i in range(front + len(bare), len(ids)) if ids[i] != tok.pad_token_id
+                }
         for watcher in watchers:
             watcher.saw_encoding(ids, added)
 
@@ -790,14 +876,16 @@ _TOKENIZERS = _TokenizerRegistry()
 # ---- entry points -----------------------------------------------------------------------------------
 
 
-def watch(model, tokenizer=None, trace=None, *, top_k: int = TOP_K, gate: Gate | None = None,
-          on_snapshot=None, on_event=None) -> Watcher:
+def watch(
+    model, tokenizer=None, trace=None, *, top_k: int = TOP_K, gate: Gate | None = None, on_snapshot=None, on_event=None
+) -> Watcher:
     """Watch `model`'s forwards: `with kvtui.watch(model, tokenizer, trace="run.jsonl"): ...`.
 
     Usable without `with` in a notebook (`w = kvtui.watch(model)`, later `w.detach()`); `w.last` is the
     newest StepSnapshot and `w.diagnostics` every alarm so far."""
-    watcher = Watcher(tokenizer=tokenizer, trace=trace, top_k=top_k, gate=gate, on_snapshot=on_snapshot,
-                      on_event=on_event)
+    watcher = Watcher(
+        tokenizer=tokenizer, trace=trace, top_k=top_k, gate=gate, on_snapshot=on_snapshot, on_event=on_event
+    )
     return watcher.attach(model)
 
 

@@ -17,8 +17,17 @@ from .trace import TraceWriter, header_record
 
 
 class Recorder:
-    def __init__(self, session, path: str | Path | None, *, model_source: str = "", model_path: str = "",
-                 verify_every: int = 0, append: bool = False, header: dict | None = None):
+    def __init__(
+        self,
+        session,
+        path: str | Path | None,
+        *,
+        model_source: str = "",
+        model_path: str = "",
+        verify_every: int = 0,
+        append: bool = False,
+        header: dict | None = None,
+    ):
         self.session = session
         self.verify_every = verify_every
         self._verified_at = 0  # the step of the last verify
@@ -46,8 +55,9 @@ class Recorder:
                 session.verify()  # emits its own "verify" event
         elif kind == "diagnostics":
             for d in payload:
-                self._write({"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity,
-                             "message": d.message})
+                self._write(
+                    {"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity, "message": d.message}
+                )
         elif kind == "verify":
             self._write({"type": "verify", "step": session.steps, **asdict(payload)})
         elif kind == "turn-end":

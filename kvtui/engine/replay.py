@@ -47,14 +47,19 @@ class SnapshotBuilder:
                     index = view["row"]
                     row_fed = [_token(t) for t in view["fed"]]
                     self._row_items[index] = _extend(self._row_items[index], view["buffer_length"], row_fed)
-                    views.append(RowView(row=index, input_ids=tuple(view["input_ids"]), positions=tuple(view["positions"]),
-                                         topk=tuple(_top(t) for t in view["topk"]),
-                                         buffer=TokenBuffer(self._row_items[index])))
+                    views.append(
+                        RowView(
+                            row=index,
+                            input_ids=tuple(view["input_ids"]),
+                            positions=tuple(view["positions"]),
+                            topk=tuple(_top(t) for t in view["topk"]),
+                            buffer=TokenBuffer(self._row_items[index]),
+                        )
+                    )
                 rows = tuple(views)
             return _snapshot(record, TokenBuffer(self._items), rows)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise TraceError(f"{path}: step line {number}: a field is missing or malformed ({exc!r})") from None
-
 
     def _cache_items(self, record: dict) -> list[BufferToken]:
         """The tokens the step's cache held: kvtui's own chat has one cache; a watched program's caches each
@@ -104,8 +109,10 @@ class Replay:
 
     def describe(self) -> str:
         h = self.header
-        return (f"replay · {h.get('model', '?')} · {h.get('model_class', '?')} · {h.get('device', '?')} · "
-                f"{h.get('dtype', '?')} · {h.get('cache', '?')} cache · transformers {h.get('transformers', '?')}")
+        return (
+            f"replay · {h.get('model', '?')} · {h.get('model_class', '?')} · {h.get('device', '?')} · "
+            f"{h.get('dtype', '?')} · {h.get('cache', '?')} cache · transformers {h.get('transformers', '?')}"
+        )
 
 
 def transcript(buffer) -> list[dict]:
@@ -130,8 +137,9 @@ def describe_event(event: dict) -> str:
     if kind == "force":
         return f"forced {event.get('text')!r} (id {event.get('id')}, rank {event.get('rank')}) as the next token"
     if kind == "sampler":
-        return ("sampler changed: " + ", ".join(f"{k} {event[k]}" for k in
-                                                ("temperature", "top_k", "top_p", "repetition_penalty", "seed") if k in event))
+        return "sampler changed: " + ", ".join(
+            f"{k} {event[k]}" for k in ("temperature", "top_k", "top_p", "repetition_penalty", "seed") if k in event
+        )
     if kind == "watch":
         return f"watching {event.get('text')!r} (id {event.get('id')})"
     if kind == "verify":
@@ -156,13 +164,20 @@ def _extend(items: list[BufferToken], length: int, fed: list[BufferToken]) -> li
 
 
 def _token(record: dict) -> BufferToken:
-    return BufferToken(position=record["position"], id=record["id"], piece=record["piece"],
-                       special=record["special"], origin=record["origin"], turn=record.get("turn", 0))
+    return BufferToken(
+        position=record["position"],
+        id=record["id"],
+        piece=record["piece"],
+        special=record["special"],
+        origin=record["origin"],
+        turn=record.get("turn", 0),
+    )
 
 
 def _top(record: dict) -> TopToken:
-    return TopToken(id=record["id"], text=record["text"], logit=record["logit"], prob=record["prob"],
-                    rank=record.get("rank", 0))
+    return TopToken(
+        id=record["id"], text=record["text"], logit=record["logit"], prob=record["prob"], rank=record.get("rank", 0)
+    )
 
 
 def _maybe_top(record: dict | None) -> TopToken | None:
@@ -174,8 +189,15 @@ def _extra_layer_fields(record: dict) -> dict:
     out = {}
     if record.get("states"):
         out["states"] = tuple((str(name), tuple(shape)) for name, shape in record["states"])
-    for key in ("state_bytes", "quant_bits", "quant_group", "quant_bytes", "residual", "residual_capacity",
-                "offloaded"):
+    for key in (
+        "state_bytes",
+        "quant_bits",
+        "quant_group",
+        "quant_bytes",
+        "residual",
+        "residual_capacity",
+        "offloaded",
+    ):
         if key in record:
             out[key] = record[key]
     return out
@@ -183,27 +205,54 @@ def _extra_layer_fields(record: dict) -> dict:
 
 def _snapshot(record: dict, buffer: TokenBuffer, rows=None) -> StepSnapshot:
     step = record["step"]
-    layers = tuple(LayerInfo(index=layer["index"], kind=layer["kind"], k_shape=tuple(layer["k_shape"]), v_shape=tuple(layer["v_shape"]),
-                             dtype=layer["dtype"], device=layer["device"], bytes=layer["bytes"], filled=layer["filled"],
-                             capacity=layer.get("capacity"), window=layer.get("window"), seen=layer.get("seen", layer["filled"]),
-                             held_from=layer.get("held_from", 0), **_extra_layer_fields(layer))
-                   for layer in record["layers"])
+    layers = tuple(
+        LayerInfo(
+            index=layer["index"],
+            kind=layer["kind"],
+            k_shape=tuple(layer["k_shape"]),
+            v_shape=tuple(layer["v_shape"]),
+            dtype=layer["dtype"],
+            device=layer["device"],
+            bytes=layer["bytes"],
+            filled=layer["filled"],
+            capacity=layer.get("capacity"),
+            window=layer.get("window"),
+            seen=layer.get("seen", layer["filled"]),
+            held_from=layer.get("held_from", 0),
+            **_extra_layer_fields(layer),
+        )
+        for layer in record["layers"]
+    )
     attention = record.get("attention")
     ms = record.get("ms") or {}
     return StepSnapshot(
-        step=step, phase=record.get("phase", "decode"), turn=record.get("turn", 0),
-        input_ids=tuple(record["input_ids"]), positions=tuple(record["positions"]), cursor=record["cursor"],
-        cache_seq_length=record["cache_seq_length"], capacity=record.get("capacity"), layers=layers,
-        topk=tuple(_top(t) for t in record["topk"]), topk_processed=tuple(_top(t) for t in record.get("topk_processed", [])),
-        watched=tuple(_top(t) for t in record.get("watched", [])), chosen=_maybe_top(record.get("chosen")),
+        step=step,
+        phase=record.get("phase", "decode"),
+        turn=record.get("turn", 0),
+        input_ids=tuple(record["input_ids"]),
+        positions=tuple(record["positions"]),
+        cursor=record["cursor"],
+        cache_seq_length=record["cache_seq_length"],
+        capacity=record.get("capacity"),
+        layers=layers,
+        topk=tuple(_top(t) for t in record["topk"]),
+        topk_processed=tuple(_top(t) for t in record.get("topk_processed", [])),
+        watched=tuple(_top(t) for t in record.get("watched", [])),
+        chosen=_maybe_top(record.get("chosen")),
         chosen_forced=bool((record.get("chosen") or {}).get("forced")),
-        diagnostics=tuple(Diagnostic(d["code"], d["severity"], d["message"], step) for d in record.get("diagnostics", [])),
-        forward_ms=ms.get("forward", 0.0), snapshot_ms=ms.get("snapshot", 0.0), buffer=buffer,
+        diagnostics=tuple(
+            Diagnostic(d["code"], d["severity"], d["message"], step) for d in record.get("diagnostics", [])
+        ),
+        forward_ms=ms.get("forward", 0.0),
+        snapshot_ms=ms.get("snapshot", 0.0),
+        buffer=buffer,
         turn_done=record.get("turn_done", False),
         attention=tuple(attention["weights"]) if attention else None,
         attention_layer=attention["layer"] if attention else None,
-        compiled="compile" in record, compile_ms=(record.get("compile") or {}).get("compile_ms"),
-        recompiles=(record.get("compile") or {}).get("recompiles", 0), uncached=bool(record.get("uncached")),
+        compiled="compile" in record,
+        compile_ms=(record.get("compile") or {}).get("compile_ms"),
+        recompiles=(record.get("compile") or {}).get("recompiles", 0),
+        uncached=bool(record.get("uncached")),
         **_watch_fields(record, rows),
     )
 
@@ -214,11 +263,21 @@ def _watch_fields(record: dict, rows) -> dict:
     requested = record.get("requested") or {}
     lineage = record.get("lineage") or {}
     maybe = lambda values: None if values is None else tuple(values)  # noqa: E731
-    return {"source": record["source"], "caller": record.get("caller"), "cache_id": record.get("cache_id"),
-            "cache_length_before": record.get("cache_length_before"),
-            "requested_positions": maybe(requested.get("position_ids")),
-            "requested_cache_position": maybe(requested.get("cache_position")),
-            "positions_source": record.get("positions_source"), "batch": record.get("batch", 1),
-            "row": record.get("row", 0), "rows": rows, "cache_parent": lineage.get("parent"),
-            "cache_copied_at": lineage.get("copied_at"), "cache_unknown": lineage.get("unknown_prefix") or 0,
-            "model": record.get("model"), "thread": record.get("thread"), "recomputed": record.get("recomputed", 0)}
+    return {
+        "source": record["source"],
+        "caller": record.get("caller"),
+        "cache_id": record.get("cache_id"),
+        "cache_length_before": record.get("cache_length_before"),
+        "requested_positions": maybe(requested.get("position_ids")),
+        "requested_cache_position": maybe(requested.get("cache_position")),
+        "positions_source": record.get("positions_source"),
+        "batch": record.get("batch", 1),
+        "row": record.get("row", 0),
+        "rows": rows,
+        "cache_parent": lineage.get("parent"),
+        "cache_copied_at": lineage.get("copied_at"),
+        "cache_unknown": lineage.get("unknown_prefix") or 0,
+        "model": record.get("model"),
+        "thread": record.get("thread"),
+        "recomputed": record.get("recomputed", 0),
+    }

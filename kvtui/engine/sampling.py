@@ -78,9 +78,9 @@ def top_token_rows(scores: torch.Tensor, k: int, piece) -> list[tuple[TopToken, 
         scores = scores.float()
     values, ids = torch.topk(scores, k)  # [rows, k]
     norm = torch.logsumexp(scores, dim=-1, keepdim=True)  # [rows, 1]
-    if scores.device.type != "cpu" and vocab < 2 ** 24:  # one device -> host transfer (ids exact in float32)
+    if scores.device.type != "cpu" and vocab < 2**24:  # one device -> host transfer (ids exact in float32)
         host = torch.cat((values, norm, ids.to(torch.float32)), dim=-1).tolist()  # [rows, 2k + 1]
-        found = [(row[:k], row[k], [int(i) for i in row[k + 1:]]) for row in host]
+        found = [(row[:k], row[k], [int(i) for i in row[k + 1 :]]) for row in host]
     else:  # on the CPU reading three small tensors costs less than building one
         found = list(zip(values.tolist(), norm.reshape(-1).tolist(), ids.tolist()))
     out = []
@@ -116,7 +116,11 @@ def watched_tokens(scores: torch.Tensor, ids, piece) -> tuple[TopToken, ...]:
             continue
         prob = probs[token_id]
         rank = int((probs > prob).sum()) + 1  # O(vocab), on the device
-        out.append(TopToken(id=token_id, text=piece(token_id), logit=_finite(float(scores[token_id])), prob=float(prob), rank=rank))
+        out.append(
+            TopToken(
+                id=token_id, text=piece(token_id), logit=_finite(float(scores[token_id])), prob=float(prob), rank=rank
+            )
+        )
     return tuple(out)
 
 

@@ -8,9 +8,23 @@ from pathlib import Path
 
 KEYS = {"turns", "system", "mode", "prompt", "description", "expect", "options"}
 # Session/CLI options a script may set for itself (command-line flags still win).
-OPTION_KEYS = {"cache", "max_cache_len", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
-               "seed", "chat_tokenize", "prime_pad", "verify_every", "model", "cache_bits", "cache_backend",
-               "compile_decode"}
+OPTION_KEYS = {
+    "cache",
+    "max_cache_len",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "seed",
+    "chat_tokenize",
+    "prime_pad",
+    "verify_every",
+    "model",
+    "cache_bits",
+    "cache_backend",
+    "compile_decode",
+}
 
 
 class ScriptError(Exception):
@@ -70,14 +84,18 @@ def _validate(path: Path, data) -> Script:
     listed = data.get("turns")
     if listed is not None and not isinstance(listed, list):
         # a string would be iterated one character per turn
-        raise ScriptError(f"{path}: 'turns' must be a list of strings, not {type(listed).__name__}"
-                          + (f' (one turn: "turns": [{json.dumps(listed)}])' if isinstance(listed, str) else ""))
+        raise ScriptError(
+            f"{path}: 'turns' must be a list of strings, not {type(listed).__name__}"
+            + (f' (one turn: "turns": [{json.dumps(listed)}])' if isinstance(listed, str) else "")
+        )
     for index, turn in enumerate(listed or []):
         if isinstance(turn, dict):
             role = turn.get("role", "user")
             if role != "user" or set(turn) - {"role", "content"}:
-                raise ScriptError(f"{path}: turn {index + 1}: only user turns are scripted ({{'role': 'user', 'content': ...}}),"
-                                  f" got role {role!r}")
+                raise ScriptError(
+                    f"{path}: turn {index + 1}: only user turns are scripted ({{'role': 'user', 'content': ...}}),"
+                    f" got role {role!r}"
+                )
             turn = turn.get("content")
         if not isinstance(turn, str) or not turn:
             raise ScriptError(f"{path}: turn {index + 1} must be a non-empty string")
@@ -90,10 +108,18 @@ def _validate(path: Path, data) -> Script:
         raise ScriptError(f"{path}: no turns to run (give 'turns', or 'prompt' for completion mode)")
     options = data.get("options") or {}
     if not isinstance(options, dict) or set(options) - OPTION_KEYS:
-        raise ScriptError(f"{path}: unknown options {sorted(set(options) - OPTION_KEYS) if isinstance(options, dict) else options};"
-                          f" allowed: {sorted(OPTION_KEYS)}")
+        raise ScriptError(
+            f"{path}: unknown options {sorted(set(options) - OPTION_KEYS) if isinstance(options, dict) else options};"
+            f" allowed: {sorted(OPTION_KEYS)}"
+        )
     expect = data.get("expect") or []
     if isinstance(expect, str):
         expect = [expect]
-    return Script(turns=tuple(turns), system=data.get("system"), mode=mode, description=data.get("description", ""),
-                  expect=tuple(expect), options=dict(options))
+    return Script(
+        turns=tuple(turns),
+        system=data.get("system"),
+        mode=mode,
+        description=data.get("description", ""),
+        expect=tuple(expect),
+        options=dict(options),
+    )

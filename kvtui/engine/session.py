@@ -69,9 +69,14 @@ class _Message:
 
 
 class ChatSession:
-    def __init__(self, model, tokenizer, config: SessionConfig | None = None,
-                 on_snapshot: Callable[[StepSnapshot], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        config: SessionConfig | None = None,
+        on_snapshot: Callable[[StepSnapshot], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.model, self.tokenizer = model, tokenizer
         self._clock = clock  # injectable so screenshot tests get stable timings
         self.config = config or SessionConfig()
@@ -98,11 +103,15 @@ class ChatSession:
         self._accepts_logits_to_keep = introspect.forward_accepts(model, "logits_to_keep")
         self._cache_argument = introspect.cache_argument(model)  # 'cache' from transformers 5.24
         if self.config.cache == "offloaded" and self.device.type != "cuda":
-            raise SessionError(f"--cache offloaded needs the model on a CUDA device (transformers' offloading moves "
-                               f"layers with CUDA streams); this model is on {self.device.type}")
+            raise SessionError(
+                f"--cache offloaded needs the model on a CUDA device (transformers' offloading moves "
+                f"layers with CUDA streams); this model is on {self.device.type}"
+            )
         if self.config.compile and self.config.cache != "static":
-            raise SessionError("--compile needs --cache static: a dynamic cache changes shape every step, "
-                               "so a compiled forward would recompile every step")
+            raise SessionError(
+                "--compile needs --cache static: a dynamic cache changes shape every step, "
+                "so a compiled forward would recompile every step"
+            )
         refusal = introspect.hybrid_refusal(model.config)  # a feature test of this transformers' DynamicCache
         if refusal:
             raise SessionError(refusal)
@@ -202,10 +211,11 @@ class ChatSession:
         marker = "kvtuimarker"
         try:
             text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False)
+                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
+            )
         except Exception:  # templates that insist on other roles: no extra stop token
             return None
-        tail = text[text.rfind(marker) + len(marker):]
+        tail = text[text.rfind(marker) + len(marker) :]
         for token_id in self.tokenizer(tail, add_special_tokens=False)["input_ids"]:
             if token_id in self._special_set:
                 return token_id
@@ -232,12 +242,17 @@ class ChatSession:
         step = self.steps + 1
         if self.cache is None:  # --cache none: the tokens the model re-reads take the cache's place in the checks
             cache_len = len(self._tokens)
-        found = list(found or []) + check_feed(step, fed, self._tokens[-1] if self._tokens else None, self.special, self.piece)
+        found = list(found or []) + check_feed(
+            step, fed, self._tokens[-1] if self._tokens else None, self.special, self.piece
+        )
         positions = [t.position for t in fed]
         found += self._alarms.check_positions(step, positions, cache_len)
 
-        kwargs = (self._cached_forward_kwargs(fed, cache_len) if self.cache is not None
-                  else self._full_forward_kwargs(self._tokens + fed))
+        kwargs = (
+            self._cached_forward_kwargs(fed, cache_len)
+            if self.cache is not None
+            else self._full_forward_kwargs(self._tokens + fed)
+        )
         if self.config.attention:
             kwargs["output_attentions"] = True
         compiled = self.config.compile and len(fed) == 1 and not self.config.attention
@@ -245,7 +260,9 @@ class ChatSession:
         started = self._clock()
         try:
             with torch.inference_mode(), self._threads(kwargs["input_ids"].shape[1]):
-                out = self._decode_forward()(**kwargs) if compiled else self.model(**kwargs)  # updates self.cache in place
+                out = (
+                    self._decode_forward()(**kwargs) if compiled else self.model(**kwargs)
+                )  # updates self.cache in place
         except BaseException:
             self._restore(cache_len)
             raise
@@ -306,9 +323,12 @@ class ChatSession:
 
     def _cached_forward_kwargs(self, tokens: list[BufferToken], cache_len: int) -> dict:
         """Arguments of a forward that writes `tokens` into self.cache after `cache_len` cached ones."""
-        kwargs = dict(input_ids=torch.tensor([[t.id for t in tokens]], device=self.device),  # [1, n]
-                      position_ids=torch.tensor([[t.position for t in tokens]], device=self.device),  # [1, n]
-                      use_cache=True, **{self._cache_argument: self.cache})
+        kwargs = dict(
+            input_ids=torch.tensor([[t.id for t in tokens]], device=self.device),  # [1, n]
+            position_ids=torch.tensor([[t.position for t in tokens]], device=self.device),  # [1, n]
+            use_cache=True,
+            **{self._cache_argument: self.cache},
+        )
         if self._accepts_cache_position:  # 4.x: static layers write at cache_position
             kwargs["cache_position"] = torch.arange(cache_len, cache_len + len(tokens), device=self.device)
         if self._accepts_logits_to_keep:  # the prefill needs only the last row of logits
@@ -317,9 +337,11 @@ class ChatSession:
 
     def _full_forward_kwargs(self, tokens: list[BufferToken]) -> dict:
         """--cache none: one forward over every token of the context, no cache object (use_cache=False)."""
-        kwargs = dict(input_ids=torch.tensor([[t.id for t in tokens]], device=self.device),  # [1, n]
-                      position_ids=torch.tensor([[t.position for t in tokens]], device=self.device),  # [1, n]
-                      use_cache=False)
+        kwargs = dict(
+            input_ids=torch.tensor([[t.id for t in tokens]], device=self.device),  # [1, n]
+            position_ids=torch.tensor([[t.position for t in tokens]], device=self.device),  # [1, n]
+            use_cache=False,
+        )
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = 1
         return kwargs
@@ -335,8 +357,13 @@ class ChatSession:
             return known
         probs = torch.softmax(scores, dim=-1)
         prob = probs[token_id]
-        return TopToken(id=token_id, text=self.piece(token_id), logit=float(scores[token_id]), prob=float(prob),
-                        rank=int((probs > prob).sum()) + 1)
+        return TopToken(
+            id=token_id,
+            text=self.piece(token_id),
+            logit=float(scores[token_id]),
+            prob=float(prob),
+            rank=int((probs > prob).sum()) + 1,
+        )
 
     def _newest_attention(self, out) -> tuple[int, tuple[float, ...]] | None:
         """(layer, weights): the newest query's attention, mean over heads, one weight per buffer index."""
@@ -349,8 +376,9 @@ class ChatSession:
         held = weights[-total:].tolist()  # a sliding layer sees only its window: the rest is 0
         return layer, tuple([0.0] * (total - len(held)) + held)
 
-    def _snapshot(self, phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw,
-                  top) -> StepSnapshot:
+    def _snapshot(
+        self, phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw, top
+    ) -> StepSnapshot:
         layers: tuple[LayerInfo, ...]
         if self.cache is None:  # --cache none: nothing is cached, there are no layers to read or check
             layers, cache_len = (), 0
@@ -361,16 +389,30 @@ class ChatSession:
             found += self._alarms.check_layers(self.steps, layers, self.capacity, cache_len, reserve=1)
         self._record(found, in_step=True)
         snapshot = StepSnapshot(
-            step=self.steps, phase=phase, turn=self._turn,
-            input_ids=tuple(t.id for t in fed), positions=tuple(t.position for t in fed),
-            cursor=self._next_position, cache_seq_length=cache_len, capacity=self.capacity, layers=layers,
-            topk=top_raw, topk_processed=top,
+            step=self.steps,
+            phase=phase,
+            turn=self._turn,
+            input_ids=tuple(t.id for t in fed),
+            positions=tuple(t.position for t in fed),
+            cursor=self._next_position,
+            cache_seq_length=cache_len,
+            capacity=self.capacity,
+            layers=layers,
+            topk=top_raw,
+            topk_processed=top,
             watched=watched_tokens(scores, self.watch_ids, self.piece),
-            chosen=self.pending, chosen_forced=self.pending_forced, diagnostics=tuple(found),
-            forward_ms=forward_ms, snapshot_ms=(self._clock() - snap_started) * 1000,
-            buffer=self.buffer, turn_done=self._turn_done_after(),
-            attention=attention[1] if attention else None, attention_layer=attention[0] if attention else None,
-            compiled=self.config.compile, compile_ms=compile_ms, recompiles=self.recompiles,
+            chosen=self.pending,
+            chosen_forced=self.pending_forced,
+            diagnostics=tuple(found),
+            forward_ms=forward_ms,
+            snapshot_ms=(self._clock() - snap_started) * 1000,
+            buffer=self.buffer,
+            turn_done=self._turn_done_after(),
+            attention=attention[1] if attention else None,
+            attention_layer=attention[0] if attention else None,
+            compiled=self.config.compile,
+            compile_ms=compile_ms,
+            recompiles=self.recompiles,
             uncached=self.cache is None,
         )
         self.last = snapshot
@@ -382,7 +424,9 @@ class ChatSession:
         return snapshot
 
     def _turn_done_after(self) -> bool:
-        return self.pending is not None and (self._stops(self.pending.id) or self._new_in_turn >= self.config.max_new_tokens)
+        return self.pending is not None and (
+            self._stops(self.pending.id) or self._new_in_turn >= self.config.max_new_tokens
+        )
 
     def _record(self, found, in_step: bool = False) -> None:
         self.diagnostics.extend(found)
@@ -419,7 +463,7 @@ class ChatSession:
         self._close_turn()
         messages = self.messages + [{"role": "user", "content": text}]
         rendered = self._render(messages)
-        chat = self._tokens[self._primed:]
+        chat = self._tokens[self._primed :]
         common = 0
         limit = min(len(chat), len(rendered))
         while common < limit and chat[common].id == rendered[common][0]:
@@ -427,21 +471,29 @@ class ChatSession:
         drift = []
         if common < len(chat):
             cached, fresh = chat[common], rendered[common][0] if common < len(rendered) else None
-            drift.append(Diagnostic(
-                "template-drift", "warning",
-                f"the cached tokens are not a prefix of the re-rendered chat: at index {common} the cache holds "
-                f"{self.piece(cached.id)!r} (id {cached.id}) but the template renders "
-                + (f"{self.piece(fresh)!r} (id {fresh})" if fresh is not None else "nothing")
-                + f"; rewinding {len(chat) - common} tokens to the common prefix", self.steps + 1))
+            drift.append(
+                Diagnostic(
+                    "template-drift",
+                    "warning",
+                    f"the cached tokens are not a prefix of the re-rendered chat: at index {common} the cache holds "
+                    f"{self.piece(cached.id)!r} (id {cached.id}) but the template renders "
+                    + (f"{self.piece(fresh)!r} (id {fresh})" if fresh is not None else "nothing")
+                    + f"; rewinding {len(chat) - common} tokens to the common prefix",
+                    self.steps + 1,
+                )
+            )
         if common == len(rendered):  # nothing new: re-feed the last token to get fresh logits
             common -= 1
         self._turn += 1
         self._truncate(self._primed + common)
-        fed = [self._buffer_token(token_id, origin, i, self._turn) for i, (token_id, origin) in
-               enumerate(rendered[common:], start=common)]
+        fed = [
+            self._buffer_token(token_id, origin, i, self._turn)
+            for i, (token_id, origin) in enumerate(rendered[common:], start=common)
+        ]
         # the user message starts at its first own token; the header before it ends the previous message
-        user_start = next((self._primed + i for i in range(common, len(rendered)) if rendered[i][1] == "user"),
-                          self._primed + common)
+        user_start = next(
+            (self._primed + i for i in range(common, len(rendered)) if rendered[i][1] == "user"), self._primed + common
+        )
         snapshot = self._prefill(fed, drift)
         self._messages.append(_Message("user", text, user_start))
         self._messages.append(_Message("assistant", "", len(self._tokens)))
@@ -450,11 +502,12 @@ class ChatSession:
     def _send_completion(self, text: str) -> StepSnapshot:
         self._close_turn()
         self._turn += 1
-        first = not self._tokens[self._primed:]
+        first = not self._tokens[self._primed :]
         rendered = self._tokenize(text, add_special=first)
         base = len(self._tokens) - self._primed
-        fed = [self._buffer_token(token_id, origin, base + i, self._turn) for i, (token_id, origin) in
-               enumerate(rendered)]
+        fed = [
+            self._buffer_token(token_id, origin, base + i, self._turn) for i, (token_id, origin) in enumerate(rendered)
+        ]
         snapshot = self._prefill(fed, [])
         self._messages.append(_Message("assistant", "", len(self._tokens)))
         return snapshot
@@ -478,8 +531,14 @@ class ChatSession:
             self._emit("turn-end", None)
 
     def _buffer_token(self, token_id: int, origin: str, position: int, turn: int) -> BufferToken:
-        return BufferToken(position=position, id=token_id, piece=self.piece(token_id),
-                           special=token_id in self._special_set, origin=origin, turn=turn)
+        return BufferToken(
+            position=position,
+            id=token_id,
+            piece=self.piece(token_id),
+            special=token_id in self._special_set,
+            origin=origin,
+            turn=turn,
+        )
 
     def _prime(self) -> None:
         """The mistake being reproduced: a dummy pass of pad tokens, then the chat starts at position 0."""
@@ -523,8 +582,11 @@ class ChatSession:
         if front < 0:  # the tokenizer changed the text's own tokens: trust its ids, label them plainly
             return [(i, "template" if messages is not None else "user") for i in full]
         back = len(full) - front - len(ids)
-        return ([(i, "tokenizer-added") for i in full[:front]] + list(zip(ids, origins))
-                + [(i, "tokenizer-added") for i in full[len(full) - back:]])
+        return (
+            [(i, "tokenizer-added") for i in full[:front]]
+            + list(zip(ids, origins))
+            + [(i, "tokenizer-added") for i in full[len(full) - back :]]
+        )
 
     # ---- decoding --------------------------------------------------------------------------------
 
@@ -533,13 +595,16 @@ class ChatSession:
         if self.pending is None:
             raise SessionError("nothing to step: send a message first")
         if self.turn_done and not self.pending_forced:
-            raise SessionError("the turn is over (end token or --max-new-tokens): send a message, rewind or force a token")
+            raise SessionError(
+                "the turn is over (end token or --max-new-tokens): send a message, rewind or force a token"
+            )
         origin = "forced" if self.pending_forced else "assistant"
         token = self._buffer_token(self.pending.id, origin, self._next_position, self._turn)
         return self._forward([token], "decode")
 
-    def generate(self, cancel: threading.Event | None = None,
-                 on_step: Callable[[StepSnapshot], None] | None = None) -> StepSnapshot | None:
+    def generate(
+        self, cancel: threading.Event | None = None, on_step: Callable[[StepSnapshot], None] | None = None
+    ) -> StepSnapshot | None:
         """Step until the turn ends or `cancel` is set; returns the last snapshot."""
         last = self.last
         while self.pending is not None and not self.turn_done and not (cancel and cancel.is_set()):
@@ -572,8 +637,16 @@ class ChatSession:
     def set_sampler(self, settings: SamplerSettings) -> None:
         self.sampler = Sampler(settings, self.device)
         self.config = _replace(self.config, sampler=settings)
-        self._emit("sampler", {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p,
-                               "repetition_penalty": settings.repetition_penalty, "seed": settings.seed})
+        self._emit(
+            "sampler",
+            {
+                "temperature": settings.temperature,
+                "top_k": settings.top_k,
+                "top_p": settings.top_p,
+                "repetition_penalty": settings.repetition_penalty,
+                "seed": settings.seed,
+            },
+        )
 
     def watch_token(self, token_id: int) -> None:
         """Follow a token's probability and rank from the next step (a tuple swap: safe from the UI thread)."""
@@ -630,20 +703,44 @@ class ChatSession:
             introspect.truncate(self.cache, length)
             self._tokens = kept
             if recorded:
-                self._record([Diagnostic(
-                    "state-rewind", "info",
-                    f"rewind to {length}: conv states cropped exactly with transformers' past recording", self.steps)])
+                self._record(
+                    [
+                        Diagnostic(
+                            "state-rewind",
+                            "info",
+                            f"rewind to {length}: conv states cropped exactly with transformers' past recording",
+                            self.steps,
+                        )
+                    ]
+                )
         elif blocker == "sliding":
-            self._record([Diagnostic(
-                "sliding-eviction", "info",
-                f"rewind to {length} needs states that sliding layers evicted: recomputing {length} tokens", self.steps)])
+            self._record(
+                [
+                    Diagnostic(
+                        "sliding-eviction",
+                        "info",
+                        f"rewind to {length} needs states that sliding layers evicted: recomputing {length} tokens",
+                        self.steps,
+                    )
+                ]
+            )
             self._recompute(kept)
         else:
-            why = ("conv/recurrent (SSM, linear-attention) states summarize every token and cannot be cropped"
-                   if blocker == "state" else "quantized K/V cannot be cut per token")
-            self._record([Diagnostic(
-                "state-rewind", "info", f"rewind to {length}: {why}; recomputed {length} tokens from the token buffer",
-                self.steps)])
+            why = (
+                "conv/recurrent (SSM, linear-attention) states summarize every token and cannot be cropped"
+                if blocker == "state"
+                else "quantized K/V cannot be cut per token"
+            )
+            self._record(
+                [
+                    Diagnostic(
+                        "state-rewind",
+                        "info",
+                        f"rewind to {length}: {why}; recomputed {length} tokens from the token buffer",
+                        self.steps,
+                    )
+                ]
+            )
             self._recompute(kept)
         self._next_position = kept[-1].position + 1 if kept else 0
         self.pending = None
@@ -654,8 +751,13 @@ class ChatSession:
             self.cache = None
             return
         try:
-            self.cache = introspect.make_cache(self.config.cache, self.model.config, self.config.max_cache_len,
-                                               bits=self.config.cache_bits, backend=self.config.cache_backend)
+            self.cache = introspect.make_cache(
+                self.config.cache,
+                self.model.config,
+                self.config.max_cache_len,
+                bits=self.config.cache_bits,
+                backend=self.config.cache_backend,
+            )
         except ValueError as exc:
             raise SessionError(str(exc)) from None
         introspect.activate_past_recording(self.cache)  # conv-only layers (LFM2): rewinds crop exactly
@@ -672,8 +774,11 @@ class ChatSession:
 
     def restorable(self) -> dict:
         """What a fresh session needs besides the token buffer to go on where this one is: plain values."""
-        return {"messages": [{"role": m.role, "content": m.content, "start": m.start} for m in self._messages],
-                "turn": self._turn, "steps": self.steps}
+        return {
+            "messages": [{"role": m.role, "content": m.content, "start": m.start} for m in self._messages],
+            "turn": self._turn,
+            "steps": self.steps,
+        }
 
     def restore(self, tokens: list[BufferToken], state: dict) -> StepSnapshot | None:
         """Rebuild the cache from a token buffer in one forward (phase "restore"): the chat goes on from there.
@@ -710,28 +815,43 @@ class ChatSession:
 
         The reference is what the cache should hold: every token of the chat, at positions 0..n-1,
         and no primed pads (they are not part of the conversation, which is the point of that alarm)."""
-        chat = self._tokens[self._primed:]
+        chat = self._tokens[self._primed :]
         if self._logits is None or not chat:
             raise SessionError("nothing to verify: send a message first")
         started = self._clock()
         ids = torch.tensor([[t.id for t in chat]], device=self.device)  # [1, n]
-        kwargs = dict(input_ids=ids, use_cache=False,
-                      position_ids=torch.arange(ids.shape[1], device=self.device).unsqueeze(0))  # what model(ids) does
+        kwargs = dict(
+            input_ids=ids, use_cache=False, position_ids=torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
+        )  # what model(ids) does
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = 1
         with torch.inference_mode(), self._threads(ids.shape[1]):
             fresh = self.model(**kwargs).logits[0, -1].float()  # [vocab]
         quantized = self.config.cache == "quantized"
-        result = judge_recompute(self._logits, fresh, self.dtype, self.config.top_k_shown, len(chat),
-                                 (self._clock() - started) * 1000, self._quant_bits() if quantized else None)
+        result = judge_recompute(
+            self._logits,
+            fresh,
+            self.dtype,
+            self.config.top_k_shown,
+            len(chat),
+            (self._clock() - started) * 1000,
+            self._quant_bits() if quantized else None,
+        )
         diff, tolerance, agree = result.max_abs_diff, result.tolerance, result.topk_agree
         if not result.ok:
-            self._record([Diagnostic(
-                "cache-mismatch", "error",
-                f"cached logits differ from a full recompute of {len(chat)} tokens: max |diff| {diff:.3g} "
-                f"> {tolerance:g}{' (quantized cache bound)' if quantized else ''}"
-                f"{'' if agree else ', top-k order differs'}"
-                + (f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""), self.steps)])
+            self._record(
+                [
+                    Diagnostic(
+                        "cache-mismatch",
+                        "error",
+                        f"cached logits differ from a full recompute of {len(chat)} tokens: max |diff| {diff:.3g} "
+                        f"> {tolerance:g}{' (quantized cache bound)' if quantized else ''}"
+                        f"{'' if agree else ', top-k order differs'}"
+                        + (f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""),
+                        self.steps,
+                    )
+                ]
+            )
         self._emit("verify", result)
         return result
 
@@ -739,8 +859,9 @@ class ChatSession:
 # ---- helpers -------------------------------------------------------------------------------------
 
 
-def judge_recompute(cached: torch.Tensor, fresh: torch.Tensor, dtype: str, k: int, tokens: int, ms: float,
-                    quant_bits: int | None = None) -> VerifyResult:
+def judge_recompute(
+    cached: torch.Tensor, fresh: torch.Tensor, dtype: str, k: int, tokens: int, ms: float, quant_bits: int | None = None
+) -> VerifyResult:
     """The one verdict of verify, for kvtui's own cache and a watched program's: cached vs recomputed
     last logits ([vocab] each) within the dtype's tolerance (a quantized cache's bound when bits are
     given), and the same top-k order, near-ties aside."""
@@ -752,8 +873,16 @@ def judge_recompute(cached: torch.Tensor, fresh: torch.Tensor, dtype: str, k: in
     cached_top = torch.topk(cached, k).indices.tolist()
     fresh_top = torch.topk(fresh, k).indices.tolist()
     agree = _orders_agree(cached_top, fresh_top, fresh, tolerance)
-    return VerifyResult(max_abs_diff=diff, tolerance=tolerance, topk_agree=agree, cached_top=tuple(cached_top),
-                        recomputed_top=tuple(fresh_top), tokens=tokens, ok=diff <= tolerance and agree, ms=ms)
+    return VerifyResult(
+        max_abs_diff=diff,
+        tolerance=tolerance,
+        topk_agree=agree,
+        cached_top=tuple(cached_top),
+        recomputed_top=tuple(fresh_top),
+        tokens=tokens,
+        ok=diff <= tolerance and agree,
+        ms=ms,
+    )
 
 
 def _graph_count() -> int:
@@ -775,6 +904,7 @@ def quantized_tolerance(bits: int, fresh_logits: torch.Tensor) -> float:
 
 def _replace(config: SessionConfig, **changes) -> SessionConfig:
     from dataclasses import replace
+
     return replace(config, **changes)
 
 
@@ -815,7 +945,7 @@ def find_sub(full: list[int], part: list[int]) -> int:
     """Index of `part` inside `full` (the tokenizer adds specials only around the text), or -1.
     Also how the probe finds what a watched program's tokenizer call added."""
     for front in range(0, len(full) - len(part) + 1):
-        if full[front:front + len(part)] == part:
+        if full[front : front + len(part)] == part:
             return front
         if front > 4:  # tokenizers add at most a few tokens in front
             break
@@ -828,5 +958,6 @@ def _orders_agree(cached: list[int], fresh: list[int], fresh_logits: torch.Tenso
         # a different member is fine only if it is tied with the k-th at the boundary
         kth = float(fresh_logits[fresh[-1]])
         return all(abs(float(fresh_logits[i]) - kth) <= tolerance for i in set(cached) ^ set(fresh))
-    return all(a == b or abs(float(fresh_logits[a]) - float(fresh_logits[b])) <= tolerance
-               for a, b in zip(cached, fresh))
+    return all(
+        a == b or abs(float(fresh_logits[a]) - float(fresh_logits[b])) <= tolerance for a, b in zip(cached, fresh)
+    )

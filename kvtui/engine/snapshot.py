@@ -22,8 +22,18 @@ else:
 _T = TypeVar("_T")
 
 # Where a cached token came from.
-ORIGINS = ("template", "system", "user", "assistant", "forced", "tokenizer-added", "primed",
-           "fed", "pad", "unknown")  # fed / pad: tokens a watched program fed (pad: masked out by its attention
+ORIGINS = (
+    "template",
+    "system",
+    "user",
+    "assistant",
+    "forced",
+    "tokenizer-added",
+    "primed",
+    "fed",
+    "pad",
+    "unknown",
+)  # fed / pad: tokens a watched program fed (pad: masked out by its attention
 # mask); unknown: in a watched cache before kvtui saw it (its id is -2)
 SEVERITIES = ("info", "warning", "error")
 
@@ -56,9 +66,12 @@ def frozen(cls: type[_T]) -> type[_T]:
             params.append(f.name)
         body.append(f"    {setter}(self, {f.name})")
     cells["_MISSING"] = MISSING
-    source = (f"def make({', '.join(cells)}):\n"
-              f"  def __init__(self, {', '.join(params)}):\n" + "\n".join("  " + line for line in body or ["    pass"])
-              + "\n  return __init__\n")
+    source = (
+        f"def make({', '.join(cells)}):\n"
+        f"  def __init__(self, {', '.join(params)}):\n"
+        + "\n".join("  " + line for line in body or ["    pass"])
+        + "\n  return __init__\n"
+    )
     namespace: dict = {}
     exec(source, {}, namespace)  # noqa: S102  (generated from the class's own fields, as dataclasses does)
     init = namespace["make"](**cells)
@@ -241,8 +254,16 @@ class StepSnapshot:
         from dataclasses import replace
 
         view = self.rows[row]
-        return replace(self, input_ids=view.input_ids, positions=view.positions, topk=view.topk,
-                       topk_processed=view.topk, buffer=view.buffer, row=row)
+        return replace(
+            self,
+            input_ids=view.input_ids,
+            positions=view.positions,
+            topk=view.topk,
+            topk_processed=view.topk,
+            buffer=view.buffer,
+            row=row,
+        )
+
     # --compile: whether this session runs decode steps compiled; compile_ms is set on a step whose
     # forward included compiling (its forward_ms is compile time then); recompiles: graphs after the first
     compiled: bool = False
@@ -262,8 +283,9 @@ class StepSnapshot:
         """The trace's `step` line (see README, trace schema 1). `objects`: layers, top tokens and fed tokens
         stay the frozen dataclasses they are (orjson writes a dataclass as the same object its record is,
         field by field, at a fraction of the cost of building the dicts)."""
-        layer_record, top_record, token_record = (_as_is, _as_is, _as_is) if objects else (
-            _layer_record, _top_record, _token_record)
+        layer_record, top_record, token_record = (
+            (_as_is, _as_is, _as_is) if objects else (_layer_record, _top_record, _token_record)
+        )
         return {
             "type": "step",
             "step": self.step,
@@ -271,7 +293,7 @@ class StepSnapshot:
             "turn": self.turn,
             "input_ids": list(self.input_ids),
             "positions": list(self.positions),
-            "fed": [token_record(t) for t in self.buffer[len(self.buffer) - len(self.input_ids):]],
+            "fed": [token_record(t) for t in self.buffer[len(self.buffer) - len(self.input_ids) :]],
             "cursor": self.cursor,
             "cache_seq_length": self.cache_seq_length,
             "capacity": self.capacity,
@@ -284,8 +306,11 @@ class StepSnapshot:
             "diagnostics": [{"code": d.code, "severity": d.severity, "message": d.message} for d in self.diagnostics],
             "ms": {"forward": round(self.forward_ms, 3), "snapshot": round(self.snapshot_ms, 3)},
             "buffer_length": len(self.buffer),
-            **({"attention": {"layer": self.attention_layer, "weights": list(self.attention)}}
-               if self.attention is not None else {}),
+            **(
+                {"attention": {"layer": self.attention_layer, "weights": list(self.attention)}}
+                if self.attention is not None
+                else {}
+            ),
             **(self._watch_record(top_record, token_record) if self.source != "session" else {}),
             **({"compile": {"compile_ms": self.compile_ms, "recompiles": self.recompiles}} if self.compiled else {}),
             **({"uncached": True} if self.uncached else {}),
@@ -293,19 +318,38 @@ class StepSnapshot:
 
     def _watch_record(self, top_record, token_record) -> dict:
         record: dict[str, Any] = {
-            "source": self.source, "caller": self.caller, "cache_id": self.cache_id,
+            "source": self.source,
+            "caller": self.caller,
+            "cache_id": self.cache_id,
             "cache_length_before": self.cache_length_before,
-            "requested": {"position_ids": _maybe_list(self.requested_positions),
-                          "cache_position": _maybe_list(self.requested_cache_position)},
-            "positions_source": self.positions_source, "batch": self.batch, "row": self.row,
-            "lineage": {"parent": self.cache_parent, "copied_at": self.cache_copied_at, "unknown_prefix": self.cache_unknown},
-            "model": self.model, "thread": self.thread, "recomputed": self.recomputed,
+            "requested": {
+                "position_ids": _maybe_list(self.requested_positions),
+                "cache_position": _maybe_list(self.requested_cache_position),
+            },
+            "positions_source": self.positions_source,
+            "batch": self.batch,
+            "row": self.row,
+            "lineage": {
+                "parent": self.cache_parent,
+                "copied_at": self.cache_copied_at,
+                "unknown_prefix": self.cache_unknown,
+            },
+            "model": self.model,
+            "thread": self.thread,
+            "recomputed": self.recomputed,
         }
         if self.rows:
-            record["rows"] = [{"row": r.row, "input_ids": list(r.input_ids), "positions": list(r.positions),
-                               "fed": [token_record(t) for t in r.buffer[len(r.buffer) - len(r.input_ids):]],
-                               "buffer_length": len(r.buffer), "topk": [top_record(t) for t in r.topk]}
-                              for r in self.rows]
+            record["rows"] = [
+                {
+                    "row": r.row,
+                    "input_ids": list(r.input_ids),
+                    "positions": list(r.positions),
+                    "fed": [token_record(t) for t in r.buffer[len(r.buffer) - len(r.input_ids) :]],
+                    "buffer_length": len(r.buffer),
+                    "topk": [top_record(t) for t in r.topk],
+                }
+                for r in self.rows
+            ]
         return record
 
 
@@ -334,7 +378,14 @@ def _top_record(t: TopToken) -> dict:
 
 
 def _token_record(t: BufferToken) -> dict:
-    return {"position": t.position, "id": t.id, "piece": t.piece, "special": t.special, "origin": t.origin, "turn": t.turn}
+    return {
+        "position": t.position,
+        "id": t.id,
+        "piece": t.piece,
+        "special": t.special,
+        "origin": t.origin,
+        "turn": t.turn,
+    }
 
 
 def buffer_record(buffer: Sequence[BufferToken]) -> dict:

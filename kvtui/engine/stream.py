@@ -62,8 +62,19 @@ from pathlib import Path
 from typing import IO, Any
 
 COMMANDS = ("pause", "run", "step", "break on", "break off", "verify", "watch", "quit")
-STREAM_ONLY = ("paused", "break", "notice", "program-exit", "output", "process-exit", "progress", "ready",
-               "load-failed", "session", "state")
+STREAM_ONLY = (
+    "paused",
+    "break",
+    "notice",
+    "program-exit",
+    "output",
+    "process-exit",
+    "progress",
+    "ready",
+    "load-failed",
+    "session",
+    "state",
+)
 
 
 def format_command(word: str, argument=None) -> str:
@@ -144,8 +155,9 @@ class RecordPipe:
 # ---- the child: a gate the viewer controls --------------------------------------------------------
 
 
-def control_gate(control_fd: int, pipe: RecordPipe, start_paused: bool = False, break_on_alarm: bool = False,
-                 on_gone=None):
+def control_gate(
+    control_fd: int, pipe: RecordPipe, start_paused: bool = False, break_on_alarm: bool = False, on_gone=None
+):
     """A probe Gate that holds the program before a forward while the viewer says pause. `on_gone()` runs
     when the viewer's end of the control channel closes (by default the process exits at once)."""
     from .probe import Gate
@@ -248,8 +260,14 @@ def child_main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     pipe = RecordPipe(options.records_fd)
     gate = control_gate(options.control_fd, pipe, options.paused, options.break_on_alarm)
-    watcher = Watcher(trace=options.trace, top_k=options.top_k, gate=gate, program=[options.target, *options.args],
-                      on_snapshot=pipe.send, on_event=pipe.send)
+    watcher = Watcher(
+        trace=options.trace,
+        top_k=options.top_k,
+        gate=gate,
+        program=[options.target, *options.args],
+        on_snapshot=pipe.send,
+        on_event=pipe.send,
+    )
     code, _ = run_watched(watcher, options.target, options.args, module=options.module)
     pipe.send({"type": "program-exit", "code": code, "steps": watcher.steps})
     pipe.close()
@@ -268,18 +286,33 @@ class ChildSource:
     supports: set[str] = set()
     PARTIAL_QUIET = 0.05  # seconds without more output before an unterminated tail is shown as a partial line
 
-    def _spawn(self, module: str, args: list[str], env: dict | None = None, cwd: str | None = None,
-               interactive: bool = False) -> None:
+    def _spawn(
+        self, module: str, args: list[str], env: dict | None = None, cwd: str | None = None, interactive: bool = False
+    ) -> None:
         """`python -m MODULE --records-fd W --control-fd R ARGS...`"""
         records_read, records_write = os.pipe()
         control_read, control_write = os.pipe()
-        command = [sys.executable, "-m", module, "--records-fd", str(records_write), "--control-fd", str(control_read),
-                   *args]
+        command = [
+            sys.executable,
+            "-m",
+            module,
+            "--records-fd",
+            str(records_write),
+            "--control-fd",
+            str(control_read),
+            *args,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        process = subprocess.Popen(command, pass_fds=(records_write, control_read),
-                                   stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            pass_fds=(records_write, control_read),
+            stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
         os.close(records_write)
         os.close(control_read)
         self._control = os.fdopen(control_write, "w", encoding="utf-8", buffering=1)
@@ -327,7 +360,7 @@ class ChildSource:
             with self._output_lock:
                 if name in self._ended_partial:  # a sent line's echo ended the partial shown so far
                     self._ended_partial.discard(name)
-                    pending = pending[self._shown_partial.pop(name, 0):]
+                    pending = pending[self._shown_partial.pop(name, 0) :]
                 if not chunk:
                     break
                 *lines, pending = (pending + chunk).split(b"\n")
@@ -339,8 +372,9 @@ class ChildSource:
                     continue
                 if select.select([fd], [], [], self.PARTIAL_QUIET)[0]:
                     continue  # more is coming at once: the line is still being written
-                self._queue.put({"type": "output", "stream": name, "text": _line_text(pending, partial=True),
-                                 "partial": True})
+                self._queue.put(
+                    {"type": "output", "stream": name, "text": _line_text(pending, partial=True), "partial": True}
+                )
                 self._shown_partial[name] = len(pending)
         if pending:  # the child ended mid-line: the tail is its last line
             self._queue.put({"type": "output", "stream": name, "text": _line_text(pending)})
@@ -468,8 +502,17 @@ class ProgramSource(ChildSource):
 
     supports = {"pause", "run", "step", "break", "verify", "watch"}
 
-    def __init__(self, target: str, args: list[str], module: bool = False, trace: str | os.PathLike | None = None,
-                 paused: bool = False, break_on_alarm: bool = False, top_k: int = 10, cwd: str | None = None):
+    def __init__(
+        self,
+        target: str,
+        args: list[str],
+        module: bool = False,
+        trace: str | os.PathLike | None = None,
+        paused: bool = False,
+        break_on_alarm: bool = False,
+        top_k: int = 10,
+        cwd: str | None = None,
+    ):
         self.argv = [target, *args]
         command = ["--top-k", str(top_k)]
         if trace:
@@ -491,7 +534,7 @@ def _line_text(raw: bytes, partial: bool = False) -> str:
             raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             if exc.reason == "unexpected end of data":
-                raw = raw[:exc.start]
+                raw = raw[: exc.start]
     text = raw.decode("utf-8", "replace").rstrip("\r\n")
     return next((part for part in reversed(text.split("\r")) if part), "")
 
@@ -515,8 +558,23 @@ class EngineSource(ChildSource):
     """kvtui's own chat in the engine process (engine_host.py), set up from a pickled EngineSetup file.
     The child gets this process's import path, so whatever the setup names (a loader, a hook) imports there."""
 
-    supports = {"send", "step", "run", "pause", "stop", "rewind", "rewind_to", "force", "verify", "sampler", "reset",
-                "export", "watch", "attention", "restore"}
+    supports = {
+        "send",
+        "step",
+        "run",
+        "pause",
+        "stop",
+        "rewind",
+        "rewind_to",
+        "force",
+        "verify",
+        "sampler",
+        "reset",
+        "export",
+        "watch",
+        "attention",
+        "restore",
+    }
 
     def __init__(self, setup_path: str | os.PathLike):
         path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)

@@ -50,4 +50,7 @@ def warning_line(text: str | None = None) -> str | None:
     text = installed() if text is None else text
     if is_tested(text):
         return None
-    return f"kvtui: warning: transformers {text} is outside the tested " f"range ({RANGE_TEXT}); alarms may describe another version"
+    return (
+        f"kvtui: warning: transformers {text} is outside the tested "
+        f"range ({RANGE_TEXT}); alarms may describe another version"
+    )

@@ -43,8 +43,14 @@ def header_start() -> dict:
 
     from kvtui._version import __version__
 
-    return {"type": "header", "schema": SCHEMA, "kvtui": __version__, "transformers": transformers.__version__,
-            "torch": torch.__version__, "python": platform.python_version()}
+    return {
+        "type": "header",
+        "schema": SCHEMA,
+        "kvtui": __version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def header_record(session, model_source: str, model_path: str) -> dict:
@@ -58,13 +64,18 @@ def header_record(session, model_source: str, model_path: str) -> dict:
         "dtype": session.dtype,
         "device": str(session.device),
         "cache": session.config.cache,
-        **({"cache_bits": session.config.cache_bits, "cache_backend": session.config.cache_backend}
-           if session.config.cache == "quantized" else {}),
+        **(
+            {"cache_bits": session.config.cache_bits, "cache_backend": session.config.cache_backend}
+            if session.config.cache == "quantized"
+            else {}
+        ),
         **({"compile": True} if session.config.compile else {}),
         "capacity": session.capacity,
         "mode": session.config.mode,
         "sampler": {
-            "temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p,
+            "temperature": settings.temperature,
+            "top_k": settings.top_k,
+            "top_p": settings.top_p,
             "repetition_penalty": settings.repetition_penalty,
         },
         "seed": settings.seed,
@@ -227,7 +238,9 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
             except UnicodeDecodeError as exc:
                 if not finished:
                     raise TruncatedTailError(path, number) from None
-                raise TraceError(f"{path}:{number}: not valid UTF-8 ({exc.reason} at byte {exc.start} of the line)") from None
+                raise TraceError(
+                    f"{path}:{number}: not valid UTF-8 ({exc.reason} at byte {exc.start} of the line)"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -253,7 +266,9 @@ def read_trace(path: str | os.PathLike, *, strict: bool = False) -> Trace:
                 if kind != "header":
                     raise TraceError(f"{path}:{number}: the first record must be the header, found {kind!r}")
                 if record.get("schema") != SCHEMA:
-                    raise TraceError(f"{path}:{number}: unknown trace schema {record.get('schema')!r} (this kvtui reads {SCHEMA})")
+                    raise TraceError(
+                        f"{path}:{number}: unknown trace schema {record.get('schema')!r} (this kvtui reads {SCHEMA})"
+                    )
                 trace = Trace(Path(path), record)
             elif kind == "step":
                 for key in ("step", "input_ids", "positions", "cursor", "cache_seq_length", "layers", "topk"):
@@ -270,8 +285,9 @@ def read_trace(path: str | os.PathLike, *, strict: bool = False) -> Trace:
         if strict:
             raise
         if trace is None:
-            raise TraceError(f"{path}:{exc.number}: the header line is cut short "
-                             "(the recording was interrupted before it started)") from None
+            raise TraceError(
+                f"{path}:{exc.number}: the header line is cut short (the recording was interrupted before it started)"
+            ) from None
         trace.truncated = True
     if trace is None:
         raise TraceError(f"{path}: empty trace (no header)")

@@ -71,16 +71,24 @@ del _kvtui_start
 '''
 
 
-def environment(hook_dir: Path, connect: str, token: str, top_k: int, base: dict | None = None,
-                paused: bool = False, break_on_alarm: bool = False) -> dict:
+def environment(
+    hook_dir: Path,
+    connect: str,
+    token: str,
+    top_k: int,
+    base: dict | None = None,
+    paused: bool = False,
+    break_on_alarm: bool = False,
+) -> dict:
     """The environment a watched command runs with: the hook's directory first on PYTHONPATH, and ENV."""
     env = dict(os.environ if base is None else base)
     hook_dir.mkdir(parents=True, exist_ok=True)
     kvtui_home = str(Path(__file__).resolve().parent.parent.parent)  # the directory that holds kvtui/
     (hook_dir / "sitecustomize.py").write_text(f"KVTUI_HOME = {kvtui_home!r}\n" + HOOK, encoding="utf-8")
     env["PYTHONPATH"] = os.pathsep.join([str(hook_dir), *filter(None, [env.get("PYTHONPATH")])])
-    env[ENV] = json.dumps({"connect": connect, "token": token, "top_k": top_k, "paused": paused,
-                           "break_on_alarm": break_on_alarm})
+    env[ENV] = json.dumps(
+        {"connect": connect, "token": token, "top_k": top_k, "paused": paused, "break_on_alarm": break_on_alarm}
+    )
     return env
 
 
@@ -162,16 +170,31 @@ def _watcher(config: dict):
         host, _, port = config["connect"].rpartition(":")
         connection = socket.create_connection((host, int(port)), timeout=HELLO_TIMEOUT_S)
         connection.settimeout(None)
-        facts = {"type": "hello", "token": config["token"], "pid": os.getpid(), "ppid": os.getppid(),
-                 "host": socket.gethostname(), "argv": list(sys.argv),
-                 **{name.lower(): int(os.environ[name]) for name in RANK_VARIABLES
-                    if os.environ.get(name, "").isdigit()}}
+        facts = {
+            "type": "hello",
+            "token": config["token"],
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "host": socket.gethostname(),
+            "argv": list(sys.argv),
+            **{name.lower(): int(os.environ[name]) for name in RANK_VARIABLES if os.environ.get(name, "").isdigit()},
+        }
         connection.sendall(json.dumps(facts).encode() + b"\n")
         pipe = RecordPipe(os.dup(connection.fileno()))
-        gate = control_gate(os.dup(connection.fileno()), pipe, bool(config.get("paused")),
-                            bool(config.get("break_on_alarm")), on_gone=_viewer_gone)
-        watcher = Watcher(top_k=int(config.get("top_k", 10)), gate=gate, program=list(sys.argv),
-                          on_snapshot=pipe.send, on_event=pipe.send)
+        gate = control_gate(
+            os.dup(connection.fileno()),
+            pipe,
+            bool(config.get("paused")),
+            bool(config.get("break_on_alarm")),
+            on_gone=_viewer_gone,
+        )
+        watcher = Watcher(
+            top_k=int(config.get("top_k", 10)),
+            gate=gate,
+            program=list(sys.argv),
+            on_snapshot=pipe.send,
+            on_event=pipe.send,
+        )
         _RUN.update(pid=os.getpid(), watcher=watcher, attach=AutoAttach(watcher), connection=connection, pipe=pipe)
         atexit.register(_finish)
     return _RUN["attach"]
@@ -281,14 +304,24 @@ class TreeServer:
             connection.settimeout(HELLO_TIMEOUT_S)
             lines = connection.makefile("rb")
             hello = _record(lines.readline())
-            if hello is None or hello.get("type") != "hello" or not hmac.compare_digest(
-                    str(hello.get("token", "")), self.token):
+            if (
+                hello is None
+                or hello.get("type") != "hello"
+                or not hmac.compare_digest(str(hello.get("token", "")), self.token)
+            ):
                 self._note(f"dropped a connection from {where}: no valid token")
                 return
             connection.settimeout(None)
-            run = ProcessRun(pid=int(hello["pid"]), argv=list(hello.get("argv", [])), rank=hello.get("rank"),
-                             local_rank=hello.get("local_rank"), world_size=hello.get("world_size"),
-                             ppid=hello.get("ppid"), host=hello.get("host"), connection=connection)
+            run = ProcessRun(
+                pid=int(hello["pid"]),
+                argv=list(hello.get("argv", [])),
+                rank=hello.get("rank"),
+                local_rank=hello.get("local_rank"),
+                world_size=hello.get("world_size"),
+                ppid=hello.get("ppid"),
+                host=hello.get("host"),
+                connection=connection,
+            )
             with self._lock:
                 self.runs.append(run)
             for raw in lines:
@@ -365,14 +398,20 @@ def desync(runs: list[ProcessRun]) -> list:
     """rank-desync: the first forward at which the ranks of the run disagree (what follows comes from it)."""
     from .diagnostics import check_ranks
 
-    ranked = {run.rank: [r for r in run.records if r["type"] == "step"] for run in runs
-              if run.rank is not None and run.watched}
+    ranked = {
+        run.rank: [r for r in run.records if r["type"] == "step"]
+        for run in runs
+        if run.rank is not None and run.watched
+    }
     if len(ranked) < 2:
         return []
     for index in range(max(len(steps) for steps in ranked.values())):
-        facts = {rank: (tuple(steps[index]["input_ids"]), tuple(steps[index]["positions"]),
-                        steps[index]["cache_seq_length"]) if index < len(steps) else None
-                 for rank, steps in ranked.items()}
+        facts = {
+            rank: (tuple(steps[index]["input_ids"]), tuple(steps[index]["positions"]), steps[index]["cache_seq_length"])
+            if index < len(steps)
+            else None
+            for rank, steps in ranked.items()
+        }
         found = check_ranks(index + 1, facts)
         if found:
             return found
@@ -382,8 +421,11 @@ def desync(runs: list[ProcessRun]) -> list:
 def shards(runs: list[ProcessRun]) -> str | None:
     """The ranks' shards of layer 0 at their last common forward, merged into the logical layer
     (`K 1×2×27×16 · 2 ranks × 1 head`), when the ranks split the KV heads; None otherwise."""
-    ranked = {run.rank: [r for r in run.records if r["type"] == "step" and r.get("layers")] for run in runs
-              if run.rank is not None and run.watched}
+    ranked = {
+        run.rank: [r for r in run.records if r["type"] == "step" and r.get("layers")]
+        for run in runs
+        if run.rank is not None and run.watched
+    }
     ranked = {rank: steps for rank, steps in ranked.items() if steps}
     if len(ranked) < 2:
         return None
@@ -395,8 +437,10 @@ def shards(runs: list[ProcessRun]) -> str | None:
     if any(shape[:1] + shape[2:] != shapes[0][:1] + shapes[0][2:] for shape in shapes) or len(set(heads)) != 1:
         return None
     batch, _, length, dim = shapes[0]
-    return (f"K {batch}×{sum(heads)}×{length}×{dim} · {len(ranked)} ranks × {heads[0]} head"
-            f"{'s' if heads[0] != 1 else ''} (layer 0, forward {last + 1})")
+    return (
+        f"K {batch}×{sum(heads)}×{length}×{dim} · {len(ranked)} ranks × {heads[0]} head"
+        f"{'s' if heads[0] != 1 else ''} (layer 0, forward {last + 1})"
+    )
 
 
 class Naming:
@@ -448,10 +492,21 @@ def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:
     naming = Naming()
     try:
         for run in watched:
-            writer.write({"type": "process", "pid": run.pid, "ppid": run.ppid, "host": run.host, "argv": run.argv,
-                          "rank": run.rank,
-                          "local_rank": run.local_rank, "world_size": run.world_size, "models": run.models,
-                          "steps": run.steps, "finished": run.finished})
+            writer.write(
+                {
+                    "type": "process",
+                    "pid": run.pid,
+                    "ppid": run.ppid,
+                    "host": run.host,
+                    "argv": run.argv,
+                    "rank": run.rank,
+                    "local_rank": run.local_rank,
+                    "world_size": run.world_size,
+                    "models": run.models,
+                    "steps": run.steps,
+                    "finished": run.finished,
+                }
+            )
             for record in run.records:
                 if record.get("type") == "header":
                     record = {**record, "type": "process-header"}  # the process's own header, kept whole
@@ -459,7 +514,8 @@ def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:
         first = next((run for run in watched if run.rank is not None), None)
         for d in alarms:  # at the stream's number of the first rank's forward where the ranks parted
             step = naming.stream_step(first.pid, d.step) if first is not None else d.step
-            writer.write({"type": "diagnostic", "step": step, "code": d.code, "severity": d.severity,
-                          "message": d.message})
+            writer.write(
+                {"type": "diagnostic", "step": step, "code": d.code, "severity": d.severity, "message": d.message}
+            )
     finally:
         writer.close()

@@ -23,8 +23,18 @@ class TreeSource(ChildSource):
 
     supports = {"pause", "run", "step", "break", "verify", "watch"}
 
-    def __init__(self, executable: str, args: list[str], *, top_k: int = 10, paused: bool = False,
-                 break_on_alarm: bool = False, listen: str | None = None, trace=None, cwd: str | None = None):
+    def __init__(
+        self,
+        executable: str,
+        args: list[str],
+        *,
+        top_k: int = 10,
+        paused: bool = False,
+        break_on_alarm: bool = False,
+        listen: str | None = None,
+        trace=None,
+        cwd: str | None = None,
+    ):
         self.argv = [executable, *args]
         self.trace = trace
         self._lock = threading.Lock()
@@ -36,11 +46,25 @@ class TreeSource(ChildSource):
         host, _, port = (listen or "127.0.0.1:0").rpartition(":")
         self.server = TreeServer(host, int(port), on_record=self._arrived)
         self._hook_dir = tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-")
-        env = environment(Path(self._hook_dir.name), self.server.address, self.server.token, top_k,
-                          paused=paused, break_on_alarm=break_on_alarm)
-        self._read_process(subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd,
-                                            start_new_session=True))
+        env = environment(
+            Path(self._hook_dir.name),
+            self.server.address,
+            self.server.token,
+            top_k,
+            paused=paused,
+            break_on_alarm=break_on_alarm,
+        )
+        self._read_process(
+            subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**env, "PYTHONUNBUFFERED": "1"},
+                cwd=cwd,
+                start_new_session=True,
+            )
+        )
         threading.Thread(target=self._ended, name="kvtui-tree-end", daemon=True).start()
 
     def _ended(self) -> None:
@@ -51,9 +75,14 @@ class TreeSource(ChildSource):
 
     def _arrived(self, run: ProcessRun, record: dict | None) -> None:
         if record is None:  # its connection ended: the others keep going
-            self._queue.put({"type": "notice", "severity": "information" if run.finished else "warning",
-                             "text": f"{run.name} ended" + ("" if run.finished else
-                                                             " mid-run without its exit handlers (killed?)")})
+            self._queue.put(
+                {
+                    "type": "notice",
+                    "severity": "information" if run.finished else "warning",
+                    "text": f"{run.name} ended"
+                    + ("" if run.finished else " mid-run without its exit handlers (killed?)"),
+                }
+            )
             return
         kind, pid = record.get("type"), run.pid
         if kind == "program-exit":
@@ -86,15 +115,26 @@ class TreeSource(ChildSource):
             return None
         self._desync_raised = True
         d = found[0]
-        return {"type": "diagnostic", "step": record["step"], "code": d.code, "severity": d.severity,
-                "message": d.message}
+        return {
+            "type": "diagnostic",
+            "step": record["step"],
+            "code": d.code,
+            "severity": d.severity,
+            "message": d.message,
+        }
 
     def send(self, command: str) -> None:
         if command == "verify" and not self._verify_safe():
             # a recompute on a sharded model is a collective forward: ranks that are not held at the same
             # boundary would pair it with another rank's decode step and hang
-            self._queue.put({"type": "notice", "severity": "warning", "text": "verify on tensor-parallel "
-                             "ranks runs when every rank is held at the same forward: pause (p), then v"})
+            self._queue.put(
+                {
+                    "type": "notice",
+                    "severity": "warning",
+                    "text": "verify on tensor-parallel "
+                    "ranks runs when every rank is held at the same forward: pause (p), then v",
+                }
+            )
             return
         self.server.broadcast(command)
 

@@ -74,16 +74,27 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     mask = values.get("attention_mask")
     mask_new = real_before = None
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
-        mask_new = mask[:, mask.shape[-1] - n:].tolist()  # [batch, n]
+        mask_new = mask[:, mask.shape[-1] - n :].tolist()  # [batch, n]
         if mask.shape[-1] > n:
             real_before = mask[:, : mask.shape[-1] - n].sum(-1).tolist()  # [batch]: one reduction
         else:
             real_before = [cache_len] * batch
     cache_position = values.get("cache_position")
     cache_position = cache_position.reshape(-1).tolist() if isinstance(cache_position, torch.Tensor) else None
-    return Call(probe=probe, caller=caller, thread=thread, input_ids=id_rows, n=n, batch=batch, mask_new=mask_new,
-                real_before=real_before, requested_positions=_rows(values.get("position_ids"), batch),
-                requested_cache_position=cache_position, cache=cache, cache_length_before=cache_len)
+    return Call(
+        probe=probe,
+        caller=caller,
+        thread=thread,
+        input_ids=id_rows,
+        n=n,
+        batch=batch,
+        mask_new=mask_new,
+        real_before=real_before,
+        requested_positions=_rows(values.get("position_ids"), batch),
+        requested_cache_position=cache_position,
+        cache=cache,
+        cache_length_before=cache_len,
+    )
 
 
 class StepBuilder:
@@ -161,7 +172,7 @@ class StepBuilder:
             return set()
         ids = tuple(call.input_ids[0])
         for encoding, added in reversed(self._encodings):
-            if added and len(encoding) >= len(ids) and encoding[len(encoding) - len(ids):] == ids:
+            if added and len(encoding) >= len(ids) and encoding[len(encoding) - len(ids) :] == ids:
                 offset = len(encoding) - len(ids)
                 return {i - offset for i in added if i >= offset}
         return set()
@@ -177,13 +188,21 @@ class StepBuilder:
     def check_request(self, call: Call) -> None:
         capacity = call.track.capacity if call.track is not None else None
         call.found += check_request(
-            self._alarms(call), self.watcher.steps + 1, cache_position=call.requested_cache_position,
-            accepts_cache_position=call.probe.accepts_cache_position, cache_len=call.cache_length_before, n=call.n,
-            capacity=capacity, at=f" [{call.caller}]")
+            self._alarms(call),
+            self.watcher.steps + 1,
+            cache_position=call.requested_cache_position,
+            accepts_cache_position=call.probe.accepts_cache_position,
+            cache_len=call.cache_length_before,
+            n=call.n,
+            capacity=capacity,
+            at=f" [{call.caller}]",
+        )
 
     # ---- the step ----------------------------------------------------------------------------------
 
-    def build(self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float) -> StepSnapshot:
+    def build(
+        self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float
+    ) -> StepSnapshot:
         watcher, probe = self.watcher, call.probe
         ids_info, special = self.specials()
         at = f" [{call.caller}]"
@@ -199,7 +218,7 @@ class StepBuilder:
         else:
             rows, turn = [[] for _ in range(call.batch)], 0
         if len(rows) != call.batch:  # a cache now used with another batch size: buffers cannot line up
-            rows[:] = [list(r) for r in (rows + [[]] * call.batch)[:call.batch]]
+            rows[:] = [list(r) for r in (rows + [[]] * call.batch)[: call.batch]]
         added = self._tokenizer_added(call)
         masks = call.mask_new if call.mask_new is not None else [[1] * call.n] * call.batch
         views = []
@@ -207,13 +226,28 @@ class StepBuilder:
             ids = call.input_ids[row] if call.input_ids is not None else [-1] * call.n
             mask = masks[row]
             before = rows[row][-1] if rows[row] else None
-            fed = [BufferToken(position=applied[row][i], id=ids[i], piece=self.piece(ids[i]),
-                               special=ids[i] in special, turn=turn,
-                               origin="pad" if not mask[i] else "tokenizer-added" if (row == 0 and i in added) else "fed")
-                   for i in range(call.n)]
+            fed = [
+                BufferToken(
+                    position=applied[row][i],
+                    id=ids[i],
+                    piece=self.piece(ids[i]),
+                    special=ids[i] in special,
+                    turn=turn,
+                    origin="pad" if not mask[i] else "tokenizer-added" if (row == 0 and i in added) else "fed",
+                )
+                for i in range(call.n)
+            ]
             if row == 0:  # alarms read row 0; a program's rows share its code path
-                found += check_feed(step, fed, before, ids_info, self.piece, prompt_end=call.n > 1, at=at,
-                                    label=lambda t: self.label(t.id))
+                found += check_feed(
+                    step,
+                    fed,
+                    before,
+                    ids_info,
+                    self.piece,
+                    prompt_end=call.n > 1,
+                    at=at,
+                    label=lambda t: self.label(t.id),
+                )
                 if not stale:
                     found += self._check_drift(step, rows[0], ids, at)
             rows[row].extend(fed)
@@ -221,51 +255,100 @@ class StepBuilder:
         if call.n > 1:
             found += check_padding_side(step, masks, at)
         attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
-        gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)  # state kept either way
+        gaps = check_row_positions(
+            self._alarms(call), step, applied, masks, attended_before, at
+        )  # state kept either way
         if not stale:
             found += gaps
         layers: tuple[LayerInfo, ...] = (
-            introspect.layer_infos(cache, probe.window) if cache is not None and hasattr(cache, "layers") else ())
+            introspect.layer_infos(cache, probe.window) if cache is not None and hasattr(cache, "layers") else ()
+        )
         capacity = track.capacity if track is not None else None
         # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
         # and check_request names it before the forward; here only sliding eviction is said
-        found += [_at(d, call.caller) for d in
-                  self._alarms(call).check_layers(step, layers, None, cache_len, reserve=1)]
+        found += [
+            _at(d, call.caller) for d in self._alarms(call).check_layers(step, layers, None, cache_len, reserve=1)
+        ]
         recomputed = 0
         if track is not None:
             track.fingerprint = introspect.fingerprint(cache)
             if call.n > 1 and call.input_ids is not None:
                 waste, count, cost = recomputed_prefix(
-                    step, track.name, call.cache_length_before, track.ids(), watcher.lineage.others(track, track.model),
-                    forward_ms, call.n, at)
+                    step,
+                    track.name,
+                    call.cache_length_before,
+                    track.ids(),
+                    watcher.lineage.others(track, track.model),
+                    forward_ms,
+                    call.n,
+                    at,
+                )
                 found += waste
                 recomputed = count
                 watcher.recomputed_tokens += count
                 watcher.recomputed_ms += cost
         top_rows = self._top(logits, call.batch)
         buffers = [TokenBuffer(r) for r in rows]
-        row_views = tuple(RowView(row=r, input_ids=tuple(views[r][0]), positions=tuple(applied[r]),
-                                  topk=top_rows[r], buffer=buffers[r]) for r in range(call.batch)) if call.batch > 1 else None
+        row_views = (
+            tuple(
+                RowView(
+                    row=r,
+                    input_ids=tuple(views[r][0]),
+                    positions=tuple(applied[r]),
+                    topk=top_rows[r],
+                    buffer=buffers[r],
+                )
+                for r in range(call.batch)
+            )
+            if call.batch > 1
+            else None
+        )
         requested = call.requested_positions[0] if call.requested_positions else None
-        cursor = (call.requested_cache_position[-1] + 1 if call.requested_cache_position
-                  else requested[-1] + 1 if requested and call.mask_new is None else cache_len)
+        cursor = (
+            call.requested_cache_position[-1] + 1
+            if call.requested_cache_position
+            else requested[-1] + 1
+            if requested and call.mask_new is None
+            else cache_len
+        )
         watched: tuple[TopToken, ...] = ()
         if watcher.watch_ids and logits is not None:
             watched = watched_tokens(logits[0, -1].float(), watcher.watch_ids, self.piece)
         return StepSnapshot(
-            step=step, phase="prefill" if call.n > 1 else "decode", turn=turn,
-            input_ids=tuple(views[0][0]) if views else (), positions=tuple(applied[0]) if applied else (),
-            cursor=cursor, cache_seq_length=cache_len, capacity=capacity, layers=layers,
-            topk=top_rows[0] if top_rows else (), topk_processed=top_rows[0] if top_rows else (), watched=watched,
-            chosen=None, chosen_forced=False, diagnostics=tuple(found), forward_ms=forward_ms,
+            step=step,
+            phase="prefill" if call.n > 1 else "decode",
+            turn=turn,
+            input_ids=tuple(views[0][0]) if views else (),
+            positions=tuple(applied[0]) if applied else (),
+            cursor=cursor,
+            cache_seq_length=cache_len,
+            capacity=capacity,
+            layers=layers,
+            topk=top_rows[0] if top_rows else (),
+            topk_processed=top_rows[0] if top_rows else (),
+            watched=watched,
+            chosen=None,
+            chosen_forced=False,
+            diagnostics=tuple(found),
+            forward_ms=forward_ms,
             snapshot_ms=(time.perf_counter() - snap_started) * 1000,
-            buffer=buffers[0] if buffers else TokenBuffer([]), source="watch", caller=call.caller,
-            cache_id=track.name if track else None, cache_length_before=call.cache_length_before,
+            buffer=buffers[0] if buffers else TokenBuffer([]),
+            source="watch",
+            caller=call.caller,
+            cache_id=track.name if track else None,
+            cache_length_before=call.cache_length_before,
             requested_positions=tuple(requested) if requested is not None else None,
             requested_cache_position=tuple(call.requested_cache_position) if call.requested_cache_position else None,
-            positions_source=call.positions_source, batch=call.batch, rows=row_views,
-            cache_parent=track.parent if track else None, cache_copied_at=track.copied_at if track else None,
-            cache_unknown=track.unknown if track else 0, model=probe.label, thread=call.thread, recomputed=recomputed)
+            positions_source=call.positions_source,
+            batch=call.batch,
+            rows=row_views,
+            cache_parent=track.parent if track else None,
+            cache_copied_at=track.copied_at if track else None,
+            cache_unknown=track.unknown if track else 0,
+            model=probe.label,
+            thread=call.thread,
+            recomputed=recomputed,
+        )
 
     def _check_drift(self, step: int, row: list[BufferToken], ids: list[int], at: str) -> list[Diagnostic]:
         """The program fed the tail of a rendering a tokenizer call returned: its head must be what the cache holds."""
@@ -284,7 +367,7 @@ class StepBuilder:
             positions = call.applied
             if positions.dim() == 3:  # multimodal RoPE: [3, batch, n], the text axis first
                 positions = positions[0]
-            positions = positions.reshape(-1, positions.shape[-1])[:, -call.n:] if call.n else positions
+            positions = positions.reshape(-1, positions.shape[-1])[:, -call.n :] if call.n else positions
             rows = positions.tolist()
             return rows if len(rows) == call.batch else [rows[0]] * call.batch
         if call.requested_positions is not None:

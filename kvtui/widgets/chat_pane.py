@@ -48,7 +48,9 @@ class ChatPane(Vertical):
         if pending and rows and rows[-1][0] == "assistant":
             rows[-1] = ("assistant", rows[-1][1] + pending)
         children = list(transcript.children)
-        if len(rows) < len(children) or any(self._shown[i][0] != rows[i][0] for i in range(min(len(rows), len(self._shown)))):
+        if len(rows) < len(children) or any(
+            self._shown[i][0] != rows[i][0] for i in range(min(len(rows), len(self._shown)))
+        ):
             transcript.remove_children()
             children, self._shown = [], []
         grew = False  # follow the end only when the transcript's height changed (a reply that wrapped, a new message)
@@ -58,7 +60,9 @@ class ChatPane(Vertical):
                     text = self._message_text(role, content, streaming=index == len(rows) - 1 and bool(pending))
                     grew = children[index].show_text(text) or grew
             else:
-                transcript.mount(LiveText(self._message_text(role, content), classes=f"message {ROLE_STYLE.get(role, '')}"))
+                transcript.mount(
+                    LiveText(self._message_text(role, content), classes=f"message {ROLE_STYLE.get(role, '')}")
+                )
                 grew = True
         self._shown = rows
         if grew:

@@ -78,8 +78,9 @@ def describe_token(token: BufferToken) -> str:
     return " · ".join(parts)
 
 
-def render_cursor(snapshot: StepSnapshot | None, palette: Palette | None = None,
-                  selected: BufferToken | None = None) -> Text:
+def render_cursor(
+    snapshot: StepSnapshot | None, palette: Palette | None = None, selected: BufferToken | None = None
+) -> Text:
     """The cursor pane's content: step, cursor vs cache length, every layer's K/V shape (grouped), the
     token selected in the buffer in full. O(layers): the buffer is never read."""
     text = Text(no_wrap=False, overflow="fold")

@@ -103,8 +103,9 @@ def render_detail(diagnostic: Diagnostic | None, palette: Palette | None = None)
     return text
 
 
-def group_cells(group: DiagnosticGroup, palette: Palette | None = None, width: int = MESSAGE_WIDTH,
-                expanded: bool = False) -> tuple[Text, ...]:
+def group_cells(
+    group: DiagnosticGroup, palette: Palette | None = None, width: int = MESSAGE_WIDTH, expanded: bool = False
+) -> tuple[Text, ...]:
     """A group's row, in GROUP_COLUMNS order: '▸ ignored-argument ×9', '2–38', 'warning', its first message."""
     style = severity_style(group.severity, palette)
     mark = (EXPANDED_MARK if expanded else FOLDED_MARK) if group.count > 1 else " "
@@ -129,8 +130,9 @@ def item_cells(diagnostic: Diagnostic, palette: Palette | None = None, width: in
     )
 
 
-def render_group_detail(group: DiagnosticGroup | None, diagnostic: Diagnostic | None = None,
-                        palette: Palette | None = None) -> Text:
+def render_group_detail(
+    group: DiagnosticGroup | None, diagnostic: Diagnostic | None = None, palette: Palette | None = None
+) -> Text:
     """The detail line: the group's headline, then its first (or the selected) alarm in full."""
     if group is None:
         return render_detail(None, palette)
@@ -150,8 +152,9 @@ class DiagRow(NamedTuple):
     cells: tuple[Text, ...]
 
 
-def diagnostic_rows(groups: Sequence[DiagnosticGroup], expanded: set[str], palette: Palette | None = None,
-                    width: int = MESSAGE_WIDTH) -> list[DiagRow]:
+def diagnostic_rows(
+    groups: Sequence[DiagnosticGroup], expanded: set[str], palette: Palette | None = None, width: int = MESSAGE_WIDTH
+) -> list[DiagRow]:
     rows = []
     for group in groups:
         is_open = group.key in expanded and group.count > 1

@@ -47,8 +47,10 @@ class HelpScreen(ModalScreen):
         for binding in self._key_bindings:
             keys = ", ".join(k.strip() for k in binding.key.split(","))
             why = self._unavailable(binding.action.partition("(")[0])
-            table.add_row(keys, binding.description if why is None else
-                          Text(f"{binding.description}: not here ({why})", style="dim"))
+            table.add_row(
+                keys,
+                binding.description if why is None else Text(f"{binding.description}: not here ({why})", style="dim"),
+            )
         with VerticalScroll():
             yield Static(table)
             yield Static(NOTES.strip())

@@ -112,8 +112,11 @@ def layer_cells(layer: LayerInfo, palette: Palette | None = None) -> tuple[Text,
         Text(str(layer.index), justify="right"),
         Text(format_kind(layer), style=role_style(palette, _KIND_ROLES.get(layer.kind, "accent"))),
         Text(format_bytes(layer.bytes), justify="right"),
-        Text(format_filled(layer.filled, layer.capacity), justify="right",
-             style=role_style(palette, "warning") if full else ""),
+        Text(
+            format_filled(layer.filled, layer.capacity),
+            justify="right",
+            style=role_style(palette, "warning") if full else "",
+        ),
         Text(format_window(layer), style=role_style(palette, "accent") if evicted else ""),
         Text(k_text),
         Text(v_text),
@@ -160,8 +163,10 @@ def render_totals(
     text = Text()
     if snapshot is not None and snapshot.uncached:
         text.append("no cache (--cache none): ", style=role_style(palette, "warning", "bold"))
-        text.append(f"no layers; every step is a full forward over all {len(snapshot.buffer)} tokens",
-                    style=role_style(palette, "muted"))
+        text.append(
+            f"no layers; every step is a full forward over all {len(snapshot.buffer)} tokens",
+            style=role_style(palette, "muted"),
+        )
         return text
     if snapshot is None or not snapshot.layers:
         text.append("no layers yet", style=role_style(palette, "muted"))
@@ -294,9 +299,12 @@ class LayersPane(Vertical):
         return fit_columns(labels, cells, PRIORITY, width - 1)
 
     def _refresh_table(self, force: bool = False) -> None:
-        new_rows = [row._replace(cells=(*row.cells, Text(compact_shape(layer))))
-                    for row, layer in zip(layer_rows(self._snapshot, self._palette),
-                                          self._snapshot.layers if self._snapshot else ())]
+        new_rows = [
+            row._replace(cells=(*row.cells, Text(compact_shape(layer))))
+            for row, layer in zip(
+                layer_rows(self._snapshot, self._palette), self._snapshot.layers if self._snapshot else ()
+            )
+        ]
         shown = self._display_columns(new_rows)
         all_columns = (*COLUMNS, COMPACT_COLUMN)
         table = self.table

@@ -35,8 +35,11 @@ class ProgramOutput(Log):
     @property
     def partial(self) -> dict[str, str]:
         """The pending (unterminated) line of each stream, as shown."""
-        return {stream: self._lines[line - self._pruned] for stream, line in self._partial.items()
-                if 0 <= line - self._pruned < len(self._lines)}
+        return {
+            stream: self._lines[line - self._pruned]
+            for stream, line in self._partial.items()
+            if 0 <= line - self._pruned < len(self._lines)
+        }
 
     def add(self, stream: str, text: str, partial: bool = False) -> None:
         """One record of the program's output; `partial`: the unterminated line so far (replaced later).
@@ -100,8 +103,10 @@ class ProgramOutput(Log):
             return strip
         cut = max(0, column - scroll_x)
         style = self.get_component_rich_style("program-output--echo", partial=True)
-        echoed = [Segment(text, (seg_style + style) if seg_style else style, control)
-                  for text, seg_style, control in strip.crop(cut, strip.cell_length)]
+        echoed = [
+            Segment(text, (seg_style + style) if seg_style else style, control)
+            for text, seg_style, control in strip.crop(cut, strip.cell_length)
+        ]
         return Strip.join([strip.crop(0, cut), Strip(echoed)])
 
 

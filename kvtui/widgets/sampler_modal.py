@@ -9,8 +9,13 @@ from textual.widgets import Button, Input, Label, Static
 
 from ..engine.settings import SamplerSettings
 
-FIELDS = (("temperature", float, "0 = greedy"), ("top_k", int, "0 = off"), ("top_p", float, "1 = off"),
-          ("repetition_penalty", float, "1 = off"), ("seed", int, "integer"))
+FIELDS = (
+    ("temperature", float, "0 = greedy"),
+    ("top_k", int, "0 = off"),
+    ("top_p", float, "1 = off"),
+    ("repetition_penalty", float, "1 = off"),
+    ("seed", int, "integer"),
+)
 
 
 class SamplerModal(ModalScreen[SamplerSettings | None]):

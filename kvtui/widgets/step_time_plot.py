@@ -28,8 +28,13 @@ def render_plot(lanes, width: int, height: int) -> Text:
     plt.theme("clear")
     for name, points in reversed(series):  # the first strategy drawn last: on top where lines overlap
         if points:
-            plt.plot([c for c, _ in points], [ms for _, ms in points], label=name, marker="braille",
-                     color=COLORS.get(name, "white"))
+            plt.plot(
+                [c for c, _ in points],
+                [ms for _, ms in points],
+                label=name,
+                marker="braille",
+                color=COLORS.get(name, "white"),
+            )
     plt.xlabel("context length (tokens)")
     plt.ylabel("ms/token")
     return Text.from_ansi(plt.build())

@@ -63,7 +63,9 @@ def update_rows(
         table.move_cursor(row=min(max(cursor, 0), len(new) - 1), scroll=False)
 
 
-def fit_columns(labels: Sequence[str], rows: Sequence[Sequence[Text]], priority: Sequence[int], width: int) -> list[int]:
+def fit_columns(
+    labels: Sequence[str], rows: Sequence[Sequence[Text]], priority: Sequence[int], width: int
+) -> list[int]:
     """The column indices to show in `width` cells: every column when all fit, else the columns of `priority`
     (most important first) that fit, in their table order. A DataTable column takes its widest cell (or label)
     plus one cell of padding on each side. O(rows × columns)."""

@@ -51,7 +51,6 @@ SCAN_NEW = 1024  # newest tokens a show() looks at for special-token widths (the
 ATTENTION_LEVELS = 8  # attention weights are quantized so shaded styles stay cacheable
 
 
-
 @lru_cache(maxsize=16384)
 def fit(text: str, width: int) -> str:
     """`text` padded or truncated (with `…`) to exactly `width` cells."""
@@ -66,9 +65,16 @@ def fit(text: str, width: int) -> str:
 # The origins' colours as palette roles, for renderers outside Textual (the notebook view): the same roles the
 # pane's CSS gives them ($text-primary for user, $text-success for assistant, $text-error for tokenizer-added...).
 ORIGIN_STYLES = {
-    "template": ("muted", ""), "system": ("info", "italic"), "user": ("primary", ""), "assistant": ("success", ""),
-    "forced": ("warning", "underline"), "tokenizer-added": ("error", "bold"), "primed": ("error", "italic"),
-    "fed": ("primary", ""), "pad": ("muted", "italic"), "unknown": ("muted", "italic"),
+    "template": ("muted", ""),
+    "system": ("info", "italic"),
+    "user": ("primary", ""),
+    "assistant": ("success", ""),
+    "forced": ("warning", "underline"),
+    "tokenizer-added": ("error", "bold"),
+    "primed": ("error", "italic"),
+    "fed": ("primary", ""),
+    "pad": ("muted", "italic"),
+    "unknown": ("muted", "italic"),
 }
 SPECIAL_STYLE = "bold reverse"  # a special token stands out as a block of its origin's colour
 
@@ -207,8 +213,16 @@ class TokenBufferPane(ScrollView, can_focus=True):
         def control(self) -> TokenBufferPane | None:
             return self.pane
 
-    def __init__(self, *, cell_width: int = 10, auto_title: bool = True, name: str | None = None,
-                 id: str | None = None, classes: str | None = None, disabled: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        cell_width: int = 10,
+        auto_title: bool = True,
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+        disabled: bool = False,
+    ) -> None:
         super().__init__(name=name, id=id, classes=classes, disabled=disabled)
         self._cell_width = max(MIN_CELL, min(MAX_CELL, cell_width))
         self.auto_title = auto_title
@@ -299,18 +313,40 @@ class TokenBufferPane(ScrollView, can_focus=True):
                 self._special_width = max(self._special_width, cell_len(display_piece(token.piece)))
         self._scanned = count
 
-    def show_buffer(self, buffer: Sequence[BufferToken], cursor: int | None = None, last_forward_count: int = 0,
-                    pending_text: str | None = None, layers: tuple[LayerInfo, ...] = ()) -> None:
+    def show_buffer(
+        self,
+        buffer: Sequence[BufferToken],
+        cursor: int | None = None,
+        last_forward_count: int = 0,
+        pending_text: str | None = None,
+        layers: tuple[LayerInfo, ...] = (),
+    ) -> None:
         """Convenience for callers without a StepSnapshot (e.g. a trace viewer)."""
         if cursor is None:
             cursor = buffer[-1].position + 1 if len(buffer) else 0
         chosen = None if pending_text is None else TopToken(id=-1, text=pending_text, logit=0.0, prob=0.0)
-        self.show(StepSnapshot(
-            step=0, phase="decode", turn=0, input_ids=(0,) * last_forward_count, positions=(), cursor=cursor,
-            cache_seq_length=len(buffer), capacity=None, layers=layers, topk=(), topk_processed=(), watched=(),
-            chosen=chosen, chosen_forced=False, diagnostics=(), forward_ms=0.0, snapshot_ms=0.0,
-            buffer=buffer,  # type: ignore[arg-type]
-        ))
+        self.show(
+            StepSnapshot(
+                step=0,
+                phase="decode",
+                turn=0,
+                input_ids=(0,) * last_forward_count,
+                positions=(),
+                cursor=cursor,
+                cache_seq_length=len(buffer),
+                capacity=None,
+                layers=layers,
+                topk=(),
+                topk_processed=(),
+                watched=(),
+                chosen=chosen,
+                chosen_forced=False,
+                diagnostics=(),
+                forward_ms=0.0,
+                snapshot_ms=0.0,
+                buffer=buffer,  # type: ignore[arg-type]
+            )
+        )
 
     def select(self, index: int | None) -> None:
         """Select buffer index `index` (clamped), scroll it into view and post `Selected`."""
@@ -411,10 +447,13 @@ class TokenBufferPane(ScrollView, can_focus=True):
         if shade:
             tint = self.get_component_styles("token-buffer--attention").background
             background = background.blend(tint.with_alpha(1.0), tint.a * shade / ATTENTION_LEVELS)
-        style = Style(
-            color=(background + color).rich_color if color.a else None,
-            bgcolor=background.rich_color if background.a else None,
-        ) + text
+        style = (
+            Style(
+                color=(background + color).rich_color if color.a else None,
+                bgcolor=background.rich_color if background.a else None,
+            )
+            + text
+        )
         self._styles[key] = style
         return style
 

@@ -107,8 +107,11 @@ def _cells(
     bar_role = "accent" if chosen else "muted" if watched_row else "primary"
     return (
         Text(mark, style=role_style(palette, "accent", "bold")),
-        Text(f"#{rank}" if watched_row else str(rank), justify="right",
-             style=role_style(palette, "muted") if watched_row else ""),
+        Text(
+            f"#{rank}" if watched_row else str(rank),
+            justify="right",
+            style=role_style(palette, "muted") if watched_row else "",
+        ),
         Text(piece, style=role_style(palette, "accent", bold) if chosen else ""),
         Text(str(token.id), justify="right", style=bold),
         Text(format_prob(token.prob), justify="right", style=bold),
@@ -118,8 +121,12 @@ def _cells(
     )
 
 
-def topk_rows(snapshot: StepSnapshot | None, mode: Mode = "processed", palette: Palette | None = None,
-              piece_width: int = PIECE_WIDTH) -> list[TopKRow]:
+def topk_rows(
+    snapshot: StepSnapshot | None,
+    mode: Mode = "processed",
+    palette: Palette | None = None,
+    piece_width: int = PIECE_WIDTH,
+) -> list[TopKRow]:
     """The top-k rows of `mode` then one row per watched token (pieces cut to `piece_width`). O(k + watched)."""
     if snapshot is None:
         return []
@@ -133,13 +140,31 @@ def topk_rows(snapshot: StepSnapshot | None, mode: Mode = "processed", palette: 
     rows = []
     for i, token in enumerate(shown):
         rank = token.rank or i + 1
-        cells = _cells(token, rank, other=other_by_id.get(token.id), chosen=token.id == chosen_id, forced=forced,
-                       watched_row=False, is_watched=token.id in watched_ids, palette=palette, piece_width=piece_width)
+        cells = _cells(
+            token,
+            rank,
+            other=other_by_id.get(token.id),
+            chosen=token.id == chosen_id,
+            forced=forced,
+            watched_row=False,
+            is_watched=token.id in watched_ids,
+            palette=palette,
+            piece_width=piece_width,
+        )
         rows.append(TopKRow(f"top-{i}", token, False, cells))
     # Watched tokens are measured on the processed distribution; their rank is their own.
     for i, token in enumerate(snapshot.watched):
-        cells = _cells(token, token.rank, other=None, chosen=token.id == chosen_id, forced=forced,
-                       watched_row=True, is_watched=True, palette=palette, piece_width=piece_width)
+        cells = _cells(
+            token,
+            token.rank,
+            other=None,
+            chosen=token.id == chosen_id,
+            forced=forced,
+            watched_row=True,
+            is_watched=True,
+            palette=palette,
+            piece_width=piece_width,
+        )
         rows.append(TopKRow(f"watch-{i}", token, True, cells))
     return rows
 
@@ -157,7 +182,9 @@ def render_header(snapshot: StepSnapshot | None, mode: Mode = "processed", palet
         text.append(" · nothing chosen", style=role_style(palette, "muted"))
     else:
         text.append(" · chosen ", style=role_style(palette, "muted"))
-        text.append(f"{CHOSEN_MARK} {format_piece(chosen.text)} {chosen.id}", style=role_style(palette, "accent", "bold"))
+        text.append(
+            f"{CHOSEN_MARK} {format_piece(chosen.text)} {chosen.id}", style=role_style(palette, "accent", "bold")
+        )
         text.append(f" {format_prob(chosen.prob)}")
         if chosen.rank:
             text.append(f" rank {chosen.rank}", style=role_style(palette, "muted"))
@@ -299,8 +326,11 @@ class TopKPane(Vertical):
         piece_width = PIECE_WIDTH if width <= 0 else max(MIN_PIECE_WIDTH, min(PIECE_WIDTH, width - 18))
         new_rows = topk_rows(self._snapshot, self._mode, self._palette, piece_width)
         all_columns = columns(self._mode)
-        shown = (list(range(len(all_columns))) if width <= 0 else
-                 fit_columns([label for _, label in all_columns], [r.cells for r in new_rows], PRIORITY, width - 1))
+        shown = (
+            list(range(len(all_columns)))
+            if width <= 0
+            else fit_columns([label for _, label in all_columns], [r.cells for r in new_rows], PRIORITY, width - 1)
+        )
         table = self.table
         if shown != self._shown_columns:
             cursor = table.cursor_row if cursor is None else cursor
@@ -311,8 +341,15 @@ class TopKPane(Vertical):
             self._shown_columns, self._rows, force = shown, [], True
         new_rows = [row._replace(cells=tuple(row.cells[i] for i in shown)) for row in new_rows]
         decoding = self._snapshot is not None and self._snapshot.phase == "decode"
-        update_rows(table, self._rows, new_rows, [all_columns[i][0] for i in shown], force=force,
-                    widen_only=decoding, cursor=cursor)
+        update_rows(
+            table,
+            self._rows,
+            new_rows,
+            [all_columns[i][0] for i in shown],
+            force=force,
+            widen_only=decoding,
+            cursor=cursor,
+        )
         self._rows = new_rows
         self.query_one("#topk-header", LiveText).show_text(render_header(self._snapshot, self._mode, self._palette))
 

@@ -18,8 +18,9 @@ ESC_TEXT = "clear\x1b[2Jred\x1b[31m bidi\u202eevil\x07bell"
 
 def kvtui(*args, columns=80, timeout=300):
     env = {**os.environ, "COLUMNS": str(columns), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "kvtui.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_printable_escapes_controls_and_bidi_but_keeps_text():
@@ -43,12 +44,15 @@ def test_turns_as_a_string_is_refused(tmp_path):
     assert "Traceback" not in run.stderr
 
 
-@pytest.mark.parametrize("content, says", [
-    ({"turns": ["hi"], "options": {"max_new_tokens": "ten"}}, "max_new_tokens"),
-    ({"turns": ["hi"], "options": {"cache": "weird"}}, "cache"),
-    ({"turns": ["hi"], "options": {"model": 5}}, "model"),
-    ({"turns": ["hi"]}, "no theme named"),  # with --theme nope, before any screen
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ({"turns": ["hi"], "options": {"max_new_tokens": "ten"}}, "max_new_tokens"),
+        ({"turns": ["hi"], "options": {"cache": "weird"}}, "cache"),
+        ({"turns": ["hi"], "options": {"model": 5}}, "model"),
+        ({"turns": ["hi"]}, "no theme named"),  # with --theme nope, before any screen
+    ],
+)
 def test_bad_options_are_one_line_and_exit_2(tmp_path, content, says):
     script = tmp_path / "s.json"
     script.write_text(json.dumps(content))
@@ -63,8 +67,9 @@ def test_a_broken_user_theme_names_itself(tmp_path):
     themes.mkdir(parents=True)
     (themes / "mine.toml").write_text('name = "mine"\nprimary = "not-a-colour"\n')
     env = {**os.environ, "KVTUI_CONFIG_DIR": str(tmp_path / "config")}
-    run = subprocess.run([sys.executable, "-m", "kvtui.cli", "themes"], capture_output=True, text=True, env=env,
-                         timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", "themes"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert run.returncode == 2 and "mine.toml" in run.stderr and run.stderr.count("\n") == 1
 
 

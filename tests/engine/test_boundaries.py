@@ -20,8 +20,11 @@ def test_only_session_calls_the_model_with_a_cache():
 
     engine = Path(__file__).resolve().parents[2] / "kvtui"
     # passing a cache: by its pre-5.24 name, or by the name introspect says the model takes (`cache` from 5.24)
-    callers = sorted(str(p.relative_to(engine)) for p in engine.rglob("*.py")
-                     if any(marker in p.read_text() for marker in ("past_key_values=", "introspect.cache_argument(")))
+    callers = sorted(
+        str(p.relative_to(engine))
+        for p in engine.rglob("*.py")
+        if any(marker in p.read_text() for marker in ("past_key_values=", "introspect.cache_argument("))
+    )
     assert callers == ["engine/session.py"]
 
 

@@ -15,6 +15,7 @@ from kvtui.engine.snapshot import TokenBuffer
 
 TURNS = ["Let's start by defining a variable k equal to 5. What is k?", "Now multiply k by 3. What is k?"]
 
+
 def _knows(backend: str) -> bool:
     """Feature test: does the installed QuantizedCache take this backend (4.57: no fp8)?"""
     from transformers import PretrainedConfig, QuantizedCache
@@ -66,8 +67,9 @@ def _storage(obj, seen) -> int:
 @pytest.mark.parametrize("backend,bits", BACKENDS, ids=[f"{b}-{n}bit" for b, n in BACKENDS])
 def test_quantized_cache_reports_storage_and_measured_error(tiny_model, backend, bits):
     model, tokenizer = tiny_model("llama")
-    session = ChatSession(model, tokenizer, SessionConfig(cache="quantized", cache_backend=backend, cache_bits=bits,
-                                                          max_new_tokens=8))
+    session = ChatSession(
+        model, tokenizer, SessionConfig(cache="quantized", cache_backend=backend, cache_bits=bits, max_new_tokens=8)
+    )
     last = _chat(session)
     cache_len = session.cache_length
     assert cache_len > 32  # past the full-precision window: most tokens are quantized
@@ -80,7 +82,9 @@ def test_quantized_cache_reports_storage_and_measured_error(tiny_model, backend,
         residual = layer.keys.shape[-2] if layer.keys.dim() == 4 else 0
         assert info.quant_bytes == quant > 0
         assert info.residual == residual
-        full_precision = (layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes()) if residual else 0
+        full_precision = (
+            (layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes()) if residual else 0
+        )
         assert info.bytes == quant + full_precision
     # fp32 K/V of every token would take this much; the quantized layers must be smaller (fp8 keeps its window too)
     dense = sum(2 * i.k_shape[0] * i.k_shape[1] * i.k_shape[2] * i.k_shape[3] * 4 for i in last.layers)
@@ -168,8 +172,9 @@ def test_compiled_static_decode_gives_identical_greedy_tokens(tiny_model):
     model, tokenizer = tiny_model("llama")
     runs = {}
     for compiled in (False, True):
-        session = ChatSession(model, tokenizer, SessionConfig(cache="static", max_cache_len=160, compile=compiled,
-                                                              max_new_tokens=8))
+        session = ChatSession(
+            model, tokenizer, SessionConfig(cache="static", max_cache_len=160, compile=compiled, max_new_tokens=8)
+        )
         snaps = []
         for turn in TURNS:
             session.send(turn)

@@ -27,9 +27,11 @@ def reply_with(session, tokenizer, text):
 def test_clean_chat_raises_nothing(tiny_model):
     model, tok = tiny_model("qwen2")
     session = ChatSession(model, tok, SessionConfig(max_new_tokens=20))
-    for question, answer in [("What is k?", "The variable k is equal to 5."),
-                             ("Now multiply k by 3.", "k multiplied by 3 is equal to 15."),
-                             ("Hello!", "How can I help you?")]:
+    for question, answer in [
+        ("What is k?", "The variable k is equal to 5."),
+        ("Now multiply k by 3.", "k multiplied by 3 is equal to 15."),
+        ("Hello!", "How can I help you?"),
+    ]:
         session.send(question)
         reply_with(session, tok, answer)
         assert session.cursor == session.cache_length

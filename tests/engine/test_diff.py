@@ -35,9 +35,29 @@ def traces(tiny_dir, tiny_model, tmp_path_factory):
     procs = {}
     for name, extra in runs.items():
         out = root / f"{name}.jsonl"
-        procs[name] = (out, subprocess.Popen(
-            [sys.executable, "-m", "kvtui.cli", str(model), "--headless", "--script", str(same), "--trace", str(out),
-             "--max-new-tokens", "5", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+        procs[name] = (
+            out,
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kvtui.cli",
+                    str(model),
+                    "--headless",
+                    "--script",
+                    str(same),
+                    "--trace",
+                    str(out),
+                    "--max-new-tokens",
+                    "5",
+                    *extra,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+            ),
+        )
     paths = {"other": run_in_process(tiny_model, model, other, root / "other.jsonl")}
     for name, (out, proc) in procs.items():
         output, _ = proc.communicate(timeout=300)
@@ -61,8 +81,14 @@ def run_in_process(tiny_model, model_dir, script_path, trace_path):
     script = load_script(script_path)
     options = {**DEFAULT_OPTIONS, "max_new_tokens": 5, "system": script.system, "mode": script.mode}
     session = ChatSession(model, tokenizer, build_session_config(options, tokenizer))
-    code = run_script(session, script, trace_path=trace_path, model_source=str(model_dir), model_path=str(model_dir),
-                      console=Console(file=io.StringIO()))
+    code = run_script(
+        session,
+        script,
+        trace_path=trace_path,
+        model_source=str(model_dir),
+        model_path=str(model_dir),
+        console=Console(file=io.StringIO()),
+    )
     assert code == 0
     return trace_path
 
@@ -187,7 +213,9 @@ def test_topk_tie_at_the_cut_off_and_a_chain_of_ties():
         return [{"id": i, "logit": v} for i, v in pairs]
 
     # token 4 and token 5 tie for the last place: each list keeps a different one
-    assert _compare_topk(top([(1, 3.0), (2, 2.0), (4, 1.0)]), top([(1, 3.0), (2, 2.0), (5, 1.0000001)]), 1e-3, {}) is None
+    assert (
+        _compare_topk(top([(1, 3.0), (2, 2.0), (4, 1.0)]), top([(1, 3.0), (2, 2.0), (5, 1.0000001)]), 1e-3, {}) is None
+    )
     assert _compare_topk(top([(1, 3.0), (2, 2.0), (4, 1.0)]), top([(1, 3.0), (2, 2.0), (5, 0.5)]), 1e-3, {}) is not None
     # three tokens tied: any order of them is the same ranking
     a = top([(1, 3.0), (2, 2.0), (3, 2.0), (4, 2.0)])

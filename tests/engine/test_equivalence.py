@@ -6,9 +6,11 @@ import torch
 
 from kvtui.engine import ChatSession, SessionConfig
 
-TURNS = ["Let's start by defining a variable k equal to 5. What is k?",
-         "Now multiply k by 3. What is k?",
-         "What is the capital of France?"]
+TURNS = [
+    "Let's start by defining a variable k equal to 5. What is k?",
+    "Now multiply k by 3. What is k?",
+    "What is the capital of France?",
+]
 
 ARCHES = [
     ("llama", {"bos": True, "eos": True}),  # post-processor adds BOS and EOS (unused by the template path)

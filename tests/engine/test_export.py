@@ -101,8 +101,16 @@ def test_an_export_mid_turn_continues_like_the_session(tiny_model, tmp_path, arc
     assert int(rebuilt.get_seq_length()) == session.cache_length
     token, position = session.pending.id, session.cursor
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[position]]),
-                       past_key_values=rebuilt, use_cache=True).logits[0, -1].float()
+        logits = (
+            model(
+                input_ids=torch.tensor([[token]]),
+                position_ids=torch.tensor([[position]]),
+                past_key_values=rebuilt,
+                use_cache=True,
+            )
+            .logits[0, -1]
+            .float()
+        )
     session.step()
     assert torch.allclose(logits, session.last_logits, atol=1e-5), (logits - session.last_logits).abs().max()
 

@@ -9,14 +9,28 @@ import pytest
 from kvtui.engine.script import ScriptError, load_script
 from kvtui.engine.trace import TraceError, read_trace
 
-STEP_KEYS = {"type", "step", "phase", "input_ids", "positions", "cursor", "cache_seq_length", "layers", "topk",
-             "topk_processed", "chosen", "diagnostics", "ms"}
+STEP_KEYS = {
+    "type",
+    "step",
+    "phase",
+    "input_ids",
+    "positions",
+    "cursor",
+    "cache_seq_length",
+    "layers",
+    "topk",
+    "topk_processed",
+    "chosen",
+    "diagnostics",
+    "ms",
+}
 LAYER_KEYS = {"index", "kind", "k_shape", "v_shape", "dtype", "device", "bytes", "filled", "capacity"}
 
 
 def kvtui(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "kvtui.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_headless_run_on_a_tiny_model_writes_a_schema_trace(tiny_dir, tmp_path):
@@ -24,8 +38,9 @@ def test_headless_run_on_a_tiny_model_writes_a_schema_trace(tiny_dir, tmp_path):
     script = tmp_path / "chat.json"
     script.write_text(json.dumps({"turns": ["What is k?", "And m?"], "system": "You are terse."}))
     trace = tmp_path / "out.jsonl"
-    run = kvtui(model, "--headless", "--script", script, "--trace", trace, "--max-new-tokens", "5",
-                "--verify-every", "3")
+    run = kvtui(
+        model, "--headless", "--script", script, "--trace", trace, "--max-new-tokens", "5", "--verify-every", "3"
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "What is k?" in run.stdout and "trace written" in run.stdout
     loaded = read_trace(trace)
@@ -64,8 +79,18 @@ def test_fail_on_makes_the_exit_code_follow_the_diagnostics(tiny_dir, tmp_path):
 def test_static_overflow_is_reported_headless(tiny_dir, tmp_path):
     script = tmp_path / "turns.txt"
     script.write_text("What is k?\nAnd m?\n")
-    run = kvtui(tiny_dir("qwen2"), "--headless", "--script", script, "--cache", "static", "--max-cache-len", "40",
-                "--max-new-tokens", "20")
+    run = kvtui(
+        tiny_dir("qwen2"),
+        "--headless",
+        "--script",
+        script,
+        "--cache",
+        "static",
+        "--max-cache-len",
+        "40",
+        "--max-new-tokens",
+        "20",
+    )
     assert run.returncode == 1
     assert "static cache overflow refused: capacity 40" in " ".join(run.stdout.split())
 
@@ -115,8 +140,9 @@ def test_headless_on_the_embedded_smollm2(tmp_path):
     script = tmp_path / "one.txt"
     script.write_text("What is 2+2?\n")
     trace = tmp_path / "smol.jsonl"
-    run = kvtui("--headless", "--script", script, "--max-new-tokens", "12", "--trace", trace, "--verify-every", "6",
-                timeout=600)
+    run = kvtui(
+        "--headless", "--script", script, "--max-new-tokens", "12", "--trace", trace, "--verify-every", "6", timeout=600
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     loaded = read_trace(trace)
     assert loaded.header["model_class"] == "LlamaForCausalLM" and loaded.header["layers"] == 30

@@ -82,8 +82,14 @@ def test_a_cache_reused_across_independent_prompts_is_stale(tiny_model, how):
         shared = DynamicCache(config=model.config)
         for text in ("the cat sat on the mat and then it slept", "a dog ran in the park and then went home to eat"):
             ids = prompt_ids(tok, text, how)
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=shared,
-                           max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
+            model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                past_key_values=shared,
+                max_new_tokens=3,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
     stale = [d for d in watcher.diagnostics if d.code == "stale-cache"]
     assert len(stale) == 1 and "test_lineage.py:" in stale[0].message, watcher.diagnostics
     assert "never fed" in stale[0].message or "whole prompt again" in stale[0].message
@@ -99,8 +105,13 @@ def test_the_docs_prompt_reuse_with_deepcopy_is_quiet(tiny_model):
         prefill(model, inputs["input_ids"], prompt_cache)
         for question in (" what is the cat?", " where is the dog going today?"):
             new = tok(prefix + question, return_tensors="pt")
-            model.generate(**new, past_key_values=copy.deepcopy(prompt_cache), max_new_tokens=3, do_sample=False,
-                           pad_token_id=tok.pad_token_id)
+            model.generate(
+                **new,
+                past_key_values=copy.deepcopy(prompt_cache),
+                max_new_tokens=3,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
     assert [c for c in codes(watcher) if c != "cache-edited"] == [], watcher.diagnostics
 
 
@@ -108,8 +119,9 @@ def chat_re_encoding(model, tok, turns=3):
     """A chat through generate() that re-encodes its whole history each turn (a new cache per call)."""
     history = "user: hello there, how are you doing today my friend?"
     for _ in range(turns):
-        out = model.generate(**tok(history, return_tensors="pt"), max_new_tokens=4, do_sample=False,
-                             pad_token_id=tok.pad_token_id)
+        out = model.generate(
+            **tok(history, return_tensors="pt"), max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id
+        )
         history = tok.decode(out[0], skip_special_tokens=True) + " user: and then what happened next?"
 
 
@@ -122,7 +134,7 @@ def test_a_chat_that_re_encodes_its_history_is_counted(tiny_model):
     assert len(prefills) == 3 and len({s.cache_id for s in prefills}) == 3
     expected = 0
     for i, step in enumerate(prefills[1:], start=1):
-        earlier = [s for s in snapshots[:snapshots.index(step)] if s.cache_id == prefills[i - 1].cache_id][-1]
+        earlier = [s for s in snapshots[: snapshots.index(step)] if s.cache_id == prefills[i - 1].cache_id][-1]
         held = earlier.buffer.ids()  # what the earlier cache held at its last forward
         same = common_prefix(step.buffer.ids(), held)
         assert step.recomputed == same, (step.recomputed, same)
@@ -140,9 +152,17 @@ def test_a_chat_that_reuses_its_cache_wastes_nothing(tiny_model):
         ids = tok("user: hello there, how are you doing today my friend?", return_tensors="pt")["input_ids"]
         cache = DynamicCache(config=model.config)
         for _ in range(3):
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
-                                 max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
-            ids = torch.cat([out, tok(" user: and then?", add_special_tokens=False, return_tensors="pt")["input_ids"]], -1)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                past_key_values=cache,
+                max_new_tokens=4,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
+            ids = torch.cat(
+                [out, tok(" user: and then?", add_special_tokens=False, return_tensors="pt")["input_ids"]], -1
+            )
 
     with watch(model, tok) as watcher:
         reuse_chat()
@@ -160,7 +180,7 @@ def test_two_threads_with_two_caches_keep_their_own_turns_and_callers(tiny_model
         for turn in range(2):
             ids = tok(text + " again" * turn, return_tensors="pt")["input_ids"]
             with lock:  # one forward at a time: the tiny model is shared
-                prefill(model, ids[:, int(cache.get_seq_length()):], cache)
+                prefill(model, ids[:, int(cache.get_seq_length()) :], cache)
 
     with watch(model, tok, on_snapshot=snapshots.append):
         threads = [threading.Thread(target=work, args=(text,)) for text in ("the cat sat", "a dog ran far")]
@@ -169,8 +189,10 @@ def test_two_threads_with_two_caches_keep_their_own_turns_and_callers(tiny_model
         for thread in threads:
             thread.join()
         # generate() itself as a thread's target: no program frame on that thread's stack
-        runner = threading.Thread(target=model.generate, kwargs=dict(**tok("hi there", return_tensors="pt"),
-                                                                     max_new_tokens=2, do_sample=False))
+        runner = threading.Thread(
+            target=model.generate,
+            kwargs=dict(**tok("hi there", return_tensors="pt"), max_new_tokens=2, do_sample=False),
+        )
         runner.start()
         runner.join()
     by_cache = {}

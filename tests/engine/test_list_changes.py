@@ -19,7 +19,7 @@ def test_the_copy_follows_every_edit_of_a_growing_chat():
         elif edit == "grow last":
             chat[-1]["content"] += "more"  # mutated in place, as a reply being decoded is
         elif edit == "rewind":
-            del chat[rng.randint(0, len(chat) - 1):]
+            del chat[rng.randint(0, len(chat) - 1) :]
         elif edit == "replace":
             chat[rng.randint(0, len(chat) - 1)] = {"role": "user", "content": str(rng.random())}
         record = json.loads(json.dumps(_put(sender, chat, always=rng.random() < 0.2)))  # through the pipe

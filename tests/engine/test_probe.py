@@ -45,8 +45,9 @@ def check_topk(snapshot_topk, probs_row):
 @pytest.mark.parametrize("arch,kwargs", ARCHES, ids=[a for a, _ in ARCHES])
 def test_hand_written_loop_matches_recompute(tiny_model, arch, kwargs):
     model, tokenizer = tiny_model(arch, **kwargs)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)["input_ids"]  # [1, n]
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]  # [1, n]
     snapshots = []
     with watch(model, tokenizer, on_snapshot=snapshots.append) as watcher:
         cache = DynamicCache(config=model.config)
@@ -155,8 +156,9 @@ def test_primed_pads_and_own_cursor(tiny_model):
             model(input_ids=torch.full((1, 16), pad), past_key_values=cache, use_cache=True)
             cp = 0
             ids = tokenizer("hello world", return_tensors="pt")["input_ids"]
-            model(input_ids=ids, past_key_values=cache, use_cache=True,
-                  cache_position=torch.arange(cp, cp + ids.shape[1]))
+            model(
+                input_ids=ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(cp, cp + ids.shape[1])
+            )
     codes = {d.code for d in watcher.diagnostics}
     if introspect.forward_accepts(model, "cache_position"):  # 4.x: the passed cursor drives the positions
         assert {"pad-in-cache", "cursor-mismatch", "position-gap"} <= codes and "ignored-argument" not in codes, codes
@@ -224,9 +226,17 @@ def test_watching_leaves_no_hook_and_detach_restores_every_class(tiny_model):
     model, tokenizer = tiny_model("llama")
     hooks = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())  # noqa: E731
     before = hooks()
-    classes = {cls: dict(vars(cls)) for cls in {type(model), DynamicCache, *DynamicCache.__mro__,
-                                                *(type(m) for m in model.modules()), type(tokenizer),
-                                                *type(tokenizer).__mro__}}
+    classes = {
+        cls: dict(vars(cls))
+        for cls in {
+            type(model),
+            DynamicCache,
+            *DynamicCache.__mro__,
+            *(type(m) for m in model.modules()),
+            type(tokenizer),
+            *type(tokenizer).__mro__,
+        }
+    }
     ids = torch.tensor([[5, 6, 7]])
     with torch.inference_mode():
         reference = model(input_ids=ids).logits
@@ -236,13 +246,19 @@ def test_watching_leaves_no_hook_and_detach_restores_every_class(tiny_model):
         with torch.inference_mode():
             model(input_ids=ids, past_key_values=cache)
         assert watcher.steps == 1 and hooks() == before
-        assert not [name for name, value in vars(cache).items() if name not in cache_attributes
-                    and getattr(value, "__module__", "").startswith("kvtui")]  # nothing of kvtui on the instance
+        assert not [
+            name
+            for name, value in vars(cache).items()
+            if name not in cache_attributes and getattr(value, "__module__", "").startswith("kvtui")
+        ]  # nothing of kvtui on the instance
         patched = [cls for cls, attributes in classes.items() if dict(vars(cls)) != attributes]
         assert type(model) in patched and DynamicCache in patched
     assert hooks() == before
-    assert not [vars(cache)[name] for name in vars(cache) if callable(vars(cache)[name])
-                and getattr(vars(cache)[name], "__module__", "").startswith("kvtui")]
+    assert not [
+        vars(cache)[name]
+        for name in vars(cache)
+        if callable(vars(cache)[name]) and getattr(vars(cache)[name], "__module__", "").startswith("kvtui")
+    ]
     for cls, attributes in classes.items():
         now = dict(vars(cls))
         assert now.keys() == attributes.keys(), cls
@@ -281,8 +297,15 @@ def test_beam_search_rows_follow_reorders(tiny_model):
     ids = tokenizer("hello world", return_tensors="pt")["input_ids"]
     snapshots = []
     with watch(model, tokenizer, on_snapshot=snapshots.append) as watcher:
-        out = model.generate(ids, max_new_tokens=4, num_beams=2, do_sample=False, early_stopping=False,
-                             pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True)
+        out = model.generate(
+            ids,
+            max_new_tokens=4,
+            num_beams=2,
+            do_sample=False,
+            early_stopping=False,
+            pad_token_id=tokenizer.pad_token_id,
+            return_dict_in_generate=True,
+        )
     last = snapshots[-1]
     assert last.batch == 2 and len(last.rows) == 2
     assert all(len(r.buffer) == last.cache_seq_length for r in last.rows)
@@ -308,7 +331,9 @@ def test_pipeline_is_watched(tiny_dir):
         watcher.detach()
     assert len(watcher.probes) == 0 and watcher.steps == 3  # prefill + 2 decodes (the last token is not fed)
     assert watcher.last.caller.split(":")[0].endswith("test_probe.py")
-    assert watcher.tokenizer is not None and watcher.last.buffer[0].piece == watcher.tokenizer.decode([watcher.last.buffer[0].id])
+    assert watcher.tokenizer is not None and watcher.last.buffer[0].piece == watcher.tokenizer.decode(
+        [watcher.last.buffer[0].id]
+    )
 
 
 def test_verify_between_forwards(tiny_model):
@@ -403,15 +428,21 @@ def test_watched_program_with_a_refused_hybrid_runs_on(tiny_dir, tmp_path):
         "import sys, torch\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
         "tok = AutoTokenizer.from_pretrained(sys.argv[1]); model = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
         "out = model.generate(**tok('hello world', return_tensors='pt'), max_new_tokens=3, do_sample=False)\n"
-        "print('generated', out.shape[1])\n")
-    run = subprocess.run([sys.executable, "-m", "kvtui.cli", "watch", "--headless", str(script), str(path)],
-                         capture_output=True, text=True, timeout=600)
+        "print('generated', out.shape[1])\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", "watch", "--headless", str(script), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.startswith("generated ")
     from transformers import AutoConfig
 
-    keeps_state = any(hasattr(layer, "conv_states")
-                      for layer in DynamicCache(config=AutoConfig.from_pretrained(str(path))).layers)
+    keeps_state = any(
+        hasattr(layer, "conv_states") for layer in DynamicCache(config=AutoConfig.from_pretrained(str(path))).layers
+    )
     refusals = [line for line in run.stderr.splitlines() if line.startswith("kvtui watch: not watching")]
     if keeps_state:
         assert refusals == [] and "3 forwards watched" in run.stderr, run.stderr[-2000:]

@@ -27,9 +27,24 @@ def test_sample_raises_what_it_names(sample, tmp_path):
     script = load_script(sample)
     assert script.description, "a sample says what it shows"
     trace_path = tmp_path / "trace.jsonl"
-    run = subprocess.run([sys.executable, "-m", "kvtui.cli", "--headless", "--script", str(sample),
-                          "--trace", str(trace_path), "--fail-on", "error", *SHORTER.get(sample.stem, [])],
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvtui.cli",
+            "--headless",
+            "--script",
+            str(sample),
+            "--trace",
+            str(trace_path),
+            "--fail-on",
+            "error",
+            *SHORTER.get(sample.stem, []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     trace, found = fired(trace_path)
     codes = {code for code, _ in found}
     assert set(script.expect) <= codes, (script.expect, found, run.stdout[-2000:])

@@ -68,7 +68,14 @@ def test_the_chosen_token_rank_counts_the_tokens_above_it():
 
 def test_frozen_dataclasses_build_what_dataclasses_builds():
     info = LayerInfo(2, "sliding", (1, 2, 3, 4), (1, 2, 3, 4), "float32", "cpu", 96, 3, 3, 4, 7, 4, quant_bits=4)
-    assert (info.index, info.window, info.held_from, info.quant_bits, info.states, info.offloaded) == (2, 4, 4, 4, (), False)
+    assert (info.index, info.window, info.held_from, info.quant_bits, info.states, info.offloaded) == (
+        2,
+        4,
+        4,
+        4,
+        (),
+        False,
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         info.index = 3
     assert pickle.loads(pickle.dumps(info)) == info == copy.deepcopy(info)
@@ -76,19 +83,51 @@ def test_frozen_dataclasses_build_what_dataclasses_builds():
     assert dataclasses.replace(info, index=5).index == 5
     with pytest.raises(TypeError):
         LayerInfo(1, "full")  # required fields stay required
-    snapshot = StepSnapshot(step=1, phase="decode", turn=1, input_ids=(5,), positions=(0,), cursor=1,
-                            cache_seq_length=1, capacity=None, layers=(info,), topk=(), topk_processed=(), watched=(),
-                            chosen=TopToken(5, "a", 1.0, 0.5, 1), chosen_forced=False, diagnostics=(), forward_ms=1.0,
-                            snapshot_ms=0.1, buffer=TokenBuffer([BufferToken(0, 5, "a", False, "fed", 1)]))
+    snapshot = StepSnapshot(
+        step=1,
+        phase="decode",
+        turn=1,
+        input_ids=(5,),
+        positions=(0,),
+        cursor=1,
+        cache_seq_length=1,
+        capacity=None,
+        layers=(info,),
+        topk=(),
+        topk_processed=(),
+        watched=(),
+        chosen=TopToken(5, "a", 1.0, 0.5, 1),
+        chosen_forced=False,
+        diagnostics=(),
+        forward_ms=1.0,
+        snapshot_ms=0.1,
+        buffer=TokenBuffer([BufferToken(0, 5, "a", False, "fed", 1)]),
+    )
     assert snapshot.source == "session" and snapshot.line == [] and snapshot.rows is None
     assert dataclasses.replace(snapshot, step=2).line is not snapshot.line  # a record box of its own
 
 
 def test_a_step_is_serialised_once_for_every_sink():
-    snapshot = StepSnapshot(step=1, phase="decode", turn=1, input_ids=(5,), positions=(0,), cursor=1,
-                            cache_seq_length=1, capacity=None, layers=(), topk=(), topk_processed=(), watched=(),
-                            chosen=None, chosen_forced=False, diagnostics=(), forward_ms=1.0, snapshot_ms=0.1,
-                            buffer=TokenBuffer([BufferToken(0, 5, "a", False, "fed", 1)]))
+    snapshot = StepSnapshot(
+        step=1,
+        phase="decode",
+        turn=1,
+        input_ids=(5,),
+        positions=(0,),
+        cursor=1,
+        cache_seq_length=1,
+        capacity=None,
+        layers=(),
+        topk=(),
+        topk_processed=(),
+        watched=(),
+        chosen=None,
+        chosen_forced=False,
+        diagnostics=(),
+        forward_ms=1.0,
+        snapshot_ms=0.1,
+        buffer=TokenBuffer([BufferToken(0, 5, "a", False, "fed", 1)]),
+    )
     line = record_line(snapshot)
     assert json.loads(line) == json.loads(json.dumps(snapshot.to_record())) and line.endswith(b"\n")
     assert record_line(snapshot) is line  # the second sink reuses the text
@@ -99,9 +138,11 @@ def test_the_line_writer_keeps_order_and_writes_everything_by_close(tmp_path):
     writer = TraceWriter(path, {"type": "header", "n": 0})
     threads = []
     for part in range(4):  # several producers: each one's records stay in its order
+
         def produce(part=part):
             for i in range(250):
                 writer.write({"type": "n", "part": part, "i": i})
+
         threads.append(threading.Thread(target=produce))
     for thread in threads:
         thread.start()
@@ -139,8 +180,9 @@ def test_a_write_error_is_raised_at_the_next_write():
 
 @pytest.mark.parametrize("mode", [torch.inference_mode, torch.no_grad])
 def test_the_cache_fingerprint_sees_what_the_program_did(mode):
-    config = LlamaConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                         vocab_size=64)
+    config = LlamaConfig(
+        num_hidden_layers=3, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, vocab_size=64
+    )
     with mode():
         cache = DynamicCache(config=config)
         for layer in range(3):
@@ -156,7 +198,9 @@ def test_the_cache_fingerprint_sees_what_the_program_did(mode):
         assert check(lambda: None) is None
         layer = cache.layers[1]
         assert check(lambda: setattr(layer, "keys", layer.keys)) is None  # the same tensor put back: nothing
-        assert check(lambda: cache.layers[1].values[:, :, -1].mul_(2)) == "K/V values edited in place in 1 of 3 layers (1)"
+        assert (
+            check(lambda: cache.layers[1].values[:, :, -1].mul_(2)) == "K/V values edited in place in 1 of 3 layers (1)"
+        )
         assert check(lambda: cache.layers[2].keys[:, :, 0].zero_()) == "K/V values edited in place in 1 of 3 layers (2)"
         assert check(lambda: setattr(layer, "keys", layer.keys.clone())) == "K/V tensors replaced in 1 of 3 layers (1)"
         assert check(lambda: cache.crop(-2)) == "shortened from 5 to 3 tokens (cropped)"
@@ -181,8 +225,9 @@ def test_the_written_step_line_is_the_step_record(tiny_model, arch):
     from kvtui.engine.settings import SamplerSettings
 
     model, tokenizer = tiny_model(arch)
-    session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=4, sampler=SamplerSettings(
-        temperature=0.7, top_k=20, seed=1)))
+    session = ChatSession(
+        model, tokenizer, SessionConfig(max_new_tokens=4, sampler=SamplerSettings(temperature=0.7, top_k=20, seed=1))
+    )
     snapshots = [session.send("héllo <there>")] + [session.step() for _ in range(3)]
     with watch(model, tokenizer) as watcher:
         seen = []
@@ -191,8 +236,11 @@ def test_the_written_step_line_is_the_step_record(tiny_model, arch):
         cache = DynamicCache(config=model.config)
         with torch.inference_mode():
             model(input_ids=ids, attention_mask=(ids != 0).long(), past_key_values=cache)
-            model(input_ids=torch.tensor([[11], [12]]), attention_mask=torch.ones(2, 5, dtype=torch.long),
-                  past_key_values=copy.deepcopy(cache))
+            model(
+                input_ids=torch.tensor([[11], [12]]),
+                attention_mask=torch.ones(2, 5, dtype=torch.long),
+                past_key_values=copy.deepcopy(cache),
+            )
     snapshots += seen
     assert seen and seen[-1].rows and seen[-1].cache_parent is not None
     for snapshot in snapshots:

@@ -23,7 +23,8 @@ def forwards(tiny_model):
     model, tokenizer = tiny_model("llama")
     seen: list[tuple[int, int]] = []
     hook = model.register_forward_pre_hook(
-        lambda _m, _a, kw: seen.append((kw["input_ids"].shape[1], torch.get_num_threads())), with_kwargs=True)
+        lambda _m, _a, kw: seen.append((kw["input_ids"].shape[1], torch.get_num_threads())), with_kwargs=True
+    )
     yield model, tokenizer, seen
     hook.remove()
 

@@ -51,8 +51,13 @@ def test_corpus_programs_name_their_model_and_alarms():
 
 
 def test_pytest_collects_no_corpus_program():
-    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             str(CORPUS)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(CORPUS)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert result.returncode == 5, result.stdout[-2000:] + result.stderr[-2000:]  # 5: no tests collected
     assert "no tests collected" in result.stdout
 
@@ -67,11 +72,22 @@ def test_watched_program_prints_and_exits_as_plain(program, tmp_path):
     directory = str(model_dir(header(program, "kvtui-model")))
     trace = tmp_path / "run.jsonl"
     stdin = stdin_of(program)  # an interactive program gets the same lines in both runs (else EOF)
-    plain = subprocess.Popen([sys.executable, str(program), directory], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    watched = subprocess.Popen([sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(trace),
-                                str(program), directory],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    plain = subprocess.Popen(
+        [sys.executable, str(program), directory],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    watched = subprocess.Popen(
+        [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(trace), str(program), directory],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     plain_out, plain_err = plain.communicate(stdin or "", timeout=600)
     watched_out, watched_err = watched.communicate(stdin or "", timeout=600)
     if program.stem != "static_overflow":  # the one sample that dies by design (IndexError)
@@ -91,12 +107,19 @@ def test_watched_program_prints_and_exits_as_plain(program, tmp_path):
         assert codes_in(trace) == expected_codes(program), watched_err[-3000:]
 
 
-
 # ---- in-process: copies of watched objects -----------------------------------------------------------
 
-HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
-              "_forward_hooks_always_called", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
-              "_load_state_dict_pre_hooks")
+HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+)
 
 
 def _from_kvtui(value) -> bool:
@@ -134,8 +157,11 @@ def kvtui_refs(obj) -> list[str]:
 
 
 def _hook_counts(model) -> dict[str, int]:
-    return {f"{name}.{hooks}": len(getattr(module, hooks, None) or {})
-            for name, module in model.named_modules() for hooks in HOOK_DICTS}
+    return {
+        f"{name}.{hooks}": len(getattr(module, hooks, None) or {})
+        for name, module in model.named_modules()
+        for hooks in HOOK_DICTS
+    }
 
 
 def _prefill(model, tokenizer, text="Once upon a time, a small cat lived in a quiet house.", cache=None):
@@ -180,7 +206,9 @@ def test_deepcopy_then_crop_shortens_only_the_copy(qwen2):
         assert int(branch.get_seq_length()) == length - 2
         assert int(cache.get_seq_length()) == length, "crop on the deepcopy shortened the original"
     assert (int(cache.get_seq_length()), int(branch.get_seq_length())) == (
-        int(plain.get_seq_length()), int(plain_copy.get_seq_length()))
+        int(plain.get_seq_length()),
+        int(plain_copy.get_seq_length()),
+    )
 
 
 def test_deepcopy_of_a_watched_cache_has_the_keys_of_an_unwatched_one(qwen2):
@@ -191,7 +219,9 @@ def test_deepcopy_of_a_watched_cache_has_the_keys_of_an_unwatched_one(qwen2):
         watched_copy = copy.deepcopy(cache)
     plain_copy = copy.deepcopy(plain)
     assert sorted(vars(watched_copy)) == sorted(vars(plain_copy))
-    assert [sorted(vars(layer)) for layer in watched_copy.layers] == [sorted(vars(layer)) for layer in plain_copy.layers]
+    assert [sorted(vars(layer)) for layer in watched_copy.layers] == [
+        sorted(vars(layer)) for layer in plain_copy.layers
+    ]
 
 
 @pytest.mark.parametrize("kind", ["copy", "deepcopy", "pickle", "torch.save"])
@@ -267,8 +297,17 @@ def _changed(before: dict[type, dict]) -> list[str]:
 def _touched_classes(model, tokenizer, caches) -> list[type]:
     from transformers.cache_utils import Cache
 
-    classes = {type(model), PreTrainedModel, GenerationMixin, PreTrainedTokenizerBase, type(tokenizer),
-               threading.Thread, Cache, DynamicCache, StaticCache}
+    classes = {
+        type(model),
+        PreTrainedModel,
+        GenerationMixin,
+        PreTrainedTokenizerBase,
+        type(tokenizer),
+        threading.Thread,
+        Cache,
+        DynamicCache,
+        StaticCache,
+    }
     classes |= {type(m) for m in model.modules() if "Rotary" in type(m).__name__}
     for cache in caches:
         classes |= set(type(cache).__mro__) - {object}
@@ -285,8 +324,13 @@ def _exercise(model, tokenizer, cache):
     cache.crop(-1)
     full = ids
     results = []
-    thread = threading.Thread(target=lambda: results.append(model.generate(
-        full, attention_mask=torch.ones_like(full), past_key_values=cache, max_new_tokens=3, do_sample=False)))
+    thread = threading.Thread(
+        target=lambda: results.append(
+            model.generate(
+                full, attention_mask=torch.ones_like(full), past_key_values=cache, max_new_tokens=3, do_sample=False
+            )
+        )
+    )
     thread.start()
     thread.join()
     tokenizer.encode("k multiplied by 3")
@@ -339,7 +383,8 @@ def test_run_watched_leaves_classes_as_they_were(tiny_dir, tmp_path):
         "out = model.generate(**tok('What is k?', return_tensors='pt'), past_key_values=cache, max_new_tokens=3,"
         " do_sample=False)\n"
         "c2 = copy.deepcopy(cache); c2.crop(-2)\n"
-        "KEEP.append((model, tok, cache, c2))\n")
+        "KEEP.append((model, tok, cache, c2))\n"
+    )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
@@ -374,8 +419,14 @@ def _reuse_prompt_cache(model, tokenizer):
     for prompt in [" What is k?", " Please tell me a short story about a cat."]:
         inputs = tokenizer(prefix + prompt, return_tensors="pt")
         cache = copy.deepcopy(prompt_cache)
-        out = model.generate(**inputs, past_key_values=cache, max_new_tokens=6, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True)
+        out = model.generate(
+            **inputs,
+            past_key_values=cache,
+            max_new_tokens=6,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         results.append((out.sequences.tolist(), [logits.clone() for logits in out.logits], int(cache.get_seq_length())))
     return results, int(prompt_cache.get_seq_length())
 
@@ -398,8 +449,9 @@ def _crop_and_continue(model, tokenizer):
     return tokens, logits, lengths
 
 
-@pytest.mark.parametrize("run", [_reuse_prompt_cache, _crop_and_continue], ids=["generate-deepcopied-prompt-cache",
-                                                                                 "crop-and-continue"])
+@pytest.mark.parametrize(
+    "run", [_reuse_prompt_cache, _crop_and_continue], ids=["generate-deepcopied-prompt-cache", "crop-and-continue"]
+)
 def test_same_ids_with_and_without_watching(qwen2, run):
     model, tokenizer = qwen2
     expected = run(model, tokenizer)

@@ -23,13 +23,20 @@ TP_LOOP = PROGRAMS / "tp_loop.py"
 
 
 def kvtui_watch(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "kvtui.cli", "watch", *map(str, args)], capture_output=True,
-                          text=True, timeout=600, cwd=cwd, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", "watch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def plain(*command, cwd=ROOT):
-    return subprocess.run(list(map(str, command)), capture_output=True, text=True, timeout=600, cwd=cwd,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        list(map(str, command)), capture_output=True, text=True, timeout=600, cwd=cwd, stdin=subprocess.DEVNULL
+    )
 
 
 def records(trace: Path) -> list[dict]:
@@ -107,7 +114,8 @@ def test_ranks_that_feed_different_tokens_raise_rank_desync(tmp_path, llama_dir)
     source = TP_LOOP.read_text().replace(
         "cache = DynamicCache(config=model.config)",
         "if int(os.environ.get('RANK', '0')) == 1:\n    ids[0, 2] = (ids[0, 2] + 1) % model.config.vocab_size\n"
-        "cache = DynamicCache(config=model.config)")
+        "cache = DynamicCache(config=model.config)",
+    )
     program.write_text(source)
     trace = tmp_path / "desync.jsonl"
     result = kvtui_watch("--headless", "--trace", trace, "--fail-on", "error", "--", *torchrun(program, llama_dir, 3))
@@ -157,7 +165,9 @@ def test_a_command_that_builds_no_model_keeps_its_exit_code_and_says_so():
 def test_an_unknown_command_is_one_line_and_exit_2():
     result = kvtui_watch("--headless", "--", "kvtui-no-such-command-anywhere", "x")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip().splitlines() == ["kvtui watch: kvtui-no-such-command-anywhere: no such script or command"]
+    assert result.stderr.strip().splitlines() == [
+        "kvtui watch: kvtui-no-such-command-anywhere: no such script or command"
+    ]
 
 
 def test_nothing_of_kvtui_is_left_in_the_programs_view(tmp_path):
@@ -166,19 +176,33 @@ def test_nothing_of_kvtui_is_left_in_the_programs_view(tmp_path):
     own.mkdir()
     (own / "sitecustomize.py").write_text("import builtins\nbuiltins.OWN_SITECUSTOMIZE = True\n")
     program = tmp_path / "show.py"
-    program.write_text("import builtins, sys\nprint(getattr(builtins, 'OWN_SITECUSTOMIZE', False))\n"
-                       "print(any('kvtui-watch-tree' in p for p in sys.path))\n")
+    program.write_text(
+        "import builtins, sys\nprint(getattr(builtins, 'OWN_SITECUSTOMIZE', False))\n"
+        "print(any('kvtui-watch-tree' in p for p in sys.path))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(own)}
-    result = subprocess.run([sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--", sys.executable,
-                             str(program)], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env,
-                            stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--", sys.executable, str(program)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.stdout == "True\nFalse\n", result.stderr[-2000:]
 
 
 def _start_viewer(*args):
     """A viewer whose stderr is read line by line on a thread (the listening line comes first)."""
-    viewer = subprocess.Popen([sys.executable, "-m", "kvtui.cli", "watch", *map(str, args)], cwd=ROOT,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    viewer = subprocess.Popen(
+        [sys.executable, "-m", "kvtui.cli", "watch", *map(str, args)],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     listening = threading.Event()
 
@@ -206,12 +230,25 @@ def _free_port() -> int:
 
 def test_two_nodes_over_a_loopback_rendezvous_report_to_one_viewer(tmp_path, llama_dir):
     port = _free_port()
-    launch = [str(Path(sys.executable).parent / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1",
-              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "kvtui-test",
-              str(TP_LOOP), str(llama_dir)]
+    launch = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "kvtui-test",
+        str(TP_LOOP),
+        str(llama_dir),
+    ]
     trace = tmp_path / "nodes.jsonl"
-    viewer, lines, listening, reader = _start_viewer("--headless", "--listen", "127.0.0.1:0", "--trace", trace,
-                                                     "--", *launch)
+    viewer, lines, listening, reader = _start_viewer(
+        "--headless", "--listen", "127.0.0.1:0", "--trace", trace, "--", *launch
+    )
     assert listening.wait(60), "".join(lines)
     address, token = _address_and_token(lines)
     other = kvtui_watch("--headless", "--connect", address, "--token", token, "--", *launch)
@@ -229,8 +266,8 @@ def test_two_nodes_over_a_loopback_rendezvous_report_to_one_viewer(tmp_path, lla
 
 def test_a_connection_without_the_token_is_dropped_and_the_run_goes_on():
     viewer, lines, listening, reader = _start_viewer(
-        "--headless", "--listen", "127.0.0.1:0", "--", sys.executable, "-c",
-        "import time; time.sleep(4); print('done')")
+        "--headless", "--listen", "127.0.0.1:0", "--", sys.executable, "-c", "import time; time.sleep(4); print('done')"
+    )
     assert listening.wait(60), "".join(lines)
     address, token = _address_and_token(lines)
     host, port = address.rsplit(":", 1)
@@ -256,12 +293,19 @@ def _gone(pid: int) -> bool:
 
 def test_a_killed_viewer_leaves_no_rank_behind(tmp_path, llama_dir):
     program = tmp_path / "forever.py"
-    program.write_text(TP_LOOP.read_text().replace(
-        "out_ids = []",
-        "print('ready', os.getpid(), os.getppid(), flush=True)\nNEW_TOKENS = 10**9\nout_ids = []"))
-    viewer = subprocess.Popen([sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--",
-                               *torchrun(program, llama_dir)], cwd=ROOT, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    program.write_text(
+        TP_LOOP.read_text().replace(
+            "out_ids = []", "print('ready', os.getpid(), os.getppid(), flush=True)\nNEW_TOKENS = 10**9\nout_ids = []"
+        )
+    )
+    viewer = subprocess.Popen(
+        [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--", *torchrun(program, llama_dir)],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     pids = set()
     for line in viewer.stdout:
         if line.startswith("ready"):
@@ -303,7 +347,7 @@ def test_a_viewer_killed_before_it_accepted_still_ends_the_process():
 def test_pytest_xdist_workers_name_the_fixture_that_tokenized(tmp_path):
     """The motivating bug report: a session-scoped fixture whose tokenizer appends EOS, in a worker process."""
     model = model_dir("tiny:llama,eos=1")
-    (tmp_path / "conftest.py").write_text(f'''
+    (tmp_path / "conftest.py").write_text(f"""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -318,20 +362,27 @@ def initialized_session_state():
     with torch.inference_mode():
         model(input_ids=ids, past_key_values=cache, use_cache=True)
     return cache
-''')
+""")
     for name in ("a", "b"):
         (tmp_path / f"test_{name}.py").write_text(
-            "def test_cache(initialized_session_state):\n    assert initialized_session_state.get_seq_length() > 0\n")
+            "def test_cache(initialized_session_state):\n    assert initialized_session_state.get_seq_length() > 0\n"
+        )
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"]
-    watched = subprocess.run([sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--fail-on", "error", "--",
-                              *command], capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                             stdin=subprocess.DEVNULL)
+    watched = subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--fail-on", "error", "--", *command],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+    )
     assert watched.returncode == 0, watched.stdout[-2000:] + watched.stderr[-3000:]  # pytest's own: all passed
     assert "2 passed" in watched.stdout
     line = 1 + (tmp_path / "conftest.py").read_text().splitlines().index(  # the forward that fed the ids
-        "        model(input_ids=ids, past_key_values=cache, use_cache=True)")
+        "        model(input_ids=ids, past_key_values=cache, use_cache=True)"
+    )
     alarms = [text for text in watched.stderr.splitlines() if "tokenizer-added-special" in text]
-    assert len(alarms) == 2 and all(f"[conftest.py:{line} in fixture initialized_session_state]" in text
-                                    for text in alarms), \
-        watched.stderr[-3000:]
+    assert len(alarms) == 2 and all(
+        f"[conftest.py:{line} in fixture initialized_session_state]" in text for text in alarms
+    ), watched.stderr[-3000:]
     assert "2 process(es) built a causal LM" in watched.stderr  # the two workers, not the controller

@@ -18,8 +18,14 @@ PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py"))
 def watch(*args, cwd=ROOT, input=None):
     """The CLI; the program's stdin is `input` (else /dev/null: an interactive sample reads EOF and ends)."""
     stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
-    return subprocess.run([sys.executable, "-m", "kvtui.cli", "watch", *map(str, args)], capture_output=True,
-                          text=True, timeout=600, cwd=cwd, **stdin)
+    return subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", "watch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        **stdin,
+    )
 
 
 def test_every_program_names_its_model_and_alarms():
@@ -32,8 +38,16 @@ def test_every_program_names_its_model_and_alarms():
 def test_program_raises_exactly_its_alarms(program, tmp_path):
     expected = expected_codes(program)  # on this transformers (feature-tested headers)
     trace = tmp_path / "run.jsonl"
-    result = watch("--headless", "--trace", trace, "--fail-on", "error", program, model_dir(header(program, "kvtui-model")),
-                   input=stdin_of(program))
+    result = watch(
+        "--headless",
+        "--trace",
+        trace,
+        "--fail-on",
+        "error",
+        program,
+        model_dir(header(program, "kvtui-model")),
+        input=stdin_of(program),
+    )
     assert "Traceback" not in result.stderr or program.stem == "static_overflow", result.stderr[-2000:]
     found = codes_in(trace)
     assert found == expected, (found, result.stderr[-3000:])
@@ -58,9 +72,14 @@ def test_program_output_passes_through_and_exit_code_is_kept(tmp_path):
     assert "0 forwards watched" in result.stderr and "models: none" in result.stderr
 
 
-@pytest.mark.parametrize("args,hint", [(["--headless", "no-such-file.py"], "SCRIPT"),
-                                       (["--headless", "-m", "no_such_module_xyz"], "-m"),
-                                       (["--headless", "--trace", "/no/such/dir/t.jsonl", __file__], "--trace")])
+@pytest.mark.parametrize(
+    "args,hint",
+    [
+        (["--headless", "no-such-file.py"], "SCRIPT"),
+        (["--headless", "-m", "no_such_module_xyz"], "-m"),
+        (["--headless", "--trace", "/no/such/dir/t.jsonl", __file__], "--trace"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, hint):
     result = watch(*args)
     assert result.returncode == 2
@@ -70,8 +89,10 @@ def test_bad_input_is_one_line_and_exit_2(args, hint):
 def test_headless_program_reads_piped_stdin(tmp_path):
     """--headless runs the program in this process: its input() reads kvtui's own stdin, to EOF."""
     script = tmp_path / "loop.py"
-    script.write_text("while True:\n    try:\n        line = input('you> ')\n    except EOFError:\n        break\n"
-                      "    print('got', repr(line))\nprint('bye')\n")
+    script.write_text(
+        "while True:\n    try:\n        line = input('you> ')\n    except EOFError:\n        break\n"
+        "    print('got', repr(line))\nprint('bye')\n"
+    )
     result = watch("--headless", script, input="hello\nsecond line\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "you> got 'hello'\nyou> got 'second line'\nyou> bye\n"
@@ -81,8 +102,15 @@ def test_chat_sample_chats_over_piped_stdin(tmp_path):
     """The interactive sample keeps one cache across turns: each turn's cache starts where the last ended."""
     program = ROOT / "samples" / "programs" / "chat_input.py"
     trace = tmp_path / "chat.jsonl"
-    result = watch("--headless", "--trace", trace, program, model_dir(header(program, "kvtui-model")), 4,
-                   input="hello\nhow are you?\nquit\nnever read\n")
+    result = watch(
+        "--headless",
+        "--trace",
+        trace,
+        program,
+        model_dir(header(program, "kvtui-model")),
+        4,
+        input="hello\nhow are you?\nquit\nnever read\n",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     lengths = [int(n) for n in re.findall(r"\[cache: (\d+) tokens\]", result.stdout)]
     assert len(lengths) == 2 and lengths[1] > lengths[0], result.stdout

@@ -75,8 +75,10 @@ def killed_trace(request, tiny_dir, tmp_path_factory):
         while step_lines(trace) < MIN_STEP_LINES:
             if process.poll() is not None:
                 errors.seek(0)
-                raise AssertionError(f"the {request.param} run ended before the kill (exit {process.returncode}): "
-                                     f"{errors.read().decode(errors='replace')[-2000:]}")
+                raise AssertionError(
+                    f"the {request.param} run ended before the kill (exit {process.returncode}): "
+                    f"{errors.read().decode(errors='replace')[-2000:]}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {MIN_STEP_LINES} step lines after {START_TIMEOUT:.0f} s")
             time.sleep(0.01)
@@ -104,8 +106,10 @@ def test_every_finished_line_of_a_killed_run_reads_back(killed_trace):
     assert len(steps) >= MIN_STEP_LINES
     assert [s["step"] for s in trace.steps] == [s["step"] for s in steps] == list(range(1, len(steps) + 1))
     assert trace.truncated == (tail != b"" and not _parses(tail))
-    print(f"\nkilled after {len(steps)} finished step lines; unterminated tail {len(tail)} bytes; "
-          f"truncated={trace.truncated}")
+    print(
+        f"\nkilled after {len(steps)} finished step lines; unterminated tail {len(tail)} bytes; "
+        f"truncated={trace.truncated}"
+    )
 
     replay = Replay(trace)
     assert len(replay) == len(steps)
@@ -136,8 +140,9 @@ def cut_cases(finished: list[bytes]):
     }
 
 
-@pytest.mark.parametrize("case", ["half a step line", "one byte of a line", "all but the closing brace",
-                                  "inside a UTF-8 character"])
+@pytest.mark.parametrize(
+    "case", ["half a step line", "one byte of a line", "all but the closing brace", "inside a UTF-8 character"]
+)
 def test_a_line_cut_mid_write_is_dropped_and_flagged(killed_trace, tmp_path, case):
     finished = killed_trace.read_bytes().split(b"\n")[:-1]
     cut = tmp_path / "cut.jsonl"
@@ -158,7 +163,9 @@ def test_a_bad_line_that_is_not_the_unterminated_tail_still_names_file_and_line(
     finished = killed_trace.read_bytes().split(b"\n")[:-1]
     step = finished[-1]
     # the same half line, but followed by a newline (a finished line that is corrupt), at the end...
-    path = _write(tmp_path / "bad-end.jsonl", b"".join(line + b"\n" for line in finished) + step[: len(step) // 2] + b"\n")
+    path = _write(
+        tmp_path / "bad-end.jsonl", b"".join(line + b"\n" for line in finished) + step[: len(step) // 2] + b"\n"
+    )
     with pytest.raises(TraceError, match=rf"bad-end.jsonl:{len(finished) + 1}: not valid JSON"):
         read_trace(path)
     # ...or in the middle, with finished lines after it

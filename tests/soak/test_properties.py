@@ -17,13 +17,49 @@ from kvtui.engine.session import ChatSession, SessionConfig
 from kvtui.engine.trace import Trace, TraceError, read_trace
 from kvtui.headless import run_script
 
-SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow],
-                    print_blob=True)
+SETTINGS = settings(
+    max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
 
 # Words the tiny tokenizer was trained on (kvtui.engine.models.tiny.CORPUS), so texts tokenize into a few ids each.
-WORDS = ("k", "variable", "equal", "to", "5", "cat", "sun", "window", "cache", "token", "key", "value", "the",
-         "attention", "layer", "sky", "blue", "Paris", "France", "hello", "story", "quick", "fox", "dog", "42",
-         "What", "is", "multiplied", "by", "3", "?", "!", ".", ",", "please", "answer")
+WORDS = (
+    "k",
+    "variable",
+    "equal",
+    "to",
+    "5",
+    "cat",
+    "sun",
+    "window",
+    "cache",
+    "token",
+    "key",
+    "value",
+    "the",
+    "attention",
+    "layer",
+    "sky",
+    "blue",
+    "Paris",
+    "France",
+    "hello",
+    "story",
+    "quick",
+    "fox",
+    "dog",
+    "42",
+    "What",
+    "is",
+    "multiplied",
+    "by",
+    "3",
+    "?",
+    "!",
+    ".",
+    ",",
+    "please",
+    "answer",
+)
 TEMPLATES = ("qwen2", "counter")  # the family template, and one that re-renders the first turn every time
 
 
@@ -81,8 +117,9 @@ def edits(draw, content: str) -> str:
 
 @SETTINGS
 @given(data=st.data())
-def test_an_edited_earlier_turn_is_reported_as_drift_at_the_first_differing_index(tiny_model, torch_one_thread_module,
-                                                                                   data):
+def test_an_edited_earlier_turn_is_reported_as_drift_at_the_first_differing_index(
+    tiny_model, torch_one_thread_module, data
+):
     template = data.draw(st.sampled_from(TEMPLATES), label="template")
     model, tokenizer = tiny_model("qwen2") if template == "qwen2" else tiny_model("qwen2", template=template)
     system = data.draw(st.none() | sentences, label="system")
@@ -128,9 +165,15 @@ def small_trace(tiny_model, tmp_path_factory, torch_one_thread_module) -> bytes:
     model, tokenizer = tiny_model("qwen2")
     path = tmp_path_factory.mktemp("trace") / "small.jsonl"
     session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=4))
-    code = run_script(session, Script(turns=("What is k? café → ok", "And the cat?")), trace_path=path,
-                      model_source="tiny-qwen2", model_path="tiny", verify_every=3,
-                      console=Console(file=io.StringIO()))
+    code = run_script(
+        session,
+        Script(turns=("What is k? café → ok", "And the cat?")),
+        trace_path=path,
+        model_source="tiny-qwen2",
+        model_path="tiny",
+        verify_every=3,
+        console=Console(file=io.StringIO()),
+    )
     assert code == 0
     data = path.read_bytes()
     assert data.endswith(b"\n") and read_trace(path).steps
@@ -145,15 +188,18 @@ def lines_of(data: bytes) -> list[bytes]:
 def corruption(draw, data: bytes):
     """Apply 1-3 random corruptions to the trace's bytes."""
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["truncate", "flip", "replace", "delete-line", "duplicate-line", "garbage-line",
-                                     "swap-lines"]))
+        kind = draw(
+            st.sampled_from(
+                ["truncate", "flip", "replace", "delete-line", "duplicate-line", "garbage-line", "swap-lines"]
+            )
+        )
         lines = lines_of(data)
         if kind == "truncate":
             data = data[: draw(st.integers(0, len(data)))]
         elif kind in ("flip", "replace") and data:
             at = draw(st.integers(0, len(data) - 1))
             byte = data[at] ^ (1 << draw(st.integers(0, 7))) if kind == "flip" else draw(st.integers(0, 255))
-            data = data[:at] + bytes([byte]) + data[at + 1:]
+            data = data[:at] + bytes([byte]) + data[at + 1 :]
         elif kind == "delete-line" and len(lines) > 1:
             del lines[draw(st.integers(0, len(lines) - 1))]
             data = b"\n".join(lines)
@@ -162,9 +208,23 @@ def corruption(draw, data: bytes):
             lines.insert(at, lines[at])
             data = b"\n".join(lines)
         elif kind == "garbage-line":
-            garbage = draw(st.binary(max_size=40) | st.text(max_size=40).map(lambda t: t.encode("utf-8"))
-                           | st.sampled_from([b"{}", b"[]", b"null", b'{"type": 1}', b'{"type": "step"}', b'"x"',
-                                              b'{"type": "buffer", "tokens": 3}', b"1" * 5000, b"[" * 5000]))
+            garbage = draw(
+                st.binary(max_size=40)
+                | st.text(max_size=40).map(lambda t: t.encode("utf-8"))
+                | st.sampled_from(
+                    [
+                        b"{}",
+                        b"[]",
+                        b"null",
+                        b'{"type": 1}',
+                        b'{"type": "step"}',
+                        b'"x"',
+                        b'{"type": "buffer", "tokens": 3}',
+                        b"1" * 5000,
+                        b"[" * 5000,
+                    ]
+                )
+            )
             lines.insert(draw(st.integers(0, len(lines))), garbage)
             data = b"\n".join(lines)
         elif kind == "swap-lines" and len(lines) > 1:

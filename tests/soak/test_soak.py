@@ -96,9 +96,14 @@ def measure(app, before: frozenset[int] = frozenset()) -> dict:
                     held.add(id(ref))
                     found.append(ref)
         frontier = found
-    kinds = Counter(type(o).__qualname__ for o in objects
-                    if _is_kvtui(type(o)) and type(o) not in (StepSnapshot, BufferToken) and id(o) not in held
-                    and id(o) not in before)
+    kinds = Counter(
+        type(o).__qualname__
+        for o in objects
+        if _is_kvtui(type(o))
+        and type(o) not in (StepSnapshot, BufferToken)
+        and id(o) not in held
+        and id(o) not in before
+    )
     return {
         "step": app.session.steps,
         "rss": psutil.Process().memory_info().rss,
@@ -133,8 +138,12 @@ async def run_until(pilot, app, steps: int, turns: list[int]) -> None:
     """Press r and wait for `steps` forwards; a turn that ends early (an end token) gets another turn."""
     await pilot.press("r")
     while app.session.steps < steps:
-        await wait_for(pilot, lambda: app.session.steps >= steps or not engine_busy(app), SOAK_TIMEOUT,
-                       f"{steps} steps (at {app.session.steps})")
+        await wait_for(
+            pilot,
+            lambda: app.session.steps >= steps or not engine_busy(app),
+            SOAK_TIMEOUT,
+            f"{steps} steps (at {app.session.steps})",
+        )
         if app.session.steps < steps and not engine_busy(app):
             assert len(turns) < 20, "generation keeps stopping: the soak cannot reach its step count"
             turns.append(app.session.steps)
@@ -206,14 +215,16 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
         assert rss_per_step < MAX_BYTES_PER_STEP, (early, late)
         engine_per_step = (late["engine_rss"] - early["engine_rss"]) / span
         assert engine_per_step < MAX_BYTES_PER_STEP, (early, late)
-        print(f"\nsoak: {steps} steps, turns started at {turns}; step {early['step']} -> {late['step']}: "
-              f"RSS {rss_per_step / 1024:+.2f} KiB/step ({(late['rss'] - early['rss']) / 2**20:+.1f} MiB), engine "
-              f"process {engine_per_step / 1024:+.2f} KiB/step; "
-              f"live StepSnapshots {early['snapshots']} -> {late['snapshots']} (history {early['history']} -> "
-              f"{late['history']}); orphan kvtui objects {early['orphans']} -> {late['orphans']} "
-              f"{late['orphan_kinds']}; BufferTokens {early['buffer_tokens']} -> {late['buffer_tokens']} "
-              f"(buffer {len(app.session.buffer)}); tensors {early['tensors']} -> {late['tensors']}; "
-              f"diagnostics {len(app.diagnostics)}, app_diagnostics {len(app.app_diagnostics)}")
+        print(
+            f"\nsoak: {steps} steps, turns started at {turns}; step {early['step']} -> {late['step']}: "
+            f"RSS {rss_per_step / 1024:+.2f} KiB/step ({(late['rss'] - early['rss']) / 2**20:+.1f} MiB), engine "
+            f"process {engine_per_step / 1024:+.2f} KiB/step; "
+            f"live StepSnapshots {early['snapshots']} -> {late['snapshots']} (history {early['history']} -> "
+            f"{late['history']}); orphan kvtui objects {early['orphans']} -> {late['orphans']} "
+            f"{late['orphan_kinds']}; BufferTokens {early['buffer_tokens']} -> {late['buffer_tokens']} "
+            f"(buffer {len(app.session.buffer)}); tensors {early['tensors']} -> {late['tensors']}; "
+            f"diagnostics {len(app.diagnostics)}, app_diagnostics {len(app.app_diagnostics)}"
+        )
 
     # after exit: no thread still runs the engine, no new thread but idle executor threads, no open file
     assert busy_threads() == []

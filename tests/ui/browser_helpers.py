@@ -168,11 +168,17 @@ class Chromium:
 
     def start(self, timeout: float = 20.0) -> None:
         self.profile.mkdir(parents=True, exist_ok=True)
-        argv = [self.binary, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
-                f"--window-size={self.window[0]},{self.window[1]}", "about:blank"]
+        argv = [
+            self.binary,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={self.profile}",
+            f"--window-size={self.window[0]},{self.window[1]}",
+            "about:blank",
+        ]
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         port_file = self.profile / "DevToolsActivePort"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -242,8 +248,9 @@ class DevTools:
         return payload.get("result", {})
 
     async def evaluate(self, expression: str, timeout: float = 15.0):
-        result = await self.call("Runtime.evaluate", timeout=timeout, expression=expression, returnByValue=True,
-                                 awaitPromise=True)
+        result = await self.call(
+            "Runtime.evaluate", timeout=timeout, expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"JS error: {result['exceptionDetails']}")
         return result["result"].get("value")

@@ -22,7 +22,6 @@ async def wait_idle(pilot, app, timeout: float = 30.0):
     await pilot.pause(0.1)
 
 
-
 async def start(pilot, app, text="What is k?", step_mode=True):
     """Wait for the model, then send `text` from the input (step mode: only the prefill runs)."""
     from textual.widgets import Input

@@ -143,16 +143,22 @@ async def test_verify_reports_agreement(tiny_loaded):
         await wait_idle(pilot, app)
         await pilot.press("v")
         await wait_idle(pilot, app)
-        await wait_for(pilot, lambda: any("full recompute" in str(n.message) for n in app._notifications),
-                       what="the verify notification")
+        await wait_for(
+            pilot,
+            lambda: any("full recompute" in str(n.message) for n in app._notifications),
+            what="the verify notification",
+        )
         note = next(str(n.message) for n in app._notifications if "full recompute" in str(n.message))
         assert "matches" in note and "cache-mismatch" not in [d.code for d in app.diagnostics]
 
 
 async def test_static_overflow_shows_the_refusal_and_the_app_goes_on(tiny_loaded):
     loaded = tiny_loaded("qwen2")
-    prompt_len = len(loaded.tokenizer.apply_chat_template([{"role": "user", "content": "What is k?"}],
-                                                          add_generation_prompt=True, tokenize=True)["input_ids"])
+    prompt_len = len(
+        loaded.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is k?"}], add_generation_prompt=True, tokenize=True
+        )["input_ids"]
+    )
     app = make_app(loaded, cache="static", max_cache_len=prompt_len + 3, max_new_tokens=50)
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app, step_mode=False)  # runs until the cache refuses
@@ -171,8 +177,11 @@ async def test_static_overflow_shows_the_refusal_and_the_app_goes_on(tiny_loaded
 async def test_worker_exception_is_shown_and_the_session_survives(tiny_loaded):
     from engine_faults import fail_once
 
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}), loaded=tiny_loaded("qwen2"),
-                   engine_setup=fail_once("step", "simulated failure"))  # the next step raises, the one after works
+    app = KvtuiApp(
+        AppConfig(options={"max_new_tokens": 8}),
+        loaded=tiny_loaded("qwen2"),
+        engine_setup=fail_once("step", "simulated failure"),
+    )  # the next step raises, the one after works
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
         await pilot.press("space")
@@ -211,8 +220,11 @@ async def test_quit_mid_generation_leaves_no_thread_and_no_engine_process(tiny_l
     assert all(worker.is_finished for worker in app.workers)
     assert not psutil.pid_exists(engine)  # quit waited for the engine process: it is gone, not a zombie
     # no thread is still inside the engine or the model (an idle executor thread is not ours)
-    busy = [thread_id for thread_id, frame in sys._current_frames().items()
-            if any(name in path for path in _stack_files(frame) for name in ("kvtui/engine", "transformers/models"))]
+    busy = [
+        thread_id
+        for thread_id, frame in sys._current_frames().items()
+        if any(name in path for path in _stack_files(frame) for name in ("kvtui/engine", "transformers/models"))
+    ]
     assert busy == []
 
 
@@ -270,8 +282,11 @@ async def test_reuse_meter_and_watch(tiny_loaded):
         assert f"reused {reused} cached tokens, fed {len(second.input_ids)}" in reuse
         await pilot.press("v")
         await wait_idle(pilot, app)
-        await wait_for(pilot, lambda: "full re-encode of" in app.query_one(ChatPane).query_one("#reuse").visual.plain,
-                       what="the re-encode cost")
+        await wait_for(
+            pilot,
+            lambda: "full re-encode of" in app.query_one(ChatPane).query_one("#reuse").visual.plain,
+            what="the re-encode cost",
+        )
         # watch the third top-k token: from the next step it is reported wherever it ranks
         topk = app.query_one(TopKPane)
         topk.table.focus()
@@ -289,10 +304,26 @@ def test_only_plain_decode_snapshots_are_coalesced():
     from kvtui.engine.snapshot import Diagnostic, StepSnapshot, TokenBuffer
 
     def message(phase, diagnostics=()):
-        snapshot = StepSnapshot(step=1, phase=phase, turn=1, input_ids=(1,), positions=(0,), cursor=1,
-                                cache_seq_length=1, capacity=None, layers=(), topk=(), topk_processed=(), watched=(),
-                                chosen=None, chosen_forced=False, diagnostics=diagnostics, forward_ms=0.0,
-                                snapshot_ms=0.0, buffer=TokenBuffer([]))
+        snapshot = StepSnapshot(
+            step=1,
+            phase=phase,
+            turn=1,
+            input_ids=(1,),
+            positions=(0,),
+            cursor=1,
+            cache_seq_length=1,
+            capacity=None,
+            layers=(),
+            topk=(),
+            topk_processed=(),
+            watched=(),
+            chosen=None,
+            chosen_forced=False,
+            diagnostics=diagnostics,
+            forward_ms=0.0,
+            snapshot_ms=0.0,
+            buffer=TokenBuffer([]),
+        )
         return SnapshotReady(snapshot, [], (), True)
 
     newer = message("decode")

@@ -12,10 +12,20 @@ from kvtui.widgets.step_time_plot import StepTimePlot
 
 async def test_compare_screen_runs_the_lanes_in_lockstep(tiny_dir, tmp_path):
     script = Script(turns=("Let's start by defining a variable k equal to 5. What is k?", "Now multiply k by 3."))
-    options = {"max_new_tokens": 5, "max_cache_len": 128, "temperature": 0.0, "mode": "chat", "system": None,
-               "threads": 1, "decode_threads": 1, "dtype": "float32", "device": "cpu"}
-    app = CompareApp(str(tiny_dir("llama")), ("none", "dynamic", "static"), options, tmp_path, script,
-                     theme_name="kvtui-projector")
+    options = {
+        "max_new_tokens": 5,
+        "max_cache_len": 128,
+        "temperature": 0.0,
+        "mode": "chat",
+        "system": None,
+        "threads": 1,
+        "decode_threads": 1,
+        "dtype": "float32",
+        "device": "cpu",
+    }
+    app = CompareApp(
+        str(tiny_dir("llama")), ("none", "dynamic", "static"), options, tmp_path, script, theme_name="kvtui-projector"
+    )
     async with app.run_test(size=(120, 36)) as pilot:
         for _ in range(600):
             await pilot.pause(0.1)
@@ -42,10 +52,27 @@ def test_cursor_and_layers_panes_say_there_is_no_cache():
     from kvtui.widgets.layers_pane import render_totals
 
     tokens = [BufferToken(position=i, id=i, piece="a", special=False, origin="user", turn=1) for i in range(7)]
-    snap = StepSnapshot(step=3, phase="decode", turn=1, input_ids=(6,), positions=(6,), cursor=7, cache_seq_length=0,
-                        capacity=None, layers=(), topk=(), topk_processed=(), watched=(), chosen=None,
-                        chosen_forced=False, diagnostics=(), forward_ms=2.0, snapshot_ms=0.1,
-                        buffer=TokenBuffer(tokens), uncached=True)
+    snap = StepSnapshot(
+        step=3,
+        phase="decode",
+        turn=1,
+        input_ids=(6,),
+        positions=(6,),
+        cursor=7,
+        cache_seq_length=0,
+        capacity=None,
+        layers=(),
+        topk=(),
+        topk_processed=(),
+        watched=(),
+        chosen=None,
+        chosen_forced=False,
+        diagnostics=(),
+        forward_ms=2.0,
+        snapshot_ms=0.1,
+        buffer=TokenBuffer(tokens),
+        uncached=True,
+    )
     assert not has_alarm(snap)  # cursor 7, cache length 0: no cache, not a mismatch
     assert "no cache: full forward over 7 tokens" in render_cursor(snap).plain
     assert "no cache (--cache none)" in render_totals(snap).plain and "all 7 tokens" in render_totals(snap).plain

@@ -32,7 +32,8 @@ def gone(pid: int) -> bool:
 def test_the_engine_process_dies_within_two_seconds_of_the_app_being_sigkilled(tiny_dir, tmp_path):
     """The real app (model by path, loaded in the engine) in a process of its own, generating; SIGKILL it."""
     script = tmp_path / "app.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import asyncio
         from kvtui.app import KvtuiApp
         from kvtui.options import AppConfig
@@ -52,9 +53,9 @@ def test_the_engine_process_dies_within_two_seconds_of_the_app_being_sigkilled(t
                 await asyncio.sleep(600)
 
         asyncio.run(main())
-    """))
-    app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                           text=True)
+    """)
+    )
+    app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = app.stdout.readline().split()
         assert line and line[0].isdigit(), f"the app did not report its engine (exit {app.poll()})"
@@ -76,8 +77,11 @@ def test_the_engine_process_dies_within_two_seconds_of_the_app_being_sigkilled(t
 async def test_a_dead_engine_is_an_alarm_and_R_restarts_it_with_the_chat(tiny_loaded, tmp_path, how):
     from engine_faults import die_on_step
 
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}), loaded=tiny_loaded("qwen2"),
-                   engine_setup=die_on_step(how, tmp_path / "died"))
+    app = KvtuiApp(
+        AppConfig(options={"max_new_tokens": 8}),
+        loaded=tiny_loaded("qwen2"),
+        engine_setup=die_on_step(how, tmp_path / "died"),
+    )
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)  # the prefill ran
         first = app.session.pid
@@ -89,7 +93,8 @@ async def test_a_dead_engine_is_an_alarm_and_R_restarts_it_with_the_chat(tiny_lo
         expected = "killed by SIGKILL" if how == "kill" else "exited with code 3: fatal: simulated crash"
         assert expected in alarm.message, alarm.message
         assert "R restarts" in app.query_one(StatusBar).model_text or any(
-            "R restarts" in str(n.message) for n in app._notifications)
+            "R restarts" in str(n.message) for n in app._notifications
+        )
         assert not app.engine_busy and gone(first)
         await pilot.press("space")  # refused, said so: nothing to send it to
         assert any("R restarts it" in str(n.message) for n in app._notifications)
@@ -132,9 +137,12 @@ async def test_loading_progress_streams_to_the_status_bar(tiny_dir, monkeypatch)
 def test_commands_are_one_line_each_and_read_back_as_sent():
     from kvtui.engine.stream import format_command, parse_command
 
-    for word, argument in [("step", None), ("rewind", 3), ("send", {"text": "two\nlines «é»", "run": True}),
-                           ("sampler", {"temperature": 0.7, "top_k": 5, "top_p": 1.0, "repetition_penalty": 1.0,
-                                        "seed": None})]:
+    for word, argument in [
+        ("step", None),
+        ("rewind", 3),
+        ("send", {"text": "two\nlines «é»", "run": True}),
+        ("sampler", {"temperature": 0.7, "top_k": 5, "top_p": 1.0, "repetition_penalty": 1.0, "seed": None}),
+    ]:
         line = format_command(word, argument)
         assert "\n" not in line
         assert parse_command(line + "\n") == (word, argument)

@@ -38,8 +38,9 @@ async def test_exception_in_an_action_keeps_the_session(tiny_loaded, monkeypatch
     monkeypatch.chdir(tmp_path)  # export writes into the working directory
     message = "no space left on device" if action == "export" else f"simulated failure in {action}"
     # in the engine process, the first call of the action raises; the ones after work
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": 8}), loaded=tiny_loaded("qwen2"),
-                   engine_setup=fail_once(action, message))
+    app = KvtuiApp(
+        AppConfig(options={"max_new_tokens": 8}), loaded=tiny_loaded("qwen2"), engine_setup=fail_once(action, message)
+    )
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
         before = (app.latest.step, app.session.buffer.ids(), app.session.cache_length)
@@ -47,7 +48,9 @@ async def test_exception_in_an_action_keeps_the_session(tiny_loaded, monkeypatch
         await wait_for(pilot, lambda: app.app_diagnostics, what="the worker error")
         await wait_idle(pilot, app)
         message = app.app_diagnostics[-1].message
-        assert app.app_diagnostics[-1].code == "worker-error" and ("simulated failure" in message or "no space" in message)
+        assert app.app_diagnostics[-1].code == "worker-error" and (
+            "simulated failure" in message or "no space" in message
+        )
         assert any("session is as it was" in n and "q quits" in n for n in notices(app))
         assert (app.latest.step, app.session.buffer.ids(), app.session.cache_length) == before  # nothing half done
         await pilot.press("space")  # still usable

@@ -22,8 +22,14 @@ def screen_text(app) -> str:
     """What a person sees: the screen rendered to plain text, as an SVG screenshot holds it."""
     from rich.console import Console
 
-    console = Console(width=app.size.width, height=app.size.height, record=True, file=open("/dev/null", "w"),
-                      color_system=None, legacy_windows=False)
+    console = Console(
+        width=app.size.width,
+        height=app.size.height,
+        record=True,
+        file=open("/dev/null", "w"),
+        color_system=None,
+        legacy_windows=False,
+    )
     screen = app.screen._compositor.render_update(full=True)
     console.print(screen)
     return console.export_text()

@@ -52,17 +52,22 @@ def captured_app(monkeypatch, args) -> KvtuiApp:
 async def test_tui_and_headless_write_the_same_trace(sample, tmp_path, monkeypatch):
     extra = SHORTER.get(sample.stem, [])
     headless = tmp_path / "headless.jsonl"
-    result = CliRunner().invoke(main, ["run", "--headless", "--script", str(sample), "--trace", str(headless),
-                                       "--verify-every", "2", *extra])
+    result = CliRunner().invoke(
+        main, ["run", "--headless", "--script", str(sample), "--trace", str(headless), "--verify-every", "2", *extra]
+    )
     assert result.exit_code in (0, 1), result.output
     tui = tmp_path / "tui.jsonl"
-    app = captured_app(monkeypatch, ["run", "--script", str(sample), "--trace", str(tui), "--verify-every", "2", *extra])
+    app = captured_app(
+        monkeypatch, ["run", "--script", str(sample), "--trace", str(tui), "--verify-every", "2", *extra]
+    )
     turns = len(app.script_turns) or 1
     async with app.run_test(size=(140, 45)) as pilot:
         await wait_for(pilot, lambda: app.session is not None, 600, "the model to load")
         for number in range(turns):
             await pilot.press("enter")  # the script's next turn, wherever the focus is (first: the input)
-            await wait_for(pilot, lambda number=number: app.session.turn == number + 1, 120, f"turn {number + 1} to start")
+            await wait_for(
+                pilot, lambda number=number: app.session.turn == number + 1, 120, f"turn {number + 1} to start"
+            )
             await wait_idle(pilot, app, 600)
         assert not app.script_turns
         await pilot.press("q")
@@ -110,7 +115,9 @@ async def test_every_tui_action_is_recorded_and_replayed(tiny_loaded, tmp_path):
     assert force["rank"] == 2
     replay = Replay(trace_data)
     forced_step = next(s for s in replay.snapshots if s.input_ids and s.buffer[-1].origin == "forced")
-    assert replay.events_at(forced_step.step - 1) and any(e["type"] == "force" for e in replay.events_at(forced_step.step - 1))
+    assert replay.events_at(forced_step.step - 1) and any(
+        e["type"] == "force" for e in replay.events_at(forced_step.step - 1)
+    )
     assert any(e["type"] == "rewind" for s in replay.snapshots for e in replay.events_at(s.step))
 
 
@@ -118,8 +125,20 @@ def test_diff_names_a_failed_verify(tmp_path, tiny_dir):
     script = tmp_path / "s.json"
     script.write_text(json.dumps({"turns": ["What is k?"], "options": {"max_new_tokens": 5}}))
     good = tmp_path / "good.jsonl"
-    result = CliRunner().invoke(main, ["run", str(tiny_dir("qwen2")), "--headless", "--script", str(script),
-                                       "--trace", str(good), "--verify-every", "2"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            str(tiny_dir("qwen2")),
+            "--headless",
+            "--script",
+            str(script),
+            "--trace",
+            str(good),
+            "--verify-every",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in good.read_text().splitlines()]
     verifies = [r for r in records if r["type"] == "verify"]
@@ -138,8 +157,13 @@ def test_diff_names_a_failed_verify(tmp_path, tiny_dir):
 def test_bad_watch_word_is_refused_before_any_screen(monkeypatch):
     started = []
     monkeypatch.setattr(KvtuiApp, "run", lambda self, *a, **k: started.append(self))
-    result = subprocess.run([sys.executable, "-m", "kvtui.cli", "tiny:llama", "--watch", "hello world foo"],
-                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", "tiny:llama", "--watch", "hello world foo"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--watch" in lines[0] and "Traceback" not in result.stderr

@@ -61,9 +61,18 @@ def make_layer(
     slots = capacity if capacity is not None else filled
     shape = (1, kv_heads, slots, head_dim)
     return LayerInfo(
-        index=index, kind=kind, k_shape=shape, v_shape=shape, dtype=dtype, device=device,
-        bytes=2 * prod(shape) * 4, filled=filled, capacity=capacity, window=window,
-        seen=filled if seen is None else seen, held_from=held_from,
+        index=index,
+        kind=kind,
+        k_shape=shape,
+        v_shape=shape,
+        dtype=dtype,
+        device=device,
+        bytes=2 * prod(shape) * 4,
+        filled=filled,
+        capacity=capacity,
+        window=window,
+        seen=filled if seen is None else seen,
+        held_from=held_from,
     )
 
 
@@ -71,7 +80,12 @@ def tok(token_id: int, text: str, prob: float, logit: float = 1.0, rank: int = 0
     return TopToken(id=token_id, text=text, logit=logit, prob=prob, rank=rank)
 
 
-RAW = (tok(11, " the", 0.50, 9.5, 1), tok(22, " a", 0.25, 8.8, 2), tok(33, "\n", 0.125, 8.1, 3), tok(44, "[b]x", 0.05, 7.2, 4))
+RAW = (
+    tok(11, " the", 0.50, 9.5, 1),
+    tok(22, " a", 0.25, 8.8, 2),
+    tok(33, "\n", 0.125, 8.1, 3),
+    tok(44, "[b]x", 0.05, 7.2, 4),
+)
 PROCESSED = (tok(11, " the", 0.60, 9.5, 1), tok(22, " a", 0.30, 8.8, 2), tok(33, "\n", 0.10, 8.1, 3))
 WATCHED = (tok(99, " zebra", 0.0004, -2.0, 731),)
 
@@ -98,15 +112,31 @@ def make_snapshot(
     if layers is None:
         layers = (make_layer(0, filled=cache_seq_length), make_layer(1, filled=cache_seq_length))
     if buffer is None:
-        buffer = TokenBuffer([
-            BufferToken(position=i, id=100 + i, piece=f"t{i}", special=False, origin="user", turn=1)
-            for i in range(cache_seq_length)
-        ])
+        buffer = TokenBuffer(
+            [
+                BufferToken(position=i, id=100 + i, piece=f"t{i}", special=False, origin="user", turn=1)
+                for i in range(cache_seq_length)
+            ]
+        )
     return StepSnapshot(
-        step=step, phase=phase, turn=1, input_ids=tuple(range(len(positions))), positions=positions,
-        cursor=cursor, cache_seq_length=cache_seq_length, capacity=capacity, layers=layers,
-        topk=topk, topk_processed=topk_processed, watched=watched, chosen=chosen,
-        chosen_forced=chosen_forced, diagnostics=diagnostics, forward_ms=12.5, snapshot_ms=0.4, buffer=buffer,
+        step=step,
+        phase=phase,
+        turn=1,
+        input_ids=tuple(range(len(positions))),
+        positions=positions,
+        cursor=cursor,
+        cache_seq_length=cache_seq_length,
+        capacity=capacity,
+        layers=layers,
+        topk=topk,
+        topk_processed=topk_processed,
+        watched=watched,
+        chosen=chosen,
+        chosen_forced=chosen_forced,
+        diagnostics=diagnostics,
+        forward_ms=12.5,
+        snapshot_ms=0.4,
+        buffer=buffer,
     )
 
 
@@ -478,7 +508,11 @@ async def test_diagnostics_pane_groups_leads_with_the_cause_and_jumps():
         assert [r.key for r in table.ordered_rows] == keys
 
         # repeats of a code fold into its group: one row, count, first and last step
-        repeats = [*all_diags[:3], Diagnostic("CODE_1", "warning", "again", 20), Diagnostic("CODE_1", "warning", "more", 38)]
+        repeats = [
+            *all_diags[:3],
+            Diagnostic("CODE_1", "warning", "again", 20),
+            Diagnostic("CODE_1", "warning", "more", 38),
+        ]
         pane.show_diagnostics(repeats)
         await pilot.pause()
         assert table.row_count == 3 and [r.key for r in table.ordered_rows] == keys  # rows updated in place
@@ -516,7 +550,13 @@ async def test_diagnostics_pane_groups_leads_with_the_cause_and_jumps():
         await pilot.pause()
         assert table.row_count == 6 and pane.border_title == "diagnostics · 2 errors · 2 warnings · 2 info"
         assert [plain(table.get_row_at(r))[0].strip() for r in range(6)] == [
-            "CODE_2", "CODE_5", "CODE_1", "CODE_4", "CODE_0", "CODE_3"]
+            "CODE_2",
+            "CODE_5",
+            "CODE_1",
+            "CODE_4",
+            "CODE_0",
+            "CODE_3",
+        ]
 
         # shorter (a reset): rebuilt, the leading alarm selected again
         reset = make_diagnostics(2, start_step=1)
@@ -542,8 +582,13 @@ def test_group_diagnostics_and_leading_group():
     found.append(Diagnostic("recomputed-prefix", "info", "re-encoded 9 tokens DynamicCache#1 held", 9))
     found.append(Diagnostic("recomputed-prefix", "info", "re-encoded 9 tokens DynamicCache#2 held", 12))
     groups = group_diagnostics(found)
-    assert [(g.code, g.count) for g in groups] == [("cursor-mismatch", 1), ("ignored-argument", 10), ("pad-in-cache", 1),
-                                                   ("recomputed-prefix", 1), ("recomputed-prefix", 1)]
+    assert [(g.code, g.count) for g in groups] == [
+        ("cursor-mismatch", 1),
+        ("ignored-argument", 10),
+        ("pad-in-cache", 1),
+        ("recomputed-prefix", 1),
+        ("recomputed-prefix", 1),
+    ]
     assert groups[1].headline() == "ignored-argument ×10, steps 2–38"
     assert groups[3].cache == "DynamicCache#1" and groups[4].cache == "DynamicCache#2"  # by code and cache
     assert leading_group(groups).code == "ignored-argument"  # fired first (step 2) of the errors and warnings

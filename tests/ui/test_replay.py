@@ -22,6 +22,7 @@ def recorded(tiny_model, tmp_path):
     live = []
     session = ChatSession(model, tok, SessionConfig(max_new_tokens=5))
     with TraceWriter(path, header_record(session, "tiny-qwen2", "tiny")) as writer:
+
         def record(snapshot):
             live.append(snapshot)
             writer.write(snapshot.to_record())
@@ -45,9 +46,15 @@ def test_replayed_snapshots_equal_the_live_ones(recorded):
     assert len(replay) == len(live)
     for got, want in zip(replay.snapshots, live):
         assert got.buffer.ids() == want.buffer.ids()
-        assert [(t.position, t.origin, t.piece) for t in got.buffer] == [(t.position, t.origin, t.piece) for t in want.buffer]
-        assert (got.step, got.phase, got.cursor, got.cache_seq_length) == (want.step, want.phase, want.cursor,
-                                                                           want.cache_seq_length)
+        assert [(t.position, t.origin, t.piece) for t in got.buffer] == [
+            (t.position, t.origin, t.piece) for t in want.buffer
+        ]
+        assert (got.step, got.phase, got.cursor, got.cache_seq_length) == (
+            want.step,
+            want.phase,
+            want.cursor,
+            want.cache_seq_length,
+        )
         assert got.layers == want.layers
         assert [t.id for t in got.topk] == [t.id for t in want.topk]
         assert got.chosen.id == want.chosen.id and got.chosen_forced == want.chosen_forced

@@ -13,8 +13,9 @@ async def test_a_message_sent_before_the_model_is_ready_is_sent_when_it_is(tiny_
     from engine_faults import gated_load
 
     gate = tmp_path / "load-now"
-    app = KvtuiApp(AppConfig(model="anything", options={"max_new_tokens": 2}),
-                   loader=gated_load(gate, tiny_dir("qwen2")))  # the engine waits for the gate file
+    app = KvtuiApp(
+        AppConfig(model="anything", options={"max_new_tokens": 2}), loader=gated_load(gate, tiny_dir("qwen2"))
+    )  # the engine waits for the gate file
     async with app.run_test(size=(140, 45)) as pilot:
         box = app.query_one("#message", Input)
         box.value = "What is k?"
@@ -63,8 +64,9 @@ async def test_reuse_meter_says_when_the_ui_was_busy_during_a_timing(tiny_loaded
     from kvtui.widgets.chat_pane import ChatPane
 
     # in the engine process, the prefill's forward takes 300 ms of wall time (sleeping)
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": 4}), loaded=tiny_loaded("qwen2"),
-                   engine_setup=slow_first_forward)
+    app = KvtuiApp(
+        AppConfig(options={"max_new_tokens": 4}), loaded=tiny_loaded("qwen2"), engine_setup=slow_first_forward
+    )
     async with app.run_test(size=(140, 45)) as pilot:
         await wait_for(pilot, lambda: app.session is not None, what="the model")
 

@@ -95,8 +95,14 @@ async def _press(devtools: DevTools, key: str, code: int) -> None:
     """A real key press in the page: xterm turns it into an escape sequence for the served app."""
     await devtools.evaluate("window.__xtermTerminals[0].focus()")
     for kind in ("rawKeyDown", "keyUp"):
-        await devtools.call("Input.dispatchKeyEvent", type=kind, key=key, code=key, windowsVirtualKeyCode=code,
-                            nativeVirtualKeyCode=code)
+        await devtools.call(
+            "Input.dispatchKeyEvent",
+            type=kind,
+            key=key,
+            code=key,
+            windowsVirtualKeyCode=code,
+            nativeVirtualKeyCode=code,
+        )
 
 
 def _main_screen_drawn(screen: dict) -> bool:
@@ -138,8 +144,10 @@ async def _browse(chromium: Chromium, url: str) -> dict:
 async def test_serve_in_headless_chromium(tiny_dir, tmp_path):
     binary = find_chromium()
     if binary is None:
-        pytest.fail("Chromium is needed for the `kvtui serve` browser test and was not found "
-                    "(Debian/Ubuntu: apt-get install -y chromium)")
+        pytest.fail(
+            "Chromium is needed for the `kvtui serve` browser test and was not found "
+            "(Debian/Ubuntu: apt-get install -y chromium)"
+        )
     model_dir = tiny_dir("qwen2")
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
@@ -149,9 +157,23 @@ async def test_serve_in_headless_chromium(tiny_dir, tmp_path):
     try:
         with open(server_log, "wb") as log:
             server = subprocess.Popen(
-                [sys.executable, "-c", "from kvtui.commands.serve_cmd import serve; serve()",
-                 str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--max-new-tokens", "8"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    sys.executable,
+                    "-c",
+                    "from kvtui.commands.serve_cmd import serve; serve()",
+                    str(model_dir),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--max-new-tokens",
+                    "8",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         _wait_http(url, server, server_log, SERVER_START_S)
         assert f"serving on http://127.0.0.1:{port}" in server_log.read_text(errors="replace")
 
@@ -159,9 +181,11 @@ async def test_serve_in_headless_chromium(tiny_dir, tmp_path):
         result = await asyncio.wait_for(_browse(chromium, url), APP_DRAWN_S + 40)
 
         def context(screen: dict) -> str:
-            return (f"screen ({screen.get('source')}, {screen.get('cols')}x{screen.get('rows')}):\n"
-                    f"{screen.get('text', '')}\n--- server log:\n{_tail(server_log)}\n"
-                    f"--- chromium log:\n{chromium.log_tail()}")
+            return (
+                f"screen ({screen.get('source')}, {screen.get('cols')}x{screen.get('rows')}):\n"
+                f"{screen.get('text', '')}\n--- server log:\n{_tail(server_log)}\n"
+                f"--- chromium log:\n{chromium.log_tail()}"
+            )
 
         main = result["main"]
         assert not main.get("closed"), f"the served session ended:\n{context(main)}"

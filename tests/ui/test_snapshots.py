@@ -37,7 +37,9 @@ async def three_steps(pilot):
 
 
 @pytest.mark.parametrize("theme", ["kvtui-dark", "kvtui-light"])
-@pytest.mark.parametrize("size", [(80, 24), (120, 36), (160, 48), (240, 60)], ids=["80x24", "120x36", "160x48", "240x60"])
+@pytest.mark.parametrize(
+    "size", [(80, 24), (120, 36), (160, 48), (240, 60)], ids=["80x24", "120x36", "160x48", "240x60"]
+)
 def test_main_screen(snap_compare, tiny_loaded, theme, size):
     # threads pinned: the status bar says what the engine decodes on, which would otherwise follow this machine's cores
     options = {"max_new_tokens": 8, "threads": 2, "decode_threads": 1}

@@ -12,7 +12,6 @@ import json
 import threading
 
 import pytest
-from pilot_helpers import wait_for
 from rich.console import Console
 
 from kvtui.engine.session import ChatSession, SessionConfig
@@ -21,6 +20,7 @@ from kvtui.engine.trace import TraceWriter, header_record
 from kvtui.replay_app import ReplayApp
 from kvtui.watch_app import WatchApp
 from kvtui.widgets.token_buffer import TokenBufferPane
+from pilot_helpers import wait_for
 
 SIZE = (140, 45)
 
@@ -62,24 +62,65 @@ class FakeProgram:
 def screen_facts(app):
     """What a refused key must leave as it was: the step shown, its buffer, and the alarms."""
     pane = app.query_one(TokenBufferPane)
-    return (app.latest.step, pane.snapshot.buffer.ids() if pane.snapshot else None, len(app.diagnostics),
-            app.pinned_step)
+    return (
+        app.latest.step,
+        pane.snapshot.buffer.ids() if pane.snapshot else None,
+        len(app.diagnostics),
+        app.pinned_step,
+    )
 
 
 # key -> what it does in a replay: "works" (a check follows), or the words its reason must contain
-REPLAY_KEYS = {"v": "read-only", "o": "read-only", "R": "runs no engine", "e": "no K/V tensors",
-               "f": "read-only", "w": "read-only", "m": "no model", "X": "read-only", "u": "works",
-               "backspace": "works"}
+REPLAY_KEYS = {
+    "v": "read-only",
+    "o": "read-only",
+    "R": "runs no engine",
+    "e": "no K/V tensors",
+    "f": "read-only",
+    "w": "read-only",
+    "m": "no model",
+    "X": "read-only",
+    "u": "works",
+    "backspace": "works",
+}
 # the same keys on a watched program (observe only) and on a trace being followed (takes no command)
-WATCH_KEYS = {"v": "works", "o": "samples on its own", "R": "no kvtui engine", "e": "not available",
-              "f": "change the program", "m": "decides how it generates", "X": "change the program's cache",
-              "u": "behind its back", "backspace": "behind its back", "space": "works"}
-FOLLOW_KEYS = {**WATCH_KEYS, "v": "read-only", "space": "read-only", "r": "read-only", "p": "read-only",
-               "b": "read-only"}
+WATCH_KEYS = {
+    "v": "works",
+    "o": "samples on its own",
+    "R": "no kvtui engine",
+    "e": "not available",
+    "f": "change the program",
+    "m": "decides how it generates",
+    "X": "change the program's cache",
+    "u": "behind its back",
+    "backspace": "behind its back",
+    "space": "works",
+}
+FOLLOW_KEYS = {
+    **WATCH_KEYS,
+    "v": "read-only",
+    "space": "read-only",
+    "r": "read-only",
+    "p": "read-only",
+    "b": "read-only",
+}
 
-ACTIONS = {"v": "verify", "o": "sampler", "R": "restart_engine", "e": "export_cache", "f": "force", "w": "watch",
-           "m": "toggle_step_mode", "X": "reset", "u": "rewind", "backspace": "rewind_to", "space": "step",
-           "r": "run", "p": "pause", "b": "break_on_alarm"}
+ACTIONS = {
+    "v": "verify",
+    "o": "sampler",
+    "R": "restart_engine",
+    "e": "export_cache",
+    "f": "force",
+    "w": "watch",
+    "m": "toggle_step_mode",
+    "X": "reset",
+    "u": "rewind",
+    "backspace": "rewind_to",
+    "space": "step",
+    "r": "run",
+    "p": "pause",
+    "b": "break_on_alarm",
+}
 
 
 async def settled(app, pilot):
@@ -130,7 +171,7 @@ async def test_every_key_in_a_replay_works_or_says_why_it_cannot(trace):
                 app.query_one(TokenBufferPane).select(2)
             wrong.append(await press_and_check(app, pilot, key, REPLAY_KEYS[key]))
             if REPLAY_KEYS[key] == "works":
-                await wait_for(pilot, lambda: app.position < position, what=f"a step back ({key})")
+                await wait_for(pilot, lambda before=position: app.position < before, what=f"a step back ({key})")
                 assert app.latest.step == app.replay.snapshots[app.position].step
         assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
 

@@ -16,19 +16,40 @@ SIZE = (100, 30)
 
 
 def make_tokens(n: int, *, prefix: str = "w", origin: str = "assistant", start_position: int = 0) -> list[BufferToken]:
-    return [BufferToken(position=start_position + i, id=1000 + i, piece=f"{prefix}{i}", special=False,
-                        origin=origin, turn=1) for i in range(n)]
+    return [
+        BufferToken(
+            position=start_position + i, id=1000 + i, piece=f"{prefix}{i}", special=False, origin=origin, turn=1
+        )
+        for i in range(n)
+    ]
 
 
 def layer(index: int, *, kind: str = "full", window: int | None = None, seen: int = 0, held_from: int = 0) -> LayerInfo:
     slots = seen - held_from
-    return LayerInfo(index=index, kind=kind, k_shape=(1, 2, slots, 8), v_shape=(1, 2, slots, 8), dtype="float32",
-                     device="cpu", bytes=slots * 2 * 2 * 8 * 4, filled=slots, capacity=window, window=window,
-                     seen=seen, held_from=held_from)
+    return LayerInfo(
+        index=index,
+        kind=kind,
+        k_shape=(1, 2, slots, 8),
+        v_shape=(1, 2, slots, 8),
+        dtype="float32",
+        device="cpu",
+        bytes=slots * 2 * 2 * 8 * 4,
+        filled=slots,
+        capacity=window,
+        window=window,
+        seen=seen,
+        held_from=held_from,
+    )
 
 
-def make_snapshot(buffer: Sequence[BufferToken], *, fed: int = 1, chosen: str | None = "Hi",
-                  layers: tuple[LayerInfo, ...] | None = None, cursor: int | None = None) -> StepSnapshot:
+def make_snapshot(
+    buffer: Sequence[BufferToken],
+    *,
+    fed: int = 1,
+    chosen: str | None = "Hi",
+    layers: tuple[LayerInfo, ...] | None = None,
+    cursor: int | None = None,
+) -> StepSnapshot:
     n = len(buffer)
     if cursor is None:
         cursor = buffer[-1].position + 1 if n else 0
@@ -36,10 +57,23 @@ def make_snapshot(buffer: Sequence[BufferToken], *, fed: int = 1, chosen: str | 
         layers = (layer(0, seen=n),)
     fed = min(fed, n)
     return StepSnapshot(
-        step=1, phase="decode", turn=1, input_ids=tuple(range(fed)), positions=tuple(range(cursor - fed, cursor)),
-        cursor=cursor, cache_seq_length=n, capacity=None, layers=layers, topk=(), topk_processed=(), watched=(),
-        chosen=None if chosen is None else TopToken(id=7, text=chosen, logit=1.0, prob=0.5), chosen_forced=False,
-        diagnostics=(), forward_ms=1.0, snapshot_ms=0.1,
+        step=1,
+        phase="decode",
+        turn=1,
+        input_ids=tuple(range(fed)),
+        positions=tuple(range(cursor - fed, cursor)),
+        cursor=cursor,
+        cache_seq_length=n,
+        capacity=None,
+        layers=layers,
+        topk=(),
+        topk_processed=(),
+        watched=(),
+        chosen=None if chosen is None else TopToken(id=7, text=chosen, logit=1.0, prob=0.5),
+        chosen_forced=False,
+        diagnostics=(),
+        forward_ms=1.0,
+        snapshot_ms=0.1,
         buffer=buffer if isinstance(buffer, (TokenBuffer, CountingBuffer)) else TokenBuffer(list(buffer)),
     )
 
@@ -273,7 +307,9 @@ async def test_keyboard_and_mouse_selection_posts_selected():
         row = 49 // cols
         selected_style = segment_for(pane, row, "w49").style
         assert selected_style != segment_for(pane, row, "w48").style
-        assert pane.border_subtitle == pane.describe(49) == "pos 59 · id 1049 · 'w49' · assistant · turn 1 · last forward"
+        assert (
+            pane.border_subtitle == pane.describe(49) == "pos 59 · id 1049 · 'w49' · assistant · turn 1 · last forward"
+        )
 
         # click on the third cell of the second row (region includes the 1-cell border)
         grid = pane._grid
@@ -401,7 +437,7 @@ async def test_rewind_to_a_shorter_buffer():
         assert "r0" in rendered[0] and rendered[0].lstrip().startswith("0 ")
         assert "r19" in rendered[19 // cols]
         assert "▌next" in rendered[20 // cols]
-        assert all(line.strip() == "" for line in rendered[20 // cols + 1:])
+        assert all(line.strip() == "" for line in rendered[20 // cols + 1 :])
         assert not any("w" in line for line in rendered)
         # the selection was past the new end: it moves to the last token that still exists
         assert pane.selected_index == 19
@@ -444,8 +480,12 @@ async def test_show_buffer_without_a_snapshot():
     async with app.run_test(size=SIZE) as pilot:
         pane = app.query_one(TokenBufferPane)
         tokens = make_tokens(12)
-        pane.show_buffer(TokenBuffer(tokens), last_forward_count=2, pending_text="zz",
-                         layers=(layer(0, kind="sliding", window=4, seen=12, held_from=8),))
+        pane.show_buffer(
+            TokenBuffer(tokens),
+            last_forward_count=2,
+            pending_text="zz",
+            layers=(layer(0, kind="sliding", window=4, seen=12, held_from=8),),
+        )
         pane.selected_layer = 0
         await pilot.pause()
         text = " ".join(lines(pane))

@@ -12,7 +12,7 @@ from kvtui.watch_app import WatchApp
 from kvtui.widgets.program_output import ProgramOutput
 from pilot_helpers import wait_for
 
-PROGRAM = textwrap.dedent('''
+PROGRAM = textwrap.dedent("""
     import sys, time
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -30,7 +30,7 @@ PROGRAM = textwrap.dedent('''
             out = model(input_ids=token, past_key_values=cache, **extra)
             print(f"forward {step + 2}", flush=True)
             time.sleep(float(sys.argv[3]))
-''')
+""")
 
 
 @pytest.fixture
@@ -66,8 +66,9 @@ async def test_pause_step_run_and_output(program):
         # verify while held: its recompute is kvtui's forward, not a step of the program (it used to be one,
         # held by the same gate that was serving it: the program hung)
         await pilot.press("v")
-        await wait_for(pilot, lambda: any("full recompute" in str(n.message) for n in app._notifications), 30,
-                       "the verify result")
+        await wait_for(
+            pilot, lambda: any("full recompute" in str(n.message) for n in app._notifications), 30, "the verify result"
+        )
         assert any("matches a full recompute" in str(n.message) for n in app._notifications)
         await pilot.pause(1.0)
         assert app.latest.step == 2 and len(app.replay.snapshots) == 2

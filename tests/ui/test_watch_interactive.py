@@ -141,7 +141,8 @@ async def test_ctrl_c_interrupts_the_program_not_the_app(tmp_path, blocked):
 async def test_partial_lines_and_progress_bars(tmp_path):
     """A line written in pieces shows as it grows; "\\r" keeps a bar's last state; a complete line replaces it."""
     script = tmp_path / "bar.py"
-    script.write_text(textwrap.dedent('''
+    script.write_text(
+        textwrap.dedent("""
         import sys
         sys.stdout.write("loading 10%"); sys.stdout.flush()
         line = sys.stdin.readline()
@@ -149,7 +150,8 @@ async def test_partial_lines_and_progress_bars(tmp_path):
         print("got", repr(line))
         sys.stderr.write("warn: no newline"); sys.stderr.flush()
         sys.stdin.readline()
-    '''))
+    """)
+    )
     app = WatchApp(str(script), [])
     async with app.run_test(size=(120, 40)) as pilot:
         output = app.query_one(ProgramOutput)

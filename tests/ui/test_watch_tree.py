@@ -26,8 +26,9 @@ def _gone(pid: int) -> bool:
 async def test_pause_a_two_rank_run_step_once_and_quit(tiny_dir):
     model = tiny_dir("llama")  # 2 KV heads: one per rank
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    source = TreeSource(torchrun, ["--standalone", "--nproc-per-node", "2", str(TP_LOOP), str(model), "100000"],
-                        paused=True)
+    source = TreeSource(
+        torchrun, ["--standalone", "--nproc-per-node", "2", str(TP_LOOP), str(model), "100000"], paused=True
+    )
     app = WatchApp(source=source, title="torchrun tp_loop.py", paused=True)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: len(source.server.runs) == 2, 120, "both ranks to connect")
@@ -67,10 +68,13 @@ async def test_pause_a_two_rank_run_step_once_and_quit(tiny_dir):
 
 async def test_ranks_that_feed_different_tokens_raise_rank_desync_live(tmp_path, tiny_dir):
     program = tmp_path / "tp_desync.py"
-    program.write_text(TP_LOOP.read_text().replace(
-        "cache = DynamicCache(config=model.config)",
-        "if int(os.environ.get('RANK', '0')) == 1:\n    ids[0, 2] = (ids[0, 2] + 1) % model.config.vocab_size\n"
-        "cache = DynamicCache(config=model.config)"))
+    program.write_text(
+        TP_LOOP.read_text().replace(
+            "cache = DynamicCache(config=model.config)",
+            "if int(os.environ.get('RANK', '0')) == 1:\n    ids[0, 2] = (ids[0, 2] + 1) % model.config.vocab_size\n"
+            "cache = DynamicCache(config=model.config)",
+        )
+    )
     torchrun = str(Path(sys.executable).parent / "torchrun")
     source = TreeSource(torchrun, ["--standalone", "--nproc-per-node", "2", str(program), str(tiny_dir("llama")), "3"])
     app = WatchApp(source=source, title="torchrun tp_desync.py")

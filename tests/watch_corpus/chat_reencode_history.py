@@ -22,8 +22,10 @@ for question in ["Let's start by defining a variable k equal to 5. What is k?", 
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     cache = DynamicCache(config=model.config)
     out = model.generate(**inputs, past_key_values=cache, max_new_tokens=5, do_sample=False)
-    reply = out[0, inputs["input_ids"].shape[1]:]
+    reply = out[0, inputs["input_ids"].shape[1] :]
     text = tokenizer.decode(reply, skip_special_tokens=True)
     messages.append({"role": "assistant", "content": text})
-    print(f"prompt {inputs['input_ids'].shape[1]} tokens: ids {reply.tolist()} cache {int(cache.get_seq_length())}",
-          repr(text))
+    print(
+        f"prompt {inputs['input_ids'].shape[1]} tokens: ids {reply.tolist()} cache {int(cache.get_seq_length())}",
+        repr(text),
+    )

@@ -24,7 +24,8 @@ with torch.no_grad():
 saved = copy.copy(cache)
 print("saved is cache:", saved is cache, "shares layers:", saved.layers is cache.layers)
 full = torch.cat([ids, torch.tensor([[int(ids[0, -1])]])], dim=-1)
-out = model.generate(full, attention_mask=torch.ones_like(full), past_key_values=saved, max_new_tokens=5,
-                     do_sample=False, pad_token_id=0)
-print("ids:", out[0, full.shape[1]:].tolist())
+out = model.generate(
+    full, attention_mask=torch.ones_like(full), past_key_values=saved, max_new_tokens=5, do_sample=False, pad_token_id=0
+)
+print("ids:", out[0, full.shape[1] :].tolist())
 print("cache:", int(cache.get_seq_length()), "saved:", int(saved.get_seq_length()))

@@ -31,5 +31,8 @@ buffer.seek(0)
 reloaded = torch.load(buffer, weights_only=False)
 out = reloaded.generate(**inputs, max_new_tokens=5, do_sample=False)
 print("reloaded:", out[0].tolist())
-print("hooks:", len(reference._forward_pre_hooks) + len(reference._forward_hooks),
-      len(reloaded._forward_pre_hooks) + len(reloaded._forward_hooks))
+print(
+    "hooks:",
+    len(reference._forward_pre_hooks) + len(reference._forward_hooks),
+    len(reloaded._forward_pre_hooks) + len(reloaded._forward_hooks),
+)

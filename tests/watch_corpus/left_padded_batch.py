@@ -19,9 +19,10 @@ if tokenizer.pad_token is None:
 
 batch = tokenizer(["Hello!", "Please tell me a short story about a cat."], return_tensors="pt", padding=True)
 cache = DynamicCache()
-out = model.generate(**batch, past_key_values=cache, max_new_tokens=5, do_sample=False,
-                     pad_token_id=tokenizer.pad_token_id)
+out = model.generate(
+    **batch, past_key_values=cache, max_new_tokens=5, do_sample=False, pad_token_id=tokenizer.pad_token_id
+)
 for row in out.tolist():
     print("ids:", row)
 print("cache:", int(cache.get_seq_length()))
-print(tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True))
+print(tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True))

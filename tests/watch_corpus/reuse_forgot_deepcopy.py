@@ -26,5 +26,5 @@ prompts = [
 for prompt in prompts:
     inputs = tokenizer(prompt, return_tensors="pt")
     out = model.generate(**inputs, past_key_values=cache, max_new_tokens=4, do_sample=False)
-    new = out[0, inputs["input_ids"].shape[1]:]
+    new = out[0, inputs["input_ids"].shape[1] :]
     print("ids:", new.tolist(), "cache:", int(cache.get_seq_length()), repr(tokenizer.decode(new)))

@@ -27,6 +27,7 @@ questions = [
 ]
 for question in questions:
     ids = torch.tensor([tokenizer.encode(question)])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=4,
-                         do_sample=False)
-    print("ids:", out[0, ids.shape[1]:].tolist(), "cache:", int(cache.get_seq_length()))
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=4, do_sample=False
+    )
+    print("ids:", out[0, ids.shape[1] :].tolist(), "cache:", int(cache.get_seq_length()))

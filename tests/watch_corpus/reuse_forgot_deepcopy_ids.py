@@ -22,6 +22,12 @@ PROMPTS = [
 cache = DynamicCache()
 for prompt in PROMPTS:
     ids = torch.tensor([prompt])
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
-                         max_new_tokens=4, do_sample=False, pad_token_id=0)
-    print("ids:", out[0, len(prompt):].tolist(), "cache:", int(cache.get_seq_length()))
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        past_key_values=cache,
+        max_new_tokens=4,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    print("ids:", out[0, len(prompt) :].tolist(), "cache:", int(cache.get_seq_length()))

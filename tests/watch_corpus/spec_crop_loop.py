@@ -22,13 +22,14 @@ def guess(context: list[int], k: int) -> list[int]:
     last = context[-1]
     for i in range(len(context) - 2, -1, -1):
         if context[i] == last and i + 1 < len(context):
-            found = context[i + 1:i + 1 + k]
+            found = context[i + 1 : i + 1 + k]
             return (found + [last] * k)[:k]
     return [last] * k
 
 
-ids = tokenizer("Count from 0 to 9: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9. Count from 0 to 9: 0, 1,",
-                return_tensors="pt")["input_ids"]
+ids = tokenizer("Count from 0 to 9: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9. Count from 0 to 9: 0, 1,", return_tensors="pt")[
+    "input_ids"
+]
 context = ids[0].tolist()
 cache = DynamicCache()
 with torch.no_grad():

@@ -15,8 +15,12 @@ torch.manual_seed(0)
 tokenizer = AutoTokenizer.from_pretrained(MODEL)
 model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
 
-ids = tokenizer.apply_chat_template([{"role": "user", "content": "Count from 0 to 9."}], add_generation_prompt=True,
-                                    return_tensors="pt", return_dict=True)["input_ids"]
+ids = tokenizer.apply_chat_template(
+    [{"role": "user", "content": "Count from 0 to 9."}],
+    add_generation_prompt=True,
+    return_tensors="pt",
+    return_dict=True,
+)["input_ids"]
 cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + 16)
 generated = []
 with torch.no_grad():

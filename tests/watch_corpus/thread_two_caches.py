@@ -22,11 +22,13 @@ def worker(name: str, prompt: str) -> None:
     inputs = tokenizer(prompt, return_tensors="pt")
     cache = DynamicCache(config=model.config)
     out = model.generate(**inputs, past_key_values=cache, max_new_tokens=6, do_sample=False)
-    results[name] = (out[0, inputs["input_ids"].shape[1]:].tolist(), int(cache.get_seq_length()))
+    results[name] = (out[0, inputs["input_ids"].shape[1] :].tolist(), int(cache.get_seq_length()))
 
 
-threads = [threading.Thread(target=worker, args=("a", "What is 12 plus 30?")),
-           threading.Thread(target=worker, args=("b", "Please tell me a short story about a cat."))]
+threads = [
+    threading.Thread(target=worker, args=("a", "What is 12 plus 30?")),
+    threading.Thread(target=worker, args=("b", "Please tell me a short story about a cat.")),
+]
 for t in threads:
     t.start()
 for t in threads:

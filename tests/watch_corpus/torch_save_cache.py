@@ -28,7 +28,8 @@ loaded = torch.load(buffer, weights_only=False)
 
 first = out.logits[:, -1].argmax(-1, keepdim=True)
 ids = torch.cat([inputs["input_ids"], first], dim=-1)
-gen = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=loaded, max_new_tokens=6,
-                     do_sample=False)
-print("ids:", gen[0, inputs["input_ids"].shape[1]:].tolist())
+gen = model.generate(
+    ids, attention_mask=torch.ones_like(ids), past_key_values=loaded, max_new_tokens=6, do_sample=False
+)
+print("ids:", gen[0, inputs["input_ids"].shape[1] :].tolist())
 print("loaded:", int(loaded.get_seq_length()), "original:", int(cache.get_seq_length()))

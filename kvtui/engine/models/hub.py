@@ -35,4 +35,3 @@ def hub_snapshot_dir(repo_id: str) -> Path | None:
     if not config_file:
         return None
     return Path(config_file).parent
-

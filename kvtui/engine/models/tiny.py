@@ -24,9 +24,27 @@ ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")
 # Every family the architecture matrix builds (tests/engine/test_arch_matrix.py); ARCHES are the
 # ones the `kvtui tiny` command offers.
 MATRIX_ARCHES = ARCHES + (
-    "qwen3_moe", "mixtral", "gemma", "gemma2", "gemma3_mm", "phi3", "gpt_neox", "opt", "falcon", "stablelm",
-    "starcoder2", "olmo2", "cohere", "granite", "deepseek_v3", "gpt_oss", "smollm3",
-    "qwen3_next", "lfm2", "falcon_h1", "jamba",
+    "qwen3_moe",
+    "mixtral",
+    "gemma",
+    "gemma2",
+    "gemma3_mm",
+    "phi3",
+    "gpt_neox",
+    "opt",
+    "falcon",
+    "stablelm",
+    "starcoder2",
+    "olmo2",
+    "cohere",
+    "granite",
+    "deepseek_v3",
+    "gpt_oss",
+    "smollm3",
+    "qwen3_next",
+    "lfm2",
+    "falcon_h1",
+    "jamba",
 )
 
 # Model dimensions shared by every arch: small enough to build in well under a second.
@@ -72,7 +90,7 @@ CORPUS = [
     "k is now equal to 25.",
     "Thanks! That was very helpful. Goodbye.",
     "The quick brown fox jumps over the lazy dog.",
-    "She said: \"I will be there at 8 o'clock, I promise.\"",
+    'She said: "I will be there at 8 o\'clock, I promise."',
     "Is it true that 2 + 2 = 4? Yes; it is always true.",
     "Write a list: first, second, third, and last.",
     "Remember the variable k. We will use it again later.",
@@ -170,17 +188,13 @@ def _qwen3_config(vocab, layers, window, ids):
     from transformers import Qwen3Config
 
     # Qwen3Config defaults head_dim to 128, so it must be passed explicitly.
-    return Qwen3Config(
-        **_decoder_kwargs(vocab, layers, ids), tie_word_embeddings=True, use_sliding_window=False
-    )
+    return Qwen3Config(**_decoder_kwargs(vocab, layers, ids), tie_word_embeddings=True, use_sliding_window=False)
 
 
 def _mistral_config(vocab, layers, window, ids):
     from transformers import MistralConfig
 
-    return MistralConfig(
-        **_decoder_kwargs(vocab, layers, ids), sliding_window=window, tie_word_embeddings=False
-    )
+    return MistralConfig(**_decoder_kwargs(vocab, layers, ids), sliding_window=window, tie_word_embeddings=False)
 
 
 def _gemma3_config(vocab, layers, window, ids):
@@ -228,8 +242,9 @@ def _family_config(class_name: str, *, drop: tuple[str, ...] = (), llama_style: 
 
 def _alternating(full_every: int, sliding: str = "sliding_attention", full: str = "full_attention"):
     """layer_types with every `full_every`-th layer (and the last) full, the rest `sliding`."""
-    return lambda layers, window: [full if (i + 1) % full_every == 0 or i == layers - 1 else sliding
-                                   for i in range(layers)]
+    return lambda layers, window: [
+        full if (i + 1) % full_every == 0 or i == layers - 1 else sliding for i in range(layers)
+    ]
 
 
 def _gemma3_mm_config(vocab, layers, window, ids):
@@ -239,13 +254,25 @@ def _gemma3_mm_config(vocab, layers, window, ids):
     ids = dict(ids)
     image = {name: ids.pop(name) for name in ("image_token_id", "boi_token_id", "eoi_token_id")}
     text = Gemma3TextConfig(
-        **_decoder_kwargs(vocab, layers, ids), sliding_window=window, layer_types=gemma3_layer_types(layers),
-        query_pre_attn_scalar=HEAD_DIM, tie_word_embeddings=True)
-    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                image_size=16, patch_size=4)
-    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                        image_token_index=image["image_token_id"], boi_token_index=image["boi_token_id"],
-                        eoi_token_index=image["eoi_token_id"], tie_word_embeddings=True, **ids)
+        **_decoder_kwargs(vocab, layers, ids),
+        sliding_window=window,
+        layer_types=gemma3_layer_types(layers),
+        query_pre_attn_scalar=HEAD_DIM,
+        tie_word_embeddings=True,
+    )
+    vision = SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=4
+    )
+    return Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        image_token_index=image["image_token_id"],
+        boi_token_index=image["boi_token_id"],
+        eoi_token_index=image["eoi_token_id"],
+        tie_word_embeddings=True,
+        **ids,
+    )
 
 
 def _decoder_kwargs(vocab, layers, ids):
@@ -265,10 +292,7 @@ def _decoder_kwargs(vocab, layers, ids):
 
 def gemma3_layer_types(layers: int) -> list[str]:
     """Gemma 3 interleaves sliding and full layers; here every 4th layer and the last are full."""
-    return [
-        "full_attention" if (i + 1) % 4 == 0 or i == layers - 1 else "sliding_attention"
-        for i in range(layers)
-    ]
+    return ["full_attention" if (i + 1) % 4 == 0 or i == layers - 1 else "sliding_attention" for i in range(layers)]
 
 
 _CHATML = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -284,39 +308,82 @@ QWEN_PRETOKENIZE_REGEX = (
 SPECS: dict[str, ArchSpec] = {
     "llama": ArchSpec(
         specials=("<unk>", "<s>", "</s>", "<pad>", "<|start|>", "<|end|>"),
-        bos="<s>", eos="</s>", pad="<pad>", unk="<unk>", eot="<|end|>",
-        template=LLAMA_TEMPLATE, default_bos=True, default_layers=2, default_window=None,
+        bos="<s>",
+        eos="</s>",
+        pad="<pad>",
+        unk="<unk>",
+        eot="<|end|>",
+        template=LLAMA_TEMPLATE,
+        default_bos=True,
+        default_layers=2,
+        default_window=None,
         make_config=_llama_config,
     ),
     "qwen2": ArchSpec(
         specials=_CHATML,
-        bos="<|endoftext|>", eos="<|im_end|>", pad="<|endoftext|>", unk=None, eot="<|im_end|>",
-        template=QWEN2_TEMPLATE, default_bos=False, default_layers=2, default_window=None,
-        make_config=_qwen2_config, pretokenize_regex=QWEN_PRETOKENIZE_REGEX,
+        bos="<|endoftext|>",
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+        unk=None,
+        eot="<|im_end|>",
+        template=QWEN2_TEMPLATE,
+        default_bos=False,
+        default_layers=2,
+        default_window=None,
+        make_config=_qwen2_config,
+        pretokenize_regex=QWEN_PRETOKENIZE_REGEX,
     ),
     "qwen3": ArchSpec(
         specials=_CHATML,
-        bos="<|endoftext|>", eos="<|im_end|>", pad="<|endoftext|>", unk=None, eot="<|im_end|>",
-        template=CHATML_TEMPLATE, default_bos=False, default_layers=2, default_window=None,
-        make_config=_qwen3_config, pretokenize_regex=QWEN_PRETOKENIZE_REGEX,
+        bos="<|endoftext|>",
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+        unk=None,
+        eot="<|im_end|>",
+        template=CHATML_TEMPLATE,
+        default_bos=False,
+        default_layers=2,
+        default_window=None,
+        make_config=_qwen3_config,
+        pretokenize_regex=QWEN_PRETOKENIZE_REGEX,
     ),
     "mistral": ArchSpec(
         specials=("<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]"),
-        bos="<s>", eos="</s>", pad="<pad>", unk="<unk>", eot="</s>",
-        template=MISTRAL_TEMPLATE, default_bos=True, default_layers=2, default_window=8,
+        bos="<s>",
+        eos="</s>",
+        pad="<pad>",
+        unk="<unk>",
+        eot="</s>",
+        template=MISTRAL_TEMPLATE,
+        default_bos=True,
+        default_layers=2,
+        default_window=8,
         make_config=_mistral_config,
     ),
     "gemma3": ArchSpec(
         specials=("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
-        bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", eot="<end_of_turn>",
-        template=GEMMA_TEMPLATE, default_bos=False, default_layers=4, default_window=8,
+        bos="<bos>",
+        eos="<eos>",
+        pad="<pad>",
+        unk="<unk>",
+        eot="<end_of_turn>",
+        template=GEMMA_TEMPLATE,
+        default_bos=False,
+        default_layers=4,
+        default_window=8,
         make_config=_gemma3_config,
     ),
     "gpt2": ArchSpec(
         specials=_CHATML,
-        bos="<|endoftext|>", eos="<|endoftext|>", pad="<|endoftext|>", unk="<|endoftext|>",
+        bos="<|endoftext|>",
+        eos="<|endoftext|>",
+        pad="<|endoftext|>",
+        unk="<|endoftext|>",
         eot="<|im_end|>",
-        template=CHATML_TEMPLATE, default_bos=False, default_layers=2, default_window=None,
+        template=CHATML_TEMPLATE,
+        default_bos=False,
+        default_layers=2,
+        default_window=None,
         make_config=_gpt2_config,
     ),
 }
@@ -326,16 +393,36 @@ _GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_
 
 def _chatml(make_config, **fields) -> ArchSpec:
     """A family tokenized the Qwen way (ChatML, no BOS added): the template is what matters to the cache."""
-    defaults = dict(specials=_CHATML, bos="<|endoftext|>", eos="<|im_end|>", pad="<|endoftext|>", unk=None,
-                    eot="<|im_end|>", template=CHATML_TEMPLATE, default_bos=False, default_layers=2,
-                    default_window=None, make_config=make_config)
+    defaults = dict(
+        specials=_CHATML,
+        bos="<|endoftext|>",
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+        unk=None,
+        eot="<|im_end|>",
+        template=CHATML_TEMPLATE,
+        default_bos=False,
+        default_layers=2,
+        default_window=None,
+        make_config=make_config,
+    )
     return ArchSpec(**{**defaults, **fields})
 
 
 def _gemma(make_config, **fields) -> ArchSpec:
-    defaults = dict(specials=_GEMMA_SPECIALS, bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", eot="<end_of_turn>",
-                    template=GEMMA_TEMPLATE, default_bos=False, default_layers=2, default_window=None,
-                    make_config=make_config)
+    defaults = dict(
+        specials=_GEMMA_SPECIALS,
+        bos="<bos>",
+        eos="<eos>",
+        pad="<pad>",
+        unk="<unk>",
+        eot="<end_of_turn>",
+        template=GEMMA_TEMPLATE,
+        default_bos=False,
+        default_layers=2,
+        default_window=None,
+        make_config=make_config,
+    )
     return ArchSpec(**{**defaults, **fields})
 
 
@@ -345,56 +432,162 @@ def _LAYERS(layers, window):
 
 _MOE: dict[str, Any] = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
-SPECS.update({
-    "qwen3_moe": _chatml(_family_config("Qwen3MoeConfig", **_MOE, tie_word_embeddings=True),
-                         pretokenize_regex=QWEN_PRETOKENIZE_REGEX),
-    "mixtral": _chatml(_family_config("MixtralConfig", num_local_experts=4, num_experts_per_tok=2,
-                                      sliding_window=lambda layers, window: window, tie_word_embeddings=False),
-                       default_window=8),
-    "gemma": _gemma(_family_config("GemmaConfig", tie_word_embeddings=True)),
-    "gemma2": _gemma(_family_config("Gemma2Config", sliding_window=lambda layers, window: window,
-                                    layer_types=_alternating(2), query_pre_attn_scalar=HEAD_DIM,
-                                    tie_word_embeddings=True), default_window=8),
-    "gemma3_mm": _gemma(_gemma3_mm_config, default_window=8,
-                        specials=_GEMMA_SPECIALS + ("<start_of_image>", "<end_of_image>", "<image_soft_token>")),
-    "phi3": _chatml(_family_config("Phi3Config", drop=("head_dim",), tie_word_embeddings=False)),
-    "gpt_neox": _chatml(_family_config(
-        "GPTNeoXConfig", llama_style=False, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=_LAYERS,
-        num_attention_heads=HEADS, max_position_embeddings=MAX_POSITIONS, rotary_pct=0.25)),
-    "opt": _chatml(_family_config(
-        "OPTConfig", llama_style=False, hidden_size=HIDDEN, ffn_dim=INTERMEDIATE, num_hidden_layers=_LAYERS,
-        num_attention_heads=HEADS, max_position_embeddings=MAX_POSITIONS, word_embed_proj_dim=HIDDEN)),
-    "falcon": _chatml(_family_config(
-        "FalconConfig", llama_style=False, hidden_size=HIDDEN, num_hidden_layers=_LAYERS, num_attention_heads=HEADS,
-        num_kv_heads=KV_HEADS, new_decoder_architecture=True, max_position_embeddings=MAX_POSITIONS)),
-    "stablelm": _chatml(_family_config("StableLmConfig", drop=("head_dim",), partial_rotary_factor=0.25)),
-    "starcoder2": _chatml(_family_config("Starcoder2Config", drop=("head_dim",),
-                                         sliding_window=lambda layers, window: window), default_window=8),
-    "olmo2": _chatml(_family_config("Olmo2Config", drop=("head_dim",))),
-    "cohere": _chatml(_family_config("CohereConfig", drop=("head_dim",))),
-    "granite": _chatml(_family_config("GraniteConfig", drop=("head_dim",))),
-    "deepseek_v3": _chatml(_family_config(
-        "DeepseekV3Config", drop=("head_dim",), kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
-        qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-        moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1, num_key_value_heads=HEADS)),
-    "gpt_oss": _chatml(_family_config("GptOssConfig", num_local_experts=4, num_experts_per_tok=2,
-                                      sliding_window=lambda layers, window: window, layer_types=_alternating(2)),
-                       default_window=8),
-    "smollm3": _chatml(_family_config("SmolLM3Config")),
-    "qwen3_next": _chatml(_family_config(
-        "Qwen3NextConfig", **_MOE, shared_expert_intermediate_size=32, linear_conv_kernel_dim=4,
-        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        layer_types=_alternating(2, sliding="linear_attention")), pretokenize_regex=QWEN_PRETOKENIZE_REGEX),
-    "lfm2": _chatml(_family_config("Lfm2Config", drop=("head_dim",), conv_L_cache=3,
-                                   layer_types=_alternating(2, sliding="conv"))),
-    "falcon_h1": _chatml(_family_config(
-        "FalconH1Config", mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
-        mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=16)),
-    "jamba": _chatml(_family_config(
-        "JambaConfig", drop=("head_dim",), num_experts=1, num_experts_per_tok=1, attn_layer_period=2,
-        attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, use_mamba_kernels=False,
-        mamba_d_state=8, mamba_d_conv=4, mamba_expand=1)),
-})
+SPECS.update(
+    {
+        "qwen3_moe": _chatml(
+            _family_config("Qwen3MoeConfig", **_MOE, tie_word_embeddings=True), pretokenize_regex=QWEN_PRETOKENIZE_REGEX
+        ),
+        "mixtral": _chatml(
+            _family_config(
+                "MixtralConfig",
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                sliding_window=lambda layers, window: window,
+                tie_word_embeddings=False,
+            ),
+            default_window=8,
+        ),
+        "gemma": _gemma(_family_config("GemmaConfig", tie_word_embeddings=True)),
+        "gemma2": _gemma(
+            _family_config(
+                "Gemma2Config",
+                sliding_window=lambda layers, window: window,
+                layer_types=_alternating(2),
+                query_pre_attn_scalar=HEAD_DIM,
+                tie_word_embeddings=True,
+            ),
+            default_window=8,
+        ),
+        "gemma3_mm": _gemma(
+            _gemma3_mm_config,
+            default_window=8,
+            specials=_GEMMA_SPECIALS + ("<start_of_image>", "<end_of_image>", "<image_soft_token>"),
+        ),
+        "phi3": _chatml(_family_config("Phi3Config", drop=("head_dim",), tie_word_embeddings=False)),
+        "gpt_neox": _chatml(
+            _family_config(
+                "GPTNeoXConfig",
+                llama_style=False,
+                hidden_size=HIDDEN,
+                intermediate_size=INTERMEDIATE,
+                num_hidden_layers=_LAYERS,
+                num_attention_heads=HEADS,
+                max_position_embeddings=MAX_POSITIONS,
+                rotary_pct=0.25,
+            )
+        ),
+        "opt": _chatml(
+            _family_config(
+                "OPTConfig",
+                llama_style=False,
+                hidden_size=HIDDEN,
+                ffn_dim=INTERMEDIATE,
+                num_hidden_layers=_LAYERS,
+                num_attention_heads=HEADS,
+                max_position_embeddings=MAX_POSITIONS,
+                word_embed_proj_dim=HIDDEN,
+            )
+        ),
+        "falcon": _chatml(
+            _family_config(
+                "FalconConfig",
+                llama_style=False,
+                hidden_size=HIDDEN,
+                num_hidden_layers=_LAYERS,
+                num_attention_heads=HEADS,
+                num_kv_heads=KV_HEADS,
+                new_decoder_architecture=True,
+                max_position_embeddings=MAX_POSITIONS,
+            )
+        ),
+        "stablelm": _chatml(_family_config("StableLmConfig", drop=("head_dim",), partial_rotary_factor=0.25)),
+        "starcoder2": _chatml(
+            _family_config("Starcoder2Config", drop=("head_dim",), sliding_window=lambda layers, window: window),
+            default_window=8,
+        ),
+        "olmo2": _chatml(_family_config("Olmo2Config", drop=("head_dim",))),
+        "cohere": _chatml(_family_config("CohereConfig", drop=("head_dim",))),
+        "granite": _chatml(_family_config("GraniteConfig", drop=("head_dim",))),
+        "deepseek_v3": _chatml(
+            _family_config(
+                "DeepseekV3Config",
+                drop=("head_dim",),
+                kv_lora_rank=16,
+                q_lora_rank=32,
+                qk_rope_head_dim=8,
+                qk_nope_head_dim=16,
+                v_head_dim=12,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                n_group=1,
+                topk_group=1,
+                moe_intermediate_size=32,
+                first_k_dense_replace=1,
+                n_shared_experts=1,
+                num_key_value_heads=HEADS,
+            )
+        ),
+        "gpt_oss": _chatml(
+            _family_config(
+                "GptOssConfig",
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                sliding_window=lambda layers, window: window,
+                layer_types=_alternating(2),
+            ),
+            default_window=8,
+        ),
+        "smollm3": _chatml(_family_config("SmolLM3Config")),
+        "qwen3_next": _chatml(
+            _family_config(
+                "Qwen3NextConfig",
+                **_MOE,
+                shared_expert_intermediate_size=32,
+                linear_conv_kernel_dim=4,
+                linear_key_head_dim=16,
+                linear_value_head_dim=16,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                layer_types=_alternating(2, sliding="linear_attention"),
+            ),
+            pretokenize_regex=QWEN_PRETOKENIZE_REGEX,
+        ),
+        "lfm2": _chatml(
+            _family_config(
+                "Lfm2Config", drop=("head_dim",), conv_L_cache=3, layer_types=_alternating(2, sliding="conv")
+            )
+        ),
+        "falcon_h1": _chatml(
+            _family_config(
+                "FalconH1Config",
+                mamba_d_ssm=64,
+                mamba_n_heads=4,
+                mamba_d_head=16,
+                mamba_n_groups=1,
+                mamba_d_state=8,
+                mamba_d_conv=4,
+                mamba_expand=1,
+                mamba_chunk_size=16,
+            )
+        ),
+        "jamba": _chatml(
+            _family_config(
+                "JambaConfig",
+                drop=("head_dim",),
+                num_experts=1,
+                num_experts_per_tok=1,
+                attn_layer_period=2,
+                attn_layer_offset=1,
+                expert_layer_period=2,
+                expert_layer_offset=1,
+                use_mamba_kernels=False,
+                mamba_d_state=8,
+                mamba_d_conv=4,
+                mamba_expand=1,
+            )
+        ),
+    }
+)
 
 
 # Named alternative templates, for reproducing template pitfalls (`template="counter"`).
@@ -466,10 +659,12 @@ def _build_tokenizer(spec: ArchSpec, *, add_bos: bool, add_eos: bool, template: 
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
         backend.normalizer = normalizers.NFC()
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(spec.pretokenize_regex), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(spec.pretokenize_regex), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_TARGET,
@@ -537,9 +732,11 @@ def _build_model(spec: ArchSpec, tok, *, layers: int, window: int | None, seed: 
         pad_token_id=tok.convert_tokens_to_ids(spec.pad),
     )
     if "<image_soft_token>" in spec.specials:  # multimodal: the config names its image tokens
-        ids.update(image_token_id=tok.convert_tokens_to_ids("<image_soft_token>"),
-                   boi_token_id=tok.convert_tokens_to_ids("<start_of_image>"),
-                   eoi_token_id=tok.convert_tokens_to_ids("<end_of_image>"))
+        ids.update(
+            image_token_id=tok.convert_tokens_to_ids("<image_soft_token>"),
+            boi_token_id=tok.convert_tokens_to_ids("<start_of_image>"),
+            eoi_token_id=tok.convert_tokens_to_ids("<end_of_image>"),
+        )
     bos_eos_pad = {k: ids[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     cfg = spec.make_config(len(tok), layers, window, ids)
     torch.manual_seed(seed)

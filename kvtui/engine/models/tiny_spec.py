@@ -49,4 +49,3 @@ def tiny_model_dir(spec: str, progress: Progress | None = None) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
-
