@@ -238,7 +238,7 @@ class KvtuiApp(App):
         self._ui_before_prefill: float | None = None
         self._ui_before_verify: float | None = None
         self.latest: StepSnapshot | None = None
-        self.history: deque[StepSnapshot] = deque(maxlen=HISTORY_STEPS)
+        self.history: deque[StepSnapshot] = deque(maxlen=HISTORY_STEPS)  # the own chat's newest steps, all
         self.pinned_step: int | None = None
         self.diagnostics: tuple[Diagnostic, ...] = ()
         self.app_diagnostics: list[Diagnostic] = []  # worker errors: the engine never saw them
@@ -396,6 +396,7 @@ class KvtuiApp(App):
                     diagnostics = diagnostics_from(alarms.items)
             elif kind == "step":
                 snapshot = builder.add(record)
+                self.history.append(snapshot)  # every step, here: a repaint may coalesce the messages below
                 self.post_message(
                     SnapshotReady(snapshot, messages, diagnostics, bool(facts and facts["running"]), facts)
                 )
@@ -547,7 +548,6 @@ class KvtuiApp(App):
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         snapshot = message.snapshot
         self.latest = snapshot
-        self.history.append(snapshot)
         self.diagnostics = message.diagnostics
         if message.messages is not None:
             self.messages = message.messages
@@ -835,7 +835,7 @@ class KvtuiApp(App):
         self.notify(f"showing step {message.step}: press g (or Esc) to go back to the live step", timeout=5)
 
     def _find_step(self, step: int) -> StepSnapshot | None:
-        return next((s for s in self.history if s.step == step), None)
+        return next((s for s in list(self.history) if s.step == step), None)  # list(): one C call, the pump appends
 
     def action_live(self) -> None:
         self.pinned_step = None
