@@ -146,6 +146,13 @@ def main() -> int:
     log(b_notebook.describe(results["notebook"]))
     loads["7. notebook"] = section.stop()
 
+    # ---- 9. bytes on the engine pipe per decode step, early and late in a long chat ---------------------
+    log("9. engine pipe: bytes per decode step, first vs last tenth of a long chat (tiny llama)")
+    import b_pipe
+
+    results["pipe"] = b_pipe.bench(str(tiny_dir), turns=4 if q else 6, tokens=400 if q else 800)
+    log(b_pipe.describe(results["pipe"]))
+
     # ---- 6. step cost, part by part (issue: inspection at GPU speed) ------------------------------------
     log("6. step cost: µs per step by part, engine and watch; Python-bound ratios on a 3-layer tiny llama")
     section = BackgroundLoad().start()
@@ -416,6 +423,25 @@ def notebook_report(r: dict) -> list[str]:
         f"{_verdict(ratio['median'] <= 1.05)}.",
         "",
         "`" + b_notebook.describe(n) + "`",
+    ]
+
+
+def pipe_report(r: dict) -> list[str]:
+    import b_pipe
+
+    p = r.get("pipe")
+    if not p:
+        return []
+    return [
+        "",
+        "## 9. The engine pipe: bytes per decode step as the chat grows",
+        "",
+        "kvtui's own chat through the real engine process (`benchmarks/b_pipe.py`): each decode step's records "
+        "(its `session` record and its step record) as the pipe carries them, in the first and the last tenth of "
+        "the steps of a long chat. The chat and the alarms travel as what changed, so a late step costs what an "
+        "early one does; the reply being decoded is resent a few times a second (the max).",
+        "",
+        "`" + b_pipe.describe(p) + "`",
     ]
 
 
@@ -931,6 +957,7 @@ def report(r: dict) -> str:
     lines += watch_report(r)
     lines += step_cost_report(r)
     lines += notebook_report(r)
+    lines += pipe_report(r)
     return "\n".join(lines) + "\n"
 
 
