@@ -101,6 +101,7 @@ class WatchApp(KvtuiApp):
         self._prompted = False  # the input took the focus once, at the program's first prompt
         self.stream_diagnostics: list[Diagnostic] = []
         self.recomputed = 0  # tokens the program's prefills re-encoded that another cache held
+        self.chat_stream = False  # a trace of kvtui's own chat (its header says mode "chat"): shown as a chat
         self.models: list[str] = []  # labels of the models whose steps arrived ("model 1: draft"), in order
         self.model_filter: str | None = None  # show only this model's steps (M cycles); None: all
 
@@ -165,6 +166,8 @@ class WatchApp(KvtuiApp):
                 ):
                     program_input.focus()
         elif kind == "header":
+            if record.get("mode") == "chat" and not self.chat_stream:
+                self._show_as_chat()
             self.model_text = (
                 f"watching {self.label} · {record.get('model_class', '?')} · {record.get('device', '?')} · "
                 f"{record.get('dtype', '?')} · transformers {record.get('transformers', '?')}"
@@ -184,8 +187,9 @@ class WatchApp(KvtuiApp):
             )
         elif kind == "verify":
             verdict = "matches" if record["ok"] else "DIFFERS FROM"
+            whose = "the cache" if self.chat_stream else "the program's cache"
             self.notify(
-                f"the program's cache {verdict} a full recompute of {record['tokens']} tokens: max |diff| "
+                f"{whose} {verdict} a full recompute of {record['tokens']} tokens: max |diff| "
                 f"{record['max_abs_diff']:.2e} (tolerance {record['tolerance']:g})",
                 severity="information" if record["ok"] else "error",
                 timeout=10,
@@ -207,7 +211,25 @@ class WatchApp(KvtuiApp):
     def _show(self, snapshot) -> None:
         super()._show(snapshot.for_row(self.row) if snapshot is not None else None)
 
+    def _show_as_chat(self) -> None:
+        """A trace of kvtui's own chat being followed: its transcript (rebuilt from the buffer, as replay does)
+        where a program's output would be, and the chat's reuse meter."""
+        self.chat_stream = True
+        chat = self.query_one(ChatPane)
+        chat.query_one("#transcript").display = True
+        self.query_one(ProgramOutput).display = False
+        chat.input.placeholder = f"{self.label}: a recorded chat, read-only · q quits"
+
+    def _show_chat(self) -> None:
+        if self.chat_stream and self.latest is not None:
+            from .engine.replay import transcript
+
+            self.messages = transcript(self.latest.buffer)  # O(buffer): once per repaint, not per record
+        super()._show_chat()
+
     def _reuse_text(self, snapshot) -> str:
+        if self.chat_stream:
+            return super()._reuse_text(snapshot)
         rows = f" · row {self.row + 1}/{snapshot.batch} (n: next)" if snapshot.batch > 1 else ""
         asked = ""
         if snapshot.requested_cache_position:

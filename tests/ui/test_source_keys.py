@@ -124,11 +124,16 @@ ACTIONS = {
 
 
 async def settled(app, pilot):
-    """The panes once every record already read is shown (two looks 0.15 s apart agree)."""
-    facts = screen_facts(app)
+    """The panes once every record already read is painted: no repaint pending (a busy machine repaints at
+    2 Hz), the buffer pane on the latest step, and two looks 0.15 s apart agree."""
+    facts = None
     for _ in range(100):
         await pilot.pause(0.15)
-        if facts == (facts := screen_facts(app)):
+        pane = app.query_one(TokenBufferPane)
+        painted = app._paint_timer is None and (
+            app.latest is None or (pane.snapshot and pane.snapshot.step == app.latest.step)
+        )
+        if painted and facts == (facts := screen_facts(app)):
             return facts
     raise AssertionError("the panes never settled")
 
@@ -227,3 +232,26 @@ async def test_every_key_on_a_followed_trace_works_or_says_why_it_cannot(trace):
         app.query_one(TokenBufferPane).select(2)
         wrong = [await press_and_check(app, pilot, key, FOLLOW_KEYS[key]) for key in refused_first(FOLLOW_KEYS)]
         assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
+
+
+async def test_a_followed_chat_trace_shows_its_chat_as_replay_does(trace):
+    """replay --follow of kvtui's own chat: the transcript (not an empty program output) and the chat's reuse
+    meter, the same text `kvtui replay` shows at the same step."""
+    from kvtui.engine.stream import FollowSource
+    from kvtui.widgets.chat_pane import ChatPane
+
+    follow = WatchApp(source=FollowSource(trace), title=f"follow {trace.name}")
+    async with follow.run_test(size=SIZE) as pilot:
+        last = sum(1 for r in trace_records(trace) if r["type"] == "step")
+        await wait_for(pilot, lambda: follow.latest is not None and follow.latest.step == last, 30, "every step")
+        await settled(follow, pilot)
+        followed = (follow.messages, follow.query_one(ChatPane).query_one("#reuse").content.plain)
+        assert follow.chat_stream and followed[0], "no transcript"
+        assert "at None" not in followed[1]
+    replay = ReplayApp(trace)
+    async with replay.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: replay.latest is not None, what="the first recorded step")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: replay.position == len(replay.replay) - 1, timeout=20, what="the last step")
+        await settled(replay, pilot)
+        assert (replay.messages, replay.query_one(ChatPane).query_one("#reuse").content.plain) == followed
