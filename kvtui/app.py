@@ -75,6 +75,7 @@ class SnapshotReady(Message):
     diagnostics: tuple[Diagnostic, ...]
     running: bool
     facts: dict | None = None  # the engine's `session` record just before this step (steps, turn, cache length)
+    recorded: bool = False  # its sparkline point is already in the status bar (kvtui's own chat: every step)
 
     def can_replace(self, message: Message) -> bool:
         # In run mode only the newest decode snapshot matters: it carries everything a pane needs.
@@ -295,6 +296,7 @@ class KvtuiApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
+        self._status_bar = self.query_one(StatusBar)  # for the engine reader thread (pump): no DOM query there
         self._apply_layout()
         self.query_one(ChatPane).input.focus()
         self._update_title()
@@ -397,8 +399,11 @@ class KvtuiApp(App):
             elif kind == "step":
                 snapshot = builder.add(record)
                 self.history.append(snapshot)  # every step, here: a repaint may coalesce the messages below
+                self._status_bar.record(snapshot)  # deque appends; the UI thread reads copies when it paints
                 self.post_message(
-                    SnapshotReady(snapshot, messages, diagnostics, bool(facts and facts["running"]), facts)
+                    SnapshotReady(
+                        snapshot, messages, diagnostics, bool(facts and facts["running"]), facts, recorded=True
+                    )
                 )
                 messages = facts = None
             elif kind == "state":
@@ -560,7 +565,8 @@ class KvtuiApp(App):
             self._prefill = snapshot
             if self._ui_before_prefill is not None:
                 self._prefill_ui_ms, self._ui_before_prefill = _ui_ms_since(self._ui_before_prefill), None
-        self.query_one(StatusBar).record(snapshot)
+        if not message.recorded:
+            self.query_one(StatusBar).record(snapshot)
         # Repaint at most repaint_hz times a second: on 2 busy cores every repaint takes CPU from the engine process.
         wait = self._last_paint + 1 / self.repaint_hz() - time.monotonic()
         if wait <= 0 or not message.running:  # single steps paint at once

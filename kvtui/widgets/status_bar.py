@@ -53,7 +53,8 @@ class StatusBar(Horizontal):
         self.query_one("#status-text", LiveText).show_text(Text(printable(text)))
 
     def record(self, snapshot: StepSnapshot) -> None:
-        """One sparkline point per snapshot received (repaints are throttled; run mode may coalesce steps)."""
+        """One sparkline point per step. kvtui's own chat calls this from its engine reader thread for every
+        step (deque appends: the UI thread paints copies); other sources once per snapshot shown."""
         self.latency.append(snapshot.forward_ms)
         self.cache_size.append(snapshot.cache_bytes)
 
