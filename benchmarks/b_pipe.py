@@ -20,14 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def bench(model_dir: str, turns: int = 12, tokens: int = 24) -> dict:
-    from kvtui.engine.stream import EngineSource
-    from kvtui.engine_host import EngineSetup, write_setup
+    from kvtui.engine.host import EngineSetup, EngineSource
+    from kvtui.options import AppConfig
 
-    scratch = Path(tempfile.mkdtemp(prefix="kvtui-pipe-"))
-    setup = scratch / "setup.pickle"
-    options = {"max_new_tokens": tokens}
-    write_setup(EngineSetup(model=model_dir, options=options, trace_path=None), setup)
-    source = EngineSource(setup)
+    options = AppConfig(options={"max_new_tokens": tokens}).options
+    source = EngineSource(EngineSetup(model=model_dir, options=options, trace_path=None))
     records = source.records()
     steps: list[dict] = []  # per decode step: its chat length in tokens, the bytes of its records
     pending = 0

@@ -19,7 +19,8 @@ from typing import NamedTuple
 from common import ROOT, log, summary
 from engine_hooks import read_stamps, reply_decodes
 from engine_hooks import stamps as stamp_hook
-from kvtui.engine.stream import ENGINE_SPIN_COUNT, EngineSource
+from kvtui.engine.host import EngineSource
+from kvtui.engine.stream import ENGINE_SPIN_COUNT
 
 PANE_SIZE = (160, 48)
 APP_SIZE = (160, 48)
@@ -530,20 +531,15 @@ class EngineOnly:
         import queue
         import threading
 
-        from kvtui.engine_host import EngineSetup, write_setup
+        from kvtui.engine.host import EngineSetup
         from kvtui.options import AppConfig
 
-        setup = tmp / "engine-only.pickle"
         options = AppConfig(options={"max_new_tokens": n_new, **ENGINE_OPTIONS}).options
-        write_setup(
-            EngineSetup(
-                model=None,
-                options=options,
-                trace_path=str(tmp / "engine-only.jsonl"),
-                engine_setup=stamp_hook(stamp_file),
-            ),
-            setup,
-            tmp,
+        setup = EngineSetup(
+            model=None,
+            options=options,
+            trace_path=str(tmp / "engine-only.jsonl"),
+            engine_setup=stamp_hook(stamp_file),
         )
         self.stamp_file = stamp_file
         self.source = EngineSource(setup)

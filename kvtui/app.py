@@ -1,6 +1,6 @@
 """The Textual app. Widgets render snapshots, nothing else.
 
-The model runs in the engine process (engine_host.py), never in this interpreter: keys become
+The model runs in the engine process (engine/host.py), never in this interpreter: keys become
 commands on its control pipe, and one thread worker (the pump, group "engine") reads its records,
 rebuilds each step's snapshot and posts it (`post_message` is thread-safe; snapshots coalesce in
 run mode). If the engine process dies, the app says so and R restarts it with the chat so far.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections import deque
@@ -228,11 +227,8 @@ class KvtuiApp(App):
         self._engine_objects = dict(loaded=loaded, loader=loader, clock=clock, engine_setup=engine_setup)
         self._clock = clock
         self.session: RemoteSession | None = None  # the engine's session as its records say; None until ready
-        self.source = None  # the engine process (engine/stream.py EngineSource)
-        self._setup_path: Path | None = None
-        self._scratch: Path | None = None  # a loaded model that does not pickle goes over as save_pretrained files
+        self.source = None  # the engine process (engine/host.py EngineSource)
         self._builder = None  # step records -> snapshots; kept across engine restarts (the buffer goes on)
-        self._spool: Path | None = None
         self._pending = 0  # commands sent to the engine and not answered yet
         self._engine_dead: str | None = None  # why the engine process ended, until R restarts it
         self._quitting = False
@@ -336,51 +332,27 @@ class KvtuiApp(App):
         """A command is still running in the engine (or on its way there)."""
         return self._pending > 0
 
-    def _write_setup(self, append: bool = False) -> Path:
-        from .engine_host import EngineSetup, write_setup
-
-        if self._setup_path is None:
-            fd, path = tempfile.mkstemp(prefix="kvtui-engine-", suffix=".pickle")
-            os.close(fd)
-            self._setup_path = Path(path)
-        if self.trace_path is None and self._spool is None:
-            fd, spool = tempfile.mkstemp(prefix="kvtui-", suffix=".jsonl")
-            os.close(fd)
-            self._spool = Path(spool)
-        if self._scratch is None and self._engine_objects["loaded"] is not None:
-            self._scratch = Path(tempfile.mkdtemp(prefix="kvtui-handover-"))  # used if the model does not pickle
-        trace = self.trace_path or self._spool
-        write_setup(
-            EngineSetup(
-                model=self.model_name,
-                options=self.options,
-                trace_path=str(trace),
-                verify_every=self.verify_every,
-                append=append,
-                **self._engine_objects,
-            ),
-            self._setup_path,
-            self._scratch,
-        )
-        return self._setup_path
-
     @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
     def pump(self, restore: dict | None = None) -> None:
         """Start the engine process and turn its records into messages, until it ends."""
+        from .engine.host import EngineSetup, EngineSource
         from .engine.replay import SnapshotBuilder
-        from .engine.stream import EngineSource, ListCopy
+        from .engine.stream import ListCopy
 
         worker = get_current_worker()
         try:
-            setup = self._write_setup(append=restore is not None)
-        except Exception as exc:  # a model object that does not pickle, a full disk
+            if self.source is None:
+                trace = str(self.trace_path) if self.trace_path is not None else None  # None: the source spools
+                setup = EngineSetup(self.model_name, self.options, trace, self.verify_every, **self._engine_objects)
+                source = EngineSource(setup)
+            else:  # R after the engine died: the next process appends to the same trace
+                source = self.source.restarted(restore)
+        except Exception as exc:  # noqa: BLE001  a model object that neither pickles nor saves, a full disk
             self.post_message(
                 LoadFailed(f"could not hand the model to the engine process: {type(exc).__name__}: {exc}")
             )
             return
-        source = self.source = EngineSource(setup)
-        if restore is not None:
-            source.command("restore", restore)  # runs as soon as the model is loaded
+        self.source = source
         if self._builder is None:
             self._builder = SnapshotBuilder("engine")
         builder = self._builder
@@ -875,7 +847,7 @@ class KvtuiApp(App):
         target = Path.cwd() / f"kvtui-trace-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         try:
             partial = target.with_suffix(".jsonl.part")
-            shutil.copyfile(self._spool, partial)
+            shutil.copyfile(self.source.trace_path, partial)
             os.replace(partial, target)  # never a half-written trace under the real name
         except OSError as exc:
             self.notify(f"could not save the trace to {target}: {exc}", severity="error")
@@ -901,9 +873,4 @@ class KvtuiApp(App):
         if self._paint_timer is not None:
             self._paint_timer.stop()
         if self.source is not None:
-            self.source.stop()  # at once when it is gone already; else it closes its trace first
-        for path in (self._spool, self._setup_path):
-            if path is not None and path.exists():
-                path.unlink()
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            self.source.stop()  # at once when it is gone already; else it closes its trace first; its files go

@@ -5,7 +5,7 @@ No Textual and no Rich here: the CLI prints the table, the compare app draws it;
 
 Strategies: none (no cache object: every step a full forward over the whole context), dynamic
 (DynamicCache), static (StaticCache), static+compile (StaticCache and torch.compile'd decode steps).
-Each lane is a real `kvtui.engine_host` process speaking engine/stream.py's protocol: `send` prefills a
+Each lane is a real engine process (kvtui/engine/host.py) speaking engine/stream.py's protocol: `send` prefills a
 turn, `step` feeds one token; each answers with its step record(s) and a `state` record.
 """
 
@@ -15,7 +15,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,7 +116,10 @@ def check_memory(model: str | None, engines: int, available: int | None = None) 
 
 
 def lane_options(strategy: str, base: dict) -> dict:
-    options = dict(base)
+    """The complete options of one lane's engine: the defaults, then `base`, then the strategy's cache."""
+    from .options import DEFAULT_OPTIONS
+
+    options = {**DEFAULT_OPTIONS, **base}
     options["cache"] = "static" if strategy.startswith("static") else strategy
     options["compile_decode"] = strategy == "static+compile"
     return options
@@ -191,26 +193,21 @@ class Comparison:
         self.turn = 0
         self.turns_total = 0
         self.stopped = False
-        self._scratch = Path(tempfile.mkdtemp(prefix="kvtui-compare-"))
 
     # ---- engines ----------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from .engine.stream import EngineSource
-        from .engine_host import EngineSetup, write_setup
+        from .engine.host import EngineSetup, EngineSource
 
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         for lane in self.lanes:
-            setup = self._scratch / f"{trace_name(lane.strategy)}.pickle"
-            write_setup(
+            lane.source = EngineSource(
                 EngineSetup(
                     model=self.model,
                     options=lane_options(lane.strategy, self.options),
                     trace_path=str(self.trace_dir / trace_name(lane.strategy)),
-                ),
-                setup,
+                )
             )
-            lane.source = EngineSource(setup)
             lane.records = lane.source.records()
         for lane in self.lanes:  # they load side by side; each says ready or why not
             for record in lane.records:
@@ -235,7 +232,6 @@ class Comparison:
             source.command("quit")
         for source in started:
             source.stop()
-        shutil.rmtree(self._scratch, ignore_errors=True)
 
     # ---- lockstep ---------------------------------------------------------------------------------------
 

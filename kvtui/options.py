@@ -12,9 +12,10 @@ from pathlib import Path
 
 import click
 
+from .engine.configure import STATIC_DEFAULT_CAPACITY, default_decode_threads  # noqa: F401  (re-exported)
+
 DEFAULT_THEME = "kvtui-dark"
 ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")  # `kvtui tiny --arch`
-STATIC_DEFAULT_CAPACITY = 2048
 
 
 class OptionError(ValueError):
@@ -253,84 +254,28 @@ class AppConfig:
 
 
 def build_session_config(options: dict, tokenizer=None):
-    """Turn options into a SessionConfig (watch tokens are resolved with the tokenizer)."""
-    from .engine.sampling import SamplerSettings
-    from .engine.session import SessionConfig
+    """Turn options (any subset: the defaults fill the rest) into a SessionConfig; a --watch token that is
+    not one token is an OptionError."""
+    from .engine import configure
 
-    options = {**DEFAULT_OPTIONS, **options}
-    cache = options["cache"]
-    max_cache_len = options.get("max_cache_len") or (STATIC_DEFAULT_CAPACITY if cache == "static" else None)
-    sampler = SamplerSettings(
-        temperature=options["temperature"],
-        top_k=options["top_k"],
-        top_p=options["top_p"],
-        repetition_penalty=options["repetition_penalty"],
-        seed=options["seed"],
-    )
-    watch = tuple(resolve_token(tokenizer, w) for w in options.get("watch") or ()) if tokenizer else ()
-    decode_threads = options.get("decode_threads")
-    if decode_threads is None and not options.get("threads"):
-        decode_threads = default_decode_threads()
-    return SessionConfig(
-        cache=cache,
-        max_cache_len=max_cache_len,
-        max_new_tokens=options["max_new_tokens"],
-        cache_bits=int(options.get("cache_bits") or 4),
-        cache_backend=options.get("cache_backend") or "quanto",
-        compile=bool(options.get("compile_decode")),
-        sampler=sampler,
-        mode=options["mode"],
-        system=options.get("system"),
-        chat_tokenize=options["chat_tokenize"],
-        top_k_shown=options["show_top"],
-        watch=watch,
-        prime_pad=options["prime_pad"],
-        attention=bool(options.get("attention")),
-        decode_threads=decode_threads,
-    )
-
-
-def default_decode_threads() -> int:
-    """One-token forwards run on one thread fewer than the rest (at least 1), whatever drives the session.
-
-    The TUI's panes need a core beside its engine process: an OpenMP team that loses a core to a repaint waits
-    for it at every op, and on 2 cores SmolLM2 decodes no faster on 2 threads than on 1 (benchmarks/RESULTS.md,
-    section 4). --headless decodes the same way so that both write the same trace: a reduction split over
-    another number of threads rounds differently in the last bits. Prefills and verify use every thread."""
-    import torch  # only where a session is built, next to the model
-
-    return max(1, torch.get_num_threads() - 1)
+    try:
+        return configure.session_config({**DEFAULT_OPTIONS, **options}, tokenizer)
+    except configure.WatchTokenError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def resolve_token(tokenizer, text: str) -> int:
-    """A watched token: a number is an id; text must encode to exactly one token."""
-    if str(text).isdigit():
-        return int(text)
-    ids = tokenizer(str(text), add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        raise OptionError(f"--watch {text!r} is {len(ids)} tokens {ids}; watch one token (or give its id)")
-    return ids[0]
+    """A watched token: a number is an id; text must encode to exactly one token (else an OptionError)."""
+    from .engine import configure
+
+    try:
+        return configure.resolve_token(tokenizer, text)
+    except configure.WatchTokenError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def load(model: str | None, options: dict, progress=None):
     """Load the model the options name (dtype, device, device map, eager attention for --attention)."""
-    from .engine.loader import load_model
+    from .engine import configure
 
-    options = {**DEFAULT_OPTIONS, **options}
-    set_threads(options)
-    return load_model(
-        model,
-        dtype=options["dtype"],
-        device=options["device"],
-        device_map=options["device_map"],
-        attn_implementation="eager" if options.get("attention") else None,
-        progress=progress,
-    )
-
-
-def set_threads(options: dict) -> None:
-    """--threads: the model's CPU threads, set before the first forward (in the process that runs it)."""
-    if options.get("threads"):
-        import torch
-
-        torch.set_num_threads(options["threads"])
+    return configure.load(model, {**DEFAULT_OPTIONS, **options}, progress=progress)

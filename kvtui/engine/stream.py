@@ -1,6 +1,6 @@
 """The one protocol between a source of steps and a viewer (no Textual, no Rich, no torch).
 
-Three sources feed one viewer: kvtui's own chat (the engine process, engine_host.py), a watched
+Three sources feed one viewer: kvtui's own chat (the engine process, host.py), a watched
 program (`kvtui watch`, a child running it under the probe), and a trace still being written
 (`kvtui replay --follow`). Records flow one way as JSON lines: the trace's own records (schema 1)
 plus a few stream-only ones; commands flow the other way, one per line: a word, then optionally
@@ -552,36 +552,6 @@ def openmp_wait(environ=os.environ) -> dict:
     if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
         return {}
     return {"GOMP_SPINCOUNT": str(ENGINE_SPIN_COUNT)}
-
-
-class EngineSource(ChildSource):
-    """kvtui's own chat in the engine process (engine_host.py), set up from a pickled EngineSetup file.
-    The child gets this process's import path, so whatever the setup names (a loader, a hook) imports there."""
-
-    supports = {
-        "send",
-        "step",
-        "run",
-        "pause",
-        "stop",
-        "rewind",
-        "rewind_to",
-        "force",
-        "verify",
-        "sampler",
-        "reset",
-        "export",
-        "watch",
-        "attention",
-        "restore",
-    }
-
-    def __init__(self, setup_path: str | os.PathLike):
-        path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
-        self._spawn("kvtui.engine_host", ["--setup", str(setup_path)], env={"PYTHONPATH": path, **openmp_wait()})
-
-    def command(self, word: str, argument=None) -> None:
-        self.send(format_command(word, argument))
 
 
 class FollowSource:

@@ -172,8 +172,8 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
 
     async with app.run_test(size=(140, 45)) as pilot:
         await wait_for(pilot, lambda: app.session is not None, 60, "the model to load")
-        spool = app._spool
-        assert spool is not None and spool.exists()
+        spool = app.source.trace_path
+        assert app.source.spooled and spool.exists()
         app.step_mode = True  # Enter only prefills; "r" runs the turn
         chat_input = app.query_one("#message", Input)
         chat_input.focus()

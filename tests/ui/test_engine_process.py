@@ -206,6 +206,6 @@ async def test_a_loaded_model_that_does_not_pickle_is_handed_over_with_save_pret
         with torch.inference_mode():  # the same weights: this process's model picks the same next token
             logits = loaded.model(torch.tensor([ids])).logits[0, -1]
         assert int(logits.argmax()) == app.latest.chosen.id
-        scratch = app._scratch
-        assert scratch is not None and (scratch / "config.json").exists()
+        scratch = app.source.directory / "handover"
+        assert (scratch / "config.json").exists()
     assert not scratch.exists()  # removed with the app

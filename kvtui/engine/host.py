@@ -1,8 +1,10 @@
-"""The engine process: kvtui's own chat (ChatSession and its Recorder) in a child of the TUI, so the
-app's repaints never take the interpreter lock the model's forward needs.
+"""The engine process: kvtui's own chat (ChatSession and its Recorder) in a child of the viewer, so the
+app's repaints never take the interpreter lock the model's forward needs. Both of its sides live here: the
+EngineSource a viewer starts (spawn, handover of the setup and a loaded model, restart, clean-up) and the
+EngineHost that runs in the child.
 
-`python -m kvtui.engine_host --records-fd W --control-fd R --setup FILE` (the app starts it; the
-records and commands are engine/stream.py's protocol).
+`python -m kvtui.engine.host --records-fd W --control-fd R --setup FILE` (EngineSource starts it; the
+records and commands are stream.py's protocol).
 
 Threads: the main thread runs one command at a time and is the only one to touch the session. The
 control thread reads commands: `pause`/`stop` cancel a running turn at once, `attention` is an int
@@ -18,14 +20,22 @@ import argparse
 import os
 import pickle
 import queue
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .engine.stream import ListChanges, RecordPipe, parse_command
+from .stream import ChildSource, ListChanges, RecordPipe, format_command, openmp_wait, parse_command
+
+if TYPE_CHECKING:
+    from .loader import LoadedModel
+    from .recorder import Recorder
+    from .session import ChatSession
 
 EXIT_GRACE = 1.5  # seconds a forward may take to end once the app is gone
 MESSAGES_HZ = 2  # transcript updates per second while a turn runs: decoding the reply is O(reply)
@@ -38,10 +48,10 @@ class EngineSetup:
     app itself was given objects: a loaded model, a loader, a clock, a setup hook (they must pickle)."""
 
     model: str | None
-    options: dict
+    options: dict  # complete: every option, the defaults merged in (kvtui.options.AppConfig(options=...).options)
     trace_path: str | None
     verify_every: int = 0
-    loaded: object = None  # a LoadedModel the app was given instead of a model name
+    loaded: LoadedModel | None = None  # a model the app was given instead of a model name
     loader: Callable | None = None  # called instead of loading `model` (returns a LoadedModel)
     clock: Callable[[], float] | None = None  # the session's clock (tests: deterministic timings)
     engine_setup: Callable | None = None  # called with the session once it exists (patch the model, inject faults)
@@ -67,6 +77,7 @@ def _saved(setup: EngineSetup, scratch: Path) -> EngineSetup:
     from functools import partial
 
     loaded = setup.loaded
+    assert loaded is not None  # only a loaded model is handed over this way
     scratch.mkdir(parents=True, exist_ok=True)
     loaded.model.save_pretrained(scratch)
     loaded.tokenizer.save_pretrained(scratch)
@@ -82,18 +93,97 @@ def load_saved(directory: str, source: str, path: str, dtype: str, device: str, 
     """The engine's loader for a model handed over with save_pretrained: same names, dtype, device, attention."""
     from dataclasses import replace
 
-    from .engine.loader import load_model
+    from .loader import load_model
 
     loaded = load_model(directory, dtype=dtype, device=device, attn_implementation=attention)
     return replace(loaded, source=source, path=path)
+
+
+class EngineSource(ChildSource):
+    """kvtui's own chat in an engine process (EngineHost below), started from an EngineSetup: one source per
+    process; `restarted()` starts the next one after it died. It owns the handover's files in a private
+    directory removed at stop(): the pickled setup, the save_pretrained files of a loaded model that does
+    not pickle, and the trace spool when the setup names no trace (ctrl+s copies it; a restarted engine
+    appends to it). The child gets this process's import path, so whatever the setup names (a loader, a
+    hook) imports there."""
+
+    supports = {
+        "send",
+        "step",
+        "run",
+        "pause",
+        "stop",
+        "rewind",
+        "rewind_to",
+        "force",
+        "verify",
+        "sampler",
+        "reset",
+        "export",
+        "watch",
+        "attention",
+        "restore",
+    }
+
+    def __init__(self, setup: EngineSetup, restore: dict | None = None, *, spool: Path | None = None):
+        """`restore`: a chat to rebuild as soon as the model is loaded (a restart); `spool`: the directory of a
+        spooled trace this source takes over from its predecessor."""
+        self.directory = Path(tempfile.mkdtemp(prefix="kvtui-engine-"))
+        self._spool = spool
+        try:
+            if setup.trace_path is None:
+                self._spool = Path(tempfile.mkdtemp(prefix="kvtui-spool-"))
+                setup = replace(setup, trace_path=str(self._spool / "session.jsonl"))
+            self.setup = setup
+            setup_path = self.directory / "setup.pickle"
+            write_setup(setup, setup_path, self.directory / "handover")
+            path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+            env = {"PYTHONPATH": path, **openmp_wait()}
+            self._spawn("kvtui.engine.host", ["--setup", str(setup_path)], env=env)
+        except BaseException:  # a model that neither pickles nor saves, a full disk: nothing left behind
+            self._remove_files()
+            raise
+        if restore is not None:
+            self.command("restore", restore)  # runs as soon as the model is loaded
+
+    @property
+    def trace_path(self) -> Path:
+        """The trace this engine writes (the spool when the setup named none)."""
+        return Path(self.setup.trace_path or "")  # set in __init__ (the spool when the setup named none)
+
+    @property
+    def spooled(self) -> bool:
+        return self._spool is not None
+
+    def command(self, word: str, argument=None) -> None:
+        self.send(format_command(word, argument))
+
+    def restarted(self, restore: dict | None = None) -> EngineSource:
+        """A fresh engine process in place of this one (which has ended): same setup, appending to the same
+        trace, `restore` fed into its new cache in one forward."""
+        spool, self._spool = self._spool, None  # the spool goes on with the next engine
+        self.stop()
+        return EngineSource(replace(self.setup, append=True), restore, spool=spool)
+
+    def stop(self, grace: float = 2.0) -> None:
+        """End the engine (it closes its trace first, unless it is gone already), then remove its files."""
+        if hasattr(self, "process"):
+            super().stop(grace)
+        self._remove_files()
+
+    def _remove_files(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._spool is not None:
+            shutil.rmtree(self._spool, ignore_errors=True)
 
 
 class EngineHost:
     def __init__(self, pipe: RecordPipe, setup_path: str):
         self.pipe = pipe
         self.setup_path = setup_path
-        self.session = None
-        self.recorder = None
+        # None until load() sets it: the main thread runs no command before, the control thread checks
+        self.session: ChatSession = None  # type: ignore[assignment]
+        self.recorder: Recorder | None = None
         self.running = False
         self.commands: queue.Queue = queue.Queue()
         self._live: list[threading.Event] = []  # one per command received and not finished: set = cancel
@@ -144,10 +234,10 @@ class EngineHost:
     def load(self) -> bool:
         import torch
 
-        from .engine import introspect
-        from .engine.recorder import Recorder
-        from .engine.session import ChatSession
-        from .options import build_session_config, load, set_threads
+        from . import introspect
+        from .configure import load, session_config, set_threads
+        from .recorder import Recorder
+        from .session import ChatSession
 
         progress = lambda text, fraction=None: self.pipe.send(  # noqa: E731
             {"type": "progress", "text": text, "fraction": fraction}
@@ -160,7 +250,7 @@ class EngineHost:
             loaded = setup.loaded or (
                 setup.loader() if setup.loader else load(setup.model, setup.options, progress=progress)
             )
-            config = build_session_config(setup.options, loaded.tokenizer)
+            config = session_config(setup.options, loaded.tokenizer)
             extra = {"clock": setup.clock} if setup.clock else {}
             session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self.on_snapshot, **extra)
             self.recorder = Recorder(
@@ -174,9 +264,9 @@ class EngineHost:
             if setup.engine_setup is not None:
                 setup.engine_setup(session)
         except Exception as exc:  # every load error, said in one line: the app shows it and stays open
-            from .engine.loader import ModelLoadError
-            from .engine.session import SessionError
-            from .engine.trace import TraceError
+            from .loader import ModelLoadError
+            from .session import SessionError
+            from .trace import TraceError
 
             known = isinstance(exc, (ModelLoadError, SessionError, TraceError, ValueError))
             self.pipe.send({"type": "load-failed", "error": str(exc) if known else f"{type(exc).__name__}: {exc}"})
@@ -212,8 +302,8 @@ class EngineHost:
                 self._apply_asides()
                 self.state(word, *self.execute(word, argument, cancel))
             except Exception as exc:  # noqa: BLE001  every failure is said; the session stays as it was
-                from .engine.export import ExportError
-                from .engine.session import SessionError
+                from .export import ExportError
+                from .session import SessionError
 
                 if isinstance(exc, (SessionError, ExportError)):
                     self.state(word, str(exc), "error")
@@ -257,7 +347,7 @@ class EngineHost:
                 result,
             )
         elif word == "sampler":
-            from .engine.settings import SamplerSettings
+            from .settings import SamplerSettings
 
             settings = SamplerSettings(**argument)
             session.set_sampler(settings)
@@ -266,7 +356,7 @@ class EngineHost:
             session.reset()
             return "cache and chat reset", "information", None
         elif word == "export":
-            from .engine.export import export_cache
+            from .export import export_cache
 
             path = export_cache(session, Path.cwd() / f"kvtui-cache-step{session.steps}.safetensors")
             return (
@@ -275,7 +365,7 @@ class EngineHost:
                 None,
             )
         elif word == "restore":
-            from .engine.replay import _token
+            from .replay import _token
 
             tokens = [_token(t) for t in argument["tokens"]]
             session.restore(tokens, argument["state"])

@@ -1,0 +1,94 @@
+"""What the engine makes of a complete options dict (kvtui.options.AppConfig.options: every key, the CLI's
+defaults merged in): the session's configuration, the model's loading and its threads. The engine process
+reads its options here, so it needs nothing above the engine layer."""
+
+from __future__ import annotations
+
+from .settings import SamplerSettings
+
+STATIC_DEFAULT_CAPACITY = 2048  # a static cache's slots when --max-cache-len does not say
+
+
+class WatchTokenError(ValueError):
+    """A --watch token that is not one token of this tokenizer."""
+
+
+def session_config(options: dict, tokenizer=None):
+    """A SessionConfig from complete options (watch tokens are resolved with the tokenizer)."""
+    from .session import SessionConfig
+
+    cache = options["cache"]
+    max_cache_len = options.get("max_cache_len") or (STATIC_DEFAULT_CAPACITY if cache == "static" else None)
+    sampler = SamplerSettings(
+        temperature=options["temperature"],
+        top_k=options["top_k"],
+        top_p=options["top_p"],
+        repetition_penalty=options["repetition_penalty"],
+        seed=options["seed"],
+    )
+    watch = tuple(resolve_token(tokenizer, w) for w in options.get("watch") or ()) if tokenizer else ()
+    decode_threads = options.get("decode_threads")
+    if decode_threads is None and not options.get("threads"):
+        decode_threads = default_decode_threads()
+    return SessionConfig(
+        cache=cache,
+        max_cache_len=max_cache_len,
+        max_new_tokens=options["max_new_tokens"],
+        cache_bits=int(options.get("cache_bits") or 4),
+        cache_backend=options.get("cache_backend") or "quanto",
+        compile=bool(options.get("compile_decode")),
+        sampler=sampler,
+        mode=options["mode"],
+        system=options.get("system"),
+        chat_tokenize=options["chat_tokenize"],
+        top_k_shown=options["show_top"],
+        watch=watch,
+        prime_pad=options["prime_pad"],
+        attention=bool(options.get("attention")),
+        decode_threads=decode_threads,
+    )
+
+
+def default_decode_threads() -> int:
+    """One-token forwards run on one thread fewer than the rest (at least 1), whatever drives the session.
+
+    The TUI's panes need a core beside its engine process: an OpenMP team that loses a core to a repaint waits
+    for it at every op, and on 2 cores SmolLM2 decodes no faster on 2 threads than on 1 (benchmarks/RESULTS.md,
+    section 4). --headless decodes the same way so that both write the same trace: a reduction split over
+    another number of threads rounds differently in the last bits. Prefills and verify use every thread."""
+    import torch  # only where a session is built, next to the model
+
+    return max(1, torch.get_num_threads() - 1)
+
+
+def resolve_token(tokenizer, text: str) -> int:
+    """A watched token: a number is an id; text must encode to exactly one token."""
+    if str(text).isdigit():
+        return int(text)
+    ids = tokenizer(str(text), add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise WatchTokenError(f"--watch {text!r} is {len(ids)} tokens {ids}; watch one token (or give its id)")
+    return ids[0]
+
+
+def load(model: str | None, options: dict, progress=None):
+    """Load the model complete options name (dtype, device, device map, eager attention for --attention)."""
+    from .loader import load_model
+
+    set_threads(options)
+    return load_model(
+        model,
+        dtype=options["dtype"],
+        device=options["device"],
+        device_map=options["device_map"],
+        attn_implementation="eager" if options.get("attention") else None,
+        progress=progress,
+    )
+
+
+def set_threads(options: dict) -> None:
+    """--threads: the model's CPU threads, set before the first forward (in the process that runs it)."""
+    if options.get("threads"):
+        import torch
+
+        torch.set_num_threads(options["threads"])

@@ -1,0 +1,75 @@
+"""The engine process's own source: it owns the handover's files (setup, spool) and a restart goes on with the
+same trace; nothing of it is left on disk once it stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+
+import pytest
+
+from kvtui.engine.host import EngineSetup, EngineSource
+from kvtui.options import AppConfig
+
+
+def _until(records, *kinds: str) -> dict:
+    for record in records:
+        if record.get("type") in kinds:
+            return record
+    raise AssertionError(f"the engine ended before any of {kinds}")
+
+
+def _steps(path) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [r for r in map(json.loads, handle) if r.get("type") == "step"]
+
+
+def test_a_spooled_engine_restarts_into_the_same_trace_and_leaves_no_file(tiny_dir):
+    options = AppConfig(options={"max_new_tokens": 3, "threads": 1}).options
+    first = EngineSource(EngineSetup(model=str(tiny_dir("llama")), options=options, trace_path=None))
+    spool, first_files = first.trace_path, first.directory
+    try:
+        assert first.spooled and (first_files / "setup.pickle").exists()
+        records = first.records()
+        _until(records, "ready")
+        first.command("send", {"text": "hi", "run": True})
+        assert _until(records, "state")["error"] is None
+        before = _steps(spool)
+        assert before  # the prefill and the decode steps, written as they happened
+        first.command("quit")
+        assert _until(records, "process-exit")["code"] == 0
+
+        second = first.restarted()
+    except BaseException:
+        first.stop()
+        raise
+    try:
+        assert not first_files.exists()  # the dead engine's handover is gone; its spool goes on
+        assert second.spooled and second.trace_path == spool and spool.exists()
+        records = second.records()
+        _until(records, "ready")
+        second.command("send", {"text": "again", "run": True})
+        assert _until(records, "state")["error"] is None
+        after = _steps(spool)
+        assert after[: len(before)] == before and len(after) > len(before)  # appended, not rewritten
+    finally:
+        second.stop()
+    assert not spool.exists() and not second.directory.exists()
+
+
+def test_a_setup_that_cannot_be_handed_over_leaves_no_file(tmp_path, monkeypatch):
+    made = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args, **kwargs):
+        made.append(real(*args, dir=tmp_path, **{k: v for k, v in kwargs.items() if k != "dir"}))
+        return made[-1]
+
+    monkeypatch.setattr("kvtui.engine.host.tempfile.mkdtemp", mkdtemp)
+    options = AppConfig().options
+    # a clock that pickle refuses (a lambda), and no loaded model to save instead
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        EngineSource(EngineSetup(model=None, options=options, trace_path=None, clock=lambda: 0.0))
+    assert made and not any(os.path.exists(path) for path in made)
