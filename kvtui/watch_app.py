@@ -324,14 +324,14 @@ class WatchApp(KvtuiApp):
             return "this stream is read-only (a trace being followed)"
         return None
 
-    def _send(self, command: str) -> bool:
-        if self.source is None or command.split()[0] not in getattr(self.source, "supports", ()):
+    def _send(self, word: str, argument=None) -> bool:
+        if self.source is None or word not in getattr(self.source, "supports", ()):
             self.notify("this stream is read-only (a trace being followed)", severity="warning")
             return False
         if self.ended is not None:
             self.notify(f"the program has ended (exit code {self.ended})", severity="warning")
             return False
-        self.source.send(command)
+        self.source.command(word, argument)
         return True
 
     def _engine(self, action: str, argument=None) -> None:
@@ -361,7 +361,7 @@ class WatchApp(KvtuiApp):
 
     def action_break_on_alarm(self) -> None:
         self.break_on_alarm = not self.break_on_alarm
-        self._send("break on" if self.break_on_alarm else "break off")
+        self._send("break", "on" if self.break_on_alarm else "off")
 
     def action_next_row(self) -> None:
         batch = self.latest.batch if self.latest is not None else 1
@@ -388,7 +388,7 @@ class WatchApp(KvtuiApp):
         if token is None:
             self.notify("select a token in the top-k pane first", severity="warning")
             return
-        self._send(f"watch {token.id}")
+        self._send("watch", token.id)
 
     def action_sampler(self) -> None:
         self._engine("sampler")

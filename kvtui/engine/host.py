@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .stream import ChildSource, ListChanges, RecordPipe, format_command, openmp_wait, parse_command
+from .stream import ChildSource, ListChanges, RecordPipe, openmp_wait, parse_command
 
 if TYPE_CHECKING:
     from .loader import LoadedModel
@@ -154,9 +154,6 @@ class EngineSource(ChildSource):
     @property
     def spooled(self) -> bool:
         return self._spool is not None
-
-    def command(self, word: str, argument=None) -> None:
-        self.send(format_command(word, argument))
 
     def restarted(self, restore: dict | None = None) -> EngineSource:
         """A fresh engine process in place of this one (which has ended): same setup, appending to the same

@@ -59,7 +59,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 COMMANDS = ("pause", "run", "step", "break on", "break off", "verify", "watch", "quit")
 STREAM_ONLY = (
@@ -75,6 +75,27 @@ STREAM_ONLY = (
     "session",
     "state",
 )
+
+
+class Source(Protocol):
+    """What a viewer reads and drives, whichever source it is: kvtui's engine process (host.py EngineSource),
+    a watched program (ProgramSource) or a command's tree (tree_source.py TreeSource), a trace still being
+    written (FollowSource). A watched program's source also takes the person's input: `write_stdin(text)`,
+    `close_stdin()`, `interrupt()`."""
+
+    supports: set[str]  # the command words it takes: the viewer enables a key by them
+
+    def records(self, stop: threading.Event | None = None) -> Iterator[dict]:
+        """Every record until the source ends (the last one `process-exit` for a process) or `stop` is set."""
+        ...
+
+    def command(self, word: str, argument: Any = None) -> None:
+        """One command (a word of `supports`, its argument a JSON value); a source that ended ignores it."""
+        ...
+
+    def stop(self) -> None:
+        """End it (a process and whatever it started) and remove what it left on disk; safe to call twice."""
+        ...
 
 
 def format_command(word: str, argument=None) -> str:
@@ -397,10 +418,14 @@ class ChildSource:
         code = self.process.wait()
         yield {"type": "process-exit", "code": code}
 
-    def send(self, command: str) -> None:
+    def command(self, word: str, argument=None) -> None:
+        self.send(format_command(word, argument))
+
+    def send(self, line: str) -> None:
+        """One command line, as format_command wrote it."""
         try:
             with self._control_lock:
-                self._control.write(command + "\n")
+                self._control.write(line + "\n")
         except (BrokenPipeError, OSError, ValueError):
             pass  # the child is gone: nothing to control
 
@@ -592,8 +617,8 @@ class FollowSource:
                 if isinstance(record, dict) and "type" in record:
                     yield record
 
-    def send(self, command: str) -> None:
-        pass
+    def command(self, word: str, argument=None) -> None:
+        pass  # read-only (supports nothing: the viewer sends nothing)
 
     def stop(self) -> None:
         pass

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from .diagnostics import check_ranks
-from .stream import ChildSource
+from .stream import ChildSource, format_command
 from .tree import Naming, ProcessRun, TreeServer, desync, environment, merge
 
 
@@ -123,8 +123,8 @@ class TreeSource(ChildSource):
             "message": d.message,
         }
 
-    def send(self, command: str) -> None:
-        if command == "verify" and not self._verify_safe():
+    def command(self, word: str, argument=None) -> None:
+        if word == "verify" and not self._verify_safe():
             # a recompute on a sharded model is a collective forward: ranks that are not held at the same
             # boundary would pair it with another rank's decode step and hang
             self._queue.put(
@@ -136,7 +136,7 @@ class TreeSource(ChildSource):
                 }
             )
             return
-        self.server.broadcast(command)
+        self.server.broadcast(format_command(word, argument))
 
     def _verify_safe(self) -> bool:
         """Verify on every rank at once is safe when no rank is sharded, or every rank is held after the

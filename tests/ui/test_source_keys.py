@@ -16,6 +16,7 @@ from rich.console import Console
 
 from kvtui.engine.session import ChatSession, SessionConfig
 from kvtui.engine.snapshot import buffer_record
+from kvtui.engine.stream import format_command
 from kvtui.engine.trace import TraceWriter, header_record
 from kvtui.replay_app import ReplayApp
 from kvtui.watch_app import WatchApp
@@ -52,8 +53,8 @@ class FakeProgram:
         yield from self._records
         stop.wait()
 
-    def send(self, command: str) -> None:
-        self.sent.append(command)
+    def command(self, word: str, argument=None) -> None:
+        self.sent.append(format_command(word, argument))
 
     def stop(self) -> None:
         pass
@@ -95,6 +96,7 @@ WATCH_KEYS = {
     "u": "behind its back",
     "backspace": "behind its back",
     "space": "works",
+    "b": "works",
 }
 FOLLOW_KEYS = {
     **WATCH_KEYS,
@@ -214,7 +216,7 @@ async def test_every_key_on_a_watched_program_works_or_says_why_it_cannot(trace)
             sent = len(source.sent)
             wrong.append(await press_and_check(app, pilot, key, WATCH_KEYS[key]))
             if WATCH_KEYS[key] == "works":
-                expected = {"v": "verify", "space": "step"}[key]
+                expected = {"v": "verify", "space": "step", "b": 'break "on"'}[key]
                 if source.sent[sent:][-1:] != [expected]:
                     wrong.append(f"{key}: sent {source.sent[sent:]}, not {expected!r}")
             elif source.sent[sent:]:
