@@ -74,7 +74,7 @@ class SnapshotReady(Message):
     diagnostics: tuple[Diagnostic, ...]
     running: bool
     facts: dict | None = None  # the engine's `session` record just before this step (steps, turn, cache length)
-    recorded: bool = False  # its sparkline point is already in the status bar (kvtui's own chat: every step)
+    recorded: bool = False  # its sparkline point and tok/s sample are counted already (own chat, replay)
 
     def can_replace(self, message: Message) -> bool:
         # In run mode only the newest decode snapshot matters: it carries everything a pane needs.
@@ -372,6 +372,7 @@ class KvtuiApp(App):
                 snapshot = builder.add(record)
                 self.history.append(snapshot)  # every step, here: a repaint may coalesce the messages below
                 self._status_bar.record(snapshot)  # deque appends; the UI thread reads copies when it paints
+                self._time_step(snapshot)
                 self.post_message(
                     SnapshotReady(
                         snapshot, messages, diagnostics, bool(facts and facts["running"]), facts, recorded=True
@@ -531,13 +532,12 @@ class KvtuiApp(App):
         if self.session is not None and message.facts is not None:
             self.session.update(message.facts)
             self.session.buffer = snapshot.buffer
-        if snapshot.phase == "decode" and snapshot.compile_ms is None:  # a compiling step is not a slow step
-            self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
-        elif snapshot.phase == "prefill":
+        if snapshot.phase == "prefill":
             self._prefill = snapshot
             if self._ui_before_prefill is not None:
                 self._prefill_ui_ms, self._ui_before_prefill = _ui_ms_since(self._ui_before_prefill), None
         if not message.recorded:
+            self._time_step(snapshot)
             self.query_one(StatusBar).record(snapshot)
         # Repaint at most repaint_hz times a second: on 2 busy cores every repaint takes CPU from the engine process.
         wait = self._last_paint + 1 / self.repaint_hz() - time.monotonic()
@@ -547,6 +547,11 @@ class KvtuiApp(App):
             self._paint()
         elif self._paint_timer is None:
             self._paint_timer = self.set_timer(wait, self._paint)
+
+    def _time_step(self, snapshot: StepSnapshot) -> None:
+        """The tok/s window: decode steps only (a compiling step is not a slow step)."""
+        if snapshot.phase == "decode" and snapshot.compile_ms is None:
+            self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
 
     def repaint_hz(self) -> float:
         """Pane repaints per second while the model runs: --refresh HZ when given; else MAX_REFRESH_HZ while a
@@ -577,7 +582,8 @@ class KvtuiApp(App):
                 buffer_pane.attention = [w / peak for w in snapshot.attention]
         self._show_chat()
         self._show_diagnostics()
-        speed = 1000 * len(self._recent_ms) / sum(self._recent_ms) if self._recent_ms else None
+        recent = list(self._recent_ms)  # one C call: the engine reader thread appends
+        speed = 1000 * len(recent) / sum(recent) if recent else None
         self.query_one(StatusBar).show(snapshot, self.model_text, speed)
 
     def on_session_state(self, message: SessionState) -> None:

@@ -240,19 +240,12 @@ def replay(trace_path, theme, follow):
     from .engine.trace import TraceError
 
     _check_theme(theme)
-    if follow:
-        if not trace_path.is_file():
-            raise click.BadParameter(f"{trace_path}: no such trace file (yet)", param_hint="TRACE_PATH")
-        from .engine.stream import FollowSource
-        from .watch_app import WatchApp
-
-        WatchApp(source=FollowSource(trace_path), title=f"follow {trace_path.name}", theme_name=theme).run()
-        return
-
+    if follow and not trace_path.is_file():
+        raise click.BadParameter(f"{trace_path}: no such trace file (yet)", param_hint="TRACE_PATH")
     try:
         from .replay_app import ReplayApp
 
-        app = ReplayApp(trace_path, theme_name=theme)
+        app = ReplayApp(trace_path, theme_name=theme, follow=follow)
     except TraceError as exc:
         _bad_input(str(exc))
     app.run()

@@ -1,6 +1,7 @@
-"""`kvtui watch SCRIPT` and `kvtui replay --follow TRACE`: the same panes on a live stream of step
-records. The source (a program in a child process, or a trace file still being written) is an
-argument: the app reads its records in a worker thread and sends it commands (pause, step, run, ...)."""
+"""`kvtui watch SCRIPT` (and `-m MODULE`, `-- COMMAND`): the same panes on a live stream of step records.
+The source (a program in a child process, a command's tree of processes) is an argument: the app reads its
+records in a worker thread and sends it commands (pause, step, run, ...). A trace, finished or still being
+written, is replay_app's."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from .app import KvtuiApp, SnapshotReady
 from .engine.snapshot import Diagnostic
 from .fmt import printable
 from .options import AppConfig
-from .widgets.chat_pane import ChatPane
+from .widgets.chat_pane import ChatPane, program_step_text
 from .widgets.program_input import ProgramInput
 from .widgets.program_output import ProgramOutput
 from .widgets.status_bar import StatusBar
@@ -36,7 +37,7 @@ OBSERVE_ONLY = {
     "next_script_turn": "a watched program writes its own prompts: kvtui has no script to send",
     "restart_engine": "a watched program has no kvtui engine to restart",
 }
-# Keys that are commands to the stream's source: a trace being followed takes none of them.
+# Keys that are commands to the stream's source (one that does not take a command: the key is disabled).
 SOURCE_COMMANDS = {
     "step": "step",
     "run": "run",
@@ -101,7 +102,6 @@ class WatchApp(KvtuiApp):
         self._prompted = False  # the input took the focus once, at the program's first prompt
         self.stream_diagnostics: list[Diagnostic] = []
         self.recomputed = 0  # tokens the program's prefills re-encoded that another cache held
-        self.chat_stream = False  # a trace of kvtui's own chat (its header says mode "chat"): shown as a chat
         self.models: list[str] = []  # labels of the models whose steps arrived ("model 1: draft"), in order
         self.model_filter: str | None = None  # show only this model's steps (M cycles); None: all
 
@@ -166,8 +166,6 @@ class WatchApp(KvtuiApp):
                 ):
                     program_input.focus()
         elif kind == "header":
-            if record.get("mode") == "chat" and not self.chat_stream:
-                self._show_as_chat()
             self.model_text = (
                 f"watching {self.label} · {record.get('model_class', '?')} · {record.get('device', '?')} · "
                 f"{record.get('dtype', '?')} · transformers {record.get('transformers', '?')}"
@@ -187,9 +185,8 @@ class WatchApp(KvtuiApp):
             )
         elif kind == "verify":
             verdict = "matches" if record["ok"] else "DIFFERS FROM"
-            whose = "the cache" if self.chat_stream else "the program's cache"
             self.notify(
-                f"{whose} {verdict} a full recompute of {record['tokens']} tokens: max |diff| "
+                f"the program's cache {verdict} a full recompute of {record['tokens']} tokens: max |diff| "
                 f"{record['max_abs_diff']:.2e} (tolerance {record['tolerance']:g})",
                 severity="information" if record["ok"] else "error",
                 timeout=10,
@@ -211,48 +208,8 @@ class WatchApp(KvtuiApp):
     def _show(self, snapshot) -> None:
         super()._show(snapshot.for_row(self.row) if snapshot is not None else None)
 
-    def _show_as_chat(self) -> None:
-        """A trace of kvtui's own chat being followed: its transcript (rebuilt from the buffer, as replay does)
-        where a program's output would be, and the chat's reuse meter."""
-        self.chat_stream = True
-        chat = self.query_one(ChatPane)
-        chat.query_one("#transcript").display = True
-        self.query_one(ProgramOutput).display = False
-        chat.input.placeholder = f"{self.label}: a recorded chat, read-only · q quits"
-
-    def _show_chat(self) -> None:
-        if self.chat_stream and self.latest is not None:
-            from .engine.replay import transcript
-
-            self.messages = transcript(self.latest.buffer)  # O(buffer): once per repaint, not per record
-        super()._show_chat()
-
     def _reuse_text(self, snapshot) -> str:
-        if self.chat_stream:
-            return super()._reuse_text(snapshot)
-        rows = f" · row {self.row + 1}/{snapshot.batch} (n: next)" if snapshot.batch > 1 else ""
-        asked = ""
-        if snapshot.requested_cache_position:
-            asked = f" · asked cache_position {snapshot.requested_cache_position[0]}.."
-        elif snapshot.requested_positions:
-            asked = f" · asked position_ids {snapshot.requested_positions[0]}.."
-        who = f" · {snapshot.model}" if snapshot.model else ""
-        thread = f" · {snapshot.thread}" if snapshot.thread and snapshot.thread not in (snapshot.caller or "") else ""
-        text = (
-            f"step {snapshot.step} at {snapshot.caller}{thread}{who} · {snapshot.lineage or 'no cache'} "
-            f"{snapshot.cache_length_before}→{snapshot.cache_seq_length}{asked}{rows}"
-        )
-        if snapshot.phase == "prefill" and snapshot.cache_length_before is not None:
-            fed, held = len(snapshot.input_ids), snapshot.cache_seq_length
-            share = (held - fed) / held if held else 0.0
-            text += (
-                f"\nturn {snapshot.turn} of this cache · reused "
-                f"{held - fed} cached tokens, fed {fed} ({share:.0%} reuse)"
-            )
-        waste = self.recomputed
-        if waste:
-            text += f" · re-encoded {waste} tokens other caches held (recomputed-prefix)"
-        return text
+        return program_step_text(snapshot, self.row, self.recomputed)
 
     def _update_title(self) -> None:
         state = "ended" if self.ended is not None else "paused" if self.paused else "running"
@@ -280,7 +237,7 @@ class WatchApp(KvtuiApp):
     def action_focus_input(self) -> None:
         program_input = self._program_input()
         if program_input is None:
-            self.notify("this stream has no program to type to (a trace being followed)", severity="warning")
+            self.notify("this stream has no program to type to", severity="warning")
         elif program_input.disabled:
             self.notify(program_input.placeholder, severity="warning", timeout=4)
         else:
@@ -321,12 +278,12 @@ class WatchApp(KvtuiApp):
             return OBSERVE_ONLY[action]
         command = SOURCE_COMMANDS.get(action)
         if command is not None and command not in getattr(self.source, "supports", ()):
-            return "this stream is read-only (a trace being followed)"
+            return "this stream takes no commands"
         return None
 
     def _send(self, word: str, argument=None) -> bool:
         if self.source is None or word not in getattr(self.source, "supports", ()):
-            self.notify("this stream is read-only (a trace being followed)", severity="warning")
+            self.notify("this stream takes no commands", severity="warning")
             return False
         if self.ended is not None:
             self.notify(f"the program has ended (exit code {self.ended})", severity="warning")

@@ -78,17 +78,24 @@ class SnapshotBuilder:
 
 
 class Replay:
+    """A trace's steps as snapshots, with what each step's screen needs kept as running totals (the alarms so
+    far, this turn's prefill, the tokens re-encoded so far), so showing step i costs O(1) lookups. `add_record`
+    takes the records of a trace still being written, one at a time, in file order."""
+
     def __init__(self, trace: Trace):
         self.trace = trace
         self.header = trace.header
         self.snapshots: list[StepSnapshot] = []
         self._builder = SnapshotBuilder(trace.path)
         self._events: dict[int, list[dict]] = {}  # step -> what happened right after it (rewind, force, verify...)
-        for event in trace.events:
-            if isinstance(event.get("step"), int):
-                self._events.setdefault(event["step"], []).append(event)
+        self._alarms: list[Diagnostic] = []  # every alarm in the order written: the steps' own, then records'
+        self._alarm_counts: list[int] = []  # per snapshot: how many of _alarms had been raised by then
+        self._prefills: list[int] = []  # per snapshot: the index of the last prefill at or before it (-1: none)
+        self._recomputed: list[int] = []  # per snapshot: tokens re-encoded that another cache held, so far
         for record in trace.steps:
             self.add(record)
+        for event in trace.events:  # read apart from the steps: a run's own alarms are shown from its last step
+            self._add_event(event)
 
     def events_at(self, step: int) -> list[dict]:
         """The records written after step `step` and before the next one: verify, rewind, force, sampler..."""
@@ -97,12 +104,51 @@ class Replay:
     def add(self, record: dict) -> StepSnapshot:
         """Rebuild one more step (a live source appends as records arrive)."""
         snapshot = self._builder.add(record)
-        self.snapshots.append(snapshot)
+        index = len(self.snapshots)
+        self._alarms.extend(snapshot.diagnostics)
+        self._prefills.append(index if snapshot.phase == "prefill" else self._prefills[-1] if index else -1)
+        self._recomputed.append((self._recomputed[-1] if index else 0) + (snapshot.recomputed or 0))
+        self._alarm_counts.append(len(self._alarms))
+        self.snapshots.append(snapshot)  # last: another thread may read snapshots while this one appends
         return snapshot
+
+    def add_record(self, record: dict) -> StepSnapshot | None:
+        """Any record of the trace, in file order (a followed trace): a step is rebuilt and returned."""
+        kind = record.get("type")
+        if kind == "step":
+            return self.add(record)
+        if kind == "header":
+            self.header = self.trace.header = record
+        elif kind == "buffer":
+            self.trace.buffers.append(record)
+        else:
+            self.trace.events.append(record)
+            self._add_event(record)
+        return None
+
+    def _add_event(self, event: dict) -> None:
+        if isinstance(event.get("step"), int):
+            self._events.setdefault(event["step"], []).append(event)
+        if event.get("type") == "diagnostic":  # a run's alarm raised after its steps (rank-desync): shown from now
+            self._alarms.append(Diagnostic(event["code"], event["severity"], event["message"], event["step"]))
+            if self._alarm_counts:
+                self._alarm_counts[-1] = len(self._alarms)
+
+    def diagnostics_through(self, index: int) -> tuple[Diagnostic, ...]:
+        """Every alarm raised up to snapshot `index` (and the run's own alarms written after it)."""
+        return tuple(self._alarms[: self._alarm_counts[index]])
+
+    def prefill_for(self, index: int) -> StepSnapshot | None:
+        """The last prefill at or before snapshot `index`: the turn's reuse meter."""
+        found = self._prefills[index]
+        return self.snapshots[found] if found >= 0 else None
+
+    def recomputed_through(self, index: int) -> int:
+        return self._recomputed[index]
 
     @property
     def diagnostics(self) -> tuple[Diagnostic, ...]:
-        return tuple(d for s in self.snapshots for d in s.diagnostics)
+        return tuple(self._alarms)
 
     def __len__(self) -> int:
         return len(self.snapshots)

@@ -13,6 +13,33 @@ from .live_text import LiveText
 ROLE_STYLE = {"system": "chat--system", "user": "chat--user", "assistant": "chat--assistant"}
 
 
+def program_step_text(snapshot, row: int = 0, recomputed: int = 0) -> str:
+    """The reuse meter of a watched program's step (live or recorded): where its forward came from, the cache
+    it used and how far that cache went, what the program asked for, and for a prefill what it reused.
+    `recomputed`: prefill tokens re-encoded so far that another cache of the same model held."""
+    rows = f" · row {row + 1}/{snapshot.batch} (n: next)" if snapshot.batch > 1 else ""
+    asked = ""
+    if snapshot.requested_cache_position:
+        asked = f" · asked cache_position {snapshot.requested_cache_position[0]}.."
+    elif snapshot.requested_positions:
+        asked = f" · asked position_ids {snapshot.requested_positions[0]}.."
+    who = f" · {snapshot.model}" if snapshot.model else ""
+    thread = f" · {snapshot.thread}" if snapshot.thread and snapshot.thread not in (snapshot.caller or "") else ""
+    text = (
+        f"step {snapshot.step} at {snapshot.caller}{thread}{who} · {snapshot.lineage or 'no cache'} "
+        f"{snapshot.cache_length_before}→{snapshot.cache_seq_length}{asked}{rows}"
+    )
+    if snapshot.phase == "prefill" and snapshot.cache_length_before is not None:
+        fed, held = len(snapshot.input_ids), snapshot.cache_seq_length
+        share = (held - fed) / held if held else 0.0
+        text += (
+            f"\nturn {snapshot.turn} of this cache · reused {held - fed} cached tokens, fed {fed} ({share:.0%} reuse)"
+        )
+    if recomputed:
+        text += f" · re-encoded {recomputed} tokens other caches held (recomputed-prefix)"
+    return text
+
+
 class ChatPane(Vertical):
     """Shows `messages` (role, content dicts) and owns the input; the app handles Input.Submitted."""
 

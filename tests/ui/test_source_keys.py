@@ -84,7 +84,7 @@ REPLAY_KEYS = {
     "u": "works",
     "backspace": "works",
 }
-# the same keys on a watched program (observe only) and on a trace being followed (takes no command)
+# the same keys on a watched program (observe only)
 WATCH_KEYS = {
     "v": "works",
     "o": "samples on its own",
@@ -98,15 +98,6 @@ WATCH_KEYS = {
     "space": "works",
     "b": "works",
 }
-FOLLOW_KEYS = {
-    **WATCH_KEYS,
-    "v": "read-only",
-    "space": "read-only",
-    "r": "read-only",
-    "p": "read-only",
-    "b": "read-only",
-}
-
 ACTIONS = {
     "v": "verify",
     "o": "sampler",
@@ -225,35 +216,74 @@ async def test_every_key_on_a_watched_program_works_or_says_why_it_cannot(trace)
 
 
 async def test_every_key_on_a_followed_trace_works_or_says_why_it_cannot(trace):
-    from kvtui.engine.stream import FollowSource
-
-    app = WatchApp(source=FollowSource(trace), title=f"follow {trace.name}")
+    """replay --follow is replay: the same keys, the same reasons."""
+    app = ReplayApp(trace, follow=True)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.latest is not None, 30, "the first step")
+        steps = sum(1 for r in trace_records(trace) if r["type"] == "step")
+        await wait_for(pilot, lambda: app.latest is not None and app.latest.step == steps, 30, "every step")
         app.query_one(TokenBufferPane).focus()
-        app.query_one(TokenBufferPane).select(2)
-        wrong = [await press_and_check(app, pilot, key, FOLLOW_KEYS[key]) for key in refused_first(FOLLOW_KEYS)]
+        wrong = []
+        for key in refused_first(REPLAY_KEYS):
+            position = app.position
+            if key == "backspace":
+                app.query_one(TokenBufferPane).select(2)
+            wrong.append(await press_and_check(app, pilot, key, REPLAY_KEYS[key]))
+            if REPLAY_KEYS[key] == "works":
+                await wait_for(pilot, lambda before=position: app.position < before, what=f"a step back ({key})")
         assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
 
 
-async def test_a_followed_chat_trace_shows_its_chat_as_replay_does(trace):
-    """replay --follow of kvtui's own chat: the transcript (not an empty program output) and the chat's reuse
-    meter, the same text `kvtui replay` shows at the same step."""
-    from kvtui.engine.stream import FollowSource
-    from kvtui.widgets.chat_pane import ChatPane
+@pytest.fixture(scope="module")
+def watched_trace(tmp_path_factory, tiny_model):
+    """A watched program's trace: a prefill and three decode steps of a hand-written loop, a copied cache."""
+    import copy
 
-    follow = WatchApp(source=FollowSource(trace), title=f"follow {trace.name}")
-    async with follow.run_test(size=SIZE) as pilot:
-        last = sum(1 for r in trace_records(trace) if r["type"] == "step")
-        await wait_for(pilot, lambda: follow.latest is not None and follow.latest.step == last, 30, "every step")
-        await settled(follow, pilot)
-        followed = (follow.messages, follow.query_one(ChatPane).query_one("#reuse").content.plain)
-        assert follow.chat_stream and followed[0], "no transcript"
-        assert "at None" not in followed[1]
-    replay = ReplayApp(trace)
-    async with replay.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: replay.latest is not None, what="the first recorded step")
-        await pilot.press("r")
-        await wait_for(pilot, lambda: replay.position == len(replay.replay) - 1, timeout=20, what="the last step")
-        await settled(replay, pilot)
-        assert (replay.messages, replay.query_one(ChatPane).query_one("#reuse").content.plain) == followed
+    import torch
+    from transformers import DynamicCache
+
+    from kvtui.engine.probe import watch
+
+    model, tok = tiny_model("llama")
+    path = tmp_path_factory.mktemp("keys") / "watched.jsonl"
+    watcher = watch(model, tok, trace=path)
+    try:
+        with torch.inference_mode():
+            cache = DynamicCache(config=model.config)
+            ids = torch.tensor([[5, 6, 7, 8]])
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+            for _ in range(3):
+                ids = out.logits[:, -1:].argmax(-1)
+                out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+            copied = copy.deepcopy(cache)  # a second cache, copied from the first
+            model(input_ids=ids, past_key_values=copied, use_cache=True)
+    finally:
+        watcher.detach()
+    return path
+
+
+@pytest.mark.parametrize("which", ["chat", "watched"])
+async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace, watched_trace, which):
+    """kvtui replay T (played to its end) and kvtui replay --follow T (caught up): the same SVG."""
+    path = trace if which == "chat" else watched_trace
+    steps = sum(1 for r in trace_records(path) if r["type"] == "step")
+    screens = []
+    for follow in (False, True):
+        app = ReplayApp(path, follow=follow)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda app=app: app.latest is not None, 30, "the first step")
+            if not follow:
+                await pilot.press("r")
+            await wait_for(
+                pilot, lambda app=app: len(app.replay) == steps and app.position == steps - 1, 30, "the last step"
+            )
+            await settled(app, pilot)
+            app.clear_notifications()
+            await pilot.pause(0.2)
+            screens.append(app.export_screenshot())
+            reuse = app.query_one("#reuse").content.plain
+            assert "at None" not in reuse
+            if which == "watched":
+                assert reuse.startswith(f"step {steps} at ")  # where the program's forward came from
+            else:
+                assert app.messages, "no transcript"
+    assert screens[0] == screens[1]

@@ -115,24 +115,38 @@ async def test_quit_mid_run_leaves_no_process(program):
 
 
 async def test_follow_a_trace_being_written(tmp_path, tiny_model):
-    """replay --follow: steps appear as another process (here: a watcher in this test) appends them."""
+    """replay --follow: steps appear as another process (here: a watcher in this test) appends them; a person
+    who stepped back stays there, and stepping to the last step follows again."""
     import torch
 
     from kvtui.engine.probe import watch
-    from kvtui.engine.stream import FollowSource
+    from kvtui.replay_app import ReplayApp
 
     model, tokenizer = tiny_model("llama")
     trace = tmp_path / "live.jsonl"
     watcher = watch(model, tokenizer, trace=trace)
-    with torch.inference_mode():
-        model(input_ids=torch.tensor([[5, 6, 7]]))
-    app = WatchApp(source=FollowSource(trace), title="follow live.jsonl")
-    async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.latest is not None, 30, "the first step")
+    try:
         with torch.inference_mode():
-            model(input_ids=torch.tensor([[8, 9]]))
-        await wait_for(pilot, lambda: app.latest.step == 2, 30, "the appended step")
-        assert app.latest.buffer.ids() == [8, 9]  # a new cache (none passed): its own buffer
-        await pilot.press("space")  # read-only: says so
-        await pilot.press("q")
-    watcher.detach()
+            model(input_ids=torch.tensor([[5, 6, 7]]))
+        app = ReplayApp(trace, follow=True)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.latest is not None, 30, "the first step")
+            with torch.inference_mode():
+                model(input_ids=torch.tensor([[8, 9]]))
+            await wait_for(pilot, lambda: app.latest.step == 2, 30, "the appended step")
+            assert app.latest.buffer.ids() == [8, 9]  # a new cache (none passed): its own buffer
+            await pilot.press("u")  # back to step 1: a new step does not move the screen
+            await wait_for(pilot, lambda: app.latest.step == 1, 10, "step 1")
+            with torch.inference_mode():
+                model(input_ids=torch.tensor([[10]]))
+            await wait_for(pilot, lambda: len(app.replay) == 3, 30, "the third step read")
+            await pilot.pause(0.3)
+            assert app.latest.step == 1 and not app.at_end
+            await pilot.press("space", "space")  # to the last step: following again
+            await wait_for(pilot, lambda: app.latest.step == 3, 10, "step 3")
+            with torch.inference_mode():
+                model(input_ids=torch.tensor([[11]]))
+            await wait_for(pilot, lambda: app.latest.step == 4, 30, "the next appended step, shown")
+            await pilot.press("q")
+    finally:
+        watcher.detach()
