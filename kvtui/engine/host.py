@@ -56,6 +56,7 @@ class EngineSetup:
     clock: Callable[[], float] | None = None  # the session's clock (tests: deterministic timings)
     engine_setup: Callable | None = None  # called with the session once it exists (patch the model, inject faults)
     append: bool = False  # a restarted engine goes on with the trace its predecessor wrote
+    spool: bool = False  # trace_path is a spool its source made: removed when the engine ends with its viewer
 
 
 def write_setup(setup: EngineSetup, path: str | os.PathLike, scratch: str | os.PathLike | None = None) -> None:
@@ -133,7 +134,7 @@ class EngineSource(ChildSource):
         try:
             if setup.trace_path is None:
                 self._spool = Path(tempfile.mkdtemp(prefix="kvtui-spool-"))
-                setup = replace(setup, trace_path=str(self._spool / "session.jsonl"))
+                setup = replace(setup, trace_path=str(self._spool / "session.jsonl"), spool=True)
             self.setup = setup
             setup_path = self.directory / "setup.pickle"
             write_setup(setup, setup_path, self.directory / "handover")
@@ -178,6 +179,7 @@ class EngineHost:
     def __init__(self, pipe: RecordPipe, setup_path: str):
         self.pipe = pipe
         self.setup_path = setup_path
+        self.setup: EngineSetup | None = None
         # None until load() sets it: the main thread runs no command before, the control thread checks
         self.session: ChatSession = None  # type: ignore[assignment]
         self.recorder: Recorder | None = None
@@ -219,7 +221,24 @@ class EngineHost:
         self._cancel_all()
         self.commands.put(("quit", None, threading.Event()))
         time.sleep(EXIT_GRACE)
+        self.leave()
         os._exit(0)  # a forward that did not end in time (a long prefill) is not waited for
+
+    def forget_setup(self) -> None:
+        """Once loaded, the setup's files are read: removed here, so that a viewer killed with SIGKILL (which
+        cannot clean up) leaves nothing behind. The directory is its EngineSource's, made for this engine."""
+        setup_file = Path(self.setup_path)
+        setup_file.unlink(missing_ok=True)
+        shutil.rmtree(setup_file.parent / "handover", ignore_errors=True)  # mapped weights stay readable
+        try:
+            setup_file.parent.rmdir()  # only when nothing else is in it
+        except OSError:
+            pass
+
+    def leave(self) -> None:
+        """The viewer is gone: a spool (a trace nobody asked for) goes with the engine."""
+        if self.setup is not None and self.setup.spool and self.setup.trace_path:
+            shutil.rmtree(Path(self.setup.trace_path).parent, ignore_errors=True)
 
     def _cancel_all(self) -> None:
         with self._lock:
@@ -243,6 +262,7 @@ class EngineHost:
             progress("starting the engine process")
             with open(self.setup_path, "rb") as handle:
                 setup: EngineSetup = pickle.load(handle)
+            self.setup = setup
             set_threads(setup.options)
             loaded = setup.loaded or (
                 setup.loader() if setup.loader else load(setup.model, setup.options, progress=progress)
@@ -450,10 +470,13 @@ def main(argv: list[str] | None = None) -> int:
     host = EngineHost(RecordPipe(options.records_fd), options.setup)
     # first: an app that dies while the model loads takes the engine with it
     threading.Thread(target=host.read_commands, args=(options.control_fd,), name="kvtui-control", daemon=True).start()
-    if host.load():
+    loaded = host.load()
+    host.forget_setup()
+    if loaded:
         host.serve()
     # the trace is closed and the app gone or quitting: the interpreter's own teardown (torch's included)
     # can take seconds the app's SIGKILL promise has not got
+    host.leave()
     host.pipe.close()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -4,11 +4,13 @@ SIGKILL); an engine that dies is an alarm, and R restarts it with the chat fed i
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -62,12 +64,17 @@ def test_the_engine_process_dies_within_two_seconds_of_the_app_being_sigkilled(t
         engine = int(line[0])
         assert line[1] == "False"  # the model (and torch) live in the engine process only
         assert engine != app.pid and psutil.Process(engine).ppid() == app.pid and not gone(engine)
+        command = psutil.Process(engine).cmdline()
+        setup = Path(command[command.index("--setup") + 1])
+        spool = next(Path(f.path) for f in psutil.Process(engine).open_files() if f.path.endswith(".jsonl"))
+        assert not setup.exists()  # read once the model loaded: removed then
         os.kill(app.pid, signal.SIGKILL)
         app.wait(10)
         killed = time.monotonic()
         while not gone(engine) and time.monotonic() - killed < 2.0:
             time.sleep(0.02)
         assert gone(engine), "the engine process outlived the app by 2 s"
+        assert not spool.parent.exists() and not setup.parent.exists()  # a killed app leaves no file behind
     finally:
         if app.poll() is None:
             app.kill()
@@ -206,6 +213,6 @@ async def test_a_loaded_model_that_does_not_pickle_is_handed_over_with_save_pret
         with torch.inference_mode():  # the same weights: this process's model picks the same next token
             logits = loaded.model(torch.tensor([ids])).logits[0, -1]
         assert int(logits.argmax()) == app.latest.chosen.id
-        scratch = app.source.directory / "handover"
-        assert (scratch / "config.json").exists()
-    assert not scratch.exists()  # removed with the app
+        with pytest.raises((pickle.PicklingError, AttributeError)):
+            pickle.dumps(loaded)  # so it went over as save_pretrained files...
+        assert not app.source.directory.exists()  # ...which the engine removed once it had loaded them
