@@ -304,7 +304,7 @@ def main() -> None:
                     f"  ratios: watched/plain {r['watched_over_plain']['median']:.3f}, "
                     f"engine/bare {r['engine_over_bare']['median']:.3f}"
                 )
-            except Exception as error:  # one row failing must not lose the others
+            except Exception as error:  # noqa: BLE001  one row failing must not lose the others
                 result["ratios"][label] = {"error": f"{type(error).__name__}: {error}"}
                 log(f"  FAILED: {type(error).__name__}: {error}")
             del model, plain_model

@@ -37,7 +37,7 @@ def load_theme(path: Path | Traversable) -> Theme:
     try:
         theme = Theme(**data)
         theme.to_color_system()  # parses every colour: a typo fails here, not at run time
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  Theme() raises whatever a bad value makes it raise: said as one line
         raise ThemeFileError(f"{path}: {' '.join(str(exc).split())}") from None
     return theme
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from textual import on, work
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.worker import get_current_worker
@@ -216,7 +217,7 @@ class WatchApp(KvtuiApp):
         self.sub_title = state
         try:
             self.query_one(ChatPane).border_title = f"kvtui · watch · {self.label} · {state}"
-        except Exception:  # not composed yet
+        except NoMatches:  # not composed yet
             pass
 
     # ---- the program's stdin ------------------------------------------------------------------------

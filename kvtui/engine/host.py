@@ -280,7 +280,7 @@ class EngineHost:
             )
             if setup.engine_setup is not None:
                 setup.engine_setup(session)
-        except Exception as exc:  # every load error, said in one line: the app shows it and stays open
+        except Exception as exc:  # noqa: BLE001  every load error, said in one line: the app shows it and stays open
             from .loader import ModelLoadError
             from .session import SessionError
             from .trace import TraceError

@@ -266,7 +266,7 @@ def thread_start_wrapper(where: Callable[[], str]):
         def start(self, *args, **kwargs):
             try:
                 _THREAD_STARTS[self] = where()
-            except Exception:  # never break the program
+            except Exception:  # noqa: BLE001  never break the program
                 pass
             return original(self, *args, **kwargs)
 

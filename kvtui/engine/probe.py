@@ -234,7 +234,7 @@ def _before_forward(probe: _Probe, module, args, kwargs):
     watcher = probe.watcher
     try:
         call = watcher._begin(probe, args, kwargs)
-    except Exception as exc:  # never break the user's program
+    except Exception as exc:  # noqa: BLE001  never break the user's program
         watcher._internal_error("before a forward", exc)
         call = None
     if call is not None:
@@ -250,7 +250,7 @@ def _after_forward(probe: _Probe, token, output) -> None:
         return
     try:
         probe.watcher._finish(call, output)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  never break the user's program
         probe.watcher._internal_error("after a forward", exc)
 
 
@@ -727,7 +727,7 @@ def _copied(handler, original, copy, how: str) -> None:
     watcher, track = handler
     try:
         watcher._copied(track, copy, how, introspect.seq_length(original))
-    except Exception as exc:  # never break the program's copy
+    except Exception as exc:  # noqa: BLE001  never break the program's copy
         watcher._internal_error(f"following a {how}", exc)
 
 
@@ -769,7 +769,7 @@ class _TokenizerRegistry:
                 from transformers import AutoTokenizer
 
                 return AutoTokenizer.from_pretrained(name)
-            except Exception:
+            except Exception:  # noqa: BLE001  a tokenizer that does not load: the watch goes on without one
                 return None
         return None
 
@@ -814,7 +814,7 @@ def _tokenizer_wrapper(name: str, registry: _TokenizerRegistry):
                 if watchers:
                     try:
                         _saw_call(watchers, name, original, tok, args, kwargs, result)
-                    except Exception:  # never break the user's program
+                    except Exception:  # noqa: BLE001  never break the user's program
                         pass
                 return result
             finally:
@@ -971,5 +971,5 @@ def _is_causal_lm(model) -> bool:
         return False
     try:
         return bool(model.can_generate())
-    except Exception:
+    except Exception:  # noqa: BLE001  a model whose can_generate() fails: treated as a causal LM
         return True

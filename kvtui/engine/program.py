@@ -26,7 +26,7 @@ def run_program(target: str, args: list[str], module: bool = False) -> int:
     except KeyboardInterrupt:  # ctrl+c: python prints the traceback and exits 130 (128 + SIGINT)
         traceback.print_exc()
         return 130
-    except BaseException:  # the program's own error: shown as python shows it
+    except BaseException:  # noqa: BLE001  the program's own error: shown as python shows it
         traceback.print_exc()
         return 1
     finally:

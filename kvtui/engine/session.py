@@ -213,7 +213,7 @@ class ChatSession:
             text = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
             )
-        except Exception:  # templates that insist on other roles: no extra stop token
+        except Exception:  # noqa: BLE001  templates that insist on other roles: no extra stop token
             return None
         tail = text[text.rfind(marker) + len(marker) :]
         for token_id in self.tokenizer(tail, add_special_tokens=False)["input_ids"]:
@@ -447,7 +447,7 @@ class ChatSession:
                 introspect.truncate(self.cache, length)
             else:
                 self._recompute(self._tokens[:length])
-        except Exception:  # the cache is beyond repair: start it over from the buffer
+        except Exception:  # noqa: BLE001  the cache is beyond repair: start it over from the buffer
             self._new_cache()
             if self._tokens:
                 self._recompute(self._tokens)

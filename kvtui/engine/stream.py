@@ -244,7 +244,7 @@ def control_gate(
                     try:
                         result = watcher.verify()
                         pipe.send({"type": "verify", "step": watcher.steps, **result})
-                    except Exception as exc:  # a refusal, said in one line
+                    except Exception as exc:  # noqa: BLE001  a refusal, said in one line
                         pipe.send({"type": "notice", "text": f"verify: {exc}", "severity": "error"})
 
         def after_step(self, watcher, snapshot) -> None:

@@ -123,7 +123,7 @@ class StepBuilder:
             tok = self.watcher.tokenizer
             try:
                 text = tok.decode([token_id], skip_special_tokens=False) if tok else f"#{token_id}"
-            except Exception:
+            except Exception:  # noqa: BLE001  a tokenizer that cannot decode this id: shown by its number
                 text = f"#{token_id}"
             self._pieces[token_id] = text
         return text
@@ -136,7 +136,7 @@ class StepBuilder:
             if "\ufffd" in piece and self.watcher.tokenizer is not None:
                 try:
                     raw = self.watcher.tokenizer.convert_ids_to_tokens(token_id)
-                except Exception:
+                except Exception:  # noqa: BLE001  a tokenizer without this id's token: shown by its piece
                     raw = None
             text = self._labels[token_id] = token_text(piece, token_id, raw if isinstance(raw, str) else None)
         return text

@@ -41,7 +41,7 @@ def theme_palette(app: App | None) -> dict[str, str]:
         return palette
     try:
         variables = app.theme_variables or app.get_css_variables()
-    except Exception:  # no theme yet (app not running): keep the defaults
+    except Exception:  # noqa: BLE001  no theme yet (app not running): keep the defaults
         return palette
     for role, name in _ROLE_VARIABLES.items():
         value = variables.get(name)

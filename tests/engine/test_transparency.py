@@ -126,7 +126,7 @@ def _from_kvtui(value) -> bool:
     modules = [type(value).__module__ or ""]
     try:
         modules.append(getattr(value, "__module__", "") or "")
-    except Exception:
+    except Exception:  # noqa: BLE001  an object whose __module__ raises: its type's module is enough
         pass
     owner = getattr(value, "__self__", None)  # a bound method: whose object is it bound to?
     if owner is not None:

@@ -30,7 +30,7 @@ def hub_snapshot_dir(repo_id: str) -> Path | None:
             _raise_exceptions_for_missing_entries=False,
             _raise_exceptions_for_connection_errors=False,
         )
-    except Exception:
+    except Exception:  # noqa: BLE001  a config the hub cache cannot give (offline, missing): not a hub model
         return None
     if not config_file:
         return None
