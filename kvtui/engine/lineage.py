@@ -72,7 +72,7 @@ class Lineage:
     """Every cache seen, by identity; the ids of discarded ones."""
 
     def __init__(self):
-        self._tracks = Registry()
+        self._tracks: Registry[CacheTrack] = Registry()
         self._count = 0
         self.discarded: deque[tuple[str, int | None, tuple[int, ...]]] = deque(maxlen=DISCARDED_KEPT)
 
@@ -125,6 +125,8 @@ class Lineage:
 
     def others(self, track: CacheTrack, model: int | None) -> list[tuple[str, list[int] | tuple[int, ...], bool]]:
         """(name, ids, alive) of the same model's other caches, live and discarded."""
-        live = [(t.name, t.ids(), True) for t in self._tracks.values() if t is not track and t.model == model]
-        gone = [(name, ids, False) for name, owner, ids in self.discarded if owner == model]
-        return live + gone
+        found: list[tuple[str, list[int] | tuple[int, ...], bool]] = [
+            (t.name, t.ids(), True) for t in self._tracks.values() if t is not track and t.model == model
+        ]
+        found += [(name, ids, False) for name, owner, ids in self.discarded if owner == model]
+        return found

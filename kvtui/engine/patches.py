@@ -20,10 +20,12 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import torch
 
 _MISSING = object()
+V = TypeVar("V")  # a Registry's values
 
 
 def compiling() -> bool:
@@ -91,18 +93,18 @@ def defining_class(cls: type, name: str) -> type | None:
 # ---- the wrappers -------------------------------------------------------------------------------------
 
 
-class Registry:
+class Registry(Generic[V]):
     """Objects kvtui watches, by identity, without touching them: id -> (weak ref, value). A dead or
     reused id never matches (the weak ref is checked)."""
 
     def __init__(self):
-        self._items: dict[int, tuple[weakref.ref, object]] = {}
+        self._items: dict[int, tuple[weakref.ref, V]] = {}
 
-    def add(self, obj, value, on_dead: Callable[[], None] | None = None) -> None:
+    def add(self, obj, value: V, on_dead: Callable[[], None] | None = None) -> None:
         """`on_dead`: called when obj is collected (it must only let go of what the value holds)."""
         self._items[id(obj)] = (weakref.ref(obj, on_dead and (lambda _ref: on_dead())), value)
 
-    def get(self, obj):
+    def get(self, obj) -> V | None:
         entry = self._items.get(id(obj))
         if entry is None or entry[0]() is not obj:
             return None
@@ -113,12 +115,12 @@ class Registry:
         if entry is not None and entry[0]() is obj:
             del self._items[id(obj)]
 
-    def prune(self) -> list[object]:
+    def prune(self) -> list[V]:
         """Forget dead objects; return their values."""
         dead = [key for key, (ref, _) in self._items.items() if ref() is None]
         return [self._items.pop(key)[1] for key in dead]
 
-    def values(self) -> list[object]:
+    def values(self) -> list[V]:
         return [value for ref, value in self._items.values() if ref() is not None]
 
     def clear(self) -> None:

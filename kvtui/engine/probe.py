@@ -176,8 +176,8 @@ class _State(threading.local):
 
 
 _STATE = _State()
-_MODELS = Registry()  # watched model -> its _Probe
-_POSITIONS = Registry()  # position module -> (its _Probe, "rotary" | "embedding")
+_MODELS: Registry[_Probe] = Registry()  # watched model -> its _Probe
+_POSITIONS: Registry[tuple[_Probe, str]] = Registry()  # position module -> (its _Probe, "rotary" | "embedding")
 _WATCHERS: list[Watcher] = []  # attached watchers (caches are found through them)
 
 
@@ -746,7 +746,7 @@ class _TokenizerRegistry:
 
     def __init__(self):
         self.loaded: list = []  # weak refs, newest last
-        self._watchers = Registry()  # tokenizer -> [watchers]
+        self._watchers: Registry[list[Watcher]] = Registry()  # tokenizer -> [watchers]
 
     def remember(self, tokenizer) -> None:
         try:

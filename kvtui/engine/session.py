@@ -117,7 +117,9 @@ class ChatSession:
             raise SessionError(refusal)
         self._new_cache()
         self.capacity = introspect.static_capacity(self.cache) if self.cache is not None else None
-        self._compiled = None  # torch.compile(model.forward) for one-token decode steps, built on first use
+        self._compiled: Callable | None = (
+            None  # torch.compile(model.forward) for one-token decode steps, built on first use
+        )
         self.compiles = 0  # graphs compiled so far (the first one included): more than one means recompiles
         self.compile_ms_total = 0.0
         self.diagnostics: list[Diagnostic] = []

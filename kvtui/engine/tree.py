@@ -151,7 +151,7 @@ class _AfterImport:  # a meta path finder (duck-typed: importlib.abc costs ~10 m
             exec_module(module)
             then()
 
-        spec.loader.exec_module = exec_then
+        spec.loader.exec_module = exec_then  # type: ignore[method-assign]  # this one import's loader, this once
         return spec
 
 
