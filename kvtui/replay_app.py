@@ -132,9 +132,7 @@ class ReplayApp(KvtuiApp):
             bar.record(recorded)
             self._time_step(recorded)
         diagnostics = self.replay.diagnostics_through(index)
-        self.post_message(
-            SnapshotReady(snapshot, transcript(snapshot.buffer), diagnostics, running=False, recorded=True)
-        )
+        self.post_message(SnapshotReady(snapshot, self._messages(snapshot), diagnostics, running=False, recorded=True))
         if self._player is None and not quiet:  # stepping: say what happened right after this step
             for event in self.replay.events_at(snapshot.step):
                 failed = event.get("type") == "verify" and not event.get("ok")
@@ -144,6 +142,14 @@ class ReplayApp(KvtuiApp):
                     severity="error" if failed else "information",
                     timeout=6,
                 )
+
+    def _messages(self, snapshot) -> list[dict]:
+        """A chat's transcript; for a watched program (whose output the trace does not hold) the text its
+        cache holds at this step, which is what its next forward attends to."""
+        if self.replay.header.get("mode") != "watch":
+            return transcript(snapshot.buffer)
+        name = snapshot.lineage or "no cache"
+        return [{"role": f"{name} holds", "content": "".join(token.piece for token in snapshot.buffer)}]
 
     def _reuse_text(self, snapshot) -> str:
         if self.replay.header.get("mode") == "watch":  # a watched program's trace: where each forward came from

@@ -284,6 +284,9 @@ async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace,
             assert "at None" not in reuse
             if which == "watched":
                 assert reuse.startswith(f"step {steps} at ")  # where the program's forward came from
+                held = app.messages[0]  # the text the shown step's cache holds (the copy: 5 tokens)
+                assert held["role"].endswith(" holds") and len(held["content"]) > 0
+                assert held["content"] == "".join(t.piece for t in app.latest.buffer)
             else:
                 assert app.messages, "no transcript"
     assert screens[0] == screens[1]
