@@ -8,6 +8,7 @@ import os
 import pickle
 import signal
 import tempfile
+import time
 
 import pytest
 
@@ -27,6 +28,15 @@ def _steps(path) -> list[dict]:
         return [r for r in map(json.loads, handle) if r.get("type") == "step"]
 
 
+def _grown(path, than: int, timeout: float = 30.0) -> list[dict]:
+    """The trace's steps once there are more than `than` (the writer thread may lag the pipe's records)."""
+    deadline = time.monotonic() + timeout
+    while len(steps := _steps(path)) <= than:
+        assert time.monotonic() < deadline, f"{path}: still {len(steps)} steps after {timeout} s"
+        time.sleep(0.05)
+    return steps
+
+
 def test_a_spooled_engine_restarts_into_the_same_trace_and_leaves_no_file(tiny_dir):
     options = AppConfig(options={"max_new_tokens": 3, "threads": 1}).options
     first = EngineSource(EngineSetup(model=str(tiny_dir("llama")), options=options, trace_path=None))
@@ -37,11 +47,11 @@ def test_a_spooled_engine_restarts_into_the_same_trace_and_leaves_no_file(tiny_d
         _until(records, "ready")
         first.command("send", {"text": "hi", "run": True})
         assert _until(records, "state")["error"] is None
-        before = _steps(spool)
-        assert before  # the prefill and the decode steps, written as they happened
         assert not first_files.exists()  # the engine removed its setup once loaded
+        _grown(spool, 0)  # the turn's steps reach the file from the trace writer's thread
         os.kill(first.pid, signal.SIGKILL)  # it dies (as the out-of-memory killer would): the spool stays
         assert _until(records, "process-exit")["code"] == -signal.SIGKILL
+        before = _steps(spool)  # what the dead engine wrote: final
 
         second = first.restarted()
     except BaseException:
@@ -54,8 +64,8 @@ def test_a_spooled_engine_restarts_into_the_same_trace_and_leaves_no_file(tiny_d
         _until(records, "ready")
         second.command("send", {"text": "again", "run": True})
         assert _until(records, "state")["error"] is None
-        after = _steps(spool)
-        assert after[: len(before)] == before and len(after) > len(before)  # appended, not rewritten
+        after = _grown(spool, len(before))
+        assert after[: len(before)] == before  # appended, not rewritten
     finally:
         second.stop()
     assert not spool.exists() and not second.directory.exists()
