@@ -101,8 +101,6 @@ class WatchApp(KvtuiApp):
         self.break_on_alarm = break_on_alarm
         self.ended: int | None = None  # the program's exit code once it ended
         self._prompted = False  # the input took the focus once, at the program's first prompt
-        self.stream_diagnostics: list[Diagnostic] = []
-        self.recomputed = 0  # tokens the program's prefills re-encoded that another cache held
         self.models: list[str] = []  # labels of the models whose steps arrived ("model 1: draft"), in order
         self.model_filter: str | None = None  # show only this model's steps (M cycles); None: all
 
@@ -130,24 +128,20 @@ class WatchApp(KvtuiApp):
     def pump(self) -> None:
         """Read the source's records; steps become snapshots (rebuilt exactly as replay does)."""
         worker = get_current_worker()
-        diagnostics: list[Diagnostic] = []
+        replay = self.replay  # its running totals (alarms, tokens re-encoded) are the ones replay shows
         for record in self.source.records(stop=worker.cancelled_event):
             kind = record.get("type")
             if kind == "step":
-                snapshot = self.replay.add(record)
-                self.recomputed += snapshot.recomputed  # one writer (this worker); the UI reads an int
-                diagnostics.extend(snapshot.diagnostics)
+                snapshot = replay.add(record)
                 if snapshot.model and snapshot.model not in self.models:
                     self.models = [*self.models, snapshot.model]  # a new list: the UI thread reads it whole
                 if self.model_filter is not None and snapshot.model != self.model_filter:
                     continue  # kept in the history; not shown while another model is picked
-                self.post_message(SnapshotReady(snapshot, None, tuple(diagnostics), running=not self.paused))
+                self.post_message(SnapshotReady(snapshot, None, replay.diagnostics, running=not self.paused))
                 continue
-            if kind == "diagnostic":
-                diagnostics.append(Diagnostic(record["code"], record["severity"], record["message"], record["step"]))
-            elif kind == "header":
-                self.replay.header = record
-            self.post_message(StreamEvent(record, tuple(diagnostics) if kind == "diagnostic" else None))
+            if kind in ("diagnostic", "header"):
+                replay.add_record(record)
+            self.post_message(StreamEvent(record, replay.diagnostics if kind == "diagnostic" else None))
 
     def on_stream_event(self, message: StreamEvent) -> None:
         record = message.record
@@ -210,7 +204,7 @@ class WatchApp(KvtuiApp):
         super()._show(snapshot.for_row(self.row) if snapshot is not None else None)
 
     def _reuse_text(self, snapshot) -> str:
-        return program_step_text(snapshot, self.row, self.recomputed)
+        return program_step_text(snapshot, self.row, self.replay.recomputed_through(len(self.replay) - 1))
 
     def _update_title(self) -> None:
         state = "ended" if self.ended is not None else "paused" if self.paused else "running"
