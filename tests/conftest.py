@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# hqq is installed beside the environment (Makefile: HQQ), for the test processes only: a Python the
+# suite starts (a watched program, an engine) does not see it, so does not pay transformers' import of it.
+HQQ_PACKAGES = Path(sys.prefix) / "packages-hqq"
+if HQQ_PACKAGES.is_dir() and str(HQQ_PACKAGES) not in sys.path:
+    sys.path.append(str(HQQ_PACKAGES))
 
 # The embedded SmolLM2 is converted once into this directory, not into the user's real cache;
 # it lives under .cache/ so a local re-run of the suite does not convert again. One directory per
