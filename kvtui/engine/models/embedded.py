@@ -85,8 +85,9 @@ def gguf_read_once() -> Iterator[None]:
     for each of ~400 tensors. Within one conversion the file and the map do not change: build each once."""
     import functools
 
-    import gguf
+    import gguf as gguf_module
 
+    gguf: Any = gguf_module  # its attributes are swapped for the conversion and put back
     real_reader, real_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict[tuple, Any] = {}
 
