@@ -36,4 +36,5 @@ if int(os.environ.get("RANK", "0")) == 0:
     print("tokens:", out_ids)
     print("cache:", cache.get_seq_length(), "tokens,", tuple(cache.layers[0].keys.shape), "per rank")
 if torch.distributed.is_initialized():
+    torch.distributed.barrier()  # every rank done before any tears down (gloo's threads can abort a late one)
     torch.distributed.destroy_process_group()
