@@ -587,20 +587,20 @@ async def _app_turn(app, pilot, stamp_file: Path, prompt: str, refresh_hz: float
     `refresh_hz` patches kvtui.app.REFRESH_HZ for the turn (None: as shipped)."""
     import kvtui.app as app_module
 
-    app._engine("reset")
+    app.driver.command("reset")
     await _wait(lambda: not _engine_busy(app), 30, 0.005)
     mark, decodes = len(read_stamps(stamp_file)), reply_decodes(stamp_file)
     shipped_hz = app_module.REFRESH_HZ
     app_module.REFRESH_HZ = refresh_hz or shipped_hz
-    c0, m0, w0 = time.process_time(), _cpu(app.source.pid), time.perf_counter()
+    c0, m0, w0 = time.process_time(), _cpu(app.driver.source.pid), time.perf_counter()
     try:
-        app._engine("send", prompt)
+        app.driver.command("send", prompt)
         await _wait(lambda: not _engine_busy(app), 600, 0.01)
         await _wait(lambda: app._paint_timer is None, 5, 0.01)
         await pilot.pause()
     finally:
         app_module.REFRESH_HZ = shipped_hz
-    wall, app_cpu, model_cpu = time.perf_counter() - w0, time.process_time() - c0, _cpu(app.source.pid) - m0
+    wall, app_cpu, model_cpu = time.perf_counter() - w0, time.process_time() - c0, _cpu(app.driver.source.pid) - m0
     return Turn(*_decode_span(stamp_file, mark), wall, app_cpu, model_cpu, reply_decodes(stamp_file) - decodes)
 
 

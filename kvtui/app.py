@@ -1,35 +1,34 @@
-"""The Textual app. Widgets render snapshots, nothing else.
+"""The Textual app: one viewer over three sources. Widgets render snapshots, nothing else.
 
-The model runs in the engine process (engine/host.py), never in this interpreter: keys become
-commands on its control pipe, and one thread worker (the pump, group "engine") reads its records,
-rebuilds each step's snapshot and posts it (`post_message` is thread-safe; snapshots coalesce in
-run mode). If the engine process dies, the app says so and R restarts it with the chat so far.
+The app takes its source as an argument (kvtui/drivers): kvtui's own chat in the engine process (the default),
+a watched program, or a trace. The source's worker thread posts snapshots (`post_message` is thread-safe;
+snapshots coalesce in run mode); keys become the source's commands, and a key the source cannot honour is
+dimmed, with the reason in help and in the note a press gives.
 """
 
 from __future__ import annotations
 
-import gc
 import os
-import shutil
-import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from pathlib import Path
 
-from textual import events, on, work
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Footer, Input
-from textual.worker import Worker, WorkerState, get_current_worker
+from textual.worker import Worker, WorkerState
 
-from .engine.remote import RemoteSession, diagnostics_from
-from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult, buffer_record
+from .drivers.base import Driver, ui_cpu
+from .drivers.chat import HISTORY_STEPS, ChatDriver
+from .engine.remote import RemoteSession
+from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult
 from .fmt import printable
+from .messages import Call, SessionState, SnapshotReady
 from .options import AppConfig
 from .themes import DEFAULT_THEME, load_themes
 from .widgets.alarm_line import AlarmLine
@@ -38,7 +37,7 @@ from .widgets.cursor_pane import CursorPane
 from .widgets.diagnostics_pane import DiagnosticsPane
 from .widgets.help_screen import HelpScreen
 from .widgets.layers_pane import LayersPane
-from .widgets.sampler_modal import SamplerModal
+from .widgets.program_input import ProgramInput
 from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 from .widgets.topk_pane import TopKPane
@@ -59,77 +58,14 @@ def spare_cores() -> float | None:
         return None
 
 
-HISTORY_STEPS = 512  # snapshots kept for "jump to step"; older steps live in the trace on disk
+__all__ = ["HISTORY_STEPS", "KvtuiApp", "SessionState", "SnapshotReady"]
+
 PANES = ("buffer", "cursor", "topk", "layers", "diagnostics")
 SESSION_KEPT = "the session is as it was before this action: go on, v verifies it, q quits"
 
 
-# ---- messages from the workers (posted from threads) ---------------------------------------------
-
-
-@dataclass
-class SnapshotReady(Message):
-    snapshot: StepSnapshot
-    messages: list[dict] | None  # None while running between repaints: decoding the reply is O(reply)
-    diagnostics: tuple[Diagnostic, ...]
-    running: bool
-    facts: dict | None = None  # the engine's `session` record just before this step (steps, turn, cache length)
-    recorded: bool = False  # its sparkline point and tok/s sample are counted already (own chat, replay)
-
-    def can_replace(self, message: Message) -> bool:
-        # In run mode only the newest decode snapshot matters: it carries everything a pane needs.
-        # A prefill is kept (the reuse meter reads what it fed), and so is a step that raised an
-        # alarm (the diagnostics pane jumps to it).
-        # Textual asks the queued (older) message whether the next one may supersede it.
-        return isinstance(message, SnapshotReady) and self.snapshot.phase == "decode" and not self.snapshot.diagnostics
-
-
-@dataclass
-class SessionState(Message):
-    """Non-step changes: rewinds to empty, resets, verify results, refusals; the engine's `state` record
-    after each command (`record`: its facts, None for sources that have none)."""
-
-    messages: list[dict]
-    diagnostics: tuple[Diagnostic, ...]
-    note: str = ""
-    severity: str = "information"
-    verify: VerifyResult | None = None
-    record: dict | None = None
-
-
-@dataclass
-class ModelReady(Message):
-    record: dict  # the engine's `ready` record
-
-
-@dataclass
-class EngineExited(Message):
-    """The engine process ended without being asked to (an exception, an out-of-memory kill)."""
-
-    error: str
-
-
-@dataclass
-class LoadProgress(Message):
-    text: str
-    fraction: float | None
-
-
-@dataclass
-class LoadFailed(Message):
-    error: str
-
-
-def _ui_cpu() -> float | None:
-    """CPU seconds the UI (main) thread has used so far; None where the OS cannot tell."""
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(threading.main_thread().ident))
-    except (AttributeError, OSError, TypeError):
-        return None
-
-
 def _ui_ms_since(before: float | None) -> float | None:
-    after = _ui_cpu()
+    after = ui_cpu()
     return None if before is None or after is None else (after - before) * 1000
 
 
@@ -138,30 +74,6 @@ def _load_note(ui_ms: float | None, measured_ms: float) -> str:
     if ui_ms is None or ui_ms < 20 or ui_ms < 0.1 * measured_ms:
         return ""
     return f" (UI busy {ui_ms:.0f} ms meanwhile)"
-
-
-def _verify_result(state: dict) -> VerifyResult | None:
-    verify = state.get("verify")
-    if not verify:
-        return None
-    return VerifyResult(
-        **{**verify, "cached_top": tuple(verify["cached_top"]), "recomputed_top": tuple(verify["recomputed_top"])}
-    )
-
-
-def _exit_reason(code: int | None, stderr: deque) -> str:
-    """Why the engine process ended, in one line: the signal (an out-of-memory kill is SIGKILL) or its error."""
-    import signal
-
-    last = next((line for line in reversed(stderr) if line.strip()), "")
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        oom = " (the out-of-memory killer sends this)" if name == "SIGKILL" else ""
-        return f"killed by {name}{oom}" + (f": {last}" if last else "")
-    return f"exited with code {code}" + (f": {last}" if last else "")
 
 
 class KvtuiApp(App):
@@ -205,37 +117,36 @@ class KvtuiApp(App):
         Binding("q,ctrl+q", "quit", "quit", priority=False),
     ]
 
-    # Actions this app's source cannot do, with why (kvtui's own chat can do them all; a replay or a watched
-    # program cannot rewind, force, ...). See unavailable().
-    UNAVAILABLE: dict[str, str] = {}
-
-    def __init__(self, config: AppConfig | None = None, *, loaded=None, clock=None, loader=None, engine_setup=None):
-        """`config`: a ready AppConfig (the CLI builds and validates it). The rest go to the engine process
-        and must pickle: `loaded`, an already loaded model; `loader`, a function returning one (instead of
-        loading config.model); `clock`, the session's clock; `engine_setup(session)`, called there once
-        the session exists."""
+    def __init__(
+        self,
+        config: AppConfig | None = None,
+        *,
+        source: Driver | None = None,
+        loaded=None,
+        clock=None,
+        loader=None,
+        engine_setup=None,
+    ):
+        """`config`: a ready AppConfig (the CLI builds and validates it). `source`: what the app shows (a
+        TraceDriver, a ProgramDriver); none: kvtui's own chat on config.model, in the engine process, where
+        these go and so must pickle: `loaded`, an already loaded model; `loader`, a function returning one
+        (instead of loading config.model); `clock`, the session's clock; `engine_setup(session)`, called there
+        once the session exists."""
         super().__init__()
         config = config or AppConfig()
         self.config = config
-        self.model_name = config.model
-        self.options = config.options
         self.script_turns = list(config.script.turns) if config.script else []
-        self.trace_path = config.trace_path
-        self.verify_every = config.verify_every
-        self._queued: str | None = None  # a message sent before the model was ready: sent once it is
-        self._load_failed = False
-        self._engine_objects = dict(loaded=loaded, loader=loader, clock=clock, engine_setup=engine_setup)
-        self._clock = clock
-        self.session: RemoteSession | None = None  # the engine's session as its records say; None until ready
-        self.source = None  # the engine process (engine/host.py EngineSource)
-        self._builder = None  # step records -> snapshots; kept across engine restarts (the buffer goes on)
-        self._pending = 0  # commands sent to the engine and not answered yet
-        self._engine_dead: str | None = None  # why the engine process ended, until R restarts it
-        self._quitting = False
+        self.driver: Driver = source or ChatDriver(
+            config, loaded=loaded, clock=clock, loader=loader, engine_setup=engine_setup
+        )
+        self.driver.attach(self)
+        for binding in self.driver.BINDINGS:  # the source's own keys replace the app's (this instance's map)
+            for key in binding.key.split(","):
+                self._bindings.key_to_bindings[key.strip()] = [replace(binding, key=key.strip())]
+        self.session: RemoteSession | None = None  # a live session's facts as its records say (the own chat's)
         self._ui_before_prefill: float | None = None
         self._ui_before_verify: float | None = None
         self.latest: StepSnapshot | None = None
-        self.history: deque[StepSnapshot] = deque(maxlen=HISTORY_STEPS)  # the own chat's newest steps, all
         self.pinned_step: int | None = None
         self.diagnostics: tuple[Diagnostic, ...] = ()
         self.app_diagnostics: list[Diagnostic] = []  # worker errors: the engine never saw them
@@ -296,7 +207,7 @@ class KvtuiApp(App):
         self._apply_layout()
         self.query_one(ChatPane).input.focus()
         self._update_title()
-        self.load_worker()
+        self.driver.start()
 
     def on_resize(self, event) -> None:
         self._apply_layout(event.size)
@@ -321,190 +232,32 @@ class KvtuiApp(App):
         folded = {"layers", "diagnostics"} if height < 32 or self.theme == "kvtui-projector" else set()
         return self.hidden | (folded - self.shown)
 
-    # ---- the engine process -------------------------------------------------------------------------
+    # ---- the source -------------------------------------------------------------------------------
 
-    def load_worker(self) -> None:
-        """Start the engine process; it loads the model and streams its progress."""
-        self.pump()
+    @classmethod
+    def replay(cls, trace_path: Path, theme_name: str | None = None, *, follow: bool = False) -> KvtuiApp:
+        """`kvtui replay [--follow] TRACE` (a TraceError, file:line, before any screen unless following)."""
+        from .drivers.trace import TraceDriver
+
+        config = AppConfig(theme=theme_name) if theme_name else AppConfig()
+        return cls(config, source=TraceDriver(trace_path, follow=follow))
+
+    @classmethod
+    def watch(cls, target: str | None = None, args: list[str] | None = None, *, theme_name=None, **how) -> KvtuiApp:
+        """`kvtui watch`: a program to start (`target`, `args`, module=...) or a started source=... (drivers/
+        program.py ProgramDriver takes the rest)."""
+        from .drivers.program import ProgramDriver
+
+        config = AppConfig(theme=theme_name) if theme_name else AppConfig()
+        return cls(config, source=ProgramDriver(target, args, **how))
 
     @property
     def engine_busy(self) -> bool:
-        """A command is still running in the engine (or on its way there)."""
-        return self._pending > 0
+        """A command is still running at the source (or on its way there)."""
+        return self.driver.busy
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
-    def pump(self, restore: dict | None = None) -> None:
-        """Start the engine process and turn its records into messages, until it ends."""
-        from .engine.host import EngineSetup, EngineSource
-        from .engine.replay import SnapshotBuilder
-        from .engine.stream import ListCopy
-
-        worker = get_current_worker()
-        try:
-            if self.source is None:
-                trace = str(self.trace_path) if self.trace_path is not None else None  # None: the source spools
-                setup = EngineSetup(self.model_name, self.options, trace, self.verify_every, **self._engine_objects)
-                source = EngineSource(setup)
-            else:  # R after the engine died: the next process appends to the same trace
-                source = self.source.restarted(restore)
-        except Exception as exc:  # noqa: BLE001  a model object that neither pickles nor saves, a full disk
-            self.post_message(
-                LoadFailed(f"could not hand the model to the engine process: {type(exc).__name__}: {exc}")
-            )
-            return
-        self.source = source
-        if self._builder is None:
-            self._builder = SnapshotBuilder("engine")
-        builder = self._builder
-        diagnostics: tuple[Diagnostic, ...] = ()
-        messages = facts = None
-        chat, alarms = ListCopy(), ListCopy()  # the engine sends both as what changed
-        errors: deque[str] = deque(maxlen=20)
-        failed = False
-        for record in source.records(stop=worker.cancelled_event):
-            kind = record.get("type")
-            if kind == "session":
-                facts = record
-                messages = chat.update(record, "messages")
-                if alarms.update(record, "diagnostics") is not None:
-                    diagnostics = diagnostics_from(alarms.items)
-            elif kind == "step":
-                snapshot = builder.add(record)
-                self.history.append(snapshot)  # every step, here: a repaint may coalesce the messages below
-                self._status_bar.record(snapshot)  # deque appends; the UI thread reads copies when it paints
-                self._time_step(snapshot)
-                self.post_message(
-                    SnapshotReady(
-                        snapshot, messages, diagnostics, bool(facts and facts["running"]), facts, recorded=True
-                    )
-                )
-                messages = facts = None
-            elif kind == "state":
-                chat.update(record, "messages")
-                alarms.update(record, "diagnostics")
-                diagnostics = diagnostics_from(alarms.items)
-                self.post_message(
-                    SessionState(
-                        chat.items,
-                        diagnostics,
-                        record.get("note", ""),
-                        record.get("severity", "information"),
-                        _verify_result(record),
-                        record,
-                    )
-                )
-            elif kind == "progress":
-                self.post_message(LoadProgress(record["text"], record.get("fraction")))
-            elif kind == "ready":
-                self.post_message(ModelReady(record))
-            elif kind == "load-failed":
-                failed = True
-                self.post_message(LoadFailed(record["error"]))
-            elif kind == "output" and record["stream"] == "stderr" and record["text"].strip():
-                errors.append(record["text"])
-            elif kind == "process-exit" and not failed and not self._quitting:
-                self.post_message(EngineExited(_exit_reason(record["code"], errors)))
-
-    def on_load_progress(self, message: LoadProgress) -> None:
-        share = f" {message.fraction:.0%}" if message.fraction is not None else ""
-        self.query_one(StatusBar).set_text(f"⏳ {message.text}{share}")
-
-    def on_model_ready(self, message: ModelReady) -> None:
-        restarted = self._engine_dead is not None
-        self._engine_dead = None
-        self.session = RemoteSession(message.record)
-        if self.latest is not None:
-            self.session.buffer = self.latest.buffer
-        self.model_text = self.session.description
-        self.query_one(StatusBar).set_text(self.model_text)
-        self.query_one(LayersPane).set_model_info(self.session.query_heads, self.session.kv_heads)
-        # What exists now (Textual, the panes, a `loaded=` model) lives as long as the app: out of the cyclic
-        # collector's scans, whose full passes over it would take CPU from the engine while it runs.
-        gc.collect()
-        gc.freeze()
-        if restarted:
-            return  # the restore command was queued with the start: its state says what happened
-        self._show_next_script_turn()
-        if self._queued is not None:  # typed while the model loaded: send it now
-            text, self._queued = self._queued, None
-            self.notify(f"model ready: sending {text!r}", timeout=3)
-            self._engine("send", text)
-        else:
-            self.notify("model ready: type a message and press Enter", timeout=3)
-
-    def on_load_failed(self, message: LoadFailed) -> None:
-        self._load_failed = True
-        self._pending = 0  # a restore queued with a restart that could not load
-        if self._queued is not None:
-            self.notify(f"not sent (no model): {self._queued!r}", severity="warning", timeout=10)
-            self._queued = None
-        self.model_text = f"no model: {message.error}"
-        self.query_one(StatusBar).set_text(f"✗ {message.error}")
-        self.notify(
-            f"{message.error}\nq quits; fix the model or the options and start kvtui again",
-            title="model not loaded",
-            severity="error",
-            timeout=30,
-        )
-
-    def on_engine_exited(self, message: EngineExited) -> None:
-        self._engine_dead = message.error
-        self._pending = 0
-        self.query_one(StatusBar).set_text(f"✗ engine stopped: {message.error} · R restarts it")
-        self._worker_error(
-            f"engine process: {message.error}",
-            message.error,
-            "R restarts the engine and replays the chat so far into a fresh cache; q quits",
-            "the engine process died",
-            timeout=30,
-        )
-
-    def action_restart_engine(self) -> None:
-        """R: a fresh engine process; the chat so far is fed into its new cache in one forward."""
-        if self._engine_dead is None:
-            self.notify("the engine is running: R restarts it only after it stopped", timeout=3)
-            return
-        restore = None
-        if self.session is not None:
-            tokens = self.latest.buffer if self.latest is not None else ()
-            restore = {"tokens": buffer_record(tokens)["tokens"], "state": self.session.restorable}
-        self.session = None
-        self._pending = 1 if restore else 0
-        self.query_one(StatusBar).set_text("⏳ restarting the engine")
-        self.pump(restore)
-
-    # ---- engine commands ---------------------------------------------------------------------------
-
-    def _engine(self, action: str, argument=None) -> None:
-        if self.session is None and action == "send" and not self._load_failed and self._engine_dead is None:
-            replaced = " (replaces the one queued before)" if self._queued is not None else ""
-            self._queued = argument
-            self.notify(f"queued {argument!r}{replaced}: it is sent when the model is ready", timeout=4)
-            return
-        if self._engine_dead is not None:
-            self.notify(f"the engine process stopped ({self._engine_dead}): R restarts it", severity="warning")
-            return
-        if self.session is None:
-            self.notify(
-                "the model is not loaded yet" if "✗" not in self.model_text else self.model_text, severity="warning"
-            )
-            return
-        run = not self.step_mode
-        if action == "send":
-            self._ui_before_prefill = self._ui_cpu_now()
-            argument = {"text": argument, "run": run}
-        elif action == "force":
-            argument = {"id": argument, "run": run}
-        elif action == "sampler":
-            argument = asdict(argument)
-        elif action == "verify":
-            self._ui_before_verify = self._ui_cpu_now()
-        self._pending += 1
-        self.source.command(action, argument)
-
-    def _ui_cpu_now(self) -> float | None:
-        # with an injected clock (tests, screenshots) every timing is fake: no real load note either
-        return None if self._clock is not None else _ui_cpu()
+    def on_call(self, message: Call) -> None:
+        message.callback(*message.args)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR:
@@ -589,10 +342,7 @@ class KvtuiApp(App):
     def on_session_state(self, message: SessionState) -> None:
         self.messages, self.diagnostics = message.messages, message.diagnostics
         record = message.record or {}
-        if record.get("done"):
-            self._pending = max(0, self._pending - 1)
-        if self.session is not None and record:
-            self.session.update(record)
+        self.driver.state(record)
         if message.verify is not None:
             self._last_verify = message.verify
             if self._ui_before_verify is not None:
@@ -613,6 +363,7 @@ class KvtuiApp(App):
             self._show(None)
 
     def _show(self, snapshot: StepSnapshot | None) -> None:
+        snapshot = self.driver.shown(snapshot)
         for pane in (TokenBufferPane, CursorPane, LayersPane, TopKPane):
             self.query_one(pane).show(snapshot)
         buffer_pane = self.query_one(TokenBufferPane)  # the selection may have moved (tail, rewind): O(1)
@@ -625,9 +376,10 @@ class KvtuiApp(App):
         chat.show_messages(self.messages)
         snapshot = self.latest
         if snapshot is not None:
-            chat.show_reuse(self._reuse_text(snapshot))
+            text = self.driver.reuse_text(snapshot)
+            chat.show_reuse(text if text is not None else self._reuse_meter(snapshot))
 
-    def _reuse_text(self, snapshot: StepSnapshot) -> str:
+    def _reuse_meter(self, snapshot: StepSnapshot) -> str:
         """The reuse meter: what this turn took from the cache, what it fed, what a re-encode would cost."""
         prefill = self._prefill
         if prefill is None or prefill.turn != snapshot.turn:
@@ -671,7 +423,7 @@ class KvtuiApp(App):
             return
         event.input.value = ""
         self.pinned_step = None
-        self._engine("send", text)
+        self.driver.command("send", text)
         self.query_one(TokenBufferPane).focus()
         self._show_next_script_turn()
 
@@ -680,7 +432,7 @@ class KvtuiApp(App):
         if not self.script_turns:
             return
         self.pinned_step = None
-        self._engine("send", self.script_turns.pop(0))
+        self.driver.command("send", self.script_turns.pop(0))
         self._show_next_script_turn()
 
     def _show_next_script_turn(self) -> None:
@@ -696,7 +448,7 @@ class KvtuiApp(App):
     def unavailable(self, action: str) -> str | None:
         """Why `action` cannot run on this app's source (None: it can). Such a key is dimmed in the footer,
         its reason is listed in help, and pressing it says the reason and changes nothing."""
-        return self.UNAVAILABLE.get(action)
+        return self.driver.unavailable(action)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return None if self.unavailable(action) is not None else True  # None: shown disabled
@@ -713,17 +465,16 @@ class KvtuiApp(App):
                 return
 
     def action_focus_input(self) -> None:
-        self.query_one(ChatPane).input.focus()
+        self.driver.focus_input()
 
     def action_step(self) -> None:
-        self._engine("step")
+        self.driver.command("step")
 
     def action_run(self) -> None:
-        self._engine("run")
+        self.driver.command("run")
 
     def action_pause(self) -> None:
-        if self.source is not None:
-            self.source.command("pause")  # answered by the engine's control thread, mid-turn
+        self.driver.pause()
 
     def action_stop(self) -> None:
         if isinstance(self.focused, Input):
@@ -732,37 +483,37 @@ class KvtuiApp(App):
         if self.pinned_step is not None:
             self.action_live()
             return
-        self.action_pause()
+        self.driver.stop_turn()
 
     def action_rewind(self) -> None:
-        self._engine("rewind", 1)
+        self.driver.command("rewind", 1)
 
     def action_rewind_to(self) -> None:
         index = self.query_one(TokenBufferPane).selected_index
         if index is None:
             self.notify("select a token in the buffer first (arrows or click)", severity="warning")
             return
-        self._engine("rewind_to", index)
+        self.driver.command("rewind_to", index)
 
     def action_force(self) -> None:
         token_id = self.query_one(TopKPane).selected_token_id
         if token_id is None:
             self.notify("select a token in the top-k pane first", severity="warning")
             return
-        self._engine("force", token_id)
+        self.driver.command("force", token_id)
 
     @on(TopKPane.Force)
     def force_from_pane(self, message: TopKPane.Force) -> None:
-        self._engine("force", message.token_id)
+        self.driver.command("force", message.token_id)
 
     def action_verify(self) -> None:
-        self._engine("verify")
+        self.driver.command("verify")
 
     def action_export_cache(self) -> None:
-        self._engine("export")
+        self.driver.command("export")
 
     def action_reset(self) -> None:
-        self._engine("reset")
+        self.driver.command("reset")
 
     def watch_step_mode(self) -> None:
         self._update_title()
@@ -774,40 +525,60 @@ class KvtuiApp(App):
         )
 
     def _update_title(self) -> None:
-        self.sub_title = "step mode" if self.step_mode else "run mode"
+        self.sub_title, border = self.driver.title()
         try:
-            self.query_one(ChatPane).border_title = f"{self.title} · {self.sub_title}"
+            self.query_one(ChatPane).border_title = border
         except NoMatches:  # not composed yet: on_mount sets it
             pass
 
     def action_sampler(self) -> None:
-        if self.session is None:
-            self.notify("the model is not loaded yet", severity="warning")
-            return
-
-        def apply(settings) -> None:
-            if settings is not None:
-                self._engine("sampler", settings)
-
-        self.push_screen(SamplerModal(self.session.sampler), apply)
+        self.driver.sampler()
 
     @on(LayersPane.LayerSelected)
     def layer_selected(self, message: LayersPane.LayerSelected) -> None:
         self.query_one(TokenBufferPane).selected_layer = message.index
-        if self.session is not None:
-            self.source.command("attention", message.index)  # an int swap there, read at the next forward
+        self.driver.attention(message.index)
 
     def action_watch(self) -> None:
         token = self.query_one(TopKPane).selected_token
-        if token is None or self.session is None:
+        if token is None:
             self.notify("select a token in the top-k pane first", severity="warning")
             return
-        self.source.command("watch", token.id)  # a tuple swap there, between two forwards; recorded
-        self.notify(f"watching {token.text!r} (id {token.id}): its rank shows in top-k from the next step", timeout=4)
+        self.driver.watch(token)
+
+    def action_restart_engine(self) -> None:
+        self.driver.restart()
+
+    # keys only some sources bind (their BINDINGS): the source does what they say
+    def action_break_on_alarm(self) -> None:
+        self.driver.toggle_break_on_alarm()  # type: ignore[attr-defined]
+
+    def action_next_row(self) -> None:
+        self.driver.next_row()  # type: ignore[attr-defined]
+
+    def action_next_model(self) -> None:
+        self.driver.next_model()  # type: ignore[attr-defined]
+
+    # a program's stdin (drivers/program.py mounts the input line)
+    @on(ProgramInput.Line)
+    def send_line(self, message: ProgramInput.Line) -> None:
+        self.driver.send_line(message.text)  # type: ignore[attr-defined]
+
+    @on(ProgramInput.EndInput)
+    def end_input(self) -> None:
+        self.driver.end_input()  # type: ignore[attr-defined]
+
+    @on(ProgramInput.Interrupt)
+    def interrupt_program(self) -> None:
+        self.driver.interrupt()  # type: ignore[attr-defined]
+
+    @on(ProgramInput.Leave)
+    def leave_input(self) -> None:
+        self.query_one(TokenBufferPane).focus()
 
     @on(DiagnosticsPane.JumpTo)
     def jump_to(self, message: DiagnosticsPane.JumpTo) -> None:
-        found = self._find_step(message.step)
+        found = self.driver.find_step(message.step)
         if found is None:
             self.notify(
                 f"step {message.step} is older than the last {HISTORY_STEPS} kept in memory (it is in the trace)",
@@ -817,9 +588,6 @@ class KvtuiApp(App):
         self.pinned_step = message.step
         self._show(found)
         self.notify(f"showing step {message.step}: press g (or Esc) to go back to the live step", timeout=5)
-
-    def _find_step(self, step: int) -> StepSnapshot | None:
-        return next((s for s in list(self.history) if s.step == step), None)  # list(): one C call, the pump appends
 
     def action_live(self) -> None:
         self.pinned_step = None
@@ -835,7 +603,9 @@ class KvtuiApp(App):
         self._apply_layout()
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(self.BINDINGS, self.unavailable))
+        own = {key.strip() for binding in self.driver.BINDINGS for key in binding.key.split(",")}
+        kept = [b for b in self.BINDINGS if not own & {key.strip() for key in b.key.split(",")}]
+        self.push_screen(HelpScreen([*self.driver.BINDINGS, *kept], self.unavailable))
 
     def action_next_theme(self) -> None:
         names = sorted(self._themes)
@@ -844,39 +614,22 @@ class KvtuiApp(App):
         self.notify(f"theme: {self.theme}", timeout=2)
 
     def action_save_trace(self) -> None:
-        if self.session is None and self.latest is None:
-            self.notify("nothing recorded yet", severity="warning")
-            return
-        if self.trace_path is not None:
-            self.notify(f"the trace is being written to {self.trace_path}", timeout=5)
-            return
-        target = Path.cwd() / f"kvtui-trace-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-        try:
-            partial = target.with_suffix(".jsonl.part")
-            shutil.copyfile(self.source.trace_path, partial)
-            os.replace(partial, target)  # never a half-written trace under the real name
-        except OSError as exc:
-            self.notify(f"could not save the trace to {target}: {exc}", severity="error")
-            return
-        self.notify(f"trace saved to {target}", timeout=6)
+        self.driver.save_trace()
 
     def action_screenshot(self) -> None:
         path = self.save_screenshot()
         self.notify(f"screenshot saved to {path}", timeout=6)
 
     async def action_quit(self) -> None:
-        """Quit at any moment: the engine finishes its forward, closes the trace and exits, then the app."""
+        """Quit at any moment: the source ends first (the engine finishes its forward and closes its trace; a
+        watched program and whatever it started are stopped), then the app."""
         import asyncio
 
-        self._quitting = True
-        if self.source is not None:
-            await asyncio.to_thread(self.source.stop)
-        self.workers.cancel_group(self, "engine")
+        await asyncio.to_thread(self.driver.stop)
+        self.workers.cancel_node(self)
         self.exit()
 
     def on_unmount(self) -> None:
-        self._quitting = True
         if self._paint_timer is not None:
             self._paint_timer.stop()
-        if self.source is not None:
-            self.source.stop()  # at once when it is gone already; else it closes its trace first; its files go
+        self.driver.stop()  # at once when it has ended already

@@ -243,9 +243,9 @@ def replay(trace_path, theme, follow):
     if follow and not trace_path.is_file():
         raise click.BadParameter(f"{trace_path}: no such trace file (yet)", param_hint="TRACE_PATH")
     try:
-        from .replay_app import ReplayApp
+        from .app import KvtuiApp
 
-        app = ReplayApp(trace_path, theme_name=theme, follow=follow)
+        app = KvtuiApp.replay(trace_path, theme_name=theme, follow=follow)
     except TraceError as exc:
         _bad_input(str(exc))
     app.run()

@@ -100,9 +100,9 @@ def watch(
             raise click.BadParameter(theme_error(theme), param_hint="--theme")
     if headless:
         sys.exit(run_headless(target, list(args), module, trace_path, fail_on, show_top))
-    from ..watch_app import WatchApp
+    from ..app import KvtuiApp
 
-    app = WatchApp(
+    app = KvtuiApp.watch(
         target,
         list(args),
         module=module,
@@ -166,9 +166,9 @@ def run_tree_tui(
 ) -> int:
     """The watch TUI over a command's tree: every watched process's steps in one timeline (M picks one
     process), pause / step / run / break on alarm for all of them at once, the command's output and stdin."""
+    from ..app import KvtuiApp
     from ..engine.tree_source import TreeSource
     from ..themes import theme_error
-    from ..watch_app import WatchApp
 
     if theme_error(theme):
         raise click.BadParameter(theme_error(theme), param_hint="--theme")
@@ -179,7 +179,7 @@ def run_tree_tui(
     except (OSError, ValueError) as error:
         click.echo(f"kvtui watch: {command}: cannot run: {getattr(error, 'strerror', None) or error}", err=True)
         return 2
-    app = WatchApp(
+    app = KvtuiApp.watch(
         source=source,
         title=" ".join([command, *args]),
         paused=paused,

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
+from kvtui.app import KvtuiApp
 from kvtui.engine.replay import Replay
 from kvtui.engine.trace import TraceError, read_trace
-from kvtui.replay_app import ReplayApp
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
 
@@ -195,8 +195,8 @@ async def test_the_replay_app_says_the_recording_was_interrupted(killed_trace, t
     monkeypatch.setattr(loader, "load_model", no_model)
     finished = killed_trace.read_bytes().split(b"\n")[:-1]
     cut = _write(tmp_path / "cut.jsonl", cut_cases(finished)["half a step line"])
-    app = ReplayApp(cut)
-    steps = len(app.replay)
+    app = KvtuiApp.replay(cut)
+    steps = len(app.driver.replay)
     async with app.run_test(size=(140, 45)) as pilot:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
@@ -207,7 +207,7 @@ async def test_the_replay_app_says_the_recording_was_interrupted(killed_trace, t
         notes = [str(n.message) for n in app._notifications]
         assert notes.count(f"the recording was interrupted: {steps} finished steps") == 1, notes
 
-    complete = ReplayApp(_write(tmp_path / "whole.jsonl", b"".join(line + b"\n" for line in finished)))
+    complete = KvtuiApp.replay(_write(tmp_path / "whole.jsonl", b"".join(line + b"\n" for line in finished)))
     async with complete.run_test(size=(140, 45)) as pilot:
         await pilot.pause(0.3)
         assert not any("interrupted" in str(n.message) for n in complete._notifications)

@@ -114,7 +114,7 @@ def measure(app, before: frozenset[int] = frozenset()) -> dict:
         "orphans": sum(kinds.values()),
         "orphan_kinds": dict(kinds),
         "tensors": sum(1 for o in objects if issubclass(type(o), torch.Tensor)),
-        "history": len(app.history),
+        "history": len(app.driver.history),
     }
 
 
@@ -173,8 +173,8 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
 
     async with app.run_test(size=(140, 45)) as pilot:
         await wait_for(pilot, lambda: app.session is not None, 60, "the model to load")
-        spool = app.source.trace_path
-        assert app.source.spooled and spool.exists()
+        spool = app.driver.source.trace_path
+        assert app.driver.source.spooled and spool.exists()
         app.step_mode = True  # Enter only prefills; "r" runs the turn
         chat_input = app.query_one("#message", Input)
         chat_input.focus()
@@ -191,8 +191,8 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
         assert steps >= STEPS and app.latest.step == steps
 
         # the history and the sparklines are capped; the trace spool holds every step
-        assert app.history.maxlen == HISTORY_STEPS and len(app.history) == HISTORY_STEPS
-        kept = [s.step for s in app.history]  # every step: repaints coalesce, the history does not
+        assert app.driver.history.maxlen == HISTORY_STEPS and len(app.driver.history) == HISTORY_STEPS
+        kept = [s.step for s in app.driver.history]  # every step: repaints coalesce, the history does not
         assert kept == list(range(steps - HISTORY_STEPS + 1, steps + 1))
         bar = app.query_one(StatusBar)
         for points in (bar.latency, bar.cache_size):

@@ -26,7 +26,7 @@ async def start(pilot, app, text="What is k?", step_mode=True):
     """Wait for the model, then send `text` from the input (step mode: only the prefill runs)."""
     from textual.widgets import Input
 
-    await wait_for(pilot, lambda: app.session is not None or app._load_failed, what="the model to load")
+    await wait_for(pilot, lambda: app.session is not None or app.driver.load_failed, what="the model to load")
     assert app.session is not None, app.model_text
     app.step_mode = step_mode
     chat_input = app.query_one("#message", Input)

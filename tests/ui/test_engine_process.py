@@ -215,4 +215,4 @@ async def test_a_loaded_model_that_does_not_pickle_is_handed_over_with_save_pret
         assert int(logits.argmax()) == app.latest.chosen.id
         with pytest.raises((pickle.PicklingError, AttributeError)):
             pickle.dumps(loaded)  # so it went over as save_pretrained files...
-        assert not app.source.directory.exists()  # ...which the engine removed once it had loaded them
+        assert not app.driver.source.directory.exists()  # ...which the engine removed once it had loaded them

@@ -22,7 +22,7 @@ async def test_exception_at_load_is_said_and_q_quits():
 
     app = KvtuiApp(AppConfig(model="whatever"), loader=broken_load)  # raises in the engine process
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app._load_failed, what="the load failure")
+        await wait_for(pilot, lambda: app.driver.load_failed, what="the load failure")
         await pilot.pause(0.2)
         assert "RuntimeError: disk on fire" in app.query_one(StatusBar).model_text
         assert any("disk on fire" in n and "q quits" in n for n in notices(app))

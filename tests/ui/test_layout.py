@@ -98,12 +98,10 @@ async def test_watch_primed_pads_shows_the_cause_at_160x48(tiny_dir):
     scrolling, selected and shown in full, with every other alarm group beside it."""
     from pathlib import Path
 
-    from kvtui.watch_app import WatchApp
-
     program = Path(__file__).resolve().parents[2] / "samples" / "programs" / "primed_pads.py"
-    app = WatchApp(str(program), [str(tiny_dir("llama"))])
+    app = KvtuiApp.watch(str(program), [str(tiny_dir("llama"))])
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: app.ended is not None, 120, "the program to end")
+        await wait_for(pilot, lambda: app.driver.ended is not None, 120, "the program to end")
         await pilot.pause(0.5)
         codes = [d.code for d in app.diagnostics]
         assert {"pad-in-cache", "ignored-argument", "cursor-mismatch"} <= set(codes), codes

@@ -104,7 +104,7 @@ async def test_every_tui_action_is_recorded_and_replayed(tiny_loaded, tmp_path):
         await pilot.press("w")  # watch the second candidate
         await pilot.press("f")  # force it
         await wait_idle(pilot, app)
-        app._engine("sampler", SamplerSettings(temperature=0.5, top_k=5, seed=3))
+        app.driver.command("sampler", SamplerSettings(temperature=0.5, top_k=5, seed=3))
         await wait_idle(pilot, app)
         await pilot.press("v")
         await wait_idle(pilot, app)

@@ -14,12 +14,11 @@ import threading
 import pytest
 from rich.console import Console
 
+from kvtui.app import KvtuiApp
 from kvtui.engine.session import ChatSession, SessionConfig
 from kvtui.engine.snapshot import buffer_record
 from kvtui.engine.stream import format_command
 from kvtui.engine.trace import TraceWriter, header_record
-from kvtui.replay_app import ReplayApp
-from kvtui.watch_app import WatchApp
 from kvtui.widgets.token_buffer import TokenBufferPane
 from pilot_helpers import wait_for
 
@@ -156,28 +155,30 @@ def refused_first(keys: dict[str, str]) -> list[str]:
 
 
 async def test_every_key_in_a_replay_works_or_says_why_it_cannot(trace):
-    app = ReplayApp(trace)
+    app = KvtuiApp.replay(trace)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.latest is not None, what="the first recorded step")
         app.query_one(TokenBufferPane).focus()
         await pilot.press("r")  # play to the end: every pane filled
-        await wait_for(pilot, lambda: app.position == len(app.replay) - 1, timeout=20, what="the last step")
+        await wait_for(
+            pilot, lambda: app.driver.position == len(app.driver.replay) - 1, timeout=20, what="the last step"
+        )
         wrong = []
         for key in refused_first(REPLAY_KEYS):
-            position = app.position
+            position = app.driver.position
             if key == "backspace":  # rewind to a selected token: select one first
                 app.query_one(TokenBufferPane).select(2)
             wrong.append(await press_and_check(app, pilot, key, REPLAY_KEYS[key]))
             if REPLAY_KEYS[key] == "works":
-                await wait_for(pilot, lambda before=position: app.position < before, what=f"a step back ({key})")
-                assert app.latest.step == app.replay.snapshots[app.position].step
+                await wait_for(pilot, lambda before=position: app.driver.position < before, what=f"a step back ({key})")
+                assert app.latest.step == app.driver.replay.snapshots[app.driver.position].step
         assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
 
 
 async def test_help_lists_why_a_replay_key_is_disabled(trace):
     from kvtui.widgets.help_screen import HelpScreen
 
-    app = ReplayApp(trace)
+    app = KvtuiApp.replay(trace)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.latest is not None, what="the first recorded step")
         await pilot.press("question_mark")
@@ -196,10 +197,10 @@ def trace_records(path) -> list[dict]:
 
 async def test_every_key_on_a_watched_program_works_or_says_why_it_cannot(trace):
     source = FakeProgram(trace_records(trace))
-    app = WatchApp(source=source, title="fake program")
+    app = KvtuiApp.watch(source=source, title="fake program")
     async with app.run_test(size=SIZE) as pilot:
         steps = sum(1 for r in source._records if r["type"] == "step")
-        await wait_for(pilot, lambda: app.latest is not None and len(app.replay) == steps, what="every step")
+        await wait_for(pilot, lambda: app.latest is not None and len(app.driver.replay) == steps, what="every step")
         app.query_one(TokenBufferPane).focus()
         app.query_one(TokenBufferPane).select(2)
         wrong = []
@@ -217,19 +218,19 @@ async def test_every_key_on_a_watched_program_works_or_says_why_it_cannot(trace)
 
 async def test_every_key_on_a_followed_trace_works_or_says_why_it_cannot(trace):
     """replay --follow is replay: the same keys, the same reasons."""
-    app = ReplayApp(trace, follow=True)
+    app = KvtuiApp.replay(trace, follow=True)
     async with app.run_test(size=SIZE) as pilot:
         steps = sum(1 for r in trace_records(trace) if r["type"] == "step")
         await wait_for(pilot, lambda: app.latest is not None and app.latest.step == steps, 30, "every step")
         app.query_one(TokenBufferPane).focus()
         wrong = []
         for key in refused_first(REPLAY_KEYS):
-            position = app.position
+            position = app.driver.position
             if key == "backspace":
                 app.query_one(TokenBufferPane).select(2)
             wrong.append(await press_and_check(app, pilot, key, REPLAY_KEYS[key]))
             if REPLAY_KEYS[key] == "works":
-                await wait_for(pilot, lambda before=position: app.position < before, what=f"a step back ({key})")
+                await wait_for(pilot, lambda before=position: app.driver.position < before, what=f"a step back ({key})")
         assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
 
 
@@ -268,13 +269,16 @@ async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace,
     steps = sum(1 for r in trace_records(path) if r["type"] == "step")
     screens = []
     for follow in (False, True):
-        app = ReplayApp(path, follow=follow)
+        app = KvtuiApp.replay(path, follow=follow)
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda app=app: app.latest is not None, 30, "the first step")
             if not follow:
                 await pilot.press("r")
             await wait_for(
-                pilot, lambda app=app: len(app.replay) == steps and app.position == steps - 1, 30, "the last step"
+                pilot,
+                lambda app=app: len(app.driver.replay) == steps and app.driver.position == steps - 1,
+                30,
+                "the last step",
             )
             await settled(app, pilot)
             app.clear_notifications()
@@ -290,3 +294,22 @@ async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace,
             else:
                 assert app.messages, "no transcript"
     assert screens[0] == screens[1]
+
+
+def test_one_app_class_every_source_an_argument():
+    """The three sources are arguments of one KvtuiApp, not subclasses overriding its private methods."""
+    import importlib
+    import pkgutil
+
+    import kvtui
+
+    for module in pkgutil.walk_packages(kvtui.__path__, "kvtui."):
+        if not module.name.startswith(("kvtui.data", "kvtui.engine")):
+            importlib.import_module(module.name)
+    assert KvtuiApp.__subclasses__() == []
+    from kvtui.drivers.chat import ChatDriver
+    from kvtui.drivers.program import ProgramDriver
+    from kvtui.drivers.trace import TraceDriver
+
+    assert {type(KvtuiApp().driver), type(KvtuiApp.watch("x.py").driver)} == {ChatDriver, ProgramDriver}
+    assert TraceDriver.__mro__[1] is ProgramDriver.__mro__[1] is ChatDriver.__mro__[1]  # drivers.base.Driver

@@ -1,0 +1,319 @@
+"""`kvtui watch SCRIPT` (and `-m MODULE`, `-- COMMAND`): the panes on a live stream of step records. The source
+(a program in a child process, a command's tree of processes) is an argument: its records are read in a worker
+thread, and keys send it commands (pause, step, run, ...). A trace, finished or still being written, is
+TraceDriver's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from textual.binding import Binding
+from textual.screen import ModalScreen
+from textual.worker import get_current_worker
+
+from ..engine.replay import Replay
+from ..engine.snapshot import Diagnostic, StepSnapshot
+from ..engine.trace import Trace
+from ..fmt import printable
+from ..messages import Call, SnapshotReady
+from ..widgets.chat_pane import ChatPane, program_step_text
+from ..widgets.program_input import ProgramInput
+from ..widgets.program_output import ProgramOutput
+from ..widgets.status_bar import StatusBar
+from ..widgets.token_buffer import TokenBufferPane
+from .base import Driver
+
+# Keys kvtui's own chat has and a watched program's stream cannot honour (by action name), with why.
+OBSERVE_ONLY = {
+    "send": "a watched program writes its own prompts: kvtui only observes its forwards",
+    "rewind": "rewinding would change the program's cache behind its back: kvtui only observes",
+    "rewind_to": "rewinding would change the program's cache behind its back: kvtui only observes",
+    "force": "forcing a token would change the program: kvtui only observes its forwards",
+    "reset": "resetting would change the program's cache: kvtui only observes",
+    "sampler": "the program samples on its own: its sampler is not kvtui's",
+    "export_cache": "export is not available for a watched program yet (pause, then use the trace)",
+    "toggle_step_mode": "the program decides how it generates: space steps its forwards one at a time",
+    "next_script_turn": "a watched program writes its own prompts: kvtui has no script to send",
+    "restart_engine": "a watched program has no kvtui engine to restart",
+}
+# Keys that are commands to the stream's source (one that does not take a command: the key is disabled).
+SOURCE_COMMANDS = {
+    "step": "step",
+    "run": "run",
+    "pause": "pause",
+    "verify": "verify",
+    "watch": "watch",
+    "break_on_alarm": "break",
+}
+
+
+class ProgramDriver(Driver):
+    BINDINGS = [
+        Binding("b", "break_on_alarm", "break on alarm"),
+        Binding("n", "next_row", "next batch row", show=False),
+        Binding("M", "next_model", "model filter", show=False),
+        Binding("i", "focus_input", "type to the program"),
+    ]
+
+    def __init__(
+        self,
+        target: str | None = None,
+        args: list[str] | None = None,
+        *,
+        module: bool = False,
+        trace_path: Path | None = None,
+        paused: bool = False,
+        break_on_alarm: bool = False,
+        top_k: int = 10,
+        source=None,
+        title: str | None = None,
+    ):
+        """A program to start (`target`, `args`, `module`) or a started `source` (a TreeSource, a fake)."""
+        self._source_args = dict(
+            target=target,
+            args=list(args or []),
+            module=module,
+            trace=trace_path,
+            paused=paused,
+            break_on_alarm=break_on_alarm,
+            top_k=top_k,
+        )
+        self.source: Any = source
+        self.label = title or (f"{'-m ' if module else ''}{target}" if target else "stream")
+        self.replay = Replay(Trace(Path(self.label), {}))
+        self.row = 0
+        self.paused = paused
+        self.break_on_alarm = break_on_alarm
+        self.ended: int | None = None  # the program's exit code once it ended
+        self._prompted = False  # the input took the focus once, at the program's first prompt
+        self.models: list[str] = []  # labels of the models whose steps arrived ("model 1: draft"), in order
+        self.model_filter: str | None = None  # show only this model's steps (M cycles); None: all
+
+    # ---- the source --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        app = self.app
+        chat = app.query_one(ChatPane)
+        chat.query_one("#transcript").display = False
+        chat.mount(ProgramOutput(id="program-output"), before=chat.query_one("#reuse"))
+        chat.input.disabled = True
+        chat.input.placeholder = "space step · r run · p pause · b break on alarm · n next row · q quit"
+        app.query_one(TokenBufferPane).focus()
+        if self.source is None:
+            from ..engine.stream import ProgramSource
+
+            self.source = ProgramSource(**self._source_args)
+        if hasattr(self.source, "write_stdin"):  # a program that reads its stdin from this input line
+            chat.input.display = False  # the footer lists the keys; one input line, the program's
+            chat.mount(ProgramInput(id="program-input"), before=chat.query_one("#reuse"))
+        app.model_text = f"watching {self.label} · waiting for its first model…"
+        app.query_one(StatusBar).set_text(app.model_text)
+        app.run_worker(self._pump, name="stream", group="stream", thread=True, exclusive=True, exit_on_error=False)
+
+    def _pump(self) -> None:
+        """(worker thread) Read the source's records; steps become snapshots (rebuilt exactly as replay does)."""
+        worker = get_current_worker()
+        replay, post = self.replay, self.app.post_message  # its running totals (alarms, re-encodes) are replay's
+        for record in self.source.records(stop=worker.cancelled_event):
+            kind = record.get("type")
+            if kind == "step":
+                snapshot = replay.add(record)
+                if snapshot.model and snapshot.model not in self.models:
+                    self.models = [*self.models, snapshot.model]  # a new list: the UI thread reads it whole
+                if self.model_filter is not None and snapshot.model != self.model_filter:
+                    continue  # kept in the history; not shown while another model is picked
+                post(SnapshotReady(snapshot, None, replay.diagnostics, running=not self.paused))
+                continue
+            if kind in ("diagnostic", "header"):
+                replay.add_record(record)
+            post(Call(self._record, (record, replay.diagnostics if kind == "diagnostic" else None)))
+
+    def _record(self, record: dict, diagnostics: tuple[Diagnostic, ...] | None) -> None:
+        """A record that is not a step: output, pauses, breaks, notices, the end (`diagnostics`: every alarm so
+        far, when this record added one)."""
+        app = self.app
+        kind = record.get("type")
+        if diagnostics is not None:
+            app.diagnostics = diagnostics
+            app._show_diagnostics()
+        if kind == "output":
+            app.query_one(ProgramOutput).add(record["stream"], record["text"], bool(record.get("partial")))
+            if record.get("partial") and record["stream"] == "stdout" and not self._prompted:
+                self._prompted = True  # a prompt: the person can just type (once; esc gives the keys back)
+                program_input = self._program_input()
+                if program_input is not None and not program_input.disabled and not isinstance(app.screen, ModalScreen):
+                    program_input.focus()
+        elif kind == "header":
+            app.model_text = (
+                f"watching {self.label} · {record.get('model_class', '?')} · {record.get('device', '?')} · "
+                f"{record.get('dtype', '?')} · transformers {record.get('transformers', '?')}"
+            )
+            app.query_one(StatusBar).set_text(app.model_text)
+        elif kind == "paused":
+            self._set_paused(True)
+        elif kind == "break":
+            self._set_paused(True)
+            app.notify(
+                f"break on alarm after step {record['step']}: {', '.join(record.get('codes', []))} "
+                "(space steps, r runs)",
+                severity="warning",
+                timeout=8,
+            )
+        elif kind == "verify":
+            verdict = "matches" if record["ok"] else "DIFFERS FROM"
+            app.notify(
+                f"the program's cache {verdict} a full recompute of {record['tokens']} tokens: max |diff| "
+                f"{record['max_abs_diff']:.2e} (tolerance {record['tolerance']:g})",
+                severity="information" if record["ok"] else "error",
+                timeout=10,
+            )
+        elif kind == "notice":
+            app.notify(printable(record["text"]), severity=record.get("severity", "information"), timeout=5)
+        elif kind in ("program-exit", "process-exit"):
+            if self.ended is None:
+                self.ended = record.get("code", 0)
+                self._set_paused(False)
+                self._close_input(f"the program has ended (exit code {self.ended}): it reads no more input")
+                app.notify(
+                    f"the program ended (exit code {self.ended}): everything stays here to inspect; q quits", timeout=8
+                )
+
+    def _set_paused(self, paused: bool) -> None:
+        self.paused = paused
+        self.app._update_title()
+
+    def stop(self) -> None:
+        if self.source is not None:
+            self.source.stop()
+
+    # ---- what the panes show ----------------------------------------------------------------------
+
+    def shown(self, snapshot: StepSnapshot | None) -> StepSnapshot | None:
+        return snapshot.for_row(self.row) if snapshot is not None else None
+
+    def reuse_text(self, snapshot: StepSnapshot) -> str | None:
+        return program_step_text(snapshot, self.row, self.replay.recomputed_through(len(self.replay) - 1))
+
+    def title(self) -> tuple[str, str]:
+        state = "ended" if self.ended is not None else "paused" if self.paused else "running"
+        return state, f"kvtui · watch · {self.label} · {state}"
+
+    def find_step(self, step: int) -> StepSnapshot | None:
+        return next((s for s in self.replay.snapshots if s.step == step), None)
+
+    # ---- the program's stdin ------------------------------------------------------------------------
+
+    def _program_input(self) -> ProgramInput | None:
+        found = self.app.query(ProgramInput)
+        return found.first() if found else None
+
+    def _close_input(self, why: str) -> None:
+        program_input = self._program_input()
+        if program_input is None or program_input.disabled:
+            return
+        had_focus = program_input.has_focus
+        program_input.close(why)
+        if had_focus:
+            self.app.query_one(TokenBufferPane).focus()
+
+    def focus_input(self) -> None:
+        program_input = self._program_input()
+        if program_input is None:
+            self.app.notify("this stream has no program to type to", severity="warning")
+        elif program_input.disabled:
+            self.app.notify(program_input.placeholder, severity="warning", timeout=4)
+        else:
+            program_input.focus()
+
+    def send_line(self, text: str) -> None:
+        if not self.source.write_stdin(text + "\n"):
+            why = (
+                "the program has ended"
+                if not self.source.running
+                else "its input is closed"
+                if not self.source.stdin_open
+                else "it is not reading its input (64 KiB are waiting)"
+            )
+            self.app.notify(f"not sent: {why}", severity="warning", timeout=5)
+
+    def end_input(self) -> None:
+        self.source.close_stdin()
+        self._close_input("the program's input is closed (ctrl+d sent EOF)")
+
+    def interrupt(self) -> None:
+        if self.source.interrupt():
+            self.app.notify("ctrl+c: SIGINT sent to the program (a KeyboardInterrupt in Python)", timeout=4)
+        else:
+            self.app.notify("the program has ended: nothing to interrupt", severity="warning", timeout=4)
+
+    # ---- keys --------------------------------------------------------------------------------------
+
+    def unavailable(self, action: str) -> str | None:
+        if action in OBSERVE_ONLY:
+            return OBSERVE_ONLY[action]
+        command = SOURCE_COMMANDS.get(action)
+        if command is not None and command not in getattr(self.source, "supports", ()):
+            return "this stream takes no commands"
+        return None
+
+    def _send(self, word: str, argument: Any = None) -> bool:
+        if self.source is None or word not in getattr(self.source, "supports", ()):
+            self.app.notify("this stream takes no commands", severity="warning")
+            return False
+        if self.ended is not None:
+            self.app.notify(f"the program has ended (exit code {self.ended})", severity="warning")
+            return False
+        self.source.command(word, argument)
+        return True
+
+    def command(self, action: str, argument: Any = None) -> None:
+        if action == "step":
+            if self._send("pause") and self._send("step"):
+                self._set_paused(True)
+        elif action == "run":
+            if self._send("run"):
+                self._set_paused(False)
+        elif action == "verify":
+            if self._send("verify"):
+                self.app.notify("verify runs in the program between two of its forwards", timeout=3)
+        else:
+            why = OBSERVE_ONLY.get("export_cache" if action == "export" else action)
+            self.app.notify(why or f"'{action}' is not available for a watched program", severity="warning")
+
+    def pause(self) -> None:
+        if self._send("pause"):
+            self._set_paused(True)
+
+    def toggle_break_on_alarm(self) -> None:
+        self.break_on_alarm = not self.break_on_alarm
+        self._send("break", "on" if self.break_on_alarm else "off")
+
+    def next_row(self) -> None:
+        app = self.app
+        batch = app.latest.batch if app.latest is not None else 1
+        self.row = (self.row + 1) % batch
+        if batch == 1:
+            app.notify("batch of one: no other row", timeout=2)
+        if app.latest is not None and app.pinned_step is None:
+            app._show(app.latest)
+            app._show_chat()
+
+    def next_model(self) -> None:
+        """Show one model's steps (a draft and its target, two models in threads), then all again."""
+        choices = [None, *self.models]
+        if len(choices) < 3:
+            self.app.notify("one model: nothing to filter", timeout=2)
+            return
+        self.model_filter = choices[(choices.index(self.model_filter) + 1) % len(choices)]
+        self.app.notify(f"showing {self.model_filter or 'every model'}'s steps", timeout=3)
+
+    def watch(self, token) -> None:
+        self._send("watch", token.id)
+
+    def save_trace(self) -> None:
+        path = self._source_args.get("trace")
+        self.app.notify(
+            f"the trace is being written to {path}" if path else "start with --trace FILE to record a watched program",
+            timeout=5,
+        )
