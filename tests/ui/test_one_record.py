@@ -4,6 +4,7 @@ trace (timings aside), every TUI action is recorded, and bad options never half-
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -156,7 +157,7 @@ def test_diff_names_a_failed_verify(tmp_path, tiny_dir):
     assert same.exit_code == 0, same.output
 
 
-def test_bad_watch_word_is_refused_before_any_screen(monkeypatch):
+def test_bad_watch_word_is_refused_before_any_screen(monkeypatch, tmp_path):
     started = []
     monkeypatch.setattr(KvtuiApp, "run", lambda self, *a, **k: started.append(self))
     result = subprocess.run(
@@ -165,6 +166,7 @@ def test_bad_watch_word_is_refused_before_any_screen(monkeypatch):
         text=True,
         timeout=300,
         stdin=subprocess.DEVNULL,
+        env={**os.environ, "KVTUI_CACHE_DIR": str(tmp_path)},  # the tiny model is built here, first: no bar either
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

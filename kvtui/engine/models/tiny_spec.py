@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .common import ModelLoadError, Progress, cache_root, report
+from .common import ModelLoadError, Progress, cache_root, quiet_progress_bars, report
 
 
 def tiny_model_dir(spec: str, progress: Progress | None = None) -> Path:
@@ -38,7 +38,8 @@ def tiny_model_dir(spec: str, progress: Progress | None = None) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
-            build_tiny(arch, tmp, **kwargs)
+            with quiet_progress_bars():  # transformers' "Writing model shards" bar: on a TUI, or before a refusal
+                build_tiny(arch, tmp, **kwargs)
             try:
                 os.replace(tmp, out)
             except OSError:  # another process got there first (a non-empty directory): keep theirs
