@@ -263,10 +263,14 @@ class EngineHost:
             with open(self.setup_path, "rb") as handle:
                 setup: EngineSetup = pickle.load(handle)
             self.setup = setup
-            set_threads(setup.options)
-            loaded = setup.loaded or (
-                setup.loader() if setup.loader else load(setup.model, setup.options, progress=progress)
-            )
+            if setup.loaded is not None:
+                set_threads(setup.options)  # before the first forward, as load() does
+                loaded = setup.loaded
+            elif setup.loader is not None:
+                set_threads(setup.options)
+                loaded = setup.loader()
+            else:
+                loaded = load(setup.model, setup.options, progress=progress)  # sets the threads first
             config = session_config(setup.options, loaded.tokenizer)
             extra = {"clock": setup.clock} if setup.clock else {}
             session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self.on_snapshot, **extra)
