@@ -1,8 +1,8 @@
 # Two entry points: `make demo` (the TUI on the embedded SmolLM2) and `make test` (the whole suite).
 # Both build .venv from nothing; re-running is quick because the install is stamped.
 # Two jobs: the two test environments install side by side (pip is mostly one core's work), lint beside the
-# second install; each job's output is printed whole when it ends.
-MAKEFLAGS += -j2 --output-sync=target
+# second install. Output is not synced per target: the suites' progress must show as it runs (pip is quiet).
+MAKEFLAGS += -j2
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
