@@ -204,6 +204,7 @@ def _check_theme(theme: str) -> None:
 def _run_headless(model, script, trace_path, verify_every, fail_on, options, export=None, verbose=False) -> int:
     from rich.console import Console
 
+    from .engine.configure import prepare_cache_backend
     from .engine.export import ExportError
     from .engine.loader import ModelLoadError
     from .engine.session import ChatSession, SessionError
@@ -214,7 +215,8 @@ def _run_headless(model, script, trace_path, verify_every, fail_on, options, exp
     try:
         with console.status("loading model…") as status:
             loaded = load(model, options, progress=lambda message, fraction=None: status.update(message))
-        session = ChatSession(loaded.model, loaded.tokenizer, build_session_config(options, loaded.tokenizer))
+            session = ChatSession(loaded.model, loaded.tokenizer, build_session_config(options, loaded.tokenizer))
+            prepare_cache_backend(session.config, loaded.device, status.update)
         return run_script(
             session,
             script,

@@ -4,6 +4,8 @@ reads its options here, so it needs nothing above the engine layer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .settings import SamplerSettings
 
 STATIC_DEFAULT_CAPACITY = 2048  # a static cache's slots when --max-cache-len does not say
@@ -92,3 +94,28 @@ def set_threads(options: dict) -> None:
         import torch
 
         torch.set_num_threads(options["threads"])
+
+
+def prepare_cache_backend(config, device: str, progress: Callable[[str], object] | None = None) -> None:
+    """optimum-quanto compiles its C++ kernels the first time a quantized value is read back: in a chat that is
+    mid-turn, once the tokens outgrow the full-precision window, and on 2 cores a stall of a minute or two
+    with no word. One tiny quantize/dequantize round trip on the model's device makes that wait happen here,
+    at load, under a progress line (milliseconds once the kernels exist). A build that fails is one line
+    here, not an exception mid-turn."""
+    if config.cache != "quantized" or config.cache_backend != "quanto":
+        return
+    import torch
+    from optimum.quanto import MaxOptimizer, qint2, qint4, quantize_weight
+
+    from .session import SessionError
+
+    if progress is not None:
+        progress("optimum-quanto: preparing its kernels (built once, on first use: up to 2 minutes)")
+    qtype = qint4 if config.cache_bits == 4 else qint2
+    values = torch.randn(1, 1, 64, 32, device=device)  # [batch, heads, tokens, head dim]
+    try:
+        scale, zeropoint = MaxOptimizer()(values, qtype, -1, 32)  # as transformers' quanto layer quantizes
+        quantize_weight(values, qtype, -1, scale, zeropoint, 32).dequantize()
+    except Exception as exc:  # noqa: BLE001  a compiler missing, a build error: said once, before any turn
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SessionError(f"optimum-quanto could not prepare its kernels for {device}: {first}") from None

@@ -251,7 +251,7 @@ class EngineHost:
         import torch
 
         from . import introspect
-        from .configure import load, session_config, set_threads
+        from .configure import load, prepare_cache_backend, session_config, set_threads
         from .recorder import Recorder
         from .session import ChatSession
 
@@ -274,6 +274,7 @@ class EngineHost:
             config = session_config(setup.options, loaded.tokenizer)
             extra = {"clock": setup.clock} if setup.clock else {}
             session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self.on_snapshot, **extra)
+            prepare_cache_backend(session.config, loaded.device, progress)
             self.recorder = Recorder(
                 session,
                 setup.trace_path,

@@ -186,3 +186,38 @@ def test_compiled_static_decode_gives_identical_greedy_tokens(tiny_model):
     assert session.compiles >= 1 and snaps[-1].recompiles == session.recompiles
     assert all(s.compile_ms is None for s in snaps[1:]) or session.recompiles > 0
     assert session.verify().ok
+
+
+def test_quanto_kernels_are_prepared_at_load_under_a_progress_line(monkeypatch):
+    """optimum-quanto builds its kernels when a quantized value is first read back (mid-turn in a chat): kvtui
+    makes that happen at load, saying so, and a build that fails is one line before any turn."""
+    import optimum.quanto
+
+    from kvtui.engine.configure import prepare_cache_backend
+
+    said: list[str] = []
+    prepare_cache_backend(SessionConfig(cache="dynamic"), "cpu", said.append)
+    prepare_cache_backend(SessionConfig(cache="quantized", cache_backend="fp8"), "cpu", said.append)
+    assert said == []  # nothing to prepare
+    read_back = []
+    real = optimum.quanto.quantize_weight
+
+    def quantize_weight(*args, **kwargs):
+        quantized = real(*args, **kwargs)
+        read_back.append(quantized.dequantize())  # what the round trip must reach: the kernels' first use
+        return quantized
+
+    monkeypatch.setattr(optimum.quanto, "quantize_weight", quantize_weight)
+    prepare_cache_backend(SessionConfig(cache="quantized", cache_backend="quanto", cache_bits=2), "cpu", said.append)
+    assert len(said) == 1 and said[0].startswith("optimum-quanto: preparing its kernels") and len(read_back) == 1
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Error building extension 'quanto_cpp'\nninja: build stopped: subcommand failed.")
+
+    monkeypatch.setattr(optimum.quanto, "quantize_weight", broken)
+    with pytest.raises(SessionError) as caught:
+        prepare_cache_backend(SessionConfig(cache="quantized", cache_backend="quanto"), "cpu")
+    assert (
+        str(caught.value)
+        == "optimum-quanto could not prepare its kernels for cpu: Error building extension 'quanto_cpp'"
+    )
