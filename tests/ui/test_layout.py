@@ -4,6 +4,7 @@ cache length and the top alarm; a terminal that grows unfolds the layers and dia
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -109,8 +110,13 @@ async def test_watch_primed_pads_shows_the_cause_at_160x48(tiny_dir):
         assert pane.display and len(pane.groups) == len({(g.code, g.cache) for g in pane.groups})
         # the first-fired error or warning (the priming, at the first forward) is selected and shown in full
         assert pane.selected_diagnostic.code == "pad-in-cache"
+        # every group on screen, none scrolled away: drawn within 10 s (under load a frame can lag the data; a
+        # group scrolled away stays away and still fails here)
+        on_screen = lambda: all(group.code in screen_text(app) for group in pane.groups)  # noqa: E731
+        with contextlib.suppress(AssertionError):  # timed out: the assertion below says which group, and the screen
+            await wait_for(pilot, on_screen, 10, "every alarm group drawn")
         text = screen_text(app)
-        for group in pane.groups:  # every group on screen, none scrolled away
+        for group in pane.groups:
             assert group.code in text, (group.code, text)
         detail = pane.query_one("#diagnostics-detail").render()
         assert "pad-in-cache" in str(detail), detail
