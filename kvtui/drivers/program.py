@@ -200,7 +200,7 @@ class ProgramDriver(Driver):
         return state, f"kvtui · watch · {self.label} · {state}"
 
     def find_step(self, step: int) -> StepSnapshot | None:
-        return next((s for s in self.replay.snapshots if s.step == step), None)
+        return self.replay.snapshot_at(step)
 
     # ---- the program's stdin ------------------------------------------------------------------------
 

@@ -161,7 +161,7 @@ class TraceDriver(Driver):
             self.app.notify(f"replay is read-only: '{action}' needs a live model", severity="warning")
 
     def find_step(self, step: int) -> StepSnapshot | None:
-        return next((s for s in self.replay.snapshots if s.step == step), None)
+        return self.replay.snapshot_at(step)
 
     def _advance(self) -> None:
         if self.position >= len(self.replay) - 1:

@@ -146,6 +146,10 @@ class Replay:
     def recomputed_through(self, index: int) -> int:
         return self._recomputed[index]
 
+    def snapshot_at(self, step: int) -> StepSnapshot | None:
+        """The snapshot of step number `step` (an alarm's step), None if none was recorded."""
+        return next((s for s in self.snapshots if s.step == step), None)
+
     @property
     def diagnostics(self) -> tuple[Diagnostic, ...]:
         return tuple(self._alarms)

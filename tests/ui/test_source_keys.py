@@ -163,6 +163,9 @@ async def test_every_key_in_a_replay_works_or_says_why_it_cannot(trace):
         await wait_for(
             pilot, lambda: app.driver.position == len(app.driver.replay) - 1, timeout=20, what="the last step"
         )
+        # an alarm's "jump to step" finds the recorded step by its number
+        assert app.driver.find_step(app.latest.step) is app.driver.replay.snapshots[-1]
+        assert app.driver.find_step(-1) is None
         wrong = []
         for key in refused_first(REPLAY_KEYS):
             position = app.driver.position
