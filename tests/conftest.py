@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -71,5 +72,21 @@ def tiny_loaded(tiny_model):
         return LoadedModel(
             model=model, tokenizer=tokenizer, source=f"tiny-{arch}", path=f"tiny-{arch}", dtype="float32", device="cpu"
         )
+
+    return make
+
+
+@pytest.fixture
+def tp_loop_with():
+    """tp_loop_with(code, before): the tp_loop sample's source with `code` (lines) inserted before its line
+    `before`, at that line's indent (tests that make a rank misbehave or run forever)."""
+    sample = Path(__file__).resolve().parent.parent / "samples" / "programs" / "tp_loop.py"
+
+    def make(code: str, before: str) -> str:
+        source = sample.read_text()
+        found = re.search(rf"^( *){re.escape(before)}$", source, re.M)
+        assert found, f"{before!r} is no longer a line of {sample.name}"
+        inserted = "".join(f"{found.group(1)}{line}\n" for line in code.splitlines())
+        return source[: found.start()] + inserted + source[found.start() :]
 
     return make

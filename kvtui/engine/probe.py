@@ -194,11 +194,15 @@ def _cache_owner(cache):
 
 
 class _Probe:
-    """One watched model: its registry entries (no hooks on the instance) and what kvtui read of it."""
+    """One watched model: its registry entries (no hooks on the instance) and what kvtui read of it. The
+    model and its modules are held weakly: a program that drops its model gets its memory back, watched
+    or not."""
 
     def __init__(self, watcher: Watcher, model, index: int):
-        self.watcher, self.model, self.index = watcher, model, index
-        self.name = getattr(model, "name_or_path", None) or type(model).__name__
+        self.watcher, self.index = watcher, index
+        self._model = weakref.ref(model)
+        self.class_name = type(model).__name__
+        self.name = getattr(model, "name_or_path", None) or self.class_name
         self.role: str | None = None  # "draft" when passed to generate() as assistant_model
         self.window = introspect.config_window(model.config)
         self.accepts_cache_position = introspect.forward_accepts(model, "cache_position")
@@ -209,10 +213,16 @@ class _Probe:
         owner = defining_class(type(model), "generate")
         if owner is not None:
             _GENERATE_CODES.add(inspect.unwrap(owner.__dict__["generate"]).__code__)
-        self.position_modules = _position_modules(model)
-        for module, source in self.position_modules:
+        self._position_modules = []
+        for module, source in _position_modules(model):
+            self._position_modules.append(weakref.ref(module))
             _POSITIONS.add(module, (self, source))
             PATCHES.acquire(watcher, type(module), "__call__", peek_wrapper(_POSITIONS.get, _saw_positions))
+
+    @property
+    def model(self):
+        """The watched model, or None once the program has let go of it."""
+        return self._model()
 
     @property
     def label(self) -> str | None:
@@ -222,9 +232,10 @@ class _Probe:
         return f"model {self.index}" + (f": {self.role}" if self.role else "")
 
     def detach(self) -> None:
-        _MODELS.discard(self.model)
-        for module, _ in self.position_modules:
-            _POSITIONS.discard(module)
+        for ref in (self._model, *self._position_modules):
+            held = ref()
+            if held is not None:  # a collected one's entry is dead already
+                (_MODELS if ref is self._model else _POSITIONS).discard(held)
 
 
 def _before_forward(probe: _Probe, module, args, kwargs):
@@ -416,7 +427,7 @@ class Watcher:
             **header_start(),
             "model": probe.name if probe else "?",
             "model_path": probe.name if probe else "?",
-            "model_class": type(model).__name__ if model is not None else "?",
+            "model_class": probe.class_name if probe else "?",
             "layers": getattr(model.config, "num_hidden_layers", None) if model is not None else None,
             "dtype": str(model.dtype).removeprefix("torch.") if model is not None else "?",
             "device": str(model.device) if model is not None else "?",
@@ -650,6 +661,8 @@ class Watcher:
             )
         tokens = [t.id for t in snapshot.buffer if t.origin != "pad" and t.id >= 0]
         model = probe.model
+        if model is None:
+            raise ValueError(f"cannot check {snapshot.cache_id}: the program has let go of its model ({probe.name})")
         device = model.get_input_embeddings().weight.device
         ids = torch.tensor([tokens], device=device)  # [1, n]
         started = time.perf_counter()
@@ -956,7 +969,7 @@ def run_watched(watcher: Watcher, target: str, args: list[str], module: bool = F
         code = run_program(target, args, module=module)
     finally:
         attach.uninstall()
-        models = [f"{p.name} ({type(p.model).__name__})" for p in watcher.probes]
+        models = [f"{p.name} ({p.class_name})" for p in watcher.probes]
         watcher.detach()
     return code, models
 

@@ -212,7 +212,7 @@ def _finish() -> None:
     if watcher is None or _RUN.get("pid") != os.getpid():
         return
     _RUN["finishing"] = True
-    models = [f"{p.name} ({type(p.model).__name__})" for p in watcher.probes]
+    models = [f"{p.name} ({p.class_name})" for p in watcher.probes]
     steps = watcher.steps
     watcher.detach()
     _RUN["pipe"].send({"type": "process-end", "models": models, "steps": steps})

@@ -12,6 +12,7 @@ Two halves:
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import json
 import pickle
@@ -19,6 +20,7 @@ import re
 import subprocess
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -263,6 +265,22 @@ def test_a_copied_watched_model_carries_nothing_of_kvtui(qwen2, kind):
         out = copied.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
         assert watcher.steps == steps, "the copy's forwards reached the watcher of the original"
     assert torch.equal(out, expected)
+
+
+def test_a_watched_model_the_program_lets_go_of_is_freed(qwen2):
+    """Watching holds no model alive: a program that drops its model (to load the next checkpoint) gets
+    its memory back, as it would unwatched; a verify after that says why it cannot run."""
+    _, tokenizer = qwen2
+    model = copy.deepcopy(qwen2[0])  # a model only this test holds
+    with watch(model, tokenizer) as watcher:
+        _, cache, out = _prefill(model, tokenizer)
+        model_ref, cache_ref = weakref.ref(model), weakref.ref(cache)
+        del model, cache, out
+        gc.collect()
+        assert model_ref() is None and cache_ref() is None
+        with pytest.raises(ValueError, match="let go of its model"):
+            watcher.verify()
+        assert watcher.header()["model_class"] == "Qwen2ForCausalLM"  # what it was is still known
 
 
 def test_a_copy_made_while_attached_behaves_after_detach_like_an_unwatched_copy(qwen2):

@@ -108,12 +108,11 @@ def test_torchrun_ranks_each_record_their_shard_and_agree_with_one_process(tmp_p
     assert f"shards, merged: K 1×2×{length}×16 · 2 ranks × 1 head (layer 0, forward 8)" in watched.stderr
 
 
-def test_ranks_that_feed_different_tokens_raise_rank_desync(tmp_path, llama_dir):
+def test_ranks_that_feed_different_tokens_raise_rank_desync(tmp_path, llama_dir, tp_loop_with):
     program = tmp_path / "tp_desync.py"
     # rank 1 changes one prompt token (the same length: the collectives still match, the context does not)
-    source = TP_LOOP.read_text().replace(
-        "cache = DynamicCache(config=model.config)",
-        "if int(os.environ.get('RANK', '0')) == 1:\n    ids[0, 2] = (ids[0, 2] + 1) % model.config.vocab_size\n"
+    source = tp_loop_with(
+        "if int(os.environ.get('RANK', '0')) == 1:\n    ids[0, 2] = (ids[0, 2] + 1) % model.config.vocab_size",
         "cache = DynamicCache(config=model.config)",
     )
     program.write_text(source)
@@ -291,12 +290,10 @@ def _gone(pid: int) -> bool:
     return "\nState:\tZ" in state  # a zombie has ended; only its parent's wait is missing
 
 
-def test_a_killed_viewer_leaves_no_rank_behind(tmp_path, llama_dir):
+def test_a_killed_viewer_leaves_no_rank_behind(tmp_path, llama_dir, tp_loop_with):
     program = tmp_path / "forever.py"
     program.write_text(
-        TP_LOOP.read_text().replace(
-            "out_ids = []", "print('ready', os.getpid(), os.getppid(), flush=True)\nNEW_TOKENS = 10**9\nout_ids = []"
-        )
+        tp_loop_with("print('ready', os.getpid(), os.getppid(), flush=True)\nNEW_TOKENS = 10**9", "out_ids = []")
     )
     viewer = subprocess.Popen(
         [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--", *torchrun(program, llama_dir)],

@@ -68,12 +68,11 @@ async def test_pause_a_two_rank_run_step_once_and_quit(tiny_dir):
     assert not left, f"left running after q: {left}"
 
 
-async def test_ranks_that_feed_different_tokens_raise_rank_desync_live(tmp_path, tiny_dir):
+async def test_ranks_that_feed_different_tokens_raise_rank_desync_live(tmp_path, tiny_dir, tp_loop_with):
     program = tmp_path / "tp_desync.py"
     program.write_text(
-        TP_LOOP.read_text().replace(
-            "cache = DynamicCache(config=model.config)",
-            "if int(os.environ.get('RANK', '0')) == 1:\n    ids[0, 2] = (ids[0, 2] + 1) % model.config.vocab_size\n"
+        tp_loop_with(
+            "if int(os.environ.get('RANK', '0')) == 1:\n    ids[0, 2] = (ids[0, 2] + 1) % model.config.vocab_size",
             "cache = DynamicCache(config=model.config)",
         )
     )
