@@ -638,7 +638,7 @@ class Watcher:
                 self._last_logits = logits[0, -1].detach().float().clone()  # [vocab], for verify
             self.diagnostics.extend(snapshot.diagnostics)
             if self.recorder is not None:
-                self.recorder.record(snapshot)  # serialised and written off this thread
+                self.recorder.record(snapshot)  # written and flushed before the program's next line
             if self.on_snapshot is not None:
                 self.on_snapshot(snapshot)
         self.gate.after_step(self, snapshot)

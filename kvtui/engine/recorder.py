@@ -43,13 +43,13 @@ class Recorder:
         """A recorder of records another source builds (a watched program: steps, caches, alarms, verify)."""
         return cls(None, path, header=header)
 
-    def record(self, record: dict | StepSnapshot) -> None:  # a step: serialised by the writer's thread
+    def record(self, record: dict | StepSnapshot) -> None:  # a step: serialised once for every sink
         self._write(record)
 
     def on_event(self, kind: str, payload) -> None:
         session = self.session
         if kind == "step":
-            self._write(payload)  # the snapshot: its record is built and written by the writer's thread
+            self._write(payload)  # the snapshot: serialised once (the pipe to a viewer reuses the line)
             if self.verify_every and payload.step - self._verified_at >= self.verify_every:
                 self._verified_at = payload.step
                 session.verify()  # emits its own "verify" event

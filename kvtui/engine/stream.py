@@ -153,13 +153,16 @@ def parse_command(line: str) -> tuple[str, Any]:  # the argument: a JSON value
 
 
 class RecordPipe:
-    """The child's end of the record stream: one JSON line per record, written by a LineWriter's thread
-    (a step is serialised there, once for the pipe and the trace), in the order sent."""
+    """The child's end of the record stream: one JSON line per record, in the order sent, serialised by the
+    sender (a step once, for the pipe and the trace) and written by a LineWriter's thread (a viewer that
+    reads slowly never holds the program)."""
 
     def __init__(self, fd: int):
         from .trace import LineWriter
 
-        self._writer = LineWriter(os.fdopen(fd, "wb", buffering=0), "kvtui-record-pipe", raise_errors=False)
+        self._writer = LineWriter(
+            os.fdopen(fd, "wb", buffering=0), "kvtui-record-pipe", raise_errors=False, background=True
+        )
 
     @property
     def closed(self) -> bool:

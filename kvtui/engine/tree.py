@@ -13,7 +13,8 @@ then its records, every line naming its `pid` (and `rank`). A watched process wh
 crash, SIGKILL) ends itself: no rank is left behind.
 
 Not seen: a process started with `python -I`/`-E`/`-S` (no PYTHONPATH or site), and a child made by
-`fork` without exec (it inherits the parent's watcher, whose trace writer thread did not survive the fork).
+`fork` without exec (it inherits the parent's watcher, whose writers stop in the child: a fork's records
+never mix into the parent's lines).
 """
 
 from __future__ import annotations
@@ -161,8 +162,8 @@ _RUN: dict = {}  # this process's watcher and its connection to the viewer
 def _watcher(config: dict):
     """This process's AutoAttach (its watcher, its connection), made at the first trigger. As a watched
     program's child does (stream.child_main): records go to the viewer through one RecordPipe (a step is
-    serialised once, off the model's thread), and a control gate reads the viewer's commands (pause, run,
-    step, break, verify, watch) from the same connection."""
+    serialised once on the model's thread and written off it), and a control gate reads the viewer's
+    commands (pause, run, step, break, verify, watch) from the same connection."""
     from .probe import AutoAttach, Watcher
     from .stream import RecordPipe, control_gate
 

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import io
 import json
+import os
 import pickle
 import threading
 
@@ -245,3 +246,51 @@ def test_the_written_step_line_is_the_step_record(tiny_model, arch):
     assert seen and seen[-1].rows and seen[-1].cache_parent is not None
     for snapshot in snapshots:
         assert _written(snapshot) == _plain_record(snapshot)
+
+
+def _step_lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_bytes().splitlines() if line.startswith(b'{"type":"step"')]
+
+
+def test_a_finished_step_is_on_disk_before_the_next_line_runs(tiny_model, tmp_path):
+    """A trace file is written and flushed on the thread that ran the forward: when a watched forward or a
+    session step returns, its line is already in the file (so a SIGKILL at any later point keeps it),
+    with no flush or close asked for. A writer thread made this a race."""
+    from kvtui.engine.probe import watch
+    from kvtui.engine.recorder import Recorder
+    from kvtui.engine.session import ChatSession, SessionConfig
+
+    model, tokenizer = tiny_model("llama")
+    path = tmp_path / "watched.jsonl"
+    with watch(model, tokenizer, trace=path):
+        cache = DynamicCache(config=model.config)
+        ids = torch.tensor([[5, 6, 7]])
+        with torch.inference_mode():
+            for step in range(1, 6):
+                ids = model(input_ids=ids, past_key_values=cache).logits[:, -1:].argmax(-1)
+                assert [r["step"] for r in _step_lines(path)] == list(range(1, step + 1))
+    session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=10**6))
+    path = tmp_path / "session.jsonl"
+    recorder = Recorder(session, path)
+    session.send("hello")
+    for step in range(2, 6):
+        session.step()
+        assert [r["step"] for r in _step_lines(path)] == list(range(1, step + 1))
+    recorder.close()
+
+
+def test_a_forked_child_never_writes_into_its_parents_trace(tmp_path):
+    """A child forked without exec inherits the writer: its lines would land in the middle of the parent's."""
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    path = tmp_path / "t.jsonl"
+    writer = TraceWriter(path, {"type": "header"})
+    writer.write({"type": "parent", "i": 1})
+    pid = os.fork()
+    if pid == 0:  # the child: writes, then leaves at once (no atexit, no test teardown)
+        writer.write({"type": "child"})
+        os._exit(0)
+    os.waitpid(pid, 0)
+    writer.write({"type": "parent", "i": 2})
+    writer.close()
+    assert [json.loads(line)["type"] for line in path.read_text().splitlines()] == ["header", "parent", "parent"]

@@ -1,8 +1,8 @@
 """Crash: a headless run or a watched program killed with SIGKILL mid-generation leaves a trace whose
 finished lines all read back.
 
-The writer's thread flushes once per line it takes (the model's thread hands it each step and goes on), so a
-kill leaves whole lines plus, at worst, one unterminated tail (a large line goes out in several writes).
+A step is written and flushed on the thread that ran its forward, before the forward returns, so a kill
+leaves whole lines plus, at worst, one unterminated tail (a large line goes out in several writes).
 `read_trace` drops that tail and sets `truncated`; the replay app says the recording was interrupted.
 """
 
@@ -55,7 +55,7 @@ for part in range(8):  # far more steps than it can run before the kill: 8 promp
 def killed_trace(request, tiny_dir, tmp_path_factory):
     """The trace of a run killed by SIGKILL once it held MIN_STEP_LINES step lines (one run per module and
     front end): kvtui's own chat headless, and a watched program's loop (its trace written by the
-    probe's writer thread)."""
+    probe)."""
     model = tiny_dir("qwen2")
     tmp_path = tmp_path_factory.mktemp("killed")
     trace = tmp_path / "killed.jsonl"
@@ -216,3 +216,52 @@ async def test_the_replay_app_says_the_recording_was_interrupted(killed_trace, t
 def _write(path, data: bytes):
     path.write_bytes(data)
     return path
+
+
+COUNTING_LOOP = """
+import sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+ids = tokenizer("Tell me about k.", return_tensors="pt")["input_ids"]
+cache = DynamicCache(config=model.config)
+with torch.inference_mode():
+    for n in range(1, 100000):
+        ids = model(input_ids=ids, past_key_values=cache).logits[:, -1:].argmax(-1)
+        print(n, flush=True)  # after the forward returned: step n is finished
+"""
+
+
+def test_a_sigkill_loses_no_step_whose_forward_returned(tiny_dir, tmp_path):
+    """The watched program says each finished forward on stdout; killed after it said 40, its trace holds
+    at least those 40 steps: the probe writes and flushes a step before the forward returns to the program."""
+    program = tmp_path / "counting_loop.py"
+    program.write_text(COUNTING_LOOP)
+    trace = tmp_path / "killed.jsonl"
+    command = ["watch", "--headless", "--trace", str(trace), str(program), str(tiny_dir("qwen2"))]
+    errors = open(tmp_path / "stderr.txt", "w+b")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvtui.cli", *command], stdout=subprocess.PIPE, stderr=errors, text=True
+    )
+    said = 0
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            said = int(line) if line.strip().isdigit() else said
+            if said >= 40:
+                process.send_signal(signal.SIGKILL)
+                break
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+        errors.seek(0)
+        stderr = errors.read().decode(errors="replace")
+        errors.close()
+    assert said >= 40, stderr[-2000:]
+    assert process.returncode == -signal.SIGKILL
+    steps = [s["step"] for s in read_trace(trace).steps]
+    assert steps[:said] == list(range(1, said + 1)), (len(steps), said)
