@@ -483,9 +483,11 @@ def compare_report(runs: dict, before_src: str) -> str:
         "How a part is timed: the functions that do it are wrapped (exclusive wall time on the model's thread); "
         "'step cost' is a decode step inspected minus the same forward uninspected, from the two loops advanced "
         "in alternation; 'rest' is step cost minus the named parts (the class patches' frames, registry lookups, "
-        "waiting for the GIL, noise). After the change, the step record is built, serialised and written on the "
-        "trace writer's thread: 'record building' and 'serialising' leave the model's thread, and "
-        "'writing/sending' is the hand-over.",
+        "waiting for the GIL, noise). A checkout that builds and writes the step record on a thread of its own "
+        "(a2039aa and before) shows 0 for 'record building' and 'serialising', and its paired step cost leaves "
+        "out that thread's work, which lands partly in the plain step run next: for such a checkout the "
+        "whole-loop ratios below are the fair comparison. From 911ec90 the record is built, serialised, written "
+        "and flushed on the model's thread: the three rows from 'record building' down.",
         "",
         *compare_table(runs),
         "",

@@ -462,8 +462,9 @@ def step_cost_report(r: dict) -> list[str]:
         "hand-written loop watched by `kvtui.watch` with a trace vs the same loop on an unwatched copy of the "
         "model), and the named parts of it on the model's thread (exclusive wall time, functions wrapped by "
         "`benchmarks/b_step_cost.py`; 'rest' is the difference: the class patches' frames, registry lookups, noise). "
-        "Serialising and writing the record happen on the trace writer's thread and are not on this table unless "
-        "the model's thread waits for them. Medians over every decode step; torch on 1 thread.",
+        "The record is built, serialised, written and flushed on the model's thread too (the rows from 'record "
+        "building' down). Medians over every decode step; torch on 1 thread. The same on a GPU: "
+        "`benchmarks/b_step_cost_gpu.py`, results in `benchmarks/GPU.md`.",
         "",
         *b_step_cost.table(c),
         "",
