@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import asdict
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -204,6 +204,7 @@ class _Probe:
         self.class_name = type(model).__name__
         self.name = getattr(model, "name_or_path", None) or self.class_name
         self.role: str | None = None  # "draft" when passed to generate() as assistant_model
+        self._tokenizer: Callable[[], Any] | None = None  # its own tokenizer (a weak reference to the program's)
         self.window = introspect.config_window(model.config)
         self.accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         parameters = list(inspect.signature(type(model).forward).parameters.values())[1:]  # after self
@@ -223,6 +224,19 @@ class _Probe:
     def model(self):
         """The watched model, or None once the program has let go of it."""
         return self._model()
+
+    @property
+    def tokenizer(self):
+        """The tokenizer loaded from this model's own directory, when the program loaded one (else None: the
+        watcher's serves). Held weakly: it lives as long as the program keeps it."""
+        return self._tokenizer() if self._tokenizer is not None else None
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:
+        try:
+            self._tokenizer = weakref.ref(tokenizer)
+        except TypeError:
+            self._tokenizer = lambda: tokenizer
 
     @property
     def label(self) -> str | None:
@@ -353,6 +367,10 @@ class Watcher:
             PATCHES.acquire(self, threading.Thread, "start", thread_start_wrapper(lambda: caller_line(self._skip)))
         probe = _Probe(self, model, len(self.probes))
         self.probes.append(probe)
+        own = _TOKENIZERS.loaded_from(getattr(model, "name_or_path", None))
+        if own is not None:
+            probe.tokenizer = own
+            _TOKENIZERS.watch(own, self)
         if self.tokenizer is None:
             self.tokenizer = _TOKENIZERS.find(model)
         if self.tokenizer is not None:
@@ -386,6 +404,11 @@ class Watcher:
 
     def __exit__(self, *exc) -> None:
         self.detach()
+
+    def tokenizer_of(self, probe: _Probe | None):
+        """The tokenizer that reads this model's ids: its own when the program loaded one, else the watcher's."""
+        own = probe.tokenizer if probe is not None else None
+        return own if own is not None else self.tokenizer
 
     def set_tokenizer(self, tokenizer) -> None:
         if self.tokenizer is None and tokenizer is not None:
@@ -575,6 +598,7 @@ class Watcher:
 
     def _begin(self, probe: _Probe, args, kwargs) -> Call:
         with self._lock:
+            self.builder.use(probe)  # messages before the step (stale prompt, re-fed prefix) name its pieces
             if self._skip is None:
                 self._skip = _library_dirs()
             line, generating = caller_and_generate(self._skip)
@@ -768,6 +792,16 @@ class _TokenizerRegistry:
             return
         del self.loaded[:-8]
 
+    def loaded_from(self, name):
+        """The newest tokenizer the program loaded from `name` (a model's name_or_path), or None."""
+        if not name:
+            return None
+        for ref in reversed(self.loaded):
+            tok = ref()
+            if tok is not None and getattr(tok, "name_or_path", None) == name:
+                return tok
+        return None
+
     def find(self, model):
         """The tokenizer loaded from the same place as the model, else the newest one loaded."""
         candidates = [ref() for ref in reversed(self.loaded) if ref() is not None]
@@ -944,9 +978,16 @@ class AutoAttach:
             tokenizer = loader.__func__(cls, *args, **kwargs)
             _TOKENIZERS.remember(tokenizer)
             for probe in watcher.probes:
-                if getattr(tokenizer, "name_or_path", None) == probe.name or watcher.tokenizer is None:
-                    watcher.tokenizer = tokenizer
-                    watcher.builder.forget_pieces()
+                own = getattr(tokenizer, "name_or_path", None) == probe.name
+                if own:  # loaded after its model (the usual order): that model's ids are read with it
+                    with watcher._lock:
+                        probe.tokenizer = tokenizer
+                        watcher.builder.forget_pieces()
+                if own or watcher.tokenizer is None:
+                    with watcher._lock:
+                        if watcher.tokenizer is None:
+                            watcher.tokenizer = tokenizer
+                            watcher.builder.forget_pieces()
                     _TOKENIZERS.watch(tokenizer, watcher)
             return tokenizer
 

@@ -9,6 +9,7 @@ are not read); logits [batch, n or 1, vocab].
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,8 +103,11 @@ class StepBuilder:
 
     def __init__(self, watcher):
         self.watcher = watcher
+        self._probe: Any = None  # the model whose forward is read now: its tokenizer decodes the pieces
+        self._tok: Any = None
         self._pieces: dict[int, str] = {}
         self._labels: dict[int, str] = {}
+        self._by_tokenizer: dict[int, tuple[Any, dict[int, str], dict[int, str]]] = {}  # id -> (ref, pieces, labels)
         self._specials_key: tuple | None = None
         self._specials_value: tuple = ()
         self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
@@ -112,15 +116,36 @@ class StepBuilder:
     # ---- tokens ----------------------------------------------------------------------------------
 
     def forget_pieces(self) -> None:
-        self._pieces.clear()
-        self._labels.clear()
+        self._by_tokenizer.clear()
+        self._tok = None
+        self.use(self._probe)
+
+    def use(self, probe) -> None:
+        """Read the next tokens with this model's tokenizer (a program that runs two model families has
+        two vocabularies: an id is a different piece in each)."""
+        self._probe = probe
+        tok = self.watcher.tokenizer_of(probe)
+        if tok is self._tok and self._tok is not None:
+            return
+        self._tok = tok
+        if tok is None:
+            self._pieces, self._labels = {}, {}
+            return
+        held = self._by_tokenizer.get(id(tok))
+        if held is None or held[0]() is not tok:  # new, or an id reused by another object
+            try:
+                ref: Any = weakref.ref(tok)
+            except TypeError:
+                ref = lambda tok=tok: tok  # noqa: E731  an object without weak references: kept
+            held = self._by_tokenizer[id(tok)] = (ref, {}, {})
+        _, self._pieces, self._labels = held
 
     def piece(self, token_id: int) -> str:
         text = self._pieces.get(token_id)
         if text is None:
             if token_id < 0:
                 return "<embeds>" if token_id == -1 else "?"
-            tok = self.watcher.tokenizer
+            tok = self._tok
             try:
                 text = tok.decode([token_id], skip_special_tokens=False) if tok else f"#{token_id}"
             except Exception:  # noqa: BLE001  a tokenizer that cannot decode this id: shown by its number
@@ -133,27 +158,29 @@ class StepBuilder:
         text = self._labels.get(token_id)
         if text is None:
             piece, raw = self.piece(token_id), None
-            if "\ufffd" in piece and self.watcher.tokenizer is not None:
+            if "\ufffd" in piece and self._tok is not None:
                 try:
-                    raw = self.watcher.tokenizer.convert_ids_to_tokens(token_id)
+                    raw = self._tok.convert_ids_to_tokens(token_id)
                 except Exception:  # noqa: BLE001  a tokenizer without this id's token: shown by its piece
                     raw = None
             text = self._labels[token_id] = token_text(piece, token_id, raw if isinstance(raw, str) else None)
         return text
 
     def specials(self) -> tuple[SpecialIds, frozenset[int]]:
-        tok = self.watcher.tokenizer
-        key = (id(tok), len(self.watcher.probes))
+        tok, probe = self._tok, self._probe
+        key = (id(tok), id(probe))
         if self._specials_key != key:  # read once per tokenizer: the sets cost more than a forward's bookkeeping
-            self._specials_key, self._specials_value = key, self._read_specials(tok)
+            self._specials_key, self._specials_value = key, self._read_specials(tok, probe)
         return self._specials_value
 
-    def _read_specials(self, tok) -> tuple[SpecialIds, frozenset[int]]:
+    def _read_specials(self, tok, probe) -> tuple[SpecialIds, frozenset[int]]:
         if tok is None:
             return SpecialIds(None, frozenset(), None), frozenset()
         eos = {tok.eos_token_id} if isinstance(tok.eos_token_id, int) else set()
-        for probe in self.watcher.probes:
-            gen = getattr(probe.model, "generation_config", None)
+        for other in self.watcher.probes:  # this model's end ids (and those of models sharing its tokenizer)
+            if other is not probe and self.watcher.tokenizer_of(other) is not tok:
+                continue
+            gen = getattr(other.model, "generation_config", None)
             value = getattr(gen, "eos_token_id", None)
             eos.update([value] if isinstance(value, int) else (value or []))
         special = set(getattr(tok, "all_special_ids", []) or [])
@@ -204,6 +231,7 @@ class StepBuilder:
         self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float
     ) -> StepSnapshot:
         watcher, probe = self.watcher, call.probe
+        self.use(probe)
         ids_info, special = self.specials()
         at = f" [{call.caller}]"
         applied = self._applied(call)  # [batch][n]

@@ -449,3 +449,42 @@ def test_watched_program_with_a_refused_hybrid_runs_on(tiny_dir, tmp_path):
     else:
         assert len(refusals) == 1 and "cannot inspect this hybrid here" in refusals[0], run.stderr[-2000:]
         assert "0 forwards watched" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("tokenizer_first", [True, False])
+def test_two_model_families_in_one_program_each_read_with_its_own_tokenizer(tiny_dir, tokenizer_first):
+    """A program that runs a Llama and then a Qwen2 (an eval sweep): the same id is a different piece in
+    each vocabulary, so every piece (fed tokens and top-k) must come from the tokenizer loaded with the
+    model that ran. Before, the first tokenizer read both (Qwen2's "The capital" showed as "qual ays").
+    Models and tokenizers load in either order, as programs do."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kvtui.engine.probe import AutoAttach, Watcher
+
+    snapshots = []
+    watcher = Watcher(on_snapshot=snapshots.append)
+    attach = AutoAttach(watcher).install()
+    tokenizers = []
+    try:
+        for arch in ("llama", "qwen2"):
+            path = str(tiny_dir(arch))
+            if tokenizer_first:
+                tok = AutoTokenizer.from_pretrained(path)
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+                tok = AutoTokenizer.from_pretrained(path)
+            tokenizers.append(tok)
+            ids = tok("The capital of France is", return_tensors="pt")
+            model.generate(**ids, max_new_tokens=3, do_sample=False)
+    finally:
+        attach.uninstall()
+        watcher.detach()
+    assert tokenizers[0]("The capital")["input_ids"] != tokenizers[1]("The capital")["input_ids"]  # two vocabs
+    assert len(snapshots) == 6
+    for index, snapshot in enumerate(snapshots):
+        tok = tokenizers[index // 3]
+        fed = snapshot.buffer[len(snapshot.buffer) - len(snapshot.input_ids) :]
+        assert [t.piece for t in fed] == [tok.decode([i], skip_special_tokens=False) for i in snapshot.input_ids]
+        assert [t.text for t in snapshot.topk] == [tok.decode([t.id], skip_special_tokens=False) for t in snapshot.topk]
+    assert "".join(t.piece for t in snapshots[3].buffer).endswith("The capital of France is")
