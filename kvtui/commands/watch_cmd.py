@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import click
@@ -232,7 +231,7 @@ def run_tree_headless(
                 file=err,
             )
     try:
-        with tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-") as hook_dir:
+        with tree.hook_directory() as hook_dir:
             env = tree.environment(Path(hook_dir), connect, token, top_k)
             code = _run_command(executable, command, args, env, err)
         if server is None or code is None:

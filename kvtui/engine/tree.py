@@ -72,6 +72,42 @@ del _kvtui_start
 '''
 
 
+HOOK_PREFIX = "kvtui-watch-tree-"  # then the viewer's pid: a directory whose viewer is gone is swept
+
+
+def hook_directory():
+    """A temporary directory for the hook, named after this viewer's pid. Those that killed viewers left
+    (a SIGKILL runs no cleanup) are removed first."""
+    import tempfile
+
+    sweep_hook_directories()
+    return tempfile.TemporaryDirectory(prefix=f"{HOOK_PREFIX}{os.getpid()}-")
+
+
+def sweep_hook_directories(root: Path | None = None) -> list[Path]:
+    """Remove the hook directories under `root` (the temporary directory) whose viewer process is gone."""
+    import shutil
+    import tempfile
+
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{HOOK_PREFIX}*-*"):
+        pid = path.name[len(HOOK_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): alive
+        return True
+    return True
+
+
 def environment(
     hook_dir: Path,
     connect: str,

@@ -4,13 +4,12 @@ The hook, the server and the trace merge are in tree.py (imported in every proce
 from __future__ import annotations
 
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 from .diagnostics import check_ranks
 from .stream import ChildSource, format_command
-from .tree import Naming, ProcessRun, TreeServer, desync, environment, merge
+from .tree import Naming, ProcessRun, TreeServer, desync, environment, hook_directory, merge
 
 
 class TreeSource(ChildSource):
@@ -45,7 +44,7 @@ class TreeSource(ChildSource):
         self._held: dict[int, int] = {}  # pid -> the process's step it is held after (a "paused" record)
         host, _, port = (listen or "127.0.0.1:0").rpartition(":")
         self.server = TreeServer(host, int(port), on_record=self._arrived)
-        self._hook_dir = tempfile.TemporaryDirectory(prefix="kvtui-watch-tree-")
+        self._hook_dir = hook_directory()
         env = environment(
             Path(self._hook_dir.name),
             self.server.address,

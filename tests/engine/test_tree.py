@@ -383,3 +383,21 @@ def initialized_session_state():
         f"[conftest.py:{line} in fixture initialized_session_state]" in text for text in alarms
     ), watched.stderr[-3000:]
     assert "2 process(es) built a causal LM" in watched.stderr  # the two workers, not the controller
+
+
+def test_a_killed_viewers_hook_directory_is_swept_by_the_next_start(tmp_path):
+    """A SIGKILLed viewer runs no cleanup: its hook directory (a sitecustomize.py) stays in the temporary
+    directory. The next viewer removes every hook directory whose viewer's pid is gone, and only those."""
+    from kvtui.engine.tree import HOOK_PREFIX, sweep_hook_directories
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid names no process now
+    dead = tmp_path / f"{HOOK_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{HOOK_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "kvtui-engine-123-x"  # not a hook directory
+    old = tmp_path / f"{HOOK_PREFIX}x8ab_3kd"  # an older kvtui's name, without a pid: left alone
+    for path in (dead, live, other, old):
+        path.mkdir()
+        (path / "sitecustomize.py").write_text("")
+    assert sweep_hook_directories(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and other.exists() and old.exists()
