@@ -14,7 +14,7 @@ Random weights are honest for a timing: a forward's cost does not depend on the 
 is SmolLM2's (its chat template), carried as files: `--tokenizer DIR` (tokenizer files + config.json).
 
 Usage (on a machine with CUDA): python benchmarks/b_step_cost_gpu.py --tokenizer DIR [--rows tiny,smol,smol-compile,8b]
-    [--n 120] [--tokens 200] [--repeats 5] [--json OUT]
+    [--n 120] [--tokens 200] [--repeats 5] [--json OUT] [--compile-mode reduce-overhead|default|...]
 Not run by `make bench` on a CPU-only machine: it needs CUDA.
 """
 
@@ -99,8 +99,11 @@ class Bare:
         return self.token
 
 
+COMPILE_MODE = "reduce-overhead"  # --compile-mode: on torch 2.11 this mode's Triton autotuning segfaulted (GPU.md)
+
+
 def _compile(model):
-    return torch.compile(model.forward, mode="reduce-overhead", fullgraph=False, dynamic=False)
+    return torch.compile(model.forward, mode=COMPILE_MODE, fullgraph=False, dynamic=False)
 
 
 def _session(model, tokenizer, static: bool, trace: Path):
@@ -262,6 +265,7 @@ def build(row: str, tokenizer_dir: Path, tmp: Path):
 
 
 def main() -> None:
+    global DEVICE, COMPILE_MODE
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--rows", default="tiny,smol,8b,smol-compile")  # the compiles last: the slowest
@@ -270,9 +274,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--compile-mode", default=COMPILE_MODE, help="torch.compile mode of the smol-compile row")
     args = parser.parse_args()
-    global DEVICE
-    DEVICE = args.device
+    DEVICE, COMPILE_MODE = args.device, args.compile_mode
     if DEVICE == "cuda" and not torch.cuda.is_available():
         raise SystemExit("b_step_cost_gpu: no CUDA device here")
     result = {
