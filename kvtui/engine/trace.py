@@ -140,7 +140,8 @@ class LineWriter:
             self._queue.put(data)
             return
         with self._lock:
-            self._write(data)
+            if self._open:  # a put racing close() on another thread writes nothing rather than fail
+                self._write(data)
 
     def _write(self, data: bytes) -> None:
         if self.error is not None:
@@ -182,10 +183,11 @@ class LineWriter:
                 assert self._queue is not None
                 self._queue.put(None)
                 thread.join()
-        try:
-            self._file.close()
-        except OSError:
-            pass
+        with self._lock:
+            try:
+                self._file.close()
+            except OSError:
+                pass
 
 
 class TraceWriter:
