@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import asdict
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -204,7 +204,7 @@ class _Probe:
         self.class_name = type(model).__name__
         self.name = getattr(model, "name_or_path", None) or self.class_name
         self.role: str | None = None  # "draft" when passed to generate() as assistant_model
-        self._tokenizer: Callable[[], Any] | None = None  # its own tokenizer (a weak reference to the program's)
+        self._tokenizer: weakref.ref | None = None  # its own tokenizer (the program's, held weakly)
         self.window = introspect.config_window(model.config)
         self.accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         parameters = list(inspect.signature(type(model).forward).parameters.values())[1:]  # after self
@@ -232,11 +232,8 @@ class _Probe:
         return self._tokenizer() if self._tokenizer is not None else None
 
     @tokenizer.setter
-    def tokenizer(self, tokenizer) -> None:
-        try:
-            self._tokenizer = weakref.ref(tokenizer)
-        except TypeError:
-            self._tokenizer = lambda: tokenizer
+    def tokenizer(self, tokenizer) -> None:  # one the registry found: it took a weak reference already
+        self._tokenizer = weakref.ref(tokenizer)
 
     @property
     def label(self) -> str | None:
@@ -804,11 +801,11 @@ class _TokenizerRegistry:
 
     def find(self, model):
         """The tokenizer loaded from the same place as the model, else the newest one loaded."""
-        candidates = [ref() for ref in reversed(self.loaded) if ref() is not None]
         name = getattr(model, "name_or_path", None)
-        for tok in candidates:
-            if name and getattr(tok, "name_or_path", None) == name:
-                return tok
+        own = self.loaded_from(name)
+        if own is not None:
+            return own
+        candidates = [ref() for ref in reversed(self.loaded) if ref() is not None]
         if candidates:
             return candidates[0]
         if name and os.path.isdir(name):
@@ -979,16 +976,14 @@ class AutoAttach:
             _TOKENIZERS.remember(tokenizer)
             for probe in watcher.probes:
                 own = getattr(tokenizer, "name_or_path", None) == probe.name
-                if own:  # loaded after its model (the usual order): that model's ids are read with it
-                    with watcher._lock:
+                if not own and watcher.tokenizer is not None:
+                    continue
+                with watcher._lock:  # the builder picks it up at the next forward (pieces are kept per tokenizer)
+                    if own:  # loaded after its model (the usual order): that model's ids are read with it
                         probe.tokenizer = tokenizer
-                        watcher.builder.forget_pieces()
-                if own or watcher.tokenizer is None:
-                    with watcher._lock:
-                        if watcher.tokenizer is None:
-                            watcher.tokenizer = tokenizer
-                            watcher.builder.forget_pieces()
-                    _TOKENIZERS.watch(tokenizer, watcher)
+                    if watcher.tokenizer is None:
+                        watcher.tokenizer = tokenizer
+                _TOKENIZERS.watch(tokenizer, watcher)
             return tokenizer
 
         PreTrainedTokenizerBase.from_pretrained = classmethod(from_pretrained)

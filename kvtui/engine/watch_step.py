@@ -9,7 +9,6 @@ are not read); logits [batch, n or 1, vocab].
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +27,7 @@ from .diagnostics import (
     token_text,
 )
 from .lineage import CacheTrack
+from .patches import Registry
 from .sampling import top_token_rows, watched_tokens
 from .snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
 
@@ -107,18 +107,13 @@ class StepBuilder:
         self._tok: Any = None
         self._pieces: dict[int, str] = {}
         self._labels: dict[int, str] = {}
-        self._by_tokenizer: dict[int, tuple[Any, dict[int, str], dict[int, str]]] = {}  # id -> (ref, pieces, labels)
+        self._by_tokenizer: Registry[tuple[dict[int, str], dict[int, str]]] = Registry()  # -> (pieces, labels)
         self._specials_key: tuple | None = None
         self._specials_value: tuple = ()
         self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
         self._no_cache_alarms = Alarms()  # forwards with no cache share one repeat state
 
     # ---- tokens ----------------------------------------------------------------------------------
-
-    def forget_pieces(self) -> None:
-        self._by_tokenizer.clear()
-        self._tok = None
-        self.use(self._probe)
 
     def use(self, probe) -> None:
         """Read the next tokens with this model's tokenizer (a program that runs two model families has
@@ -131,14 +126,14 @@ class StepBuilder:
         if tok is None:
             self._pieces, self._labels = {}, {}
             return
-        held = self._by_tokenizer.get(id(tok))
-        if held is None or held[0]() is not tok:  # new, or an id reused by another object
+        held = self._by_tokenizer.get(tok)
+        if held is None:
+            held = ({}, {})
             try:
-                ref: Any = weakref.ref(tok)
-            except TypeError:
-                ref = lambda tok=tok: tok  # noqa: E731  an object without weak references: kept
-            held = self._by_tokenizer[id(tok)] = (ref, {}, {})
-        _, self._pieces, self._labels = held
+                self._by_tokenizer.add(tok, held)
+            except TypeError:  # an object without weak references: its pieces last while it is in use
+                pass
+        self._pieces, self._labels = held
 
     def piece(self, token_id: int) -> str:
         text = self._pieces.get(token_id)
