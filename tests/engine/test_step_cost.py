@@ -1,4 +1,4 @@
-"""The cheap per-step paths give what the plain computations give: top-k from topk + logsumexp, the greedy
+"""The cheap per-step paths give what the plain computations give: top-k from topk + log_softmax, the greedy
 choice read from it, the faster frozen dataclasses, the cache fingerprint's identity checks, the writer
 thread's order and durability."""
 
