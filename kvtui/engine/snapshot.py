@@ -280,11 +280,15 @@ class StepSnapshot:
         return sum(layer.bytes for layer in self.layers)
 
     def to_record(self, objects: bool = False) -> dict:
-        """The trace's `step` line (see README, trace schema 1). `objects`: layers, top tokens and fed tokens
-        stay the frozen dataclasses they are (orjson writes a dataclass as the same object its record is,
-        field by field, at a fraction of the cost of building the dicts)."""
+        """The trace's `step` line (see README, trace schema 1). `objects`: for orjson, which writes a tuple
+        as the list it is in the record: layers, top tokens and fed tokens become dicts of their fields as
+        they are (one generated dict display each), the bytes orjson writes for the dataclass itself, at
+        half its cost (orjson reads a slotted dataclass field by field: ~0.7 µs a TopToken, the display
+        ~0.3)."""
         layer_record, top_record, token_record = (
-            (_as_is, _as_is, _as_is) if objects else (_layer_record, _top_record, _token_record)
+            (_LAYER_FIELDS_AS_IS, _TOP_FIELDS_AS_IS, _TOKEN_FIELDS_AS_IS)
+            if objects
+            else (_layer_record, _top_record, _token_record)
         )
         return {
             "type": "step",
@@ -353,8 +357,16 @@ class StepSnapshot:
         return record
 
 
-def _as_is(value):
-    return value
+def _fields_as_is(cls: type):
+    """A function: instance -> {field: value} in field order, values as they are (tuples stay tuples)."""
+    names = [f.name for f in fields(cls)]
+    source = "lambda o: {" + ", ".join(f"{name!r}: o.{name}" for name in names) + "}"
+    return eval(source)  # noqa: S307  (generated from the class's own field names, as dataclasses does)
+
+
+_LAYER_FIELDS_AS_IS = _fields_as_is(LayerInfo)
+_TOP_FIELDS_AS_IS = _fields_as_is(TopToken)
+_TOKEN_FIELDS_AS_IS = _fields_as_is(BufferToken)
 
 
 def _plain(value):
