@@ -10,6 +10,7 @@ line with no newline that does not parse is the tail an interrupted writer left,
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import os
 import platform
@@ -147,8 +148,11 @@ class LineWriter:
         if self.error is not None:
             return
         try:
-            self._file.write(data)
-            self._file.flush()
+            if isinstance(self._file, io.RawIOBase):  # one system call, no buffer to copy into and flush
+                _write_all(self._file, data)
+            else:
+                self._file.write(data)
+                self._file.flush()
         except Exception as exc:  # noqa: BLE001  said at the next put (or dropped: a viewer gone)
             self.error = exc
 
@@ -190,6 +194,16 @@ class LineWriter:
                 pass
 
 
+def _write_all(file: io.RawIOBase, data: bytes) -> None:
+    """An unbuffered write may take part of the bytes (a signal, a full disk): write until all are."""
+    view = memoryview(data)
+    while view:
+        written = file.write(view)
+        if not written:  # None (would block) or 0: nothing more can go
+            raise OSError(f"wrote {len(data) - len(view)} of {len(data)} bytes")
+        view = view[written:]
+
+
 class TraceWriter:
     """Appends records to a JSON Lines file through a LineWriter (one flush per record, on the caller's
     thread; to a stream, off it). The header is written before the constructor returns."""
@@ -206,10 +220,15 @@ class TraceWriter:
         try:
             if handle is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                handle = open(self.path, "ab" if append else "wb")
+                # unbuffered: each line is one system call (after a forward, ~16 µs where a buffered
+                # write and flush took ~24), in the operating system's hands when it returns
+                handle = open(self.path, "ab" if append else "wb", buffering=0)
             if not append:
-                handle.write(record_line(header))
-                handle.flush()
+                if isinstance(handle, io.RawIOBase):
+                    _write_all(handle, record_line(header))
+                else:
+                    handle.write(record_line(header))
+                    handle.flush()
         except OSError as exc:
             raise TraceError(f"{self.path}: cannot write the trace: {exc.strerror or exc}") from exc
         self._writer: LineWriter | None = LineWriter(
