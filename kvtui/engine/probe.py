@@ -656,7 +656,8 @@ class Watcher:
             self.last = snapshot
             self._last_probe = call.probe
             if logits is not None and logits.dim() == 3:
-                self._last_logits = logits[0, -1].detach().float().clone()  # [vocab], for verify
+                last = logits[0, -1].detach()  # [vocab], for verify: a copy (the program may edit its logits)
+                self._last_logits = last.clone() if last.dtype == torch.float32 else last.float()
             self.diagnostics.extend(snapshot.diagnostics)
             if self.recorder is not None:
                 self.recorder.record(snapshot)  # written and flushed before the program's next line

@@ -284,7 +284,7 @@ class ChatSession:
         self._next_position = positions[-1] + 1
         attention = self._newest_attention(out) if self.config.attention else None
         self._logits = logits
-        scores = self.sampler.process(self._history(), logits)
+        scores = self.sampler.process(self._history(), logits) if self.sampler.processors else logits
         k = self.config.top_k_shown
         top = top_tokens(scores, k, self.piece)
         top_raw = top if scores is logits else top_tokens(logits, k, self.piece)  # no processors: the same
