@@ -210,6 +210,55 @@ class BareLoop:
         return self.token
 
 
+class FloorHook:
+    """The least any inspection of a forward does: read the fed ids and the cache length before it; after
+    it, the top-k (topk + log_softmax + gather, three reads), each layer's K shape and dtype, one JSON line
+    written to a file. No kvtui code: what a watched step would cost if nothing else were read or checked."""
+
+    def __init__(self, model, path: Path):
+        import os
+
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        self.handles = [
+            model.register_forward_pre_hook(self.before, with_kwargs=True),
+            model.register_forward_hook(self.after, with_kwargs=True),
+        ]
+        self.fed: list = []
+        self.length = 0
+
+    def before(self, module, args, kwargs):
+        self.fed = kwargs["input_ids"].tolist()
+        self.length = kwargs["past_key_values"].get_seq_length()
+
+    def after(self, module, args, kwargs, output):
+        import os
+
+        import orjson
+
+        last = output.logits[0, -1]  # [vocab]
+        values, ids = torch.topk(last, 10)
+        logprobs = torch.log_softmax(last, -1).gather(-1, ids)
+        top = zip(ids.tolist(), values.tolist(), logprobs.tolist())
+        layers = [
+            {"index": i, "k_shape": tuple(layer.keys.shape), "dtype": str(layer.keys.dtype)}
+            for i, layer in enumerate(kwargs["past_key_values"].layers)
+        ]
+        record = {
+            "input_ids": self.fed,
+            "cache_length_before": self.length,
+            "topk": [{"id": i, "logit": v, "logprob": p} for i, v, p in top],
+            "layers": layers,
+        }
+        os.write(self.fd, orjson.dumps(record) + b"\n")
+
+    def remove(self) -> None:
+        import os
+
+        for handle in self.handles:
+            handle.remove()
+        os.close(self.fd)
+
+
 def _pairs(first, second, n: int) -> tuple[list[float], list[float]]:
     """Per-step wall times of two step functions advanced in alternation (order flipped every step)."""
     a, b = [], []
@@ -307,6 +356,7 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
         "engine_over_bare": [],
         "watched_over_plain_cpu": [],
         "engine_over_bare_cpu": [],
+        "floor_over_plain": [],
     }
 
     def steps(step, count=n):
@@ -322,6 +372,12 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
         with probe.watch(model, tokenizer, trace=trace_dir / f"ratio{repeat}.jsonl"):
             loop = UserLoop(model, tokenizer)
             watched = _timed(steps(loop.step))
+        floor_hook = FloorHook(model, trace_dir / f"floor{repeat}.jsonl")
+        try:
+            floor_loop = UserLoop(model, tokenizer)
+            floor = _timed(steps(floor_loop.step))
+        finally:
+            floor_hook.remove()
         chat = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=10**9))
         chat.stop_ids = frozenset()
         rec = recorder.Recorder(chat, trace_dir / f"engine{repeat}.jsonl")
@@ -336,10 +392,12 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
             ratios["engine_over_bare"].append(engine[0] / bare_s[0])
             ratios["watched_over_plain_cpu"].append(watched[1] / plain[1])
             ratios["engine_over_bare_cpu"].append(engine[1] / bare_s[1])
+            ratios["floor_over_plain"].append(floor[0] / plain[0])
             log(
                 f"  repeat {repeat}: watched/plain {ratios['watched_over_plain'][-1]:.3f} (CPU "
                 f"{ratios['watched_over_plain_cpu'][-1]:.3f}), engine/bare {ratios['engine_over_bare'][-1]:.3f} (CPU "
-                f"{ratios['engine_over_bare_cpu'][-1]:.3f}); plain {plain[0] / n * 1e3:.2f} ms/token"
+                f"{ratios['engine_over_bare_cpu'][-1]:.3f}), floor/plain {ratios['floor_over_plain'][-1]:.3f}; "
+                f"plain {plain[0] / n * 1e3:.2f} ms/token"
             )
     return {"n": n, **{name: summary(values) for name, values in ratios.items()}}
 
@@ -502,6 +560,9 @@ def compare_report(runs: dict, before_src: str) -> str:
         f"| {ratio('after', 'watched_over_plain_cpu')} | – |",
         f"| engine / bare, CPU time (all threads) | {ratio('before', 'engine_over_bare_cpu')} "
         f"| {ratio('after', 'engine_over_bare_cpu')} | – |",
+        "| floor / plain: a bare forward hook that reads only the fed ids, the cache length, the top-k and each "
+        "layer's shape, and writes one line (no kvtui code; the same in both columns by construction) | "
+        f"{ratio('before', 'floor_over_plain')} | {ratio('after', 'floor_over_plain')} | – |",
         "",
     ]
     return "\n".join(lines)
@@ -563,5 +624,6 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
     print(
         f"watched/plain {r['watched_over_plain']['median']:.3f} ({r['watched_over_plain']['min']:.3f}–"
         f"{r['watched_over_plain']['max']:.3f}); engine/bare {r['engine_over_bare']['median']:.3f} "
-        f"({r['engine_over_bare']['min']:.3f}–{r['engine_over_bare']['max']:.3f})"
+        f"({r['engine_over_bare']['min']:.3f}–{r['engine_over_bare']['max']:.3f}); floor/plain "
+        f"{r['floor_over_plain']['median']:.3f}"
     )

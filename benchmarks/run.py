@@ -474,7 +474,14 @@ def step_cost_report(r: dict) -> list[str]:
         f"{fmt_stat(ratios['engine_over_bare_cpu'], 3)}). Targets ≤ 1.15 and "
         f"≤ 1.10 (goal 1.05): watched {_verdict(watched['median'] <= 1.15)}, "
         f"engine {_verdict(engine['median'] <= 1.10)}."
-        " Before/after of this issue's change, measured side by side: `benchmarks/STEP-COST.md`.",
+        + (
+            f" The floor, a bare forward hook that reads only the fed ids, the cache length, the top-k and each "
+            f"layer's shape and writes one line (no kvtui code), costs {fmt_stat(ratios['floor_over_plain'], 3)} "
+            "on the same loop: what any inspection of this step pays before it checks or records anything more."
+            if "floor_over_plain" in ratios
+            else ""
+        )
+        + " Before/after of this issue's change, measured side by side: `benchmarks/STEP-COST.md`.",
     ]
 
 
