@@ -94,6 +94,7 @@ def main() -> int:
     from transformers.utils import logging as hf_logging
 
     import b_caches
+    import b_knockout
     import b_overhead
     import b_step_cost
     import b_ui
@@ -164,6 +165,7 @@ def main() -> int:
         n=60 if q else 120,
         repeats=3 if q else 5,
     )
+    results["knockout"] = b_knockout.bench(tiny3.model, tiny3.tokenizer, steps=1000 if q else 3000)
     loads["6. step cost"] = section.stop()
 
     # ---- 2. scale (child process: its memory readings are its own) ----------------------------------
@@ -446,6 +448,7 @@ def pipe_report(r: dict) -> list[str]:
 
 
 def step_cost_report(r: dict) -> list[str]:
+    import b_knockout
     import b_step_cost
 
     c = r.get("step_cost")
@@ -482,6 +485,19 @@ def step_cost_report(r: dict) -> list[str]:
             else ""
         )
         + " Before/after of this issue's change, measured side by side: `benchmarks/STEP-COST.md`.",
+        *(
+            [
+                "",
+                "What the biggest parts of a watched step cost in place (`benchmarks/b_knockout.py`): one watched loop "
+                "whose steps alternate between the part on and switched off, median step with it minus median step "
+                "without; nothing wrapped, so a part pays the cold caches it meets right after a forward (the part "
+                "clocks above time the same code warmer, or with a wrapper's cost).",
+                "",
+                *b_knockout.table(r["knockout"]),
+            ]
+            if r.get("knockout")
+            else []
+        ),
     ]
 
 
