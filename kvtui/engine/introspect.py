@@ -8,6 +8,7 @@ the session stays the one place that decides when the cache changes.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -282,16 +283,60 @@ def _storage_bytes(tensor) -> int:
         return tensor.numel() * tensor.element_size()
 
 
-def _static_counter(layer) -> int | None:
+def _on_host(counter: torch.Tensor) -> bool:
+    return counter.is_cpu  # reading it waits for no device: int() on it is the cheapest read there is
+
+
+class _Counters:
+    """The token counters of a cache's layers that are tensors on a device (5.x StaticLayer keeps a 0-dim
+    tensor on the cache's device), read on first use in one host transfer per device: int() on each would
+    wait for the device once per layer (on a GPU, ~60 waits a step for 30 layers). Counters on the CPU are
+    read one by one (stacking them costs more than it saves there); a cache without such layers reads
+    nothing more."""
+
+    def __init__(self, layers):
+        self._layers = layers
+        self._read: dict[int, int] | None = None  # id(layer) -> its count, for the layers being read now
+
+    def get(self, layer, counter: torch.Tensor) -> int:
+        if _on_host(counter):
+            return int(counter)
+        if self._read is None:
+            self._read = _read_counters(self._layers)
+        found = self._read.get(id(layer))
+        return int(counter) if found is None else found
+
+
+def _read_counters(layers) -> dict[int, int]:
+    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+    for layer in layers:
+        counter = None if hasattr(layer, "cumulative_length_int") else getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor) and counter.dim() == 0 and not _on_host(counter):
+            by_device.setdefault(counter.device, []).append((id(layer), counter))
+    read: dict[int, int] = {}
+    for entries in by_device.values():
+        values = torch.stack([counter for _, counter in entries]).tolist()  # [layers]: one transfer
+        read.update(zip((key for key, _ in entries), values))
+    return read
+
+
+def _static_counter(layer, counters: _Counters | None = None) -> int | None:
     """Tokens written into a static layer, read from its counter (5.x) or None if it has none (4.x)."""
     if hasattr(layer, "cumulative_length_int"):
         return int(layer.cumulative_length_int)
     counter = getattr(layer, "cumulative_length", None)
-    return None if counter is None else int(counter)
+    if counter is None:
+        return None
+    if counters is not None and isinstance(counter, torch.Tensor):
+        return counters.get(layer, counter)
+    return int(counter)
 
 
-def _layer_counts(layer, kind: str, cache_len: int) -> tuple[int, int]:
-    """(seen, filled): tokens fed to this layer in total, and slots holding real states now."""
+def _layer_counts(
+    layer, kind: str, cache_len: int | Callable[[], int], counters: _Counters | None = None
+) -> tuple[int, int]:
+    """(seen, filled): tokens fed to this layer in total, and slots holding real states now. `cache_len`:
+    the cache's length, or a function that reads it (only a static layer without a counter needs it)."""
     keys: Any = getattr(layer, "keys", None)
     initialized = keys is not None and getattr(layer, "is_initialized", True) and keys.dim() == 4
     slots = keys.shape[-2] if initialized else 0
@@ -301,8 +346,11 @@ def _layer_counts(layer, kind: str, cache_len: int) -> tuple[int, int]:
         seen = int(getattr(layer, "cumulative_length", slots))
         return seen, slots
     # static layers hold max_cache_len slots whatever is written: the counter is the truth.
-    counter = _static_counter(layer) if initialized else 0
-    seen = cache_len if counter is None else counter
+    counter = _static_counter(layer, counters) if initialized else 0
+    if counter is None:
+        seen = cache_len() if callable(cache_len) else cache_len
+    else:
+        seen = counter
     return seen, min(seen, slots)
 
 
@@ -377,6 +425,7 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
     cache_len = seq_length(cache)
     offloading = bool(getattr(cache, "offloading", False))
     only_non_sliding = bool(getattr(cache, "only_non_sliding", False))
+    counters = _Counters(cache.layers)
     infos = []
     for index, layer in enumerate(cache.layers):
         kind = _kind(layer)
@@ -424,7 +473,7 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
         values: Any = getattr(layer, "values", None)
         has_states = keys is not None and keys.dim() == 4
         base = kind.split("+")[0]
-        seen, filled = _layer_counts(layer, base, cache_len)
+        seen, filled = _layer_counts(layer, base, cache_len, counters)
         if base in ("full", "none"):
             capacity, window = None, None
         elif base == "sliding":
@@ -656,11 +705,25 @@ def _kv_tensors(keys, values) -> bool:
     return isinstance(keys, torch.Tensor) and keys.dim() == 4 and isinstance(values, torch.Tensor)
 
 
-def _counter(layer, kind: str, keys, cache) -> tuple[int | None, int]:
+def _counter(layer, kind: str, keys, reader: _CountReader) -> tuple[int | None, int]:
     """(its token counter, None for a full layer whose slots are its tokens; filled slots)."""
     if kind == "full":
         return None, keys.shape[-2]
-    return _layer_counts(layer, kind, seq_length(cache))
+    return _layer_counts(layer, kind, reader.length, reader.counters)
+
+
+class _CountReader:
+    """A cache's length and its layers' counters, each read once, when a layer first needs it."""
+
+    def __init__(self, cache, layers):
+        self.cache = cache
+        self.counters = _Counters(layers)
+        self._length: int | None = None
+
+    def length(self) -> int:
+        if self._length is None:
+            self._length = seq_length(self.cache)
+        return self._length
 
 
 def fingerprint(cache) -> Fingerprint:
@@ -668,13 +731,15 @@ def fingerprint(cache) -> Fingerprint:
     no K/V copy, no transfer to the host."""
     layers: list[tuple] = []
     views = []
-    for index, layer in enumerate(getattr(cache, "layers", ())):
+    cache_layers = getattr(cache, "layers", ())
+    reader = _CountReader(cache, cache_layers)
+    for index, layer in enumerate(cache_layers):
         keys: Any = getattr(layer, "keys", None)
         values: Any = getattr(layer, "values", None)
         if not _kv_tensors(keys, values):
             layers.append((layer, keys, values, None, None))
             continue
-        counter, filled = _counter(layer, _kind(layer), keys, cache)
+        counter, filled = _counter(layer, _kind(layer), keys, reader)
         if keys.is_inference() or values.is_inference():
             versions = None
             if filled > 0:  # slots 0 and filled-1 (views, no copy)
@@ -700,13 +765,13 @@ def _stack(views: list) -> list:
         return [(indices, torch.stack([views[i][1] for i in indices])) for indices in groups.values()]
 
 
-def _same(entry, layer, cache) -> bool:
+def _same(entry, layer, reader: _CountReader) -> bool:
     held, keys, values, counter, versions = entry
     if layer is not held or getattr(layer, "keys", None) is not keys or getattr(layer, "values", None) is not values:
         return False
     if not _kv_tensors(keys, values):
         return True
-    if counter is not None and _counter(layer, _kind(layer), keys, cache)[0] != counter:
+    if counter is not None and _counter(layer, _kind(layer), keys, reader)[0] != counter:
         return False
     return versions is None or versions == (keys._version, values._version)  # type: ignore[union-attr]  # _kv_tensors
 
@@ -716,8 +781,9 @@ def changed(before: Fingerprint, cache) -> str | None:
     `before` (it is spent)."""
     try:
         layers = list(getattr(cache, "layers", ()))
+        reader = _CountReader(cache, layers)
         if len(layers) != len(before.layers) or not all(
-            _same(e, layer, cache) for e, layer in zip(before.layers, layers)
+            _same(e, layer, reader) for e, layer in zip(before.layers, layers)
         ):
             change = describe_change(before.rows(), _rows(cache))  # None: replaced by equal ones (a no-op)
             if change is not None:

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig
+from transformers import DynamicCache, LlamaConfig, StaticCache
 
 from kvtui.engine import introspect
 from kvtui.engine.sampling import Sampler, SamplerSettings, chosen_from_top, top_token_rows, top_tokens
@@ -294,3 +294,45 @@ def test_a_forked_child_never_writes_into_its_parents_trace(tmp_path):
     writer.write({"type": "parent", "i": 2})
     writer.close()
     assert [json.loads(line)["type"] for line in path.read_text().splitlines()] == ["header", "parent", "parent"]
+
+
+def test_static_layer_counters_are_read_together_not_one_device_wait_per_layer(monkeypatch):
+    """5.x keeps a static layer's token counter in a 0-dim tensor on the cache's device: int() on each is one
+    wait for the device per layer (~60 a step for 30 layers on a GPU). Reading the layers reads them in one
+    transfer, and still each layer's own count. (The counters here are CPU tensors, which are read one by one:
+    the test reads them as if they were on a device.)"""
+    config = LlamaConfig(
+        num_hidden_layers=6, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=64
+    )
+    cache = StaticCache(config=config, max_cache_len=32)
+    with torch.inference_mode():
+        for layer in range(6):
+            cache.update(torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16), layer, {"cache_position": torch.arange(5)})
+        if not isinstance(getattr(cache.layers[3], "cumulative_length", None), torch.Tensor):
+            pytest.skip("this transformers keeps no tensor counter in a static layer (4.x: none at all)")
+        cache.layers[3].cumulative_length.add_(2)  # one layer ahead: every layer's own count must be read
+    assert [info.seen for info in introspect.layer_infos(cache)] == [5, 5, 5, 7, 5, 5]  # on the CPU, one by one
+    monkeypatch.setattr(introspect, "_on_host", lambda counter: False)
+    reads: list[str] = []
+    for name in ("__int__", "item", "tolist"):
+        real = getattr(torch.Tensor, name)
+        counted = lambda t, *a, _real=real, _name=name: reads.append(_name) or _real(t, *a)  # noqa: E731
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    infos = introspect.layer_infos(cache)
+    assert [info.seen for info in infos] == [5, 5, 5, 7, 5, 5]
+    assert [info.filled for info in infos] == [5, 5, 5, 7, 5, 5]
+    assert len(reads) <= 2, reads  # the cache's length, then every counter in one read (it was 1 + 6)
+
+    reads.clear()
+    fingerprint = introspect.fingerprint(cache)
+    assert [entry[3] for entry in fingerprint.layers] == [5, 5, 5, 7, 5, 5]
+    assert len(reads) <= 1, reads  # it was 12: a counter and the cache's length per layer
+    reads.clear()
+    assert introspect.changed(fingerprint, cache) is None
+    assert len(reads) <= 1, reads
+
+    fingerprint = introspect.fingerprint(cache)
+    with torch.inference_mode():
+        cache.layers[1].cumulative_length.sub_(1)  # a program moving one counter between forwards
+    assert introspect.changed(fingerprint, cache) is not None
