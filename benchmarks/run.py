@@ -67,7 +67,7 @@ def _openmp_finding(rm: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and tokens (a smoke test, ~2 min)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and tokens (a smoke test, ~6 min)")
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of the TUI run mode")
     parser.add_argument("--out", default=str(BENCH / "RESULTS.md"))
     parser.add_argument("--results", default=str(BENCH / "results.json"), help="where the raw numbers go")
