@@ -8,7 +8,6 @@ the session stays the one place that decides when the cache changes.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -287,31 +286,53 @@ def _on_host(counter: torch.Tensor) -> bool:
     return counter.is_cpu  # reading it waits for no device: int() on it is the cheapest read there is
 
 
-class _Counters:
-    """The token counters of a cache's layers that are tensors on a device (5.x StaticLayer keeps a 0-dim
-    tensor on the cache's device), read on first use in one host transfer per device: int() on each would
-    wait for the device once per layer (on a GPU, ~60 waits a step for 30 layers). Counters on the CPU are
-    read one by one (stacking them costs more than it saves there); a cache without such layers reads
-    nothing more."""
+class _CountReader:
+    """A cache's length and its static layers' token counters, each read when a layer first needs it (5.x
+    counts in `cumulative_length_int`, or in a 0-dim tensor on the cache's device; 4.x has no counter).
+    The counters on a device are read together, one host transfer per device: int() on each would wait
+    for the device once per layer (on a GPU, ~60 waits a step for 30 layers). Those on the CPU are read one
+    by one (stacking them costs more than it saves there)."""
 
-    def __init__(self, layers):
-        self._layers = layers
+    def __init__(self, cache, length: int | None = None):
+        self._cache = cache
+        self._length = length
         self._read: dict[int, int] | None = None  # id(layer) -> its count, for the layers being read now
 
-    def get(self, layer, counter: torch.Tensor) -> int:
-        if _on_host(counter):
+    def length(self) -> int:
+        if self._length is None:
+            self._length = seq_length(self._cache)
+        return self._length
+
+    def counter(self, layer) -> int | None:
+        """Tokens written into a static layer, or None if it keeps no counter (4.x)."""
+        if hasattr(layer, "cumulative_length_int"):
+            return int(layer.cumulative_length_int)
+        counter = getattr(layer, "cumulative_length", None)
+        if counter is None:
+            return None
+        if _device_counter(layer) is None:
             return int(counter)
         if self._read is None:
-            self._read = _read_counters(self._layers)
+            self._read = _read_counters(self._cache.layers)
         found = self._read.get(id(layer))
         return int(counter) if found is None else found
+
+
+def _device_counter(layer) -> torch.Tensor | None:
+    """A layer's token counter when it is a 0-dim tensor off the CPU (read together with its kind)."""
+    if hasattr(layer, "cumulative_length_int"):
+        return None
+    counter = getattr(layer, "cumulative_length", None)
+    if isinstance(counter, torch.Tensor) and counter.dim() == 0 and not _on_host(counter):
+        return counter
+    return None
 
 
 def _read_counters(layers) -> dict[int, int]:
     by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for layer in layers:
-        counter = None if hasattr(layer, "cumulative_length_int") else getattr(layer, "cumulative_length", None)
-        if isinstance(counter, torch.Tensor) and counter.dim() == 0 and not _on_host(counter):
+        counter = _device_counter(layer)
+        if counter is not None:
             by_device.setdefault(counter.device, []).append((id(layer), counter))
     read: dict[int, int] = {}
     for entries in by_device.values():
@@ -320,23 +341,8 @@ def _read_counters(layers) -> dict[int, int]:
     return read
 
 
-def _static_counter(layer, counters: _Counters | None = None) -> int | None:
-    """Tokens written into a static layer, read from its counter (5.x) or None if it has none (4.x)."""
-    if hasattr(layer, "cumulative_length_int"):
-        return int(layer.cumulative_length_int)
-    counter = getattr(layer, "cumulative_length", None)
-    if counter is None:
-        return None
-    if counters is not None and isinstance(counter, torch.Tensor):
-        return counters.get(layer, counter)
-    return int(counter)
-
-
-def _layer_counts(
-    layer, kind: str, cache_len: int | Callable[[], int], counters: _Counters | None = None
-) -> tuple[int, int]:
-    """(seen, filled): tokens fed to this layer in total, and slots holding real states now. `cache_len`:
-    the cache's length, or a function that reads it (only a static layer without a counter needs it)."""
+def _layer_counts(layer, kind: str, reader: _CountReader) -> tuple[int, int]:
+    """(seen, filled): tokens fed to this layer in total, and slots holding real states now."""
     keys: Any = getattr(layer, "keys", None)
     initialized = keys is not None and getattr(layer, "is_initialized", True) and keys.dim() == 4
     slots = keys.shape[-2] if initialized else 0
@@ -346,11 +352,8 @@ def _layer_counts(
         seen = int(getattr(layer, "cumulative_length", slots))
         return seen, slots
     # static layers hold max_cache_len slots whatever is written: the counter is the truth.
-    counter = _static_counter(layer, counters) if initialized else 0
-    if counter is None:
-        seen = cache_len() if callable(cache_len) else cache_len
-    else:
-        seen = counter
+    counter = reader.counter(layer) if initialized else 0
+    seen = reader.length() if counter is None else counter
     return seen, min(seen, slots)
 
 
@@ -422,10 +425,10 @@ def _quantized_info(index: int, layer, offloaded: bool) -> LayerInfo:
 
 def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...]:
     """One LayerInfo per cache layer, from shapes and counters only."""
-    cache_len = seq_length(cache)
+    reader = _CountReader(cache)
+    cache_len = reader.length()
     offloading = bool(getattr(cache, "offloading", False))
     only_non_sliding = bool(getattr(cache, "only_non_sliding", False))
-    counters = _Counters(cache.layers)
     infos = []
     for index, layer in enumerate(cache.layers):
         kind = _kind(layer)
@@ -473,7 +476,7 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
         values: Any = getattr(layer, "values", None)
         has_states = keys is not None and keys.dim() == 4
         base = kind.split("+")[0]
-        seen, filled = _layer_counts(layer, base, cache_len, counters)
+        seen, filled = _layer_counts(layer, base, reader)
         if base in ("full", "none"):
             capacity, window = None, None
         elif base == "sliding":
@@ -558,8 +561,8 @@ def truncate_blocker(cache, new_length: int) -> str | None:
     linear-attention) state summarizes every token and has no past to go back to (transformers'
     past recording keeps conv windows only, not recurrent states); "quantized": the quantized part
     cannot be cut per token. The caller recomputes from the token buffer then."""
-    cache_len = seq_length(cache)
-    if new_length >= cache_len:
+    reader = _CountReader(cache)
+    if new_length >= reader.length():
         return None
     for layer in cache.layers:
         if _is_linear(layer) and not _linear_croppable(layer):
@@ -568,7 +571,7 @@ def truncate_blocker(cache, new_length: int) -> str | None:
         if kind == "quantized":
             return "quantized"
         if kind in ("sliding", "static-sliding"):
-            seen, filled = _layer_counts(layer, kind, cache_len)
+            seen, filled = _layer_counts(layer, kind, reader)
             if seen > new_length and filled < seen:  # evicted states cannot come back
                 return "sliding"
     return None
@@ -614,13 +617,14 @@ def truncate(cache, new_length: int) -> None:
 
 
 def _truncate_layers(cache, new_length: int) -> None:
-    cache_len = seq_length(cache)
+    reader = _CountReader(cache)  # every counter is read before its own layer is cut
+    cache_len = reader.length()
     for layer in cache.layers:
         if _is_linear(layer) and not _has_kv(layer):
             layer.crop(-(cache_len - new_length))  # conv-only with past recording (see truncate_blocker)
             continue
         kind = _layer_kind(layer)
-        seen, _ = _layer_counts(layer, kind, cache_len)
+        seen, _ = _layer_counts(layer, kind, reader)
         remove = seen - new_length
         if remove <= 0:
             continue
@@ -709,21 +713,7 @@ def _counter(layer, kind: str, keys, reader: _CountReader) -> tuple[int | None, 
     """(its token counter, None for a full layer whose slots are its tokens; filled slots)."""
     if kind == "full":
         return None, keys.shape[-2]
-    return _layer_counts(layer, kind, reader.length, reader.counters)
-
-
-class _CountReader:
-    """A cache's length and its layers' counters, each read once, when a layer first needs it."""
-
-    def __init__(self, cache, layers):
-        self.cache = cache
-        self.counters = _Counters(layers)
-        self._length: int | None = None
-
-    def length(self) -> int:
-        if self._length is None:
-            self._length = seq_length(self.cache)
-        return self._length
+    return _layer_counts(layer, kind, reader)
 
 
 def fingerprint(cache) -> Fingerprint:
@@ -731,9 +721,8 @@ def fingerprint(cache) -> Fingerprint:
     no K/V copy, no transfer to the host."""
     layers: list[tuple] = []
     views = []
-    cache_layers = getattr(cache, "layers", ())
-    reader = _CountReader(cache, cache_layers)
-    for index, layer in enumerate(cache_layers):
+    reader = _CountReader(cache)
+    for index, layer in enumerate(getattr(cache, "layers", ())):
         keys: Any = getattr(layer, "keys", None)
         values: Any = getattr(layer, "values", None)
         if not _kv_tensors(keys, values):
@@ -781,7 +770,7 @@ def changed(before: Fingerprint, cache) -> str | None:
     `before` (it is spent)."""
     try:
         layers = list(getattr(cache, "layers", ()))
-        reader = _CountReader(cache, layers)
+        reader = _CountReader(cache)
         if len(layers) != len(before.layers) or not all(
             _same(e, layer, reader) for e, layer in zip(before.layers, layers)
         ):

@@ -89,6 +89,7 @@ class ChatSession:
         self.on_snapshot = on_snapshot
         self.on_event: Callable[[str, object], None] | None = None  # the recorder (engine/recorder.py) listens here
         self.device = model.get_input_embeddings().weight.device
+        self._no_history = torch.empty((1, 0), dtype=torch.long, device=self.device)  # [1, 0], read-only
         self.dtype = str(model.dtype).removeprefix("torch.")
         self.sampler = Sampler(self.config.sampler, self.device)
         self._special_set = _special_token_ids(tokenizer)
@@ -284,7 +285,7 @@ class ChatSession:
         self._next_position = positions[-1] + 1
         attention = self._newest_attention(out) if self.config.attention else None
         self._logits = logits
-        scores = self.sampler.process(self._history(), logits) if self.sampler.processors else logits
+        scores = self.sampler.process(self._history(), logits)
         k = self.config.top_k_shown
         top = top_tokens(scores, k, self.piece)
         top_raw = top if scores is logits else top_tokens(logits, k, self.piece)  # no processors: the same
@@ -350,7 +351,7 @@ class ChatSession:
 
     def _history(self) -> torch.Tensor:
         if not self.sampler.needs_history:
-            return torch.empty((1, 0), dtype=torch.long, device=self.device)
+            return self._no_history
         return torch.tensor([[t.id for t in self._tokens]], device=self.device)  # [1, n]: O(cache), opt-in
 
     def _make_pending(self, scores: torch.Tensor, token_id: int, top: tuple[TopToken, ...] = ()) -> TopToken:

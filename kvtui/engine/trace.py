@@ -150,11 +150,7 @@ class LineWriter:
         if self.error is not None:
             return
         try:
-            if isinstance(self._file, io.RawIOBase):  # one system call, no buffer to copy into and flush
-                _write_all(self._file, data)
-            else:
-                self._file.write(data)
-                self._file.flush()
+            _write_through(self._file, data)
         except Exception as exc:  # noqa: BLE001  said at the next put (or dropped: a viewer gone)
             self.error = exc
 
@@ -210,9 +206,14 @@ if hasattr(os, "register_at_fork"):  # POSIX
     os.register_at_fork(after_in_child=_forked_child)
 
 
-def _write_all(file: io.RawIOBase, data: bytes) -> None:
-    """An unbuffered write may take part of the bytes (a signal, a full disk): write until all are."""
-    view = memoryview(data)
+def _write_through(file: IO[bytes], data: bytes) -> None:
+    """`data` in the operating system's hands when this returns: an unbuffered file in one system call (no
+    buffer to copy into and flush), a buffered one written and flushed."""
+    if not isinstance(file, io.RawIOBase):
+        file.write(data)
+        file.flush()
+        return
+    view = memoryview(data)  # an unbuffered write may take part of the bytes (a signal, a full disk)
     while view:
         written = file.write(view)
         if not written:  # None (would block) or 0: nothing more can go
@@ -240,11 +241,7 @@ class TraceWriter:
                 # write and flush took ~24), in the operating system's hands when it returns
                 handle = open(self.path, "ab" if append else "wb", buffering=0)
             if not append:
-                if isinstance(handle, io.RawIOBase):
-                    _write_all(handle, record_line(header))
-                else:
-                    handle.write(record_line(header))
-                    handle.flush()
+                _write_through(handle, record_line(header))
         except OSError as exc:
             raise TraceError(f"{self.path}: cannot write the trace: {exc.strerror or exc}") from exc
         self._writer: LineWriter | None = LineWriter(
