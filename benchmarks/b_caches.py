@@ -9,8 +9,8 @@ import time
 import torch
 
 from common import SEED_TURNS, in_worker, log, summary
-from kvtui.engine import introspect
-from kvtui.engine.session import ChatSession, SessionConfig
+from kvtui.engine.chat.session import ChatSession, SessionConfig
+from kvtui.engine.reading import introspect
 
 
 def run_cached(model, tokenizer, max_new: int, cache: str = "dynamic", max_cache_len: int | None = None) -> dict:

@@ -23,8 +23,8 @@ import common  # noqa: E402,F401  (environment before torch loads)
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from kvtui.engine.loader import load_model  # noqa: E402
-from kvtui.engine.session import ChatSession, SessionConfig  # noqa: E402
+from kvtui.engine.chat.loader import load_model  # noqa: E402
+from kvtui.engine.chat.session import ChatSession, SessionConfig  # noqa: E402
 
 TURNS = ["Let's start by defining a variable k equal to 5. What is k?", "Now multiply k by 3. What is k?"]
 CONFIGS = {

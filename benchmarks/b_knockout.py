@@ -25,9 +25,10 @@ import torch
 
 from b_step_cost import UserLoop
 from common import log
-from kvtui.engine import introspect, probe, watch_step
-from kvtui.engine.loader import load_model
+from kvtui.engine.chat.loader import load_model
 from kvtui.engine.models.tiny import build_tiny
+from kvtui.engine.reading import introspect
+from kvtui.engine.watch import probe, watch_step
 
 
 def _no_top(scores, k, piece):

@@ -22,7 +22,7 @@ SETUP = """
 import json, os, tempfile, time, torch
 from transformers import DynamicCache
 import kvtui, kvtui.notebook
-from kvtui.engine.loader import load_model
+from kvtui.engine.chat.loader import load_model
 from kvtui.engine.models.tiny import build_tiny
 from transformers.utils import logging as hf_logging
 hf_logging.disable_progress_bar()

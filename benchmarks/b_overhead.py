@@ -10,8 +10,8 @@ from transformers import DynamicCache
 from transformers.generation.streamers import BaseStreamer
 
 from common import in_worker, log, summary
-from kvtui.engine import introspect
-from kvtui.engine.session import ChatSession, SessionConfig
+from kvtui.engine.chat.session import ChatSession, SessionConfig
+from kvtui.engine.reading import introspect
 
 PROMPT = "Explain step by step how a KV cache speeds up text generation."
 

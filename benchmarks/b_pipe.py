@@ -1,7 +1,7 @@
 """Bytes on the engine -> app pipe per decode step, early and late in a long chat.
 
 The engine process sends, per decode step, a `session` record (the chat and the alarms, as what changed)
-and the step record (engine/stream.py). A chat of many turns runs through the real engine process
+and the step record (engine/records/stream.py). A chat of many turns runs through the real engine process
 (EngineSource, as the app starts it); each decode step's records are re-serialised here as the pipe
 carries them (one JSON line each) and summed. The claim: a decode step's bytes do not grow with the chat.
 
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def bench(model_dir: str, turns: int = 12, tokens: int = 24) -> dict:
-    from kvtui.engine.host import EngineSetup, EngineSource
+    from kvtui.engine.chat.host import EngineSetup, EngineSource
     from kvtui.options import AppConfig
 
     options = AppConfig(options={"max_new_tokens": tokens}).options

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 from common import log, rss_bytes, summary
-from kvtui.engine import introspect
-from kvtui.engine.loader import load_model
+from kvtui.engine.chat.loader import load_model
+from kvtui.engine.chat.session import ChatSession, SessionConfig
 from kvtui.engine.models.tiny import CORPUS, build_tiny
-from kvtui.engine.session import ChatSession, SessionConfig
+from kvtui.engine.reading import introspect
 
 MAX_POSITIONS = 65536
 CHUNK_TOKENS = 2048  # prefill chunk: keeps the attention scores of one forward small

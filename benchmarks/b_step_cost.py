@@ -24,8 +24,11 @@ import torch
 from transformers import DynamicCache
 
 from common import log, summary
-from kvtui.engine import diagnostics, introspect, probe, recorder, session, snapshot, trace, watch_step
-from kvtui.engine.session import ChatSession, SessionConfig
+from kvtui.engine.chat import session
+from kvtui.engine.chat.session import ChatSession, SessionConfig
+from kvtui.engine.reading import diagnostics, introspect
+from kvtui.engine.records import recorder, snapshot, trace
+from kvtui.engine.watch import probe, watch_step
 
 PROMPT = "Explain step by step how a KV cache speeds up text generation."
 PART_ORDER = (
@@ -461,7 +464,7 @@ def table(result: dict) -> list[str]:
 
 
 def _models(tmp: str, tiny_only: bool) -> dict:
-    from kvtui.engine.loader import load_model
+    from kvtui.engine.chat.loader import load_model
     from kvtui.engine.models.tiny import build_tiny
 
     tiny = load_model(str(build_tiny("llama", Path(tmp) / "tiny-llama", layers=3)), dtype="float32", device="cpu")

@@ -38,8 +38,10 @@ from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausa
 
 from b_step_cost import PROMPT, PartClock, _costs, _pairs, _prompt_ids, probe_parts, session_parts, table  # noqa: E402
 from common import log, summary  # noqa: E402
-from kvtui.engine import introspect, probe, recorder  # noqa: E402
-from kvtui.engine.session import ChatSession, SessionConfig  # noqa: E402
+from kvtui.engine.chat.session import ChatSession, SessionConfig  # noqa: E402
+from kvtui.engine.reading import introspect  # noqa: E402
+from kvtui.engine.records import recorder
+from kvtui.engine.watch import probe
 
 MAX_LEN = 1024  # static cache length: prompt + warm-ups + every timed token fit
 DEVICE = "cuda"  # --device cpu: a smoke test of this script on a machine without CUDA
@@ -232,7 +234,7 @@ def build(row: str, tokenizer_dir: Path, tmp: Path):
     smol.pop("quantization_config", None)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     if row == "tiny":
-        from kvtui.engine.loader import load_model
+        from kvtui.engine.chat.loader import load_model
         from kvtui.engine.models.tiny import build_tiny
 
         loaded = load_model(str(build_tiny("llama", tmp / "tiny-llama", layers=3)), dtype="float32", device=DEVICE)

@@ -19,8 +19,8 @@ from typing import NamedTuple
 from common import ROOT, log, summary
 from engine_hooks import read_stamps, reply_decodes
 from engine_hooks import stamps as stamp_hook
-from kvtui.engine.host import EngineSource
-from kvtui.engine.stream import ENGINE_SPIN_COUNT
+from kvtui.engine.chat.host import EngineSource
+from kvtui.engine.records.stream import ENGINE_SPIN_COUNT
 
 PANE_SIZE = (160, 48)
 APP_SIZE = (160, 48)
@@ -64,7 +64,7 @@ ORIGIN_CYCLE = ["template", "system", "user", "user", "assistant", "assistant", 
 
 
 def synthetic_tokens(count: int):
-    from kvtui.engine.snapshot import BufferToken
+    from kvtui.engine.records.snapshot import BufferToken
 
     tokens = []
     for i in range(count):
@@ -78,7 +78,7 @@ def synthetic_tokens(count: int):
 
 
 def synthetic_snapshot(tokens, length: int, step: int):
-    from kvtui.engine.snapshot import LayerInfo, StepSnapshot, TokenBuffer, TopToken
+    from kvtui.engine.records.snapshot import LayerInfo, StepSnapshot, TokenBuffer, TopToken
 
     layers = tuple(
         LayerInfo(
@@ -334,7 +334,7 @@ def decode_rate(stamps: list[tuple[float, str, int]]) -> tuple[float, int]:
 def headless_rate(loaded, prompt: str, n_new: int, options: dict | None = None) -> tuple[float, int]:
     """The engine without any UI, in this process: ChatSession.generate, stamped per forward, with the session
     options `kvtui --headless` builds (its decode threads among them) plus `options`."""
-    from kvtui.engine.session import ChatSession
+    from kvtui.engine.chat.session import ChatSession
     from kvtui.options import build_session_config
 
     stamps: list[tuple[float, str, int]] = []
@@ -531,7 +531,7 @@ class EngineOnly:
         import queue
         import threading
 
-        from kvtui.engine.host import EngineSetup
+        from kvtui.engine.chat.host import EngineSetup
         from kvtui.options import AppConfig
 
         options = AppConfig(options={"max_new_tokens": n_new, **ENGINE_OPTIONS}).options

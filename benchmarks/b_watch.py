@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from common import log, summary
-from kvtui.engine.probe import watch
+from kvtui.engine.watch.probe import watch
 
 PROMPT = "Explain step by step how a KV cache speeds up text generation."
 
@@ -40,7 +40,7 @@ def _hooks(model) -> int:
 
 
 def _patches() -> int:
-    from kvtui.engine.patches import PATCHES
+    from kvtui.engine.watch.patches import PATCHES
 
     return len(PATCHES.installed())
 
@@ -80,7 +80,7 @@ def bench(model, tokenizer, n_new: int = 48, repeats: int = 3) -> dict:
 if __name__ == "__main__":  # section 5 alone: python benchmarks/b_watch.py
     import tempfile as _tempfile
 
-    from kvtui.engine.loader import load_model
+    from kvtui.engine.chat.loader import load_model
     from kvtui.engine.models.tiny import build_tiny
 
     with _tempfile.TemporaryDirectory(prefix="kvtui-bench-") as _tmp:

@@ -99,7 +99,7 @@ def main() -> int:
     import b_step_cost
     import b_ui
     import b_watch
-    from kvtui.engine.loader import load_model
+    from kvtui.engine.chat.loader import load_model
     from kvtui.engine.models.tiny import build_tiny
 
     hf_logging.disable_progress_bar()  # build_tiny's save_pretrained would draw a bar
@@ -307,8 +307,8 @@ def import_breakdown() -> dict:
         "textual.app",
         "textual.widgets",
         "kvtui.engine",
-        "kvtui.engine.sampling",
-        "kvtui.engine.session",
+        "kvtui.engine.chat.sampling",
+        "kvtui.engine.chat.session",
         "kvtui.widgets.sampler_modal",
         "kvtui.app",
         "rich",
@@ -1162,7 +1162,8 @@ def kvtui_bugs(r: dict) -> str:
             f"({ff['import_ms']['median']:.0f} ms of the {ff['spawn_to_frame_ms']['median']:.0f} ms to the first "
             "frame; `-X importtime`: "
             + ", ".join(f"{k} {val:.0f} ms" for k, val in sorted(imp.items(), key=lambda kv: -kv[1])[:4])
-            + "). `kvtui/app.py` imports `kvtui.engine.snapshot`, which runs `kvtui/engine/__init__.py`, which eagerly "
+            + "). `kvtui/app.py` imports `kvtui.engine.records.snapshot`, which runs `kvtui/engine/__init__.py`, "
+            + "which eagerly "
             "imports `.sampling` and `.session`; `widgets/sampler_modal.py` imports `engine.sampling` for "
             "`SamplerSettings`. Fix: lazy exports in `engine/__init__.py` (PEP 562 `__getattr__`), `SamplerSettings` "
             "in a torch-free module; torch then loads in the model worker after the first frame."

@@ -8,7 +8,7 @@ DISPLAYS = (None, "live")
 
 def watch(model, tokenizer=None, trace=None, *, display=None, **options):
     """Watch a model's forwards from your own code: `with kvtui.watch(model, tokenizer, trace="run.jsonl"): ...`
-    (see kvtui.engine.probe.watch). Imported lazily: `import kvtui` stays free of torch.
+    (see kvtui.engine.watch.probe.watch). Imported lazily: `import kvtui` stays free of torch.
 
     In a notebook the handle shows itself (the newest step, every alarm); `display="live"` also draws one output
     per cell that follows the model while generate() or a loop runs, a few times a second (kvtui.notebook)."""
@@ -29,7 +29,7 @@ def watch(model, tokenizer=None, trace=None, *, display=None, **options):
                 _live(snapshot)
 
             options["on_snapshot"] = both
-    from .engine.probe import watch as _watch
+    from .engine.watch.probe import watch as _watch
 
     watcher = _watch(model, tokenizer, trace, **options)
     if live is not None:
@@ -38,9 +38,9 @@ def watch(model, tokenizer=None, trace=None, *, display=None, **options):
 
 
 def replay(path):
-    """A recorded trace, every step rebuilt (kvtui.engine.replay.Replay); in a notebook it shows its last step."""
-    from .engine.replay import Replay
-    from .engine.trace import read_trace
+    """A recorded trace, every step rebuilt (engine.records.replay.Replay); in a notebook it shows its last step."""
+    from .engine.records.replay import Replay
+    from .engine.records.trace import read_trace
 
     return Replay(read_trace(path))
 

@@ -25,8 +25,8 @@ from textual.worker import Worker, WorkerState
 
 from .drivers.base import Driver, ui_cpu
 from .drivers.chat import HISTORY_STEPS, ChatDriver
-from .engine.remote import RemoteSession
-from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult
+from .engine.chat.remote import RemoteSession
+from .engine.records.snapshot import Diagnostic, StepSnapshot, VerifyResult
 from .fmt import printable
 from .messages import Call, SessionState, SnapshotReady
 from .options import AppConfig

@@ -72,7 +72,7 @@ def run(
     **options,
 ):
     """Open the TUI, or with --headless run a script."""
-    from .engine.script import ScriptError, load_script
+    from .engine.chat.script import ScriptError, load_script
 
     script = None
     if script_path is not None:
@@ -141,7 +141,7 @@ def _check_features(model, options: dict) -> None:
     """What the installed transformers lacks is refused in one line before any screen: a quantized cache
     backend its QuantizedCache does not know, a hybrid whose state its DynamicCache does not keep."""
     if options.get("cache") == "quantized":
-        from .engine.introspect import quant_backend_refusal
+        from .engine.reading.introspect import quant_backend_refusal
 
         refusal = quant_backend_refusal(options.get("cache_backend") or "quanto")
         if refusal:
@@ -154,7 +154,7 @@ def _check_features(model, options: dict) -> None:
         config = AutoConfig.from_pretrained(str(model), local_files_only=True)
     except Exception:  # noqa: BLE001 - not a config we can read here: the loader says why, in its own line
         return
-    from .engine.introspect import hybrid_refusal
+    from .engine.reading.introspect import hybrid_refusal
 
     refusal = hybrid_refusal(config)
     if refusal:
@@ -181,7 +181,7 @@ def _check_watch_words(model, options: dict) -> None:
     """--watch words need the tokenizer: load it (not the model) and resolve them before any screen."""
     if not options.get("watch"):
         return
-    from .engine.loader import ModelLoadError, load_tokenizer
+    from .engine.chat.loader import ModelLoadError, load_tokenizer
     from .options import OptionError, resolve_token
 
     try:
@@ -204,11 +204,11 @@ def _check_theme(theme: str) -> None:
 def _run_headless(model, script, trace_path, verify_every, fail_on, options, export=None, verbose=False) -> int:
     from rich.console import Console
 
-    from .engine.configure import prepare_cache_backend
-    from .engine.export import ExportError
-    from .engine.loader import ModelLoadError
-    from .engine.session import ChatSession, SessionError
-    from .engine.trace import TraceError
+    from .engine.chat.configure import prepare_cache_backend
+    from .engine.chat.loader import ModelLoadError
+    from .engine.chat.session import ChatSession, SessionError
+    from .engine.reading.export import ExportError
+    from .engine.records.trace import TraceError
     from .headless import run_script
 
     console = Console(stderr=False)
@@ -239,7 +239,7 @@ def _run_headless(model, script, trace_path, verify_every, fail_on, options, exp
 @click.option("--follow", is_flag=True, help="Keep reading: show steps as another process appends them.")
 def replay(trace_path, theme, follow):
     """Open the TUI on a recorded trace (no model needed): space/u step, r plays."""
-    from .engine.trace import TraceError
+    from .engine.records.trace import TraceError
 
     _check_theme(theme)
     if follow and not trace_path.is_file():

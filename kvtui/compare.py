@@ -5,7 +5,8 @@ No Textual and no Rich here: the CLI prints the table, the compare app draws it;
 
 Strategies: none (no cache object: every step a full forward over the whole context), dynamic
 (DynamicCache), static (StaticCache), static+compile (StaticCache and torch.compile'd decode steps).
-Each lane is a real engine process (kvtui/engine/host.py) speaking engine/stream.py's protocol: `send` prefills a
+Each lane is a real engine process (kvtui/engine/chat/host.py) speaking
+engine/records/stream.py's protocol: `send` prefills a
 turn, `step` feeds one token; each answers with its step record(s) and a `state` record.
 """
 
@@ -197,7 +198,7 @@ class Comparison:
     # ---- engines ----------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from .engine.host import EngineSetup, EngineSource
+        from .engine.chat.host import EngineSetup, EngineSource
 
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         for lane in self.lanes:

@@ -8,12 +8,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .engine.diagnostics import group_diagnostics, group_last, group_summary
-from .engine.export import export_cache
-from .engine.recorder import Recorder, failing
-from .engine.script import Script
-from .engine.session import ChatSession, SessionError
-from .engine.snapshot import StepSnapshot
+from .engine.chat.script import Script
+from .engine.chat.session import ChatSession, SessionError
+from .engine.reading.diagnostics import group_diagnostics, group_last, group_summary
+from .engine.reading.export import export_cache
+from .engine.records.recorder import Recorder, failing
+from .engine.records.snapshot import StepSnapshot
 from .fmt import one_line, printable
 
 STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}

@@ -8,7 +8,7 @@ from typing import Any
 
 from textual.message import Message
 
-from .engine.snapshot import Diagnostic, StepSnapshot, VerifyResult
+from .engine.records.snapshot import Diagnostic, StepSnapshot, VerifyResult
 
 
 @dataclass

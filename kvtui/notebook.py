@@ -25,7 +25,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from .engine.snapshot import StepSnapshot
+from .engine.records.snapshot import StepSnapshot
 from .widgets.cursor_pane import render_cursor
 from .widgets.diagnostics_pane import COLUMNS as ALARM_COLUMNS
 from .widgets.diagnostics_pane import diagnostic_cells, severity_counts, title_for
@@ -128,8 +128,8 @@ def snapshot_view(
 
 def view(obj, strip_limit: int | None = STRIP_LIMIT):
     """The renderable for a Watcher (its newest step, every alarm so far), a StepSnapshot or a Replay."""
-    from .engine.probe import Watcher
-    from .engine.replay import Replay
+    from .engine.records.replay import Replay
+    from .engine.watch.probe import Watcher
 
     if isinstance(obj, Watcher):
         state = f"watching {', '.join(p.name for p in obj.probes)}" if obj.probes else "detached"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 
 SHOWN = (
-    ("kvtui.engine.snapshot", "StepSnapshot"),
-    ("kvtui.engine.probe", "Watcher"),
-    ("kvtui.engine.replay", "Replay"),
+    ("kvtui.engine.records.snapshot", "StepSnapshot"),
+    ("kvtui.engine.watch.probe", "Watcher"),
+    ("kvtui.engine.records.replay", "Replay"),
 )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .engine.configure import STATIC_DEFAULT_CAPACITY, default_decode_threads  # noqa: F401  (re-exported)
+from .engine.chat.configure import STATIC_DEFAULT_CAPACITY, default_decode_threads  # noqa: F401  (re-exported)
 
 DEFAULT_THEME = "kvtui-dark"
 ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")  # `kvtui tiny --arch`
@@ -241,7 +241,7 @@ class AppConfig:
     model: str | None = None
     options: dict = field(default_factory=dict)
     theme: str = DEFAULT_THEME
-    script: object | None = None  # a kvtui.engine.script.Script
+    script: object | None = None  # a kvtui.engine.chat.script.Script
     trace_path: Path | None = None
     verify_every: int = 0
     refresh_hz: float | None = None  # pane repaints per second while running; None: follow the spare CPU

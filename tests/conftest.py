@@ -48,7 +48,7 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(tiny_dir):
     """tiny_model(arch, **kwargs) -> (model, tokenizer), fp32 CPU, loaded through kvtui's loader."""
-    from kvtui.engine.loader import load_model
+    from kvtui.engine.chat.loader import load_model
 
     loaded: dict[Path, tuple] = {}
 
@@ -65,7 +65,7 @@ def tiny_model(tiny_dir):
 @pytest.fixture
 def tiny_loaded(tiny_model):
     """tiny_loaded(arch, **kwargs) -> LoadedModel with a fixed name (stable screenshots), as the app takes it."""
-    from kvtui.engine.loader import LoadedModel
+    from kvtui.engine.chat.loader import LoadedModel
 
     def make(arch: str = "qwen2", **kwargs) -> LoadedModel:
         model, tokenizer = tiny_model(arch, **kwargs)

@@ -3,7 +3,7 @@
 The layers themselves (engine <- widgets <- app <- cli, nothing imports the CLI, the engine imports no Textual or
 Rich) are import-linter contracts in pyproject.toml, checked by `make lint` (part of `make test`). Its
 `acyclic_siblings` contract finds circles between the modules of a package but not one through the package's
-own module: kvtui.engine (its __init__) -> kvtui.engine.session -> kvtui.engine. This test walks the same graph
+own module: kvtui.engine (its __init__) -> kvtui.engine.chat.session -> kvtui.engine. This test walks the same graph
 (grimp's, as import-linter reads it: every import counts, also one inside a function) for any circle.
 """
 
@@ -45,5 +45,5 @@ def test_no_import_circle():
 
 def test_the_checker_sees_a_circle_and_a_lazy_import():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"kvtui.engine": {"kvtui.engine.session"}, "kvtui.engine.session": {"kvtui.engine"}})
-    assert "kvtui.engine.loader" in graph()["kvtui.engine.configure"]  # imported inside load(): still an edge
+    assert find_cycle({"kvtui.engine": {"kvtui.engine.chat.session"}, "kvtui.engine.chat.session": {"kvtui.engine"}})
+    assert "kvtui.engine.chat.loader" in graph()["kvtui.engine.chat.configure"]  # imported inside load(): still an edge

@@ -1,4 +1,4 @@
-"""Tests for kvtui.engine.loader: local dirs, hub-cache ids, errors, and the embedded SmolLM2.
+"""Tests for kvtui.engine.chat.loader: local dirs, hub-cache ids, errors, and the embedded SmolLM2.
 
 Everything is offline. The tiny Llama is built here (not with kvtui.engine.models.tiny) so this file
 depends only on the loader. The embedded-model test converts the real GGUF once
@@ -18,7 +18,7 @@ import platformdirs
 import pytest
 import torch
 
-from kvtui.engine.loader import LoadedModel, ModelLoadError, load_model
+from kvtui.engine.chat.loader import LoadedModel, ModelLoadError, load_model
 from kvtui.engine.models import common as loader_common
 from kvtui.engine.models import embedded
 

@@ -132,7 +132,7 @@ def test_replay_shows_the_trace_last_step(executed):
 
 
 def test_token_text_is_escaped_and_a_render_error_is_one_line():
-    from kvtui.engine.snapshot import BufferToken, StepSnapshot, TokenBuffer, TopToken
+    from kvtui.engine.records.snapshot import BufferToken, StepSnapshot, TokenBuffer, TopToken
     from kvtui.notebook import html as to_html
 
     tokens = [
@@ -202,7 +202,8 @@ def test_import_kvtui_registers_formatters_only_inside_ipython():
     code = (
         "from IPython.core.interactiveshell import InteractiveShell; shell = InteractiveShell.instance(); "
         "import sys, kvtui; f = shell.display_formatter.formatters['text/html']; "
-        "print(('kvtui.engine.snapshot', 'StepSnapshot') in f.deferred_printers, 'kvtui.notebook' in sys.modules)"
+        "print(('kvtui.engine.records.snapshot', 'StepSnapshot') in f.deferred_printers, "
+        "'kvtui.notebook' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"]

@@ -70,7 +70,7 @@ def _fail(message: str) -> None:
 def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, memory_gib, trace_dir, headless, theme):
     """The same greedy chat under several cache strategies, each in its own engine process, in lockstep."""
     from ..compare import CompareError, check_memory, compile_problem, parse_strategies
-    from ..engine.script import ScriptError, load_script
+    from ..engine.chat.script import ScriptError, load_script
 
     try:
         strategies = parse_strategies(caches)

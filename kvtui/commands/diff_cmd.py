@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..engine.diff import DiffResult, diff_traces, first_difference, token_pieces
-from ..engine.trace import Trace, TraceError, read_trace
+from ..engine.records.diff import DiffResult, diff_traces, first_difference, token_pieces
+from ..engine.records.trace import Trace, TraceError, read_trace
 from ..fmt import positions, printable
 
 TOP_SHOWN = 5

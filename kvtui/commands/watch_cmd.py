@@ -1,7 +1,7 @@
 """`kvtui watch [OPTIONS] SCRIPT [ARGS]...` / `kvtui watch -m MODULE [ARGS]...`: run an unmodified
 program and show what its cache does (TUI, live), or record it (--headless).
 `kvtui watch --headless [OPTIONS] -- COMMAND [ARGS]...`: any command (torchrun, pytest, a shell script):
-every Python process of its tree that builds a causal LM is watched (kvtui/engine/tree.py)."""
+every Python process of its tree that builds a causal LM is watched (kvtui/engine/watch/tree.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ..engine.snapshot import SEVERITIES
+from ..engine.records.snapshot import SEVERITIES
 
 
 @click.command(
@@ -118,9 +118,9 @@ def watch(
 def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on: str, top_k: int = 10) -> int:
     """Run the program in this process under the probe; exit 1 if an alarm at/above fail_on fired,
     else the program's own exit code."""
-    from ..engine.diagnostics import group_diagnostics, group_last, group_summary
-    from ..engine.probe import Watcher, run_watched
-    from ..engine.recorder import failing
+    from ..engine.reading.diagnostics import group_diagnostics, group_last, group_summary
+    from ..engine.records.recorder import failing
+    from ..engine.watch.probe import Watcher, run_watched
     from ..fmt import printable
 
     watcher = Watcher(trace=str(trace_path) if trace_path else None, top_k=top_k, program=[target, *args])
@@ -166,7 +166,7 @@ def run_tree_tui(
     """The watch TUI over a command's tree: every watched process's steps in one timeline (M picks one
     process), pause / step / run / break on alarm for all of them at once, the command's output and stdin."""
     from ..app import KvtuiApp
-    from ..engine.tree_source import TreeSource
+    from ..engine.watch.tree_source import TreeSource
     from ..themes import theme_error
 
     if theme_error(theme):
@@ -265,9 +265,9 @@ def _run_command(executable: str, command: str, args: list[str], env: dict, err)
 
 def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
     from ..engine import tree
-    from ..engine.diagnostics import group_diagnostics, group_last, group_summary
-    from ..engine.recorder import failing
-    from ..engine.snapshot import Diagnostic
+    from ..engine.reading.diagnostics import group_diagnostics, group_last, group_summary
+    from ..engine.records.recorder import failing
+    from ..engine.records.snapshot import Diagnostic
     from ..fmt import printable
 
     runs = server.sorted_runs()

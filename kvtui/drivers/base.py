@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.binding import Binding
 
-from ..engine.snapshot import StepSnapshot
+from ..engine.records.snapshot import StepSnapshot
 from ..widgets.chat_pane import ChatPane
 
 if TYPE_CHECKING:
-    from ..engine.snapshot import TopToken
+    from ..engine.records.snapshot import TopToken
 
 
 def ui_cpu() -> float | None:

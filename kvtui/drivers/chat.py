@@ -1,4 +1,4 @@
-"""kvtui's own chat: the model runs in the engine process (engine/host.py), never in the app's interpreter.
+"""kvtui's own chat: the model runs in the engine process (engine/chat/host.py), never in the app's interpreter.
 Keys become commands on its control pipe; one thread worker (the pump, group "engine") reads its records,
 rebuilds each step's snapshot and posts it (snapshots coalesce in run mode). If the engine process dies, the
 app says so and R restarts it with the chat so far."""
@@ -16,8 +16,8 @@ from typing import Any
 
 from textual.worker import get_current_worker
 
-from ..engine.remote import RemoteSession, diagnostics_from
-from ..engine.snapshot import Diagnostic, StepSnapshot, VerifyResult, buffer_record
+from ..engine.chat.remote import RemoteSession, diagnostics_from
+from ..engine.records.snapshot import Diagnostic, StepSnapshot, VerifyResult, buffer_record
 from ..messages import Call, SessionState, SnapshotReady
 from ..options import AppConfig
 from ..widgets.layers_pane import LayersPane
@@ -61,7 +61,7 @@ class ChatDriver(Driver):
         self.config = config
         self.clock = clock
         self._engine_objects = dict(loaded=loaded, loader=loader, clock=clock, engine_setup=engine_setup)
-        self.source: Any = None  # the engine process (engine/host.py EngineSource)
+        self.source: Any = None  # the engine process (engine/chat/host.py EngineSource)
         self.history: deque[StepSnapshot] = deque(maxlen=HISTORY_STEPS)  # the newest steps, every one
         self.load_failed = False
         self.dead: str | None = None  # why the engine process ended, until R restarts it
@@ -84,9 +84,9 @@ class ChatDriver(Driver):
 
     def _pump(self, restore: dict | None) -> None:
         """(worker thread) Start the engine process and turn its records into messages, until it ends."""
-        from ..engine.host import EngineSetup, EngineSource
-        from ..engine.replay import SnapshotBuilder
-        from ..engine.stream import ListCopy
+        from ..engine.chat.host import EngineSetup, EngineSource
+        from ..engine.records.replay import SnapshotBuilder
+        from ..engine.records.stream import ListCopy
 
         app, post = self.app, self.app.post_message
         worker = get_current_worker()

@@ -12,9 +12,9 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.worker import get_current_worker
 
-from ..engine.replay import Replay
-from ..engine.snapshot import Diagnostic, StepSnapshot
-from ..engine.trace import Trace
+from ..engine.records.replay import Replay
+from ..engine.records.snapshot import Diagnostic, StepSnapshot
+from ..engine.records.trace import Trace
 from ..fmt import printable
 from ..messages import Call, SnapshotReady
 from ..widgets.chat_pane import ChatPane, program_step_text
@@ -101,7 +101,7 @@ class ProgramDriver(Driver):
         chat.input.placeholder = "space step · r run · p pause · b break on alarm · n next row · q quit"
         app.query_one(TokenBufferPane).focus()
         if self.source is None:
-            from ..engine.stream import ProgramSource
+            from ..engine.records.stream import ProgramSource
 
             self.source = ProgramSource(**self._source_args)
         if hasattr(self.source, "write_stdin"):  # a program that reads its stdin from this input line

@@ -1,6 +1,6 @@
 """`kvtui replay TRACE` and `kvtui replay --follow TRACE`: the panes on a recorded trace, no model needed. Step
 forward and back; with --follow, steps another process appends arrive as it writes them. Both read the trace
-the same way (engine/replay.py), so a finished trace shows the same screen however it is opened."""
+the same way (engine/records/replay.py), so a finished trace shows the same screen however it is opened."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 from textual.worker import get_current_worker
 
-from ..engine.replay import Replay, describe_event, transcript
-from ..engine.snapshot import StepSnapshot
-from ..engine.trace import Trace, TraceError, read_trace
+from ..engine.records.replay import Replay, describe_event, transcript
+from ..engine.records.snapshot import StepSnapshot
+from ..engine.records.trace import Trace, TraceError, read_trace
 from ..messages import Call, SnapshotReady
 from ..widgets.chat_pane import ChatPane, program_step_text
 from ..widgets.status_bar import HISTORY, StatusBar
@@ -74,8 +74,8 @@ class TraceDriver(Driver):
         ).input.placeholder = f"replaying {self.trace_path.name}: {len(self.replay)} steps (space/u to step, r to play)"
 
     def _follow(self) -> None:
-        """(worker thread) Read the trace as it grows (engine/stream.py FollowSource); the UI shows what arrived."""
-        from ..engine.stream import FollowSource
+        """(worker thread) Read the trace as it grows (records/stream.py FollowSource); the UI shows what arrived."""
+        from ..engine.records.stream import FollowSource
 
         worker = get_current_worker()
         try:

@@ -1,25 +1,25 @@
 """The inspection engine: loads a model, owns the chat session and its cache, emits snapshots.
 
 It imports no Textual and no Rich (a test checks), so it runs headless, in tests and in notebooks.
-Exports resolve lazily: the TUI imports `kvtui.engine.snapshot` for its first frame without paying
+Exports resolve lazily: the TUI imports `kvtui.engine.records.snapshot` for its first frame without paying
 for torch and transformers, which load in the model worker.
 """
 
 from importlib import import_module
 
 _EXPORTS = {
-    "SamplerSettings": "settings",
-    "CacheOverflowError": "session",
-    "ChatSession": "session",
-    "SessionConfig": "session",
-    "SessionError": "session",
-    "BufferToken": "snapshot",
-    "Diagnostic": "snapshot",
-    "LayerInfo": "snapshot",
-    "StepSnapshot": "snapshot",
-    "TokenBuffer": "snapshot",
-    "TopToken": "snapshot",
-    "VerifyResult": "snapshot",
+    "SamplerSettings": "chat.settings",
+    "CacheOverflowError": "chat.session",
+    "ChatSession": "chat.session",
+    "SessionConfig": "chat.session",
+    "SessionError": "chat.session",
+    "BufferToken": "records.snapshot",
+    "Diagnostic": "records.snapshot",
+    "LayerInfo": "records.snapshot",
+    "StepSnapshot": "records.snapshot",
+    "TokenBuffer": "records.snapshot",
+    "TopToken": "records.snapshot",
+    "VerifyResult": "records.snapshot",
 }
 __all__ = sorted(_EXPORTS)
 

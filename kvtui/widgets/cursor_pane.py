@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from kvtui.engine.snapshot import BufferToken, StepSnapshot
+from kvtui.engine.records.snapshot import BufferToken, StepSnapshot
 from kvtui.fmt import token_text
 from kvtui.widgets.layers_pane import shape_summary
 from kvtui.widgets.live_text import LiveText

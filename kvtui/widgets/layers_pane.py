@@ -17,7 +17,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable
 
-from kvtui.engine.snapshot import LayerInfo, StepSnapshot
+from kvtui.engine.records.snapshot import LayerInfo, StepSnapshot
 from kvtui.fmt import size as format_bytes
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette

@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Sparkline, Static
 
-from ..engine.snapshot import StepSnapshot
+from ..engine.records.snapshot import StepSnapshot
 from ..fmt import printable, size
 from .live_text import LiveText
 

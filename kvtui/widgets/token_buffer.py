@@ -38,7 +38,7 @@ from textual.reactive import Reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ..engine.snapshot import ORIGINS, BufferToken, LayerInfo, StepSnapshot, TopToken
+from ..engine.records.snapshot import ORIGINS, BufferToken, LayerInfo, StepSnapshot, TopToken
 from ..fmt import token_text as display_piece
 
 EMPTY_TEXT = "cache empty — send a message"

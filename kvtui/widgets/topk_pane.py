@@ -18,7 +18,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable
 
-from kvtui.engine.snapshot import StepSnapshot, TopToken
+from kvtui.engine.records.snapshot import StepSnapshot, TopToken
 from kvtui.fmt import token_text
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette

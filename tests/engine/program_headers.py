@@ -60,7 +60,7 @@ def stdin_of(program: Path) -> str | None:
 
 
 def model_dir(spec: str) -> Path:
-    from kvtui.engine.loader import embedded_model_dir, tiny_model_dir
+    from kvtui.engine.chat.loader import embedded_model_dir, tiny_model_dir
 
     return embedded_model_dir() if spec == "embedded" else tiny_model_dir(spec)
 

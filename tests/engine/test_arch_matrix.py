@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from kvtui.engine import ChatSession, SessionConfig
+from kvtui.engine.chat.session import SessionError
 from kvtui.engine.models.tiny import MATRIX_ARCHES
-from kvtui.engine.session import SessionError
 
 
 def dynamic_cache_keeps_state(config) -> bool:

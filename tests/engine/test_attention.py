@@ -3,7 +3,7 @@
 import torch
 
 from kvtui.engine import ChatSession, SessionConfig
-from kvtui.engine.loader import load_model
+from kvtui.engine.chat.loader import load_model
 
 
 def test_newest_token_attention_matches_a_full_forward(tiny_dir):

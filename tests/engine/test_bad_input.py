@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kvtui.engine.script import ScriptError, load_script
+from kvtui.engine.chat.script import ScriptError, load_script
 from kvtui.fmt import one_line, positions, printable, size
 
 ESC_TEXT = "clear\x1b[2Jred\x1b[31m bidi\u202eevil\x07bell"

@@ -6,8 +6,8 @@ import sys
 
 def test_engine_imports_no_ui_libraries():
     code = (
-        "import sys, kvtui.engine, kvtui.engine.session, kvtui.engine.loader, kvtui.engine.trace, "
-        "kvtui.engine.script, kvtui.engine.models.tiny\n"
+        "import sys, kvtui.engine, kvtui.engine.chat.session, kvtui.engine.chat.loader, kvtui.engine.records.trace, "
+        "kvtui.engine.chat.script, kvtui.engine.models.tiny\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))\n"
         "print(','.join(bad))"
     )
@@ -25,7 +25,7 @@ def test_only_session_calls_the_model_with_a_cache():
         for p in engine.rglob("*.py")
         if any(marker in p.read_text() for marker in ("past_key_values=", "introspect.cache_argument("))
     )
-    assert callers == ["engine/session.py"]
+    assert callers == ["engine/chat/session.py"]
 
 
 def test_the_tui_draws_without_importing_torch():

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from kvtui.engine import ChatSession, SessionConfig
-from kvtui.engine.replay import _snapshot
-from kvtui.engine.session import SessionError
-from kvtui.engine.snapshot import TokenBuffer
+from kvtui.engine.chat.session import SessionError
+from kvtui.engine.records.replay import _snapshot
+from kvtui.engine.records.snapshot import TokenBuffer
 
 TURNS = ["Let's start by defining a variable k equal to 5. What is k?", "Now multiply k by 3. What is k?"]
 
@@ -193,7 +193,7 @@ def test_quanto_kernels_are_prepared_at_load_under_a_progress_line(monkeypatch):
     makes that happen at load, saying so, and a build that fails is one line before any turn."""
     import optimum.quanto
 
-    from kvtui.engine.configure import prepare_cache_backend
+    from kvtui.engine.chat.configure import prepare_cache_backend
 
     said: list[str] = []
     prepare_cache_backend(SessionConfig(cache="dynamic"), "cpu", said.append)

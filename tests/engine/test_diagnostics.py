@@ -91,7 +91,7 @@ def test_primed_pad_cache_shows_its_damage(tiny_model):
 
 
 def test_template_that_rerenders_earlier_turns_is_caught(tiny_dir):
-    from kvtui.engine.loader import load_model
+    from kvtui.engine.chat.loader import load_model
 
     loaded = load_model(str(tiny_dir("qwen2", template=DRIFT_TEMPLATE)), dtype="float32", device="cpu")
     session = ChatSession(loaded.model, loaded.tokenizer, SessionConfig(max_new_tokens=3))
@@ -219,7 +219,7 @@ def test_static_cache_chat_matches_full_forward(tiny_model):
 
 
 def test_a_model_without_chat_template_gets_a_clear_error_and_completion_mode_works(tiny_dir):
-    from kvtui.engine.loader import load_model
+    from kvtui.engine.chat.loader import load_model
 
     loaded = load_model(str(tiny_dir("qwen2")), dtype="float32", device="cpu")
     loaded.tokenizer.chat_template = None

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvtui.commands.diff_cmd import diff as diff_command
-from kvtui.engine.diff import diff_traces
-from kvtui.engine.trace import read_trace
+from kvtui.engine.records.diff import diff_traces
+from kvtui.engine.records.trace import read_trace
 
 TURNS = ["What is k?", "And m?"]
 OTHER_TURNS = ["What is k?", "And x equal to 7?"]  # the second turn differs
@@ -73,7 +73,7 @@ def run_in_process(tiny_model, model_dir, script_path, trace_path):
     from rich.console import Console
 
     from kvtui.engine import ChatSession
-    from kvtui.engine.script import load_script
+    from kvtui.engine.chat.script import load_script
     from kvtui.headless import run_script
     from kvtui.options import DEFAULT_OPTIONS, build_session_config
 
@@ -207,7 +207,7 @@ def test_swapped_near_ties_are_not_a_divergence(traces, tmp_path, gap, agree):
 
 
 def test_topk_tie_at_the_cut_off_and_a_chain_of_ties():
-    from kvtui.engine.diff import _compare_topk
+    from kvtui.engine.records.diff import _compare_topk
 
     def top(pairs):
         return [{"id": i, "logit": v} for i, v in pairs]
@@ -236,7 +236,7 @@ def test_diff_is_wired_into_the_kvtui_command(traces):
 
 def test_the_diff_and_export_engines_import_no_ui_libraries():
     code = (
-        "import sys, kvtui.engine.diff, kvtui.engine.export\n"
+        "import sys, kvtui.engine.records.diff, kvtui.engine.reading.export\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

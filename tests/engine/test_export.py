@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvtui.engine import ChatSession, SessionConfig
-from kvtui.engine.export import SCHEMA, ExportError, export_cache, load_cache, to_dynamic_cache
+from kvtui.engine.reading.export import SCHEMA, ExportError, export_cache, load_cache, to_dynamic_cache
 
 TURNS = ["Let's start by defining a variable k equal to 5. What is k?", "Now multiply k by 3. What is k?"]
 META_KEYS = {"schema", "model_class", "dtype", "step", "cursor", "cache_seq_length", "layers", "tokens", "positions"}

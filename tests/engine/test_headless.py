@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from kvtui.engine.script import ScriptError, load_script
-from kvtui.engine.trace import TraceError, read_trace
+from kvtui.engine.chat.script import ScriptError, load_script
+from kvtui.engine.records.trace import TraceError, read_trace
 
 STEP_KEYS = {
     "type",

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kvtui.engine.host import EngineSetup, EngineSource
+from kvtui.engine.chat.host import EngineSetup, EngineSource
 from kvtui.options import AppConfig
 
 
@@ -79,7 +79,7 @@ def test_a_setup_that_cannot_be_handed_over_leaves_no_file(tmp_path, monkeypatch
         made.append(real(*args, dir=tmp_path, **{k: v for k, v in kwargs.items() if k != "dir"}))
         return made[-1]
 
-    monkeypatch.setattr("kvtui.engine.host.tempfile.mkdtemp", mkdtemp)
+    monkeypatch.setattr("kvtui.engine.chat.host.tempfile.mkdtemp", mkdtemp)
     options = AppConfig().options
     # a clock that pickle refuses (a lambda), and no loaded model to save instead
     with pytest.raises((pickle.PicklingError, AttributeError)):

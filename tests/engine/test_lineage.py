@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvtui.engine.diagnostics import common_prefix, token_text
-from kvtui.engine.probe import watch
+from kvtui.engine.reading.diagnostics import common_prefix, token_text
+from kvtui.engine.watch.probe import watch
 
 PROMPT = "the cat sat on the mat and then it went to sleep"
 
@@ -211,8 +211,8 @@ def test_messages_name_tokens_with_ids_and_never_a_lone_replacement_character():
 
 
 def test_replay_rebuilds_each_caches_buffer(tiny_model, tmp_path):
-    from kvtui.engine.replay import Replay
-    from kvtui.engine.trace import read_trace
+    from kvtui.engine.records.replay import Replay
+    from kvtui.engine.records.trace import read_trace
 
     model, tok = tiny_model("llama")
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]

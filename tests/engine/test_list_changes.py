@@ -1,11 +1,11 @@
-"""The engine sends the chat and the alarms as what changed (engine/stream.py ListChanges -> ListCopy): the
+"""The engine sends the chat and the alarms as what changed (engine/records/stream.py ListChanges -> ListCopy): the
 viewer's copy is the sender's list after every record, and a record's size follows the change, not the
 list's length."""
 
 import json
 import random
 
-from kvtui.engine.stream import ListChanges, ListCopy
+from kvtui.engine.records.stream import ListChanges, ListCopy
 
 
 def test_the_copy_follows_every_edit_of_a_growing_chat():

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import DynamicCache, StaticCache
 
-from kvtui.engine import introspect
-from kvtui.engine.probe import watch
+from kvtui.engine.reading import introspect
+from kvtui.engine.watch.probe import watch
 
 ARCHES = [
     ("llama", {}),  # GQA (2 KV heads for 4 query heads)
@@ -268,8 +268,8 @@ def test_watching_leaves_no_hook_and_detach_restores_every_class(tiny_model):
 
 
 def test_replay_reads_watched_trace(tiny_model, tmp_path):
-    from kvtui.engine.replay import Replay
-    from kvtui.engine.trace import read_trace
+    from kvtui.engine.records.replay import Replay
+    from kvtui.engine.records.trace import read_trace
 
     model, tokenizer = tiny_model("llama")
     trace = tmp_path / "gen.jsonl"
@@ -319,7 +319,7 @@ def test_beam_search_rows_follow_reorders(tiny_model):
 def test_pipeline_is_watched(tiny_dir):
     from transformers import pipeline
 
-    from kvtui.engine.probe import AutoAttach, Watcher
+    from kvtui.engine.watch.probe import AutoAttach, Watcher
 
     watcher = Watcher()
     attach = AutoAttach(watcher).install()
@@ -400,7 +400,7 @@ def test_hybrid_is_watched_or_refused_in_one_line(tiny_model, arch):
     """Where this transformers' DynamicCache holds the hybrid's conv/SSM layers (5.x), its generate() is watched
     with no alarm; where the model keeps them in its own cache class (4.57, whose lengths kvtui would misread:
     Jamba's gave a false cursor-mismatch and position-gap), watching it is refused in one line."""
-    from kvtui.engine.probe import WatchRefused
+    from kvtui.engine.watch.probe import WatchRefused
 
     model, tokenizer = tiny_model(arch)
     ids = tokenizer("hello world", return_tensors="pt")
@@ -459,7 +459,7 @@ def test_two_model_families_in_one_program_each_read_with_its_own_tokenizer(tiny
     Models and tokenizers load in either order, as programs do."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kvtui.engine.probe import AutoAttach, Watcher
+    from kvtui.engine.watch.probe import AutoAttach, Watcher
 
     snapshots = []
     watcher = Watcher(on_snapshot=snapshots.append)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtui.engine.script import load_script
-from kvtui.engine.trace import read_trace
+from kvtui.engine.chat.script import load_script
+from kvtui.engine.records.trace import read_trace
 
 SAMPLES = sorted((Path(__file__).resolve().parents[2] / "samples").glob("*.json"))
 # The clean 8-turn chat on SmolLM2 at 16 tokens a turn, not 48: what is asserted (no alarm, every verify ok,

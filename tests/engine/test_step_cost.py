@@ -16,10 +16,10 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, StaticCache
 
-from kvtui.engine import introspect
-from kvtui.engine.sampling import Sampler, SamplerSettings, chosen_from_top, top_token_rows, top_tokens
-from kvtui.engine.snapshot import BufferToken, LayerInfo, StepSnapshot, TokenBuffer, TopToken
-from kvtui.engine.trace import LineWriter, TraceWriter, record_line
+from kvtui.engine.chat.sampling import Sampler, SamplerSettings, chosen_from_top, top_token_rows, top_tokens
+from kvtui.engine.reading import introspect
+from kvtui.engine.records.snapshot import BufferToken, LayerInfo, StepSnapshot, TokenBuffer, TopToken
+from kvtui.engine.records.trace import LineWriter, TraceWriter, record_line
 
 
 def _reference(scores: torch.Tensor, k: int) -> list[tuple[int, float, float]]:
@@ -221,9 +221,9 @@ def test_the_written_step_line_is_the_step_record(tiny_model, arch):
     """The writer serialises a step's dataclasses directly (orjson); the line must read back as exactly the
     record `to_record()` builds: kvtui's own session (sampler on, sliding layers on gemma3) and a watched
     batch (rows, lineage)."""
-    from kvtui.engine.probe import watch
-    from kvtui.engine.session import ChatSession, SessionConfig
-    from kvtui.engine.settings import SamplerSettings
+    from kvtui.engine.chat.session import ChatSession, SessionConfig
+    from kvtui.engine.chat.settings import SamplerSettings
+    from kvtui.engine.watch.probe import watch
 
     model, tokenizer = tiny_model(arch)
     session = ChatSession(
@@ -256,9 +256,9 @@ def test_a_finished_step_is_on_disk_before_the_next_line_runs(tiny_model, tmp_pa
     """A trace file is written and flushed on the thread that ran the forward: when a watched forward or a
     session step returns, its line is already in the file (so a SIGKILL at any later point keeps it),
     with no flush or close asked for. A writer thread made this a race."""
-    from kvtui.engine.probe import watch
-    from kvtui.engine.recorder import Recorder
-    from kvtui.engine.session import ChatSession, SessionConfig
+    from kvtui.engine.chat.session import ChatSession, SessionConfig
+    from kvtui.engine.records.recorder import Recorder
+    from kvtui.engine.watch.probe import watch
 
     model, tokenizer = tiny_model("llama")
     path = tmp_path / "watched.jsonl"

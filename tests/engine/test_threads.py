@@ -5,7 +5,7 @@ left to the TUI's panes), whatever drives them."""
 import pytest
 import torch
 
-from kvtui.engine.session import ChatSession, SessionConfig
+from kvtui.engine.chat.session import ChatSession, SessionConfig
 from kvtui.options import build_session_config
 
 

@@ -28,8 +28,8 @@ import torch
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel, StaticCache
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from kvtui.engine.diagnostics import CODES
-from kvtui.engine.probe import watch
+from kvtui.engine.reading.diagnostics import CODES
+from kvtui.engine.watch.probe import watch
 from program_headers import codes_in, expected_codes, expected_exit, header, model_dir, stdin_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -403,7 +403,7 @@ def test_detach_leaves_classes_hooks_and_instances_as_they_were(qwen2):
 def test_run_watched_leaves_classes_as_they_were(tiny_dir, tmp_path):
     """`kvtui watch` in-process: AutoAttach patches model construction and tokenizer loading; after the
     program every class is back and the models it built carry no hook."""
-    from kvtui.engine.probe import Watcher, run_watched
+    from kvtui.engine.watch.probe import Watcher, run_watched
 
     directory = tiny_dir("qwen2")
     script = tmp_path / "prog.py"

@@ -324,7 +324,7 @@ def test_a_killed_viewer_leaves_no_rank_behind(tmp_path, llama_dir, tp_loop_with
 def test_a_viewer_killed_before_it_accepted_still_ends_the_process():
     """A loaded viewer SIGKILLed with this connection still in its listen queue: the read ends in a reset,
     not an end of file, and the watched process must still go (CI saw two ranks outlive their viewer)."""
-    from kvtui.engine.stream import RecordPipe, control_gate
+    from kvtui.engine.records.stream import RecordPipe, control_gate
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -388,7 +388,7 @@ def initialized_session_state():
 def test_a_killed_viewers_hook_directory_is_swept_by_the_next_start(tmp_path):
     """A SIGKILLed viewer runs no cleanup: its hook directory (a sitecustomize.py) stays in the temporary
     directory. The next viewer removes every hook directory whose viewer's pid is gone, and only those."""
-    from kvtui.engine.tree import HOOK_PREFIX, sweep_hook_directories
+    from kvtui.engine.watch.tree import HOOK_PREFIX, sweep_hook_directories
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # its pid names no process now

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from kvtui.app import KvtuiApp
-from kvtui.engine.replay import Replay
-from kvtui.engine.trace import TraceError, read_trace
+from kvtui.engine.records.replay import Replay
+from kvtui.engine.records.trace import TraceError, read_trace
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
 
@@ -187,7 +187,7 @@ def test_a_bad_line_that_is_not_the_unterminated_tail_still_names_file_and_line(
 
 
 async def test_the_replay_app_says_the_recording_was_interrupted(killed_trace, tmp_path, monkeypatch):
-    import kvtui.engine.loader as loader
+    import kvtui.engine.chat.loader as loader
 
     def no_model(*args, **kwargs):
         raise AssertionError("replay must not load a model")

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from kvtui.engine.replay import Replay
-from kvtui.engine.script import Script
-from kvtui.engine.session import ChatSession, SessionConfig
-from kvtui.engine.trace import Trace, TraceError, read_trace
+from kvtui.engine.chat.script import Script
+from kvtui.engine.chat.session import ChatSession, SessionConfig
+from kvtui.engine.records.replay import Replay
+from kvtui.engine.records.trace import Trace, TraceError, read_trace
 from kvtui.headless import run_script
 
 SETTINGS = settings(

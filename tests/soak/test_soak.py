@@ -26,7 +26,7 @@ import torch
 from textual.widgets import Input, Sparkline
 
 from kvtui.app import HISTORY_STEPS, KvtuiApp
-from kvtui.engine.snapshot import BufferToken, StepSnapshot
+from kvtui.engine.records.snapshot import BufferToken, StepSnapshot
 from kvtui.options import AppConfig
 from kvtui.widgets import status_bar
 from kvtui.widgets.status_bar import StatusBar

@@ -10,7 +10,7 @@ from functools import partial
 
 def _fail_once(action: str, message: str, session) -> None:
     if action == "export":  # the engine looks export_cache up at call time
-        import kvtui.engine.export as module
+        import kvtui.engine.reading.export as module
 
         owner, name = module, "export_cache"
         error = OSError(message)
@@ -37,7 +37,7 @@ def broken_load():
 
 
 def _gated_load(gate: str, model_dir: str):
-    from kvtui.engine.loader import load_model
+    from kvtui.engine.chat.loader import load_model
 
     deadline = time.monotonic() + 60
     while not os.path.exists(gate) and time.monotonic() < deadline:

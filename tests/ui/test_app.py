@@ -32,7 +32,7 @@ def table_text(table) -> list[str]:
 
 
 async def test_send_and_step_five_tokens_every_pane_agrees_with_the_snapshot(tiny_loaded, monkeypatch, tmp_path):
-    from kvtui.engine.export import load_cache
+    from kvtui.engine.reading.export import load_cache
 
     monkeypatch.chdir(tmp_path)  # the engine process exports into its working directory, this one
     app = make_app(tiny_loaded("qwen2"))
@@ -301,7 +301,7 @@ async def test_reuse_meter_and_watch(tiny_loaded):
 def test_only_plain_decode_snapshots_are_coalesced():
     """Textual asks the queued (older) message whether the next may supersede it."""
     from kvtui.app import SnapshotReady
-    from kvtui.engine.snapshot import Diagnostic, StepSnapshot, TokenBuffer
+    from kvtui.engine.records.snapshot import Diagnostic, StepSnapshot, TokenBuffer
 
     def message(phase, diagnostics=()):
         snapshot = StepSnapshot(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvtui.compare_app import CompareApp
-from kvtui.engine.script import Script
+from kvtui.engine.chat.script import Script
 from kvtui.widgets.lane_pane import LanePane
 from kvtui.widgets.step_time_plot import StepTimePlot
 
@@ -47,7 +47,7 @@ async def test_compare_screen_runs_the_lanes_in_lockstep(tiny_dir, tmp_path):
 
 
 def test_cursor_and_layers_panes_say_there_is_no_cache():
-    from kvtui.engine.snapshot import BufferToken, StepSnapshot, TokenBuffer
+    from kvtui.engine.records.snapshot import BufferToken, StepSnapshot, TokenBuffer
     from kvtui.widgets.cursor_pane import has_alarm, render_cursor
     from kvtui.widgets.layers_pane import render_totals
 

@@ -142,7 +142,7 @@ async def test_loading_progress_streams_to_the_status_bar(tiny_dir, monkeypatch)
 
 
 def test_commands_are_one_line_each_and_read_back_as_sent():
-    from kvtui.engine.stream import format_command, parse_command
+    from kvtui.engine.records.stream import format_command, parse_command
 
     for word, argument in [
         ("step", None),
@@ -157,7 +157,7 @@ def test_commands_are_one_line_each_and_read_back_as_sent():
 
 
 def test_the_engine_threads_spin_briefly_before_they_sleep_unless_the_user_says_how_to_wait():
-    from kvtui.engine.stream import ENGINE_SPIN_COUNT, openmp_wait
+    from kvtui.engine.records.stream import ENGINE_SPIN_COUNT, openmp_wait
 
     assert openmp_wait({}) == {"GOMP_SPINCOUNT": str(ENGINE_SPIN_COUNT)}
     assert openmp_wait({"OMP_WAIT_POLICY": "PASSIVE"}) == {}  # the user's own setting wins
@@ -196,7 +196,7 @@ async def test_attention_of_the_layer_selected_in_the_layers_pane(tiny_dir):
 async def test_a_loaded_model_that_does_not_pickle_is_handed_over_with_save_pretrained(tiny_dir):
     """transformers leaves local-function hooks on a model once it captured outputs (and a user's model may
     hold anything): such a model reaches the engine process through save_pretrained, same names and weights."""
-    from kvtui.engine.loader import load_model
+    from kvtui.engine.chat.loader import load_model
 
     loaded = load_model(str(tiny_dir("qwen2")), dtype="float32", device="cpu")
     loaded.model.register_forward_hook(lambda module, args, output: None)  # a lambda: pickle refuses it

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from kvtui.app import KvtuiApp
 from kvtui.cli import main
-from kvtui.engine.trace import read_trace
+from kvtui.engine.records.trace import read_trace
 from pilot_helpers import wait_for, wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,8 +82,8 @@ async def test_tui_and_headless_write_the_same_trace(sample, tmp_path, monkeypat
 
 
 async def test_every_tui_action_is_recorded_and_replayed(tiny_loaded, tmp_path):
-    from kvtui.engine.replay import Replay
-    from kvtui.engine.sampling import SamplerSettings
+    from kvtui.engine.chat.sampling import SamplerSettings
+    from kvtui.engine.records.replay import Replay
     from kvtui.options import AppConfig
     from kvtui.widgets.topk_pane import TopKPane
 

@@ -8,7 +8,7 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import DataTable
 
-from kvtui.engine.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken
+from kvtui.engine.records.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken
 from kvtui.widgets.cursor_pane import CursorPane, capacity_bar, format_positions, kind_summary, render_cursor
 from kvtui.widgets.diagnostics_pane import (
     DiagnosticsPane,
@@ -574,7 +574,7 @@ async def test_diagnostics_pane_groups_leads_with_the_cause_and_jumps():
 
 
 def test_group_diagnostics_and_leading_group():
-    from kvtui.engine.diagnostics import group_diagnostics, group_summary, leading_group
+    from kvtui.engine.reading.diagnostics import group_diagnostics, group_summary, leading_group
 
     found = [Diagnostic("ignored-argument", "warning", "cache_position ignored", step) for step in range(2, 39, 4)]
     found.insert(1, Diagnostic("pad-in-cache", "warning", "4 pad tokens", 3))

@@ -6,9 +6,9 @@ import pytest
 
 from kvtui.app import KvtuiApp
 from kvtui.engine import ChatSession, SessionConfig
-from kvtui.engine.replay import Replay, transcript
-from kvtui.engine.snapshot import buffer_record
-from kvtui.engine.trace import TraceError, TraceWriter, header_record, read_trace
+from kvtui.engine.records.replay import Replay, transcript
+from kvtui.engine.records.snapshot import buffer_record
+from kvtui.engine.records.trace import TraceError, TraceWriter, header_record, read_trace
 from kvtui.widgets.cursor_pane import CursorPane
 from kvtui.widgets.token_buffer import TokenBufferPane
 from pilot_helpers import wait_for
@@ -64,7 +64,7 @@ def test_replayed_snapshots_equal_the_live_ones(recorded):
 
 
 async def test_replay_app_steps_forward_and_back_without_a_model(recorded, monkeypatch):
-    import kvtui.engine.loader as loader
+    import kvtui.engine.chat.loader as loader
 
     def no_model(*args, **kwargs):
         raise AssertionError("replay must not load a model")

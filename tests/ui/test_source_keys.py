@@ -15,10 +15,10 @@ import pytest
 from rich.console import Console
 
 from kvtui.app import KvtuiApp
-from kvtui.engine.session import ChatSession, SessionConfig
-from kvtui.engine.snapshot import buffer_record
-from kvtui.engine.stream import format_command
-from kvtui.engine.trace import TraceWriter, header_record
+from kvtui.engine.chat.session import ChatSession, SessionConfig
+from kvtui.engine.records.snapshot import buffer_record
+from kvtui.engine.records.stream import format_command
+from kvtui.engine.records.trace import TraceWriter, header_record
 from kvtui.widgets.token_buffer import TokenBufferPane
 from pilot_helpers import wait_for
 
@@ -245,7 +245,7 @@ def watched_trace(tmp_path_factory, tiny_model):
     import torch
     from transformers import DynamicCache
 
-    from kvtui.engine.probe import watch
+    from kvtui.engine.watch.probe import watch
 
     model, tok = tiny_model("llama")
     path = tmp_path_factory.mktemp("keys") / "watched.jsonl"

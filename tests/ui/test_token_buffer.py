@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from textual.app import App, ComposeResult
 
-from kvtui.engine.snapshot import BufferToken, LayerInfo, StepSnapshot, TokenBuffer, TopToken
+from kvtui.engine.records.snapshot import BufferToken, LayerInfo, StepSnapshot, TokenBuffer, TopToken
 from kvtui.widgets.token_buffer import TokenBufferPane, display_piece, fit
 
 SIZE = (100, 30)

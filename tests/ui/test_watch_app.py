@@ -121,7 +121,7 @@ async def test_follow_a_trace_being_written(tmp_path, tiny_model):
     who stepped back stays there, and stepping to the last step follows again."""
     import torch
 
-    from kvtui.engine.probe import watch
+    from kvtui.engine.watch.probe import watch
 
     model, tokenizer = tiny_model("llama")
     trace = tmp_path / "live.jsonl"

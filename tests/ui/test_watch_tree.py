@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kvtui.app import KvtuiApp
-from kvtui.engine.tree_source import TreeSource
+from kvtui.engine.watch.tree_source import TreeSource
 from pilot_helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import introspect
-from .diagnostics import Alarms, SpecialIds, check_feed
+from ..reading import introspect
+from ..reading.diagnostics import Alarms, SpecialIds, check_feed
+from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 from .sampling import Sampler, SamplerSettings, chosen_from_top, top_tokens, watched_tokens
-from .snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 
 
 class SessionError(Exception):
@@ -87,7 +87,9 @@ class ChatSession:
         if self.config.mode == "chat" and not getattr(tokenizer, "chat_template", None):
             raise SessionError("this tokenizer has no chat template: use completion mode (--mode completion)")
         self.on_snapshot = on_snapshot
-        self.on_event: Callable[[str, object], None] | None = None  # the recorder (engine/recorder.py) listens here
+        self.on_event: Callable[[str, object], None] | None = (
+            None  # the recorder (engine/records/recorder.py) listens here
+        )
         self.device = model.get_input_embeddings().weight.device
         self._no_history = torch.empty((1, 0), dtype=torch.long, device=self.device)  # [1, 0], read-only
         self.dtype = str(model.dtype).removeprefix("torch.")

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .snapshot import BufferToken, Diagnostic, LayerInfo
+from ..records.snapshot import BufferToken, Diagnostic, LayerInfo
 
 CODES = (
     "tokenizer-added-special",

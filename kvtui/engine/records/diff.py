@@ -18,7 +18,7 @@ Differences that do not change what the model computes -- the cache kind and cap
 static layer preallocates, library versions, dtype, device, model path -- are reported as notes.
 A trace with fewer steps diverges at its first missing step ("trace B ends at step N").
 
-Pure Python over the records of `kvtui.engine.trace.read_trace`: no torch, no UI library.
+Pure Python over the records of `kvtui.engine.records.trace.read_trace`: no torch, no UI library.
 """
 
 from __future__ import annotations

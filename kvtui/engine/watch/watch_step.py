@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from . import introspect
-from .diagnostics import (
+from ..chat.sampling import top_token_rows, watched_tokens
+from ..reading import introspect
+from ..reading.diagnostics import (
     Alarms,
     SpecialIds,
     check_drift,
@@ -26,10 +27,9 @@ from .diagnostics import (
     recomputed_prefix,
     token_text,
 )
+from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
 from .lineage import CacheTrack
 from .patches import Registry
-from .sampling import top_token_rows, watched_tokens
-from .snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
 
 
 @dataclass

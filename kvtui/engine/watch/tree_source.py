@@ -7,8 +7,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from .diagnostics import check_ranks
-from .stream import ChildSource, format_command
+from ..reading.diagnostics import check_ranks
+from ..records.stream import ChildSource, format_command
 from .tree import Naming, ProcessRun, TreeServer, desync, environment, hook_directory, merge
 
 

@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import introspect
-from .diagnostics import check_refed, check_stale_prompt
+from ..chat.session import find_sub, judge_recompute
+from ..reading import introspect
+from ..reading.diagnostics import check_refed, check_stale_prompt
+from ..records.snapshot import Diagnostic, StepSnapshot
 from .lineage import CacheTrack, Lineage
 from .patches import (
     PATCHES,
@@ -49,12 +51,10 @@ from .patches import (
     started_at,
     thread_start_wrapper,
 )
-from .session import find_sub, judge_recompute
-from .snapshot import Diagnostic, StepSnapshot
 from .watch_step import Call, StepBuilder, read_call
 
 if TYPE_CHECKING:
-    from .recorder import Recorder  # imported when a trace starts
+    from ..records.recorder import Recorder  # imported when a trace starts
 
 TOP_K = 10
 EDIT_METHODS = ("crop", "reset", "reorder_cache", "batch_select_indices", "batch_repeat_interleave")
@@ -426,7 +426,7 @@ class Watcher:
             self.on_event(record)
 
     def _start(self, probe: _Probe) -> None:
-        from .recorder import Recorder
+        from ..records.recorder import Recorder
 
         header = self.header(probe)
         if self.trace_path is not None:
@@ -439,7 +439,7 @@ class Watcher:
             self._event(record)
 
     def header(self, probe: _Probe | None = None) -> dict:
-        from .trace import header_start
+        from ..records.trace import header_start
 
         probe = probe or (self.probes[0] if self.probes else None)
         model = probe.model if probe else None

@@ -3,7 +3,7 @@ app's repaints never take the interpreter lock the model's forward needs. Both o
 EngineSource a viewer starts (spawn, handover of the setup and a loaded model, restart, clean-up) and the
 EngineHost that runs in the child.
 
-`python -m kvtui.engine.host --records-fd W --control-fd R --setup FILE` (EngineSource starts it; the
+`python -m kvtui.engine.chat.host --records-fd W --control-fd R --setup FILE` (EngineSource starts it; the
 records and commands are stream.py's protocol).
 
 Threads: the main thread runs one command at a time and is the only one to touch the session. The
@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .stream import ChildSource, ListChanges, RecordPipe, openmp_wait, parse_command
+from ..records.stream import ChildSource, ListChanges, RecordPipe, openmp_wait, parse_command
 
 if TYPE_CHECKING:
+    from ..records.recorder import Recorder
     from .loader import LoadedModel
-    from .recorder import Recorder
     from .session import ChatSession
 
 EXIT_GRACE = 1.5  # seconds a forward may take to end once the app is gone
@@ -140,7 +140,7 @@ class EngineSource(ChildSource):
             write_setup(setup, setup_path, self.directory / "handover")
             path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
             env = {"PYTHONPATH": path, **openmp_wait()}
-            self._spawn("kvtui.engine.host", ["--setup", str(setup_path)], env=env)
+            self._spawn("kvtui.engine.chat.host", ["--setup", str(setup_path)], env=env)
         except BaseException:  # a model that neither pickles nor saves, a full disk: nothing left behind
             self._remove_files()
             raise
@@ -250,9 +250,9 @@ class EngineHost:
     def load(self) -> bool:
         import torch
 
-        from . import introspect
+        from ..reading import introspect
+        from ..records.recorder import Recorder
         from .configure import load, prepare_cache_backend, session_config, set_threads
-        from .recorder import Recorder
         from .session import ChatSession
 
         progress = lambda text, fraction=None: self.pipe.send(  # noqa: E731
@@ -286,9 +286,9 @@ class EngineHost:
             if setup.engine_setup is not None:
                 setup.engine_setup(session)
         except Exception as exc:  # noqa: BLE001  every load error, said in one line: the app shows it and stays open
+            from ..records.trace import TraceError
             from .loader import ModelLoadError
             from .session import SessionError
-            from .trace import TraceError
 
             known = isinstance(exc, (ModelLoadError, SessionError, TraceError, ValueError))
             self.pipe.send({"type": "load-failed", "error": str(exc) if known else f"{type(exc).__name__}: {exc}"})
@@ -324,7 +324,7 @@ class EngineHost:
                 self._apply_asides()
                 self.state(word, *self.execute(word, argument, cancel))
             except Exception as exc:  # noqa: BLE001  every failure is said; the session stays as it was
-                from .export import ExportError
+                from ..reading.export import ExportError
                 from .session import SessionError
 
                 if isinstance(exc, (SessionError, ExportError)):
@@ -378,16 +378,17 @@ class EngineHost:
             session.reset()
             return "cache and chat reset", "information", None
         elif word == "export":
-            from .export import export_cache
+            from ..reading.export import export_cache
 
             path = export_cache(session, Path.cwd() / f"kvtui-cache-step{session.steps}.safetensors")
             return (
-                f"cache at step {session.steps} exported to {path} (kvtui.engine.export.load_cache reads it back)",
+                f"cache at step {session.steps} exported to {path} "
+                "(kvtui.engine.reading.export.load_cache reads it back)",
                 "information",
                 None,
             )
         elif word == "restore":
-            from .replay import _token
+            from ..records.replay import _token
 
             tokens = [_token(t) for t in argument["tokens"]]
             session.restore(tokens, argument["state"])

@@ -13,8 +13,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from ..records.snapshot import TopToken
 from .settings import SamplerSettings  # noqa: F401  (re-exported: the sampler's settings live with it)
-from .snapshot import TopToken
 
 
 class Sampler:

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .diagnostics import Alarms
-from .introspect import Fingerprint
+from ..reading.diagnostics import Alarms
+from ..reading.introspect import Fingerprint
+from ..records.snapshot import BufferToken, unknown_token
 from .patches import Registry
-from .snapshot import BufferToken, unknown_token
 
 DISCARDED_KEPT = 16  # discarded caches whose ids are kept
 IDS_KEPT = 8192  # ids kept per discarded cache (row 0)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .models.common import (
+from ..models.common import (
     CACHE_ENV,
     ModelLoadError,
     Progress,
@@ -40,8 +40,8 @@ from .models.common import (
     report,
     scaled,
 )
-from .models.devices import DTYPE_KWARG, dtype_name, resolve_device, resolve_dtype
-from .models.embedded import (
+from ..models.devices import DTYPE_KWARG, dtype_name, resolve_device, resolve_dtype
+from ..models.embedded import (
     EMBEDDED_SOURCE,
     MARKER,
     embedded_cache_dir,
@@ -50,8 +50,8 @@ from .models.embedded import (
     gguf_progress,
     is_complete,
 )
-from .models.hub import hub_snapshot_dir, looks_like_path
-from .models.tiny_spec import tiny_model_dir
+from ..models.hub import hub_snapshot_dir, looks_like_path
+from ..models.tiny_spec import tiny_model_dir
 
 __all__ = [
     "CACHE_ENV",

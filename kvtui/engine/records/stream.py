@@ -184,7 +184,7 @@ def control_gate(
 ):
     """A probe Gate that holds the program before a forward while the viewer says pause. `on_gone()` runs
     when the viewer's end of the control channel closes (by default the process exits at once)."""
-    from .probe import Gate
+    from ..watch.probe import Gate
 
     class ControlGate(Gate):
         def __init__(self):
@@ -262,7 +262,7 @@ def control_gate(
 
 
 def child_main(argv: list[str] | None = None) -> int:
-    """`python -m kvtui.engine.stream --records-fd W --control-fd R [--trace P] [--paused] [-m] TARGET ARGS...`"""
+    """`python -m kvtui.engine.records.stream --records-fd W --control-fd R [--trace P] [--paused] [-m] TARGET ...`"""
     import argparse
 
     parser = argparse.ArgumentParser(prog="kvtui-watch-child")
@@ -277,7 +277,7 @@ def child_main(argv: list[str] | None = None) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
 
-    from .probe import Watcher, run_watched
+    from ..watch.probe import Watcher, run_watched
 
     # the viewer's ctrl+c (interrupt()) is a KeyboardInterrupt in the program, as in a terminal, even when
     # kvtui itself was started with SIGINT ignored (a background job of a script, nohup)
@@ -551,7 +551,7 @@ class ProgramSource(ChildSource):
             command.append("--break-on-alarm")
         if module:
             command.append("-m")
-        self._spawn("kvtui.engine.stream", [*command, "--", target, *args], cwd=cwd, interactive=True)
+        self._spawn("kvtui.engine.records.stream", [*command, "--", target, *args], cwd=cwd, interactive=True)
 
 
 def _line_text(raw: bytes, partial: bool = False) -> str:

@@ -2,13 +2,13 @@
 (the chat and the alarms are the app's own `messages` and `diagnostics`).
 
 Plain values only (no torch, no Textual); the app updates it on its own thread from the `ready`,
-`session` and `state` records (engine/stream.py) and the step snapshots rebuilt from step records.
+`session` and `state` records (engine/records/stream.py) and the step snapshots rebuilt from step records.
 """
 
 from __future__ import annotations
 
+from ..records.snapshot import Diagnostic, TokenBuffer
 from .settings import SamplerSettings
-from .snapshot import Diagnostic, TokenBuffer
 
 
 class RemoteSession:

@@ -39,7 +39,7 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 HELLO_TIMEOUT_S = 10.0
 
 HOOK = '''\
-"""kvtui watch's start-up hook (see kvtui/engine/tree.py): watch this process, then run the next
+"""kvtui watch's start-up hook (see kvtui/engine/watch/tree.py): watch this process, then run the next
 sitecustomize on the path, if there is one."""
 import os as _os
 import sys as _sys
@@ -50,10 +50,10 @@ def _kvtui_start():
     _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != here]  # the program sees its own path
     try:
         try:
-            from kvtui.engine import tree
+            from kvtui.engine.watch import tree
         except ImportError:  # an interpreter that has no kvtui installed: the one that started the run
             _sys.path.append(KVTUI_HOME)
-            from kvtui.engine import tree
+            from kvtui.engine.watch import tree
         tree.start_in_process()
     except Exception as error:  # never stop the program: say why it is not watched
         print(f"kvtui watch: process {_os.getpid()} not watched: {type(error).__name__}: {error}", file=_sys.stderr)
@@ -200,8 +200,8 @@ def _watcher(config: dict):
     program's child does (stream.child_main): records go to the viewer through one RecordPipe (a step is
     serialised once on the model's thread and written off it), and a control gate reads the viewer's
     commands (pause, run, step, break, verify, watch) from the same connection."""
+    from ..records.stream import RecordPipe, control_gate
     from .probe import AutoAttach, Watcher
-    from .stream import RecordPipe, control_gate
 
     if _RUN.get("pid") != os.getpid():
         host, _, port = config["connect"].rpartition(":")
@@ -433,7 +433,7 @@ def _record(raw: bytes) -> dict | None:
 
 def desync(runs: list[ProcessRun]) -> list:
     """rank-desync: the first forward at which the ranks of the run disagree (what follows comes from it)."""
-    from .diagnostics import check_ranks
+    from ..reading.diagnostics import check_ranks
 
     ranked = {
         run.rank: [r for r in run.records if r["type"] == "step"]
@@ -521,7 +521,7 @@ class Naming:
 def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:  # alarms: Diagnostics
     """One trace: a run header, then per process its `process` record and its records (made one stream by
     `Naming`: steps numbered through the run); then the run's own alarms (rank-desync), at their steps."""
-    from .trace import TraceWriter, header_start
+    from ..records.trace import TraceWriter, header_start
 
     watched = [run for run in runs if run.records]  # a header is their first record
     header = {**(watched[0].records[0] if watched else header_start()), "processes": len(watched)}
