@@ -20,7 +20,7 @@ from common import ROOT, log, summary
 from engine_hooks import read_stamps, reply_decodes
 from engine_hooks import stamps as stamp_hook
 from kvtui.engine.chat.host import EngineSource
-from kvtui.engine.records.stream import ENGINE_SPIN_COUNT
+from kvtui.engine.records.child import ENGINE_SPIN_COUNT
 
 PANE_SIZE = (160, 48)
 APP_SIZE = (160, 48)

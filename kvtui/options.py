@@ -256,7 +256,7 @@ class AppConfig:
 def build_session_config(options: dict, tokenizer=None):
     """Turn options (any subset: the defaults fill the rest) into a SessionConfig; a --watch token that is
     not one token is an OptionError."""
-    from .engine import configure
+    from .engine.chat import configure
 
     try:
         return configure.session_config({**DEFAULT_OPTIONS, **options}, tokenizer)
@@ -266,7 +266,7 @@ def build_session_config(options: dict, tokenizer=None):
 
 def resolve_token(tokenizer, text: str) -> int:
     """A watched token: a number is an id; text must encode to exactly one token (else an OptionError)."""
-    from .engine import configure
+    from .engine.chat import configure
 
     try:
         return configure.resolve_token(tokenizer, text)
@@ -276,6 +276,6 @@ def resolve_token(tokenizer, text: str) -> int:
 
 def load(model: str | None, options: dict, progress=None):
     """Load the model the options name (dtype, device, device map, eager attention for --attention)."""
-    from .engine import configure
+    from .engine.chat import configure
 
     return configure.load(model, {**DEFAULT_OPTIONS, **options}, progress=progress)

@@ -212,7 +212,7 @@ def run_tree_headless(
     command's own, or 1 when an alarm at/above fail_on fired in any process. `listen`: also take the
     processes of other machines (`kvtui watch --connect ADDRESS --token T -- COMMAND` there); `connect`:
     this machine's processes report to a viewer elsewhere, and this one only runs the command."""
-    from ..engine import tree
+    from ..engine.watch import tree
 
     err = click.get_text_stream("stderr")
     server = None
@@ -264,7 +264,7 @@ def _run_command(executable: str, command: str, args: list[str], env: dict, err)
 
 
 def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
-    from ..engine import tree
+    from ..engine.watch import tree
     from ..engine.reading.diagnostics import group_diagnostics, group_last, group_summary
     from ..engine.records.recorder import failing
     from ..engine.records.snapshot import Diagnostic

@@ -101,7 +101,7 @@ class ProgramDriver(Driver):
         chat.input.placeholder = "space step · r run · p pause · b break on alarm · n next row · q quit"
         app.query_one(TokenBufferPane).focus()
         if self.source is None:
-            from ..engine.records.stream import ProgramSource
+            from ..engine.watch.child import ProgramSource
 
             self.source = ProgramSource(**self._source_args)
         if hasattr(self.source, "write_stdin"):  # a program that reads its stdin from this input line

@@ -74,8 +74,8 @@ class TraceDriver(Driver):
         ).input.placeholder = f"replaying {self.trace_path.name}: {len(self.replay)} steps (space/u to step, r to play)"
 
     def _follow(self) -> None:
-        """(worker thread) Read the trace as it grows (records/stream.py FollowSource); the UI shows what arrived."""
-        from ..engine.records.stream import FollowSource
+        """(worker thread) Read the trace as it grows (records/follow.py); the UI shows what arrived."""
+        from ..engine.records.follow import FollowSource
 
         worker = get_current_worker()
         try:

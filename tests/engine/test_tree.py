@@ -324,7 +324,8 @@ def test_a_killed_viewer_leaves_no_rank_behind(tmp_path, llama_dir, tp_loop_with
 def test_a_viewer_killed_before_it_accepted_still_ends_the_process():
     """A loaded viewer SIGKILLed with this connection still in its listen queue: the read ends in a reset,
     not an end of file, and the watched process must still go (CI saw two ranks outlive their viewer)."""
-    from kvtui.engine.records.stream import RecordPipe, control_gate
+    from kvtui.engine.records.stream import RecordPipe
+    from kvtui.engine.watch.child import control_gate
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -157,7 +157,7 @@ def test_commands_are_one_line_each_and_read_back_as_sent():
 
 
 def test_the_engine_threads_spin_briefly_before_they_sleep_unless_the_user_says_how_to_wait():
-    from kvtui.engine.records.stream import ENGINE_SPIN_COUNT, openmp_wait
+    from kvtui.engine.records.child import ENGINE_SPIN_COUNT, openmp_wait
 
     assert openmp_wait({}) == {"GOMP_SPINCOUNT": str(ENGINE_SPIN_COUNT)}
     assert openmp_wait({"OMP_WAIT_POLICY": "PASSIVE"}) == {}  # the user's own setting wins

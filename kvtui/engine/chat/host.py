@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..records.stream import ChildSource, ListChanges, RecordPipe, openmp_wait, parse_command
+from ..records.child import ChildSource, openmp_wait
+from ..records.stream import ListChanges, RecordPipe, parse_command
 
 if TYPE_CHECKING:
     from ..records.recorder import Recorder

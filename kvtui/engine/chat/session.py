@@ -20,8 +20,11 @@ import torch
 
 from ..reading import introspect
 from ..reading.diagnostics import Alarms, SpecialIds, check_feed
+from ..reading.tokens import find_sub, special_token_ids
+from ..reading.topk import chosen_from_top, top_tokens, watched_tokens
+from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
-from .sampling import Sampler, SamplerSettings, chosen_from_top, top_tokens, watched_tokens
+from .sampling import Sampler, SamplerSettings
 
 
 class SessionError(Exception):
@@ -35,10 +38,6 @@ class CacheOverflowError(SessionError):
             f"static cache overflow refused: capacity {capacity}, used {used}, requested {requested} more "
             f"({used + requested - capacity} too many). Rewind, reset, or use a larger --max-cache-len."
         )
-
-
-# Absolute tolerance on logits for `verify`, by dtype of the model.
-VERIFY_TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 0.5, "float16": 0.1}
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class ChatSession:
         self._no_history = torch.empty((1, 0), dtype=torch.long, device=self.device)  # [1, 0], read-only
         self.dtype = str(model.dtype).removeprefix("torch.")
         self.sampler = Sampler(self.config.sampler, self.device)
-        self._special_set = _special_token_ids(tokenizer)
+        self._special_set = special_token_ids(tokenizer)
         self.special = self._special_ids()
         self.stop_ids = self.special.eos
         self._pieces: dict[int, str] = {}
@@ -823,15 +822,9 @@ class ChatSession:
         chat = self._tokens[self._primed :]
         if self._logits is None or not chat:
             raise SessionError("nothing to verify: send a message first")
-        started = self._clock()
-        ids = torch.tensor([[t.id for t in chat]], device=self.device)  # [1, n]
-        kwargs = dict(
-            input_ids=ids, use_cache=False, position_ids=torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
-        )  # what model(ids) does
-        if self._accepts_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        with torch.inference_mode(), self._threads(ids.shape[1]):
-            fresh = self.model(**kwargs).logits[0, -1].float()  # [vocab]
+        fresh, ms = recompute_last_logits(
+            self.model, [t.id for t in chat], self._accepts_logits_to_keep, self._threads(len(chat)), self._clock
+        )
         quantized = self.config.cache == "quantized"
         result = judge_recompute(
             self._logits,
@@ -839,55 +832,18 @@ class ChatSession:
             self.dtype,
             self.config.top_k_shown,
             len(chat),
-            (self._clock() - started) * 1000,
+            ms,
             self._quant_bits() if quantized else None,
         )
-        diff, tolerance, agree = result.max_abs_diff, result.tolerance, result.topk_agree
         if not result.ok:
-            self._record(
-                [
-                    Diagnostic(
-                        "cache-mismatch",
-                        "error",
-                        f"cached logits differ from a full recompute of {len(chat)} tokens: max |diff| {diff:.3g} "
-                        f"> {tolerance:g}{' (quantized cache bound)' if quantized else ''}"
-                        f"{'' if agree else ', top-k order differs'}"
-                        + (f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""),
-                        self.steps,
-                    )
-                ]
-            )
+            primed = f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""
+            bound = " (quantized cache bound)" if quantized else ""
+            self._record([mismatch_alarm(result, "cached logits", self.steps, bound, primed)])
         self._emit("verify", result)
         return result
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-
-
-def judge_recompute(
-    cached: torch.Tensor, fresh: torch.Tensor, dtype: str, k: int, tokens: int, ms: float, quant_bits: int | None = None
-) -> VerifyResult:
-    """The one verdict of verify, for kvtui's own cache and a watched program's: cached vs recomputed
-    last logits ([vocab] each) within the dtype's tolerance (a quantized cache's bound when bits are
-    given), and the same top-k order, near-ties aside."""
-    fresh, cached = fresh.float(), cached.float().to(fresh.device)
-    diff = float((fresh - cached).abs().max())
-    tolerance = VERIFY_TOLERANCE.get(dtype, 1e-3)
-    if quant_bits is not None:  # lossy by design: the bound scales with the logits' range and the bits kept
-        tolerance = max(tolerance, quantized_tolerance(quant_bits, fresh))
-    cached_top = torch.topk(cached, k).indices.tolist()
-    fresh_top = torch.topk(fresh, k).indices.tolist()
-    agree = _orders_agree(cached_top, fresh_top, fresh, tolerance)
-    return VerifyResult(
-        max_abs_diff=diff,
-        tolerance=tolerance,
-        topk_agree=agree,
-        cached_top=tuple(cached_top),
-        recomputed_top=tuple(fresh_top),
-        tokens=tokens,
-        ok=diff <= tolerance and agree,
-        ms=ms,
-    )
 
 
 def _graph_count() -> int:
@@ -897,29 +853,10 @@ def _graph_count() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def quantized_tolerance(bits: int, fresh_logits: torch.Tensor) -> float:
-    """What verify allows a quantized cache: 2**-(bits-1) of the recomputed logits' range.
-
-    A heuristic, not a proof: per-group quantization to b bits rounds each value by up to half a step
-    (2**-b of its group's range); attention and the layers after it mix those errors, so the bound on
-    the logits is taken one bit looser, relative to their own spread. fp8 (e4m3) keeps 3 mantissa bits."""
-    spread = float(fresh_logits.max() - fresh_logits.min())
-    return spread * 2.0 ** -(bits - 1)
-
-
 def _replace(config: SessionConfig, **changes) -> SessionConfig:
     from dataclasses import replace
 
     return replace(config, **changes)
-
-
-def _special_token_ids(tokenizer) -> frozenset[int]:
-    """Declared special tokens plus added tokens flagged special (<|im_start|> is often only the latter)."""
-    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    for token_id, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
-        if getattr(added, "special", False):
-            ids.add(int(token_id))
-    return frozenset(ids)
 
 
 def _content_spans(text: str, messages: list[dict] | None) -> list[tuple[int, int, str]]:
@@ -944,25 +881,3 @@ def _origin_at(start: int, end: int, spans) -> str:
         if span_start <= start and end <= span_end:
             return role if role in ("system", "user", "assistant") else "template"
     return "template"
-
-
-def find_sub(full: list[int], part: list[int]) -> int:
-    """Index of `part` inside `full` (the tokenizer adds specials only around the text), or -1.
-    Also how the probe finds what a watched program's tokenizer call added."""
-    for front in range(0, len(full) - len(part) + 1):
-        if full[front : front + len(part)] == part:
-            return front
-        if front > 4:  # tokenizers add at most a few tokens in front
-            break
-    return -1
-
-
-def _orders_agree(cached: list[int], fresh: list[int], fresh_logits: torch.Tensor, tolerance: float) -> bool:
-    """Same top-k order, treating tokens whose recomputed logits are within tolerance as ties."""
-    if set(cached) != set(fresh):
-        # a different member is fine only if it is tied with the k-th at the boundary
-        kth = float(fresh_logits[fresh[-1]])
-        return all(abs(float(fresh_logits[i]) - kth) <= tolerance for i in set(cached) ^ set(fresh))
-    return all(
-        a == b or abs(float(fresh_logits[a]) - float(fresh_logits[b])) <= tolerance for a, b in zip(cached, fresh)
-    )

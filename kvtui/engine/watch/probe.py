@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..chat.session import find_sub, judge_recompute
 from ..reading import introspect
 from ..reading.diagnostics import check_refed, check_stale_prompt
+from ..reading.tokens import find_sub
+from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
 from ..records.snapshot import Diagnostic, StepSnapshot
 from .lineage import CacheTrack, Lineage
 from .patches import (
@@ -685,41 +686,16 @@ class Watcher:
         model = probe.model
         if model is None:
             raise ValueError(f"cannot check {snapshot.cache_id}: the program has let go of its model ({probe.name})")
-        device = model.get_input_embeddings().weight.device
-        ids = torch.tensor([tokens], device=device)  # [1, n]
-        started = time.perf_counter()
         _STATE.stack.append(None)  # kvtui's own forward, not one of the program's: no step, never held by the gate
         try:
-            with torch.inference_mode():
-                fresh = (
-                    model(
-                        input_ids=ids,
-                        use_cache=False,
-                        position_ids=torch.arange(len(tokens), device=device).unsqueeze(0),
-                    )
-                    .logits[0, -1]
-                    .float()
-                )
+            fresh, ms = recompute_last_logits(model, tokens)
         finally:
             _STATE.stack.pop()
         dtype = str(model.dtype).removeprefix("torch.")
         quant_bits = next((layer.quant_bits for layer in snapshot.layers if layer.quant_bits), None)
-        result = judge_recompute(
-            logits, fresh, dtype, self.top_k, len(tokens), (time.perf_counter() - started) * 1000, quant_bits
-        )
+        result = judge_recompute(logits, fresh, dtype, self.top_k, len(tokens), ms, quant_bits)
         if not result.ok:
-            self._diagnose(
-                [
-                    Diagnostic(
-                        "cache-mismatch",
-                        "error",
-                        f"the program's cached logits ({snapshot.cache_id}) differ from a full recompute of "
-                        f"{len(tokens)} tokens: max |diff| {result.max_abs_diff:.3g} > {result.tolerance:g}"
-                        f"{'' if result.topk_agree else ', top-k order differs'}",
-                        self.steps,
-                    )
-                ]
-            )
+            self._diagnose([mismatch_alarm(result, f"the program's cached logits ({snapshot.cache_id})", self.steps)])
         record = asdict(result)
         record["cached_top"], record["recomputed_top"] = list(result.cached_top), list(result.recomputed_top)
         if self.recorder is not None:

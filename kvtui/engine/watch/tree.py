@@ -197,10 +197,11 @@ _RUN: dict = {}  # this process's watcher and its connection to the viewer
 
 def _watcher(config: dict):
     """This process's AutoAttach (its watcher, its connection), made at the first trigger. As a watched
-    program's child does (stream.child_main): records go to the viewer through one RecordPipe (a step is
+    program's child does (watch/child.py child_main): records go to the viewer through one RecordPipe (a step is
     serialised once on the model's thread and written off it), and a control gate reads the viewer's
     commands (pause, run, step, break, verify, watch) from the same connection."""
-    from ..records.stream import RecordPipe, control_gate
+    from ..records.stream import RecordPipe
+    from .child import control_gate
     from .probe import AutoAttach, Watcher
 
     if _RUN.get("pid") != os.getpid():

@@ -8,7 +8,8 @@ import threading
 from pathlib import Path
 
 from ..reading.diagnostics import check_ranks
-from ..records.stream import ChildSource, format_command
+from ..records.child import ChildSource
+from ..records.stream import format_command
 from .tree import Naming, ProcessRun, TreeServer, desync, environment, hook_directory, merge
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from ..chat.sampling import top_token_rows, watched_tokens
 from ..reading import introspect
 from ..reading.diagnostics import (
     Alarms,
@@ -27,6 +26,8 @@ from ..reading.diagnostics import (
     recomputed_prefix,
     token_text,
 )
+from ..reading.tokens import special_token_ids
+from ..reading.topk import top_token_rows, watched_tokens
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
 from .lineage import CacheTrack
 from .patches import Registry
@@ -178,11 +179,7 @@ class StepBuilder:
             gen = getattr(other.model, "generation_config", None)
             value = getattr(gen, "eos_token_id", None)
             eos.update([value] if isinstance(value, int) else (value or []))
-        special = set(getattr(tok, "all_special_ids", []) or [])
-        for token_id, added in (getattr(tok, "added_tokens_decoder", None) or {}).items():
-            if getattr(added, "special", False):
-                special.add(int(token_id))
-        return SpecialIds(tok.bos_token_id, frozenset(eos), tok.pad_token_id), frozenset(special)
+        return SpecialIds(tok.bos_token_id, frozenset(eos), tok.pad_token_id), special_token_ids(tok)
 
     def saw_encoding(self, ids: list[int], added: set[int]) -> None:
         self._encodings.append((tuple(ids), frozenset(added)))

@@ -1,0 +1,80 @@
+"""The top-k of a forward's logits and the rank of chosen ids: read the same way for kvtui's own chat and a
+watched program (what the top-k pane shows). Shapes: scores [vocab] or [rows, vocab]."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..records.snapshot import TopToken
+
+
+def top_tokens(scores: torch.Tensor, k: int, piece) -> tuple[TopToken, ...]:
+    """The k highest tokens of scores [vocab] with their softmax probabilities."""
+    return top_token_rows(scores.unsqueeze(0), k, piece)[0]
+
+
+def top_token_rows(scores: torch.Tensor, k: int, piece) -> list[tuple[TopToken, ...]]:
+    """Per row of scores [rows, vocab]: its k highest tokens with their softmax probabilities.
+
+    One top-k, one log-softmax, one gather and one transfer to the host for every row together: a
+    probability is exp(log-softmax). logsumexp would name the normaliser without a vocab-sized tensor, but on
+    the CPU it is several kernels where log_softmax is one: measured after a forward on a 3-layer model
+    (the state a step's inspection runs in), topk + logsumexp took ~100 µs and topk + log_softmax + gather
+    ~45 µs. The order is topk's on the scores themselves (a shifted copy could round two logits into a tie)."""
+    rows, vocab = scores.shape
+    k = min(k, vocab)
+    if scores.dtype != torch.float32:
+        scores = scores.float()
+    values, ids = torch.topk(scores, k)  # [rows, k]
+    logprobs = torch.log_softmax(scores, dim=-1).gather(-1, ids)  # [rows, k]
+    if scores.device.type != "cpu" and vocab < 2**24:  # one device -> host transfer (ids exact in float32)
+        host = torch.cat((values, logprobs, ids.to(torch.float32)), dim=-1).tolist()  # [rows, 3k]
+        found = [(row[:k], row[k : 2 * k], [int(i) for i in row[2 * k :]]) for row in host]
+    else:  # on the CPU reading three small tensors costs less than building one
+        found = list(zip(values.tolist(), logprobs.tolist(), ids.tolist()))
+    out = []
+    for logits, row_logprobs, row_ids in found:
+        tops = []
+        for rank, (token_id, logit, logprob) in enumerate(zip(row_ids, logits, row_logprobs)):
+            # a NaN (a broken model) fails the test: 0, never a NaN in the trace
+            prob = math.exp(logprob) if logprob > -math.inf else 0.0
+            if prob > 0 or rank == 0:
+                tops.append(TopToken(token_id, piece(token_id), _finite(logit), prob, rank + 1))
+        out.append(tuple(tops))
+    return out
+
+
+def chosen_from_top(top: tuple[TopToken, ...], token_id: int) -> TopToken | None:
+    """The chosen token's TopToken when it is among the top ones (its rank: 1 + how many score above it),
+    else None (then its rank needs the whole distribution)."""
+    for token in top:
+        if token.id == token_id:
+            rank = 1 + sum(1 for other in top if other.logit > token.logit)
+            return token if rank == token.rank else TopToken(token.id, token.text, token.logit, token.prob, rank)
+    return None
+
+
+def watched_tokens(scores: torch.Tensor, ids, piece) -> tuple[TopToken, ...]:
+    """Probability and rank of chosen ids wherever they fall in the distribution."""
+    if not ids:
+        return ()
+    probs = torch.softmax(scores, dim=-1)
+    out = []
+    for token_id in ids:
+        if not 0 <= token_id < scores.shape[-1]:
+            continue
+        prob = probs[token_id]
+        rank = int((probs > prob).sum()) + 1  # O(vocab), on the device
+        out.append(
+            TopToken(
+                id=token_id, text=piece(token_id), logit=_finite(float(scores[token_id])), prob=float(prob), rank=rank
+            )
+        )
+    return tuple(out)
+
+
+def _finite(value: float) -> float:
+    # -inf from a top-k/top-p mask is not JSON: keep it as a very negative number.
+    return value if value > -1e30 else -1e30
