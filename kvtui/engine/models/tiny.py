@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")
-# Every family the architecture matrix builds (tests/engine/test_arch_matrix.py); ARCHES are the
+# Every family the architecture matrix builds (tests/engine/reading/test_arch_matrix.py); ARCHES are the
 # ones the `kvtui tiny` command offers.
 MATRIX_ARCHES = ARCHES + (
     "qwen3_moe",

@@ -32,7 +32,7 @@ from kvtui.engine.reading.diagnostics import CODES
 from kvtui.engine.watch.probe import watch
 from program_headers import codes_in, expected_codes, expected_exit, header, model_dir, stdin_of
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CORPUS = ROOT / "tests" / "watch_corpus"
 PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py")) + sorted(CORPUS.glob("*.py"))
 FAIL_ON_LINE = re.compile(r"^\d+ alarm\(s\) at or above error$", re.M)

@@ -48,7 +48,7 @@ def test_make_test_installs_the_newest_and_the_oldest_tested():
     import re
     from pathlib import Path
 
-    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     pins = dict(re.findall(r"^TRANSFORMERS_(NEWEST|OLDEST) := transformers>=([\d.]+),<[\d.]+$", makefile, re.M))
     assert support._parse(pins["NEWEST"]) == max(high for _, high in support.TESTED)
     assert support._parse(pins["OLDEST"]) == min(low for low, _ in support.TESTED)

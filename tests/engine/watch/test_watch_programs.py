@@ -11,7 +11,7 @@ import pytest
 
 from program_headers import codes_in, header, model_dir
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py"))
 
 
@@ -35,7 +35,7 @@ def test_every_program_names_its_model_and_alarms():
 
 
 # Each sample raises exactly the alarms its header names, names the line that made the call, and exits as the
-# alarms say: checked on the watched run of tests/engine/test_transparency.py, which also compares it with the
+# alarms say: checked on the watched run of tests/engine/watch/test_transparency.py, which also compares it with the
 # plain run.
 
 

@@ -17,7 +17,7 @@ import torch
 
 from program_headers import codes_in, expected_codes, model_dir
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROGRAMS = ROOT / "samples" / "programs"
 TP_LOOP = PROGRAMS / "tp_loop.py"
 

@@ -198,9 +198,11 @@ def test_two_threads_with_two_caches_keep_their_own_turns_and_callers(tiny_model
     by_cache = {}
     for s in snapshots[:4]:
         by_cache.setdefault(s.cache_id, []).append(s)
-        assert s.caller.startswith("tests/engine/test_lineage.py:") and s.thread and s.thread.startswith("Thread-")
+        assert s.caller.startswith("tests/engine/watch/test_lineage.py:")
+        assert s.thread and s.thread.startswith("Thread-")
     assert len(by_cache) == 2 and all([s.turn for s in steps] == [1, 2] for steps in by_cache.values())
-    assert all(s.caller.startswith(f"{runner.name}, started at tests/engine/test_lineage.py:") for s in snapshots[4:])
+    started_here = f"{runner.name}, started at tests/engine/watch/test_lineage.py:"
+    assert all(s.caller.startswith(started_here) for s in snapshots[4:])
 
 
 def test_messages_name_tokens_with_ids_and_never_a_lone_replacement_character():

@@ -9,7 +9,7 @@ import pytest
 from kvtui.engine.chat.script import load_script
 from kvtui.engine.records.trace import read_trace
 
-SAMPLES = sorted((Path(__file__).resolve().parents[2] / "samples").glob("*.json"))
+SAMPLES = sorted((Path(__file__).resolve().parents[3] / "samples").glob("*.json"))
 # The clean 8-turn chat on SmolLM2 at 16 tokens a turn, not 48: what is asserted (no alarm, every verify ok,
 # one buffer a turn) needs the turns, not long replies (at least one verify still runs: verify_every 64).
 SHORTER = {"seed-conversation": ["--max-new-tokens", "16"]}
