@@ -21,9 +21,11 @@ from ..records.snapshot import frozen
 
 # the forward's cache argument: `cache` from 5.24, `past_key_values` before
 CACHE_ARGUMENTS = ("cache", "past_key_values")
-# a frame's `self` that built the batch has these (ContinuousBatchProcessor in 5.x)
-PROCESSOR_ATTRIBUTES = ("scheduler", "cache", "inputs_and_outputs")
-FRAMES_UP = 12  # the wrapper's caller is ModelRunner._forward_process_and_sample, the processor 2 frames up
+# where the batch processor is up the stack: 5.x ContinuousBatchProcessor._generation_step's self (2 frames
+# above the forward's caller, ModelRunner._forward_process_and_sample); 4.57 the manager's _generation_step
+# argument (its forward's caller is the manager's _model_forward, behind tracing wrappers)
+PROCESSOR_LOCALS = ("self", "batch_processor")
+FRAMES_UP = 12
 
 PREFILL = "prefill"  # the forward feeds a whole prompt from its first token
 PREFILL_CHUNK = "prefill-chunk"  # a piece of a prompt: a split prefill, or the rest after a prefix hit
@@ -106,7 +108,8 @@ class PackedForward:
     block_sharing: bool  # the config allows block sharing (allow_block_sharing)
     active: tuple[str, ...]  # ids of the requests the scheduler holds (prefilling, decoding), this batch's included
     waiting: tuple[str, ...]  # ids of the requests waiting to be scheduled
-    layout: str  # "allocators" (5.24: cache_allocators with block tables and ledgers) or "unknown"
+    layout: str  # "allocators" (5.24: cache_allocators with block tables and ledgers), "group-managers" (4.57:
+    # block tables, no sharing) or "unknown" (requests and positions read, no blocks)
 
     def request(self, request_id: str) -> PackedRequest | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
@@ -126,16 +129,29 @@ def is_packed_forward(kwargs: Mapping[str, Any]) -> bool:
     if "cu_seq_lens_q" not in kwargs:
         return False
     cache = cache_argument(kwargs)
-    return cache is not None and (hasattr(cache, "cache_allocators") or "Paged" in type(cache).__name__)
+    return cache is not None and (
+        hasattr(cache, "cache_allocators") or hasattr(cache, "group_cache_managers") or "Paged" in type(cache).__name__
+    )
+
+
+def is_batch_processor(owner: Any) -> bool:
+    """A continuous batch processor: a scheduler, a paged cache and the batch (5.x: inputs_and_outputs; 4.57:
+    requests_in_batch)."""
+    return (
+        hasattr(owner, "scheduler")
+        and hasattr(owner, "cache")
+        and (hasattr(owner, "inputs_and_outputs") or hasattr(owner, "requests_in_batch"))
+    )
 
 
 def find_batch_processor(frame: FrameType | None, depth: int = FRAMES_UP) -> Any:
-    """The batch processor that built this forward: the first `self` up the stack with a scheduler, a cache and
-    the batch's inputs. `frame`: the forward's caller's frame. None when not found within `depth` frames."""
+    """The batch processor that built this forward: the first `self` (or `batch_processor` argument, 4.57) up the
+    stack that is one. `frame`: the forward's caller's frame. None when not found within `depth` frames."""
     while frame is not None and depth > 0:
-        owner = frame.f_locals.get("self")
-        if owner is not None and all(hasattr(owner, name) for name in PROCESSOR_ATTRIBUTES):
-            return owner
+        for name in PROCESSOR_LOCALS:
+            owner = frame.f_locals.get(name)
+            if owner is not None and is_batch_processor(owner):
+                return owner
         frame, depth = frame.f_back, depth - 1
     return None
 
@@ -154,23 +170,23 @@ def read_packed_forward(kwargs: Mapping[str, Any], processor: Any, known: Contai
     if cache is None and processor is not None:
         cache = getattr(processor, "cache", None)
     states = _batch_states(processor, bounds)
-    tables = _block_tables(cache)
+    allocators = _allocators(cache)
     requests = []
     for i, (start, end) in enumerate(zip(bounds, bounds[1:])):
         if end <= start and i >= len(states):
             continue  # a padding sequence (empty slice)
         state, planned = states[i] if i < len(states) else (None, end - start)
-        requests.append(_request(i, start, end, ids, positions, state, planned, tables, known))
+        requests.append(_request(i, start, end, ids, positions, state, planned, allocators, known))
     scheduler = getattr(processor, "scheduler", None)
     return PackedForward(
         requests=tuple(requests),
-        groups=_groups(cache),
+        groups=_groups(cache, allocators),
         total_tokens=total,
         prefix_sharing=bool(getattr(cache, "use_prefix_sharing", False)),
         block_sharing=bool(getattr(cache, "allow_block_sharing", False)),
         active=tuple(str(r) for r in getattr(scheduler, "active_requests", None) or ()),
         waiting=tuple(str(r) for r in getattr(scheduler, "waiting_requests", None) or ()),
-        layout="allocators" if isinstance(getattr(cache, "cache_allocators", None), Mapping) else "unknown",
+        layout=_layout(cache),
     )
 
 
@@ -194,8 +210,8 @@ def _row(value: Any, total: int) -> list[int]:
 def _batch_states(processor: Any, bounds: list[int]) -> list[tuple[Any, int]]:
     """(RequestState, planned query length) per packed request, in packing order."""
     io = getattr(processor, "inputs_and_outputs", None)
-    if io is None:
-        return []
+    if io is None:  # 4.57: the processor holds the batch's RequestStates itself
+        io = processor
     if hasattr(io, "requests_in_batch"):
         candidates = [io]
     else:  # async batching: two IO pairs, swapped (get_cb_kwargs) just before the forward runs
@@ -206,12 +222,20 @@ def _batch_states(processor: Any, bounds: list[int]) -> list[tuple[Any, int]]:
     sizes = [end - start for start, end in zip(bounds, bounds[1:])]
     for candidate in candidates:
         batch = list(getattr(candidate, "requests_in_batch", None) or [])
-        planned = [int(getattr(future, "query_length", 0)) for future in batch]
+        planned = [_planned(future) for future in batch]
         if batch and planned == sizes[: len(planned)]:
             return [(getattr(future, "state", future), n) for future, n in zip(batch, planned)]
     # nothing matches exactly (a layout kvtui does not know): pair by order, the checker names the difference
     batch = list(getattr(candidates[0], "requests_in_batch", None) or []) if candidates else []
-    return [(getattr(future, "state", future), int(getattr(future, "query_length", 0))) for future in batch]
+    return [(getattr(future, "state", future), _planned(future)) for future in batch]
+
+
+def _planned(future: Any) -> int:
+    """Tokens the scheduler planned for a request: 5.x FutureRequestState.query_length; 4.57 its RequestState's
+    prompt_ids (the tokens being processed)."""
+    if hasattr(future, "query_length"):
+        return int(future.query_length)
+    return len(getattr(future, "prompt_ids", None) or ())
 
 
 def _request(
@@ -222,7 +246,7 @@ def _request(
     positions: list[int],
     state: Any,
     planned: int,
-    tables: list[tuple[str, Any]],
+    allocators: list[_Allocator],
     known: Container[str],
 ) -> PackedRequest:
     n = end - start
@@ -244,8 +268,9 @@ def _request(
             blocks=(),
         )
     request_id = str(getattr(state, "request_id", f"#{i}"))
+    # 5.x initial_tokens / generated_tokens; 4.57 full_prompt_ids / static_outputs
     prompt = getattr(state, "initial_tokens", None) or getattr(state, "full_prompt_ids", None) or []
-    generated = len(getattr(state, "generated_tokens", ()) or ())
+    generated = len(getattr(state, "generated_tokens", None) or getattr(state, "static_outputs", None) or ())
     # prepare_batch_tensors advanced position_offset by the planned length before the forward
     held_before = int(getattr(state, "position_offset", 0)) - planned
     status = getattr(state, "status", None)
@@ -261,7 +286,7 @@ def _request(
         prompt_length=len(prompt),
         generated=generated,
         planned=planned,
-        blocks=tuple(_request_blocks(name, allocator, request_id) for name, allocator in tables),
+        blocks=tuple(_request_blocks(allocator, request_id) for allocator in allocators),
         prompt_ids=None if request_id in known else tuple(int(t) for t in prompt),
     )
 
@@ -274,17 +299,43 @@ def _phase(held_before: int, n: int, prompt_length: int) -> str:
     return PREFILL_CHUNK
 
 
-def _block_tables(cache: Any) -> list[tuple[str, Any]]:
-    """(group name, allocator) of a paged cache whose allocators keep a block table per request (5.24)."""
+@frozen
+class _Allocator:
+    """One cache group's allocator, whichever layout: its name, block table per request, ledger."""
+
+    name: str
+    table: Mapping[str, Any]  # request id -> block ids
+    source: Any  # the allocator object
+
+
+def _allocators(cache: Any) -> list[_Allocator]:
+    """5.24: cache.cache_allocators {attention type: allocator with block_table and ledger}; 4.57:
+    cache.group_cache_managers [allocator with _block_table], no ledger."""
+    found = []
     allocators = getattr(cache, "cache_allocators", None)
-    if not isinstance(allocators, Mapping):
-        return []
-    return [(str(name), a) for name, a in allocators.items() if isinstance(getattr(a, "block_table", None), Mapping)]
+    if isinstance(allocators, Mapping):
+        for name, allocator in allocators.items():
+            table = getattr(allocator, "block_table", None)
+            if isinstance(table, Mapping):
+                found.append(_Allocator(str(name), table, allocator))
+        return found
+    for allocator in getattr(cache, "group_cache_managers", None) or ():
+        table = getattr(allocator, "_block_table", None)
+        if isinstance(table, Mapping):
+            kind = "sliding_attention" if "Sliding" in type(allocator).__name__ else "full_attention"
+            found.append(_Allocator(kind, table, allocator))
+    return found
 
 
-def _request_blocks(name: str, allocator: Any, request_id: str) -> RequestBlocks:
-    blocks = tuple(int(b) for b in allocator.block_table.get(request_id, ()))
-    ledger = getattr(allocator, "ledger", None)
+def _layout(cache: Any) -> str:
+    if isinstance(getattr(cache, "cache_allocators", None), Mapping):
+        return "allocators"
+    return "group-managers" if getattr(cache, "group_cache_managers", None) is not None else "unknown"
+
+
+def _request_blocks(allocator: _Allocator, request_id: str) -> RequestBlocks:
+    blocks = tuple(int(b) for b in allocator.table.get(request_id, ()))
+    ledger = getattr(allocator.source, "ledger", None)
     counts = getattr(ledger, "shared_ref_counts", None) or {}  # only blocks with 2+ references have an entry
     hashes = getattr(ledger, "block_to_hash", None) or {}
     hashed = 0
@@ -292,26 +343,32 @@ def _request_blocks(name: str, allocator: Any, request_id: str) -> RequestBlocks
         if block not in hashes:
             break
         hashed += 1
-    return RequestBlocks(group=name, blocks=blocks, refs=tuple(int(counts.get(b, 1)) for b in blocks), hashed=hashed)
+    refs = tuple(int(counts.get(b, 1)) for b in blocks)
+    return RequestBlocks(group=allocator.name, blocks=blocks, refs=refs, hashed=hashed)
 
 
-def _groups(cache: Any) -> tuple[CacheGroup, ...]:
+def _groups(cache: Any, allocators: list[_Allocator]) -> tuple[CacheGroup, ...]:
     groups = []
-    pool = getattr(cache, "pool", None)
+    pool = getattr(cache, "pool", None)  # 5.24: sectors handed to the groups on demand
     free_sectors = int(getattr(pool, "num_free_sectors", 0) or 0)
-    for name, allocator in _block_tables(cache):
-        index = getattr(allocator, "index", 0)
-        ledger = getattr(allocator, "ledger", None)
-        free = 0
+    for allocator in allocators:
+        source = allocator.source
+        ledger = getattr(source, "ledger", None)
         if pool is not None and hasattr(pool, "count_free_blocks"):
-            free = int(pool.count_free_blocks(index)) + free_sectors * int(getattr(allocator, "blocks_per_sector", 0))
-        used = {int(b) for table in allocator.block_table.values() for b in table}  # O(blocks held)
+            free = int(pool.count_free_blocks(source.index)) + free_sectors * int(source.blocks_per_sector)
+        else:  # 4.57: one free list for every group
+            free = len(getattr(cache, "_free_blocks", None) or ())
+        used = {int(b) for table in allocator.table.values() for b in table}  # O(blocks held)
+        layers = getattr(source, "layer_indices", None)
+        if layers is None:  # 4.57: layer -> (group, index in group)
+            where = getattr(cache, "layer_index_to_group_indices", None) or {}
+            layers = [layer for layer, (group, _) in where.items() if group == getattr(source, "_index", -1)]
         groups.append(
             CacheGroup(
-                name=name,
-                layers=tuple(int(layer) for layer in getattr(allocator, "layer_indices", ())),
-                block_tokens=int(getattr(allocator, "tokens_per_page", 0) or 0),
-                total=int(getattr(allocator, "num_blocks", 0) or 0),
+                name=allocator.name,
+                layers=tuple(int(layer) for layer in layers),
+                block_tokens=int(getattr(source, "tokens_per_page", None) or getattr(source, "block_size", 0) or 0),
+                total=int(getattr(source, "num_blocks", None) or getattr(cache, "num_blocks", 0) or 0),
                 used=len(used),
                 free=free,
                 shared=len(getattr(ledger, "shared_ref_counts", None) or ()),
