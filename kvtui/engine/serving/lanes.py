@@ -18,6 +18,8 @@ from .checks import PrefixMiss, prefix_miss
 from .packed import DECODE, PackedForward, PackedRequest, RequestBlocks
 
 WAITING = "waiting"
+PREFILLING = "prefilling"
+DECODING = "decoding"
 FINISHED = "finished"
 KEEP_FINISHED = 64  # finished lanes remembered (their tokens judge later prefills); the oldest go first
 
@@ -29,7 +31,9 @@ class Lane:
     request_id: str
     tokens: list[int] = field(default_factory=list)  # prompt + generated ids, in order (only what kvtui saw)
     held: int = 0  # tokens its cache holds (after the last forward that fed it)
-    status: str = WAITING  # waiting, prefilling, decoding, finished (failed: as transformers says)
+    status: str = WAITING  # waiting, prefilling, decoding, finished (by what kvtui saw it fed, not transformers'
+    # status, which reads "decoding" already while the last chunk of a prefill runs)
+    requeued: int = 0  # times it went back to waiting after being fed (offloaded or soft-reset under memory pressure)
     phase: str = ""  # what the last forward fed it: prefill, prefill-chunk, decode
     prompt_length: int = 0
     prefix_hit: int = 0  # tokens its cache held when first scheduled: a prefix match shared them
@@ -50,6 +54,7 @@ class LaneChanges:
 
     arrived: tuple[str, ...]  # requests seen for the first time (waiting or fed)
     finished: tuple[str, ...]  # requests the scheduler no longer holds
+    requeued: tuple[str, ...]  # requests fed before and waiting again (offloaded, or soft-reset to re-prefill)
     misses: tuple[PrefixMiss, ...]  # prefills of this forward that re-encoded another request's tokens
 
 
@@ -97,15 +102,22 @@ class RequestLanes:
             elif not first:
                 lane.tokens.extend(request.fed_ids)  # a decode feeds the token generated last
             lane.held = request.held_after
-            lane.status, lane.phase, lane.blocks = request.status, request.phase, request.blocks
+            lane.status = PREFILLING if request.is_prefill else DECODING
+            lane.phase, lane.blocks = request.phase, request.blocks
             lane.forwards += 1
             lane.last_step = step
+        requeued = []
         for request_id in packed.waiting:
-            if request_id not in self.lanes:
+            lane = self.lanes.get(request_id)
+            if lane is None:
                 self.lanes[request_id] = Lane(request_id)
                 arrived.append(request_id)
+            elif lane.forwards and lane.status != WAITING:
+                lane.status = WAITING
+                lane.requeued += 1
+                requeued.append(request_id)
         finished = self._finish(packed)
-        return LaneChanges(arrived=tuple(arrived), finished=finished, misses=tuple(misses))
+        return LaneChanges(arrived=tuple(arrived), finished=finished, requeued=tuple(requeued), misses=tuple(misses))
 
     def _first_sight(self, lane: Lane, request: PackedRequest, step: int) -> None:
         lane.tokens = list(request.prompt_ids or ())

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from kvtui.engine.serving.checks import check_request_positions
+from kvtui.engine.serving.lanes import RequestLanes
 from kvtui.engine.serving.packed import (
     DECODE,
     PREFILL,
@@ -113,3 +114,28 @@ def test_without_the_processor_positions_are_checked_for_contiguity():
     (finding,) = check_request_positions(packed := read_packed_forward(kwargs, None))
     assert (finding.request_id, finding.token, finding.position, finding.expected) == ("#0", 3, 4, 3)
     assert packed.requests[0].positions == (0, 1, 2, 4, 5, 6)
+
+
+def test_lanes_follow_requests_that_wait_again_and_finish():
+    kwargs, processor = _forward()
+    lanes = RequestLanes()
+    first = lanes.observe(read_packed_forward(kwargs, processor, known=lanes), step=1)
+    assert (first.arrived, first.finished, first.requeued) == (("a", "b", "c", "d"), (), ())
+    assert [(lane.request_id, lane.status, lane.held) for lane in lanes] == [
+        ("a", "prefilling", 6),  # what this forward does for it (transformers already says "decoding")
+        ("b", "prefilling", 5),
+        ("c", "decoding", 4),
+        ("d", "waiting", 0),
+    ]
+    assert lanes.get("b").prefix_hit == 3  # first seen holding 3 tokens it was not fed here
+    # next forward: a decodes, b was offloaded (waiting again), c has finished
+    a = processor.requests_in_batch[0]
+    a.prompt_ids, a.position_offset, a.static_outputs = [50], 7, [50]
+    processor.requests_in_batch = [a]
+    processor.scheduler = SimpleNamespace(active_requests={"a": a}, waiting_requests={"d": None, "b": None})
+    kwargs = dict(kwargs, input_ids=torch.tensor([[50]]), position_ids=torch.tensor([[6]]))
+    kwargs["cu_seq_lens_q"] = torch.tensor([0, 1])
+    second = lanes.observe(read_packed_forward(kwargs, processor, known=lanes), step=2)
+    assert (second.arrived, second.finished, second.requeued) == ((), ("c",), ("b",))
+    assert lanes.get("a").tokens == [1, 2, 3, 4, 5, 6, 50]
+    assert [lane.status for lane in lanes] == ["decoding", "waiting", "finished", "waiting"]

@@ -257,3 +257,4 @@ def test_lanes_arrive_and_finish(runs):
         prompt = run.prompts[lane.request_id]
         assert lane.tokens == prompt + run.outputs[lane.request_id][: len(lane.tokens) - len(prompt)]
         assert (lane.status == FINISHED) == (lane.request_id in finished)
+        assert lane.finished or lane.status == "decoding"  # the last forward decoded the ones still live
