@@ -159,9 +159,10 @@ def find_batch_processor(frame: FrameType | None, depth: int = FRAMES_UP) -> Any
 def read_packed_forward(kwargs: Mapping[str, Any], processor: Any, known: Container[str] = ()) -> PackedForward:
     """What this packed forward feeds per request and what the paged cache holds, as plain values.
 
-    `processor`: find_batch_processor's answer (None: the requests are read from the packed inputs alone and
-    named by their slice, "#0", "#1", ...). `known`: request ids the caller has seen before; the others carry
-    their prompt ids (read once per request, so the cost stays per forward O(requests + fed + blocks))."""
+    `processor`: find_batch_processor's answer (None, or a batch that does not match the packed slices: the
+    requests are read from the packed inputs alone, named by their slice "#0", "#1", ..., status "unknown").
+    `known`: request ids the caller has seen before; the others carry their prompt ids (read once per request,
+    so the cost stays per forward O(requests + fed + blocks))."""
     bounds = _to_list(kwargs.get("cu_seq_lens_q"))  # [requests + 1], padded batches repeat the last value
     total = bounds[-1] if bounds else 0
     ids = _row(kwargs.get("input_ids"), total)  # [total]
@@ -225,9 +226,9 @@ def _batch_states(processor: Any, bounds: list[int]) -> list[tuple[Any, int]]:
         planned = [_planned(future) for future in batch]
         if batch and planned == sizes[: len(planned)]:
             return [(getattr(future, "state", future), n) for future, n in zip(batch, planned)]
-    # nothing matches exactly (a layout kvtui does not know): pair by order, the checker names the difference
-    batch = list(getattr(candidates[0], "requests_in_batch", None) or []) if candidates else []
-    return [(getattr(future, "state", future), _planned(future)) for future in batch]
+    # no batch matches the packed slices (a layout kvtui does not know): pairing by order could give a request
+    # another's tokens and raise a false position-gap, so the forward is read from its packed inputs alone
+    return []
 
 
 def _planned(future: Any) -> int:

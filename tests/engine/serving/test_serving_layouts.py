@@ -139,3 +139,15 @@ def test_lanes_follow_requests_that_wait_again_and_finish():
     assert (second.arrived, second.finished, second.requeued) == ((), ("c",), ("b",))
     assert lanes.get("a").tokens == [1, 2, 3, 4, 5, 6, 50]
     assert [lane.status for lane in lanes] == ["decoding", "waiting", "finished", "waiting"]
+
+
+def test_a_batch_that_does_not_match_the_slices_is_not_trusted():
+    kwargs, processor = _forward()
+    processor.requests_in_batch = processor.requests_in_batch[::-1]  # another order than the packed row's
+    packed = read_packed_forward(kwargs, processor)
+    assert [(r.request_id, r.status) for r in packed.requests] == [
+        ("#0", "unknown"),
+        ("#1", "unknown"),
+        ("#2", "unknown"),
+    ]
+    assert check_request_positions(packed) == []  # no false position-gap from pairing the wrong requests
