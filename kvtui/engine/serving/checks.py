@@ -1,0 +1,145 @@
+"""The rules that judge a packed forward per request: positions per request, prefixes computed twice.
+
+A packed forward is several sequences side by side, so its positions restart at every request's slice:
+each request's positions must continue what its own cache held (`position-gap` otherwise). A prefill that
+re-encodes tokens another request's cache already held computed them twice (`recomputed-prefix`): prefix
+sharing was off, or it missed (a prefix is matched only when a request is first scheduled, and only in
+whole blocks). The findings are plain values; the Diagnostic builders word them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..reading.diagnostics import RECOMPUTED_MIN, common_prefix
+from ..records.snapshot import Diagnostic, frozen
+from .packed import PackedForward, PackedRequest
+
+
+@frozen
+class PositionFinding:
+    """A request's first token applied at a position other than the one its cache called for."""
+
+    request_id: str
+    token: int  # index of the token in what this forward fed the request (0 = its slice's first)
+    position: int  # the position id it was applied at
+    expected: int  # tokens its cache held before it (the position it should have had)
+
+    @property
+    def offset(self) -> int:
+        return self.position - self.expected
+
+
+@frozen
+class PrefixMiss:
+    """A prefill that re-encoded tokens another request's cache already held."""
+
+    request_id: str
+    count: int  # tokens it re-encoded that the holder held
+    first: int  # position of the first of them (the tokens are positions first..first+count-1)
+    holder: str  # the request whose cache held them (the longest shared prefix)
+    alive: bool  # the holder is still live (False: it had finished)
+    differs_at: int | None  # where its prompt leaves the holder's tokens (None: not within its prompt)
+    token: int | None  # its prompt's token id there (the first token the two do not share)
+    reusable: int  # of `count`, tokens in whole blocks a prefix match could have shared (block granularity)
+    block_tokens: int  # tokens per block (0: unknown)
+
+
+def check_request_positions(packed: PackedForward) -> list[PositionFinding]:
+    """Per request, its positions must be held_before, held_before+1, ... (the tokens its cache held before this
+    forward, then one more per token). Without the batch processor (status "unknown") only contiguity is
+    checked. At most one finding per request: its first wrong token."""
+    found = []
+    for request in packed.requests:
+        if not request.positions:
+            continue
+        expected = request.positions[0] if request.status == "unknown" else request.held_before
+        for i, position in enumerate(request.positions):
+            if position != expected + i:
+                found.append(PositionFinding(request.request_id, i, position, expected + i))
+                break
+    return found
+
+
+def position_gap_diagnostic(finding: PositionFinding, step: int, at: str = "") -> Diagnostic:
+    """`position-gap` for one request of a packed forward (the wording of the sequence rule, per request)."""
+    return Diagnostic(
+        "position-gap",
+        "error",
+        f"request {finding.request_id} token {finding.token} was applied at position {finding.position} "
+        f"but {finding.expected} tokens of that request precede it (offset {finding.offset:+d}): "
+        "RoPE sees the wrong distances" + at,
+        step,
+    )
+
+
+def prefix_miss(
+    request: PackedRequest,
+    prompt: Sequence[int],
+    others: Iterable[tuple[str, Sequence[int], int, bool]],
+    block_tokens: int = 0,
+    prefix_sharing: bool = False,
+    min_tokens: int = RECOMPUTED_MIN,
+) -> PrefixMiss | None:
+    """Did this prefill re-encode tokens another request held before this forward?
+
+    `prompt`: the request's prompt ids; `others`: (request id, its tokens, how many of them its cache held
+    before this forward, still live) for the other requests. None when it re-encoded fewer than `min_tokens`
+    held tokens, or when the cache shares prefixes and none of them filled a whole block (the rest of a
+    partial block is recomputed by design)."""
+    if not request.is_prefill or not prompt:
+        return None
+    best, holder, alive = 0, "", True
+    for other_id, tokens, held, live in others:
+        if other_id == request.request_id or held <= best:
+            continue  # itself, or one that cannot share more than the best so far
+        same = min(common_prefix(prompt, tokens), held)
+        if same > best:
+            best, holder, alive = same, other_id, live
+    count = min(best, request.held_after) - request.held_before
+    if count < min_tokens:
+        return None
+    reusable = count
+    if block_tokens > 0:
+        # transformers matches whole blocks, and never the prompt's last token (something must be fed)
+        matchable = min(best // block_tokens, (len(prompt) - 1) // block_tokens) * block_tokens
+        reusable = max(0, min(matchable, request.held_after) - request.held_before)
+    if prefix_sharing and reusable == 0:
+        return None
+    differs_at = best if best < len(prompt) else None
+    return PrefixMiss(
+        request_id=request.request_id,
+        count=count,
+        first=request.held_before,
+        holder=holder,
+        alive=alive,
+        differs_at=differs_at,
+        token=int(prompt[best]) if differs_at is not None else None,
+        reusable=reusable,
+        block_tokens=block_tokens,
+    )
+
+
+def recomputed_prefix_diagnostic(
+    miss: PrefixMiss, step: int, prefix_sharing: bool, token_text: str | None = None, at: str = ""
+) -> Diagnostic:
+    """`recomputed-prefix` for a request of a packed forward. `token_text`: the differing token by name."""
+    state = "still holds" if miss.alive else "held (it has finished)"
+    where = ""
+    if miss.differs_at is not None:
+        name = token_text if token_text is not None else f"id {miss.token}"
+        where = f"; its prompt leaves that request's tokens at token {miss.differs_at} ({name})"
+    if not prefix_sharing:
+        why = "prefix sharing is off (ContinuousBatchingConfig(allow_block_sharing=True), full-attention models only)"
+    else:
+        why = (
+            f"prefix sharing missed {miss.reusable} of them in whole blocks of {miss.block_tokens} tokens "
+            "(a prefix is matched only when a request is first scheduled, against blocks already complete)"
+        )
+    return Diagnostic(
+        "recomputed-prefix",
+        "info",
+        f"request {miss.request_id} re-encoded {miss.count} tokens that request {miss.holder} {state} "
+        f"(positions {miss.first}..{miss.first + miss.count - 1}){where}: {why}" + at,
+        step,
+    )

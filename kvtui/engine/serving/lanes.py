@@ -1,0 +1,142 @@
+"""Every request a lane: what each request of a continuous-batching run held, fed and shared, forward after forward.
+
+One packed forward says what it fed; some facts need the forwards before it: a request first seen with
+tokens already held got them from a prefix match (a split prefill's later chunk does not), a request that
+stops appearing while the scheduler no longer holds it has finished, and a prefill re-encoding a prefix is
+judged against what the other requests held before it. `RequestLanes` keeps that in kvtui's own objects
+(never on the user's): per forward O(requests in the batch + fed tokens), plus the prompt comparison of
+the requests that prefill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..records.snapshot import frozen
+from .checks import PrefixMiss, prefix_miss
+from .packed import DECODE, PackedForward, PackedRequest, RequestBlocks
+
+WAITING = "waiting"
+PREFILLING = "prefilling"
+DECODING = "decoding"
+FINISHED = "finished"
+KEEP_FINISHED = 64  # finished lanes remembered (their tokens judge later prefills); the oldest go first
+
+
+@dataclass
+class Lane:
+    """One request as kvtui has seen it so far (kvtui's object: mutable, holds no tensor)."""
+
+    request_id: str
+    tokens: list[int] = field(default_factory=list)  # prompt + generated ids, in order (only what kvtui saw)
+    held: int = 0  # tokens its cache holds (after the last forward that fed it)
+    status: str = WAITING  # waiting, prefilling, decoding, finished (by what kvtui saw it fed, not transformers'
+    # status, which reads "decoding" already while the last chunk of a prefill runs)
+    requeued: int = 0  # times it went back to waiting after being fed (offloaded or soft-reset under memory pressure)
+    phase: str = ""  # what the last forward fed it: prefill, prefill-chunk, decode
+    prompt_length: int = 0
+    prefix_hit: int = 0  # tokens its cache held when first scheduled: a prefix match shared them
+    recomputed: int = 0  # tokens its prefills re-encoded that another request held
+    forwards: int = 0  # forwards that fed it
+    first_step: int = 0  # the step that first fed it (0: not fed yet)
+    last_step: int = 0
+    blocks: tuple[RequestBlocks, ...] = ()  # per cache group, as of the last forward that fed it
+
+    @property
+    def finished(self) -> bool:
+        return self.status == FINISHED
+
+
+@frozen
+class LaneChanges:
+    """What one forward changed in the lanes."""
+
+    arrived: tuple[str, ...]  # requests seen for the first time (waiting or fed)
+    finished: tuple[str, ...]  # requests the scheduler no longer holds
+    requeued: tuple[str, ...]  # requests fed before and waiting again (offloaded, or soft-reset to re-prefill)
+    misses: tuple[PrefixMiss, ...]  # prefills of this forward that re-encoded another request's tokens
+
+
+class RequestLanes:
+    """The lanes of one continuous-batching run (one paged cache), fed one PackedForward at a time."""
+
+    def __init__(self, keep_finished: int = KEEP_FINISHED) -> None:
+        self.lanes: dict[str, Lane] = {}  # by request id, in arrival order
+        self.keep_finished = keep_finished
+
+    def __contains__(self, request_id: object) -> bool:
+        """read_packed_forward(known=lanes): prompts are read once, for the requests not seen yet."""
+        lane = self.lanes.get(request_id) if isinstance(request_id, str) else None
+        return lane is not None and lane.forwards > 0
+
+    def __iter__(self) -> Iterator[Lane]:
+        return iter(self.lanes.values())
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+    def get(self, request_id: str) -> Lane | None:
+        return self.lanes.get(request_id)
+
+    def observe(self, packed: PackedForward, step: int = 0) -> LaneChanges:
+        """Fold one forward in (call it before the forward runs, with what read_packed_forward read)."""
+        arrived = []
+        block_tokens = packed.groups[0].block_tokens if packed.groups else 0
+        # what every other request held before this forward (this forward's own prefills are not "before")
+        others = [(lane.request_id, lane.tokens, lane.held, not lane.finished) for lane in self.lanes.values()]
+        misses = []
+        for request in packed.requests:
+            lane = self.lanes.get(request.request_id)
+            if lane is None:
+                lane = self.lanes[request.request_id] = Lane(request.request_id)
+                arrived.append(request.request_id)
+            first = lane.forwards == 0
+            if first:
+                self._first_sight(lane, request, step)
+            if request.is_prefill:
+                miss = prefix_miss(request, lane.tokens, others, block_tokens, packed.prefix_sharing)
+                if miss is not None:
+                    misses.append(miss)
+                    lane.recomputed += miss.count
+            elif not first:
+                lane.tokens.extend(request.fed_ids)  # a decode feeds the token generated last
+            lane.held = request.held_after
+            lane.status = PREFILLING if request.is_prefill else DECODING
+            lane.phase, lane.blocks = request.phase, request.blocks
+            lane.forwards += 1
+            lane.last_step = step
+        requeued = []
+        for request_id in packed.waiting:
+            lane = self.lanes.get(request_id)
+            if lane is None:
+                self.lanes[request_id] = Lane(request_id)
+                arrived.append(request_id)
+            elif lane.forwards and lane.status != WAITING:
+                lane.status = WAITING
+                lane.requeued += 1
+                requeued.append(request_id)
+        finished = self._finish(packed)
+        return LaneChanges(arrived=tuple(arrived), finished=finished, requeued=tuple(requeued), misses=tuple(misses))
+
+    def _first_sight(self, lane: Lane, request: PackedRequest, step: int) -> None:
+        lane.tokens = list(request.prompt_ids or ())
+        lane.prompt_length = request.prompt_length
+        lane.first_step = step
+        if request.phase == DECODE:
+            lane.tokens.extend(request.fed_ids)  # seen first while decoding (kvtui attached late)
+        elif request.held_before > 0:
+            lane.prefix_hit = request.held_before
+
+    def _finish(self, packed: PackedForward) -> tuple[str, ...]:
+        """Lanes the scheduler no longer holds (and that are not waiting) have finished."""
+        live = set(packed.active) | set(packed.waiting) | {r.request_id for r in packed.requests}
+        finished = []
+        for lane in self.lanes.values():
+            if not lane.finished and lane.forwards and lane.request_id not in live:
+                lane.status = FINISHED
+                finished.append(lane.request_id)
+        done = [lane.request_id for lane in self.lanes.values() if lane.finished]
+        for request_id in done[: max(0, len(done) - self.keep_finished)]:
+            del self.lanes[request_id]
+        return tuple(finished)
