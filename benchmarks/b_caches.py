@@ -25,11 +25,12 @@ def run_cached(model, tokenizer, max_new: int, cache: str = "dynamic", max_cache
         def keep(snapshot, forwards=forwards):
             forwards.append((len(snapshot.buffer), snapshot.chosen.id if snapshot.chosen else None))
 
-        session.on_snapshot = keep
+        session.on_snapshot.add(keep)
         t0 = time.perf_counter()
         first = session.send(text)
         session.generate()
         dt = time.perf_counter() - t0
+        session.on_snapshot.remove(keep)
         turns.append(
             {
                 "seconds": dt,
@@ -39,7 +40,6 @@ def run_cached(model, tokenizer, max_new: int, cache: str = "dynamic", max_cache
                 "cache_length": session.cache_length,
             }
         )
-    session.on_snapshot = None
     return {
         "turns": turns,
         "ids": [t.id for t in session.buffer],

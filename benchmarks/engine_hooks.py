@@ -10,7 +10,6 @@ from pathlib import Path
 
 def _stamp(path: str, session) -> None:
     session.stop_ids = frozenset()  # every turn runs its full --max-new-tokens
-    inner = session.on_snapshot
     handle = open(path, "a", buffering=1, encoding="utf-8")
     decodes = [0]  # calls of session._reply_text: a full decode of the reply so far (the transcript's cost)
     reply_text = session._reply_text
@@ -22,10 +21,9 @@ def _stamp(path: str, session) -> None:
     def stamped(snapshot):
         # CLOCK_MONOTONIC: the benchmark process reads the same clock
         handle.write(f"{time.perf_counter()} {snapshot.phase} {snapshot.step} {decodes[0]}\n")
-        inner(snapshot)
 
     session._reply_text = counted
-    session.on_snapshot = stamped
+    session.on_snapshot.add(stamped, first=True)  # stamped before the engine process sends the step
 
 
 def stamps(path) -> partial:

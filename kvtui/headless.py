@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,10 +14,20 @@ from .engine.chat.session import ChatSession, SessionError
 from .engine.reading.diagnostics import group_diagnostics, group_last, group_summary
 from .engine.reading.export import export_cache
 from .engine.records.recorder import Recorder, failing
-from .engine.records.snapshot import StepSnapshot
+from .engine.records.snapshot import Diagnostic, StepSnapshot
 from .fmt import one_line, printable
 
 STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
+COLUMNS = (  # (name, justify) of the summary table: one row per turn
+    ("turn", "right"),
+    ("you", "left"),
+    ("model", "left"),
+    ("fed", "right"),
+    ("new", "right"),
+    ("cache", "right"),
+    ("tok/s", "right"),
+    ("alarms", "left"),
+)
 
 
 def run_script(
@@ -43,11 +54,47 @@ def run_script(
     )
     exported: list = []
 
-    def on_snapshot(snapshot: StepSnapshot) -> None:
+    def export_at_step(snapshot: StepSnapshot) -> None:
         if export and snapshot.step == export[0]:
             exported.append(export_cache(session, export[1]))
 
-    session.on_snapshot = on_snapshot
+    session.on_snapshot.add(export_at_step)
+    table = _turn_table(session, model_source, verbose)
+    shown = (lambda s: printable(s, newlines=True)) if verbose else one_line
+    try:
+        for number, text in enumerate(script.turns, start=1):
+            table.add_row(*_run_turn(session, number, text, shown))
+    finally:
+        session.on_snapshot.remove(export_at_step)
+        recorder.close()
+    console.print(table)
+    _print_footer(console, session, trace_path, export, exported)
+    failed = failing(session.diagnostics, fail_on)
+    if failed:
+        console.print(f"[bold red]{len(failed)} diagnostic(s) at or above {fail_on}[/]")
+        return 1
+    return 0
+
+
+def alarm_summary(diagnostics: list[Diagnostic], *, label: str = "", markup: bool = False) -> list[str]:
+    """The alarms in a few lines: one per code and cache, errors first, each followed by its last message.
+
+    `label` goes before each summary (a process's name); `markup`: the severity in colour and every text
+    escaped, for a Rich console (else plain text, for click.echo)."""
+    lines = []
+    for group in group_diagnostics(diagnostics):
+        severity, summary = f"{group.severity:>7}", printable(group_summary(group))
+        if markup:
+            severity, summary = f"[{STYLE[group.severity]}]{severity}[/]", escape(summary)
+        lines.append(f"{severity} {label}{summary}")
+        last = group_last(group)
+        if last is not None:
+            lines.append(f"        {escape(printable(last)) if markup else printable(last)}")
+    return lines
+
+
+def _turn_table(session: ChatSession, model_source: str, verbose: bool) -> Table:
+    """The summary table's title and columns (texts cut with … unless `verbose`)."""
     table = Table(
         title=escape(
             f"kvtui · {printable(model_source or 'model')} · {session.config.cache} cache · "
@@ -55,16 +102,7 @@ def run_script(
         ),
         expand=True,
     )
-    for column, justify in (
-        ("turn", "right"),
-        ("you", "left"),
-        ("model", "left"),
-        ("fed", "right"),
-        ("new", "right"),
-        ("cache", "right"),
-        ("tok/s", "right"),
-        ("alarms", "left"),
-    ):
+    for column, justify in COLUMNS:
         text = column in ("you", "model", "alarms")
         table.add_column(
             column,
@@ -73,55 +111,46 @@ def run_script(
             no_wrap=not (verbose and text),
             ratio=2 if column in ("you", "model") else None,
         )
-    shown = (lambda s: printable(s, newlines=True)) if verbose else one_line
+    return table
+
+
+def _run_turn(session: ChatSession, number: int, text: str, shown: Callable[[str], str]) -> tuple[str, ...]:
+    """Send one user turn and generate the reply; its row of the summary table (a refusal in red)."""
+    before_diag, before_len = len(session.diagnostics), session.cache_length
+    started, fed, generated = time.perf_counter(), 0, 0
+    error = None
     try:
-        for number, text in enumerate(script.turns, start=1):
-            before_diag, before_len = len(session.diagnostics), session.cache_length
-            started, fed, generated = time.perf_counter(), 0, 0
-            error = None
-            try:
-                prefill = session.send(text)
-                fed = len(prefill.input_ids)
-                last = session.generate()
-                generated = (last.step - prefill.step) if last else 0
-            except SessionError as exc:
-                error = str(exc)
-            elapsed = time.perf_counter() - started
-            reply = (
-                session.messages[-1]["content"]
-                if session.messages and session.messages[-1]["role"] == "assistant"
-                else ""
-            )
-            new_diags = session.diagnostics[before_diag:]
-            codes = ", ".join(sorted({d.code for d in new_diags}))
-            table.add_row(
-                str(number),
-                escape(shown(text)),
-                escape(shown(reply)) if not error else f"[red]{escape(shown(error))}[/]",
-                str(fed),
-                str(generated),
-                f"{before_len}→{session.cache_length}",
-                f"{generated / elapsed:.1f}" if generated and elapsed > 0 else "-",
-                codes or "-",
-            )
-    finally:
-        session.on_snapshot = None
-        recorder.close()
-    console.print(table)
+        prefill = session.send(text)
+        fed = len(prefill.input_ids)
+        last = session.generate()
+        generated = (last.step - prefill.step) if last else 0
+    except SessionError as exc:
+        error = str(exc)
+    elapsed = time.perf_counter() - started
+    reply = session.messages[-1]["content"] if session.messages and session.messages[-1]["role"] == "assistant" else ""
+    codes = ", ".join(sorted({d.code for d in session.diagnostics[before_diag:]}))
+    return (
+        str(number),
+        escape(shown(text)),
+        escape(shown(reply)) if not error else f"[red]{escape(shown(error))}[/]",
+        str(fed),
+        str(generated),
+        f"{before_len}→{session.cache_length}",
+        f"{generated / elapsed:.1f}" if generated and elapsed > 0 else "-",
+        codes or "-",
+    )
+
+
+def _print_footer(console: Console, session: ChatSession, trace_path, export, exported: list) -> None:
+    """Below the table: compile costs, the alarm summary, where the trace and the exported cache went."""
     if session.config.compile:
         console.print(
             f"--compile: {session.compiles} graph(s) compiled in {session.compile_ms_total / 1000:.1f} s "
             f"(inside the first turn's tok/s), {session.recompiles} recompile(s)",
             highlight=False,
         )
-    for group in group_diagnostics(session.diagnostics):  # one line per code and cache, errors first
-        console.print(
-            f"[{STYLE[group.severity]}]{group.severity:>7}[/] {escape(printable(group_summary(group)))}",
-            highlight=False,
-        )
-        last = group_last(group)
-        if last is not None:
-            console.print(f"        {escape(printable(last))}", highlight=False)
+    for line in alarm_summary(session.diagnostics, markup=True):
+        console.print(line, highlight=False)
     if trace_path:
         console.print(f"trace written to {escape(printable(trace_path))}")
     if export:
@@ -130,8 +159,3 @@ def run_script(
             if exported
             else f"[yellow]no cache exported: the run ended before step {export[0]}[/]"
         )
-    failed = failing(session.diagnostics, fail_on)
-    if failed:
-        console.print(f"[bold red]{len(failed)} diagnostic(s) at or above {fail_on}[/]")
-        return 1
-    return 0

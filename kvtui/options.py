@@ -23,8 +23,20 @@ class OptionError(ValueError):
 
 
 def session_options(func):
-    """The model, cache and sampler options shared by the TUI and the headless runner."""
-    options = [
+    """The model, cache and sampler options shared by the TUI and the headless runner (in this order in --help)."""
+    return _with_options(func, [*_cache_options(), *_sampler_options(), *_prompt_options(), *_model_options()])
+
+
+def _with_options(func, options: list):
+    """`func` with click's option decorators applied so that --help lists them in the given order."""
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _cache_options() -> list:
+    """Which cache the session makes, and how large."""
+    return [
         click.option(
             "--cache",
             type=click.Choice(["dynamic", "static", "quantized", "offloaded", "none"]),
@@ -62,12 +74,24 @@ def session_options(func):
             default=None,
             help=f"Static cache capacity in tokens (default {STATIC_DEFAULT_CAPACITY} with --cache static).",
         ),
+    ]
+
+
+def _sampler_options() -> list:
+    """How long a reply may be and how its tokens are chosen."""
+    return [
         click.option("--max-new-tokens", type=click.IntRange(1), default=256, show_default=True),
         click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 is greedy."),
         click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0 is off."),
         click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
         click.option("--repetition-penalty", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True),
         click.option("--seed", type=int, default=0, show_default=True),
+    ]
+
+
+def _prompt_options() -> list:
+    """How the chat becomes tokens (and the pitfalls kvtui reproduces), and what each step reports."""
+    return [
         click.option(
             "--mode",
             type=click.Choice(["chat", "completion"]),
@@ -102,6 +126,12 @@ def session_options(func):
             is_flag=True,
             help="Shade the buffer by the newest token's attention (eager attention; costs O(cache) per step).",
         ),
+    ]
+
+
+def _model_options() -> list:
+    """Which model, in which dtype, on which device and CPU threads."""
+    return [
         click.option(
             "--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True
         ),
@@ -122,9 +152,6 @@ def session_options(func):
         ),
         click.argument("model", required=False),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
 
 
 def run_options(func):
@@ -188,10 +215,7 @@ def run_options(func):
             help="Where --export-cache-at writes (default cache-stepN.safetensors).",
         ),
     ]
-    func = session_options(func)
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return _with_options(session_options(func), options)
 
 
 def run_command(callback=None) -> click.Command:

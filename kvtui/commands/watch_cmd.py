@@ -118,10 +118,10 @@ def watch(
 def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on: str, top_k: int = 10) -> int:
     """Run the program in this process under the probe; exit 1 if an alarm at/above fail_on fired,
     else the program's own exit code."""
-    from ..engine.reading.diagnostics import group_diagnostics, group_last, group_summary
     from ..engine.records.recorder import failing
     from ..engine.watch.probe import Watcher, run_watched
     from ..fmt import printable
+    from ..headless import alarm_summary
 
     watcher = Watcher(trace=str(trace_path) if trace_path else None, top_k=top_k, program=[target, *args])
     code, watched = run_watched(watcher, target, args, module=module)
@@ -131,11 +131,8 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
         f"kvtui watch: {watcher.steps} forwards watched · models: {printable(models)} · program exit code {code}",
         file=err,
     )
-    for group in group_diagnostics(watcher.diagnostics):  # one line per code and cache, errors first
-        click.echo(f"{group.severity:>7} {printable(group_summary(group))}", file=err)
-        last = group_last(group)
-        if last is not None:
-            click.echo(f"        {printable(last)}", file=err)
+    for line in alarm_summary(watcher.diagnostics):  # one line per code and cache, errors first
+        click.echo(line, file=err)
     click.echo(f"waste: {watcher.summary()}", file=err)
     if trace_path:
         click.echo(f"trace written to {trace_path}", file=err)
@@ -264,11 +261,11 @@ def _run_command(executable: str, command: str, args: list[str], env: dict, err)
 
 
 def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
-    from ..engine.watch import tree
-    from ..engine.reading.diagnostics import group_diagnostics, group_last, group_summary
     from ..engine.records.recorder import failing
     from ..engine.records.snapshot import Diagnostic
+    from ..engine.watch import tree
     from ..fmt import printable
+    from ..headless import alarm_summary
 
     runs = server.sorted_runs()
     run_alarms = tree.desync(runs)
@@ -302,11 +299,8 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
         )
         found = [Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)) for d in run.diagnostics]
         alarms += found
-        for group in group_diagnostics(found):  # one line per code and cache, errors first (as for a program)
-            click.echo(f"{group.severity:>7} {run.name} {printable(group_summary(group))}", file=err)
-            last = group_last(group)
-            if last is not None:
-                click.echo(f"        {printable(last)}", file=err)
+        for line in alarm_summary(found, label=f"{run.name} "):  # as for a program, each line naming the process
+            click.echo(line, file=err)
     merged = tree.shards(runs)
     if merged:
         click.echo(f"  tensor-parallel shards, merged: {merged}", file=err)

@@ -27,7 +27,7 @@ def recorded(tiny_model, tmp_path):
             live.append(snapshot)
             writer.write(snapshot.to_record())
 
-        session.on_snapshot = record
+        session.on_snapshot.add(record)
         session.send("What is k?")
         session.generate()
         writer.write(buffer_record(session.buffer))

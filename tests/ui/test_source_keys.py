@@ -31,7 +31,7 @@ def trace(tmp_path_factory, tiny_model):
     path = tmp_path_factory.mktemp("keys") / "chat.jsonl"
     session = ChatSession(model, tok, SessionConfig(max_new_tokens=4))
     with TraceWriter(path, header_record(session, "tiny-qwen2", "tiny")) as writer:
-        session.on_snapshot = lambda snapshot: writer.write(snapshot.to_record())
+        session.on_snapshot.add(lambda snapshot: writer.write(snapshot.to_record()))
         session.send("What is k?")
         session.generate()
         writer.write(buffer_record(session.buffer))

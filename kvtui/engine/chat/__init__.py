@@ -1,4 +1,5 @@
-"""kvtui's own chat: the session (the ONE place that calls the model with kvtui's cache), sampling,
+"""kvtui's own chat: the session (the ONE place that calls the model with kvtui's cache; its loop in
+session.py, its rewind/force/reset/restore in edits.py, rendering a chat into tokens in render.py), sampling,
 scripts, the engine process (host), its configuration and the model loader.
 
 Imports: reading, records, models, support; never watch or serving.

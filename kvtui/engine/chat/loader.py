@@ -174,7 +174,7 @@ def load_model(
     of moving the model to ``device``.  ``progress(message, fraction)`` is called at
     each stage; ``fraction`` is overall progress in 0..1, or None when unknown.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, target)
@@ -188,12 +188,7 @@ def load_model(
 
     with quiet_progress_bars():
         report(prog, f"reading config of {shown}", 0.0)
-        try:
-            config = AutoConfig.from_pretrained(str(path), **common)
-        except Exception as exc:
-            if gguf_file is None and not (Path(path) / "config.json").is_file():
-                raise ModelLoadError(f"{path} has no config.json; it is not a transformers model directory") from exc
-            raise ModelLoadError(f"cannot read the model config in {path}: {first_line(exc)}") from exc
+        config = _read_config(path, common, gguf_file)
         _check_causal_lm(config, shown)
 
         report(prog, f"loading tokenizer of {shown}", 0.05)
@@ -209,21 +204,7 @@ def load_model(
             kwargs["attn_implementation"] = attn_implementation
         if device_map is not None:
             kwargs["device_map"] = device_map
-        try:
-            if gguf_file is not None:
-                with gguf_progress(prog, f"loading {shown} weights (dequantizing)", 0.15, 0.85):
-                    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-            else:
-                model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-        except ValueError as exc:
-            if "Unrecognized configuration class" in str(exc):
-                model_type = getattr(config, "model_type", "?")
-                raise ModelLoadError(
-                    f"model {shown} (model type '{model_type}') is not a causal language model"
-                ) from exc
-            raise ModelLoadError(f"cannot load model {shown}: {first_line(exc)}") from exc
-        except Exception as exc:
-            raise ModelLoadError(f"cannot load model {shown}: {first_line(exc)}") from exc
+        model = _load_weights(path, kwargs, config, shown, gguf_file is not None, prog)
 
     if device_map is None:
         report(prog, f"moving {shown} to {target}", 0.9)
@@ -246,3 +227,33 @@ def load_model(
         dtype=dtype_name(weight.dtype),
         device=str(weight.device),
     )
+
+
+def _read_config(path, common: dict[str, Any], gguf_file: str | None):
+    """The model's transformers config; ModelLoadError saying why when there is none or it does not parse."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path), **common)
+    except Exception as exc:
+        if gguf_file is None and not (Path(path) / "config.json").is_file():
+            raise ModelLoadError(f"{path} has no config.json; it is not a transformers model directory") from exc
+        raise ModelLoadError(f"cannot read the model config in {path}: {first_line(exc)}") from exc
+
+
+def _load_weights(path, kwargs: dict[str, Any], config, shown: str, gguf: bool, prog: Progress | None):
+    """AutoModelForCausalLM.from_pretrained (a GGUF file dequantized with progress); ModelLoadError on failure."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        if gguf:
+            with gguf_progress(prog, f"loading {shown} weights (dequantizing)", 0.15, 0.85):
+                return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    except ValueError as exc:
+        if "Unrecognized configuration class" in str(exc):
+            model_type = getattr(config, "model_type", "?")
+            raise ModelLoadError(f"model {shown} (model type '{model_type}') is not a causal language model") from exc
+        raise ModelLoadError(f"cannot load model {shown}: {first_line(exc)}") from exc
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load model {shown}: {first_line(exc)}") from exc

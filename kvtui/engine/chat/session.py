@@ -1,8 +1,13 @@
-"""The chat session: the ONE place that calls the model with past_key_values and moves the cursor.
+"""The chat session (send, step, generate, verify): the ONE place that calls the model with kvtui's cache.
+
+With its edits (rewind, force, reset, restore: the mixin `CacheEdits` in edits.py, the same session's
+methods), it is the only code that feeds past_key_values and moves the cursor.
 
 The decode loop is small typed steps (gpt-fast style): `send` renders the chat and prefills only the
 new suffix, `step` feeds the pending token and samples the next, `generate` repeats `step`. Every
 forward yields a frozen `StepSnapshot` built from shapes and counters, never from K/V copies.
+Turning a chat into tokens is render.py. `on_snapshot` and `on_event` take several subscribers
+(`session.on_snapshot.add(fn)`).
 
 Shapes: input_ids / position_ids [1, n]; logits [1, 1, vocab] (logits_to_keep=1);
 cache K/V per layer [batch=1, kv_heads, slots, head_dim].
@@ -14,60 +19,25 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 
 from ..reading import introspect
 from ..reading.diagnostics import Alarms, SpecialIds, check_feed
-from ..reading.tokens import find_sub, special_token_ids
+from ..reading.tokens import special_token_ids
 from ..reading.topk import chosen_from_top, top_tokens, watched_tokens
 from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
+from ..records.listeners import Listeners
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
+from .edits import CacheEdits
+from .render import common_prefix, render_chat, tokenize
 from .sampling import Sampler, SamplerSettings
+from .session_types import CacheOverflowError, Message, SessionConfig, SessionError
+
+__all__ = ["CacheOverflowError", "ChatSession", "SessionConfig", "SessionError"]
 
 
-class SessionError(Exception):
-    """A request the session refused; the session is unchanged and usable."""
-
-
-class CacheOverflowError(SessionError):
-    def __init__(self, capacity: int, used: int, requested: int):
-        self.capacity, self.used, self.requested = capacity, used, requested
-        super().__init__(
-            f"static cache overflow refused: capacity {capacity}, used {used}, requested {requested} more "
-            f"({used + requested - capacity} too many). Rewind, reset, or use a larger --max-cache-len."
-        )
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    cache: str = "dynamic"  # "dynamic" | "static" | "quantized" | "offloaded" | "none" (no cache object: every
-    # step is one full forward over the whole context with use_cache=False, the honest baseline)
-    max_cache_len: int | None = None  # static capacity
-    cache_bits: int = 4  # quantized cache: bits per value (quanto 2|4, hqq 1|2|3|4|8; fp8 ignores it)
-    cache_backend: str = "quanto"  # quantized cache: "quanto" | "hqq" | "fp8"
-    max_new_tokens: int = 256
-    sampler: SamplerSettings = field(default_factory=SamplerSettings)
-    mode: str = "chat"  # "chat" (template) | "completion" (raw prompt, tokenizer(prompt))
-    system: str | None = None
-    chat_tokenize: str = "template"  # "template": the template's own ids; "text": tokenizer(rendered text)
-    top_k_shown: int = 10
-    watch: tuple[int, ...] = ()
-    prime_pad: int = 0  # reproduce the "prime the cache with pad tokens" mistake
-    attention: bool = False  # opt-in, O(cache) per step: needs a model loaded with attn_implementation="eager"
-    compile: bool = False  # static cache only: torch.compile the one-token decode forward
-    decode_threads: int | None = None  # CPU threads for one-token forwards (None: the threads of every other one)
-
-
-@dataclass
-class _Message:
-    role: str
-    content: str
-    start: int  # index in the buffer where its tokens begin (assistant: first generated token)
-
-
-class ChatSession:
+class ChatSession(CacheEdits):
     def __init__(
         self,
         model,
@@ -85,10 +55,10 @@ class ChatSession:
             raise SessionError(f"unknown chat tokenization {self.config.chat_tokenize!r}: use template or text")
         if self.config.mode == "chat" and not getattr(tokenizer, "chat_template", None):
             raise SessionError("this tokenizer has no chat template: use completion mode (--mode completion)")
-        self.on_snapshot = on_snapshot
-        self.on_event: Callable[[str, object], None] | None = (
-            None  # the recorder (engine/records/recorder.py) listens here
-        )
+        self._on_snapshot: Listeners[[StepSnapshot]] = Listeners()
+        if on_snapshot is not None:
+            self._on_snapshot.add(on_snapshot)
+        self._on_event: Listeners[[str, object]] = Listeners()
         self.device = model.get_input_embeddings().weight.device
         self._no_history = torch.empty((1, 0), dtype=torch.long, device=self.device)  # [1, 0], read-only
         self.dtype = str(model.dtype).removeprefix("torch.")
@@ -135,9 +105,9 @@ class ChatSession:
         self._tokens: list[BufferToken] = []  # append-only; a rewind starts a new list (see TokenBuffer)
         self._primed = 0  # pad tokens at the front from --prime-pad, outside the chat's own positions
         self._next_position = 0  # the cursor: next position id the session writes
-        self._messages: list[_Message] = []
+        self._messages: list[Message] = []
         if self.config.system and self.config.mode == "chat":
-            self._messages.append(_Message("system", self.config.system, 0))
+            self._messages.append(Message("system", self.config.system, 0))
         self._turn = 0
         self._turn_open = False
         self._turn_recorded = False  # the recorder got this turn's "turn-end"
@@ -146,6 +116,16 @@ class ChatSession:
         self.pending_forced = False
         self._logits: torch.Tensor | None = None  # [vocab] float, raw logits of the last forward
         self._alarms = Alarms()
+
+    @property
+    def on_snapshot(self) -> Listeners[[StepSnapshot]]:
+        """After every forward, in the order added (the engine process, the headless runner, a benchmark's stamp)."""
+        return self._on_snapshot
+
+    @property
+    def on_event(self) -> Listeners[[str, object]]:
+        """Every step, alarm outside a forward, verify, turn end and edit, as (kind, payload): the recorder's."""
+        return self._on_event
 
     @property
     def buffer(self) -> TokenBuffer:
@@ -421,8 +401,7 @@ class ChatSession:
         )
         self.last = snapshot
         self._emit("step", snapshot)
-        if self.on_snapshot:
-            self.on_snapshot(snapshot)
+        self._on_snapshot(snapshot)
         if snapshot.turn_done:
             self.record_turn_end()
         return snapshot
@@ -438,23 +417,7 @@ class ChatSession:
             self._emit("diagnostics", list(found))
 
     def _emit(self, kind: str, payload) -> None:
-        if self.on_event is not None:
-            self.on_event(kind, payload)
-
-    def _restore(self, length: int) -> None:
-        """After a failed forward, bring the cache back to `length` tokens (some layers may have been written)."""
-        if self.cache is None:  # --cache none: a failed forward changed nothing
-            return
-        try:
-            # a linear layer's state was changed in place by the failed forward: only a recompute undoes it
-            if introspect.can_truncate(self.cache, length) and not introspect.has_linear_layers(self.cache):
-                introspect.truncate(self.cache, length)
-            else:
-                self._recompute(self._tokens[:length])
-        except Exception:  # noqa: BLE001  the cache is beyond repair: start it over from the buffer
-            self._new_cache()
-            if self._tokens:
-                self._recompute(self._tokens)
+        self._on_event(kind, payload)
 
     # ---- turns -----------------------------------------------------------------------------------
 
@@ -466,26 +429,8 @@ class ChatSession:
             return self._send_completion(text)
         self._close_turn()
         messages = self.messages + [{"role": "user", "content": text}]
-        rendered = self._render(messages)
-        chat = self._tokens[self._primed :]
-        common = 0
-        limit = min(len(chat), len(rendered))
-        while common < limit and chat[common].id == rendered[common][0]:
-            common += 1
-        drift = []
-        if common < len(chat):
-            cached, fresh = chat[common], rendered[common][0] if common < len(rendered) else None
-            drift.append(
-                Diagnostic(
-                    "template-drift",
-                    "warning",
-                    f"the cached tokens are not a prefix of the re-rendered chat: at index {common} the cache holds "
-                    f"{self.piece(cached.id)!r} (id {cached.id}) but the template renders "
-                    + (f"{self.piece(fresh)!r} (id {fresh})" if fresh is not None else "nothing")
-                    + f"; rewinding {len(chat) - common} tokens to the common prefix",
-                    self.steps + 1,
-                )
-            )
+        rendered = render_chat(self.tokenizer, messages, self.config.chat_tokenize)
+        common, drift = common_prefix(self._tokens[self._primed :], rendered, self.piece, self.steps + 1)
         if common == len(rendered):  # nothing new: re-feed the last token to get fresh logits
             common -= 1
         self._turn += 1
@@ -499,21 +444,21 @@ class ChatSession:
             (self._primed + i for i in range(common, len(rendered)) if rendered[i][1] == "user"), self._primed + common
         )
         snapshot = self._prefill(fed, drift)
-        self._messages.append(_Message("user", text, user_start))
-        self._messages.append(_Message("assistant", "", len(self._tokens)))
+        self._messages.append(Message("user", text, user_start))
+        self._messages.append(Message("assistant", "", len(self._tokens)))
         return snapshot
 
     def _send_completion(self, text: str) -> StepSnapshot:
         self._close_turn()
         self._turn += 1
         first = not self._tokens[self._primed :]
-        rendered = self._tokenize(text, add_special=first)
+        rendered = tokenize(self.tokenizer, text, add_special=first)
         base = len(self._tokens) - self._primed
         fed = [
             self._buffer_token(token_id, origin, base + i, self._turn) for i, (token_id, origin) in enumerate(rendered)
         ]
         snapshot = self._prefill(fed, [])
-        self._messages.append(_Message("assistant", "", len(self._tokens)))
+        self._messages.append(Message("assistant", "", len(self._tokens)))
         return snapshot
 
     def _prefill(self, fed: list[BufferToken], extra: list[Diagnostic]) -> StepSnapshot:
@@ -553,45 +498,6 @@ class ChatSession:
         self._next_position = 0  # ...and the cursor is reset as if the cache were empty
         self.pending = None
 
-    # ---- rendering -------------------------------------------------------------------------------
-
-    def _render(self, messages: list[dict]) -> list[tuple[int, str]]:
-        """The whole chat as (id, origin) pairs, exactly as the model will see it."""
-        try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as exc:
-            raise SessionError(f"the chat template failed: {exc}") from exc
-        if self.config.chat_tokenize == "text":
-            return self._tokenize(text, add_special=True, messages=messages)
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        if hasattr(ids, "keys"):  # 5.x returns a BatchEncoding
-            ids = ids["input_ids"]
-        ids = list(ids[0]) if ids and isinstance(ids[0], list) else list(ids)
-        labelled = self._tokenize(text, add_special=False, messages=messages)
-        if [i for i, _ in labelled] != ids:  # origins from offsets only when they describe the same ids
-            return [(i, "template") for i in ids]
-        return labelled
-
-    def _tokenize(self, text: str, add_special: bool, messages: list[dict] | None = None) -> list[tuple[int, str]]:
-        """tokenizer(text) with an origin per token: what the tokenizer added is found by comparing
-        with add_special_tokens=False (flags like add_bos_token can lie)."""
-        bare = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = bare["input_ids"], bare["offset_mapping"]
-        spans = _content_spans(text, messages) if messages is not None else [(0, len(text), "user")]
-        origins = [_origin_at(start, end, spans) for start, end in offsets]
-        if not add_special:
-            return list(zip(ids, origins))
-        full = self.tokenizer(text)["input_ids"]
-        front = find_sub(full, ids)
-        if front < 0:  # the tokenizer changed the text's own tokens: trust its ids, label them plainly
-            return [(i, "template" if messages is not None else "user") for i in full]
-        back = len(full) - front - len(ids)
-        return (
-            [(i, "tokenizer-added") for i in full[:front]]
-            + list(zip(ids, origins))
-            + [(i, "tokenizer-added") for i in full[len(full) - back :]]
-        )
-
     # ---- decoding --------------------------------------------------------------------------------
 
     def step(self) -> StepSnapshot:
@@ -623,21 +529,6 @@ class ChatSession:
         if self._messages and self._messages[-1].role == "assistant":
             self._messages[-1].content = self._reply_text()
 
-    def force(self, token_id: int) -> TopToken:
-        """Replace the pending choice; the next `step` feeds it (origin 'forced')."""
-        if self._logits is None:
-            raise SessionError("nothing to force: send a message first")
-        vocab = self._logits.shape[-1]
-        if not 0 <= token_id < vocab:
-            raise SessionError(f"token id {token_id} is outside the vocabulary (0..{vocab - 1})")
-        scores = self.sampler.process(self._history(), self._logits)
-        self.pending = self._make_pending(scores, token_id)
-        self.pending_forced = True
-        self._turn_open = True
-        self._turn_recorded = False
-        self._emit("force", {"id": token_id, "text": self.pending.text, "rank": self.pending.rank})
-        return self.pending
-
     def set_sampler(self, settings: SamplerSettings) -> None:
         self.sampler = Sampler(settings, self.device)
         self.config = _replace(self.config, sampler=settings)
@@ -661,156 +552,8 @@ class ChatSession:
     def note_export(self, path) -> None:
         self._emit("export", {"path": str(path)})
 
-    # ---- rewind, reset ---------------------------------------------------------------------------
-
-    def rewind(self, n: int = 1) -> StepSnapshot | None:
-        """Remove the last n cached tokens (cache and buffer together) and re-choose the next token."""
-        chat_len = len(self._tokens) - self._primed
-        if n < 1:
-            raise SessionError(f"rewind needs n >= 1, got {n}")
-        if n > chat_len:
-            raise SessionError(f"cannot rewind {n} tokens: the cache holds {chat_len}")
-        return self.rewind_to(self._primed + chat_len - n)
-
-    def rewind_to(self, length: int) -> StepSnapshot | None:
-        """Keep the first `length` buffer tokens. The last kept one is re-fed so the logits are fresh."""
-        if not self._primed <= length <= len(self._tokens):
-            raise SessionError(f"cannot rewind to {length}: the buffer holds {len(self._tokens)} tokens")
-        self._emit("rewind", {"to_length": length, "from_length": len(self._tokens)})
-        self._turn_recorded = False
-        if length == self._primed:
-            self._truncate(length)
-            self.pending, self._logits = None, None
-            self._messages = [m for m in self._messages if m.role == "system"]
-            self._turn_open = False
-            return None
-        last = self._tokens[length - 1]
-        self._truncate(length - 1)
-        kept = [m for m in self._messages if m.start < length]
-        if not kept or kept[-1].role != "assistant":
-            kept.append(_Message("assistant", "", length))  # generation continues from the cut
-        self._messages = kept
-        self._turn_open = True
-        self._new_in_turn = len(self._tokens) + 1 - kept[-1].start
-        return self._forward([last], "rewind")
-
-    def _truncate(self, length: int) -> None:
-        """Cut cache and buffer to `length` tokens: crop when every layer still holds them, else recompute."""
-        if length >= len(self._tokens):
-            return
-        kept = self._tokens[:length]  # a new list: views handed out earlier stay valid
-        blocker = "none" if self.cache is None else introspect.truncate_blocker(self.cache, length)
-        if blocker == "none":  # --cache none: the context is the token list, nothing else to cut
-            self._tokens = kept
-        elif blocker is None:
-            recorded = introspect.records_past(self.cache)
-            introspect.truncate(self.cache, length)
-            self._tokens = kept
-            if recorded:
-                self._record(
-                    [
-                        Diagnostic(
-                            "state-rewind",
-                            "info",
-                            f"rewind to {length}: conv states cropped exactly with transformers' past recording",
-                            self.steps,
-                        )
-                    ]
-                )
-        elif blocker == "sliding":
-            self._record(
-                [
-                    Diagnostic(
-                        "sliding-eviction",
-                        "info",
-                        f"rewind to {length} needs states that sliding layers evicted: recomputing {length} tokens",
-                        self.steps,
-                    )
-                ]
-            )
-            self._recompute(kept)
-        else:
-            why = (
-                "conv/recurrent (SSM, linear-attention) states summarize every token and cannot be cropped"
-                if blocker == "state"
-                else "quantized K/V cannot be cut per token"
-            )
-            self._record(
-                [
-                    Diagnostic(
-                        "state-rewind",
-                        "info",
-                        f"rewind to {length}: {why}; recomputed {length} tokens from the token buffer",
-                        self.steps,
-                    )
-                ]
-            )
-            self._recompute(kept)
-        self._next_position = kept[-1].position + 1 if kept else 0
-        self.pending = None
-
-    def _new_cache(self) -> None:
-        # A fresh object rather than cache.reset(): 4.x resets dynamic layers by zeroing, then appends after the zeros.
-        if self.config.cache == "none":
-            self.cache = None
-            return
-        try:
-            self.cache = introspect.make_cache(
-                self.config.cache,
-                self.model.config,
-                self.config.max_cache_len,
-                bits=self.config.cache_bits,
-                backend=self.config.cache_backend,
-            )
-        except ValueError as exc:
-            raise SessionError(str(exc)) from None
-        introspect.activate_past_recording(self.cache)  # conv-only layers (LFM2): rewinds crop exactly
-
-    def _recompute(self, tokens: list[BufferToken]) -> None:
-        self._new_cache()
-        self._tokens = list(tokens)
-        if not tokens or self.cache is None:
-            return
-        with torch.inference_mode(), self._threads(len(tokens)):
-            self.model(**self._cached_forward_kwargs(tokens, 0))
-
-    # ---- restore (a restarted engine process) ------------------------------------------------------
-
-    def restorable(self) -> dict:
-        """What a fresh session needs besides the token buffer to go on where this one is: plain values."""
-        return {
-            "messages": [{"role": m.role, "content": m.content, "start": m.start} for m in self._messages],
-            "turn": self._turn,
-            "steps": self.steps,
-        }
-
-    def restore(self, tokens: list[BufferToken], state: dict) -> StepSnapshot | None:
-        """Rebuild the cache from a token buffer in one forward (phase "restore"): the chat goes on from there.
-
-        `state` is what `restorable()` returned, possibly some steps before the tokens end: the open
-        assistant message takes every token after its start, as a live one does."""
-        self._clear()
-        self._new_cache()
-        self._messages = [_Message(m["role"], m["content"], m["start"]) for m in state.get("messages", [])]
-        self._turn = state.get("turn", 0)
-        self.steps = state.get("steps", self.steps)
-        if not tokens:
-            return None
-        self._primed = next((i for i, t in enumerate(tokens) if t.origin != "primed"), len(tokens))
-        last = self._messages[-1] if self._messages else None
-        self._turn_open = last is not None and last.role == "assistant"
-        self._turn_recorded = False
-        self._new_in_turn = len(tokens) - last.start if last is not None and self._turn_open else 0
-        return self._forward(list(tokens), "restore")
-
     def _quant_bits(self) -> int:
         return 4 if self.config.cache_backend == "fp8" else self.config.cache_bits  # e4m3: 3 mantissa bits + sign
-
-    def reset(self) -> None:
-        """Empty the cache and the chat (the system prompt stays)."""
-        self._new_cache()
-        self._clear()
-        self._emit("reset", {})
 
     # ---- verify ----------------------------------------------------------------------------------
 
@@ -857,27 +600,3 @@ def _replace(config: SessionConfig, **changes) -> SessionConfig:
     from dataclasses import replace
 
     return replace(config, **changes)
-
-
-def _content_spans(text: str, messages: list[dict] | None) -> list[tuple[int, int, str]]:
-    """Character spans of each message's content inside the rendered text, found in order."""
-    spans, cursor = [], 0
-    for message in messages or []:
-        content = message.get("content") or ""
-        if not isinstance(content, str) or not content:
-            continue
-        at = text.find(content, cursor)
-        if at < 0:  # the template rewrote it (stripped, reformatted): its tokens count as template
-            continue
-        spans.append((at, at + len(content), message["role"]))
-        cursor = at + len(content)
-    return spans
-
-
-def _origin_at(start: int, end: int, spans) -> str:
-    if end <= start:
-        return "template"
-    for span_start, span_end, role in spans:
-        if span_start <= start and end <= span_end:
-            return role if role in ("system", "user", "assistant") else "template"
-    return "template"

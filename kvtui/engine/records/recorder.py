@@ -36,7 +36,7 @@ class Recorder:
         # header: given whenever session is None (for_records)
         self.writer = TraceWriter(path, header, append=append) if path is not None else None  # type: ignore[arg-type]
         if session is not None:
-            session.on_event = self.on_event
+            session.on_event.add(self.on_event)
 
     @classmethod
     def for_records(cls, path: str | Path | None, header: dict) -> Recorder:
@@ -72,8 +72,7 @@ class Recorder:
     def close(self) -> None:
         if self.session is not None:
             self.session.record_turn_end()  # the last turn, if it ended without its end token
-            if self.session.on_event == self.on_event:
-                self.session.on_event = None
+            self.session.on_event.remove(self.on_event)
         if self.writer is not None:
             self.writer.close()
 

@@ -184,7 +184,7 @@ def test_export_from_the_snapshot_callback_at_a_chosen_step(tiny_model, tmp_path
             seen["keys"] = [layer.keys.clone() for layer in session.cache.layers]
             seen["ids"], seen["cursor"] = snapshot.buffer.ids(), snapshot.cursor
 
-    session.on_snapshot = on_snapshot
+    session.on_snapshot.add(on_snapshot)
     for turn in TURNS:
         session.send(turn)
         session.generate()
