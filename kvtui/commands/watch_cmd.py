@@ -264,10 +264,11 @@ def _run_command(executable: str, command: str, args: list[str], env: dict, err)
 
 
 def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
-    from ..engine.watch import tree
     from ..engine.reading.diagnostics import group_diagnostics, group_last, group_summary
+    from ..engine.records.codec import from_record
     from ..engine.records.recorder import failing
     from ..engine.records.snapshot import Diagnostic
+    from ..engine.watch import tree
     from ..fmt import printable
 
     runs = server.sorted_runs()
@@ -300,7 +301,7 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
             f"{heads if run.world_size else ''} · {printable(' '.join(run.argv))}{state}",
             file=err,
         )
-        found = [Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)) for d in run.diagnostics]
+        found = [from_record(Diagnostic, d) for d in run.diagnostics]
         alarms += found
         for group in group_diagnostics(found):  # one line per code and cache, errors first (as for a program)
             click.echo(f"{group.severity:>7} {run.name} {printable(group_summary(group))}", file=err)
