@@ -12,6 +12,7 @@ from kvtui.engine.chat.loader import load_model
 from kvtui.engine.chat.session import ChatSession, SessionConfig
 from kvtui.engine.models.tiny import CORPUS, build_tiny
 from kvtui.engine.reading import introspect
+from kvtui.engine.records.codec import to_record
 
 MAX_POSITIONS = 65536
 CHUNK_TOKENS = 2048  # prefill chunk: keeps the attention scores of one forward small
@@ -144,7 +145,7 @@ def bench(tiny_dir: Path, lengths: list[int], steps: int = 40, info_calls: int =
         record_us = []
         for _ in range(50):
             t = time.perf_counter()
-            json.dumps(last.to_record())
+            json.dumps(to_record(last))
             record_us.append((time.perf_counter() - t) * 1e6)
         # session.messages decodes the whole current reply (the TUI calls it after every step):
         # time it for a reply as long as the cache, i.e. one long generated turn

@@ -27,7 +27,7 @@ from common import log, summary
 from kvtui.engine.chat import session
 from kvtui.engine.chat.session import ChatSession, SessionConfig
 from kvtui.engine.reading import diagnostics, introspect
-from kvtui.engine.records import recorder, snapshot, trace
+from kvtui.engine.records import codec, recorder, trace
 from kvtui.engine.watch import probe, watch_step
 
 PROMPT = "Explain step by step how a KV cache speeds up text generation."
@@ -138,7 +138,7 @@ def probe_parts(clock: PartClock) -> None:
     clock.wrap(watch_step.StepBuilder, "_check_drift", "diagnostics")
     clock.wrap(diagnostics.Alarms, "check_layers", "diagnostics")
     clock.wrap(watch_step.StepBuilder, "build", "step building")
-    clock.wrap(snapshot.StepSnapshot, "to_record", "record building")
+    clock.wrap(codec, "step_record", "record building")
     _serialising(clock)
     clock.wrap(trace.TraceWriter, "write", "writing/sending")
 
@@ -155,7 +155,7 @@ def session_parts(clock: PartClock) -> None:
     clock.wrap(ChatSession, "_make_pending", "choose")
     clock.wrap(introspect, "layer_infos", "layer infos")
     clock.wrap(ChatSession, "_snapshot", "step building")
-    clock.wrap(snapshot.StepSnapshot, "to_record", "record building")
+    clock.wrap(codec, "step_record", "record building")
     _serialising(clock)
     clock.wrap(trace.TraceWriter, "write", "writing/sending")
 

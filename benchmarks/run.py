@@ -1221,7 +1221,7 @@ def kvtui_bugs(r: dict) -> str:
         )
     rec = scale_rows[-1]["to_record_json_us"]["median"] if scale_rows else float("nan")
     add(
-        "4. Minor, open: every step serialises `snapshot.to_record()` "
+        "4. Minor, open: every step serialises `to_record(snapshot)` "
         f"to JSON (~{rec:.0f} µs with 2 layers; SmolLM2 has "
         "30) and flushes the trace spool file in the engine process between two forwards; batching the flush would "
         "trim that work."

@@ -261,6 +261,7 @@ def _run_command(executable: str, command: str, args: list[str], env: dict, err)
 
 
 def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
+    from ..engine.records.codec import from_record
     from ..engine.records.recorder import failing
     from ..engine.records.snapshot import Diagnostic
     from ..engine.watch import tree
@@ -297,7 +298,7 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
             f"{heads if run.world_size else ''} · {printable(' '.join(run.argv))}{state}",
             file=err,
         )
-        found = [Diagnostic(d["code"], d["severity"], d["message"], d.get("step", 0)) for d in run.diagnostics]
+        found = [from_record(Diagnostic, d) for d in run.diagnostics]
         alarms += found
         for line in alarm_summary(found, label=f"{run.name} "):  # as for a program, each line naming the process
             click.echo(line, file=err)

@@ -17,7 +17,8 @@ from typing import Any
 from textual.worker import get_current_worker
 
 from ..engine.chat.remote import RemoteSession, diagnostics_from
-from ..engine.records.snapshot import Diagnostic, StepSnapshot, VerifyResult, buffer_record
+from ..engine.records.codec import from_record, to_record
+from ..engine.records.snapshot import Diagnostic, StepSnapshot, VerifyResult
 from ..messages import Call, SessionState, SnapshotReady
 from ..options import AppConfig
 from ..widgets.layers_pane import LayersPane
@@ -32,9 +33,7 @@ def _verify_result(state: dict) -> VerifyResult | None:
     verify = state.get("verify")
     if not verify:
         return None
-    return VerifyResult(
-        **{**verify, "cached_top": tuple(verify["cached_top"]), "recomputed_top": tuple(verify["recomputed_top"])}
-    )
+    return from_record(VerifyResult, verify)
 
 
 def _exit_reason(code: int | None, stderr: deque) -> str:
@@ -220,7 +219,7 @@ class ChatDriver(Driver):
         restore = None
         if app.session is not None:
             tokens = app.latest.buffer if app.latest is not None else ()
-            restore = {"tokens": buffer_record(tokens)["tokens"], "state": app.session.restorable}
+            restore = {"tokens": [to_record(t) for t in tokens], "state": app.session.restorable}
         app.session = None
         self.pending = 1 if restore else 0
         app.query_one(StatusBar).set_text("⏳ restarting the engine")

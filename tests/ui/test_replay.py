@@ -6,8 +6,8 @@ import pytest
 
 from kvtui.app import KvtuiApp
 from kvtui.engine import ChatSession, SessionConfig
+from kvtui.engine.records.codec import buffer_record, to_record
 from kvtui.engine.records.replay import Replay, transcript
-from kvtui.engine.records.snapshot import buffer_record
 from kvtui.engine.records.trace import TraceError, TraceWriter, header_record, read_trace
 from kvtui.widgets.cursor_pane import CursorPane
 from kvtui.widgets.token_buffer import TokenBufferPane
@@ -25,7 +25,7 @@ def recorded(tiny_model, tmp_path):
 
         def record(snapshot):
             live.append(snapshot)
-            writer.write(snapshot.to_record())
+            writer.write(to_record(snapshot))
 
         session.on_snapshot.add(record)
         session.send("What is k?")

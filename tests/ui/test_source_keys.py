@@ -16,7 +16,7 @@ from rich.console import Console
 
 from kvtui.app import KvtuiApp
 from kvtui.engine.chat.session import ChatSession, SessionConfig
-from kvtui.engine.records.snapshot import buffer_record
+from kvtui.engine.records.codec import buffer_record, to_record
 from kvtui.engine.records.stream import format_command
 from kvtui.engine.records.trace import TraceWriter, header_record
 from kvtui.widgets.token_buffer import TokenBufferPane
@@ -31,7 +31,7 @@ def trace(tmp_path_factory, tiny_model):
     path = tmp_path_factory.mktemp("keys") / "chat.jsonl"
     session = ChatSession(model, tok, SessionConfig(max_new_tokens=4))
     with TraceWriter(path, header_record(session, "tiny-qwen2", "tiny")) as writer:
-        session.on_snapshot.add(lambda snapshot: writer.write(snapshot.to_record()))
+        session.on_snapshot.add(lambda snapshot: writer.write(to_record(snapshot)))
         session.send("What is k?")
         session.generate()
         writer.write(buffer_record(session.buffer))

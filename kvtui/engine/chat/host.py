@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..records.child import ChildSource, openmp_wait
+from ..records.codec import from_record, to_record
+from ..records.snapshot import BufferToken
 from ..records.stream import ListChanges, RecordPipe, parse_command
 
 if TYPE_CHECKING:
@@ -389,9 +391,7 @@ class EngineHost:
                 None,
             )
         elif word == "restore":
-            from ..records.replay import _token
-
-            tokens = [_token(t) for t in argument["tokens"]]
+            tokens = [from_record(BufferToken, t) for t in argument["tokens"]]
             session.restore(tokens, argument["state"])
             return (
                 f"engine restarted: the cache was rebuilt from {len(tokens)} tokens in one forward (v verifies it)",
@@ -439,7 +439,7 @@ class EngineHost:
             "note": note,
             "severity": severity,
             "error": error,
-            "verify": asdict(verify) if verify is not None else None,
+            "verify": to_record(verify) if verify is not None else None,
             **self._facts(),
         }
         self._messages.put(record, "messages", session.messages, always=True)
@@ -465,7 +465,7 @@ class EngineHost:
 
 
 def _diagnostics(diagnostics) -> list[dict]:
-    return [{"code": d.code, "severity": d.severity, "message": d.message, "step": d.step} for d in diagnostics]
+    return [to_record(d) for d in diagnostics]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ Plain values only (no torch, no Textual); the app updates it on its own thread f
 
 from __future__ import annotations
 
+from ..records.codec import from_record
 from ..records.snapshot import Diagnostic, TokenBuffer
 from .settings import SamplerSettings
 
@@ -35,4 +36,4 @@ class RemoteSession:
 
 
 def diagnostics_from(records: list[dict]) -> tuple[Diagnostic, ...]:
-    return tuple(Diagnostic(d["code"], d["severity"], d["message"], d["step"]) for d in records)
+    return tuple(from_record(Diagnostic, d) for d in records)

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..records.codec import to_record
 from . import introspect
 
 SCHEMA = "kvtui-cache-1"
@@ -118,10 +119,7 @@ def _metadata(session, layers: list[dict]) -> dict[str, str]:
     from kvtui._version import __version__
 
     buffer = session.buffer
-    tokens = [
-        {"position": t.position, "id": t.id, "piece": t.piece, "special": t.special, "origin": t.origin, "turn": t.turn}
-        for t in buffer
-    ]
+    tokens = [to_record(t) for t in buffer]
     config = getattr(session, "config", None)
     values = {
         "schema": SCHEMA,

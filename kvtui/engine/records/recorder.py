@@ -9,10 +9,10 @@ Record kinds (trace schema 1): header, step, diagnostic (raised outside a forwar
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
-from .snapshot import SEVERITIES, Diagnostic, StepSnapshot, buffer_record
+from .codec import buffer_record, diagnostic_record, verify_record
+from .snapshot import SEVERITIES, Diagnostic, StepSnapshot
 from .trace import TraceWriter, header_record
 
 
@@ -55,11 +55,9 @@ class Recorder:
                 session.verify()  # emits its own "verify" event
         elif kind == "diagnostics":
             for d in payload:
-                self._write(
-                    {"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity, "message": d.message}
-                )
+                self._write(diagnostic_record(d))
         elif kind == "verify":
-            self._write({"type": "verify", "step": session.steps, **asdict(payload)})
+            self._write(verify_record(payload, session.steps))
         elif kind == "turn-end":
             self._write(buffer_record(session.buffer))
         else:  # rewind, force, sampler, watch, reset, export: what happened, at which step

@@ -7,7 +7,8 @@ before it (buffer_length - fed) and appends the fed tokens; lists are shared bet
 
 from __future__ import annotations
 
-from .snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken, unknown_token
+from .codec import from_record
+from .snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, unknown_token
 from .trace import Trace, TraceError
 
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "forced": "assistant"}
@@ -28,7 +29,7 @@ class SnapshotBuilder:
         self.count += 1
         number, path = self.count, self.path
         try:
-            fed = [_token(t) for t in record.get("fed") or []]
+            fed = [from_record(BufferToken, t) for t in record.get("fed") or []]
         except (KeyError, TypeError, AttributeError) as exc:
             raise TraceError(f"{path}: step line {number}: a fed token is malformed ({exc!r})") from None
         if len(fed) != len(record["input_ids"]):
@@ -45,19 +46,11 @@ class SnapshotBuilder:
                 views = []
                 for view in record["rows"]:
                     index = view["row"]
-                    row_fed = [_token(t) for t in view["fed"]]
+                    row_fed = [from_record(BufferToken, t) for t in view["fed"]]
                     self._row_items[index] = _extend(self._row_items[index], view["buffer_length"], row_fed)
-                    views.append(
-                        RowView(
-                            row=index,
-                            input_ids=tuple(view["input_ids"]),
-                            positions=tuple(view["positions"]),
-                            topk=tuple(_top(t) for t in view["topk"]),
-                            buffer=TokenBuffer(self._row_items[index]),
-                        )
-                    )
+                    views.append(from_record(RowView, view, buffer=TokenBuffer(self._row_items[index])))
                 rows = tuple(views)
-            return _snapshot(record, TokenBuffer(self._items), rows)
+            return from_record(StepSnapshot, record, buffer=TokenBuffer(self._items), rows=rows)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise TraceError(f"{path}: step line {number}: a field is missing or malformed ({exc!r})") from None
 
@@ -130,7 +123,7 @@ class Replay:
         if isinstance(event.get("step"), int):
             self._events.setdefault(event["step"], []).append(event)
         if event.get("type") == "diagnostic":  # a run's alarm raised after its steps (rank-desync): shown from now
-            self._alarms.append(Diagnostic(event["code"], event["severity"], event["message"], event["step"]))
+            self._alarms.append(from_record(Diagnostic, event))
             if self._alarm_counts:
                 self._alarm_counts[-1] = len(self._alarms)
 
@@ -211,123 +204,3 @@ def _extend(items: list[BufferToken], length: int, fed: list[BufferToken]) -> li
         items = items[:keep]  # a rewind, a crop or a template drift: a new list, earlier views stay valid
     items.extend(fed)
     return items
-
-
-def _token(record: dict) -> BufferToken:
-    return BufferToken(
-        position=record["position"],
-        id=record["id"],
-        piece=record["piece"],
-        special=record["special"],
-        origin=record["origin"],
-        turn=record.get("turn", 0),
-    )
-
-
-def _top(record: dict) -> TopToken:
-    return TopToken(
-        id=record["id"], text=record["text"], logit=record["logit"], prob=record["prob"], rank=record.get("rank", 0)
-    )
-
-
-def _maybe_top(record: dict | None) -> TopToken | None:
-    return None if record is None else _top(record)
-
-
-def _extra_layer_fields(record: dict) -> dict:
-    """The LayerInfo fields added after trace schema 1 came out; absent in older traces (defaults then)."""
-    out = {}
-    if record.get("states"):
-        out["states"] = tuple((str(name), tuple(shape)) for name, shape in record["states"])
-    for key in (
-        "state_bytes",
-        "quant_bits",
-        "quant_group",
-        "quant_bytes",
-        "residual",
-        "residual_capacity",
-        "offloaded",
-    ):
-        if key in record:
-            out[key] = record[key]
-    return out
-
-
-def _snapshot(record: dict, buffer: TokenBuffer, rows=None) -> StepSnapshot:
-    step = record["step"]
-    layers = tuple(
-        LayerInfo(
-            index=layer["index"],
-            kind=layer["kind"],
-            k_shape=tuple(layer["k_shape"]),
-            v_shape=tuple(layer["v_shape"]),
-            dtype=layer["dtype"],
-            device=layer["device"],
-            bytes=layer["bytes"],
-            filled=layer["filled"],
-            capacity=layer.get("capacity"),
-            window=layer.get("window"),
-            seen=layer.get("seen", layer["filled"]),
-            held_from=layer.get("held_from", 0),
-            **_extra_layer_fields(layer),
-        )
-        for layer in record["layers"]
-    )
-    attention = record.get("attention")
-    ms = record.get("ms") or {}
-    return StepSnapshot(
-        step=step,
-        phase=record.get("phase", "decode"),
-        turn=record.get("turn", 0),
-        input_ids=tuple(record["input_ids"]),
-        positions=tuple(record["positions"]),
-        cursor=record["cursor"],
-        cache_seq_length=record["cache_seq_length"],
-        capacity=record.get("capacity"),
-        layers=layers,
-        topk=tuple(_top(t) for t in record["topk"]),
-        topk_processed=tuple(_top(t) for t in record.get("topk_processed", [])),
-        watched=tuple(_top(t) for t in record.get("watched", [])),
-        chosen=_maybe_top(record.get("chosen")),
-        chosen_forced=bool((record.get("chosen") or {}).get("forced")),
-        diagnostics=tuple(
-            Diagnostic(d["code"], d["severity"], d["message"], step) for d in record.get("diagnostics", [])
-        ),
-        forward_ms=ms.get("forward", 0.0),
-        snapshot_ms=ms.get("snapshot", 0.0),
-        buffer=buffer,
-        turn_done=record.get("turn_done", False),
-        attention=tuple(attention["weights"]) if attention else None,
-        attention_layer=attention["layer"] if attention else None,
-        compiled="compile" in record,
-        compile_ms=(record.get("compile") or {}).get("compile_ms"),
-        recompiles=(record.get("compile") or {}).get("recompiles", 0),
-        uncached=bool(record.get("uncached")),
-        **_watch_fields(record, rows),
-    )
-
-
-def _watch_fields(record: dict, rows) -> dict:
-    if record.get("source", "session") == "session":
-        return {}
-    requested = record.get("requested") or {}
-    lineage = record.get("lineage") or {}
-    maybe = lambda values: None if values is None else tuple(values)  # noqa: E731
-    return {
-        "source": record["source"],
-        "caller": record.get("caller"),
-        "cache_id": record.get("cache_id"),
-        "cache_length_before": record.get("cache_length_before"),
-        "requested_positions": maybe(requested.get("position_ids")),
-        "requested_cache_position": maybe(requested.get("cache_position")),
-        "positions_source": record.get("positions_source"),
-        "batch": record.get("batch", 1),
-        "row": record.get("row", 0),
-        "rows": rows,
-        "cache_parent": lineage.get("parent"),
-        "cache_copied_at": lineage.get("copied_at"),
-        "cache_unknown": lineage.get("unknown_prefix") or 0,
-        "model": record.get("model"),
-        "thread": record.get("thread"),
-        "recomputed": record.get("recomputed", 0),
-    }

@@ -6,7 +6,6 @@ can cross threads, be coalesced, be written to JSON and compared in tests.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -159,11 +158,6 @@ class LayerInfo:
     offloaded: bool = False  # the cache moves this layer off its compute device between uses
 
 
-_LAYER_FIELDS = tuple(f.name for f in fields(LayerInfo))
-_LAYER_VALUES = operator.attrgetter(*_LAYER_FIELDS)
-_TUPLE_FIELDS = ("k_shape", "v_shape", "states")  # the fields that hold tuples (lists in a record)
-
-
 @frozen
 class TopToken:
     id: int
@@ -278,131 +272,6 @@ class StepSnapshot:
     @property
     def cache_bytes(self) -> int:
         return sum(layer.bytes for layer in self.layers)
-
-    def to_record(self, objects: bool = False) -> dict:
-        """The trace's `step` line (see README, trace schema 1). `objects`: for orjson, which writes a tuple
-        as the list it is in the record: layers, top tokens and fed tokens become dicts of their fields as
-        they are (one generated dict display each), the bytes orjson writes for the dataclass itself, at
-        half its cost (orjson reads a slotted dataclass field by field: ~0.7 µs a TopToken, the display
-        ~0.3)."""
-        layer_record, top_record, token_record = (
-            (_LAYER_FIELDS_AS_IS, _TOP_FIELDS_AS_IS, _TOKEN_FIELDS_AS_IS)
-            if objects
-            else (_layer_record, _top_record, _token_record)
-        )
-        return {
-            "type": "step",
-            "step": self.step,
-            "phase": self.phase,
-            "turn": self.turn,
-            "input_ids": list(self.input_ids),
-            "positions": list(self.positions),
-            "fed": [token_record(t) for t in self.buffer[len(self.buffer) - len(self.input_ids) :]],
-            "cursor": self.cursor,
-            "cache_seq_length": self.cache_seq_length,
-            "capacity": self.capacity,
-            "layers": [layer_record(layer) for layer in self.layers],
-            "topk": [top_record(t) for t in self.topk],
-            "topk_processed": [top_record(t) for t in self.topk_processed],
-            "watched": [top_record(t) for t in self.watched],
-            "chosen": None if self.chosen is None else {**_top_record(self.chosen), "forced": self.chosen_forced},
-            "turn_done": self.turn_done,
-            "diagnostics": [{"code": d.code, "severity": d.severity, "message": d.message} for d in self.diagnostics],
-            "ms": {"forward": round(self.forward_ms, 3), "snapshot": round(self.snapshot_ms, 3)},
-            "buffer_length": len(self.buffer),
-            **(
-                {"attention": {"layer": self.attention_layer, "weights": list(self.attention)}}
-                if self.attention is not None
-                else {}
-            ),
-            **(self._watch_record(top_record, token_record) if self.source != "session" else {}),
-            **({"compile": {"compile_ms": self.compile_ms, "recompiles": self.recompiles}} if self.compiled else {}),
-            **({"uncached": True} if self.uncached else {}),
-        }
-
-    def _watch_record(self, top_record, token_record) -> dict:
-        record: dict[str, Any] = {
-            "source": self.source,
-            "caller": self.caller,
-            "cache_id": self.cache_id,
-            "cache_length_before": self.cache_length_before,
-            "requested": {
-                "position_ids": _maybe_list(self.requested_positions),
-                "cache_position": _maybe_list(self.requested_cache_position),
-            },
-            "positions_source": self.positions_source,
-            "batch": self.batch,
-            "row": self.row,
-            "lineage": {
-                "parent": self.cache_parent,
-                "copied_at": self.cache_copied_at,
-                "unknown_prefix": self.cache_unknown,
-            },
-            "model": self.model,
-            "thread": self.thread,
-            "recomputed": self.recomputed,
-        }
-        if self.rows:
-            record["rows"] = [
-                {
-                    "row": r.row,
-                    "input_ids": list(r.input_ids),
-                    "positions": list(r.positions),
-                    "fed": [token_record(t) for t in r.buffer[len(r.buffer) - len(r.input_ids) :]],
-                    "buffer_length": len(r.buffer),
-                    "topk": [top_record(t) for t in r.topk],
-                }
-                for r in self.rows
-            ]
-        return record
-
-
-def _fields_as_is(cls: type):
-    """A function: instance -> {field: value} in field order, values as they are (tuples stay tuples)."""
-    names = [f.name for f in fields(cls)]
-    source = "lambda o: {" + ", ".join(f"{name!r}: o.{name}" for name in names) + "}"
-    return eval(source)  # noqa: S307  (generated from the class's own field names, as dataclasses does)
-
-
-_LAYER_FIELDS_AS_IS = _fields_as_is(LayerInfo)
-_TOP_FIELDS_AS_IS = _fields_as_is(TopToken)
-_TOKEN_FIELDS_AS_IS = _fields_as_is(BufferToken)
-
-
-def _plain(value):
-    return [_plain(v) for v in value] if isinstance(value, tuple) else value
-
-
-def _layer_record(layer: LayerInfo) -> dict:
-    # field by field, not dataclasses.asdict: asdict deep-copies and cost ~3 ms a step on 30 layers
-    record = dict(zip(_LAYER_FIELDS, _LAYER_VALUES(layer)))  # every field, read in one call
-    for name in _TUPLE_FIELDS:
-        record[name] = _plain(record[name])
-    return record
-
-
-def _maybe_list(values):
-    return None if values is None else list(values)
-
-
-def _top_record(t: TopToken) -> dict:
-    return {"id": t.id, "text": t.text, "logit": t.logit, "prob": t.prob, "rank": t.rank}
-
-
-def _token_record(t: BufferToken) -> dict:
-    return {
-        "position": t.position,
-        "id": t.id,
-        "piece": t.piece,
-        "special": t.special,
-        "origin": t.origin,
-        "turn": t.turn,
-    }
-
-
-def buffer_record(buffer: Sequence[BufferToken]) -> dict:
-    """The trace's `buffer` line, written after each turn."""
-    return {"type": "buffer", "tokens": [_token_record(t) for t in buffer]}
 
 
 @frozen

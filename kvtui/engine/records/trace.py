@@ -24,6 +24,8 @@ from typing import IO
 
 import orjson
 
+from . import codec
+
 SCHEMA = 1
 
 
@@ -86,14 +88,14 @@ def header_record(session, model_source: str, model_path: str) -> dict:
 
 
 def record_line(item) -> bytes:
-    """One JSON line: of a record (a dict), or of a step (an object with `to_record()`, serialised once
+    """One JSON line: of a record (a dict), or of a step snapshot (codec.step_record, serialised once
     whichever sink asks first: its `line` box keeps the text). orjson: a 30-layer step record is ~13 KB,
     ~200 µs with the json module and ~15 µs with orjson (compact separators, UTF-8 as is)."""
     if isinstance(item, dict):
         return orjson.dumps(item) + b"\n"
     box = item.line
     if not box:
-        box.append(record_line(item.to_record(objects=True)))
+        box.append(record_line(codec.step_record(item, objects=True)))
     return box[0]
 
 

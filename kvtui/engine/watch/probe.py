@@ -28,7 +28,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import asdict
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -38,6 +37,7 @@ from ..reading import introspect
 from ..reading.diagnostics import check_refed, check_stale_prompt
 from ..reading.tokens import find_sub
 from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
+from ..records.codec import diagnostic_record, to_record, verify_record
 from ..records.snapshot import Diagnostic, StepSnapshot
 from .lineage import CacheTrack, Lineage
 from .patches import (
@@ -468,9 +468,7 @@ class Watcher:
         """Alarms raised outside a step (cache edits, refusals): a record of their own."""
         for d in found:
             self.diagnostics.append(d)
-            self._event(
-                {"type": "diagnostic", "step": d.step, "code": d.code, "severity": d.severity, "message": d.message}
-            )
+            self._event(diagnostic_record(d))
 
     # ---- tokens ----------------------------------------------------------------------------------
 
@@ -696,11 +694,9 @@ class Watcher:
         result = judge_recompute(logits, fresh, dtype, self.top_k, len(tokens), ms, quant_bits)
         if not result.ok:
             self._diagnose([mismatch_alarm(result, f"the program's cached logits ({snapshot.cache_id})", self.steps)])
-        record = asdict(result)
-        record["cached_top"], record["recomputed_top"] = list(result.cached_top), list(result.recomputed_top)
         if self.recorder is not None:
-            self.recorder.record({"type": "verify", "step": self.steps, **record})
-        return record
+            self.recorder.record(verify_record(result, self.steps))
+        return to_record(result)
 
     # ---- tokenizers --------------------------------------------------------------------------------
 

@@ -522,6 +522,7 @@ class Naming:
 def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:  # alarms: Diagnostics
     """One trace: a run header, then per process its `process` record and its records (made one stream by
     `Naming`: steps numbered through the run); then the run's own alarms (rank-desync), at their steps."""
+    from ..records.codec import diagnostic_record
     from ..records.trace import TraceWriter, header_start
 
     watched = [run for run in runs if run.records]  # a header is their first record
@@ -552,8 +553,6 @@ def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:
         first = next((run for run in watched if run.rank is not None), None)
         for d in alarms:  # at the stream's number of the first rank's forward where the ranks parted
             step = naming.stream_step(first.pid, d.step) if first is not None else d.step
-            writer.write(
-                {"type": "diagnostic", "step": step, "code": d.code, "severity": d.severity, "message": d.message}
-            )
+            writer.write(diagnostic_record(d, step))
     finally:
         writer.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..reading.diagnostics import check_ranks
 from ..records.child import ChildSource
+from ..records.codec import diagnostic_record
 from ..records.stream import format_command
 from .tree import Naming, ProcessRun, TreeServer, desync, environment, hook_directory, merge
 
@@ -114,14 +115,7 @@ class TreeSource(ChildSource):
         if not found:
             return None
         self._desync_raised = True
-        d = found[0]
-        return {
-            "type": "diagnostic",
-            "step": record["step"],
-            "code": d.code,
-            "severity": d.severity,
-            "message": d.message,
-        }
+        return diagnostic_record(found[0], record["step"])
 
     def command(self, word: str, argument=None) -> None:
         if word == "verify" and not self._verify_safe():

@@ -10,8 +10,8 @@ import torch
 
 from kvtui.engine import ChatSession, SessionConfig
 from kvtui.engine.chat.session import SessionError
-from kvtui.engine.records.replay import _snapshot
-from kvtui.engine.records.snapshot import TokenBuffer
+from kvtui.engine.records.codec import from_record, to_record
+from kvtui.engine.records.snapshot import StepSnapshot, TokenBuffer
 
 TURNS = ["Let's start by defining a variable k equal to 5. What is k?", "Now multiply k by 3. What is k?"]
 
@@ -92,7 +92,7 @@ def test_quantized_cache_reports_storage_and_measured_error(tiny_model, backend,
     assert result.max_abs_diff > 1e-6  # lossy: it is really quantized (not silently full precision)
     assert result.max_abs_diff <= result.tolerance and result.ok, result
     # the trace round-trips the new fields
-    again = _snapshot(last.to_record(), TokenBuffer(list(last.buffer)))
+    again = from_record(StepSnapshot, to_record(last), buffer=TokenBuffer(list(last.buffer)))
     assert again.layers == last.layers
 
 

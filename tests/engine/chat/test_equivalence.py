@@ -115,7 +115,8 @@ def test_no_cache_session_is_the_full_forward_and_matches_cached_decoding(tiny_m
     with torch.inference_mode():
         full = model(input_ids=torch.tensor([before[:-3]]), use_cache=False).logits[0, -1].float()
     assert torch.allclose(session.last_logits, full, atol=1e-6)
-    from kvtui.engine.records.replay import _snapshot
+    from kvtui.engine.records.codec import from_record, to_record
+    from kvtui.engine.records.snapshot import StepSnapshot
 
-    again = _snapshot(session.last.to_record(), session.last.buffer)
+    again = from_record(StepSnapshot, to_record(session.last), buffer=session.last.buffer)
     assert again.uncached and again.layers == ()

@@ -18,6 +18,7 @@ from transformers import DynamicCache, LlamaConfig, StaticCache
 
 from kvtui.engine.chat.sampling import Sampler, SamplerSettings, chosen_from_top, top_token_rows, top_tokens
 from kvtui.engine.reading import introspect
+from kvtui.engine.records.codec import to_record
 from kvtui.engine.records.snapshot import BufferToken, LayerInfo, StepSnapshot, TokenBuffer, TopToken
 from kvtui.engine.records.trace import LineWriter, TraceWriter, record_line
 
@@ -130,7 +131,7 @@ def test_a_step_is_serialised_once_for_every_sink():
         buffer=TokenBuffer([BufferToken(0, 5, "a", False, "fed", 1)]),
     )
     line = record_line(snapshot)
-    assert json.loads(line) == json.loads(json.dumps(snapshot.to_record())) and line.endswith(b"\n")
+    assert json.loads(line) == json.loads(json.dumps(to_record(snapshot))) and line.endswith(b"\n")
     assert record_line(snapshot) is line  # the second sink reuses the text
 
 
@@ -213,13 +214,13 @@ def _written(snapshot) -> dict:
 
 
 def _plain_record(snapshot) -> dict:
-    return json.loads(json.dumps(snapshot.to_record(), ensure_ascii=False, allow_nan=False))
+    return json.loads(json.dumps(to_record(snapshot), ensure_ascii=False, allow_nan=False))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_the_written_step_line_is_the_step_record(tiny_model, arch):
     """The writer serialises a step's dataclasses directly (orjson); the line must read back as exactly the
-    record `to_record()` builds: kvtui's own session (sampler on, sliding layers on gemma3) and a watched
+    record `to_record(snapshot)` builds: kvtui's own session (sampler on, sliding layers on gemma3) and a watched
     batch (rows, lineage)."""
     from kvtui.engine.chat.session import ChatSession, SessionConfig
     from kvtui.engine.chat.settings import SamplerSettings

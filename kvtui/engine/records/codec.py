@@ -1,0 +1,371 @@
+"""The one codec between the record values (snapshot.py) and the dicts a trace, a stream or a pipe carries.
+
+`to_record(value)` turns a Diagnostic, BufferToken, TopToken, LayerInfo, VerifyResult, RowView or
+StepSnapshot into its dict; `from_record(Type, record)` turns one back, older traces' records included
+(fields added after trace schema 1 came out take their defaults). The trace's own lines are built here
+too: `step_record`, `buffer_record`, `diagnostic_record`, `verify_record`. Nothing else in kvtui converts
+a record value field by field, so a field added to a value type is written and read in this file only.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from typing import Any, TypeVar
+
+from .snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken, VerifyResult
+
+_T = TypeVar("_T")
+
+
+def to_record(value) -> dict:
+    """A record value as the dict a trace or a pipe carries (tuples become lists)."""
+    return _ENCODERS[type(value)](value)
+
+
+def from_record(kind: type[_T], record: dict, **context: Any) -> _T:
+    """The value of type `kind` a record holds. A step or a row also takes the `buffer` (TokenBuffer) the
+    reader rebuilt from the fed tokens, a step its `rows`; a diagnostic of a step line takes its `step`."""
+    return _DECODERS[kind](record, **context)
+
+
+# ---- the trace's lines ------------------------------------------------------------------------------
+
+
+def buffer_record(buffer: Sequence[BufferToken]) -> dict:
+    """The trace's `buffer` line, written after each turn."""
+    return {"type": "buffer", "tokens": [_token_record(t) for t in buffer]}
+
+
+def diagnostic_record(d: Diagnostic, step: int | None = None) -> dict:
+    """The trace's `diagnostic` line: an alarm raised outside a forward (`step`: numbered in another stream)."""
+    return {"type": "diagnostic", "step": d.step if step is None else step, **_alarm_record(d)}
+
+
+def verify_record(result: VerifyResult, step: int) -> dict:
+    """The trace's `verify` line: a full recompute's verdict after step `step`."""
+    return {"type": "verify", "step": step, **_verify_record(result)}
+
+
+def step_record(s: StepSnapshot, objects: bool = False) -> dict:
+    """The trace's `step` line (see README, trace schema 1). `objects`: for orjson, which writes a tuple
+    as the list it is in the record: layers, top tokens and fed tokens become dicts of their fields as
+    they are (one generated dict display each), the bytes orjson writes for the dataclass itself, at
+    half its cost (orjson reads a slotted dataclass field by field: ~0.7 µs a TopToken, the display
+    ~0.3)."""
+    layer_record, top_record, token_record = (
+        (_LAYER_FIELDS_AS_IS, _TOP_FIELDS_AS_IS, _TOKEN_FIELDS_AS_IS)
+        if objects
+        else (_layer_record, _top_record, _token_record)
+    )
+    return {
+        "type": "step",
+        "step": s.step,
+        "phase": s.phase,
+        "turn": s.turn,
+        "input_ids": list(s.input_ids),
+        "positions": list(s.positions),
+        "fed": [token_record(t) for t in s.buffer[len(s.buffer) - len(s.input_ids) :]],
+        "cursor": s.cursor,
+        "cache_seq_length": s.cache_seq_length,
+        "capacity": s.capacity,
+        "layers": [layer_record(layer) for layer in s.layers],
+        "topk": [top_record(t) for t in s.topk],
+        "topk_processed": [top_record(t) for t in s.topk_processed],
+        "watched": [top_record(t) for t in s.watched],
+        "chosen": None if s.chosen is None else {**_top_record(s.chosen), "forced": s.chosen_forced},
+        "turn_done": s.turn_done,
+        "diagnostics": [_alarm_record(d) for d in s.diagnostics],  # the step's number is the line's
+        "ms": {"forward": round(s.forward_ms, 3), "snapshot": round(s.snapshot_ms, 3)},
+        "buffer_length": len(s.buffer),
+        **(
+            {"attention": {"layer": s.attention_layer, "weights": list(s.attention)}} if s.attention is not None else {}
+        ),
+        **(_watch_record(s, top_record, token_record) if s.source != "session" else {}),
+        **({"compile": {"compile_ms": s.compile_ms, "recompiles": s.recompiles}} if s.compiled else {}),
+        **({"uncached": True} if s.uncached else {}),
+    }
+
+
+def _watch_record(s: StepSnapshot, top_record, token_record) -> dict:
+    """A watched program's step: what the caller asked for, which cache, its lineage, every batch row."""
+    record: dict[str, Any] = {
+        "source": s.source,
+        "caller": s.caller,
+        "cache_id": s.cache_id,
+        "cache_length_before": s.cache_length_before,
+        "requested": {
+            "position_ids": _maybe_list(s.requested_positions),
+            "cache_position": _maybe_list(s.requested_cache_position),
+        },
+        "positions_source": s.positions_source,
+        "batch": s.batch,
+        "row": s.row,
+        "lineage": {
+            "parent": s.cache_parent,
+            "copied_at": s.cache_copied_at,
+            "unknown_prefix": s.cache_unknown,
+        },
+        "model": s.model,
+        "thread": s.thread,
+        "recomputed": s.recomputed,
+    }
+    if s.rows:
+        record["rows"] = [_row_record(r, top_record, token_record) for r in s.rows]
+    return record
+
+
+# ---- values to dicts ----------------------------------------------------------------------------------
+
+
+def _fields_as_is(cls: type):
+    """A function: instance -> {field: value} in field order, values as they are (tuples stay tuples)."""
+    names = [f.name for f in fields(cls)]
+    source = "lambda o: {" + ", ".join(f"{name!r}: o.{name}" for name in names) + "}"
+    return eval(source)  # noqa: S307  (generated from the class's own field names, as dataclasses does)
+
+
+_LAYER_FIELDS_AS_IS = _fields_as_is(LayerInfo)
+_TOP_FIELDS_AS_IS = _fields_as_is(TopToken)
+_TOKEN_FIELDS_AS_IS = _fields_as_is(BufferToken)
+
+_LAYER_FIELDS = tuple(f.name for f in fields(LayerInfo))
+_LAYER_VALUES = operator.attrgetter(*_LAYER_FIELDS)
+_TUPLE_FIELDS = ("k_shape", "v_shape", "states")  # the fields that hold tuples (lists in a record)
+
+
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _maybe_list(values):
+    return None if values is None else list(values)
+
+
+def _layer_record(layer: LayerInfo) -> dict:
+    # field by field, not dataclasses.asdict: asdict deep-copies and cost ~3 ms a step on 30 layers
+    record = dict(zip(_LAYER_FIELDS, _LAYER_VALUES(layer)))  # every field, read in one call
+    for name in _TUPLE_FIELDS:
+        record[name] = _plain(record[name])
+    return record
+
+
+def _top_record(t: TopToken) -> dict:
+    return {"id": t.id, "text": t.text, "logit": t.logit, "prob": t.prob, "rank": t.rank}
+
+
+def _token_record(t: BufferToken) -> dict:
+    return {
+        "position": t.position,
+        "id": t.id,
+        "piece": t.piece,
+        "special": t.special,
+        "origin": t.origin,
+        "turn": t.turn,
+    }
+
+
+def _alarm_record(d: Diagnostic) -> dict:
+    """An alarm without its step: in a step line (the step's own) or before the step of a diagnostic line."""
+    return {"code": d.code, "severity": d.severity, "message": d.message}
+
+
+def _diagnostic_record(d: Diagnostic) -> dict:
+    return {**_alarm_record(d), "step": d.step}
+
+
+def _verify_record(v: VerifyResult) -> dict:
+    return {
+        "max_abs_diff": v.max_abs_diff,
+        "tolerance": v.tolerance,
+        "topk_agree": v.topk_agree,
+        "cached_top": list(v.cached_top),
+        "recomputed_top": list(v.recomputed_top),
+        "tokens": v.tokens,
+        "ok": v.ok,
+        "ms": v.ms,
+    }
+
+
+def _row_record(r: RowView, top_record=_top_record, token_record=_token_record) -> dict:
+    return {
+        "row": r.row,
+        "input_ids": list(r.input_ids),
+        "positions": list(r.positions),
+        "fed": [token_record(t) for t in r.buffer[len(r.buffer) - len(r.input_ids) :]],
+        "buffer_length": len(r.buffer),
+        "topk": [top_record(t) for t in r.topk],
+    }
+
+
+_ENCODERS: dict[type, Callable[[Any], dict]] = {
+    BufferToken: _token_record,
+    TopToken: _top_record,
+    LayerInfo: _layer_record,
+    Diagnostic: _diagnostic_record,
+    VerifyResult: _verify_record,
+    RowView: _row_record,
+    StepSnapshot: step_record,
+}
+
+
+# ---- dicts to values ----------------------------------------------------------------------------------
+
+
+def _token(record: dict) -> BufferToken:
+    return BufferToken(
+        position=record["position"],
+        id=record["id"],
+        piece=record["piece"],
+        special=record["special"],
+        origin=record["origin"],
+        turn=record.get("turn", 0),
+    )
+
+
+def _top(record: dict) -> TopToken:
+    return TopToken(
+        id=record["id"], text=record["text"], logit=record["logit"], prob=record["prob"], rank=record.get("rank", 0)
+    )
+
+
+def _maybe_top(record: dict | None) -> TopToken | None:
+    return None if record is None else _top(record)
+
+
+def _diagnostic(record: dict, step: int | None = None) -> Diagnostic:
+    return Diagnostic(record["code"], record["severity"], record["message"], record["step"] if step is None else step)
+
+
+def _verify(record: dict) -> VerifyResult:
+    return VerifyResult(
+        max_abs_diff=record["max_abs_diff"],
+        tolerance=record["tolerance"],
+        topk_agree=record["topk_agree"],
+        cached_top=tuple(record["cached_top"]),
+        recomputed_top=tuple(record["recomputed_top"]),
+        tokens=record["tokens"],
+        ok=record["ok"],
+        ms=record["ms"],
+    )
+
+
+def _row(record: dict, buffer: TokenBuffer) -> RowView:
+    return RowView(
+        row=record["row"],
+        input_ids=tuple(record["input_ids"]),
+        positions=tuple(record["positions"]),
+        topk=tuple(_top(t) for t in record["topk"]),
+        buffer=buffer,
+    )
+
+
+def _extra_layer_fields(record: dict) -> dict:
+    """The LayerInfo fields added after trace schema 1 came out; absent in older traces (defaults then)."""
+    out = {}
+    if record.get("states"):
+        out["states"] = tuple((str(name), tuple(shape)) for name, shape in record["states"])
+    for key in (
+        "state_bytes",
+        "quant_bits",
+        "quant_group",
+        "quant_bytes",
+        "residual",
+        "residual_capacity",
+        "offloaded",
+    ):
+        if key in record:
+            out[key] = record[key]
+    return out
+
+
+def _layer(layer: dict) -> LayerInfo:
+    return LayerInfo(
+        index=layer["index"],
+        kind=layer["kind"],
+        k_shape=tuple(layer["k_shape"]),
+        v_shape=tuple(layer["v_shape"]),
+        dtype=layer["dtype"],
+        device=layer["device"],
+        bytes=layer["bytes"],
+        filled=layer["filled"],
+        capacity=layer.get("capacity"),
+        window=layer.get("window"),
+        seen=layer.get("seen", layer["filled"]),
+        held_from=layer.get("held_from", 0),
+        **_extra_layer_fields(layer),
+    )
+
+
+def _step(record: dict, buffer: TokenBuffer, rows: tuple[RowView, ...] | None = None) -> StepSnapshot:
+    """A step line's snapshot; `buffer` holds the tokens its cache held after it (the reader rebuilds it
+    from each step's fed tokens), `rows` a watched batch's rows (rebuilt the same way)."""
+    step = record["step"]
+    attention = record.get("attention")
+    ms = record.get("ms") or {}
+    return StepSnapshot(
+        step=step,
+        phase=record.get("phase", "decode"),
+        turn=record.get("turn", 0),
+        input_ids=tuple(record["input_ids"]),
+        positions=tuple(record["positions"]),
+        cursor=record["cursor"],
+        cache_seq_length=record["cache_seq_length"],
+        capacity=record.get("capacity"),
+        layers=tuple(_layer(layer) for layer in record["layers"]),
+        topk=tuple(_top(t) for t in record["topk"]),
+        topk_processed=tuple(_top(t) for t in record.get("topk_processed", [])),
+        watched=tuple(_top(t) for t in record.get("watched", [])),
+        chosen=_maybe_top(record.get("chosen")),
+        chosen_forced=bool((record.get("chosen") or {}).get("forced")),
+        diagnostics=tuple(_diagnostic(d, step) for d in record.get("diagnostics", [])),
+        forward_ms=ms.get("forward", 0.0),
+        snapshot_ms=ms.get("snapshot", 0.0),
+        buffer=buffer,
+        turn_done=record.get("turn_done", False),
+        attention=tuple(attention["weights"]) if attention else None,
+        attention_layer=attention["layer"] if attention else None,
+        compiled="compile" in record,
+        compile_ms=(record.get("compile") or {}).get("compile_ms"),
+        recompiles=(record.get("compile") or {}).get("recompiles", 0),
+        uncached=bool(record.get("uncached")),
+        **_watch_fields(record, rows),
+    )
+
+
+def _watch_fields(record: dict, rows: tuple[RowView, ...] | None) -> dict:
+    if record.get("source", "session") == "session":
+        return {}
+    requested = record.get("requested") or {}
+    lineage = record.get("lineage") or {}
+    maybe = lambda values: None if values is None else tuple(values)  # noqa: E731
+    return {
+        "source": record["source"],
+        "caller": record.get("caller"),
+        "cache_id": record.get("cache_id"),
+        "cache_length_before": record.get("cache_length_before"),
+        "requested_positions": maybe(requested.get("position_ids")),
+        "requested_cache_position": maybe(requested.get("cache_position")),
+        "positions_source": record.get("positions_source"),
+        "batch": record.get("batch", 1),
+        "row": record.get("row", 0),
+        "rows": rows,
+        "cache_parent": lineage.get("parent"),
+        "cache_copied_at": lineage.get("copied_at"),
+        "cache_unknown": lineage.get("unknown_prefix") or 0,
+        "model": record.get("model"),
+        "thread": record.get("thread"),
+        "recomputed": record.get("recomputed", 0),
+    }
+
+
+_DECODERS: dict[type, Callable[..., Any]] = {
+    BufferToken: _token,
+    TopToken: _top,
+    LayerInfo: _layer,
+    Diagnostic: _diagnostic,
+    VerifyResult: _verify,
+    RowView: _row,
+    StepSnapshot: _step,
+}
