@@ -30,7 +30,7 @@ from kvtui.engine.records.snapshot import (
 )
 from kvtui.engine.records.trace import read_trace, record_line
 
-SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "seed-conversation.trace.jsonl"
+SAMPLE = Path(__file__).resolve().parents[3] / "samples" / "seed-conversation.trace.jsonl"
 # the lines of test_the_trace_lines_keep_their_bytes, as kvtui wrote them before the codec (commit e127b10)
 GOLDEN = Path(__file__).with_name("codec_golden.jsonl")
 
