@@ -3,7 +3,8 @@
 The app takes its source as an argument (kvtui/drivers): kvtui's own chat in the engine process (the default),
 a watched program, or a trace. The source's worker thread posts snapshots (`post_message` is thread-safe;
 snapshots coalesce in run mode); keys become the source's commands, and a key the source cannot honour is
-dimmed, with the reason in help and in the note a press gives.
+dimmed, with the reason in help and in the note a press gives. A source asks of the app only what
+drivers/base.py `Viewer` lists; the app calls on it only what `Driver` declares.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 from textual import events, on
 from textual.app import App, ComposeResult
@@ -20,6 +23,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.reactive import reactive
+from textual.timer import Timer
 from textual.widgets import Footer, Input
 from textual.worker import Worker, WorkerState
 
@@ -143,7 +147,6 @@ class KvtuiApp(App):
         for binding in self.driver.BINDINGS:  # the source's own keys replace the app's (this instance's map)
             for key in binding.key.split(","):
                 self._bindings.key_to_bindings[key.strip()] = [replace(binding, key=key.strip())]
-        self.session: RemoteSession | None = None  # a live session's facts as its records say (the own chat's)
         self._ui_before_prefill: float | None = None
         self._ui_before_verify: float | None = None
         self.latest: StepSnapshot | None = None
@@ -162,7 +165,7 @@ class KvtuiApp(App):
         # meter are only comparable when neither was slowed by the UI (on 2 cores it competes)
         self._prefill_ui_ms: float | None = None
         self._verify_ui_ms: float | None = None
-        self._paint_timer = None
+        self._paint_timer: Timer | None = None
         self._auto_hz: float = REFRESH_HZ
         self._hz_checked = float("-inf")
         self._themes = load_themes()
@@ -203,10 +206,10 @@ class KvtuiApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self._status_bar = self.query_one(StatusBar)  # for the engine reader thread (pump): no DOM query there
+        self._status_bar = self.query_one(StatusBar)  # for record_step on a reader thread: no DOM query there
         self._apply_layout()
         self.query_one(ChatPane).input.focus()
-        self._update_title()
+        self.update_title()
         self.driver.start()
 
     def on_resize(self, event) -> None:
@@ -252,6 +255,11 @@ class KvtuiApp(App):
         return cls(config, source=ProgramDriver(target, args, **how))
 
     @property
+    def session(self) -> RemoteSession | None:
+        """A live session's facts as its records say (kvtui's own chat's, once its model is loaded)."""
+        return self.driver.session
+
+    @property
     def engine_busy(self) -> bool:
         """A command is still running at the source (or on its way there)."""
         return self.driver.busy
@@ -259,19 +267,66 @@ class KvtuiApp(App):
     def on_call(self, message: Call) -> None:
         message.callback(*message.args)
 
+    # ---- what a source may ask of the app (drivers/base.py Viewer; UI thread unless it says otherwise) ----
+
+    def run_reader(self, read: Callable[[], None], *, name: str, group: str) -> None:
+        """`read` in a thread worker, one at a time in `group`; its error becomes an alarm (below)."""
+        self.run_worker(read, name=name, group=group, thread=True, exclusive=True, exit_on_error=False)
+
+    def describe_model(self, text: str, *, status: str | None = None) -> None:
+        """What the status line says of the source beside each step's numbers: shown now (or `status`)."""
+        self.model_text = text
+        self.show_status(text if status is None else status)
+
+    def show_status(self, text: str) -> None:
+        """The status line says `text` until the next step repaints it (progress, a stopped engine)."""
+        self.query_one(StatusBar).set_text(text)
+
+    def record_step(self, snapshot: StepSnapshot) -> None:
+        """A step's sparkline points and tok/s sample (decode steps only: a compiling step is not a slow one).
+        Safe on a source's reader thread: deque appends, which the UI thread reads as copies when it paints."""
+        self._status_bar.record(snapshot)
+        if snapshot.phase == "decode" and snapshot.compile_ms is None:
+            self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
+
+    def replay_step_history(self, snapshots: Sequence[StepSnapshot]) -> None:
+        """The sparklines and the tok/s window hold these steps and no others."""
+        self._status_bar.latency.clear()
+        self._status_bar.cache_size.clear()
+        self._recent_ms.clear()
+        for snapshot in snapshots:
+            self.record_step(snapshot)
+
+    def set_prefill(self, prefill: StepSnapshot | None) -> None:
+        """This turn's prefill, which the reuse meter reads (a source that moves between turns says which)."""
+        self._prefill = prefill
+
+    def start_ui_timing(self, forward: Literal["prefill", "verify"], cpu: float | None) -> None:
+        """A prefill or a verify was sent; `cpu`: the UI thread's CPU seconds now (None: not measured)."""
+        if forward == "prefill":
+            self._ui_before_prefill = cpu
+        else:
+            self._ui_before_verify = cpu
+
+    def show_live(self) -> None:
+        """Repaint the live step (unless one is pinned): what the driver shows of it changed (another row)."""
+        if self.latest is not None and self.pinned_step is None:
+            self._show(self.latest)
+            self._show_chat()
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR:
             error = event.worker.error
             text = f"{type(error).__name__}: {error}"
-            self._worker_error(
+            self.report_error(
                 f"{event.worker.name}: {text}", text, SESSION_KEPT, "error in the model worker (session kept)"
             )
 
-    def _worker_error(self, alarm: str, text: str, next_steps: str, title: str, timeout: float = 10) -> None:
-        """A `worker-error` alarm at the live step (the engine never saw it), and a notification saying what next."""
+    def report_error(self, alarm: str, text: str, next_steps: str, title: str, timeout: float = 10) -> None:
+        """A `worker-error` alarm at the live step (the source never saw it), and a notice saying what next."""
         step = self.latest.step if self.latest else 0
         self.app_diagnostics.append(Diagnostic("worker-error", "error", alarm, step))
-        self._show_diagnostics()
+        self.show_diagnostics()
         self.notify(f"{text}\n{next_steps}", title=title, severity="error", timeout=timeout)
 
     # ---- snapshots -> panes ----------------------------------------------------------------------
@@ -290,8 +345,7 @@ class KvtuiApp(App):
             if self._ui_before_prefill is not None:
                 self._prefill_ui_ms, self._ui_before_prefill = _ui_ms_since(self._ui_before_prefill), None
         if not message.recorded:
-            self._time_step(snapshot)
-            self.query_one(StatusBar).record(snapshot)
+            self.record_step(snapshot)
         # Repaint at most repaint_hz times a second: on 2 busy cores every repaint takes CPU from the engine process.
         wait = self._last_paint + 1 / self.repaint_hz() - time.monotonic()
         if wait <= 0 or not message.running:  # single steps paint at once
@@ -300,11 +354,6 @@ class KvtuiApp(App):
             self._paint()
         elif self._paint_timer is None:
             self._paint_timer = self.set_timer(wait, self._paint)
-
-    def _time_step(self, snapshot: StepSnapshot) -> None:
-        """The tok/s window: decode steps only (a compiling step is not a slow step)."""
-        if snapshot.phase == "decode" and snapshot.compile_ms is None:
-            self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
 
     def repaint_hz(self) -> float:
         """Pane repaints per second while the model runs: --refresh HZ when given; else MAX_REFRESH_HZ while a
@@ -334,7 +383,7 @@ class KvtuiApp(App):
                 peak = max(snapshot.attention) or 1.0
                 buffer_pane.attention = [w / peak for w in snapshot.attention]
         self._show_chat()
-        self._show_diagnostics()
+        self.show_diagnostics()
         recent = list(self._recent_ms)  # one C call: the engine reader thread appends
         speed = 1000 * len(recent) / sum(recent) if recent else None
         self.query_one(StatusBar).show(snapshot, self.model_text, speed)
@@ -348,14 +397,14 @@ class KvtuiApp(App):
             if self._ui_before_verify is not None:
                 self._verify_ui_ms, self._ui_before_verify = _ui_ms_since(self._ui_before_verify), None
         if record.get("error"):  # an exception in the engine: said as an alarm; the engine kept its session
-            self._worker_error(
+            self.report_error(
                 f"{record['done']}: {record['error']}",
                 record["error"],
                 SESSION_KEPT,
                 "error in the engine (session kept)",
             )
         self._show_chat()
-        self._show_diagnostics()
+        self.show_diagnostics()
         if message.note:
             self.notify(message.note, severity=message.severity, timeout=6 if message.severity != "error" else 12)
         if not self.messages:
@@ -401,7 +450,11 @@ class KvtuiApp(App):
             text += " · v measures a full re-encode"
         return text
 
-    def _show_diagnostics(self) -> None:
+    def show_diagnostics(self, diagnostics: tuple[Diagnostic, ...] | None = None) -> None:
+        """The source's alarms so far (None: those the app holds) with the app's own, in the diagnostics pane
+        and the alarm line."""
+        if diagnostics is not None:
+            self.diagnostics = diagnostics
         merged = tuple(sorted(self.diagnostics + tuple(self.app_diagnostics), key=lambda d: d.step))
         pane = self.query_one(DiagnosticsPane)
         pane.show_diagnostics(merged)
@@ -425,7 +478,7 @@ class KvtuiApp(App):
         self.pinned_step = None
         self.driver.command("send", text)
         self.query_one(TokenBufferPane).focus()
-        self._show_next_script_turn()
+        self.show_next_script_turn()
 
     def action_next_script_turn(self) -> None:
         """Enter outside the input (the cache pane has the focus after a send): the script's next turn."""
@@ -433,9 +486,10 @@ class KvtuiApp(App):
             return
         self.pinned_step = None
         self.driver.command("send", self.script_turns.pop(0))
-        self._show_next_script_turn()
+        self.show_next_script_turn()
 
-    def _show_next_script_turn(self) -> None:
+    def show_next_script_turn(self) -> None:
+        """The input's placeholder: the script's next turn, or how to type a message."""
         placeholder = (
             f"Enter (here or in the cache pane) sends the script's next turn: {self.script_turns[0]}"
             if self.script_turns
@@ -516,7 +570,7 @@ class KvtuiApp(App):
         self.driver.command("reset")
 
     def watch_step_mode(self) -> None:
-        self._update_title()
+        self.update_title()
 
     def action_toggle_step_mode(self) -> None:
         self.step_mode = not self.step_mode
@@ -524,7 +578,8 @@ class KvtuiApp(App):
             "step mode: Enter prefills, space steps" if self.step_mode else "run mode: Enter runs the turn", timeout=3
         )
 
-    def _update_title(self) -> None:
+    def update_title(self) -> None:
+        """The sub-title and the chat pane's border title again, from the driver's `title()`."""
         self.sub_title, border = self.driver.title()
         try:
             self.query_one(ChatPane).border_title = border
@@ -549,28 +604,28 @@ class KvtuiApp(App):
     def action_restart_engine(self) -> None:
         self.driver.restart()
 
-    # keys only some sources bind (their BINDINGS): the source does what they say
+    # keys only some sources bind (their BINDINGS): the source does what they say (Driver: not available)
     def action_break_on_alarm(self) -> None:
-        self.driver.toggle_break_on_alarm()  # type: ignore[attr-defined]
+        self.driver.toggle_break_on_alarm()
 
     def action_next_row(self) -> None:
-        self.driver.next_row()  # type: ignore[attr-defined]
+        self.driver.next_row()
 
     def action_next_model(self) -> None:
-        self.driver.next_model()  # type: ignore[attr-defined]
+        self.driver.next_model()
 
     # a program's stdin (drivers/program.py mounts the input line)
     @on(ProgramInput.Line)
     def send_line(self, message: ProgramInput.Line) -> None:
-        self.driver.send_line(message.text)  # type: ignore[attr-defined]
+        self.driver.send_line(message.text)
 
     @on(ProgramInput.EndInput)
     def end_input(self) -> None:
-        self.driver.end_input()  # type: ignore[attr-defined]
+        self.driver.end_input()
 
     @on(ProgramInput.Interrupt)
     def interrupt_program(self) -> None:
-        self.driver.interrupt()  # type: ignore[attr-defined]
+        self.driver.interrupt()
 
     @on(ProgramInput.Leave)
     def leave_input(self) -> None:

@@ -1,38 +1,165 @@
-"""What the app asks of its source. The defaults are those of a source that takes no command."""
+"""What the app and its source ask of each other: `Viewer`, all a driver may ask of the app showing it, and
+`Driver`, all the app asks of its source (the defaults are those of a source that takes no command)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 from textual.binding import Binding
+from textual.widget import Widget
 
 from ..engine.records.snapshot import StepSnapshot
 from ..widgets.chat_pane import ChatPane
 
 if TYPE_CHECKING:
-    from ..engine.records.snapshot import TopToken
+    from textual.message import Message
+    from textual.notifications import SeverityLevel
+    from textual.screen import Screen
+    from textual.timer import Timer
+
+    from ..engine.chat.remote import RemoteSession
+    from ..engine.records.snapshot import Diagnostic, TopToken
+
+WidgetType = TypeVar("WidgetType", bound=Widget)
+ScreenResult = TypeVar("ScreenResult")
 
 
 def ui_cpu() -> float | None:
     """CPU seconds the UI (main) thread has used so far; None where the OS cannot tell."""
+    ident = threading.main_thread().ident
+    if ident is None:
+        return None
     try:
-        return time.clock_gettime(time.pthread_getcpuclockid(threading.main_thread().ident))
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
     except (AttributeError, OSError, TypeError):
         return None
 
 
+class Viewer(Protocol):
+    """What a driver may ask of the app that shows it (KvtuiApp), and all it may: the app's state it reads, a
+    few of Textual's own methods, and the viewer's methods below. Every member is for the UI thread, except
+    `post_message` and `record_step`, which a source's worker thread may call."""
+
+    # ---- the app's state, read only -----------------------------------------------------------------
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def step_mode(self) -> bool:
+        """Enter only prefills; space steps (m toggles it)."""
+        ...
+
+    @property
+    def latest(self) -> StepSnapshot | None:
+        """The newest step the app was given (None before the first, or after a rewind to nothing)."""
+        ...
+
+    @property
+    def model_text(self) -> str:
+        """What the status line says of the source between steps (`describe_model` sets it)."""
+        ...
+
+    @property
+    def screen(self) -> Screen[object]: ...
+
+    # ---- Textual's ----------------------------------------------------------------------------------
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None: ...
+
+    def post_message(self, message: Message) -> bool:
+        """Thread-safe: how a source's worker thread hands the app its steps (SnapshotReady), its state
+        (SessionState) and the rest (Call), in order."""
+        ...
+
+    def query_one(self, selector: type[WidgetType]) -> WidgetType: ...
+
+    def set_interval(self, interval: float, callback: Callable[[], Any]) -> Timer: ...
+
+    def push_screen(self, screen: Screen[ScreenResult], callback: Callable[[ScreenResult | None], None]) -> Any: ...
+
+    # ---- the viewer's ---------------------------------------------------------------------------------
+
+    def run_reader(self, read: Callable[[], None], *, name: str, group: str) -> None:
+        """Run `read` (a source's reader) in a thread worker of its own: one at a time in `group`; an error
+        in it becomes a `worker-error` alarm, the app goes on."""
+        ...
+
+    def describe_model(self, text: str, *, status: str | None = None) -> None:
+        """What the status line says of the source (the model, the program, the trace), shown now and beside
+        every step's numbers; `status`: shown now instead (an error line)."""
+        ...
+
+    def show_status(self, text: str) -> None:
+        """The status line says `text` until the next step repaints it (progress, a stopped engine)."""
+        ...
+
+    def record_step(self, snapshot: StepSnapshot) -> None:
+        """A step's sparkline points and tok/s sample. Safe on a source's worker thread (deque appends, which
+        the UI thread reads as copies when it paints): there every step counts, also one whose SnapshotReady
+        a newer one replaced."""
+        ...
+
+    def replay_step_history(self, snapshots: Sequence[StepSnapshot]) -> None:
+        """The sparklines and the tok/s window hold these steps and no others (a trace shown at a step)."""
+        ...
+
+    def set_prefill(self, prefill: StepSnapshot | None) -> None:
+        """This turn's prefill, which the reuse meter reads (a source that moves between turns says which)."""
+        ...
+
+    def start_ui_timing(self, forward: Literal["prefill", "verify"], cpu: float | None) -> None:
+        """A prefill or a verify was sent: `cpu` is the UI thread's CPU seconds now (None: not measured). The
+        reuse meter says later whether the UI took a real share of the CPU while it ran."""
+        ...
+
+    def show_diagnostics(self, diagnostics: tuple[Diagnostic, ...] | None = None) -> None:
+        """The source's alarms so far (None: those the app holds) with the app's own, in the diagnostics pane
+        and the alarm line."""
+        ...
+
+    def report_error(self, alarm: str, text: str, next_steps: str, title: str, timeout: float = 10) -> None:
+        """A `worker-error` alarm at the live step (the source never saw it), and a notice saying what next."""
+        ...
+
+    def update_title(self) -> None:
+        """The sub-title and the chat pane's border title again, from the driver's `title()`."""
+        ...
+
+    def show_live(self) -> None:
+        """Repaint the live step (unless one is pinned): what the driver shows of it changed."""
+        ...
+
+    def show_next_script_turn(self) -> None:
+        """The input's placeholder: the script's next turn, or how to type a message."""
+        ...
+
+
 class Driver:
-    """One source of the app. Every method runs on the UI thread, except where it says otherwise."""
+    """One source of the app. Every method runs on the UI thread, except where it says otherwise. The app calls
+    nothing else: a capability only some sources have is here too, and does nothing (or says it is not
+    available) by default."""
 
     # keys of this source's own: each replaces the app's binding of the same key (the app's actions; see app.py)
     BINDINGS: ClassVar[list[Binding]] = []
     # actions this source cannot honour, with why: the key is dimmed, help says why, pressing it changes nothing
     UNAVAILABLE: ClassVar[dict[str, str]] = {}
-    app: Any  # the KvtuiApp showing this source (set by attach, before the app is mounted)
+    app: Viewer  # the KvtuiApp showing this source (set by attach, before the app is mounted)
+    # a live session's facts as its records say (kvtui's own chat, once its model is loaded); None for others
+    session: RemoteSession | None = None
 
-    def attach(self, app: Any) -> None:
+    def attach(self, app: Viewer) -> None:
         self.app = app
 
     def start(self) -> None:
@@ -97,3 +224,28 @@ class Driver:
 
     def restart(self) -> None:
         self.command("restart_engine")
+
+    # ---- keys only a watched program binds (ProgramDriver.BINDINGS) -----------------------------------
+
+    def toggle_break_on_alarm(self) -> None:
+        """b: pause the source after a step that raised an alarm (or stop doing so)."""
+        self.command("break_on_alarm")
+
+    def next_row(self) -> None:
+        """n: show the next row of a batch."""
+        self.command("next_row")
+
+    def next_model(self) -> None:
+        """M: show one model's steps, then the next model's, then every model's."""
+        self.command("next_model")
+
+    # ---- a program's stdin: only a source that mounts a ProgramInput hears from it --------------------
+
+    def send_line(self, text: str) -> None:
+        """A line typed to the program (a newline follows it)."""
+
+    def end_input(self) -> None:
+        """ctrl+d in the program's input: close its stdin."""
+
+    def interrupt(self) -> None:
+        """ctrl+c in the program's input: interrupt it."""

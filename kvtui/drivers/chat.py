@@ -12,19 +12,22 @@ import time
 from collections import deque
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.worker import get_current_worker
 
 from ..engine.chat.remote import RemoteSession, diagnostics_from
+from ..engine.chat.settings import SamplerSettings
 from ..engine.records.codec import from_record, to_record
 from ..engine.records.snapshot import Diagnostic, StepSnapshot, VerifyResult
 from ..messages import Call, SessionState, SnapshotReady
 from ..options import AppConfig
 from ..widgets.layers_pane import LayersPane
 from ..widgets.sampler_modal import SamplerModal
-from ..widgets.status_bar import StatusBar
 from .base import Driver, ui_cpu
+
+if TYPE_CHECKING:
+    from ..engine.records.replay import SnapshotBuilder
 
 HISTORY_STEPS = 512  # snapshots kept for "jump to step"; older steps live in the trace on disk
 
@@ -52,7 +55,7 @@ def _exit_reason(code: int | None, stderr: deque) -> str:
 
 
 class ChatDriver(Driver):
-    """The engine process's records in, its commands out. The session's facts (app.session) come from them."""
+    """The engine process's records in, its commands out. The session's facts (`session`) come from them."""
 
     def __init__(self, config: AppConfig, *, loaded=None, clock=None, loader=None, engine_setup=None):
         """`loaded`, `loader`, `clock` and `engine_setup` go to the engine process and must pickle (see
@@ -61,21 +64,21 @@ class ChatDriver(Driver):
         self.clock = clock
         self._engine_objects = dict(loaded=loaded, loader=loader, clock=clock, engine_setup=engine_setup)
         self.source: Any = None  # the engine process (engine/chat/host.py EngineSource)
+        self.session = None  # its facts, from its `ready` record on (None again while R restarts it)
         self.history: deque[StepSnapshot] = deque(maxlen=HISTORY_STEPS)  # the newest steps, every one
         self.load_failed = False
         self.dead: str | None = None  # why the engine process ended, until R restarts it
         self.queued: str | None = None  # a message sent before the model was ready: sent once it is
         self.pending = 0  # commands sent to the engine and not answered yet
-        self._builder = None  # step records -> snapshots; kept across engine restarts (the buffer goes on)
+        # step records -> snapshots; kept across engine restarts (the buffer goes on)
+        self._builder: SnapshotBuilder | None = None
         self._quitting = False
 
     # ---- the engine process -------------------------------------------------------------------------
 
     def start(self, restore: dict | None = None) -> None:
         """Start the engine process (it loads the model and streams its progress) and read it, in a worker."""
-        self.app.run_worker(
-            lambda: self._pump(restore), name="pump", group="engine", thread=True, exclusive=True, exit_on_error=False
-        )
+        self.app.run_reader(lambda: self._pump(restore), name="pump", group="engine")
 
     @property
     def busy(self) -> bool:
@@ -120,8 +123,7 @@ class ChatDriver(Driver):
             elif kind == "step":
                 snapshot = builder.add(record)
                 self.history.append(snapshot)  # every step, here: a repaint may coalesce the messages below
-                app._status_bar.record(snapshot)  # deque appends; the UI thread reads copies when it paints
-                app._time_step(snapshot)
+                app.record_step(snapshot)  # likewise: its sparkline point and tok/s sample
                 post(
                     SnapshotReady(
                         snapshot, messages, diagnostics, bool(facts and facts["running"]), facts, recorded=True
@@ -156,17 +158,16 @@ class ChatDriver(Driver):
 
     def _progress(self, text: str, fraction: float | None) -> None:
         share = f" {fraction:.0%}" if fraction is not None else ""
-        self.app.query_one(StatusBar).set_text(f"⏳ {text}{share}")
+        self.app.show_status(f"⏳ {text}{share}")
 
     def _ready(self, record: dict) -> None:
         app = self.app
         restarted = self.dead is not None
         self.dead = None
-        app.session = session = RemoteSession(record)
+        self.session = session = RemoteSession(record)
         if app.latest is not None:
             session.buffer = app.latest.buffer
-        app.model_text = session.description
-        app.query_one(StatusBar).set_text(app.model_text)
+        app.describe_model(session.description)
         app.query_one(LayersPane).set_model_info(session.query_heads, session.kv_heads)
         # What exists now (Textual, the panes, a `loaded=` model) lives as long as the app: out of the cyclic
         # collector's scans, whose full passes over it would take CPU from the engine while it runs.
@@ -174,7 +175,7 @@ class ChatDriver(Driver):
         gc.freeze()
         if restarted:
             return  # the restore command was queued with the start: its state says what happened
-        app._show_next_script_turn()
+        app.show_next_script_turn()
         if self.queued is not None:  # typed while the model loaded: send it now
             text, self.queued = self.queued, None
             app.notify(f"model ready: sending {text!r}", timeout=3)
@@ -189,8 +190,7 @@ class ChatDriver(Driver):
         if self.queued is not None:
             app.notify(f"not sent (no model): {self.queued!r}", severity="warning", timeout=10)
             self.queued = None
-        app.model_text = f"no model: {error}"
-        app.query_one(StatusBar).set_text(f"✗ {error}")
+        app.describe_model(f"no model: {error}", status=f"✗ {error}")
         app.notify(
             f"{error}\nq quits; fix the model or the options and start kvtui again",
             title="model not loaded",
@@ -201,8 +201,8 @@ class ChatDriver(Driver):
     def _exited(self, error: str) -> None:
         self.dead = error
         self.pending = 0
-        self.app.query_one(StatusBar).set_text(f"✗ engine stopped: {error} · R restarts it")
-        self.app._worker_error(
+        self.app.show_status(f"✗ engine stopped: {error} · R restarts it")
+        self.app.report_error(
             f"engine process: {error}",
             error,
             "R restarts the engine and replays the chat so far into a fresh cache; q quits",
@@ -217,12 +217,12 @@ class ChatDriver(Driver):
             app.notify("the engine is running: R restarts it only after it stopped", timeout=3)
             return
         restore = None
-        if app.session is not None:
+        if self.session is not None:
             tokens = app.latest.buffer if app.latest is not None else ()
-            restore = {"tokens": [to_record(t) for t in tokens], "state": app.session.restorable}
-        app.session = None
+            restore = {"tokens": [to_record(t) for t in tokens], "state": self.session.restorable}
+        self.session = None
         self.pending = 1 if restore else 0
-        app.query_one(StatusBar).set_text("⏳ restarting the engine")
+        app.show_status("⏳ restarting the engine")
         self.start(restore)
 
     def stop(self) -> None:
@@ -234,7 +234,7 @@ class ChatDriver(Driver):
 
     def command(self, action: str, argument: Any = None) -> None:
         app = self.app
-        if app.session is None and action == "send" and not self.load_failed and self.dead is None:
+        if self.session is None and action == "send" and not self.load_failed and self.dead is None:
             replaced = " (replaces the one queued before)" if self.queued is not None else ""
             self.queued = argument
             app.notify(f"queued {argument!r}{replaced}: it is sent when the model is ready", timeout=4)
@@ -242,21 +242,21 @@ class ChatDriver(Driver):
         if self.dead is not None:
             app.notify(f"the engine process stopped ({self.dead}): R restarts it", severity="warning")
             return
-        if app.session is None:
+        if self.session is None:
             app.notify(
                 "the model is not loaded yet" if "✗" not in app.model_text else app.model_text, severity="warning"
             )
             return
         run = not app.step_mode
         if action == "send":
-            app._ui_before_prefill = self._ui_cpu_now()
+            app.start_ui_timing("prefill", self._ui_cpu_now())
             argument = {"text": argument, "run": run}
         elif action == "force":
             argument = {"id": argument, "run": run}
         elif action == "sampler":
             argument = asdict(argument)
         elif action == "verify":
-            app._ui_before_verify = self._ui_cpu_now()
+            app.start_ui_timing("verify", self._ui_cpu_now())
         self.pending += 1
         self.source.command(action, argument)
 
@@ -267,8 +267,8 @@ class ChatDriver(Driver):
     def state(self, record: dict) -> None:
         if record.get("done"):
             self.pending = max(0, self.pending - 1)
-        if self.app.session is not None and record:
-            self.app.session.update(record)
+        if self.session is not None and record:
+            self.session.update(record)
 
     def pause(self) -> None:
         if self.source is not None:
@@ -285,23 +285,22 @@ class ChatDriver(Driver):
         return next((s for s in list(self.history) if s.step == step), None)  # list(): one C call, the pump appends
 
     def sampler(self) -> None:
-        app = self.app
-        if app.session is None:
-            app.notify("the model is not loaded yet", severity="warning")
+        if self.session is None:
+            self.app.notify("the model is not loaded yet", severity="warning")
             return
 
-        def apply(settings) -> None:
+        def apply(settings: SamplerSettings | None) -> None:
             if settings is not None:
                 self.command("sampler", settings)
 
-        app.push_screen(SamplerModal(app.session.sampler), apply)
+        self.app.push_screen(SamplerModal(self.session.sampler), apply)
 
     def attention(self, layer: int) -> None:
-        if self.app.session is not None:
+        if self.session is not None:
             self.source.command("attention", layer)  # an int swap there, read at the next forward
 
     def watch(self, token) -> None:
-        if self.app.session is None:
+        if self.session is None:
             self.app.notify("the model is not loaded yet", severity="warning")
             return
         self.source.command("watch", token.id)  # a tuple swap there, between two forwards; recorded
@@ -311,7 +310,7 @@ class ChatDriver(Driver):
 
     def save_trace(self) -> None:
         app = self.app
-        if app.session is None and app.latest is None:
+        if self.session is None and app.latest is None:
             app.notify("nothing recorded yet", severity="warning")
             return
         if self.config.trace_path is not None:

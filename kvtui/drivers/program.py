@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.worker import get_current_worker
 
@@ -20,7 +21,6 @@ from ..messages import Call, SnapshotReady
 from ..widgets.chat_pane import ChatPane, program_step_text
 from ..widgets.program_input import ProgramInput
 from ..widgets.program_output import ProgramOutput
-from ..widgets.status_bar import StatusBar
 from ..widgets.token_buffer import TokenBufferPane
 from .base import Driver
 
@@ -70,7 +70,7 @@ class ProgramDriver(Driver):
         title: str | None = None,
     ):
         """A program to start (`target`, `args`, `module`) or a started `source` (a TreeSource, a fake)."""
-        self._source_args = dict(
+        self._source_args: dict[str, Any] = dict(
             target=target,
             args=list(args or []),
             module=module,
@@ -107,9 +107,8 @@ class ProgramDriver(Driver):
         if hasattr(self.source, "write_stdin"):  # a program that reads its stdin from this input line
             chat.input.display = False  # the footer lists the keys; one input line, the program's
             chat.mount(ProgramInput(id="program-input"), before=chat.query_one("#reuse"))
-        app.model_text = f"watching {self.label} · waiting for its first model…"
-        app.query_one(StatusBar).set_text(app.model_text)
-        app.run_worker(self._pump, name="stream", group="stream", thread=True, exclusive=True, exit_on_error=False)
+        app.describe_model(f"watching {self.label} · waiting for its first model…")
+        app.run_reader(self._pump, name="stream", group="stream")
 
     def _pump(self) -> None:
         """(worker thread) Read the source's records; steps become snapshots (rebuilt exactly as replay does)."""
@@ -135,8 +134,7 @@ class ProgramDriver(Driver):
         app = self.app
         kind = record.get("type")
         if diagnostics is not None:
-            app.diagnostics = diagnostics
-            app._show_diagnostics()
+            app.show_diagnostics(diagnostics)
         if kind == "output":
             app.query_one(ProgramOutput).add(record["stream"], record["text"], bool(record.get("partial")))
             if record.get("partial") and record["stream"] == "stdout" and not self._prompted:
@@ -145,11 +143,10 @@ class ProgramDriver(Driver):
                 if program_input is not None and not program_input.disabled and not isinstance(app.screen, ModalScreen):
                     program_input.focus()
         elif kind == "header":
-            app.model_text = (
+            app.describe_model(
                 f"watching {self.label} · {record.get('model_class', '?')} · {record.get('device', '?')} · "
                 f"{record.get('dtype', '?')} · transformers {record.get('transformers', '?')}"
             )
-            app.query_one(StatusBar).set_text(app.model_text)
         elif kind == "paused":
             self._set_paused(True)
         elif kind == "break":
@@ -181,7 +178,7 @@ class ProgramDriver(Driver):
 
     def _set_paused(self, paused: bool) -> None:
         self.paused = paused
-        self.app._update_title()
+        self.app.update_title()
 
     def stop(self) -> None:
         if self.source is not None:
@@ -205,8 +202,10 @@ class ProgramDriver(Driver):
     # ---- the program's stdin ------------------------------------------------------------------------
 
     def _program_input(self) -> ProgramInput | None:
-        found = self.app.query(ProgramInput)
-        return found.first() if found else None
+        try:
+            return self.app.query_one(ProgramInput)
+        except NoMatches:  # a source that reads no stdin has none
+            return None
 
     def _close_input(self, why: str) -> None:
         program_input = self._program_input()
@@ -295,9 +294,7 @@ class ProgramDriver(Driver):
         self.row = (self.row + 1) % batch
         if batch == 1:
             app.notify("batch of one: no other row", timeout=2)
-        if app.latest is not None and app.pinned_step is None:
-            app._show(app.latest)
-            app._show_chat()
+        app.show_live()
 
     def next_model(self) -> None:
         """Show one model's steps (a draft and its target, two models in threads), then all again."""

@@ -14,7 +14,8 @@ from ..engine.records.snapshot import StepSnapshot
 from ..engine.records.trace import Trace, TraceError, read_trace
 from ..messages import Call, SnapshotReady
 from ..widgets.chat_pane import ChatPane, program_step_text
-from ..widgets.status_bar import HISTORY, StatusBar
+from ..widgets.status_bar import HISTORY
+from ..widgets.token_buffer import TokenBufferPane
 from .base import Driver
 
 PLAY_INTERVAL = 0.1  # seconds between steps while playing
@@ -50,11 +51,9 @@ class TraceDriver(Driver):
     def start(self) -> None:
         app = self.app
         app.query_one(ChatPane).input.disabled = True
-        app.query_one("#buffer").focus()
+        app.query_one(TokenBufferPane).focus()
         if self.follow:
-            app.run_worker(
-                self._follow, name="follow", group="follow", thread=True, exclusive=True, exit_on_error=False
-            )
+            app.run_reader(self._follow, name="follow", group="follow")
             return
         self._describe()
         if self.replay.trace.truncated:  # read_trace dropped a last line cut short by a crash
@@ -67,8 +66,7 @@ class TraceDriver(Driver):
     def _describe(self) -> None:
         """The status line and the input's placeholder: the same for a finished and a followed trace."""
         app = self.app
-        app.model_text = self.replay.describe()
-        app.query_one(StatusBar).set_text(app.model_text)
+        app.describe_model(self.replay.describe())
         app.query_one(
             ChatPane
         ).input.placeholder = f"replaying {self.trace_path.name}: {len(self.replay)} steps (space/u to step, r to play)"
@@ -106,15 +104,9 @@ class TraceDriver(Driver):
         self.position = index
         self.at_end = index == len(self.replay) - 1
         snapshot = self.replay.snapshots[index]
-        app._prefill = self.replay.prefill_for(index)  # this turn's, however the step was reached
+        app.set_prefill(self.replay.prefill_for(index))  # this turn's, however the step was reached
         # the sparklines and tok/s of the steps up to this one, however it was reached (played, stepped, followed)
-        bar = app.query_one(StatusBar)
-        bar.latency.clear()
-        bar.cache_size.clear()
-        app._recent_ms.clear()
-        for recorded in self.replay.snapshots[max(0, index - HISTORY + 1) : index + 1]:
-            bar.record(recorded)
-            app._time_step(recorded)
+        app.replay_step_history(self.replay.snapshots[max(0, index - HISTORY + 1) : index + 1])
         diagnostics = self.replay.diagnostics_through(index)
         app.post_message(SnapshotReady(snapshot, self._messages(snapshot), diagnostics, running=False, recorded=True))
         if self._player is None and not quiet:  # stepping: say what happened right after this step
