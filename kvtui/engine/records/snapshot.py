@@ -184,6 +184,39 @@ class RowView:
     positions: tuple[int, ...]  # applied
     topk: tuple[TopToken, ...]
     buffer: TokenBuffer = field(compare=False)
+    request_id: str | None = None  # a continuous-batching forward: the request this row is (a lane)
+
+
+@frozen
+class RequestView:
+    """One request (a lane) of a continuous-batching forward: many requests packed into one forward over a
+    paged cache (transformers' generate_batch / `transformers serve --continuous-batching`)."""
+
+    request_id: str  # the id transformers or the server gave it
+    status: str  # what kvtui saw: waiting / prefilling / decoding / finished / failed
+    phase: str  # this forward: prefill / prefill-chunk / decode, "" when it was not in this forward
+    fed: int  # tokens this forward fed it (0: not in this forward)
+    held: int  # tokens its cache holds after this forward (prompt + generated so far)
+    prompt_length: int
+    generated: int
+    prefix_hit: int = 0  # prompt tokens it found already held (shared blocks), never recomputed
+    recomputed: int = 0  # prompt tokens it prefilled that another request's blocks already held
+    blocks: tuple[tuple[str, tuple[int, ...]], ...] = ()  # per cache group: (group, its block table)
+    shared: int = 0  # of its blocks, how many other requests also reference (prefix sharing)
+
+
+@frozen
+class PagedGroupView:
+    """One cache group of a paged cache (full or sliding attention layers): its blocks, used, shared, free."""
+
+    name: str
+    layers: int
+    block_tokens: int  # tokens per block
+    total: int
+    used: int  # distinct blocks in live block tables
+    free: int
+    shared: int  # blocks referenced by more than one request
+    cached: int  # blocks nobody references, kept for reuse (prefix cache)
 
 
 @frozen
@@ -229,6 +262,10 @@ class StepSnapshot:
     model: str | None = None  # "model 1: draft" when a program runs several models
     recomputed: int = 0  # prefill tokens another cache of the same model already held (recomputed-prefix)
     thread: str | None = None  # the thread that called, off the main thread ("Thread-2 (generate), started at x.py:3")
+    # continuous batching (a packed forward over a paged cache): every live request, the ones this forward fed
+    # first in packing order, and the paged cache's groups; `rows` then holds one view per fed request
+    requests: tuple[RequestView, ...] | None = None
+    paged: tuple[PagedGroupView, ...] | None = None
 
     @property
     def lineage(self) -> str | None:
