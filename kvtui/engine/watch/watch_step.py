@@ -37,7 +37,7 @@ from .patches import Registry
 class Call:
     """One top-level forward in flight (between the probe's before and after)."""
 
-    probe: Any  # the probe of the model called (a probe._Probe: probe imports this module, not the reverse)
+    probe: Any  # the probe of the model called (a hooks.Probe: hooks imports this module, not the reverse)
     caller: str
     thread: str | None  # the thread's name, off the main thread
     input_ids: list[list[int]] | None  # [batch][n]; None when only inputs_embeds were passed
