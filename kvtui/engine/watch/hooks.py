@@ -63,9 +63,9 @@ class Probe:
         owner = defining_class(type(model), "generate")
         if owner is not None:
             GENERATE_CODES.add(inspect.unwrap(owner.__dict__["generate"]).__code__)
-        self.position_modules = []
+        self._position_modules = []
         for module, source in position_modules(model):
-            self.position_modules.append(weakref.ref(module))
+            self._position_modules.append(weakref.ref(module))
             POSITIONS.add(module, (self, source))
             PATCHES.acquire(watcher, type(module), "__call__", peek_wrapper(POSITIONS.get, saw_positions))
 
@@ -92,7 +92,7 @@ class Probe:
         return f"model {self.index}" + (f": {self.role}" if self.role else "")
 
     def detach(self) -> None:
-        for ref in (self._model, *self.position_modules):
+        for ref in (self._model, *self._position_modules):
             held = ref()
             if held is not None:  # a collected one's entry is dead already
                 (MODELS if ref is self._model else POSITIONS).discard(held)
