@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .hooks import WatchRefused
 from .tokenizers import TOKENIZERS
 
-if TYPE_CHECKING:
-    from .probe import Watcher
+# a probe.Watcher: probe imports this module, so naming its class here (even for type checking) is an import
+# circle, which the package contract forbids
+AnyWatcher = Any
 
 
 class AutoAttach:
     """Watch every causal LM the program builds (`kvtui watch SCRIPT`): hooks model construction and
     tokenizer loading, for as long as it is installed."""
 
-    def __init__(self, watcher: Watcher):
+    def __init__(self, watcher: AnyWatcher):
         self.watcher = watcher
         self._undo: list[Callable[[], None]] = []
 
@@ -76,7 +77,7 @@ class AutoAttach:
             self._undo.pop()()
 
 
-def run_watched(watcher: Watcher, target: str, args: list[str], module: bool = False) -> tuple[int, list[str]]:
+def run_watched(watcher: AnyWatcher, target: str, args: list[str], module: bool = False) -> tuple[int, list[str]]:
     """Run a program (script or module) with every causal LM it builds watched by `watcher`; the patches are
     gone afterwards. Returns (the program's exit code, "name (Class)" of each model it watched)."""
     from .program import run_program

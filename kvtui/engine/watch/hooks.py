@@ -7,7 +7,7 @@ import inspect
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -16,8 +16,9 @@ from .callers import GENERATE_CODES
 from .patches import PATCHES, Registry, call_wrapper, defining_class, peek_wrapper
 from .watch_step import Call
 
-if TYPE_CHECKING:
-    from .probe import Watcher
+# a probe.Watcher: probe imports this module, so naming its class here (even for type checking) is an import
+# circle, which the package contract forbids
+AnyWatcher = Any
 
 
 class Forwards(threading.local):
@@ -47,7 +48,7 @@ class Probe:
     model and its modules are held weakly: a program that drops its model gets its memory back, watched
     or not."""
 
-    def __init__(self, watcher: Watcher, model, index: int):
+    def __init__(self, watcher: AnyWatcher, model, index: int):
         self.watcher, self.index = watcher, index
         self._model = weakref.ref(model)
         self.class_name = type(model).__name__

@@ -7,15 +7,16 @@ import functools
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from ..reading.tokens import find_sub
 from .patches import PATCHES, Registry, compiling, defining_class
 
-if TYPE_CHECKING:
-    from .probe import Watcher
+# a probe.Watcher: probe imports this module, so naming its class here (even for type checking) is an import
+# circle, which the package contract forbids
+AnyWatcher = Any
 
 _TOKENIZING = threading.local()  # depth of watched tokenizer calls on this thread: only the outermost counts
 
@@ -29,7 +30,7 @@ class TokenizerRegistry:
 
     def __init__(self):
         self.loaded: list = []  # weak refs, newest last
-        self._watchers: Registry[list[Watcher]] = Registry()  # tokenizer -> [watchers]
+        self._watchers: Registry[list[AnyWatcher]] = Registry()  # tokenizer -> [watchers]
 
     def remember(self, tokenizer) -> None:
         try:
@@ -66,7 +67,7 @@ class TokenizerRegistry:
                 return None
         return None
 
-    def watch(self, tokenizer, watcher: Watcher) -> None:
+    def watch(self, tokenizer, watcher: AnyWatcher) -> None:
         watchers = self._watchers.get(tokenizer)
         if watchers is None:
             watchers = []
@@ -80,7 +81,7 @@ class TokenizerRegistry:
             if owner is not None:
                 PATCHES.acquire(self, owner, name, _tokenizer_wrapper(name, self))
 
-    def unwatch(self, watcher: Watcher) -> None:
+    def unwatch(self, watcher: AnyWatcher) -> None:
         for watchers in self._watchers.values():
             if watcher in watchers:
                 watchers.remove(watcher)
@@ -89,7 +90,7 @@ class TokenizerRegistry:
             self._watchers.clear()
             PATCHES.release(self)
 
-    def watchers_of(self, tokenizer) -> list[Watcher]:
+    def watchers_of(self, tokenizer) -> list[AnyWatcher]:
         return self._watchers.get(tokenizer) or []
 
 
