@@ -28,7 +28,7 @@ from kvtui.engine.chat import session
 from kvtui.engine.chat.session import ChatSession, SessionConfig
 from kvtui.engine.reading import diagnostics, introspect
 from kvtui.engine.records import codec, recorder, trace
-from kvtui.engine.watch import probe, watch_step
+from kvtui.engine.watch import hooks, probe, watch_step
 
 PROMPT = "Explain step by step how a KV cache speeds up text generation."
 PART_ORDER = (
@@ -125,9 +125,9 @@ def _serialising(clock: PartClock) -> None:
 
 
 def probe_parts(clock: PartClock) -> None:
-    clock.wrap(probe, "_before_forward", "hooks in")
-    clock.wrap(probe, "_after_forward", "hooks out")
-    clock.wrap(probe, "_saw_positions", "positions")
+    clock.wrap(hooks, "before_forward", "hooks in")
+    clock.wrap(hooks, "after_forward", "hooks out")
+    clock.wrap(hooks, "saw_positions", "positions")
     clock.wrap(introspect, "fingerprint", "fingerprint")
     clock.wrap(watch_step.StepBuilder, "_top", "top-k")
     clock.wrap(introspect, "layer_infos", "layer infos")

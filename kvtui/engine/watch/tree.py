@@ -432,25 +432,40 @@ def _record(raw: bytes) -> dict | None:
     return record if isinstance(record, dict) and isinstance(record.get("type"), str) else None
 
 
+def rank_facts(step: dict) -> tuple:
+    """What every rank of a collective forward must agree on, read from its step record: (fed ids, positions,
+    cache length after the forward)."""
+    return (tuple(step["input_ids"]), tuple(step["positions"]), step["cache_seq_length"])
+
+
+def rank_desync(facts: dict[int, list[tuple]], index: int) -> list:  # Diagnostics
+    """rank-desync at the ranks' forward `index` (0-based; a rank that made no such forward is named as
+    missing). `facts`: rank -> its forwards' `rank_facts`, in order. Used by the trace (`desync`) and the
+    live view (tree_source.py) alike.
+
+    The alarm is numbered index + 1: the ranks' own step number, the same on every rank (each process
+    counts its forwards from 1, and every rank runs the same collective forwards), not the stream's numbers
+    (which interleave the ranks in the order their records arrive: rank 0's forward 3 may be step 5 or 6).
+    Where it lands in the stream is the caller's choice: `merge` puts it at the first rank's step, the
+    live view at the step that completed the forward."""
+    from ..reading.diagnostics import check_ranks  # here, not at the top: every process of the tree imports tree.py
+
+    return check_ranks(
+        index + 1, {rank: forwards[index] if index < len(forwards) else None for rank, forwards in facts.items()}
+    )
+
+
 def desync(runs: list[ProcessRun]) -> list:
     """rank-desync: the first forward at which the ranks of the run disagree (what follows comes from it)."""
-    from ..reading.diagnostics import check_ranks
-
     ranked = {
-        run.rank: [r for r in run.records if r["type"] == "step"]
+        run.rank: [rank_facts(r) for r in run.records if r["type"] == "step"]
         for run in runs
         if run.rank is not None and run.watched
     }
     if len(ranked) < 2:
         return []
-    for index in range(max(len(steps) for steps in ranked.values())):
-        facts = {
-            rank: (tuple(steps[index]["input_ids"]), tuple(steps[index]["positions"]), steps[index]["cache_seq_length"])
-            if index < len(steps)
-            else None
-            for rank, steps in ranked.items()
-        }
-        found = check_ranks(index + 1, facts)
+    for index in range(max(len(forwards) for forwards in ranked.values())):
+        found = rank_desync(ranked, index)
         if found:
             return found
     return []
@@ -521,7 +536,9 @@ class Naming:
 
 def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:  # alarms: Diagnostics
     """One trace: a run header, then per process its `process` record and its records (made one stream by
-    `Naming`: steps numbered through the run); then the run's own alarms (rank-desync), at their steps."""
+    `Naming`: steps numbered through the run); then the run's own alarms (rank-desync), at their steps.
+    Written here with a TraceWriter, not through the Recorder (which writes one session's or one
+    watcher's trace): the records are the processes' own, already made, only joined and renumbered."""
     from ..records.codec import diagnostic_record
     from ..records.trace import TraceWriter, header_start
 

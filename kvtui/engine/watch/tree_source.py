@@ -7,11 +7,20 @@ import subprocess
 import threading
 from pathlib import Path
 
-from ..reading.diagnostics import check_ranks
 from ..records.child import ChildSource
 from ..records.codec import diagnostic_record
 from ..records.stream import format_command
-from .tree import Naming, ProcessRun, TreeServer, desync, environment, hook_directory, merge
+from .tree import (
+    Naming,
+    ProcessRun,
+    TreeServer,
+    desync,
+    environment,
+    hook_directory,
+    merge,
+    rank_desync,
+    rank_facts,
+)
 
 
 class TreeSource(ChildSource):
@@ -102,16 +111,17 @@ class TreeSource(ChildSource):
             self._queue.put(desync)
 
     def _check_ranks(self, run: ProcessRun, record: dict) -> dict | None:
-        """rank-desync, live: once every rank of the run has made forward k, the rulebook compares them
-        (the first disagreement only: what follows comes from it). Called under the lock."""
+        """rank-desync, live: once every rank of the run has made forward k, `rank_desync` compares them (the
+        first disagreement only: what follows comes from it), numbered by the ranks' own forward k; the
+        record lands at the stream's step that completed it. Called under the lock."""
         if run.rank is None or not run.world_size or self._desync_raised:
             return None
         facts = self._rank_facts.setdefault(run.rank, [])
-        facts.append((tuple(record["input_ids"]), tuple(record["positions"]), record["cache_seq_length"]))
+        facts.append(rank_facts(record))
         index = len(facts) - 1
         if len(self._rank_facts) < run.world_size or any(len(f) <= index for f in self._rank_facts.values()):
             return None
-        found = check_ranks(record["process_step"], {rank: f[index] for rank, f in self._rank_facts.items()})
+        found = rank_desync(self._rank_facts, index)
         if not found:
             return None
         self._desync_raised = True

@@ -37,7 +37,7 @@ from .patches import Registry
 class Call:
     """One top-level forward in flight (between the probe's before and after)."""
 
-    probe: Any  # the probe of the model called (a probe._Probe: probe imports this module, not the reverse)
+    probe: Any  # the probe of the model called (a hooks.Probe: hooks imports this module, not the reverse)
     caller: str
     thread: str | None  # the thread's name, off the main thread
     input_ids: list[list[int]] | None  # [batch][n]; None when only inputs_embeds were passed
@@ -222,14 +222,66 @@ class StepBuilder:
     def build(
         self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float
     ) -> StepSnapshot:
-        watcher, probe = self.watcher, call.probe
-        self.use(probe)
-        ids_info, special = self.specials()
+        """The step's snapshot: what was fed (each cache row extended), the alarms in this order (the call's
+        own, the feed's, positions', layers', waste), top-k, then the snapshot's fields."""
+        self.use(call.probe)
         at = f" [{call.caller}]"
         applied = self._applied(call)  # [batch][n]
         cache_len = introspect.seq_length(cache) if cache is not None else 0
         found = list(call.found)
         stale = any(d.code == "stale-cache" for d in found)  # its drift and position gap are the same cause
+        rows, turn = self._cache_rows(call, track)
+        masks = call.mask_new if call.mask_new is not None else [[1] * call.n] * call.batch  # [batch][n]
+        fed_ids = self._feed(call, step, rows, turn, applied, masks, found, stale, at)
+        self._check_positions(call, step, applied, masks, found, stale, at)
+        layers = self._check_layers(call, step, cache, cache_len, found)
+        recomputed = self._count_waste(call, step, cache, track, forward_ms, found, at)
+        top_rows = self._top(logits, call.batch)
+        buffers = [TokenBuffer(r) for r in rows]
+        row_views = self._row_views(call, fed_ids, applied, top_rows, buffers) if call.batch > 1 else None
+        requested = call.requested_positions[0] if call.requested_positions else None
+        return StepSnapshot(
+            step=step,
+            phase="prefill" if call.n > 1 else "decode",
+            turn=turn,
+            input_ids=tuple(fed_ids[0]) if fed_ids else (),
+            positions=tuple(applied[0]) if applied else (),
+            cursor=self._cursor(call, requested, cache_len),
+            cache_seq_length=cache_len,
+            capacity=track.capacity if track is not None else None,
+            layers=layers,
+            topk=top_rows[0] if top_rows else (),
+            topk_processed=top_rows[0] if top_rows else (),
+            watched=self._watched(logits),
+            chosen=None,
+            chosen_forced=False,
+            diagnostics=tuple(found),
+            forward_ms=forward_ms,
+            snapshot_ms=(time.perf_counter() - snap_started) * 1000,
+            buffer=buffers[0] if buffers else TokenBuffer([]),
+            source="watch",
+            caller=call.caller,
+            cache_id=track.name if track else None,
+            cache_length_before=call.cache_length_before,
+            requested_positions=tuple(requested) if requested is not None else None,
+            requested_cache_position=tuple(call.requested_cache_position) if call.requested_cache_position else None,
+            positions_source=call.positions_source,
+            batch=call.batch,
+            rows=row_views,
+            cache_parent=track.parent if track else None,
+            cache_copied_at=track.copied_at if track else None,
+            cache_unknown=track.unknown if track else 0,
+            model=call.probe.label,
+            thread=call.thread,
+            recomputed=recomputed,
+        )
+
+    # the steps of build(), in its order: each one that raises alarms appends them to build's `found`
+
+    @staticmethod
+    def _cache_rows(call: Call, track: CacheTrack | None) -> tuple[list[list[BufferToken]], int]:
+        """The cache's token rows ([batch][cached], extended by this forward) and the turn it is on (a prefill
+        starts the next one)."""
         if track is not None:
             rows = track.rows
             if call.n > 1:
@@ -239,9 +291,26 @@ class StepBuilder:
             rows, turn = [[] for _ in range(call.batch)], 0
         if len(rows) != call.batch:  # a cache now used with another batch size: buffers cannot line up
             rows[:] = [list(r) for r in (rows + [[]] * call.batch)[: call.batch]]
+        return rows, turn
+
+    def _feed(
+        self,
+        call: Call,
+        step: int,
+        rows: list[list[BufferToken]],
+        turn: int,
+        applied: list[list[int]],
+        masks: list[list[int]],
+        found: list[Diagnostic],
+        stale: bool,
+        at: str,
+    ) -> list[list[int]]:
+        """Each row's fed tokens onto its cache row (pads and tokenizer-added ids marked), row 0's checked
+        against what it follows (`check_feed`, and drift from a tokenizer's rendering unless the cache is
+        stale). Returns the fed ids, [batch][n] (-1 for inputs_embeds)."""
+        ids_info, special = self.specials()
         added = self._tokenizer_added(call)
-        masks = call.mask_new if call.mask_new is not None else [[1] * call.n] * call.batch
-        views = []
+        fed_ids = []
         for row in range(call.batch):
             ids = call.input_ids[row] if call.input_ids is not None else [-1] * call.n
             mask = masks[row]
@@ -271,103 +340,106 @@ class StepBuilder:
                 if not stale:
                     found += self._check_drift(step, rows[0], ids, at)
             rows[row].extend(fed)
-            views.append((ids, fed))
+            fed_ids.append(ids)
+        return fed_ids
+
+    def _check_positions(
+        self,
+        call: Call,
+        step: int,
+        applied: list[list[int]],
+        masks: list[list[int]],
+        found: list[Diagnostic],
+        stale: bool,
+        at: str,
+    ) -> None:
+        """A prefill's padding side, and each row's applied positions against what its cache attended."""
         if call.n > 1:
             found += check_padding_side(step, masks, at)
         attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
-        gaps = check_row_positions(
-            self._alarms(call), step, applied, masks, attended_before, at
-        )  # state kept either way
+        # the repeat state is kept either way; a stale cache's gap is said by stale-cache
+        gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
         if not stale:
             found += gaps
+
+    def _check_layers(
+        self, call: Call, step: int, cache, cache_len: int, found: list[Diagnostic]
+    ) -> tuple[LayerInfo, ...]:
+        """The cache's per-layer infos, and the sliding eviction they show."""
         layers: tuple[LayerInfo, ...] = (
-            introspect.layer_infos(cache, probe.window) if cache is not None and hasattr(cache, "layers") else ()
+            introspect.layer_infos(cache, call.probe.window) if cache is not None and hasattr(cache, "layers") else ()
         )
-        capacity = track.capacity if track is not None else None
         # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
         # and check_request names it before the forward; here only sliding eviction is said
         found += [
             _at(d, call.caller) for d in self._alarms(call).check_layers(step, layers, None, cache_len, reserve=1)
         ]
-        recomputed = 0
-        if track is not None:
-            track.fingerprint = introspect.fingerprint(cache)
-            if call.n > 1 and call.input_ids is not None:
-                waste, count, cost = recomputed_prefix(
-                    step,
-                    track.name,
-                    call.cache_length_before,
-                    track.ids(),
-                    watcher.lineage.others(track, track.model),
-                    forward_ms,
-                    call.n,
-                    at,
-                )
-                found += waste
-                recomputed = count
-                watcher.recomputed_tokens += count
-                watcher.recomputed_ms += cost
-        top_rows = self._top(logits, call.batch)
-        buffers = [TokenBuffer(r) for r in rows]
-        row_views = (
-            tuple(
-                RowView(
-                    row=r,
-                    input_ids=tuple(views[r][0]),
-                    positions=tuple(applied[r]),
-                    topk=top_rows[r],
-                    buffer=buffers[r],
-                )
-                for r in range(call.batch)
+        return layers
+
+    def _count_waste(
+        self,
+        call: Call,
+        step: int,
+        cache,
+        track: CacheTrack | None,
+        forward_ms: float,
+        found: list[Diagnostic],
+        at: str,
+    ) -> int:
+        """The cache's fingerprint for the next forward's edit check; for a prefill, the tokens it re-encoded
+        that another cache of the same model held (`recomputed-prefix`), added to the watcher's totals.
+        Returns that count."""
+        if track is None:
+            return 0
+        track.fingerprint = introspect.fingerprint(cache)
+        if call.n <= 1 or call.input_ids is None:
+            return 0
+        watcher = self.watcher
+        waste, count, cost = recomputed_prefix(
+            step,
+            track.name,
+            call.cache_length_before,
+            track.ids(),
+            watcher.lineage.others(track, track.model),
+            forward_ms,
+            call.n,
+            at,
+        )
+        found += waste
+        watcher.recomputed_tokens += count
+        watcher.recomputed_ms += cost
+        return count
+
+    @staticmethod
+    def _cursor(call: Call, requested: list[int] | None, cache_len: int) -> int:
+        """Where the next token goes, as the program asked: its cache_position, else its position_ids (with
+        no mask: a mask's pads make positions and slots differ), else the cache's length."""
+        if call.requested_cache_position:
+            return call.requested_cache_position[-1] + 1
+        if requested and call.mask_new is None:
+            return requested[-1] + 1
+        return cache_len
+
+    def _watched(self, logits) -> tuple[TopToken, ...]:
+        """The probabilities of the ids the front end watches, at row 0's last position."""
+        if self.watcher.watch_ids and logits is not None:
+            return watched_tokens(logits[0, -1].float(), self.watcher.watch_ids, self.piece)
+        return ()
+
+    @staticmethod
+    def _row_views(
+        call: Call, fed_ids: list[list[int]], applied: list[list[int]], top_rows: list[tuple], buffers: list
+    ) -> tuple[RowView, ...]:
+        """Every row of a batched forward (the snapshot's own fields are row 0)."""
+        return tuple(
+            RowView(
+                row=r,
+                input_ids=tuple(fed_ids[r]),
+                positions=tuple(applied[r]),
+                topk=top_rows[r],
+                buffer=buffers[r],
             )
-            if call.batch > 1
-            else None
-        )
-        requested = call.requested_positions[0] if call.requested_positions else None
-        cursor = (
-            call.requested_cache_position[-1] + 1
-            if call.requested_cache_position
-            else requested[-1] + 1
-            if requested and call.mask_new is None
-            else cache_len
-        )
-        watched: tuple[TopToken, ...] = ()
-        if watcher.watch_ids and logits is not None:
-            watched = watched_tokens(logits[0, -1].float(), watcher.watch_ids, self.piece)
-        return StepSnapshot(
-            step=step,
-            phase="prefill" if call.n > 1 else "decode",
-            turn=turn,
-            input_ids=tuple(views[0][0]) if views else (),
-            positions=tuple(applied[0]) if applied else (),
-            cursor=cursor,
-            cache_seq_length=cache_len,
-            capacity=capacity,
-            layers=layers,
-            topk=top_rows[0] if top_rows else (),
-            topk_processed=top_rows[0] if top_rows else (),
-            watched=watched,
-            chosen=None,
-            chosen_forced=False,
-            diagnostics=tuple(found),
-            forward_ms=forward_ms,
-            snapshot_ms=(time.perf_counter() - snap_started) * 1000,
-            buffer=buffers[0] if buffers else TokenBuffer([]),
-            source="watch",
-            caller=call.caller,
-            cache_id=track.name if track else None,
-            cache_length_before=call.cache_length_before,
-            requested_positions=tuple(requested) if requested is not None else None,
-            requested_cache_position=tuple(call.requested_cache_position) if call.requested_cache_position else None,
-            positions_source=call.positions_source,
-            batch=call.batch,
-            rows=row_views,
-            cache_parent=track.parent if track else None,
-            cache_copied_at=track.copied_at if track else None,
-            cache_unknown=track.unknown if track else 0,
-            model=probe.label,
-            thread=call.thread,
-            recomputed=recomputed,
+            for r in range(call.batch)
         )
 
     def _check_drift(self, step: int, row: list[BufferToken], ids: list[int], at: str) -> list[Diagnostic]:

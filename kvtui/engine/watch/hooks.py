@@ -1,0 +1,155 @@
+"""A watched model's hooks: its registry entry (`Probe`, nothing stored on the model), the forwards in flight
+on each thread, and the positions its rotary / position-embedding module applied."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+import weakref
+from typing import Any
+
+import torch
+
+from ..reading import introspect
+from .callers import GENERATE_CODES
+from .patches import PATCHES, Registry, call_wrapper, defining_class, peek_wrapper
+from .watch_step import Call
+
+# a probe.Watcher: probe imports this module, so naming its class here (even for type checking) is an import
+# circle, which the package contract forbids
+AnyWatcher = Any
+
+
+class Forwards(threading.local):
+    """This thread's forwards: those in flight, and the generate() call it last ran one for."""
+
+    def __init__(self):
+        self.stack: list[Call | None] = []  # top-level forwards in flight on this thread (None: nested)
+        self.prompt: weakref.ref | None = None  # the prompt of the generate() call this thread last ran a forward of
+        self.frame: int | None = None  # and the id of that call's frame
+
+    @property
+    def current(self) -> Call | None:
+        return self.stack[-1] if self.stack else None
+
+
+STATE = Forwards()
+MODELS: Registry[Probe] = Registry()  # watched model -> its Probe
+POSITIONS: Registry[tuple[Probe, str]] = Registry()  # position module -> (its Probe, "rotary" | "embedding")
+
+
+class WatchRefused(ValueError):
+    """kvtui cannot read this model's cache on the installed transformers (the message is one line)."""
+
+
+class Probe:
+    """One watched model: its registry entries (no hooks on the instance) and what kvtui read of it. The
+    model and its modules are held weakly: a program that drops its model gets its memory back, watched
+    or not."""
+
+    def __init__(self, watcher: AnyWatcher, model, index: int):
+        self.watcher, self.index = watcher, index
+        self._model = weakref.ref(model)
+        self.class_name = type(model).__name__
+        self.name = getattr(model, "name_or_path", None) or self.class_name
+        self.role: str | None = None  # "draft" when passed to generate() as assistant_model
+        self._tokenizer: weakref.ref | None = None  # its own tokenizer (the program's, held weakly)
+        self.window = introspect.config_window(model.config)
+        self.accepts_cache_position = introspect.forward_accepts(model, "cache_position")
+        parameters = list(inspect.signature(type(model).forward).parameters.values())[1:]  # after self
+        self.positional = tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        MODELS.add(model, self)
+        PATCHES.acquire(watcher, type(model), "__call__", call_wrapper(MODELS.get, before_forward, after_forward))
+        owner = defining_class(type(model), "generate")
+        if owner is not None:
+            GENERATE_CODES.add(inspect.unwrap(owner.__dict__["generate"]).__code__)
+        self._position_modules = []
+        for module, source in position_modules(model):
+            self._position_modules.append(weakref.ref(module))
+            POSITIONS.add(module, (self, source))
+            PATCHES.acquire(watcher, type(module), "__call__", peek_wrapper(POSITIONS.get, saw_positions))
+
+    @property
+    def model(self):
+        """The watched model, or None once the program has let go of it."""
+        return self._model()
+
+    @property
+    def tokenizer(self):
+        """The tokenizer loaded from this model's own directory, when the program loaded one (else None: the
+        watcher's serves). Held weakly: it lives as long as the program keeps it."""
+        return self._tokenizer() if self._tokenizer is not None else None
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer) -> None:  # one the registry found: it took a weak reference already
+        self._tokenizer = weakref.ref(tokenizer)
+
+    @property
+    def label(self) -> str | None:
+        """`model 1: draft` when the program runs several models (or this one drafts), else None."""
+        if self.role is None and len(self.watcher.probes) < 2:
+            return None
+        return f"model {self.index}" + (f": {self.role}" if self.role else "")
+
+    def detach(self) -> None:
+        for ref in (self._model, *self._position_modules):
+            held = ref()
+            if held is not None:  # a collected one's entry is dead already
+                (MODELS if ref is self._model else POSITIONS).discard(held)
+
+
+def before_forward(probe: Probe, module, args, kwargs):
+    if STATE.stack:  # a nested call (a model inside a watched forward): the outer one is the step
+        STATE.stack.append(None)
+        return None
+    watcher = probe.watcher
+    try:
+        call = watcher._begin(probe, args, kwargs)
+    except Exception as exc:  # noqa: BLE001  never break the user's program
+        watcher._internal_error("before a forward", exc)
+        call = None
+    if call is not None:
+        watcher.gate.before_forward(watcher)  # may hold the program here, or raise (its ctrl+c): nothing pushed yet
+        call.started = time.perf_counter()
+    STATE.stack.append(call)
+    return None
+
+
+def after_forward(probe: Probe, token, output) -> None:
+    call = STATE.stack.pop() if STATE.stack else None
+    if call is None:
+        return
+    try:
+        probe.watcher._finish(call, output)
+    except Exception as exc:  # noqa: BLE001  never break the user's program
+        probe.watcher._internal_error("after a forward", exc)
+
+
+def saw_positions(entry, args, kwargs) -> None:
+    probe, source = entry
+    call = STATE.current
+    if call is None or call.probe is not probe or call.applied is not None:
+        return
+    if source == "rotary":
+        positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+    else:
+        positions = args[0] if args else kwargs.get("input")
+    if isinstance(positions, torch.Tensor) and positions.dtype in (torch.long, torch.int, torch.int32):
+        call.applied, call.positions_source = positions, source
+
+
+def position_modules(model) -> list[tuple[torch.nn.Module, str]]:
+    """The modules whose input is the position ids the model applies: rotary embeddings, else a learned
+    position table (GPT-2's `wpe`). Only the first call per forward is read."""
+    found = [(m, "rotary") for m in model.modules() if "RotaryEmbedding" in type(m).__name__]
+    if found:
+        return found
+    for name, module in model.named_modules():
+        if type(module) is torch.nn.Embedding and name.rsplit(".", 1)[-1] in (
+            "wpe",
+            "embed_positions",
+            "position_embeddings",
+        ):
+            return [(module, "embedding")]
+    return []
