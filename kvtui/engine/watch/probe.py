@@ -52,6 +52,7 @@ from .patches import (
     started_at,
     thread_start_wrapper,
 )
+from .silent_writes import edit_changed_nothing, written_without_use_cache
 from .watch_step import Call, StepBuilder, read_call
 
 if TYPE_CHECKING:
@@ -529,13 +530,14 @@ class Watcher:
             track.fingerprint = introspect.fingerprint(cache)
             if not internal:  # generate's own bookkeeping (beam reordering, assisted crops) is followed, not said
                 shown = ", ".join(_short_arg(a) for a in args)
+                call = f"{track.name}.{name}({shown}) at [{caller_line(self._skip or _library_dirs())}]"
                 self._diagnose(
-                    [
+                    edit_changed_nothing(self.steps, call, name, args, before, after)
+                    or [
                         Diagnostic(
                             "cache-edited",
                             "info",  # the program called the cache's own method: said, not blamed
-                            f"{track.name}.{name}({shown}) at [{caller_line(self._skip or _library_dirs())}]: "
-                            f"{before} -> {after} tokens outside a forward",
+                            f"{call}: {before} -> {after} tokens outside a forward",
                             self.steps,
                         )
                     ]
@@ -653,6 +655,8 @@ class Watcher:
                     track = self._new_track(
                         cache, call.probe, 0 if call.cache is None else call.cache_length_before, call.batch, "forward"
                     )
+            if call.cache is not None and call.track is not None:
+                call.found += written_without_use_cache(call, self.steps)
             snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_probe = call.probe
