@@ -9,7 +9,8 @@ that changes changes the table's virtual size, which costs a screen-wide layout 
 decodes (a new step every few tens of ms, every token piece of a different length) `widen_only` re-measures
 a column only when a value no longer fits it, so columns settle after a few steps instead of jittering at
 every one, and the repaints cost no layout; any other step (a prefill, a rewind) or a rebuilt table lets
-columns narrow again.
+columns narrow again. The top-k pane does not use it: its columns follow the shown step alone, so a step
+looks the same whatever the path to it (replay played through vs opened caught up).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def update_rows(
     if cursor is None:
         cursor = table.cursor_row
     table.clear()
+    for column in table.columns.values():  # clear() keeps the old widths: measure the new rows alone
+        column.content_width = column.label.cell_len
     for row in new:
         table.add_row(*row.cells, key=row.key)
     if new:

@@ -340,16 +340,9 @@ class TopKPane(Vertical):
                 table.add_column(label, key=key)
             self._shown_columns, self._rows, force = shown, [], True
         new_rows = [row._replace(cells=tuple(row.cells[i] for i in shown)) for row in new_rows]
-        decoding = self._snapshot is not None and self._snapshot.phase == "decode"
-        update_rows(
-            table,
-            self._rows,
-            new_rows,
-            [all_columns[i][0] for i in shown],
-            force=force,
-            widen_only=decoding,
-            cursor=cursor,
-        )
+        # Every column as wide as this step's widest cell, not as the widest of the steps shown before it
+        # (no widen_only): a step looks the same whether replay played through it or opened at it.
+        update_rows(table, self._rows, new_rows, [all_columns[i][0] for i in shown], force=force, cursor=cursor)
         self._rows = new_rows
         self.query_one("#topk-header", LiveText).show_text(render_header(self._snapshot, self._mode, self._palette))
 

@@ -265,10 +265,31 @@ def watched_trace(tmp_path_factory, tiny_model):
     return path
 
 
-@pytest.mark.parametrize("which", ["chat", "watched"])
-async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace, watched_trace, which):
+@pytest.fixture(scope="module")
+def program_trace(tmp_path_factory):
+    """A sample program's trace recorded as a user records it (`kvtui watch --headless --trace`): a
+    hand-written decode loop on SmolLM2 whose earlier steps show wider ids and probabilities in the top-k
+    table than its last, so a replay played through them and one opened caught up reach the last step by
+    different paths."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kvtui.engine.chat.loader import embedded_model_dir
+
+    root = Path(__file__).resolve().parents[2]
+    path = tmp_path_factory.mktemp("keys") / "program.jsonl"
+    program = root / "samples" / "programs" / "correct_loop.py"
+    command = [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(path), str(program)]
+    result = subprocess.run([*command, str(embedded_model_dir())], capture_output=True, text=True, cwd=root)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return path
+
+
+@pytest.mark.parametrize("which", ["chat", "watched", "program"])
+async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace, watched_trace, program_trace, which):
     """kvtui replay T (played to its end) and kvtui replay --follow T (caught up): the same SVG."""
-    path = trace if which == "chat" else watched_trace
+    path = {"chat": trace, "watched": watched_trace, "program": program_trace}[which]
     steps = sum(1 for r in trace_records(path) if r["type"] == "step")
     screens = []
     for follow in (False, True):
@@ -289,7 +310,7 @@ async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace,
             screens.append(app.export_screenshot())
             reuse = app.query_one("#reuse").content.plain
             assert "at None" not in reuse
-            if which == "watched":
+            if which != "chat":
                 assert reuse.startswith(f"step {steps} at ")  # where the program's forward came from
                 held = app.messages[0]  # the text the shown step's cache holds (the copy: 5 tokens)
                 assert held["role"].endswith(" holds") and len(held["content"]) > 0

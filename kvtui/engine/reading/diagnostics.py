@@ -34,6 +34,9 @@ CODES = (
     "recomputed-prefix",
     # a watched command's tree (kvtui watch -- COMMAND)
     "rank-desync",
+    # silent cache bugs users report (the rules at the end of this module)
+    "cache-written-without-use-cache",
+    "edit-changed-nothing",
 )
 
 
@@ -591,3 +594,51 @@ def group_last(group: DiagnosticGroup) -> str | None:
     if group.count == 1 or last.message == group.first.message:
         return None
     return f"last, step {last.step}: {last.message}"
+
+
+# ---- silent cache bugs users report: a cache that changed where the program said it must not, or did not
+# change where the program asked it to (watched programs) ----------------------------------------------------
+
+
+def check_written_without_use_cache(
+    step: int, cache_name: str, before: int, after: int, passed: bool | None, at: str
+) -> list[Diagnostic]:
+    """A forward told not to use a cache (`use_cache=False` passed, `passed` False; or not passed where the
+    model's config defaults it off, `passed` None) that still wrote into the cache it was handed: transformers
+    5.x writes the fed tokens anyway (5.24: 16 -> 19), so every later forward attends to tokens the text never
+    had. `before`/`after`: the cache's length around the forward."""
+    if after <= before:
+        return []
+    how = "use_cache=False" if passed is False else "use_cache unset (the model's config says False)"
+    written = after - before
+    return [
+        Diagnostic(
+            "cache-written-without-use-cache",
+            "warning",
+            f"a forward with {how} wrote {written} token(s) into {cache_name} ({before} -> {after}){at}: "
+            f"later forwards attend to them; score on a copy (copy.deepcopy) or crop(-{written}) after it",
+            step,
+        )
+    ]
+
+
+def check_edit_changed_nothing(
+    step: int, call: str, method: str, first_argument: int | None, before: int, after: int
+) -> list[Diagnostic]:
+    """A cache edit that asked for fewer tokens and changed nothing: `crop(0)` (4.x: keep none; 5.x: remove
+    none), `crop(n)` with n >= the length (4.x: keep n), or a `reset()` after which tokens remain. `call`: the
+    edit as written and where (`DynamicCache#1.crop(0) at [prog.py:12]`)."""
+    if before <= 0:
+        return []
+    if method == "reset" and after > 0:
+        what = f"left {after} of {before} tokens: the next forward continues them"
+    elif method == "crop" and after == before and first_argument == 0:
+        what = (
+            f"kept all {before} tokens: crop's argument is the number of tokens to remove on transformers 5.x "
+            f"(crop(-n)), so crop(0) removes none (on 4.x it kept none); to empty it use reset() or crop(-{before})"
+        )
+    elif method == "crop" and after == before and first_argument is not None and first_argument >= before:
+        what = f"kept all {before} tokens: it asked to keep {first_argument}, no fewer than it holds"
+    else:
+        return []
+    return [Diagnostic("edit-changed-nothing", "warning", f"{call} {what}", step)]

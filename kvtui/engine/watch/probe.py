@@ -45,6 +45,7 @@ from .callers import caller_and_generate, caller_line, inside_transformers, libr
 from .hooks import MODELS, STATE, Probe, WatchRefused
 from .lineage import CacheTrack, Lineage
 from .patches import PATCHES, acquire_copy_patches, defining_class, edit_wrapper, thread_start_wrapper
+from .silent_writes import edit_changed_nothing, written_without_use_cache
 from .tokenizers import TOKENIZERS
 from .watch_step import Call, StepBuilder, read_call
 
@@ -301,13 +302,14 @@ class Watcher:
             track.fingerprint = introspect.fingerprint(cache)
             if not internal:  # generate's own bookkeeping (beam reordering, assisted crops) is followed, not said
                 shown = ", ".join(_short_arg(a) for a in args)
+                call = f"{track.name}.{name}({shown}) at [{caller_line(self._skip or library_dirs())}]"
                 self._diagnose(
-                    [
+                    edit_changed_nothing(self.steps, call, name, args, before, after)
+                    or [
                         Diagnostic(
                             "cache-edited",
                             "info",  # the program called the cache's own method: said, not blamed
-                            f"{track.name}.{name}({shown}) at [{caller_line(self._skip or library_dirs())}]: "
-                            f"{before} -> {after} tokens outside a forward",
+                            f"{call}: {before} -> {after} tokens outside a forward",
                             self.steps,
                         )
                     ]
@@ -425,6 +427,8 @@ class Watcher:
                     track = self._new_track(
                         cache, call.probe, 0 if call.cache is None else call.cache_length_before, call.batch, "forward"
                     )
+            if call.cache is not None and call.track is not None:
+                call.found += written_without_use_cache(call, self.steps)
             snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_probe = call.probe

@@ -49,6 +49,7 @@ class Call:
     requested_cache_position: list[int] | None
     cache: object | None
     cache_length_before: int
+    use_cache: bool | None = None  # as passed (None: not passed, the model's config decides)
     track: CacheTrack | None = None  # the cache's
     found: list[Diagnostic] = field(default_factory=list)
     applied: torch.Tensor | None = None  # position ids read at the rotary / position embedding
@@ -96,6 +97,7 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         requested_cache_position=cache_position,
         cache=cache,
         cache_length_before=cache_len,
+        use_cache=values.get("use_cache"),
     )
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -26,8 +27,62 @@ def cache_position_drives_positions() -> bool:
     return "cache_position" in inspect.signature(LlamaForCausalLM.forward).parameters
 
 
+@functools.cache
+def _one_layer_llama():
+    """A one-layer Llama built in memory (no files, well under a second), for the feature tests below."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+def _filled_cache(model, ids=(1, 2, 3, 4)):
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([list(ids)]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+@functools.cache
+def use_cache_false_leaves_the_cache() -> bool:
+    """Feature test of the installed transformers: does a forward with `use_cache=False` leave the cache it
+    was passed as it was? 5.24 writes the fed tokens into it anyway (4 -> 7 here); a fixed version keeps 4."""
+    import torch
+
+    model = _one_layer_llama()
+    cache = _filled_cache(model)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[5, 6, 7]]), past_key_values=cache, use_cache=False)
+    return int(cache.get_seq_length()) == 4
+
+
+@functools.cache
+def crop_zero_empties_the_cache() -> bool:
+    """Feature test: does `cache.crop(0)` keep 0 tokens (4.x: the argument is the length to keep) or remove
+    0 (5.x: the argument is the number of tokens to remove, crop(-n))?"""
+    cache = _filled_cache(_one_layer_llama())
+    cache.crop(0)
+    return int(cache.get_seq_length()) == 0
+
+
 # A header that replaces `kvtui-expects:` where the installed transformers has the feature it names.
-FEATURE_HEADERS = {"kvtui-expects-if-cache-position-drives-positions": cache_position_drives_positions}
+FEATURE_HEADERS = {
+    "kvtui-expects-if-cache-position-drives-positions": cache_position_drives_positions,
+    "kvtui-expects-if-use-cache-false-leaves-the-cache": use_cache_false_leaves_the_cache,
+    "kvtui-expects-if-crop-zero-empties-the-cache": crop_zero_empties_the_cache,
+}
 
 
 def expects_line(path: Path) -> str:
