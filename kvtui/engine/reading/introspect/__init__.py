@@ -16,7 +16,7 @@ import torch
 import transformers
 from transformers import DynamicCache, StaticCache
 
-from ..records.snapshot import LayerInfo
+from ...records.snapshot import LayerInfo
 
 
 def _version(text: str) -> tuple[int, int]:
