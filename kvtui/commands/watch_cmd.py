@@ -118,7 +118,7 @@ def watch(
 def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on: str, top_k: int = 10) -> int:
     """Run the program in this process under the probe; exit 1 if an alarm at/above fail_on fired,
     else the program's own exit code."""
-    from ..engine.reading.diagnostics import group_diagnostics, group_last, group_summary
+    from ..engine.records.diagnostic_groups import group_diagnostics, group_last, group_summary
     from ..engine.records.recorder import failing
     from ..engine.watch.probe import Watcher, run_watched
     from ..fmt import printable
@@ -264,10 +264,10 @@ def _run_command(executable: str, command: str, args: list[str], env: dict, err)
 
 
 def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
-    from ..engine.watch import tree
-    from ..engine.reading.diagnostics import group_diagnostics, group_last, group_summary
+    from ..engine.records.diagnostic_groups import group_diagnostics, group_last, group_summary
     from ..engine.records.recorder import failing
     from ..engine.records.snapshot import Diagnostic
+    from ..engine.watch import tree
     from ..fmt import printable
 
     runs = server.sorted_runs()

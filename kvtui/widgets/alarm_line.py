@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from kvtui.engine.reading.diagnostics import DiagnosticGroup, leading_group
+from kvtui.engine.records.diagnostic_groups import DiagnosticGroup, leading_group
 from kvtui.fmt import one_line
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette

@@ -23,7 +23,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from kvtui.engine.reading.diagnostics import DiagnosticGroup, group_diagnostics, leading_group
+from kvtui.engine.records.diagnostic_groups import DiagnosticGroup, group_diagnostics, leading_group
 from kvtui.engine.records.snapshot import SEVERITIES, Diagnostic, StepSnapshot
 from kvtui.fmt import one_line, printable
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
