@@ -1,8 +1,8 @@
 """The alarm line: the alarm that explains the bug first, in one line, where the diagnostics pane is folded.
 
-`render_alarm(groups)` is pure (testable without an App): the leading group (`engine.diagnostics.leading_group`:
-the first-fired error or warning) with its count and steps and its first message, then how many other
-groups there are and the key that unfolds the diagnostics pane.
+`render_alarm(groups)` is pure (testable without an App): the leading group
+(`engine.records.diagnostic_groups.leading_group`: the first-fired error or warning) with its count and steps
+and its first message, then how many other groups there are and the key that unfolds the diagnostics pane.
 """
 
 from __future__ import annotations

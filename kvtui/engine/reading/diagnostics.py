@@ -104,7 +104,7 @@ def check_feed(
                 step,
             )
         )
-    if not (pads and ids.pad in ids.eos):  # those end tokens are the pads just named
+    if not (pads and ids.pad in ids.eos):  # the pad id is an end id: those ends are pads, not news here
         found += _end_in_context(step, attended, ids, label, at, prompt_end)
     return _merge_repeats(found)
 
