@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from common import log, summary
 from kvtui.engine.chat import session
 from kvtui.engine.chat.session import ChatSession, SessionConfig
-from kvtui.engine.reading import diagnostics, introspect
+from kvtui.engine.reading import alarms, introspect
 from kvtui.engine.records import codec, recorder, trace
 from kvtui.engine.watch import hooks, probe, watch_step
 
@@ -136,7 +136,7 @@ def probe_parts(clock: PartClock) -> None:
     clock.wrap(probe, "check_refed", "diagnostics")
     clock.wrap(probe, "check_stale_prompt", "diagnostics")
     clock.wrap(watch_step.StepBuilder, "_check_drift", "diagnostics")
-    clock.wrap(diagnostics.Alarms, "check_layers", "diagnostics")
+    clock.wrap(alarms.Alarms, "check_layers", "diagnostics")
     clock.wrap(watch_step.StepBuilder, "build", "step building")
     clock.wrap(codec, "step_record", "record building")
     _serialising(clock)
@@ -147,9 +147,9 @@ def session_parts(clock: PartClock) -> None:
     clock.wrap(ChatSession, "_cached_forward_kwargs", "feed & kwargs")
     clock.wrap(ChatSession, "_buffer_token", "feed & kwargs")
     clock.wrap(session, "check_feed", "diagnostics")
-    clock.wrap(diagnostics.Alarms, "check_positions", "diagnostics")
-    clock.wrap(diagnostics.Alarms, "check_cursor", "diagnostics")
-    clock.wrap(diagnostics.Alarms, "check_layers", "diagnostics")
+    clock.wrap(alarms.Alarms, "check_positions", "diagnostics")
+    clock.wrap(alarms.Alarms, "check_cursor", "diagnostics")
+    clock.wrap(alarms.Alarms, "check_layers", "diagnostics")
     clock.wrap(session, "top_tokens", "top-k")
     clock.wrap(session, "watched_tokens", "top-k")
     clock.wrap(ChatSession, "_make_pending", "choose")

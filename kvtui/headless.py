@@ -11,8 +11,8 @@ from rich.table import Table
 
 from .engine.chat.script import Script
 from .engine.chat.session import ChatSession, SessionError
-from .engine.reading.diagnostics import group_diagnostics, group_last, group_summary
 from .engine.reading.export import export_cache
+from .engine.records.diagnostic_groups import group_diagnostics, group_last, group_summary
 from .engine.records.recorder import Recorder, failing
 from .engine.records.snapshot import Diagnostic, StepSnapshot
 from .fmt import one_line, printable

@@ -1,6 +1,6 @@
 """The transformers versions kvtui declares and tests: one place, read by `kvtui --version` and at start.
 
-Behaviour that differs between versions is never decided here from the number: introspect.py tests the
+Behaviour that differs between versions is never decided here from the number: introspect tests the
 feature (does a passed `cache_position` drive positions, does `QuantizedCache` know the backend, does the
 cache class keep a hybrid's state). This module only says whether the installed version is one the suite
 runs on (CI: the newest 5.x with the whole suite, 4.57.x with the engine and watch tests).

@@ -1,8 +1,8 @@
 """The alarm line: the alarm that explains the bug first, in one line, where the diagnostics pane is folded.
 
-`render_alarm(groups)` is pure (testable without an App): the leading group (`engine.diagnostics.leading_group`:
-the first-fired error or warning) with its count and steps and its first message, then how many other
-groups there are and the key that unfolds the diagnostics pane.
+`render_alarm(groups)` is pure (testable without an App): the leading group
+(`engine.records.diagnostic_groups.leading_group`: the first-fired error or warning) with its count and steps
+and its first message, then how many other groups there are and the key that unfolds the diagnostics pane.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from kvtui.engine.reading.diagnostics import DiagnosticGroup, leading_group
+from kvtui.engine.records.diagnostic_groups import DiagnosticGroup, leading_group
 from kvtui.fmt import one_line
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette

@@ -1,7 +1,7 @@
 """The diagnostics pane: the session's alarms grouped by code and cache, the cause first.
 
-One row per group (`engine.diagnostics.group_diagnostics`, which the headless summaries share): its code
-and count, its first and last step, severity and first message; errors first, then warnings, then info.
+One row per group (`engine.records.diagnostic_groups.group_diagnostics`, which the headless summaries
+share): its code and count, its first and last step, severity and first message; errors first, then warnings, then info.
 Unless the person moved the cursor, the row selected is the first-fired error or warning
 (`leading_group`), shown in full in the detail line under the table. `x` expands a group into one row per
 alarm (and folds it again); Enter on a group jumps to its first step, on an alarm to its step.
@@ -23,7 +23,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from kvtui.engine.reading.diagnostics import DiagnosticGroup, group_diagnostics, leading_group
+from kvtui.engine.records.diagnostic_groups import DiagnosticGroup, group_diagnostics, leading_group
 from kvtui.engine.records.snapshot import SEVERITIES, Diagnostic, StepSnapshot
 from kvtui.fmt import one_line, printable
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette

@@ -574,7 +574,7 @@ async def test_diagnostics_pane_groups_leads_with_the_cause_and_jumps():
 
 
 def test_group_diagnostics_and_leading_group():
-    from kvtui.engine.reading.diagnostics import group_diagnostics, group_summary, leading_group
+    from kvtui.engine.records.diagnostic_groups import group_diagnostics, group_summary, leading_group
 
     found = [Diagnostic("ignored-argument", "warning", "cache_position ignored", step) for step in range(2, 39, 4)]
     found.insert(1, Diagnostic("pad-in-cache", "warning", "4 pad tokens", 3))

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 import torch
 
 from ..reading import introspect
-from ..reading.diagnostics import Alarms, SpecialIds, check_feed
+from ..reading.alarms import Alarms
+from ..reading.diagnostics import SpecialIds, check_feed
 from ..reading.tokens import special_token_ids
 from ..reading.topk import chosen_from_top, top_tokens, watched_tokens
 from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits

@@ -1,15 +1,17 @@
-"""Invariant checks that turn the silent cache bugs into named alarms.
+"""The ONE rulebook: the invariant checks that turn the silent cache bugs into named alarms.
 
-Pure functions over plain values, run by the session at every forward. State-like alarms
-(cursor-mismatch, position-gap, sliding-eviction, static-capacity) fire when they start or change,
-not at every step, so a long run is not flooded; `Alarms` remembers what is active.
+Each rule is a function of plain values (tokens, positions, layer infos), run at every forward by kvtui's
+own session and by the step builder of a watched program alike. State-like rules (cursor-mismatch,
+position-gap, sliding-eviction, static-capacity, ignored-argument) fire when their condition starts or
+changes, not at every step, so a long run is not flooded: they are handed the `AlarmMemory` that
+remembers what is active (`alarms.Alarms`) and record their state there; every other rule is pure.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo
 
@@ -77,28 +79,8 @@ def check_feed(
     kvtui's own chat and a watched program alike. `prompt_end`: the forward feeds a whole prompt (a
     watched prefill), so an end token as its last token ends the text. `label(t)` names a token."""
     label = label or (lambda t: token_text(piece(t.id), t.id))
-    found = []
     attended = [t for t in fed if t.origin != "pad"]
-    added = [t for t in attended if t.origin == "tokenizer-added"]
-    if (
-        added
-        and added == attended[:1]
-        and before is None
-        and added[0].id == ids.bos
-        and not (len(attended) > 1 and attended[1].id == ids.bos)
-    ):
-        added = []  # one BOS in front of an empty cache is what the model expects: not news
-    if added:
-        names = ", ".join(f"{label(t)} at position {t.position}" for t in added)
-        kinds = {"BOS" if t.id == ids.bos else "EOS" if t.id in ids.eos else "special" for t in added}
-        found.append(
-            Diagnostic(
-                "tokenizer-added-special",
-                "warning" if kinds - {"BOS"} else "info",
-                f"the tokenizer inserted {names} that the text did not contain" + at,
-                step,
-            )
-        )
+    found = _tokenizer_added(step, attended, before, ids, label, at)
     previous = before if before is None or before.origin != "pad" else None
     for token in attended:
         if ids.bos is not None and token.id == ids.bos and previous is not None and previous.id == ids.bos:
@@ -125,6 +107,41 @@ def check_feed(
                 step,
             )
         )
+    if not (pads and ids.pad in ids.eos):  # the pad id is an end id: those ends are pads, not news here
+        found += _end_in_context(step, attended, ids, label, at, prompt_end)
+    return _merge_repeats(found)
+
+
+def _tokenizer_added(
+    step: int, attended: list[BufferToken], before: BufferToken | None, ids: SpecialIds, label, at: str
+) -> list[Diagnostic]:
+    """tokenizer-added-special: tokens the tokenizer put in that the text did not contain."""
+    added = [t for t in attended if t.origin == "tokenizer-added"]
+    if not added:
+        return []
+    if (
+        added == attended[:1]
+        and before is None
+        and added[0].id == ids.bos
+        and not (len(attended) > 1 and attended[1].id == ids.bos)
+    ):
+        return []  # one BOS in front of an empty cache is what the model expects: not news
+    names = ", ".join(f"{label(t)} at position {t.position}" for t in added)
+    kinds = {"BOS" if t.id == ids.bos else "EOS" if t.id in ids.eos else "special" for t in added}
+    return [
+        Diagnostic(
+            "tokenizer-added-special",
+            "warning" if kinds - {"BOS"} else "info",
+            f"the tokenizer inserted {names} that the text did not contain" + at,
+            step,
+        )
+    ]
+
+
+def _end_in_context(
+    step: int, attended: list[BufferToken], ids: SpecialIds, label, at: str, prompt_end: bool
+) -> list[Diagnostic]:
+    """eos-in-context: an end token the model will read as 'the text ended' (not one it generated)."""
     ends = [
         t
         for t in attended
@@ -136,19 +153,19 @@ def check_feed(
             or (prompt_end and len(attended) > 1 and t is attended[-1])
         )
     ]
-    if ends and not (pads and ids.pad in ids.eos):
-        t = ends[0]
-        how = {"tokenizer-added": "added by the tokenizer", "fed": "last of the prompt"}.get(t.origin, t.origin)
-        found.append(
-            Diagnostic(
-                "eos-in-context",
-                "warning",
-                f"end token {label(t)} ({how}) enters the context at position {t.position}: the model reads it as "
-                f"'the text ended'" + at,
-                step,
-            )
+    if not ends:
+        return []
+    t = ends[0]
+    how = {"tokenizer-added": "added by the tokenizer", "fed": "last of the prompt"}.get(t.origin, t.origin)
+    return [
+        Diagnostic(
+            "eos-in-context",
+            "warning",
+            f"end token {label(t)} ({how}) enters the context at position {t.position}: the model reads it as "
+            f"'the text ended'" + at,
+            step,
         )
-    return _merge_repeats(found)
+    ]
 
 
 def _longest_run(tokens: Sequence[BufferToken], token_id: int | None) -> int:
@@ -175,75 +192,78 @@ def _merge_repeats(found: list[Diagnostic]) -> list[Diagnostic]:
     return merged
 
 
-class Alarms:
-    """Remembers state-like alarms so each fires once when it starts or changes."""
+class AlarmMemory(Protocol):
+    """What a state-like rule is handed: the alarms active now (code -> the key of its state), and
+    `transition`, which fires `make()` when a code's key starts or changes and forgets it at None.
+    `alarms.Alarms` is the one kvtui keeps (per session, per watched cache)."""
 
-    def __init__(self):
-        self.active: dict[str, str] = {}
+    active: dict[str, str]
 
-    def transition(self, code: str, key: str | None, make) -> list[Diagnostic]:
-        if key is None:
-            self.active.pop(code, None)
-            return []
-        if self.active.get(code) == key:
-            return []
-        self.active[code] = key
-        return [make()]
+    def transition(self, code: str, key: str | None, make: Callable[[], Diagnostic]) -> list[Diagnostic]: ...
 
-    def check_positions(self, step: int, positions: Sequence[int], cache_len_before: int) -> list[Diagnostic]:
-        """kvtui's own forward: one row, every token attended (the rule is check_row_positions)."""
-        return check_row_positions(self, step, [positions], [[1] * len(positions)], [cache_len_before], "")
 
-    def check_cursor(self, step: int, cursor: int, cache_len: int, whose: str = "", at: str = "") -> list[Diagnostic]:
-        """The next write position someone keeps (the session's cursor, a program's cache_position) against
-        the cache's own length: news only when the gap appears or changes."""
-        gap = cursor - cache_len
-        whose = whose or f"cursor (next position {cursor})"
-        return self.transition(
+def check_positions(
+    alarms: AlarmMemory, step: int, positions: Sequence[int], cache_len_before: int
+) -> list[Diagnostic]:
+    """kvtui's own forward: one row, every token attended (the rule is check_row_positions)."""
+    return check_row_positions(alarms, step, [positions], [[1] * len(positions)], [cache_len_before], "")
+
+
+def check_cursor(
+    alarms: AlarmMemory, step: int, cursor: int, cache_len: int, whose: str = "", at: str = ""
+) -> list[Diagnostic]:
+    """The next write position someone keeps (the session's cursor, a program's cache_position) against
+    the cache's own length: news only when the gap appears or changes."""
+    gap = cursor - cache_len
+    whose = whose or f"cursor (next position {cursor})"
+    return alarms.transition(
+        "cursor-mismatch",
+        None if gap == 0 else str(gap),
+        lambda: Diagnostic(
             "cursor-mismatch",
-            None if gap == 0 else str(gap),
+            "error",
+            f"{whose} differs from the cache length by {gap:+d}: the cache holds {cache_len} tokens" + at,
+            step,
+        ),
+    )
+
+
+def check_layers(
+    alarms: AlarmMemory, step: int, layers: Sequence[LayerInfo], capacity: int | None, cache_len: int, reserve: int
+) -> list[Diagnostic]:
+    """sliding-eviction when sliding layers start dropping positions, static-capacity when a static cache
+    nears full (`reserve` slots, or a tenth)."""
+    found = []
+    evicting = [layer for layer in layers if layer.held_from > 0]
+    key = None
+    if evicting:
+        key = "on"
+        first = evicting[0]
+        if "sliding-eviction" not in alarms.active:
+            found.append(
+                Diagnostic(
+                    "sliding-eviction",
+                    "info",
+                    f"{len(evicting)} of {len(layers)} layers ({first.kind}, window {first.window}) no longer hold "
+                    f"positions < {first.held_from}; full layers still hold all {cache_len}",
+                    step,
+                )
+            )
+    if key is None:
+        alarms.active.pop("sliding-eviction", None)
+    else:
+        alarms.active["sliding-eviction"] = key
+    if capacity is not None:
+        left = capacity - cache_len
+        near = left <= max(reserve, capacity // 10)
+        found += alarms.transition(
+            "static-capacity",
+            "near" if near else None,
             lambda: Diagnostic(
-                "cursor-mismatch",
-                "error",
-                f"{whose} differs from the cache length by {gap:+d}: the cache holds {cache_len} tokens" + at,
-                step,
+                "static-capacity", "warning", f"static cache {cache_len}/{capacity} full: {left} slots left", step
             ),
         )
-
-    def check_layers(
-        self, step: int, layers: Sequence[LayerInfo], capacity: int | None, cache_len: int, reserve: int
-    ) -> list[Diagnostic]:
-        found = []
-        evicting = [layer for layer in layers if layer.held_from > 0]
-        key = None
-        if evicting:
-            key = "on"
-            first = evicting[0]
-            if "sliding-eviction" not in self.active:
-                found.append(
-                    Diagnostic(
-                        "sliding-eviction",
-                        "info",
-                        f"{len(evicting)} of {len(layers)} layers ({first.kind}, window {first.window}) no longer hold "
-                        f"positions < {first.held_from}; full layers still hold all {cache_len}",
-                        step,
-                    )
-                )
-        if key is None:
-            self.active.pop("sliding-eviction", None)
-        else:
-            self.active["sliding-eviction"] = key
-        if capacity is not None:
-            left = capacity - cache_len
-            near = left <= max(reserve, capacity // 10)
-            found += self.transition(
-                "static-capacity",
-                "near" if near else None,
-                lambda: Diagnostic(
-                    "static-capacity", "warning", f"static cache {cache_len}/{capacity} full: {left} slots left", step
-                ),
-            )
-        return found
+    return found
 
 
 # ---- watched programs: what a forward or generate() was asked to do -----------------------------------
@@ -259,7 +279,7 @@ def span(values: Sequence[int]) -> str:
 
 
 def check_request(
-    alarms: Alarms,
+    alarms: AlarmMemory,
     step: int,
     *,
     cache_position: Sequence[int] | None,
@@ -284,8 +304,8 @@ def check_request(
         ),
     )
     first = cache_position[0] if cache_position else cache_len
-    found += alarms.check_cursor(
-        step, first, cache_len, whose=f"the caller's own cursor (cache_position starts at {first})", at=at
+    found += check_cursor(
+        alarms, step, first, cache_len, whose=f"the caller's own cursor (cache_position starts at {first})", at=at
     )
     if capacity is not None and cache_len + n > capacity:
         found.append(
@@ -301,7 +321,7 @@ def check_request(
 
 
 def check_row_positions(
-    alarms: Alarms,
+    alarms: AlarmMemory,
     step: int,
     applied: Sequence[Sequence[int]],
     masks: Sequence[Sequence[int]],
@@ -504,96 +524,6 @@ def check_ranks(step: int, ranks: dict[int, tuple | None]) -> list[Diagnostic]:
 def _facts_text(facts: tuple) -> str:
     ids, positions, length = facts
     return f"ids {span(ids) if len(ids) > 8 else list(ids)}, positions {span(positions)}, cache {length}"
-
-
-# ---- grouping: what the diagnostics pane and the headless summaries show ------------------------------
-
-_CACHE_LABEL = re.compile(r"\b[A-Za-z0-9_]*Cache#\d+\b")
-_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
-
-
-@dataclass(frozen=True)
-class DiagnosticGroup:
-    """Every alarm of one code on one cache: `ignored-argument ×9, steps 2–38`."""
-
-    code: str
-    severity: str  # the most severe of its alarms
-    cache: str  # the cache its messages name ('DynamicCache#2'), '' when they name none
-    items: tuple[Diagnostic, ...]  # in the order they fired
-
-    @property
-    def first(self) -> Diagnostic:
-        return self.items[0]
-
-    @property
-    def count(self) -> int:
-        return len(self.items)
-
-    @property
-    def first_step(self) -> int:
-        return min(d.step for d in self.items)
-
-    @property
-    def last_step(self) -> int:
-        return max(d.step for d in self.items)
-
-    @property
-    def key(self) -> str:
-        return f"{self.code}@{self.cache}" if self.cache else self.code
-
-    def steps_text(self) -> str:
-        """'step 12' or 'steps 2–38'."""
-        first, last = self.first_step, self.last_step
-        return f"step {first}" if first == last else f"steps {first}–{last}"
-
-    def headline(self) -> str:
-        """'ignored-argument ×9, steps 2–38' (the count only when it repeats; the cache when one is named)."""
-        times = f" ×{self.count}" if self.count > 1 else ""
-        on = f" on {self.cache}" if self.cache else ""
-        return f"{self.code}{times}{on}, {self.steps_text()}"
-
-
-def cache_label(message: str) -> str:
-    found = _CACHE_LABEL.search(message)
-    return found.group(0) if found else ""
-
-
-def group_diagnostics(diagnostics: Sequence[Diagnostic]) -> list[DiagnosticGroup]:
-    """One group per (code, cache), errors first, then warnings, then info; within a severity the
-    group that fired first comes first. O(alarms)."""
-    groups: dict[tuple[str, str], list[Diagnostic]] = {}
-    for d in diagnostics:
-        groups.setdefault((d.code, cache_label(d.message)), []).append(d)
-    built = []
-    for (code, cache), items in groups.items():
-        severity = min((d.severity for d in items), key=lambda s: _SEVERITY_RANK.get(s, 3))
-        built.append(DiagnosticGroup(code, severity, cache, tuple(items)))
-    built.sort(key=lambda g: (_SEVERITY_RANK.get(g.severity, 3), g.first_step))
-    return built
-
-
-def leading_group(groups: Sequence[DiagnosticGroup]) -> DiagnosticGroup | None:
-    """The alarm that explains the bug first: the first-fired error or warning (ties: the error), else
-    the first group (info)."""
-    serious = [g for g in groups if g.severity in ("error", "warning")]
-    if serious:
-        return min(serious, key=lambda g: (g.first_step, _SEVERITY_RANK[g.severity]))
-    return groups[0] if groups else None
-
-
-def group_summary(group: DiagnosticGroup) -> str:
-    """One summary line after the severity: 'step   12  pad-in-cache ×3, steps 12–30  <first message>'.
-    It starts with the first step, as the per-alarm lines did, so `grep 'error step'` still finds it."""
-    return f"step {group.first_step:>4}  {group.headline()}  {group.first.message}"
-
-
-def group_last(group: DiagnosticGroup) -> str | None:
-    """The group's last alarm when it says something else than the first ('last, step 5: static cache
-    overflow refused ...'): the summary's second line for that group; None when there is nothing new."""
-    last = group.items[-1]
-    if group.count == 1 or last.message == group.first.message:
-        return None
-    return f"last, step {last.step}: {last.message}"
 
 
 # ---- silent cache bugs users report: a cache that changed where the program said it must not, or did not

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..reading.diagnostics import Alarms
+from ..reading.alarms import Alarms
 from ..reading.introspect import Fingerprint
 from ..records.snapshot import BufferToken, unknown_token
 from .patches import Registry

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from ..reading import introspect
+from ..reading.alarms import Alarms
 from ..reading.diagnostics import (
-    Alarms,
     SpecialIds,
     check_drift,
     check_feed,

@@ -313,7 +313,7 @@ def test_static_layer_counters_are_read_together_not_one_device_wait_per_layer(m
             pytest.skip("this transformers keeps no tensor counter in a static layer (4.x: none at all)")
         cache.layers[3].cumulative_length.add_(2)  # one layer ahead: every layer's own count must be read
     assert [info.seen for info in introspect.layer_infos(cache)] == [5, 5, 5, 7, 5, 5]  # on the CPU, one by one
-    monkeypatch.setattr(introspect, "_on_host", lambda counter: False)
+    monkeypatch.setattr(introspect.layers, "_on_host", lambda counter: False)
     reads: list[str] = []
     for name in ("__int__", "item", "tolist"):
         real = getattr(torch.Tensor, name)

@@ -1,0 +1,163 @@
+"""Fingerprints: has the cache changed between two forwards? (kvtui watch: a program that crops, resets,
+replaces or edits its cache outside a forward.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .layers import CountReader, kind_of, layer_counts
+
+
+@dataclass
+class Fingerprint:
+    """What a cache held after a forward, to tell at the next one whether the program touched it between.
+
+    Per layer it keeps the layer object, its K and V tensors (references: the check is an identity test,
+    no id or address reuse), its token counter when it has one, and autograd's in-place write counters.
+    Inference tensors keep no write counter: for those `views` are their first and last filled slots
+    (views, no copy) and `values` a copy of them, compared at the check. It keeps alive the tensors the
+    cache held after the forward: the cache's own (no extra memory), unless the program replaces them
+    before the next forward (then the old ones until that forward). `release()` lets go: at the check,
+    when the cache dies, at detach; nothing is held while a forward runs."""
+
+    layers: list  # [(layer, keys, values, counter or None, (K, V) write counters or None)]
+    views: list = field(default_factory=list)  # [(layer index, K or V end-slots view)]
+    values: list = field(default_factory=list)  # per group of equal-shaped views: (indices, stacked copy)
+
+    def release(self) -> None:
+        self.layers, self.views, self.values = [], [], []
+
+    def rows(self) -> tuple:
+        """(kind, seen, K shape, K/V addresses[, write counters]) per layer, as they were."""
+        out: list[tuple] = []
+        for layer, keys, values, counter, versions in self.layers:
+            kind = kind_of(layer)
+            if not _kv_tensors(keys, values):
+                out.append((kind, -1))
+                continue
+            seen = keys.shape[-2] if counter is None else counter
+            out.append((kind, seen, keys.shape, keys.data_ptr(), values.data_ptr()) + (versions or ()))
+        return tuple(out)
+
+
+def _kv_tensors(keys, values) -> bool:
+    return isinstance(keys, torch.Tensor) and keys.dim() == 4 and isinstance(values, torch.Tensor)
+
+
+def _counter(layer, kind: str, keys, reader: CountReader) -> tuple[int | None, int]:
+    """(its token counter, None for a full layer whose slots are its tokens; filled slots)."""
+    if kind == "full":
+        return None, keys.shape[-2]
+    return layer_counts(layer, kind, reader)
+
+
+def fingerprint(cache) -> Fingerprint:
+    """The cache now, in O(layers) attribute reads (plus two end-slot views per inference layer):
+    no K/V copy, no transfer to the host."""
+    layers: list[tuple] = []
+    views = []
+    reader = CountReader(cache)
+    for index, layer in enumerate(getattr(cache, "layers", ())):
+        keys: Any = getattr(layer, "keys", None)
+        values: Any = getattr(layer, "values", None)
+        if not _kv_tensors(keys, values):
+            layers.append((layer, keys, values, None, None))
+            continue
+        counter, filled = _counter(layer, kind_of(layer), keys, reader)
+        if keys.is_inference() or values.is_inference():
+            versions = None
+            if filled > 0:  # slots 0 and filled-1 (views, no copy)
+                ends = slice(0, filled, max(1, filled - 1))
+                views += [(index, keys[:, :, ends]), (index, values[:, :, ends])]
+        else:  # autograd's counter of in-place writes: free to read
+            versions = (keys._version, values._version)
+        layers.append((layer, keys, values, counter, versions))
+    return Fingerprint(layers, views, _stack(views))
+
+
+def _stack(views: list) -> list:
+    """One stacked copy of the views: all in one when they are alike (the usual case: one call), else
+    grouped by shape, dtype and device."""
+    if not views:
+        return []
+    try:
+        return [(list(range(len(views))), torch.stack([view for _, view in views]))]
+    except RuntimeError:  # layers of different shapes (MLA K vs V, sliding windows) or devices
+        groups: dict[tuple, list[int]] = {}
+        for i, (_, view) in enumerate(views):
+            groups.setdefault((view.shape, view.dtype, view.device), []).append(i)
+        return [(indices, torch.stack([views[i][1] for i in indices])) for indices in groups.values()]
+
+
+def _same(entry, layer, reader: CountReader) -> bool:
+    held, keys, values, counter, versions = entry
+    if layer is not held or getattr(layer, "keys", None) is not keys or getattr(layer, "values", None) is not values:
+        return False
+    if not _kv_tensors(keys, values):
+        return True
+    if counter is not None and _counter(layer, kind_of(layer), keys, reader)[0] != counter:
+        return False
+    return versions is None or versions == (keys._version, values._version)  # type: ignore[union-attr]  # _kv_tensors
+
+
+def changed(before: Fingerprint, cache) -> str | None:
+    """What the program did to the cache since `before` was taken, in words; None if nothing. Releases
+    `before` (it is spent)."""
+    try:
+        layers = list(getattr(cache, "layers", ()))
+        reader = CountReader(cache)
+        if len(layers) != len(before.layers) or not all(
+            _same(e, layer, reader) for e, layer in zip(before.layers, layers)
+        ):
+            change = describe_change(before.rows(), _rows(cache))  # None: replaced by equal ones (a no-op)
+            if change is not None:
+                return change
+        edited: set[int] = set()
+        for indices, copy in before.values:
+            now = torch.stack([before.views[i][1] for i in indices])  # the same slots, read again
+            if not torch.equal(now, copy):
+                differs = (now != copy).reshape(len(indices), -1).any(dim=1).tolist()
+                edited.update(before.views[i][0] for i, d in zip(indices, differs) if d)
+        if edited:
+            return f"K/V values edited in place in {_layer_list(sorted(edited), len(layers))}"
+        return None
+    finally:
+        before.release()
+
+
+def _rows(cache) -> tuple:
+    """The rows of a Fingerprint taken now (only to describe a change)."""
+    return fingerprint(cache).rows()
+
+
+def describe_change(before: tuple, after: tuple) -> str | None:
+    """What changed between two fingerprints' rows, in words; None if nothing did."""
+    if before == after:
+        return None
+    if len(before) != len(after):
+        return f"its layer count changed from {len(before)} to {len(after)}"
+    old = max((row[1] for row in before), default=0)
+    new = max((row[1] for row in after), default=0)
+    if new == 0 < old:
+        return f"emptied: {old} -> 0 tokens (reset)"
+    if new < old:
+        return f"shortened from {old} to {new} tokens (cropped)"
+    if new > old:
+        return f"grew from {old} to {new} tokens (written outside a forward)"
+    replaced = [i for i, (a, b) in enumerate(zip(before, after)) if a[3:5] != b[3:5]]
+    if replaced:
+        return f"K/V tensors replaced in {_layer_list(replaced, len(after))}"
+    edited = [i for i, (a, b) in enumerate(zip(before, after)) if a[5:] != b[5:]]
+    if edited:
+        return f"K/V values edited in place in {_layer_list(edited, len(after))}"
+    return "its layer shapes changed"
+
+
+def _layer_list(indices: list[int], total: int) -> str:
+    if len(indices) == total:
+        return f"all {total} layers"
+    shown = ", ".join(map(str, indices[:6])) + (", ..." if len(indices) > 6 else "")
+    return f"{len(indices)} of {total} layers ({shown})"
