@@ -194,7 +194,7 @@ def render_totals(
     return text
 
 
-PAGED_BAR_WIDTH = 24
+PAGED_BAR_WIDTH = 16
 
 
 def paged_bar(group: PagedGroupView, palette: Palette | None = None, width: int = PAGED_BAR_WIDTH) -> Text:
@@ -217,8 +217,8 @@ def paged_bar(group: PagedGroupView, palette: Palette | None = None, width: int 
 
 
 def render_paged(paged: tuple[PagedGroupView, ...], palette: Palette | None = None) -> Text:
-    """A paged cache, one line per group: 'full ▓▓███▒░░░ used 12 (3 shared) · cached 2 · free 50 of 64 blocks
-    × 16 tokens · 24 layers'. O(groups)."""
+    """A paged cache, one line per group: 'full ▓▓███▒░░░ 12 used (3 shared) · 2 cached · 50 free of 64 ×
+    16 tok · 24 layers' (blocks of 16 tokens). O(groups)."""
     muted = role_style(palette, "muted")
     text = Text()
     name_width = max((len(group.name) for group in paged), default=0)
@@ -228,16 +228,17 @@ def render_paged(paged: tuple[PagedGroupView, ...], palette: Palette | None = No
         text.append(group.name.ljust(name_width), style=role_style(palette, _KIND_ROLES.get(group.name, "accent")))
         text.append(" ")
         text.append_text(paged_bar(group, palette))
-        text.append(" used ", style=muted)
         full = group.free == 0
+        text.append(" ")
         text.append(str(group.used), style=role_style(palette, "error", "bold") if full else "bold")
+        text.append(" used", style=muted)
         if group.shared:
             text.append(" (", style=muted)
             text.append(f"{group.shared} shared", style=role_style(palette, "accent"))
             text.append(")", style=muted)
-        text.append(f" · cached {group.cached} · free ", style=muted)
+        text.append(f" · {group.cached} cached · ", style=muted)
         text.append(str(group.free), style=role_style(palette, "warning", "bold") if full else "")
-        text.append(f" of {group.total} blocks × {group.block_tokens} tokens · {group.layers} layers", style=muted)
+        text.append(f" free of {group.total} × {group.block_tokens} tok · {group.layers} layers", style=muted)
     if not paged:
         text.append("paged cache: no groups", style=muted)
     return text

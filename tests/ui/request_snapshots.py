@@ -35,7 +35,7 @@ def buffer(request_id: str, held: int) -> TokenBuffer:
 
 def top(*pieces: str) -> tuple[TopToken, ...]:
     probs = (0.7, 0.2, 0.1)
-    return tuple(TopToken(2000 + i, piece, 3.0 - i, probs[i], i) for i, piece in enumerate(pieces))
+    return tuple(TopToken(2000 + i, piece, 3.0 - i, probs[i], i + 1) for i, piece in enumerate(pieces))
 
 
 def request(request_id, status, phase, fed, held, generated, hit=0, recomputed=0, blocks=(), shared=0):
@@ -87,8 +87,8 @@ def step(number: int, requests: tuple[RequestView, ...], tops: dict[str, tuple[s
         turn=1,
         input_ids=first.input_ids,
         positions=first.positions,
-        cursor=0,
-        cache_seq_length=0,
+        cursor=sum(view.held for view in requests),  # the paged cache's tokens, every request's
+        cache_seq_length=sum(view.held for view in requests),
         capacity=None,
         layers=(),  # a paged cache: its blocks are in `paged`
         topk=first.topk,

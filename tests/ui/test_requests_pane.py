@@ -91,9 +91,9 @@ def test_cursor_pane_names_the_request_or_says_it_was_not_fed():
 
 def test_paged_groups_in_the_layers_pane():
     text = plain(render_paged(steps()[1].paged))
-    assert "used 6 (1 shared) · cached 0 · free 10 of 16 blocks × 8 tokens · 2 layers" in text
+    assert "6 used (1 shared) · 0 cached · 10 free of 16 × 8 tok · 2 layers" in text
     full = plain(render_paged(steps()[3].paged))
-    assert "used 5 · cached 2 · free 9 of 16" in full
+    assert "5 used · 2 cached · 9 free of 16" in full
 
 
 # ---- the app ---------------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ async def test_requests_arrive_finish_and_one_picked_shows_in_the_panes():
         await post(pilot, snapshots[0])
         assert pane.display and pane.request_ids == ["req-a1", "req-b2", "req-c3"]
         text = screen_text(app)
-        assert "req-c3" in text and "waiting" in text and "used 3 (1 shared)" in text
+        assert "req-c3" in text and "waiting" in text and "3 used (1 shared)" in text
         assert buffer_pieces(app)[-3:] == [" fruit", "<|im_end|>", "\n"]  # row 0: req-a1
 
         await pilot.press("n")  # the next request: b2, its tokens and its top-k
@@ -174,7 +174,7 @@ async def test_requests_arrive_finish_and_one_picked_shows_in_the_panes():
         await pilot.press("up")
         assert pane.selected_request == "req-b2"
         assert buffer_pieces(app)[-3:] == [" Blue", ".", "<|im_end|>"]
-        assert "used 5 · cached 2" in screen_text(app)
+        assert "5 used · 2 cached" in screen_text(app)
 
 
 async def test_requests_pane_fits_small_terminals_and_folds_away():
@@ -189,3 +189,30 @@ async def test_requests_pane_fits_small_terminals_and_folds_away():
         await pilot.press("f7")
         assert app.query_one(RequestsPane).display
     assert LayersPane  # the layers pane's paged view is checked on screen in the test above
+
+
+async def two_servers_steps(pilot) -> None:
+    """The screen the README shows: step 2 of the hand-built server, request c3 picked (it recomputed 3 tokens)."""
+    for snapshot in steps()[:2]:
+        await post(pilot, snapshot)
+    pilot.app.query_one(RequestsPane).select_request("req-c3")
+    await pilot.pause(0.1)
+
+
+def test_serving_screen(snap_compare):
+    """Deterministic (hand-built steps): also the README's docs/serve.svg, written by
+    `KVTUI_DOCS_SCREENSHOT=1 pytest tests/ui/test_requests_pane.py -k docs`."""
+    assert snap_compare(make_app(), terminal_size=(120, 36), run_before=two_servers_steps)
+
+
+async def test_docs_screenshot(tmp_path):
+    import os
+    from pathlib import Path
+
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await two_servers_steps(pilot)
+        docs = Path(__file__).parents[2] / "docs"
+        target = docs if os.environ.get("KVTUI_DOCS_SCREENSHOT") else tmp_path
+        path = app.save_screenshot("serve.svg", str(target))
+    assert "req-c3" in Path(path).read_text().replace("&#160;", " ")
