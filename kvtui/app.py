@@ -42,7 +42,7 @@ from .widgets.diagnostics_pane import DiagnosticsPane
 from .widgets.help_screen import HelpScreen
 from .widgets.layers_pane import LayersPane
 from .widgets.program_input import ProgramInput
-from .widgets.requests_pane import RequestsPane, describe_request, find_request, for_request, request_row
+from .widgets.requests_pane import RequestsPane, picked_request
 from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 from .widgets.topk_pane import TopKPane
@@ -427,26 +427,14 @@ class KvtuiApp(App):
         self.query_one(CursorPane).show_token(token)
 
     def _show_requests(self, step: StepSnapshot | None, shown: StepSnapshot | None) -> StepSnapshot | None:
-        """A packed forward (continuous batching): its requests listed, and the step as the picked request saw
-        it (the driver's row until one is picked); the cursor pane names the request shown. O(requests)."""
+        """A packed forward (continuous batching): its requests listed, the step as the picked one saw it."""
         packed = step is not None and step.requests is not None
         if packed != self.packed:
             self.packed = packed
             self._apply_layout()
         pane = self.query_one(RequestsPane)
         pane.show(step)
-        if step is None or shown is None or not packed:
-            self.query_one(CursorPane).show_request(None)
-            return shown
-        request_id = pane.selected_request
-        if request_id is not None:
-            shown = for_request(step, request_id)
-        elif shown.rows and 0 <= shown.row < len(shown.rows):
-            request_id = shown.rows[shown.row].request_id
-        line = None
-        if request_id is not None:
-            fed = request_row(step, request_id) is not None
-            line = describe_request(find_request(step, request_id), request_id, fed, step.step, pane.palette)
+        shown, line = picked_request(step, shown, pane.selected_request, pane.palette)
         self.query_one(CursorPane).show_request(line)
         return shown
 

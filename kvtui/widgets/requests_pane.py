@@ -180,6 +180,25 @@ def describe_request(
     return text
 
 
+def picked_request(
+    step: StepSnapshot | None, shown: StepSnapshot | None, picked: str | None, palette: Palette | None = None
+) -> tuple[StepSnapshot | None, Text | None]:
+    """What the cache, cursor and top-k panes show of a packed step, with the cursor pane's request line: the
+    picked request (`picked`), else the source's row (`shown`, the driver's pick) named by its request. A step
+    that packed nothing: `shown` as it is, no line. O(requests)."""
+    if step is None or shown is None or step.requests is None:
+        return shown, None
+    request_id = picked
+    if request_id is not None:
+        shown = for_request(step, request_id)
+    elif shown.rows and 0 <= shown.row < len(shown.rows):
+        request_id = shown.rows[shown.row].request_id
+    if request_id is None:
+        return shown, None
+    fed = request_row(step, request_id) is not None
+    return shown, describe_request(find_request(step, request_id), request_id, fed, step.step, palette)
+
+
 class RequestsPane(Vertical):
     """The requests of a packed forward; the highlighted one is what the cache, cursor and top-k panes show."""
 
@@ -256,11 +275,12 @@ class RequestsPane(Vertical):
         return [row.request_id for row in self._rows]
 
     def show(self, snapshot: StepSnapshot | None) -> None:
-        """A new step: its live requests, and those that left since the last one shown (a step back: none)."""
+        """A new step: its live requests, and those that left since the last one shown (a step back: none; the
+        same step again, another request picked: as they were)."""
         previous = self._snapshot
-        if snapshot is None or previous is None or snapshot.step <= previous.step:
+        if snapshot is None or previous is None or snapshot.step < previous.step:
             self._departed = ()
-        else:
+        elif snapshot.step > previous.step:
             shown = (*(previous.requests or ()), *self._departed)
             self._departed = kept_requests(shown, snapshot.requests or ())
         self._snapshot = snapshot

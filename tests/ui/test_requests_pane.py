@@ -176,6 +176,13 @@ async def test_requests_arrive_finish_and_one_picked_shows_in_the_panes():
         assert buffer_pieces(app)[-3:] == [" Blue", ".", "<|im_end|>"]
         assert "5 used · 2 cached" in screen_text(app)
 
+        await pilot.click("#requests-table", offset=(3, 2))  # a click on the second row: c3
+        await wait_for(pilot, lambda: pane.selected_request == "req-c3", what="the clicked request")
+        assert buffer_pieces(app)[-2:] == [" 1", " 2"]
+        await pilot.click("#requests-table", offset=(3, 3))  # a1 has finished and left: nothing of it to show
+        await wait_for(pilot, lambda: pane.selected_request == "req-a1", what="the departed request")
+        assert buffer_pieces(app) == [] and "not live at step 4" in plain(app.query_one(CursorPane).content)
+
 
 async def test_requests_pane_fits_small_terminals_and_folds_away():
     app = make_app()
