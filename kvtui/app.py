@@ -42,6 +42,7 @@ from .widgets.diagnostics_pane import DiagnosticsPane
 from .widgets.help_screen import HelpScreen
 from .widgets.layers_pane import LayersPane
 from .widgets.program_input import ProgramInput
+from .widgets.requests_pane import RequestsPane, picked_request
 from .widgets.status_bar import StatusBar
 from .widgets.token_buffer import TokenBufferPane
 from .widgets.topk_pane import TopKPane
@@ -117,6 +118,7 @@ class KvtuiApp(App):
         Binding("f2", "toggle_pane('buffer')", "show/hide token buffer", show=False),
         Binding("f3", "toggle_pane('cursor')", "show/hide cursor", show=False),
         Binding("f4", "toggle_pane('topk')", "show/hide top-k", show=False),
+        Binding("f7", "toggle_pane('requests')", "show/hide the requests (a continuous-batching forward)", show=False),
         Binding("question_mark,f1", "help", "help"),
         Binding("q,ctrl+q", "quit", "quit", priority=False),
     ]
@@ -157,6 +159,7 @@ class KvtuiApp(App):
         self.model_text = "loading model…"
         self.hidden: set[str] = set()  # panes the user hid
         self.shown: set[str] = set()  # panes the user showed although the layout folds them
+        self.packed = False  # the shown step packed many requests (continuous batching): the requests pane shows
         self._recent_ms: deque[float] = deque(maxlen=16)
         self._last_paint = 0.0
         self._prefill: StepSnapshot | None = None  # this turn's prefill, for the reuse meter
@@ -194,6 +197,7 @@ class KvtuiApp(App):
         with Horizontal(id="main"):
             yield ChatPane(id="chat")
             with Vertical(id="inspect"):
+                yield RequestsPane(id="requests")
                 yield TokenBufferPane(id="buffer")
                 with Horizontal(id="row2"):
                     yield CursorPane(id="cursor")
@@ -229,6 +233,7 @@ class KvtuiApp(App):
         self.query_one("#row2").display = not ({"cursor", "topk"} <= hidden)
         self.query_one("#row3").display = not ({"layers", "diagnostics"} <= hidden)
         self.query_one(AlarmLine).display = "diagnostics" in hidden
+        self.query_one(RequestsPane).display = self.packed and "requests" not in hidden
 
     def _hidden_panes(self, height: int | None = None) -> set[str]:
         height = self.size.height if height is None else height
@@ -412,13 +417,26 @@ class KvtuiApp(App):
             self._show(None)
 
     def _show(self, snapshot: StepSnapshot | None) -> None:
-        snapshot = self.driver.shown(snapshot)
+        step = snapshot
+        snapshot = self._show_requests(step, self.driver.shown(step))
         for pane in (TokenBufferPane, CursorPane, LayersPane, TopKPane):
             self.query_one(pane).show(snapshot)
         buffer_pane = self.query_one(TokenBufferPane)  # the selection may have moved (tail, rewind): O(1)
         index, shown = buffer_pane.selected_index, buffer_pane.snapshot
         token = None if index is None or shown is None or index >= len(shown.buffer) else shown.buffer[index]
         self.query_one(CursorPane).show_token(token)
+
+    def _show_requests(self, step: StepSnapshot | None, shown: StepSnapshot | None) -> StepSnapshot | None:
+        """A packed forward (continuous batching): its requests listed, the step as the picked one saw it."""
+        packed = step is not None and step.requests is not None
+        if packed != self.packed:
+            self.packed = packed
+            self._apply_layout()
+        pane = self.query_one(RequestsPane)
+        pane.show(step)
+        shown, line = picked_request(step, shown, pane.selected_request, pane.palette)
+        self.query_one(CursorPane).show_request(line)
+        return shown
 
     def _show_chat(self) -> None:
         chat = self.query_one(ChatPane)
@@ -609,7 +627,16 @@ class KvtuiApp(App):
         self.driver.toggle_break_on_alarm()
 
     def action_next_row(self) -> None:
+        """n: the next request of a packed forward (continuous batching), else the source's next batch row."""
+        if self.packed and self.query_one(RequestsPane).select_next() is not None:
+            return
         self.driver.next_row()
+
+    @on(RequestsPane.RequestSelected)
+    def request_selected(self, message: RequestsPane.RequestSelected) -> None:
+        """The cache, cursor and top-k panes show the picked request (at the step shown)."""
+        step = self.latest if self.pinned_step is None else self.driver.find_step(self.pinned_step)
+        self._show(step)
 
     def action_next_model(self) -> None:
         self.driver.next_model()

@@ -51,7 +51,7 @@ SOURCE_COMMANDS = {
 class ProgramDriver(Driver):
     BINDINGS = [
         Binding("b", "break_on_alarm", "break on alarm"),
-        Binding("n", "next_row", "next batch row", show=False),
+        Binding("n", "next_row", "next batch row (continuous batching: next request)", show=False),
         Binding("M", "next_model", "model filter", show=False),
         Binding("i", "focus_input", "type to the program"),
     ]

@@ -79,10 +79,14 @@ def describe_token(token: BufferToken) -> str:
 
 
 def render_cursor(
-    snapshot: StepSnapshot | None, palette: Palette | None = None, selected: BufferToken | None = None
+    snapshot: StepSnapshot | None,
+    palette: Palette | None = None,
+    selected: BufferToken | None = None,
+    request: Text | None = None,
 ) -> Text:
     """The cursor pane's content: step, cursor vs cache length, every layer's K/V shape (grouped), the
-    token selected in the buffer in full. O(layers): the buffer is never read."""
+    token selected in the buffer in full; `request`: the shown request's line (a packed forward, requests_pane.
+    describe_request). O(layers): the buffer is never read."""
     text = Text(no_wrap=False, overflow="fold")
     if snapshot is None:
         text.append("no step yet", style=role_style(palette, "muted"))
@@ -98,6 +102,9 @@ def render_cursor(
     if snapshot.turn_done:
         text.append(" · turn done", style=role_style(palette, "muted"))
     text.append("\n")
+    if request is not None:
+        text.append_text(request)
+        text.append("\n")
 
     alarm = has_alarm(snapshot)
     text.append("cursor ", style=role_style(palette, "muted"))
@@ -177,6 +184,7 @@ class CursorPane(LiveText):
         self.border_title = "cursor"
         self._snapshot: StepSnapshot | None = None
         self._selected: BufferToken | None = None
+        self._request: Text | None = None
         self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
 
     def on_mount(self) -> None:
@@ -206,6 +214,11 @@ class CursorPane(LiveText):
         self._selected = token
         self._render_snapshot()
 
+    def show_request(self, line: Text | None) -> None:
+        """The shown request's line (a packed forward), None: no request line."""
+        self._request = line
+        self._render_snapshot()
+
     def _render_snapshot(self) -> None:
-        self.show_text(render_cursor(self._snapshot, self._palette, self._selected))
+        self.show_text(render_cursor(self._snapshot, self._palette, self._selected, self._request))
         self.set_class(self.alarm, "-alarm")

@@ -21,6 +21,10 @@ Shapes: `K=V 3×125×64` is kv_heads×tokens×head_dim with batch 1 left out whe
 `K 1×12×16 V 1×12×8` when they differ; `b2` marks a batch of 2.
 Short terminals fold the layers and diagnostics panes (F5 / F6 show them; the alarm line shows the top
 alarm meanwhile); they unfold when the terminal grows. In diagnostics, x expands an alarm group.
+A watched server or generate_batch (continuous batching) lists its requests above the cache pane: n picks
+the next request (or arrows / click in the list, F7 hides it); the cache, cursor and top-k panes show the
+picked request, and the cursor pane says when this forward did not feed it. The layers pane shows the paged
+cache's blocks per group: used (shared), cached for reuse, free.
 --attention (opt-in) costs O(cache) per step: it reads the newest query's attention over every position.
 """
 

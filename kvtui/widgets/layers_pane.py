@@ -1,4 +1,5 @@
-"""The layers pane: one DataTable row per cache layer, a totals line below.
+"""The layers pane: one DataTable row per cache layer, a totals line below; a paged cache (continuous
+batching) its block groups instead (`render_paged`).
 
 `layer_cells(layer)` / `layer_rows(snapshot)` / `render_totals(...)` are pure (testable without an
 App); `LayersPane` updates the table's cells in place when the layer count is unchanged, so a new
@@ -17,7 +18,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable
 
-from kvtui.engine.records.snapshot import LayerInfo, StepSnapshot
+from kvtui.engine.records.snapshot import LayerInfo, PagedGroupView, StepSnapshot
 from kvtui.fmt import size as format_bytes
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
@@ -193,6 +194,56 @@ def render_totals(
     return text
 
 
+PAGED_BAR_WIDTH = 16
+
+
+def paged_bar(group: PagedGroupView, palette: Palette | None = None, width: int = PAGED_BAR_WIDTH) -> Text:
+    """The group's blocks as a bar: shared (used by several requests), used by one, cached (kept for reuse),
+    free; each segment at least one cell when it is not empty."""
+    total = max(group.total, 1)
+    segments = [
+        (group.shared, "▓", role_style(palette, "accent")),
+        (max(group.used - group.shared, 0), "█", role_style(palette, "primary")),
+        (group.cached, "▒", role_style(palette, "muted")),
+    ]
+    text = Text()
+    left = width
+    for count, char, style in segments:
+        cells = min(left, max(1 if count else 0, round(count / total * width)))
+        text.append(char * cells, style=style)
+        left -= cells
+    text.append("░" * left, style=role_style(palette, "muted"))
+    return text
+
+
+def render_paged(paged: tuple[PagedGroupView, ...], palette: Palette | None = None) -> Text:
+    """A paged cache, one line per group: 'full ▓▓███▒░░░ 12 used (3 shared) · 2 cached · 50 free of 64 ×
+    16 tok · 24 layers' (blocks of 16 tokens). O(groups)."""
+    muted = role_style(palette, "muted")
+    text = Text()
+    name_width = max((len(group.name) for group in paged), default=0)
+    for i, group in enumerate(paged):
+        if i:
+            text.append("\n")
+        text.append(group.name.ljust(name_width), style=role_style(palette, _KIND_ROLES.get(group.name, "accent")))
+        text.append(" ")
+        text.append_text(paged_bar(group, palette))
+        full = group.free == 0
+        text.append(" ")
+        text.append(str(group.used), style=role_style(palette, "error", "bold") if full else "bold")
+        text.append(" used", style=muted)
+        if group.shared:
+            text.append(" (", style=muted)
+            text.append(f"{group.shared} shared", style=role_style(palette, "accent"))
+            text.append(")", style=muted)
+        text.append(f" · {group.cached} cached · ", style=muted)
+        text.append(str(group.free), style=role_style(palette, "warning", "bold") if full else "")
+        text.append(f" free of {group.total} × {group.block_tokens} tok · {group.layers} layers", style=muted)
+    if not paged:
+        text.append("paged cache: no groups", style=muted)
+    return text
+
+
 class LayersPane(Vertical):
     """Per-layer K/V shapes, dtype, device, bytes, fill and window; posts LayerSelected."""
 
@@ -321,9 +372,19 @@ class LayersPane(Vertical):
         self._sync_selection(post=True)
 
     def _update_totals(self) -> None:
-        self.query_one("#layers-totals", LiveText).show_text(
-            render_totals(self._snapshot, self._query_heads, self._kv_heads, self._palette)
-        )
+        """The totals line; a paged cache: its groups' blocks above it (no layer rows: the table folds)."""
+        snapshot = self._snapshot
+        totals = render_totals(snapshot, self._query_heads, self._kv_heads, self._palette)
+        paged = snapshot.paged if snapshot is not None else None
+        if paged is not None:
+            blocks = render_paged(paged, self._palette)
+            if snapshot is not None and snapshot.layers:
+                blocks.append("\n")
+                blocks.append_text(totals)
+            totals = blocks
+        self.table.display = paged is None or bool(snapshot and snapshot.layers)
+        self.border_title = "layers · paged cache" if paged is not None else "layers"
+        self.query_one("#layers-totals", LiveText).show_text(totals)
 
     def _current_layer(self) -> int | None:
         row = self.table.cursor_row
