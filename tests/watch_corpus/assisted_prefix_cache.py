@@ -1,8 +1,8 @@
 """Assisted decoding on a copied prefix cache: the transformers docs' prompt-reuse recipe (prefill a prefix
 once, deep-copy it per prompt, let generate() continue from the copy) with an assistant model. The program
-hands generate() the copy AND the whole prompt again as new tokens (it appends the question's ids to the
-prefix's ids itself, and the copy already holds them): the model reads the prefix twice. One cause, named
-once at the generate() line; the verify forwards that go on continuing the doubled text are counted under it.
+builds its prompt ids as prefix + prefix + question (a prefix glued on twice), so generate() feeds the copy a
+prefix it already holds: the model reads it twice. One cause, named once at the generate() line; the verify
+forwards of that call (between the assistant's own generate() calls) are not re-explained as another cause.
 
 kvtui-model: tiny:llama
 kvtui-expects: stale-cache
