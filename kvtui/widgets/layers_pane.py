@@ -173,8 +173,8 @@ def render_totals(
         text.append("no layers yet", style=role_style(palette, "muted"))
         return text
     layers = snapshot.layers
-    if kv_heads is None and len(layers[0].k_shape) == 4:
-        kv_heads = layers[0].k_shape[1]  # [batch, kv_heads, slots, head_dim]
+    if kv_heads is None:
+        kv_heads = snapshot.kv_heads  # layer 0's [batch, kv_heads, slots, head_dim]; every rank's shards together
     kinds: dict[str, int] = {}
     for layer in layers:
         kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
@@ -191,6 +191,11 @@ def render_totals(
     if heads:
         text.append(" · ")
         text.append(heads)
+    if snapshot.tensor_parallel and len(layers[0].k_shape) == 4:  # this rank's layers are one shard of them
+        ranks, each = snapshot.tensor_parallel, layers[0].k_shape[1]
+        text.append(
+            f" in all: {ranks} ranks × {each} each (this rank's layers below)", style=role_style(palette, "muted")
+        )
     return text
 
 

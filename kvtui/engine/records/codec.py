@@ -85,7 +85,14 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         **(_watch_record(s, top_record, token_record) if s.source != "session" else {}),
         **({"compile": {"compile_ms": s.compile_ms, "recompiles": s.recompiles}} if s.compiled else {}),
         **({"uncached": True} if s.uncached else {}),
+        **({"tensor_parallel": s.tensor_parallel} if s.tensor_parallel else {}),
     }
+
+
+def sharded_step_record(record: dict, ranks: int) -> dict:
+    """A rank's `step` line as the viewer merged it: its layers are one shard of `ranks` ranks' KV heads
+    (read back as StepSnapshot.tensor_parallel)."""
+    return {**record, "tensor_parallel": ranks}
 
 
 def _watch_record(s: StepSnapshot, top_record, token_record) -> dict:
@@ -330,6 +337,7 @@ def _step(record: dict, buffer: TokenBuffer, rows: tuple[RowView, ...] | None = 
         compile_ms=(record.get("compile") or {}).get("compile_ms"),
         recompiles=(record.get("compile") or {}).get("recompiles", 0),
         uncached=bool(record.get("uncached")),
+        tensor_parallel=record.get("tensor_parallel"),
         **_watch_fields(record, rows),
     )
 

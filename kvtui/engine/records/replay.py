@@ -155,6 +155,7 @@ class Replay:
         return (
             f"replay · {h.get('model', '?')} · {h.get('model_class', '?')} · {h.get('device', '?')} · "
             f"{h.get('dtype', '?')} · {h.get('cache', '?')} cache · transformers {h.get('transformers', '?')}"
+            + (f" · tensor parallel over {h['tensor_parallel']} ranks" if h.get("tensor_parallel") else "")
         )
 
 

@@ -303,12 +303,23 @@ class StepSnapshot:
     # --cache none: no cache object; this step was one full forward over the whole context (use_cache=False),
     # so there are no layers and cache_seq_length is 0; the buffer is the context the model re-read
     uncached: bool = False
+    # tensor parallelism (torchrun): this rank's layers hold one shard of each layer's KV heads, of this many
+    # ranks' (merged by the viewer from every rank's records, written to the trace by tree.merge); None: whole
+    tensor_parallel: int | None = None
     # its trace line once serialised (trace.record_line), shared by the trace file and a viewer's pipe
     line: list = field(default_factory=list, init=False, compare=False, repr=False)
 
     @property
     def cache_bytes(self) -> int:
         return sum(layer.bytes for layer in self.layers)
+
+    @property
+    def kv_heads(self) -> int | None:
+        """The model's KV heads per layer (layer 0, K [batch, kv_heads, slots, head_dim]): all ranks' shards
+        together under tensor parallelism. None: no layer, or a layout with no head axis."""
+        if not self.layers or len(self.layers[0].k_shape) != 4:
+            return None
+        return self.layers[0].k_shape[1] * (self.tensor_parallel or 1)
 
 
 @frozen

@@ -26,8 +26,9 @@ class Forwards(threading.local):
 
     def __init__(self):
         self.stack: list[Call | None] = []  # top-level forwards in flight on this thread (None: nested)
-        self.prompt: weakref.ref | None = None  # the prompt of the generate() call this thread last ran a forward of
-        self.frame: int | None = None  # and the id of that call's frame
+        # id of each generate() frame on this thread's stack that ran a forward -> its prompt (held weakly): an
+        # assistant's generate() nested in the model's is a call of its own, not the start of a new outer one
+        self.prompts: dict[int, weakref.ref] = {}
 
     @property
     def current(self) -> Call | None:

@@ -349,10 +349,13 @@ class Watcher:
         track = call.track
         if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or track is None:
             return
-        # generate()'s first forward: a prompt tensor this thread has not seen a forward for yet (a weak
+        # generate()'s first forward: a prompt tensor this generate() frame has not run a forward for yet (a weak
         # reference: the program's tensor lives exactly as long as without kvtui)
-        first = STATE.prompt is None or STATE.prompt() is not prompt or STATE.frame != id(frames[0])
-        STATE.prompt, STATE.frame = weakref.ref(prompt), id(frames[0])
+        seen = STATE.prompts.get(id(frames[0]))
+        first = seen is None or seen() is not prompt
+        live = {id(frame) for frame in frames}  # generate() calls that returned are forgotten
+        STATE.prompts = {key: ref for key, ref in STATE.prompts.items() if key in live}
+        STATE.prompts[id(frames[0])] = weakref.ref(prompt)
         if not first or not call.cache_length_before:
             return
         length = prompt.shape[-1]

@@ -471,28 +471,40 @@ def desync(runs: list[ProcessRun]) -> list:
     return []
 
 
-def shards(runs: list[ProcessRun]) -> str | None:
-    """The ranks' shards of layer 0 at their last common forward, merged into the logical layer
-    (`K 1×2×27×16 · 2 ranks × 1 head`), when the ranks split the KV heads; None otherwise."""
-    ranked = {
-        run.rank: [r for r in run.records if r["type"] == "step" and r.get("layers")]
+def sharded_ranks(runs: list[ProcessRun]) -> tuple[list[ProcessRun], int, list[list[int]]] | None:
+    """The ranks that split the KV heads (at least two whose shards of layer 0 at their last common forward
+    differ only in the head axis, with as many heads each): (those runs, that forward's index, their K
+    shapes [batch, heads, slots, head_dim]); None otherwise. The live summary and the trace read it alike."""
+    ranked = [
+        (run, steps)
         for run in runs
         if run.rank is not None and run.watched
-    }
-    ranked = {rank: steps for rank, steps in ranked.items() if steps}
+        for steps in [[r for r in run.records if r["type"] == "step" and r.get("layers")]]
+        if steps
+    ]
     if len(ranked) < 2:
         return None
-    last = min(len(steps) for steps in ranked.values()) - 1
-    shapes = [steps[last]["layers"][0].get("k_shape") for steps in ranked.values()]
+    last = min(len(steps) for _, steps in ranked) - 1
+    shapes = [steps[last]["layers"][0].get("k_shape") for _, steps in ranked]
     if any(not shape or len(shape) != 4 for shape in shapes):
         return None
     heads = [shape[1] for shape in shapes]
     if any(shape[:1] + shape[2:] != shapes[0][:1] + shapes[0][2:] for shape in shapes) or len(set(heads)) != 1:
         return None
-    batch, _, length, dim = shapes[0]
+    return [run for run, _ in ranked], last, shapes
+
+
+def shards(runs: list[ProcessRun]) -> str | None:
+    """The ranks' shards of layer 0 at their last common forward, merged into the logical layer
+    (`K 1×2×27×16 · 2 ranks × 1 head`), when the ranks split the KV heads; None otherwise."""
+    found = sharded_ranks(runs)
+    if found is None:
+        return None
+    ranked, last, shapes = found
+    batch, heads, length, dim = shapes[0]
     return (
-        f"K {batch}×{sum(heads)}×{length}×{dim} · {len(ranked)} ranks × {heads[0]} head"
-        f"{'s' if heads[0] != 1 else ''} (layer 0, forward {last + 1})"
+        f"K {batch}×{heads * len(ranked)}×{length}×{dim} · {len(ranked)} ranks × {heads} head"
+        f"{'s' if heads != 1 else ''} (layer 0, forward {last + 1})"
     )
 
 
@@ -537,13 +549,19 @@ class Naming:
 def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:  # alarms: Diagnostics
     """One trace: a run header, then per process its `process` record and its records (made one stream by
     `Naming`: steps numbered through the run); then the run's own alarms (rank-desync), at their steps.
+    Where the ranks split the KV heads (`sharded_ranks`), the header and each rank's steps say over how many
+    (`tensor_parallel`), so a replay shows the model's heads in all, as the live summary does.
     Written here with a TraceWriter, not through the Recorder (which writes one session's or one
     watcher's trace): the records are the processes' own, already made, only joined and renumbered."""
-    from ..records.codec import diagnostic_record
+    from ..records.codec import diagnostic_record, sharded_step_record
     from ..records.trace import TraceWriter, header_start
 
     watched = [run for run in runs if run.records]  # a header is their first record
+    found = sharded_ranks(runs)
+    sharded = {run.pid for run in found[0]} if found else set()  # the live view's merge, kept in the trace
     header = {**(watched[0].records[0] if watched else header_start()), "processes": len(watched)}
+    if sharded:
+        header["tensor_parallel"] = len(sharded)
     writer = TraceWriter(out, header)
     naming = Naming()
     try:
@@ -566,6 +584,8 @@ def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:
             for record in run.records:
                 if record.get("type") == "header":
                     record = {**record, "type": "process-header"}  # the process's own header, kept whole
+                elif run.pid in sharded and record.get("type") == "step":
+                    record = sharded_step_record(record, len(sharded))
                 writer.write(naming(run, record))
         first = next((run for run in watched if run.rank is not None), None)
         for d in alarms:  # at the stream's number of the first rank's forward where the ranks parted
