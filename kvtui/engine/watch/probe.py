@@ -155,6 +155,8 @@ class Watcher:
                 "name": probe.name,
                 "class": type(model).__name__,
                 "layers": getattr(model.config, "num_hidden_layers", None),
+                # the model's own KV heads: tells a rank holding a tensor-parallel shard from one holding it all
+                "kv_heads": introspect.attention_heads(model.config)[1],
             }
         )
         return self

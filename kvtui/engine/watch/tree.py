@@ -491,6 +491,11 @@ def sharded_ranks(runs: list[ProcessRun]) -> tuple[list[ProcessRun], int, list[l
     heads = [shape[1] for shape in shapes]
     if any(shape[:1] + shape[2:] != shapes[0][:1] + shapes[0][2:] for shape in shapes) or len(set(heads)) != 1:
         return None
+    # ranks that each hold the whole model (data parallel) look the same: the model's own KV heads decide,
+    # where its record says them (a trace from before they were recorded is taken as the shapes say)
+    declared = {r.get("kv_heads") for run, _ in ranked for r in run.records if r["type"] == "model"} - {None}
+    if declared and declared != {heads[0] * len(ranked)}:
+        return None
     return [run for run, _ in ranked], last, shapes
 
 

@@ -20,6 +20,7 @@ from kvtui.engine.records.codec import from_record, sharded_step_record, step_re
 from kvtui.engine.records.replay import Replay
 from kvtui.engine.records.snapshot import LayerInfo, StepSnapshot, TokenBuffer
 from kvtui.engine.records.trace import read_trace
+from kvtui.engine.watch.tree import ProcessRun, sharded_ranks, shards
 from kvtui.widgets.layers_pane import render_totals
 from program_headers import model_dir
 
@@ -116,3 +117,20 @@ def test_a_torchrun_trace_replays_the_models_kv_heads_in_all(tmp_path, four_kv_h
 
     page = html.unescape(re.sub(r"<[^>]+>", "", to_html(view(replay))))
     assert "KV heads 4 in all: 2 ranks × 2 each" in page  # the notebook's replay: the same pane text
+
+
+def _rank(rank: int, heads_per_rank: int, model_kv_heads: int | None) -> ProcessRun:
+    run = ProcessRun(pid=100 + rank, argv=["prog.py"], rank=rank, world_size=2)
+    if model_kv_heads is not None:
+        run.add({"type": "model", "index": 0, "name": "m", "class": "LlamaForCausalLM", "kv_heads": model_kv_heads})
+    run.add({"type": "step", "step": 1, "layers": [{"k_shape": [1, heads_per_rank, 7, 16]}]})
+    return run
+
+
+def test_ranks_that_each_hold_the_whole_model_are_not_merged_as_shards():
+    """Two data-parallel ranks of a 2-KV-head model hold 2 heads each, as two tensor-parallel ranks of a
+    4-head model do: the model's own KV heads (its record) tell them apart; without the record, the shapes."""
+    assert sharded_ranks([_rank(0, 2, 4), _rank(1, 2, 4)]) is not None  # tensor parallel: 2 × 2 = 4
+    assert sharded_ranks([_rank(0, 2, 2), _rank(1, 2, 2)]) is None  # data parallel: each holds all 2
+    assert shards([_rank(0, 2, 2), _rank(1, 2, 2)]) is None
+    assert sharded_ranks([_rank(0, 2, None), _rank(1, 2, None)]) is not None  # an older trace: as before
