@@ -26,6 +26,7 @@ from ..reading.diagnostics import (
     recomputed_prefix,
     token_text,
 )
+from ..reading.diagnostics import check_window_positions, positions_stuck_at_window
 from ..reading.tokens import special_token_ids
 from ..reading.topk import top_token_rows, watched_tokens
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
@@ -55,6 +56,7 @@ class Call:
     applied: torch.Tensor | None = None  # position ids read at the rotary / position embedding
     positions_source: str = "derived"
     started: float = 0.0  # perf_counter when the forward began (after any pause)
+    mask_length: int | None = None  # columns of a 2-D attention mask (None: none passed)
 
 
 def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
@@ -76,9 +78,12 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     cache_len = introspect.seq_length(cache) if cache is not None else 0
     mask = values.get("attention_mask")
     mask_new = real_before = None
+    mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
         mask_new = mask[:, mask.shape[-1] - n :].tolist()  # [batch, n]
-        if mask.shape[-1] > n:
+        # a mask that does not line up with the cache counts nothing true (mask-length says so)
+        lined_up = cache is None or "Static" in type(cache).__name__ or mask.shape[-1] == cache_len + n
+        if mask.shape[-1] > n and lined_up:
             real_before = mask[:, : mask.shape[-1] - n].sum(-1).tolist()  # [batch]: one reduction
         else:
             real_before = [cache_len] * batch
@@ -98,6 +103,7 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         cache=cache,
         cache_length_before=cache_len,
         use_cache=values.get("use_cache"),
+        mask_length=mask_length,
     )
 
 
@@ -360,7 +366,14 @@ class StepBuilder:
             found += check_padding_side(step, masks, at)
         attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
         # the repeat state is kept either way; a stale cache's gap is said by stale-cache
-        gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
+        if positions_stuck_at_window(
+            applied, attended_before, call.probe.window
+        ):  # one cause: a sliding layer's length
+            gaps = check_window_positions(
+                self._alarms(call), step, applied[0][0], attended_before[0], call.probe.window, at
+            )
+        else:
+            gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
         if not stale:
             found += gaps
 
