@@ -23,10 +23,11 @@ from ..reading.diagnostics import (
     check_padding_side,
     check_request,
     check_row_positions,
+    check_window_positions,
+    positions_stuck_at_window,
     recomputed_prefix,
     token_text,
 )
-from ..reading.diagnostics import check_window_positions, positions_stuck_at_window
 from ..reading.tokens import special_token_ids
 from ..reading.topk import top_token_rows, watched_tokens
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
