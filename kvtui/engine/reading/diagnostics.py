@@ -696,3 +696,51 @@ def check_mask_length(step: int, cache_name: str, columns: int, cached: int, fed
             step,
         )
     ]
+
+
+# ---- silent cache bugs users report: a cache generate() made other than the program asked ----------------
+
+
+def check_cache_config_size(step: int, cache_name: str, asked: int, made: int, at: str) -> list[Diagnostic]:
+    """generate(cache_implementation="static", cache_config={"max_cache_len": N}) made a static cache of
+    another capacity: transformers (4.57, 5.24) sizes it to the prompt plus max_new_tokens whatever N says,
+    so a program that keeps the cache for a longer continuation overflows it later, far from the cause."""
+    if asked == made:
+        return []
+    return [
+        Diagnostic(
+            "ignored-argument",
+            "warning",
+            f"cache_config max_cache_len={asked} was ignored: generate() made {cache_name} with room for {made} "
+            f"tokens (the prompt plus max_new_tokens); to size it yourself pass "
+            f"StaticCache(config=model.config, max_cache_len={asked}) as past_key_values{at}",
+            step,
+        )
+    ]
+
+
+# ---- one alarm per cause: a right-padded prefill's later position gaps are counted under padding-side -----
+
+_RIGHT_PADDED = "padding-side"  # the key in a cache's Alarms.active while its last prefill was right-padded
+
+
+def note_right_padding(alarms: Alarms, padded: bool) -> None:
+    """Remember (per cache) whether its last prefill had rows ending with pads (padding-side said)."""
+    if padded:
+        alarms.active[_RIGHT_PADDED] = "right"
+    else:
+        alarms.active.pop(_RIGHT_PADDED, None)
+
+
+def counted_under_padding(alarms: Alarms, gaps: list[Diagnostic]) -> list[Diagnostic]:
+    """position-gap alarms on a cache whose prefill was right-padded: the rows' positions no longer match
+    their tokens because of those pads (5.x generate() places the new tokens after the pad slots), one cause
+    already named; they are said as padding-side, so the group counts them instead of a second reason."""
+    if alarms.active.get(_RIGHT_PADDED) != "right":
+        return gaps
+    return [
+        Diagnostic("padding-side", "warning", f"the right padding again: {d.message}", d.step)
+        if d.code == "position-gap"
+        else d
+        for d in gaps
+    ]

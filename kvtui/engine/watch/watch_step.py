@@ -24,6 +24,8 @@ from ..reading.diagnostics import (
     check_request,
     check_row_positions,
     check_window_positions,
+    counted_under_padding,
+    note_right_padding,
     positions_stuck_at_window,
     recomputed_prefix,
     token_text,
@@ -364,7 +366,9 @@ class StepBuilder:
     ) -> None:
         """A prefill's padding side, and each row's applied positions against what its cache attended."""
         if call.n > 1:
-            found += check_padding_side(step, masks, at)
+            padded = check_padding_side(step, masks, at)
+            note_right_padding(self._alarms(call), bool(padded))
+            found += padded
         attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
         # the repeat state is kept either way; a stale cache's gap is said by stale-cache
         if positions_stuck_at_window(
@@ -376,7 +380,7 @@ class StepBuilder:
         else:
             gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
         if not stale:
-            found += gaps
+            found += counted_under_padding(self._alarms(call), gaps)
 
     def _check_layers(
         self, call: Call, step: int, cache, cache_len: int, found: list[Diagnostic]

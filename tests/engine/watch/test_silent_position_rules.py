@@ -22,6 +22,11 @@ CORPUS = ROOT / "tests" / "watch_corpus"
 def watched_alarms(program: Path, tmp_path) -> list[Diagnostic]:
     """Every alarm of one watched run of `program`, read from its trace (exit 1: an error-level alarm fired,
     `--fail-on error` being the default)."""
+    return watched_run(program, tmp_path)[0]
+
+
+def watched_run(program: Path, tmp_path) -> tuple[list[Diagnostic], str]:
+    """One watched run of `program`: its alarms (as watched_alarms) and what the program printed."""
     trace = tmp_path / "run.jsonl"
     directory = str(model_dir(header(program, "kvtui-model")))
     command = [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(trace), str(program)]
@@ -33,7 +38,7 @@ def watched_alarms(program: Path, tmp_path) -> list[Diagnostic]:
             found += [Diagnostic(d["code"], d["severity"], d["message"], record["step"]) for d in record["diagnostics"]]
         elif record["type"] == "diagnostic":
             found.append(Diagnostic(record["code"], record["severity"], record["message"], record["step"]))
-    return found
+    return found, result.stdout
 
 
 def line_of(program: Path, text: str) -> str:
