@@ -37,6 +37,7 @@ CODES = (
     # silent cache bugs users report (the rules at the end of this module)
     "cache-written-without-use-cache",
     "edit-changed-nothing",
+    "mask-length",
 )
 
 
