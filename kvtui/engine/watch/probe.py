@@ -388,7 +388,8 @@ class Watcher:
                 else:
                     self._check_edits(call, track, call.cache)
                 call.track = track
-                call.found += mask_against_cache(call, self.steps + 1)
+                if not generating:  # generate() builds its own mask: a stale cache there is stale-cache's
+                    call.found += mask_against_cache(call, self.steps + 1)
                 if track.made == "generate" and call.cache_length_before == 0 and generating:
                     call.found += static_size_ignored(call, generating[0], self.steps + 1)
                 if generating:

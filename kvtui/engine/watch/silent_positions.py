@@ -9,12 +9,15 @@ from .watch_step import Call
 
 
 def mask_against_cache(call: Call, step: int) -> list[Diagnostic]:
-    """Before a forward handed a cache and a 2-D mask: does the mask cover exactly the cached tokens and the
-    fed ones? A static cache is left out (its length is the tokens written, but programs that pre-size the
-    mask to the capacity are not this bug's authors)."""
+    """Before a forward the program made itself (not generate()'s), handed a cache and a 2-D mask: does the
+    mask cover exactly the cached tokens and the fed ones? A static cache is left out (programs that size
+    the mask to its capacity are not this bug's authors)."""
     if call.cache is None or call.mask_length is None or call.input_ids is None:
         return []
     if "Static" in type(call.cache).__name__:
         return []
     name = call.track.name if call.track is not None else type(call.cache).__name__
-    return check_mask_length(step, name, call.mask_length, call.cache_length_before, call.n, f" [{call.caller}]")
+    found = check_mask_length(step, name, call.mask_length, call.cache_length_before, call.n, f" [{call.caller}]")
+    if found:  # the mask's ones count nothing true: positions are checked against the cache's own length
+        call.real_before = [call.cache_length_before] * call.batch
+    return found

@@ -84,9 +84,7 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
         mask_new = mask[:, mask.shape[-1] - n :].tolist()  # [batch, n]
-        # a mask that does not line up with the cache counts nothing true (mask-length says so)
-        lined_up = cache is None or "Static" in type(cache).__name__ or mask.shape[-1] == cache_len + n
-        if mask.shape[-1] > n and lined_up:
+        if mask.shape[-1] > n:
             real_before = mask[:, : mask.shape[-1] - n].sum(-1).tolist()  # [batch]: one reduction
         else:
             real_before = [cache_len] * batch
