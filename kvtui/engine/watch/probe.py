@@ -45,6 +45,8 @@ from .callers import caller_and_generate, caller_line, inside_transformers, libr
 from .hooks import MODELS, STATE, Probe, WatchRefused
 from .lineage import CacheTrack, Lineage
 from .patches import PATCHES, acquire_copy_patches, defining_class, edit_wrapper, thread_start_wrapper
+from .silent_positions import mask_against_cache
+from .silent_sizes import static_size_ignored
 from .silent_writes import edit_changed_nothing, written_without_use_cache
 from .tokenizers import TOKENIZERS
 from .watch_step import Call, StepBuilder, read_call
@@ -391,6 +393,10 @@ class Watcher:
                 else:
                     self._check_edits(call, track, call.cache)
                 call.track = track
+                if not generating:  # generate() builds its own mask: a stale cache there is stale-cache's
+                    call.found += mask_against_cache(call, self.steps + 1)
+                if track.made == "generate" and call.cache_length_before == 0 and generating:
+                    call.found += static_size_ignored(call, generating[0], self.steps + 1)
                 if generating:
                     self._generate(call, generating)
                 if call.n > 1 and call.input_ids is not None and not any(d.code == "stale-cache" for d in call.found):

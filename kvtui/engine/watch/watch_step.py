@@ -23,6 +23,10 @@ from ..reading.diagnostics import (
     check_padding_side,
     check_request,
     check_row_positions,
+    check_window_positions,
+    counted_under_padding,
+    note_right_padding,
+    positions_stuck_at_window,
     recomputed_prefix,
     token_text,
 )
@@ -55,6 +59,7 @@ class Call:
     applied: torch.Tensor | None = None  # position ids read at the rotary / position embedding
     positions_source: str = "derived"
     started: float = 0.0  # perf_counter when the forward began (after any pause)
+    mask_length: int | None = None  # columns of a 2-D attention mask (None: none passed)
 
 
 def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
@@ -76,6 +81,7 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     cache_len = introspect.seq_length(cache) if cache is not None else 0
     mask = values.get("attention_mask")
     mask_new = real_before = None
+    mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
         mask_new = mask[:, mask.shape[-1] - n :].tolist()  # [batch, n]
         if mask.shape[-1] > n:
@@ -98,6 +104,7 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         cache=cache,
         cache_length_before=cache_len,
         use_cache=values.get("use_cache"),
+        mask_length=mask_length,
     )
 
 
@@ -357,12 +364,21 @@ class StepBuilder:
     ) -> None:
         """A prefill's padding side, and each row's applied positions against what its cache attended."""
         if call.n > 1:
-            found += check_padding_side(step, masks, at)
+            padded = check_padding_side(step, masks, at)
+            note_right_padding(self._alarms(call), bool(padded))
+            found += padded
         attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
         # the repeat state is kept either way; a stale cache's gap is said by stale-cache
-        gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
+        if positions_stuck_at_window(
+            applied, attended_before, call.probe.window
+        ):  # one cause: a sliding layer's length
+            gaps = check_window_positions(
+                self._alarms(call), step, applied[0][0], attended_before[0], call.probe.window, at
+            )
+        else:
+            gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
         if not stale:
-            found += gaps
+            found += counted_under_padding(self._alarms(call), gaps)
 
     def _check_layers(
         self, call: Call, step: int, cache, cache_len: int, found: list[Diagnostic]

@@ -77,11 +77,50 @@ def crop_zero_empties_the_cache() -> bool:
     return int(cache.get_seq_length()) == 0
 
 
+@functools.cache
+def cache_config_sizes_the_static_cache() -> bool:
+    """Feature test: does generate(cache_implementation="static", cache_config={"max_cache_len": N}) make a
+    static cache with room for N? 4.57 and 5.24 size it to the prompt plus max_new_tokens (4 + 1 here)."""
+    import torch
+
+    out = _one_layer_llama().generate(
+        torch.tensor([[1, 2, 3, 4]]),
+        max_new_tokens=1,
+        do_sample=False,
+        pad_token_id=0,
+        cache_implementation="static",
+        cache_config={"max_cache_len": 16},
+        return_dict_in_generate=True,
+    )
+    return int(out.past_key_values.layers[0].max_cache_len) == 16
+
+
+@functools.cache
+def assisted_caches_slide() -> bool:
+    """Feature test: does assisted generate() on a sliding-window model (tiny Mistral, window 8) make a cache
+    whose layers slide? 5.x: yes (they keep only the window); 4.57: full layers there (plain generate() slides)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir("tiny:mistral"), dtype=torch.float32)
+    out = model.generate(
+        torch.tensor([list(range(4, 16))]),
+        assistant_model=model,
+        max_new_tokens=2,
+        do_sample=False,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+    )
+    return any("Sliding" in type(layer).__name__ for layer in out.past_key_values.layers)
+
+
 # A header that replaces `kvtui-expects:` where the installed transformers has the feature it names.
 FEATURE_HEADERS = {
     "kvtui-expects-if-cache-position-drives-positions": cache_position_drives_positions,
     "kvtui-expects-if-use-cache-false-leaves-the-cache": use_cache_false_leaves_the_cache,
     "kvtui-expects-if-crop-zero-empties-the-cache": crop_zero_empties_the_cache,
+    "kvtui-expects-if-cache-config-sizes-the-static-cache": cache_config_sizes_the_static_cache,
+    "kvtui-expects-if-assisted-caches-slide": assisted_caches_slide,
 }
 
 
