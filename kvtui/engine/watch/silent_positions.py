@@ -3,7 +3,7 @@ of the rulebook's mask-length rule (reading/diagnostics.py)."""
 
 from __future__ import annotations
 
-from ..reading.diagnostics import check_mask_length
+from ..reading.silent_rules import check_mask_length
 from ..records.snapshot import Diagnostic
 from .watch_step import Call
 

@@ -4,7 +4,7 @@ cache-config rule (reading/diagnostics.py)."""
 from __future__ import annotations
 
 from ..reading import introspect
-from ..reading.diagnostics import check_cache_config_size
+from ..reading.silent_rules import check_cache_config_size
 from ..records.snapshot import Diagnostic
 from .watch_step import Call
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..reading import introspect
-from ..reading.diagnostics import check_edit_changed_nothing, check_written_without_use_cache
+from ..reading.silent_rules import check_edit_changed_nothing, check_written_without_use_cache
 from ..records.snapshot import Diagnostic
 from .watch_step import Call
 

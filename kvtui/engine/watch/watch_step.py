@@ -23,12 +23,14 @@ from ..reading.diagnostics import (
     check_padding_side,
     check_request,
     check_row_positions,
+    recomputed_prefix,
+    token_text,
+)
+from ..reading.silent_rules import (
     check_window_positions,
     counted_under_padding,
     note_right_padding,
     positions_stuck_at_window,
-    recomputed_prefix,
-    token_text,
 )
 from ..reading.tokens import special_token_ids
 from ..reading.topk import top_token_rows, watched_tokens

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from kvtui.engine.reading.diagnostics import group_diagnostics
+from kvtui.engine.records.diagnostic_groups import group_diagnostics
 from kvtui.engine.records.snapshot import Diagnostic
 from kvtui.engine.watch.probe import watch
 from program_headers import expected_codes, header, model_dir

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvtui.engine.reading.diagnostics import check_edit_changed_nothing
+from kvtui.engine.reading.silent_rules import check_edit_changed_nothing
 from kvtui.engine.records.diagnostic_groups import group_diagnostics
 from kvtui.engine.records.snapshot import Diagnostic
 from kvtui.engine.watch.probe import watch

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from kvtui.engine.reading.diagnostics import check_cache_config_size, group_diagnostics
+from kvtui.engine.reading.silent_rules import check_cache_config_size
+from kvtui.engine.records.diagnostic_groups import group_diagnostics
 from program_headers import (
     assisted_caches_slide,
     cache_config_sizes_the_static_cache,

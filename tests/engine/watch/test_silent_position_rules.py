@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvtui.engine.reading.diagnostics import check_mask_length, group_diagnostics, positions_stuck_at_window
+from kvtui.engine.reading.silent_rules import check_mask_length, positions_stuck_at_window
+from kvtui.engine.records.diagnostic_groups import group_diagnostics
 from kvtui.engine.records.snapshot import Diagnostic
 from program_headers import expected_codes, header, model_dir
 
