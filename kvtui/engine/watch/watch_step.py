@@ -54,6 +54,10 @@ class Call:
     applied: torch.Tensor | None = None  # position ids read at the rotary / position embedding
     positions_source: str = "derived"
     started: float = 0.0  # perf_counter when the forward began (after any pause)
+    # a continuous-batching forward (packed_step.py): its reading, its run's lanes, the rows its logits are at
+    packed: Any = None  # serving.packed.PackedForward
+    packed_run: Any = None  # packed_step.PackedRun
+    logits_indices: list[int] = field(default_factory=list)
 
 
 def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
