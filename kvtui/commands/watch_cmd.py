@@ -121,7 +121,7 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
     from ..engine.records.recorder import failing
     from ..engine.watch.probe import Watcher, run_watched
     from ..fmt import printable
-    from ..headless import alarm_summary
+    from ..headless import alarm_summary, request_summary
 
     watcher = Watcher(trace=str(trace_path) if trace_path else None, top_k=top_k, program=[target, *args])
     code, watched = run_watched(watcher, target, args, module=module)
@@ -133,6 +133,8 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
     )
     for line in alarm_summary(watcher.diagnostics):  # one line per code and cache, errors first
         click.echo(line, file=err)
+    for line in request_summary(watcher.requests):  # continuous batching: one line per request
+        click.echo(printable(line), file=err)
     click.echo(f"waste: {watcher.summary()}", file=err)
     if trace_path:
         click.echo(f"trace written to {trace_path}", file=err)
@@ -266,7 +268,7 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
     from ..engine.records.snapshot import Diagnostic
     from ..engine.watch import tree
     from ..fmt import printable
-    from ..headless import alarm_summary
+    from ..headless import alarm_summary, request_summary, requests_of
 
     runs = server.sorted_runs()
     run_alarms = tree.desync(runs)
@@ -302,6 +304,8 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
         alarms += found
         for line in alarm_summary(found, label=f"{run.name} "):  # as for a program, each line naming the process
             click.echo(line, file=err)
+        for line in request_summary(requests_of(run.records), label=f"  {run.name} "):
+            click.echo(printable(line), file=err)
     merged = tree.shards(runs)
     if merged:
         click.echo(f"  tensor-parallel shards, merged: {merged}", file=err)

@@ -37,8 +37,9 @@ class SnapshotBuilder:
             raise TraceError(f"{path}: step {record['step']} has no 'fed' tokens (recorded by an older kvtui?)")
         try:
             if record.get("requests") is not None:  # a packed forward: its rows are requests, row 0 the step's
-                rows = self._request_rows(record)
-                return from_record(StepSnapshot, record, buffer=rows[0].buffer if rows else TokenBuffer([]), rows=rows)
+                packed = self._request_rows(record)
+                lead = packed[0].buffer if packed else TokenBuffer([])
+                return from_record(StepSnapshot, record, buffer=lead, rows=packed)
             items = self._cache_items(record)
             self._items = _extend(items, record.get("buffer_length", len(items) + len(fed)), fed)
             if record.get("cache_id"):
