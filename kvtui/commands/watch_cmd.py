@@ -262,6 +262,14 @@ def _run_command(executable: str, command: str, args: list[str], env: dict, err)
     return 128 - code if code < 0 else code
 
 
+def _models_of(run) -> list[str]:
+    """The models a process watched: its goodbye names them; one ended by a signal (a server stopped with SIGTERM)
+    said none, and its `model` records do."""
+    if run.models:
+        return run.models
+    return [f"{r.get('name')} ({r.get('class')})" for r in run.records if r.get("type") == "model"]
+
+
 def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
     from ..engine.records.codec import from_record
     from ..engine.records.recorder import failing
@@ -296,7 +304,7 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
             "",
         )
         click.echo(
-            f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(run.models) or '?')}"
+            f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(_models_of(run)) or '?')}"
             f"{heads if run.world_size else ''} · {printable(' '.join(run.argv))}{state}",
             file=err,
         )
