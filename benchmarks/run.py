@@ -93,6 +93,7 @@ def main() -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
+    import b_batch
     import b_caches
     import b_knockout
     import b_overhead
@@ -136,8 +137,6 @@ def main() -> int:
     section = BackgroundLoad().start()
     results["watch"] = b_watch.bench(smol.model, smol.tokenizer, n_new=24 if q else 48, repeats=2 if q else 5)
     results["watch_tiny"] = b_watch.bench(tiny.model, tiny.tokenizer, n_new=200, repeats=2 if q else 5)
-    import b_batch
-
     results["watch_batch"] = b_batch.bench(tiny.model, tiny.tokenizer, n_new=32, repeats=5)
     loads["5. watch"] = section.stop()
 
@@ -369,37 +368,34 @@ def watch_report(r: dict) -> list[str]:
     w = r.get("watch")
     if not w:
         return []
-    return (
+    lines = [
+        "",
+        "## 5. Watching a program (`kvtui watch`, `kvtui.watch`)",
+        "",
+        f"A hand-written SmolLM2 decode loop ({w['n_new']} tokens, template ids, DynamicCache, argmax), run "
+        "unwatched, watched (probe + trace file, headless) and unwatched again after detach, interleaved per repeat.",
+        "",
+        "| variant | decode s | ratio to unwatched |",
+        "|---|---|---|",
+        f"| unwatched | {fmt_stat(w['unwatched_s'], 2)} | 1 |",
+        f"| watched (probe + trace) | {fmt_stat(w['watched_s'], 2)} | {fmt_stat(w['watched_ratio'], 3)} |",
+        f"| after detach | {fmt_stat(w['after_detach_s'], 2)} | {fmt_stat(w['after_ratio'], 3)} |",
+        "",
+        f"Greedy tokens identical in all three: {w['same_tokens']}. Hooks left on the model after detach: "
+        f"{w['hooks_after_detach']}; class patches left: {w.get('patches_after_detach', '?')} (0 and 0 mean an "
+        "unwatched model runs exactly as before). Target: watched ≤ 1.05 (goal 1.02).",
+    ] + (
         [
             "",
-            "## 5. Watching a program (`kvtui watch`, `kvtui.watch`)",
-            "",
-            f"A hand-written SmolLM2 decode loop ({w['n_new']} tokens, template ids, DynamicCache, argmax), run "
-            "unwatched, watched (probe + trace file, headless) and unwatched again after detach, interleaved per repeat.",
-            "",
-            "| variant | decode s | ratio to unwatched |",
-            "|---|---|---|",
-            f"| unwatched | {fmt_stat(w['unwatched_s'], 2)} | 1 |",
-            f"| watched (probe + trace) | {fmt_stat(w['watched_s'], 2)} | {fmt_stat(w['watched_ratio'], 3)} |",
-            f"| after detach | {fmt_stat(w['after_detach_s'], 2)} | {fmt_stat(w['after_ratio'], 3)} |",
-            "",
-            f"Greedy tokens identical in all three: {w['same_tokens']}. Hooks left on the model after detach: "
-            f"{w['hooks_after_detach']}; class patches left: {w.get('patches_after_detach', '?')} (0 and 0 mean an "
-            "unwatched model runs exactly as before). Target: watched ≤ 1.05 (goal 1.02).",
+            f"The same loop on the tiny llama ({r['watch_tiny']['n_new']} tokens, a ~1 ms forward: the Python-bound "
+            "regime of a GPU step): watched / unwatched "
+            f"{fmt_stat(r['watch_tiny']['watched_ratio'], 3)} (this is the per-step cost issue 'Inspection at GPU "
+            "speed' works on).",
         ]
-        + (
-            [
-                "",
-                f"The same loop on the tiny llama ({r['watch_tiny']['n_new']} tokens, a ~1 ms forward: the Python-bound "
-                "regime of a GPU step): watched / unwatched "
-                f"{fmt_stat(r['watch_tiny']['watched_ratio'], 3)} (this is the per-step cost issue 'Inspection at GPU "
-                "speed' works on).",
-            ]
-            if r.get("watch_tiny")
-            else []
-        )
-        + _batch_lines(r.get("watch_batch"))
+        if r.get("watch_tiny")
+        else []
     )
+    return lines + _batch_lines(r.get("watch_batch"))
 
 
 def _batch_lines(b: dict | None) -> list[str]:

@@ -30,7 +30,7 @@ from ..records.snapshot import (
     TopToken,
 )
 from ..serving.checks import check_request_positions, position_gap_diagnostic, recomputed_prefix_diagnostic
-from ..serving.lanes import FINISHED, Lane, LaneChanges, RequestLanes
+from ..serving.lanes import Lane, LaneChanges, RequestLanes
 from ..serving.packed import PackedForward, PackedRequest, find_batch_processor, read_packed_forward
 from .patches import Registry
 from .watch_step import Call
@@ -93,16 +93,6 @@ class PackedReader:
             packed_run=run,
             logits_indices=_to_list(kwargs.get("logits_indices")),
         )
-
-    def close(self) -> list[Lane]:
-        """The run ended (kvtui detaches): lanes still open finished with their last forward."""
-        lanes = []
-        for run in self.runs.values():
-            for lane in run.lanes:
-                if not lane.finished and lane.forwards:
-                    lane.status = FINISHED
-            lanes += list(run.lanes)
-        return lanes
 
 
 def build_packed(builder, call: Call, step: int, track, logits, forward_ms: float, snap_started: float) -> StepSnapshot:

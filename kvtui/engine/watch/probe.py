@@ -82,6 +82,9 @@ def _cache_owner(cache):
     return None
 
 
+REQUESTS_KEPT = 4096  # continuous batching: requests whose last view the headless summary lists
+
+
 class Watcher:
     """Watches models, keeps every cache's history and tokens, raises alarms and emits snapshots.
 
@@ -444,6 +447,8 @@ class Watcher:
             self.diagnostics.extend(snapshot.diagnostics)
             for view in snapshot.requests or ():
                 self.requests[(snapshot.cache_id, view.request_id)] = view
+            while len(self.requests) > REQUESTS_KEPT:  # a long-running server: the newest requests are summarised
+                del self.requests[next(iter(self.requests))]
             if self.recorder is not None:
                 self.recorder.record(snapshot)  # written and flushed before the program's next line
             if self.on_snapshot is not None:
