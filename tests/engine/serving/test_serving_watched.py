@@ -90,3 +90,41 @@ def test_the_trace_carries_requests_and_replays_them(watched):
         assert (
             from_record(StepSnapshot, record, buffer=snapshot.buffer, rows=snapshot.rows).requests == snapshot.requests
         )
+
+
+def test_a_real_per_request_position_error_still_fires(tiny_dir, monkeypatch):
+    """A forward whose second request's positions are moved by 5 (edited on its way into the watched model)."""
+    if ContinuousBatchingConfig is None:
+        pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    path = tiny_dir("llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    prompts = [list(range(5, 40)), list(range(50, 70))]
+    watcher = Watcher(tokenizer=tokenizer)
+    watcher.attach(model)
+    watched_call = type(model).__call__
+    planted: list[str] = []
+
+    def edited(self, *args, **kwargs):
+        bounds = kwargs["cu_seq_lens_q"].tolist()
+        if not planted and len(bounds) > 2 and bounds[2] > bounds[1]:
+            kwargs = dict(kwargs, position_ids=kwargs["position_ids"].clone())
+            kwargs["position_ids"][0, bounds[1]] += 5
+            planted.append("second")
+        return watched_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "__call__", edited)
+    try:
+        model.generate_batch(
+            inputs=prompts,
+            generation_config=GenerationConfig(max_new_tokens=2, do_sample=False),
+            continuous_batching_config=ContinuousBatchingConfig(page_size=16, max_batch_tokens=64, num_blocks=32),
+        )
+    finally:
+        monkeypatch.undo()
+        watcher.detach()
+    gaps = [d for d in watcher.diagnostics if d.code == "position-gap"]
+    assert planted and len(gaps) == 1
+    assert "token 0 was applied at position 5 but 0 tokens of that request precede it (offset +5)" in gaps[0].message
