@@ -19,6 +19,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..reading.diagnostics import check_feed
 from ..reading.topk import top_token_rows
 from ..records.snapshot import (
     BufferToken,
@@ -108,7 +109,7 @@ def build_packed(builder, call: Call, step: int, track, logits, forward_ms: floa
         found.append(recomputed_prefix_diagnostic(miss, step, packed.prefix_sharing, text, at))
         recomputed += miss.count
     builder.watcher.recomputed_tokens += recomputed
-    rows = _rows(builder, call, run, packed, logits, track.turn if track is not None else 0)
+    rows = _rows(builder, call, run, packed, logits, track.turn if track is not None else 0, step, found)
     first = packed.requests[0] if packed.requests else None
     lead = rows[0] if rows else None
     return StepSnapshot(
@@ -148,9 +149,12 @@ def build_packed(builder, call: Call, step: int, track, logits, forward_ms: floa
     )
 
 
-def _rows(builder, call: Call, run: PackedRun, packed: PackedForward, logits, turn: int) -> tuple[RowView, ...]:
-    """One row per fed request: its fed tokens onto its buffer, its top-k where the forward sampled it."""
-    _, special = builder.specials()
+def _rows(
+    builder, call: Call, run: PackedRun, packed: PackedForward, logits, turn: int, step: int, found: list
+) -> tuple[RowView, ...]:
+    """One row per fed request: its fed tokens onto its buffer (judged per request by check_feed: end tokens,
+    pads, a doubled BOS), its top-k where the forward sampled it."""
+    ids_info, special = builder.specials()
     tops = _top_per_request(builder, packed, call.logits_indices, logits)
     rows = []
     for i, request in enumerate(packed.requests):
@@ -159,7 +163,7 @@ def _rows(builder, call: Call, run: PackedRun, packed: PackedForward, logits, tu
             items = run.buffers[request.request_id] = _held_prefix(builder, run, request, special, turn)
         elif len(items) > request.held_before:  # requeued and prefilled again: a new list, views stay valid
             items = run.buffers[request.request_id] = items[: request.held_before]
-        items.extend(
+        fed = [
             BufferToken(
                 position=position,
                 id=token,
@@ -169,7 +173,18 @@ def _rows(builder, call: Call, run: PackedRun, packed: PackedForward, logits, tu
                 turn=turn,
             )
             for token, position in zip(request.fed_ids, request.positions)
+        ]
+        found += check_feed(
+            step,
+            fed,
+            items[-1] if items else None,
+            ids_info,
+            builder.piece,
+            prompt_end=request.is_prefill and request.held_after >= request.prompt_length > 0,
+            at=f" (request {request.request_id}) [{call.caller}]",
+            label=lambda t: builder.label(t.id),
         )
+        items.extend(fed)
         rows.append(
             RowView(
                 row=i,

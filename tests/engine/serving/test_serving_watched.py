@@ -128,3 +128,27 @@ def test_a_real_per_request_position_error_still_fires(tiny_dir, monkeypatch):
     gaps = [d for d in watcher.diagnostics if d.code == "position-gap"]
     assert planted and len(gaps) == 1
     assert "token 0 was applied at position 5 but 0 tokens of that request precede it (offset +5)" in gaps[0].message
+
+
+def test_the_feed_rules_run_per_request(tiny_dir):
+    """A prompt ending in its end token: eos-in-context names that request (the other one is clean)."""
+    if ContinuousBatchingConfig is None:
+        pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    path = tiny_dir("llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    watcher = Watcher(tokenizer=tokenizer)
+    watcher.attach(model)
+    try:
+        model.generate_batch(
+            inputs=[list(range(10, 30)), list(range(40, 60)) + [tokenizer.eos_token_id]],
+            generation_config=GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1),
+            continuous_batching_config=ContinuousBatchingConfig(page_size=16, max_batch_tokens=64, num_blocks=32),
+        )
+    finally:
+        watcher.detach()
+    ends = [d for d in watcher.diagnostics if d.code == "eos-in-context"]
+    assert len(ends) == 1 and "(request req_1)" in ends[0].message
+    assert not [d for d in watcher.diagnostics if d.code != "eos-in-context"]
