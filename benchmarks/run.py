@@ -93,6 +93,7 @@ def main() -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
+    import b_batch
     import b_caches
     import b_knockout
     import b_overhead
@@ -136,6 +137,7 @@ def main() -> int:
     section = BackgroundLoad().start()
     results["watch"] = b_watch.bench(smol.model, smol.tokenizer, n_new=24 if q else 48, repeats=2 if q else 5)
     results["watch_tiny"] = b_watch.bench(tiny.model, tiny.tokenizer, n_new=200, repeats=2 if q else 5)
+    results["watch_batch"] = b_batch.bench(tiny.model, tiny.tokenizer, n_new=32, repeats=5)
     loads["5. watch"] = section.stop()
 
     # ---- 7. the live notebook view (a real kernel: its own process, SmolLM2 loaded there) -----------------
@@ -366,7 +368,7 @@ def watch_report(r: dict) -> list[str]:
     w = r.get("watch")
     if not w:
         return []
-    return [
+    lines = [
         "",
         "## 5. Watching a program (`kvtui watch`, `kvtui.watch`)",
         "",
@@ -393,6 +395,22 @@ def watch_report(r: dict) -> list[str]:
         if r.get("watch_tiny")
         else []
     )
+    return lines + _batch_lines(r.get("watch_batch"))
+
+
+def _batch_lines(b: dict | None) -> list[str]:
+    """Continuous batching watched: generate_batch's time watched / plain on the tiny llama (target ≤ 1.15)."""
+    if not b:
+        return []
+    if "skipped" in b:
+        return ["", f"generate_batch: {b['skipped']}."]
+    return [
+        "",
+        f"Continuous batching (`generate_batch`, {b['requests']} shared-prefix chat requests x {b['n_new']} tokens, "
+        f"{b['forwards']} packed forwards on the tiny llama), plain {fmt_stat(b['plain_tok_s'], 0)} tok/s, watched "
+        f"{fmt_stat(b['watched_tok_s'], 0)} tok/s: time watched / plain {fmt_stat(b['slowdown'], 3)} (target ≤ 1.15); "
+        f"same tokens and no position-gap: {b['same_tokens']}.",
+    ]
 
 
 def notebook_report(r: dict) -> list[str]:

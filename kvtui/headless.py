@@ -14,7 +14,7 @@ from .engine.chat.session import ChatSession, SessionError
 from .engine.reading.export import export_cache
 from .engine.records.diagnostic_groups import group_diagnostics, group_last, group_summary
 from .engine.records.recorder import Recorder, failing
-from .engine.records.snapshot import Diagnostic, StepSnapshot
+from .engine.records.snapshot import Diagnostic, RequestView, StepSnapshot
 from .fmt import one_line, printable
 
 STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
@@ -91,6 +91,34 @@ def alarm_summary(diagnostics: list[Diagnostic], *, label: str = "", markup: boo
         if last is not None:
             lines.append(f"        {escape(printable(last)) if markup else printable(last)}")
     return lines
+
+
+def request_summary(requests: dict[tuple[str | None, str], RequestView], *, label: str = "") -> list[str]:
+    """One line per request of a continuous-batching run, in arrival order: `requests` holds each request's last
+    view by (cache, request id). A request still decoding when the run ended finished with its last forward
+    (transformers drops it from the batch after sampling its last token: no forward sees it finished)."""
+    lines = []
+    for (cache_id, _), view in requests.items():
+        status = "finished" if view.status == "decoding" else view.status
+        blocks = ", ".join(f"{group} {len(table)}" for group, table in view.blocks) or "none"
+        lines.append(
+            f"{label}request {view.request_id} ({cache_id}): prompt {view.prompt_length} tokens · generated "
+            f"{view.generated} · prefix hit {view.prefix_hit} · recomputed {view.recomputed} · blocks {blocks} "
+            f"(shared {view.shared}) · {status}"
+        )
+    return lines
+
+
+def requests_of(records) -> dict[tuple[str | None, str], RequestView]:
+    """The last view of every request in a process's step records (dicts, as the trace carries them)."""
+    from .engine.records.codec import from_record
+
+    found: dict[tuple[str | None, str], RequestView] = {}
+    for record in records:
+        if record.get("type") == "step" and record.get("requests"):
+            for view in record["requests"]:
+                found[(record.get("cache_id"), view["request_id"])] = from_record(RequestView, view)
+    return found
 
 
 def _turn_table(session: ChatSession, model_source: str, verbose: bool) -> Table:

@@ -121,7 +121,7 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
     from ..engine.records.recorder import failing
     from ..engine.watch.probe import Watcher, run_watched
     from ..fmt import printable
-    from ..headless import alarm_summary
+    from ..headless import alarm_summary, request_summary
 
     watcher = Watcher(trace=str(trace_path) if trace_path else None, top_k=top_k, program=[target, *args])
     code, watched = run_watched(watcher, target, args, module=module)
@@ -133,6 +133,8 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
     )
     for line in alarm_summary(watcher.diagnostics):  # one line per code and cache, errors first
         click.echo(line, file=err)
+    for line in request_summary(watcher.requests):  # continuous batching: one line per request
+        click.echo(printable(line), file=err)
     click.echo(f"waste: {watcher.summary()}", file=err)
     if trace_path:
         click.echo(f"trace written to {trace_path}", file=err)
@@ -260,13 +262,21 @@ def _run_command(executable: str, command: str, args: list[str], env: dict, err)
     return 128 - code if code < 0 else code
 
 
+def _models_of(run) -> list[str]:
+    """The models a process watched: its goodbye names them; one ended by a signal (a server stopped with SIGTERM)
+    said none, and its `model` records do."""
+    if run.models:
+        return run.models
+    return [f"{r.get('name')} ({r.get('class')})" for r in run.records if r.get("type") == "model"]
+
+
 def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> int:
     from ..engine.records.codec import from_record
     from ..engine.records.recorder import failing
     from ..engine.records.snapshot import Diagnostic
     from ..engine.watch import tree
     from ..fmt import printable
-    from ..headless import alarm_summary
+    from ..headless import alarm_summary, request_summary, requests_of
 
     runs = server.sorted_runs()
     run_alarms = tree.desync(runs)
@@ -294,7 +304,7 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
             "",
         )
         click.echo(
-            f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(run.models) or '?')}"
+            f"  {run.name}: {run.steps} forwards · models: {printable(', '.join(_models_of(run)) or '?')}"
             f"{heads if run.world_size else ''} · {printable(' '.join(run.argv))}{state}",
             file=err,
         )
@@ -302,6 +312,8 @@ def _report(server, command: str, code: int, trace_path, fail_on: str, err) -> i
         alarms += found
         for line in alarm_summary(found, label=f"{run.name} "):  # as for a program, each line naming the process
             click.echo(line, file=err)
+        for line in request_summary(requests_of(run.records), label=f"  {run.name} "):
+            click.echo(printable(line), file=err)
     merged = tree.shards(runs)
     if merged:
         click.echo(f"  tensor-parallel shards, merged: {merged}", file=err)

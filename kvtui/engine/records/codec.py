@@ -14,7 +14,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
 
-from .snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken, VerifyResult
+from .snapshot import (
+    BufferToken,
+    Diagnostic,
+    LayerInfo,
+    PagedGroupView,
+    RequestView,
+    RowView,
+    StepSnapshot,
+    TokenBuffer,
+    TopToken,
+    VerifyResult,
+)
 
 _T = TypeVar("_T")
 
@@ -120,6 +131,10 @@ def _watch_record(s: StepSnapshot, top_record, token_record) -> dict:
     }
     if s.rows:
         record["rows"] = [_row_record(r, top_record, token_record) for r in s.rows]
+    if s.requests is not None:  # a continuous-batching forward: its requests and the paged cache's groups
+        record["requests"] = [_request_record(r) for r in s.requests]
+    if s.paged is not None:
+        record["paged"] = [_paged_record(g) for g in s.paged]
     return record
 
 
@@ -196,13 +211,45 @@ def _verify_record(v: VerifyResult) -> dict:
 
 
 def _row_record(r: RowView, top_record=_top_record, token_record=_token_record) -> dict:
-    return {
+    record = {
         "row": r.row,
         "input_ids": list(r.input_ids),
         "positions": list(r.positions),
         "fed": [token_record(t) for t in r.buffer[len(r.buffer) - len(r.input_ids) :]],
         "buffer_length": len(r.buffer),
         "topk": [top_record(t) for t in r.topk],
+    }
+    if r.request_id is not None:  # a request of a packed forward (absent otherwise: older traces unchanged)
+        record["request_id"] = r.request_id
+    return record
+
+
+def _request_record(r: RequestView) -> dict:
+    return {
+        "request_id": r.request_id,
+        "status": r.status,
+        "phase": r.phase,
+        "fed": r.fed,
+        "held": r.held,
+        "prompt_length": r.prompt_length,
+        "generated": r.generated,
+        "prefix_hit": r.prefix_hit,
+        "recomputed": r.recomputed,
+        "blocks": [[group, list(blocks)] for group, blocks in r.blocks],
+        "shared": r.shared,
+    }
+
+
+def _paged_record(g: PagedGroupView) -> dict:
+    return {
+        "name": g.name,
+        "layers": g.layers,
+        "block_tokens": g.block_tokens,
+        "total": g.total,
+        "used": g.used,
+        "free": g.free,
+        "shared": g.shared,
+        "cached": g.cached,
     }
 
 
@@ -213,6 +260,8 @@ _ENCODERS: dict[type, Callable[[Any], dict]] = {
     Diagnostic: _diagnostic_record,
     VerifyResult: _verify_record,
     RowView: _row_record,
+    RequestView: _request_record,
+    PagedGroupView: _paged_record,
     StepSnapshot: step_record,
 }
 
@@ -265,7 +314,31 @@ def _row(record: dict, buffer: TokenBuffer) -> RowView:
         positions=tuple(record["positions"]),
         topk=tuple(_top(t) for t in record["topk"]),
         buffer=buffer,
+        request_id=record.get("request_id"),
     )
+
+
+def _request(record: dict) -> RequestView:
+    return RequestView(
+        request_id=record["request_id"],
+        status=record["status"],
+        phase=record.get("phase", ""),
+        fed=record.get("fed", 0),
+        held=record.get("held", 0),
+        prompt_length=record.get("prompt_length", 0),
+        generated=record.get("generated", 0),
+        prefix_hit=record.get("prefix_hit", 0),
+        recomputed=record.get("recomputed", 0),
+        blocks=tuple((str(group), tuple(blocks)) for group, blocks in record.get("blocks", ())),
+        shared=record.get("shared", 0),
+    )
+
+
+def _paged(record: dict) -> PagedGroupView:
+    return PagedGroupView(**{name: record[name] for name in _PAGED_FIELDS})
+
+
+_PAGED_FIELDS = tuple(f.name for f in fields(PagedGroupView))
 
 
 def _extra_layer_fields(record: dict) -> dict:
@@ -365,6 +438,8 @@ def _watch_fields(record: dict, rows: tuple[RowView, ...] | None) -> dict:
         "model": record.get("model"),
         "thread": record.get("thread"),
         "recomputed": record.get("recomputed", 0),
+        "requests": None if record.get("requests") is None else tuple(_request(r) for r in record["requests"]),
+        "paged": None if record.get("paged") is None else tuple(_paged(g) for g in record["paged"]),
     }
 
 
@@ -375,5 +450,7 @@ _DECODERS: dict[type, Callable[..., Any]] = {
     Diagnostic: _diagnostic,
     VerifyResult: _verify,
     RowView: _row,
+    RequestView: _request,
+    PagedGroupView: _paged,
     StepSnapshot: _step,
 }

@@ -23,6 +23,7 @@ class SnapshotBuilder:
         self._items: list[BufferToken] = []
         self._caches: dict[str, list[BufferToken]] = {}  # a watched program's caches, by cache_id
         self._row_items: list[list[BufferToken]] = []
+        self._requests: dict[tuple, list[BufferToken]] = {}  # a packed forward's requests, by (cache_id, request)
         self.count = 0
 
     def add(self, record: dict) -> StepSnapshot:
@@ -35,6 +36,10 @@ class SnapshotBuilder:
         if len(fed) != len(record["input_ids"]):
             raise TraceError(f"{path}: step {record['step']} has no 'fed' tokens (recorded by an older kvtui?)")
         try:
+            if record.get("requests") is not None:  # a packed forward: its rows are requests, row 0 the step's
+                packed = self._request_rows(record)
+                lead = packed[0].buffer if packed else TokenBuffer([])
+                return from_record(StepSnapshot, record, buffer=lead, rows=packed)
             items = self._cache_items(record)
             self._items = _extend(items, record.get("buffer_length", len(items) + len(fed)), fed)
             if record.get("cache_id"):
@@ -53,6 +58,18 @@ class SnapshotBuilder:
             return from_record(StepSnapshot, record, buffer=TokenBuffer(self._items), rows=rows)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise TraceError(f"{path}: step line {number}: a field is missing or malformed ({exc!r})") from None
+
+    def _request_rows(self, record: dict) -> tuple[RowView, ...]:
+        """A packed forward's rows, each request's buffer rebuilt from what it was fed (a prefix it found held
+        in shared blocks was fed by another request: its tokens are not repeated in the trace)."""
+        views = []
+        for view in record.get("rows") or ():
+            key = (record.get("cache_id"), view.get("request_id"))
+            row_fed = [from_record(BufferToken, t) for t in view["fed"]]
+            items = self._requests.get(key, [])
+            self._requests[key] = items = _extend(items, view["buffer_length"], row_fed)
+            views.append(from_record(RowView, view, buffer=TokenBuffer(items)))
+        return tuple(views)
 
     def _cache_items(self, record: dict) -> list[BufferToken]:
         """The tokens the step's cache held: kvtui's own chat has one cache; a watched program's caches each

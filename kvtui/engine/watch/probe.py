@@ -39,11 +39,13 @@ from ..reading import introspect
 from ..reading.diagnostics import check_refed, check_stale_prompt
 from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
 from ..records.codec import diagnostic_record, to_record, verify_record
-from ..records.snapshot import Diagnostic, StepSnapshot
+from ..records.snapshot import Diagnostic, RequestView, StepSnapshot
+from ..serving.packed import cache_argument, is_packed_forward
 from .auto_attach import AutoAttach, run_watched
 from .callers import caller_and_generate, caller_line, inside_transformers, library_dirs, thread_caller
 from .hooks import MODELS, STATE, Probe, WatchRefused
 from .lineage import CacheTrack, Lineage
+from .packed_step import PackedReader, build_packed
 from .patches import PATCHES, acquire_copy_patches, defining_class, edit_wrapper, thread_start_wrapper
 from .silent_positions import mask_against_cache
 from .silent_sizes import static_size_ignored
@@ -83,6 +85,9 @@ def _cache_owner(cache):
     return None
 
 
+REQUESTS_KEPT = 4096  # continuous batching: requests whose last view the headless summary lists
+
+
 class Watcher:
     """Watches models, keeps every cache's history and tokens, raises alarms and emits snapshots.
 
@@ -115,6 +120,8 @@ class Watcher:
         self.recomputed_tokens = 0  # tokens prefills re-encoded that another cache held (recomputed-prefix)
         self.recomputed_ms = 0.0
         self.builder = StepBuilder(self)
+        self.packed = PackedReader()  # continuous-batching runs: every request a lane
+        self.requests: dict[tuple[str | None, str], RequestView] = {}  # (cache, request) -> its latest view
         self._skip: tuple[str, ...] | None = None  # library_dirs(), at the first forward
         self._lock = threading.RLock()
         self._started = False  # the header is out (first forward)
@@ -382,6 +389,8 @@ class Watcher:
                 self._skip = library_dirs()
             line, generating = caller_and_generate(self._skip)
             caller, thread = thread_caller(line)
+            if is_packed_forward(kwargs):  # continuous batching: read per request (packed_step.py)
+                return self.packed.begin(self, probe, kwargs, cache_argument(kwargs), caller, thread)
             call = read_call(probe, args, kwargs, caller, thread)
             if call.cache is not None:
                 track = self.lineage.get(call.cache)
@@ -438,15 +447,23 @@ class Watcher:
                     track = self._new_track(
                         cache, call.probe, 0 if call.cache is None else call.cache_length_before, call.batch, "forward"
                     )
-            if call.cache is not None and call.track is not None:
-                call.found += written_without_use_cache(call, self.steps)
-            snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
+            if call.packed is not None:
+                self.builder.use(call.probe)
+                snapshot = build_packed(self.builder, call, self.steps, track, logits, forward_ms, snap_started)
+            else:
+                if call.cache is not None and call.track is not None:
+                    call.found += written_without_use_cache(call, self.steps)
+                snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_probe = call.probe
             if logits is not None and logits.dim() == 3:
                 last = logits[0, -1].detach()  # [vocab], for verify: a copy (the program may edit its logits)
                 self._last_logits = last.clone() if last.dtype == torch.float32 else last.float()
             self.diagnostics.extend(snapshot.diagnostics)
+            for view in snapshot.requests or ():
+                self.requests[(snapshot.cache_id, view.request_id)] = view
+            while len(self.requests) > REQUESTS_KEPT:  # a long-running server: the newest requests are summarised
+                del self.requests[next(iter(self.requests))]
             if self.recorder is not None:
                 self.recorder.record(snapshot)  # written and flushed before the program's next line
             if self.on_snapshot is not None:

@@ -62,6 +62,10 @@ class Call:
     positions_source: str = "derived"
     started: float = 0.0  # perf_counter when the forward began (after any pause)
     mask_length: int | None = None  # columns of a 2-D attention mask (None: none passed)
+    # a continuous-batching forward (packed_step.py): its reading, its run's lanes, the rows its logits are at
+    packed: Any = None  # serving.packed.PackedForward
+    packed_run: Any = None  # packed_step.PackedRun
+    logits_indices: list[int] = field(default_factory=list)
 
 
 def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:

@@ -1,0 +1,154 @@
+"""generate_batch watched in-process: every forward shown per request, no false alarm, recorded and replayed."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtui.engine.records.codec import from_record, step_record
+from kvtui.engine.records.snapshot import StepSnapshot
+from kvtui.engine.watch.probe import Watcher
+
+try:
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+except ImportError:  # 4.57: continuous batching sizes its cache from accelerator memory, it does not run on CPU
+    ContinuousBatchingConfig = None
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant who answers briefly and politely."}
+QUESTIONS = ["What is a cache?", "Why do positions matter?", "Name a color."]
+
+
+@pytest.fixture(scope="module")
+def watched(tiny_dir):
+    if ContinuousBatchingConfig is None:
+        pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    path = tiny_dir("llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    prompts = [
+        list(
+            tokenizer.apply_chat_template([SYSTEM, {"role": "user", "content": q}], add_generation_prompt=True)[
+                "input_ids"
+            ]
+        )
+        for q in QUESTIONS
+    ]
+    config = ContinuousBatchingConfig(page_size=16, max_batch_tokens=64, num_blocks=64)
+    generation = GenerationConfig(max_new_tokens=3, do_sample=False)
+    plain = model.generate_batch(inputs=prompts, generation_config=generation, continuous_batching_config=config)
+    snapshots: list[StepSnapshot] = []
+    watcher = Watcher(tokenizer=tokenizer, on_snapshot=snapshots.append)
+    watcher.attach(model)
+    try:
+        outputs = model.generate_batch(inputs=prompts, generation_config=generation, continuous_batching_config=config)
+    finally:
+        watcher.detach()
+    return plain, outputs, snapshots, watcher, prompts
+
+
+def test_results_are_those_of_the_plain_run(watched):
+    plain, outputs, *_ = watched
+    assert {k: list(v.generated_tokens) for k, v in outputs.items()} == {
+        k: list(v.generated_tokens) for k, v in plain.items()
+    }
+
+
+def test_every_forward_is_shown_per_request_without_false_alarm(watched):
+    _, outputs, snapshots, watcher, prompts = watched
+    assert snapshots and not [d for d in watcher.diagnostics if d.code == "position-gap"]
+    assert not [d for d in watcher.diagnostics if d.severity == "error"]
+    for snapshot in snapshots:
+        assert snapshot.requests is not None and snapshot.paged and snapshot.rows
+        fed = [r.request_id for r in snapshot.rows]
+        assert [v.request_id for v in snapshot.requests[: len(fed)]] == fed  # the fed ones first, in packing order
+        for row, view in zip(snapshot.rows, snapshot.requests):
+            assert row.buffer[-1].position == view.held - 1 and len(row.buffer) == view.held
+            assert [t.position for t in row.buffer][-len(row.input_ids) :] == list(row.positions)
+        assert snapshot.for_row(len(fed) - 1).buffer is snapshot.rows[-1].buffer
+    seen = {v.request_id for s in snapshots for v in s.requests}
+    assert seen == set(outputs)
+    last = {rid: view for (_, rid), view in watcher.requests.items()}
+    for rid, out in outputs.items():
+        assert last[rid].prompt_length == len(out.prompt_ids) and last[rid].blocks
+    # the request sampled by a forward has its top-k; its first is the token transformers chose (greedy)
+    sampled = [(s, row) for s in snapshots for row in s.rows if row.topk]
+    assert sampled
+
+
+def test_the_trace_carries_requests_and_replays_them(watched):
+    from kvtui.engine.records.replay import SnapshotBuilder
+
+    _, _, snapshots, _, _ = watched
+    builder = SnapshotBuilder()
+    for snapshot in snapshots:
+        record = step_record(snapshot)
+        assert "requests" in record and all("request_id" in row for row in record["rows"])
+        again = builder.add(record)
+        assert again.requests == snapshot.requests and again.paged == snapshot.paged
+        assert [r.request_id for r in again.rows] == [r.request_id for r in snapshot.rows]
+        assert (
+            from_record(StepSnapshot, record, buffer=snapshot.buffer, rows=snapshot.rows).requests == snapshot.requests
+        )
+
+
+def test_a_real_per_request_position_error_still_fires(tiny_dir, monkeypatch):
+    """A forward whose second request's positions are moved by 5 (edited on its way into the watched model)."""
+    if ContinuousBatchingConfig is None:
+        pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    path = tiny_dir("llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    prompts = [list(range(5, 40)), list(range(50, 70))]
+    watcher = Watcher(tokenizer=tokenizer)
+    watcher.attach(model)
+    watched_call = type(model).__call__
+    planted: list[str] = []
+
+    def edited(self, *args, **kwargs):
+        bounds = kwargs["cu_seq_lens_q"].tolist()
+        if not planted and len(bounds) > 2 and bounds[2] > bounds[1]:
+            kwargs = dict(kwargs, position_ids=kwargs["position_ids"].clone())
+            kwargs["position_ids"][0, bounds[1]] += 5
+            planted.append("second")
+        return watched_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "__call__", edited)
+    try:
+        model.generate_batch(
+            inputs=prompts,
+            generation_config=GenerationConfig(max_new_tokens=2, do_sample=False),
+            continuous_batching_config=ContinuousBatchingConfig(page_size=16, max_batch_tokens=64, num_blocks=32),
+        )
+    finally:
+        monkeypatch.undo()
+        watcher.detach()
+    gaps = [d for d in watcher.diagnostics if d.code == "position-gap"]
+    assert planted and len(gaps) == 1
+    assert "token 0 was applied at position 5 but 0 tokens of that request precede it (offset +5)" in gaps[0].message
+
+
+def test_the_feed_rules_run_per_request(tiny_dir):
+    """A prompt ending in its end token: eos-in-context names that request (the other one is clean)."""
+    if ContinuousBatchingConfig is None:
+        pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    path = tiny_dir("llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    watcher = Watcher(tokenizer=tokenizer)
+    watcher.attach(model)
+    try:
+        model.generate_batch(
+            inputs=[list(range(10, 30)), list(range(40, 60)) + [tokenizer.eos_token_id]],
+            generation_config=GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1),
+            continuous_batching_config=ContinuousBatchingConfig(page_size=16, max_batch_tokens=64, num_blocks=32),
+        )
+    finally:
+        watcher.detach()
+    ends = [d for d in watcher.diagnostics if d.code == "eos-in-context"]
+    assert len(ends) == 1 and "(request req_1)" in ends[0].message
+    assert not [d for d in watcher.diagnostics if d.code != "eos-in-context"]
