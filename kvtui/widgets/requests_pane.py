@@ -42,6 +42,7 @@ STATUS_ROLES = {
     "decoding": "success",
     "finished": "accent",
     "failed": "error",
+    "left": "muted",  # no longer scheduled, last seen unfinished: how it ended was not seen (no forward since)
 }
 BLOCKS_WIDTH = 32  # a block table longer than this ends in …
 KEPT_DEPARTED = 32  # requests no longer live that the list still shows (newest first), finished or not
@@ -112,7 +113,12 @@ def kept_requests(
     """The requests shown before that this step no longer lists (finished, failed, evicted), newest first, at
     most `limit`: a request that finished between two repaints still shows how it ended. O(requests)."""
     live_ids = {request.request_id for request in live}
-    return tuple(request for request in previous if request.request_id not in live_ids)[:limit]
+    departed = (request for request in previous if request.request_id not in live_ids)
+    # one last seen decoding is not shown as still decoding: it left the scheduler, its end unseen
+    return tuple(
+        request if request.status in ("finished", "failed", "left") else replace(request, status="left", phase="")
+        for request in departed
+    )[:limit]
 
 
 def request_rows(

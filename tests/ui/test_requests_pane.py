@@ -68,6 +68,17 @@ def test_finished_requests_are_kept_below_the_live_ones():
     assert "dim" in str(rows[-1].cells[0].style)
 
 
+def test_a_request_that_left_unseen_is_not_shown_still_decoding():
+    """An idle server makes no forward after its last requests finish: one last seen decoding that is no longer
+    live is shown as having left, not as decoding (the same holds for one evicted without a word)."""
+    snapshots = steps()
+    decoding = [r for r in snapshots[2].requests if r.status == "decoding"]
+    assert decoding
+    departed = kept_requests(tuple(decoding), ())
+    assert [r.status for r in departed] == ["left"] * len(decoding) and all(r.phase == "" for r in departed)
+    assert kept_requests(tuple(decoding), tuple(decoding)) == ()  # still live: not departed
+
+
 def test_for_request_is_the_row_that_fed_it():
     second = steps()[1]
     c3 = for_request(second, "req-c3")
