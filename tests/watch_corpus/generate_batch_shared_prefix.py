@@ -6,13 +6,17 @@ request of the first batch, and block sharing is off in the second batch (a plan
 
 kvtui-model: tiny:llama
 kvtui-expects: recomputed-prefix
+kvtui-expects-if-continuous-batching-is-missing: nothing
+kvtui-exit-if-continuous-batching-is-missing: 1
+
+Where transformers has no continuous batching for the CPU (4.57: no ContinuousBatchingConfig), its import fails
+before any forward (exit 1), watched or not.
 """
 
 import sys
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 MODEL = sys.argv[1]
 torch.manual_seed(0)
@@ -26,11 +30,15 @@ prompts = [
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
         add_generation_prompt=True,
         tokenize=True,
+        return_dict=True,
     )["input_ids"]
     for question in QUESTIONS
 ]
 prompts[2] = [prompts[2][0] + 1] + list(prompts[2][1:])  # a prompt that shares no prefix
 generation = GenerationConfig(max_new_tokens=4, do_sample=False)
+print("prompt lengths:", [len(prompt) for prompt in prompts])
+
+from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: E402  (5.x)
 
 # small pages and a small token budget: prefills are split over forwards and requests share blocks
 config = ContinuousBatchingConfig(page_size=16, max_batch_tokens=64, num_blocks=64)

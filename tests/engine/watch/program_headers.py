@@ -114,6 +114,17 @@ def assisted_caches_slide() -> bool:
     return any("Sliding" in type(layer).__name__ for layer in out.past_key_values.layers)
 
 
+@functools.cache
+def continuous_batching_is_missing() -> bool:
+    """Feature test: does this transformers lack the continuous-batching API a CPU run needs (5.x has
+    ContinuousBatchingConfig; 4.57 does not, and sizes its paged cache from GPU memory)?"""
+    try:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
 # A header that replaces `kvtui-expects:` where the installed transformers has the feature it names.
 FEATURE_HEADERS = {
     "kvtui-expects-if-cache-position-drives-positions": cache_position_drives_positions,
@@ -121,6 +132,7 @@ FEATURE_HEADERS = {
     "kvtui-expects-if-crop-zero-empties-the-cache": crop_zero_empties_the_cache,
     "kvtui-expects-if-cache-config-sizes-the-static-cache": cache_config_sizes_the_static_cache,
     "kvtui-expects-if-assisted-caches-slide": assisted_caches_slide,
+    "kvtui-expects-if-continuous-batching-is-missing": continuous_batching_is_missing,
 }
 
 

@@ -65,7 +65,10 @@ def test_a_second_generate_on_the_same_cache_is_still_named(tiny_model, tiny_dir
         doubled = torch.cat([prefix, prefix, tok(" count to 9: 1, 2,", return_tensors="pt").input_ids], dim=-1)
         model.generate(doubled, past_key_values=cache, assistant_model=draft, max_new_tokens=8, do_sample=False)
         first = len(watcher.diagnostics)
-        other = tok("a dog ran in the park and then went home to eat", return_tensors="pt").input_ids
+        # longer than what the cache holds: 4.57's generate() slices the prompt by the cache's length (a shorter
+        # one raises IndexError inside transformers, watched or not)
+        other = tok(" ".join(["a dog ran in the park and then went home to eat"] * 8), return_tensors="pt").input_ids
+        assert other.shape[1] > cache.get_seq_length()
         model.generate(other, past_key_values=cache, assistant_model=draft, max_new_tokens=4, do_sample=False)
     stale = [d for d in watcher.diagnostics if d.code == "stale-cache"]
     assert len(stale) == 2 and len({d.message for d in stale}) == 2, watcher.diagnostics

@@ -107,7 +107,9 @@ def test_watched_program_prints_and_exits_as_plain(program, tmp_path):
     else:
         assert watched.returncode == plain.returncode, watched_err[-3000:]
     # exactly the alarms its header names on this transformers, read from the trace of this same watched run
-    assert codes_in(trace) == expected_codes(program), watched_err[-3000:]
+    # (a program that ends before its first forward leaves no trace: no alarm, which its header must say)
+    found = codes_in(trace) if trace.exists() else set()
+    assert found == expected_codes(program), watched_err[-3000:]
     if program.parent == CORPUS:
         return
     # the samples: every forward is recorded as the watched program's, and every alarm names its line
