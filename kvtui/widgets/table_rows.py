@@ -58,8 +58,11 @@ def update_rows(
     if cursor is None:
         cursor = table.cursor_row
     table.clear()
-    for column in table.columns.values():  # clear() keeps the old widths: measure the new rows alone
-        column.content_width = column.label.cell_len
+    # clear() keeps the old widths: each column is as wide as its label and the new rows' cells alone (set here:
+    # add_row only widens a column, from whatever width it had)
+    for index, key in enumerate(columns):
+        column = table.columns[ColumnKey(key)]
+        column.content_width = max([column.label.cell_len, *(row.cells[index].cell_len for row in new)])
     for row in new:
         table.add_row(*row.cells, key=row.key)
     if new:

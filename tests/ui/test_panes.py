@@ -626,3 +626,36 @@ async def test_theme_change_rerenders(theme):
         error = app.theme_variables["error"]
         assert pane.table.row_count == 4
         assert any(error.lower() in str(span.style).lower() for span in cursor.content.spans)
+
+
+class _TableApp(App):
+    def compose(self) -> ComposeResult:
+        yield DataTable()
+
+
+async def test_a_rebuilt_table_is_as_wide_as_its_new_rows():
+    """update_rows rebuilding a table (other row keys): each column takes the widest of its label and the new
+    cells, narrower or wider than before, at once. A column left at its label's width until the table's idle
+    re-measure drew every alarm code of the diagnostics pane cut to three letters ('cur' for cursor-mismatch)
+    in the frames between (seen in the watch TUI; a layout test failed on it under load)."""
+    from rich.text import Text
+
+    from kvtui.widgets.table_rows import update_rows
+
+    class Row:
+        def __init__(self, key, *cells):
+            self.key, self.cells = key, tuple(Text(c) for c in cells)
+
+    app = _TableApp()
+    async with app.run_test(size=(100, 20)) as pilot:
+        table = app.query_one(DataTable)
+        table.add_column("alarm", key="code")
+        table.add_column("n", key="count")
+        wide = [Row("a", "cursor-mismatch", "2"), Row("b", "pad-in-cache", "10")]
+        update_rows(table, [], wide, ["code", "count"])
+        # at once, not only after the table's own idle re-measure: a frame drawn in between cut the codes
+        assert table.columns["code"].content_width == len("cursor-mismatch")
+        assert table.columns["count"].content_width == len("n") + 1  # "10" is wider than the label
+        narrow = [Row("c", "x", "1")]
+        update_rows(table, wide, narrow, ["code", "count"])
+        assert table.columns["code"].content_width == len("alarm")  # the label, the widest now
