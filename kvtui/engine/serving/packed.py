@@ -163,7 +163,7 @@ def read_packed_forward(kwargs: Mapping[str, Any], processor: Any, known: Contai
     requests are read from the packed inputs alone, named by their slice "#0", "#1", ..., status "unknown").
     `known`: request ids the caller has seen before; the others carry their prompt ids (read once per request,
     so the cost stays per forward O(requests + fed + blocks))."""
-    bounds = _to_list(kwargs.get("cu_seq_lens_q"))  # [requests + 1], padded batches repeat the last value
+    bounds = int_list(kwargs.get("cu_seq_lens_q"))  # [requests + 1], padded batches repeat the last value
     total = bounds[-1] if bounds else 0
     ids = _row(kwargs.get("input_ids"), total)  # [total]
     positions = _row(kwargs.get("position_ids"), total)  # [total]
@@ -191,7 +191,8 @@ def read_packed_forward(kwargs: Mapping[str, Any], processor: Any, known: Contai
     )
 
 
-def _to_list(value: Any) -> list[int]:
+def int_list(value: Any) -> list[int]:
+    """A tensor, list or None of a forward's small index arguments as plain ints (one host transfer)."""
     if value is None:
         return []
     if hasattr(value, "tolist"):
@@ -205,7 +206,7 @@ def _row(value: Any, total: int) -> list[int]:
         return []
     if getattr(value, "ndim", 1) > 1:
         value = value[0]
-    return _to_list(value[:total])
+    return int_list(value[:total])
 
 
 def _batch_states(processor: Any, bounds: list[int]) -> list[tuple[Any, int]]:

@@ -17,7 +17,6 @@ import sys
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..reading.diagnostics import check_feed
 from ..reading.topk import top_token_rows
@@ -32,7 +31,7 @@ from ..records.snapshot import (
 )
 from ..serving.checks import check_request_positions, position_gap_diagnostic, recomputed_prefix_diagnostic
 from ..serving.lanes import Lane, LaneChanges, RequestLanes
-from ..serving.packed import PackedForward, PackedRequest, find_batch_processor, read_packed_forward
+from ..serving.packed import PackedForward, PackedRequest, find_batch_processor, int_list, read_packed_forward
 from .patches import Registry
 from .watch_step import Call
 
@@ -92,7 +91,7 @@ class PackedReader:
             track=track,
             packed=packed,
             packed_run=run,
-            logits_indices=_to_list(kwargs.get("logits_indices")),
+            logits_indices=int_list(kwargs.get("logits_indices")),
         )
 
 
@@ -266,11 +265,3 @@ def _request_view(lane: Lane, request: PackedRequest | None) -> RequestView:
         blocks=tuple((b.group, b.blocks) for b in blocks),
         shared=sum(len(b.shared) for b in blocks),
     )
-
-
-def _to_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    return [int(v) for v in value]
