@@ -647,7 +647,7 @@ async def test_a_rebuilt_table_is_as_wide_as_its_new_rows():
             self.key, self.cells = key, tuple(Text(c) for c in cells)
 
     app = _TableApp()
-    async with app.run_test(size=(100, 20)) as pilot:
+    async with app.run_test(size=(100, 20)):
         table = app.query_one(DataTable)
         table.add_column("alarm", key="code")
         table.add_column("n", key="count")
