@@ -285,12 +285,14 @@ def tiny(arch, bos, eos, sliding_window, layers, seed, out):
     click.echo(f"built a tiny {arch} model in {path}")
 
 
+from .commands.attach_cmd import attach  # noqa: E402
 from .commands.compare_cmd import compare  # noqa: E402  (commands live in their own modules)
 from .commands.diff_cmd import diff  # noqa: E402
 from .commands.samples_cmd import samples  # noqa: E402
 from .commands.serve_cmd import serve  # noqa: E402
 from .commands.watch_cmd import watch  # noqa: E402
 
+main.add_command(attach)
 main.add_command(compare)
 main.add_command(diff)
 main.add_command(samples)

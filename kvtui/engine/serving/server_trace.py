@@ -1,0 +1,263 @@
+"""A server's prefix cache on record: the events as received, the token texts learned, the metrics polled and
+the notes raised, one JSON line each (schema 1). `kvtui replay` folds the same events into a fresh PrefixCache
+(so it shows the same screens with no server and no tokenizer) and `kvtui diff` compares two runs.
+
+    {"type": "server-header", "schema": 1, "kvtui": ..., "servers": [...], "max_blocks": N, "started": ts}
+    {"type": "texts", "pieces": {"7487": "Time", ...}, "special": [1, 2]}    before the batch that needs them
+    {"type": "batch", "origin": "host:port", "seq": 7, "ts": ..., "rank": 0, "skipped": 0, "events": [...]}
+    {"type": "note", "code": ..., "severity": ..., "message": ..., "batch": ..., ...}    derived; replay re-derives
+    {"type": "metrics", "origin": ..., "ts": ..., "queries": ..., "hits": ..., "capacity": ..., "usage": ...}
+    {"type": "problem", "origin": ..., "message": ..., "undecodable": bool}
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from .kv_events import AllCleared, BlocksRemoved, BlocksStored, Event, EventBatch
+from .prefix_cache import CacheNote, PrefixCache, TokenTexts
+from .server_http import CacheMetrics, ServerInfo
+
+SCHEMA = 1
+HEADER = "server-header"
+
+
+class ServerTraceError(Exception):
+    """A server trace that cannot be read: names the file and the line."""
+
+
+def event_record(event: Event) -> dict:
+    if isinstance(event, BlocksStored):
+        return {
+            "type": "stored",
+            "hashes": list(event.hashes),
+            "parent": event.parent,
+            "tokens": list(event.token_ids),
+            "block_size": event.block_size,
+            "group": event.group,
+            "medium": event.medium,
+            "lora": event.lora,
+            "kind": event.kind,
+        }
+    if isinstance(event, BlocksRemoved):
+        return {"type": "removed", "hashes": list(event.hashes), "group": event.group, "medium": event.medium}
+    return {"type": "cleared"}
+
+
+def event_from_record(record: dict) -> Event:
+    kind = record["type"]
+    if kind == "stored":
+        return BlocksStored(
+            hashes=tuple(record["hashes"]),
+            parent=record.get("parent"),
+            token_ids=tuple(record["tokens"]),
+            block_size=int(record["block_size"]),
+            group=int(record.get("group") or 0),
+            medium=record.get("medium"),
+            lora=record.get("lora"),
+            kind=record.get("kind"),
+        )
+    if kind == "removed":
+        return BlocksRemoved(hashes=tuple(record["hashes"]), group=record.get("group"), medium=record.get("medium"))
+    if kind == "cleared":
+        return AllCleared()
+    raise ValueError(f"an event of type {kind!r}")
+
+
+def batch_record(origin: str, batch: EventBatch) -> dict:
+    return {
+        "type": "batch",
+        "origin": origin,
+        "seq": batch.seq,
+        "ts": batch.ts,
+        "rank": batch.dp_rank,
+        "skipped": batch.skipped,
+        "events": [event_record(e) for e in batch.events],
+    }
+
+
+def note_record(note: CacheNote) -> dict:
+    return {
+        "type": "note",
+        "code": note.code,
+        "severity": note.severity,
+        "message": note.message,
+        "batch": note.batch,
+        "origin": note.origin,
+        "chain": note.chain,
+        "position": note.position,
+        "block": note.block,
+    }
+
+
+def server_record(info: ServerInfo) -> dict:
+    return {
+        "url": info.url,
+        "model": info.model,
+        "root": info.root,
+        "endpoints": [asdict(e) for e in info.endpoints],
+    }
+
+
+class ServerTraceWriter:
+    """Writes a server trace as the viewer receives it: one line per record, flushed (a crash loses nothing
+    finished). Thread-safe: the subscriber's thread writes batches, the metrics poller its samples."""
+
+    def __init__(self, path: Path, servers: list[ServerInfo], cache: PrefixCache):
+        self.path = Path(path)
+        self._file: IO[bytes] = open(self.path, "wb")  # noqa: SIM115  (closed by close())
+        self._lock = threading.Lock()
+        self._cache = cache
+        self._special_written: set[int] = set()
+        self._put(
+            {
+                "type": HEADER,
+                "schema": SCHEMA,
+                "kvtui": _version(),
+                "servers": [server_record(s) for s in servers],
+                "max_blocks": cache.max_blocks,
+                "started": time.time(),
+            }
+        )
+
+    def _put(self, record: dict) -> None:
+        with self._lock:
+            if self._file.closed:
+                return
+            self._file.write(orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+            self._file.flush()
+
+    def batch(self, origin: str, batch: EventBatch, notes: list[CacheNote]) -> None:
+        texts = self._cache.texts
+        fresh = texts.take_fresh()
+        special = texts.special - self._special_written
+        if fresh or special:
+            self._special_written |= special
+            self._put({"type": "texts", "pieces": {str(k): v for k, v in fresh.items()}, "special": sorted(special)})
+        self._put(batch_record(origin, batch))
+        for note in notes:
+            self._put(note_record(note))
+
+    def metrics(self, origin: str, ts: float, metrics: CacheMetrics) -> None:
+        self._put({"type": "metrics", "origin": origin, "ts": ts, **asdict(metrics)})
+
+    def problem(self, origin: str, message: str, undecodable: bool = False) -> None:
+        self._put({"type": "problem", "origin": origin, "message": message, "undecodable": undecodable})
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def _version() -> str:
+    from kvtui._version import __version__
+
+    return __version__
+
+
+def read_records(path: Path) -> Iterator[dict]:
+    """The trace's records, the header first (ServerTraceError names the line it cannot read; a last line cut
+    short by a killed writer is dropped)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ServerTraceError(f"{path}: {error.strerror or error}") from None
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if number == len(lines) and not data.endswith(b"\n"):
+                return  # the tail an interrupted writer left
+            raise ServerTraceError(f"{path}:{number}: not a JSON line") from None
+        if number == 1 and (not isinstance(record, dict) or record.get("type") != HEADER):
+            raise ServerTraceError(f"{path}:1: not a kvtui server trace (no server-header)")
+        if not isinstance(record, dict):
+            raise ServerTraceError(f"{path}:{number}: not a record")
+        yield record
+
+
+def is_server_trace(path: Path) -> bool:
+    try:
+        with open(path, "rb") as file:
+            first = file.readline()
+        return orjson.loads(first).get("type") == HEADER
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return False
+
+
+@dataclass
+class ServerRun:
+    """A server trace read back: its header, the prefix cache its events rebuild, and the notes recorded."""
+
+    path: Path
+    header: dict
+    cache: PrefixCache
+    recorded_notes: list[dict] = field(default_factory=list)
+    problems: list[dict] = field(default_factory=list)
+    batches: int = 0
+
+    @property
+    def servers(self) -> list[dict]:
+        return list(self.header.get("servers") or [])
+
+
+def load_server_trace(path: Path, until_batch: int | None = None) -> ServerRun:
+    """Replay a server trace into a fresh PrefixCache (up to `until_batch` batches, all by default)."""
+    records = read_records(path)
+    try:
+        header = next(records)
+    except StopIteration:
+        raise ServerTraceError(f"{path}: empty") from None
+    texts = TokenTexts()
+    cache = PrefixCache(texts, max_blocks=int(header.get("max_blocks") or 200_000))
+    run = ServerRun(Path(path), header, cache)
+    for number, record in enumerate(records, 2):
+        kind = record.get("type")
+        try:
+            if kind == "texts":
+                texts.learn({int(k): v for k, v in record.get("pieces", {}).items()}, record.get("special", ()))
+            elif kind == "batch":
+                if until_batch is not None and run.batches >= until_batch:
+                    break
+                events = tuple(event_from_record(e) for e in record["events"])
+                batch = EventBatch(
+                    seq=int(record["seq"]),
+                    ts=float(record["ts"]),
+                    events=events,
+                    dp_rank=int(record.get("rank") or 0),
+                    skipped=int(record.get("skipped") or 0),
+                )
+                cache.apply(batch, record["origin"])
+                run.batches += 1
+            elif kind == "note":
+                run.recorded_notes.append(record)
+            elif kind == "metrics":
+                cache.record_metrics(record["origin"], record["ts"], _metrics(record))
+            elif kind == "problem":
+                run.problems.append(record)
+                if record.get("undecodable"):
+                    cache.stats(record["origin"]).skipped += 1
+        except (KeyError, TypeError, ValueError) as error:
+            raise ServerTraceError(f"{path}:{number}: a {kind} record kvtui cannot read ({error})") from None
+    return run
+
+
+def _metrics(record: dict[str, Any]) -> CacheMetrics:
+    return CacheMetrics(
+        queries=record.get("queries"),
+        hits=record.get("hits"),
+        capacity=record.get("capacity"),
+        block_size=record.get("block_size"),
+        usage=record.get("usage"),
+    )
