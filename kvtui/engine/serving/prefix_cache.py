@@ -289,7 +289,9 @@ class PrefixCache:
         return block
 
     def _check_left_chain(self, event, index, parent, tokens, origin, notes) -> None:
-        """The first new block of a chain: did a cached sibling (same parent) start with the same tokens?"""
+        """The first new block of a chain: did a cached sibling (same parent) start with the same tokens, and does
+        the cached text go on after the difference (so what follows was prefilled again)? A prompt that simply
+        says something else from there on is no waste, and no note."""
         if not len(tokens):
             return
         siblings = self._by_first.get((origin, event.group, parent.key if parent else None, int(tokens[0])))
@@ -302,14 +304,20 @@ class PrefixCache:
                 best, common = sibling, shared
         if best is None or common >= len(tokens):
             return  # same tokens, another hash (a LoRA, a salt): not a prompt difference
+        new_run = array("l", event.token_ids[index * event.block_size :])  # this chain's tokens from the block on
+        cached_run = _continuation(best, common + 1 + INSERT_SEARCH + INSERT_PROBE)
+        code, why = self._classify(cached_run, new_run, common)
+        offset = -1
+        if code == "prefix-miss":
+            offset = _realigned(cached_run, new_run, common)
+            if offset < 1:
+                return  # the cached text does not go on: another prompt, not a miss
+            why = self._inserted(new_run, common, offset)
         start = parent.depth + 1 if parent is not None else 0
         position = start * event.block_size + common
         new_id, old_id = int(tokens[common]), int(best.tokens[common])
-        prefilled = len(event.token_ids) - (index * event.block_size + common)
+        prefilled = len(new_run) - common
         self.texts.ensure((new_id, old_id))
-        code, why = self._classify(best, tokens, common)
-        if code == "prefix-miss":
-            why = self._inserted(best.tokens, tokens, common)
         where = f"the prompt left cached chain #{best.chain}{self._origin_words(origin)} at token {position}"
         message = (
             f"{where}: {self.texts.label(new_id)} instead of {self.texts.label(old_id)}; {prefilled} tokens after it "
@@ -317,49 +325,36 @@ class PrefixCache:
         )
         block = event.hashes[index]
         notes.append(CacheNote(code, "warning", message, self.batches, origin, best.chain, position, block))
-        self._count_varying(best, position, tokens, common, origin, notes)
+        if offset >= 1:
+            self._count_varying(best, position, new_run, common, offset, origin, notes)
 
-    def _classify(self, cached: Block, tokens: array, common: int) -> tuple[str, str]:
+    def _classify(self, cached: array, tokens: array, common: int) -> tuple[str, str]:
         """template-drift where the two differ only in special tokens and whitespace from there on."""
         special = self.texts.special
-        left = [t for t in cached.tokens[common:] if t not in special]
-        right = [t for t in tokens[common:] if t not in special]
-        if int(tokens[common]) in special or int(cached.tokens[common]) in special:
-            a, b = self.texts.text(left), self.texts.text(right)
+        if int(tokens[common]) in special or int(cached[common]) in special:
+            self.texts.ensure([*cached[common:], *tokens[common:]])
+            a = self.texts.text(t for t in cached[common:] if t not in special)
+            b = self.texts.text(t for t in tokens[common:] if t not in special)
+            a, b = "".join(a.split()), "".join(b.split())
             n = min(len(a), len(b))
-            if n and "".join(a[:n].split()) == "".join(b[:n].split()):
-                return (
-                    "template-drift",
-                    " (only the chat template's tokens differ: render every request's template the same way)",
+            if n and a[:n] == b[:n]:
+                return "template-drift", (
+                    " (only the chat template's tokens differ: render every request's template the same way)"
                 )
         return "prefix-miss", ""
 
-    def _inserted(self, cached: array, tokens: array, common: int) -> str:
-        """Where the cached text goes on a few tokens later, what was put before it (a timestamp, an id)."""
-        start = self._realigned(cached, tokens, common)
-        if start < 2:
-            return ""  # not found, or one token put in place of another (a substitution, said already)
-        inserted = self.texts.text(tokens[common : common + start - 1]).strip()
-        return f" ({inserted!r} was put before the cached text, which follows {start - 1} tokens later)"
+    def _inserted(self, tokens: array, common: int, offset: int) -> str:
+        """What was put before the cached text (a timestamp, an id), where it goes on `offset` tokens later."""
+        if offset < 2:
+            return ""  # one token in place of another (named already)
+        inserted = self.texts.text(tokens[common : common + offset - 1]).strip()
+        return f" ({inserted!r} was put before the cached text, which follows {offset - 1} tokens later)"
 
-    @staticmethod
-    def _realigned(cached: array, tokens: array, common: int) -> int:
-        """The offset from `common` at which `tokens` go on with the cached tokens after the differing one
-        (1: one token replaced another), or -1."""
-        probe = list(cached[common + 1 : common + 1 + INSERT_PROBE])
-        if len(probe) < INSERT_PROBE:
-            return -1
-        window = list(tokens[common : common + INSERT_SEARCH + INSERT_PROBE])
-        for start in range(1, len(window) - INSERT_PROBE + 1):
-            if window[start : start + INSERT_PROBE] == probe:
-                return start
-        return -1
-
-    def _count_varying(self, cached: Block, position: int, tokens: array, common: int, origin, notes) -> None:
+    def _count_varying(self, cached: Block, position: int, tokens: array, common: int, offset: int, origin, notes):
         miss = self._misses.setdefault((origin, cached.chain, position), _Miss())
         miss.prompts += 1
-        start = self._realigned(cached.tokens, tokens, common)
-        miss.texts.add(self.texts.text(tokens[common : common + (start if start > 0 else 4)]))
+        differing = offset - 1 if offset >= 2 else 1  # what was put there, or the one token in place of another
+        miss.texts.add(self.texts.text(tokens[common : common + differing]).strip())
         if len(miss.texts) >= VARYING_MIN and not miss.noted:
             miss.noted = True
             cached_text = self.texts.text(cached.tokens[common : common + 1])
@@ -459,6 +454,28 @@ def _common_prefix(a: array, b: array) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def _continuation(block: Block, length: int) -> array:
+    """A block's tokens and those of its newest descendants after it, up to `length` (what the cache holds on)."""
+    out = array("l", block.tokens)
+    while len(out) < length and block.children:
+        block = block.children[-1]
+        out.extend(block.tokens)
+    return out
+
+
+def _realigned(cached: array, tokens: array, common: int) -> int:
+    """The offset from `common` at which `tokens` go on with the cached tokens that follow the differing one
+    (1: one token replaced another; k: k - 1 tokens were put in), or -1 where they do not."""
+    probe = list(cached[common + 1 : common + 1 + INSERT_PROBE])
+    if len(probe) < INSERT_PROBE:
+        return -1  # the cache holds too little after it to tell
+    window = list(tokens[common : common + INSERT_SEARCH + INSERT_PROBE])
+    for start in range(1, len(window) - INSERT_PROBE + 1):
+        if window[start : start + INSERT_PROBE] == probe:
+            return start
+    return -1
 
 
 def _first(tokens: array) -> int:

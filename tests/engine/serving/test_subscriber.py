@@ -1,0 +1,87 @@
+"""The subscriber against a publisher speaking vLLM's protocol (kvtui's LocalPublisher): catch-up through replay,
+gaps filled or counted, bad payloads reported and skipped, every event applied or counted."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kvtui.engine.serving.kv_events import BlocksStored, EventBatch, encode_batch
+from kvtui.engine.serving.local_publisher import LocalPublisher
+from kvtui.engine.serving.prefix_cache import PrefixCache, TokenTexts
+from kvtui.engine.serving.server_http import EventEndpoint
+from kvtui.engine.serving.subscriber import Subscriber
+
+
+def payload(i: int) -> bytes:
+    return encode_batch(EventBatch(i, float(i), (BlocksStored((f"{i:016x}",), None, (i, i + 1), 2),)))
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def start(publisher: LocalPublisher, cache: PrefixCache, problems: list, batches: list | None = None):
+    endpoint = EventEndpoint(publisher.endpoint, publisher.replay_endpoint, "kv-events", 0, "local")
+    subscriber = Subscriber(
+        [endpoint],
+        cache,
+        on_batch=(lambda origin, batch, notes: batches.append(batch.seq)) if batches is not None else None,
+        on_problem=problems.append,
+    )
+    thread = threading.Thread(target=subscriber.run, daemon=True)
+    thread.start()
+    assert subscriber.connected.wait(5)
+    time.sleep(0.5)  # a SUB socket's subscription reaches the PUB side a moment after connecting
+    return subscriber, thread
+
+
+def test_catch_up_and_a_gap_are_filled_through_replay():
+    cache, problems, batches = PrefixCache(TokenTexts()), [], []
+    with LocalPublisher() as publisher:
+        publisher.publish(payload(0))  # before kvtui attached: only replay has it
+        subscriber, thread = start(publisher, cache, problems, batches)
+        assert wait_for(lambda: 0 in batches)
+        publisher.publish(payload(1))
+        publisher.publish(payload(2), live=False)  # the subscriber misses it live
+        publisher.publish(payload(3))
+        assert wait_for(lambda: 3 in batches)
+        subscriber.stop.set()
+        thread.join(5)
+    assert batches == [0, 1, 2, 3]
+    stats = cache.stats("local")
+    assert stats.stored == 4 and stats.lost == 0 and subscriber.replayed >= 2
+    assert not problems
+
+
+def test_a_gap_without_replay_is_counted_as_lost():
+    cache, problems, batches = PrefixCache(TokenTexts()), [], []
+    with LocalPublisher(replay=False) as publisher:
+        subscriber, thread = start(publisher, cache, problems, batches)
+        publisher.publish(payload(0))
+        publisher.publish(payload(1), live=False)
+        publisher.publish(payload(2), live=False)
+        publisher.publish(payload(3))
+        assert wait_for(lambda: 3 in batches)
+        subscriber.stop.set()
+        thread.join(5)
+    stats = cache.stats("local")
+    assert batches == [0, 3] and stats.lost == 2 and stats.stored == 2
+
+
+def test_a_payload_that_does_not_decode_is_reported_and_skipped():
+    cache, problems, batches = PrefixCache(TokenTexts()), [], []
+    with LocalPublisher(replay=False) as publisher:
+        subscriber, thread = start(publisher, cache, problems, batches)
+        publisher.publish(b"\xc1 not msgpack")
+        publisher.publish(payload(1))
+        assert wait_for(lambda: 1 in batches)
+        subscriber.stop.set()
+        thread.join(5)
+    assert len(problems) == 1 and "did not decode" in problems[0].message and "skipped" in problems[0].message
+    assert subscriber.undecodable == 1 and cache.stats("local").skipped == 1 and cache.stats("local").stored == 1
