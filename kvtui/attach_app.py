@@ -99,6 +99,7 @@ class AttachApp(App):
         self.server_run = run
         self.cache: PrefixCache = session.cache if session is not None else run.cache
         self.paused = False
+        self.tree_pane: PrefixTreePane | None = None  # set at mount
         self.selected: NodeRef | None = None
         self.skipped = 0  # refreshes skipped in a row (the reader held the lock)
         self.refreshes = 0  # views built
@@ -134,7 +135,13 @@ class AttachApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(PrefixTreePane).focus()
+        # kept: the help screen may be on top (query_one looks in the active screen only)
+        self.tree_pane = self.query_one(PrefixTreePane)
+        self.detail_pane = self.query_one(BlockDetail)
+        self.stats_pane = self.query_one(ServerStats)
+        self.notes_pane = self.query_one(CacheNotes)
+        self.status_line = self.query_one("#status", Static)
+        self.tree_pane.focus()
         self.refresh_view(force=True)
         self.set_interval(1 / REFRESH_HZ, self.refresh_view)
 
@@ -147,7 +154,7 @@ class AttachApp(App):
             self._show_status()
             return False
         cache = self.cache
-        tree = self.query_one(PrefixTreePane)
+        tree = self.tree_pane
         if not cache.lock.acquire(timeout=LOCK_WAIT_S):
             self.skipped += 1
             self._show_status()
@@ -190,9 +197,9 @@ class AttachApp(App):
             if self.selected is not None:
                 what = f"chain #{self.selected.chain}" if self.selected.ident is None else self.selected.ident[2]
                 gone = f"{what} is no longer held"
-            self.query_one(BlockDetail).show(info, texts, palette, gone)
-            self.query_one(ServerStats).show(stats, palette)
-            self.query_one(CacheNotes).add_notes(new_notes, total, palette)
+            self.detail_pane.show(info, texts, palette, gone)
+            self.stats_pane.show(stats, palette)
+            self.notes_pane.add_notes(new_notes, total, palette)
         self._show_status()
         return True
 
@@ -225,7 +232,7 @@ class AttachApp(App):
             parts.append(f"view behind: the reader held the cache for {self.skipped} refreshes")
         if self.session is not None and getattr(self.session, "error", None) is not None:
             parts.append("the event reader stopped")
-        self.query_one("#status", Static).update(" · ".join(parts))
+        self.status_line.update(" · ".join(parts))
 
     def _problems(self) -> list[str]:
         if self.session is not None:
@@ -255,10 +262,10 @@ class AttachApp(App):
             info = block_info(cache, self.selected)
         finally:
             cache.lock.release()
-        self.query_one(BlockDetail).show(info, cache.texts, theme_palette(self))
+        self.detail_pane.show(info, cache.texts, theme_palette(self))
 
     def on_cache_notes_chosen(self, message: CacheNotes.Chosen) -> None:
-        notes = self.query_one(CacheNotes)
+        notes = self.notes_pane
         if message.note in notes.notes:
             self._note_index = notes.notes.index(message.note)
         self.select_note(message.note)
@@ -276,7 +283,7 @@ class AttachApp(App):
         if target is None:
             self.notify(f"{note.code}: its block and chain are no longer held", severity="warning")
             return False
-        tree = self.query_one(PrefixTreePane)
+        tree = self.tree_pane
         if target.ident is not None:
             tree.expanded_chains.add(target.chain)
         self._want = target
@@ -287,7 +294,7 @@ class AttachApp(App):
     # ---- keys ----------------------------------------------------------------------------------------
 
     def action_next_note(self) -> None:
-        notes = self.query_one(CacheNotes)
+        notes = self.notes_pane
         if not notes.notes:
             self.notify("no notes yet")
             return

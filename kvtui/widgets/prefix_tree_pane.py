@@ -22,7 +22,7 @@ from ..engine.serving.prefix_cache import Block, TokenTexts
 from .attach_view import BlockRow, CacheView, ChainRow, Ident, NodeRef, ident_of, tokens_text
 from .palette import Palette, role_style
 
-CHAIN_PREVIEW = 28  # characters of a chain's first tokens in its label
+CHAIN_PREVIEW = 40  # characters of a chain's first tokens in its label
 BLOCK_PREVIEW = 48  # characters of a block's text in its label
 LABELS_KEPT = 20_000  # block labels remembered (a block's tokens never change)
 
@@ -109,8 +109,8 @@ class PrefixTreePane(Tree[NodeRef]):
             previous = node
         self._show_info(view)
         self.border_title = f"prefix cache · {view.total_chains} chains · {view.held} blocks held"
-        if before is not None and self.cursor_ref != before:
-            self.select_ref(before)
+        if before is not None and self.node_for(before) is not self.cursor_node:
+            self.select_ref(before)  # its node was re-added, or it went (then its chain's node)
 
     def _drop_chain(self, chain: int) -> None:
         node = self._chain_nodes.pop(chain)
