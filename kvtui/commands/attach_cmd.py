@@ -80,9 +80,12 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
     if headless:
         sys.exit(run_attach_headless(session, duration))
     from ..attach_app import AttachApp
-    from ..cli import _check_theme
+    from ..themes import theme_error
 
-    _check_theme(theme)
+    error = theme_error(theme)
+    if error:
+        click.echo(f"kvtui: error: {error}", err=True)
+        sys.exit(2)
     session.start(duration)
     try:
         AttachApp(session=session, theme_name=theme).run()

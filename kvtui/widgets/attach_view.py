@@ -1,0 +1,284 @@
+"""What the attach panes show of a PrefixCache: small copies read under `cache.lock`, in bounded time.
+
+The reader thread applies events under the same lock, so everything here is O(what is shown): the newest
+MAX_CHAINS chains (plus the ones the user pinned by selecting them), at most MAX_NODES tree nodes, blocks
+counted up to COUNT_BUDGET, the newest NOTES_SCANNED notes; never O(blocks held). The views keep references
+to Block objects but read only the fields a block never changes after it is stored (key, tokens, depth,
+chain, group, medium, origin, stored_batch) once the lock is let go; structure (parents, children) is copied.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from rich.text import Text
+
+from ..engine.serving.prefix_cache import Block, CacheNote, MetricSample, OriginStats, PrefixCache, TokenTexts
+from ..fmt import token_text
+from .palette import Palette, role_style
+
+MAX_CHAINS = 200  # chains shown, newest first (chains the user selected are kept on top of these)
+MAX_NODES = 2000  # tree nodes at most (chains and blocks)
+COUNT_BUDGET = 20_000  # blocks visited per view to count the chains' blocks ("k+ blocks" past it)
+NOTES_SCANNED = 500  # newest notes looked at for the notes of one block
+TOKENS_SHOWN = 512  # tokens of one block shown in its detail
+SPARK_SAMPLES = 120  # newest metric samples plotted
+SPECIAL_STYLE = "bold reverse"  # as the cache pane draws a special token
+GROUPS_TRIED = 8  # KV cache groups looked in for a note's block (hybrid models have a few)
+
+Ident = tuple[str, int, str]  # (origin, group, hash): how PrefixCache keys a block
+
+
+def ident_of(block: Block) -> Ident:
+    return (block.origin, block.group, block.key)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    """What a tree node stands for: a chain (ident None) or one block of it."""
+
+    chain: int
+    ident: Ident | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRow:
+    block: Block
+    container: Ident | None  # the block whose node holds this one (None: the chain's node)
+
+
+@dataclass(frozen=True, slots=True)
+class ChainRow:
+    chain: int
+    top: Block  # its first top block (its root, or the first orphan left when the root went)
+    blocks: int  # its blocks, counted (a lower bound where `exact` is False)
+    exact: bool
+    expanded: bool
+    rows: tuple[BlockRow, ...]  # its blocks in the tree (only for expanded chains)
+    hidden: int  # blocks of an expanded chain past the node budget
+
+
+@dataclass(frozen=True, slots=True)
+class CacheView:
+    chains: tuple[ChainRow, ...]  # newest first
+    total_chains: int
+    held: int
+    chains_hidden: int
+    blocks_hidden: int  # blocks held in chains not shown, and cut from expanded chains by the node budget
+
+    @property
+    def nodes(self) -> int:
+        return len(self.chains) + sum(len(c.rows) for c in self.chains)
+
+
+def build_view(
+    cache: PrefixCache,
+    expanded: set[int] | frozenset[int] = frozenset(),
+    pinned: Iterable[int] = (),
+    max_chains: int = MAX_CHAINS,
+    max_nodes: int = MAX_NODES,
+) -> CacheView:
+    """The tree's content (call under cache.lock). O(max_chains + max_nodes + COUNT_BUDGET)."""
+    tops = cache.tops
+    pins = {c for c in pinned if c in tops}
+    chosen = sorted(pins.union(itertools.islice(reversed(tops), max_chains)), reverse=True)
+    budget = max(0, max_nodes - len(chosen))
+    counted = COUNT_BUDGET
+    # pinned chains take their blocks from the node budget first, then the newest
+    order = sorted(chosen, key=lambda c: (c not in pins, -c))
+    rows_of: dict[int, ChainRow] = {}
+    for chain in order:
+        chain_tops = tops[chain]
+        rows: list[BlockRow] = []
+        hidden = 0
+        if chain in expanded:
+            rows, rest = _rows(chain_tops, budget)
+            budget -= len(rows)
+            extra, exact = _count(rest, max(counted, 1))
+            counted -= extra
+            hidden = extra
+            count = len(rows) + extra
+        else:
+            count, exact = _count([(b, None) for b in chain_tops], max(counted, 1))
+            counted -= count
+        rows_of[chain] = ChainRow(chain, chain_tops[0], count, exact, chain in expanded, tuple(rows), hidden)
+    chains = tuple(rows_of[c] for c in chosen)
+    in_shown = sum(c.blocks for c in chains)  # (a lower bound where a count stopped at COUNT_BUDGET)
+    cut = sum(c.hidden for c in chains)
+    return CacheView(chains, len(tops), cache.held, len(tops) - len(chains), max(0, cache.held - in_shown) + cut)
+
+
+def _rows(tops: list[Block], budget: int) -> tuple[list[BlockRow], list[tuple[Block, Ident | None]]]:
+    """A chain's blocks in tree order, up to `budget`; and what is left to walk. A run of single children
+    stays in one container; the children of a block with several are nested under it, each holding its
+    own run (a branch)."""
+    rows: list[BlockRow] = []
+    # (block, where its node goes, where its only child's node goes)
+    stack: list[tuple[Block, Ident | None, Ident | None]] = []
+    if len(tops) == 1:
+        stack.append((tops[0], None, None))
+    else:
+        stack.extend((top, None, ident_of(top)) for top in reversed(tops))
+    while stack:
+        if len(rows) >= budget:
+            return rows, [(block, None) for block, _, _ in stack]
+        block, place, run = stack.pop()
+        rows.append(BlockRow(block, place))
+        children = block.children
+        if len(children) == 1:
+            stack.append((children[0], run, run))
+        elif children:
+            here = ident_of(block)
+            stack.extend((child, here, ident_of(child)) for child in reversed(children))
+    return rows, []
+
+
+def _count(start: list[tuple[Block, Ident | None]], budget: int) -> tuple[int, bool]:
+    """Blocks at and under `start`, visiting at most `budget` (exact: all were counted)."""
+    stack = [block for block, _ in start]
+    count = 0
+    while stack:
+        if count >= budget:
+            return count, False
+        block = stack.pop()
+        count += 1
+        stack.extend(block.children)
+    return count, True
+
+
+# ---- one block ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    key: str
+    parent: str | None  # the parent's hash (None: a root; an orphan's parent is gone)
+    orphan: bool
+    chain: int
+    depth: int
+    start: int
+    end: int
+    group: int
+    medium: str | None
+    origin: str
+    stored_batch: int
+    children: int
+    tokens: tuple[int, ...]  # the first TOKENS_SHOWN
+    token_count: int
+    notes: tuple[CacheNote, ...]
+
+
+def find_block(cache: PrefixCache, ref: NodeRef | None) -> Block | None:
+    """The block a tree node stands for (a chain: its first top). Call under cache.lock."""
+    if ref is None:
+        return None
+    if ref.ident is not None:
+        return cache.blocks.get(ref.ident)
+    tops = cache.tops.get(ref.chain)
+    return tops[0] if tops else None
+
+
+def block_info(cache: PrefixCache, ref: NodeRef | None) -> BlockInfo | None:
+    """The detail of the selected block (call under cache.lock): O(block size + NOTES_SCANNED)."""
+    block = find_block(cache, ref)
+    if block is None:
+        return None
+    size = len(block.tokens)
+    notes = tuple(
+        note
+        for note in cache.notes[-NOTES_SCANNED:]
+        if (note.block and note.block == block.key and note.origin == block.origin) or note.chain == block.chain
+    )
+    return BlockInfo(
+        key=block.key,
+        parent=block.parent.key if block.parent is not None else None,
+        orphan=block.orphan,
+        chain=block.chain,
+        depth=block.depth,
+        start=block.start,
+        end=block.start + size,
+        group=block.group,
+        medium=block.medium,
+        origin=block.origin,
+        stored_batch=block.stored_batch,
+        children=len(block.children),
+        tokens=tuple(block.tokens[:TOKENS_SHOWN]),
+        token_count=size,
+        notes=notes,
+    )
+
+
+def note_target(cache: PrefixCache, note: CacheNote) -> NodeRef | None:
+    """Where a note points in the tree (call under cache.lock): the block it names while it is held, else
+    the chain it names, else None."""
+    if note.block:
+        for group in range(GROUPS_TRIED):
+            block = cache.blocks.get((note.origin, group, note.block))
+            if block is not None:
+                return NodeRef(block.chain, ident_of(block))
+    if note.chain and note.chain in cache.tops:
+        return NodeRef(note.chain)
+    return None
+
+
+# ---- the server's numbers ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StatsView:
+    origins: tuple[tuple[str, OriginStats], ...]  # copies
+    samples: tuple[tuple[str, tuple[MetricSample, ...]], ...]  # per server, the newest SPARK_SAMPLES, oldest first
+    batches: int
+    events: int
+    let_go: int
+    held: int
+    chains: int
+    notes: int
+
+
+def stats_view(cache: PrefixCache) -> StatsView:
+    """Call under cache.lock: O(origins + SPARK_SAMPLES)."""
+    samples = tuple(
+        (origin, tuple(reversed(list(itertools.islice(reversed(kept), SPARK_SAMPLES)))))
+        for origin, kept in cache.metrics.items()
+    )
+    origins = tuple((name, replace(stats)) for name, stats in cache.origins.items())
+    return StatsView(
+        origins=origins,
+        samples=samples,
+        batches=cache.batches,
+        events=sum(stats.events for _, stats in origins),
+        let_go=cache.let_go,
+        held=cache.held,
+        chains=len(cache.tops),
+        notes=len(cache.notes),
+    )
+
+
+# ---- token text --------------------------------------------------------------------------------------
+
+
+def special_style(palette: Palette | None) -> str:
+    return role_style(palette, "accent", SPECIAL_STYLE)
+
+
+def tokens_text(
+    texts: TokenTexts, ids: Iterable[int], palette: Palette | None = None, chars: int | None = None
+) -> Text:
+    """Token ids as one printable line (newlines as ↵), special tokens in the cache pane's special style;
+    cut with `…` past `chars` characters. Reads texts.pieces, which the reader only adds to (a dict get)."""
+    text = Text(no_wrap=chars is not None, overflow="ellipsis")
+    special = texts.special
+    style = special_style(palette)
+    length = 0
+    for token in ids:
+        piece = token_text(texts.piece(int(token)))
+        if chars is not None and length + len(piece) > chars:
+            text.append(piece[: max(0, chars - length)], style=style if int(token) in special else "")
+            text.append("…", style=role_style(palette, "muted"))
+            break
+        text.append(piece, style=style if int(token) in special else "")
+        length += len(piece)
+    return text

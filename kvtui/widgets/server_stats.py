@@ -1,0 +1,104 @@
+"""The attach screen's server numbers: per publisher the blocks stored, removed, held (of the capacity its
+metrics say), batches lost, events not decoded, blocks stored again soon after removal; the prefix cache hit
+rate over time (a sparkline of /metrics polls) and its latest value."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Sparkline, Static
+
+from ..engine.serving.prefix_cache import MetricSample
+from .attach_view import StatsView
+from .palette import Palette, role_style
+
+
+def hit_rates(samples: tuple[MetricSample, ...]) -> list[float]:
+    """The plotted series: each poll's hit rate since the one before, or (where no poll saw queries yet)
+    the rate since the server started."""
+    rates = [s.rate for s in samples if s.rate is not None]
+    if rates:
+        return rates
+    return [s.overall for s in samples if s.overall is not None]
+
+
+def render_table(view: StatsView, palette: Palette | None = None) -> Table:
+    """One row per publisher (the origin column only where there are several: the title names one)."""
+    table = Table(expand=True, show_edge=False, pad_edge=False, box=None, header_style="bold")
+    several = len(view.origins) > 1
+    names = ("origin",) * several + ("stored", "removed", "held", "capacity", "lost", "undecodable", "restored")
+    for name in names:
+        table.add_column(name, justify="left" if name == "origin" else "right", no_wrap=True)
+    for origin, stats in view.origins:
+        held = Text(str(stats.held))
+        if stats.capacity and stats.held > 0.9 * stats.capacity:
+            held.stylize(role_style(palette, "warning"))
+        lost = Text(str(stats.lost), style=role_style(palette, "error") if stats.lost else "")
+        table.add_row(
+            *((origin or "events",) * several),
+            str(stats.stored),
+            str(stats.removed),
+            held,
+            str(stats.capacity) if stats.capacity else "?",
+            lost,
+            str(stats.skipped),
+            str(stats.restored),
+        )
+    return table
+
+
+def rate_line(view: StatsView) -> str:
+    parts = []
+    for origin, samples in view.samples:
+        if not samples:
+            continue
+        last = samples[-1]
+        latest = next((s.rate for s in reversed(samples) if s.rate is not None), None)
+        words = [f"{origin}: hit rate"]
+        words.append(f"{latest:.1%} lately" if latest is not None else "no queries lately")
+        if last.overall is not None and last.queries is not None and last.hits is not None:
+            words.append(f"· {last.overall:.1%} overall ({last.hits:.0f} of {last.queries:.0f} tokens)")
+        parts.append(" ".join(words))
+    return "; ".join(parts) or "hit rate: no /metrics polled"
+
+
+class ServerStats(Vertical):
+    DEFAULT_CSS = """
+    ServerStats {
+        height: auto;
+        border: round $foreground 25%;
+        border-title-color: $text-muted;
+        padding: 0 1;
+        & > #stats-table { height: auto; }
+        & > #stats-spark { height: 2; margin: 1 0 0 0; }
+        & > #stats-rate { height: auto; }
+    }
+    """
+
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self.border_title = "server"
+        self.view: StatsView | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="stats-table")
+        yield Sparkline([], id="stats-spark")
+        yield Static("hit rate: waiting for /metrics", id="stats-rate")
+
+    def show(self, view: StatsView, palette: Palette | None = None) -> None:
+        self.view = view
+        self.query_one("#stats-table", Static).update(render_table(view, palette))
+        series: list[float] = []
+        for _origin, samples in view.samples:
+            series = hit_rates(samples)
+            if series:
+                break
+        self.query_one("#stats-spark", Sparkline).data = series
+        self.query_one("#stats-rate", Static).update(rate_line(view))
+        held = sum(stats.held for _, stats in view.origins)
+        capacity = sum(stats.capacity or 0 for _, stats in view.origins)
+        share = f" of {capacity} ({held / capacity:.0%})" if capacity else ""
+        name = view.origins[0][0] if len(view.origins) == 1 else f"{len(view.origins)} publishers"
+        self.border_title = f"{name or 'server'} · blocks held {held}{share} · {view.chains} chains"
