@@ -86,6 +86,9 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
     if error:
         click.echo(f"kvtui: error: {error}", err=True)
         sys.exit(2)
+    from ..engine.serving.subscriber import YIELD_S
+
+    session.subscriber.yield_s = YIELD_S  # the reader shares the interpreter with the screen: keys stay quick
     session.start(duration)
     try:
         AttachApp(session=session, theme_name=theme).run()

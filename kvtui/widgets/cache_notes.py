@@ -13,7 +13,7 @@ from textual.widgets import OptionList
 from ..engine.serving.prefix_cache import CacheNote
 from .palette import Palette, role_style
 
-MAX_SHOWN = 500
+MAX_SHOWN = 200
 REMOVE_ONE_BY_ONE = 20  # more old notes than this to drop at once: the list is rebuilt instead
 
 

@@ -30,12 +30,13 @@ from ..records.snapshot import Diagnostic, frozen
 from .kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch
 
 MAX_BLOCKS = 200_000  # blocks kept (per view); the oldest beyond it are let go and counted
-SIBLINGS_CHECKED = 32  # cached chains compared per new chain: those sharing its first token, newest first
+SIBLINGS_CHECKED = 16  # cached chains compared per new chain: those sharing its first token, newest first
 CHURN_WINDOW_S = 60.0  # a block stored again within this time of its removal counts as churn
 CHURN_MIN = 8  # re-stores before the churn note
 INSERT_PROBE = 6  # cached tokens looked for after the difference (text put before shared text)
 INSERT_SEARCH = 64  # ... within this many tokens of it
 VARYING_MIN = 2  # distinct texts at one cached chain's token before the varying-start note
+NOTES_PER_CODE = 20  # notes listed per code before the rest are only counted
 METRICS_KEPT = 3600  # metric samples kept per server (an hour at one a second)
 
 
@@ -170,7 +171,8 @@ class PrefixCache:
         self.blocks: OrderedDict[tuple[str, int, str], Block] = OrderedDict()  # oldest first: who is let go
         self.tops: dict[int, list[Block]] = {}  # chain number -> its top blocks: its root, or the orphans it left
         self.origins: dict[str, OriginStats] = {}
-        self.notes: list[CacheNote] = []
+        self.notes: list[CacheNote] = []  # bounded: NOTES_PER_CODE per code, then one per doubling
+        self.note_counts: dict[str, int] = {}  # every note raised, by code (listed or not)
         self.batches = 0
         self.let_go = 0  # blocks dropped past max_blocks (still held by the server: not "removed")
         self.chains = 0
@@ -227,8 +229,29 @@ class PrefixCache:
             elif isinstance(event, AllCleared):
                 self._clear(origin, stats)
         self._let_go_oldest()
+        notes = [shown for note in notes if (shown := self._admit(note)) is not None]
         self.notes.extend(notes)
         return notes
+
+    def _admit(self, note: CacheNote) -> CacheNote | None:
+        """One alarm per cause, and a busy server's flood bounded: past NOTES_PER_CODE notes of one code, the rest
+        are counted (note_counts, the summary) and one note in each doubling says how many there were so far."""
+        count = self.note_counts[note.code] = self.note_counts.get(note.code, 0) + 1
+        if count <= NOTES_PER_CODE:
+            return note
+        if count & (count - 1) == 0:  # 32, 64, 128 ...: one note that says so
+            return CacheNote(
+                note.code,
+                note.severity,
+                f"{count} {note.code} notes so far (only the first {NOTES_PER_CODE} and one per doubling are "
+                f"listed); the last: {note.message}",
+                note.batch,
+                note.origin,
+                note.chain,
+                note.position,
+                note.block,
+            )
+        return None
 
     def count_lost(self, origin: str, batches: int) -> None:
         """Batches the subscriber knows it missed and could not replay."""
@@ -298,10 +321,12 @@ class PrefixCache:
         if not siblings:
             return
         best, common = None, 0
-        for sibling in siblings[-SIBLINGS_CHECKED:]:
+        for sibling in siblings[-SIBLINGS_CHECKED:]:  # the oldest of equals wins: the chain others came from
             shared = _common_prefix(sibling.tokens, tokens)
             if shared > common:
                 best, common = sibling, shared
+                if shared == len(tokens):
+                    break
         if best is None or common >= len(tokens):
             return  # same tokens, another hash (a LoRA, a salt): not a prompt difference
         new_run = array("l", event.token_ids[index * event.block_size :])  # this chain's tokens from the block on
@@ -449,11 +474,18 @@ class PrefixCache:
 
 
 def _common_prefix(a: array, b: array) -> int:
+    """How many first tokens two blocks share: slice comparisons (C) in a bisection, not a loop over tokens."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _continuation(block: Block, length: int) -> array:
@@ -500,8 +532,6 @@ def summary_lines(cache: PrefixCache) -> list[str]:
             )
     chains = len(cache.tops)
     lines.append(f"chains {chains}, blocks held {cache.held}, let go past --max-blocks {cache.let_go}")
-    codes: dict[str, int] = {}
-    for note in cache.notes:
-        codes[note.code] = codes.get(note.code, 0) + 1
+    codes = cache.note_counts
     lines.append("notes: " + (", ".join(f"{code} ×{n}" for code, n in sorted(codes.items())) or "none"))
     return lines

@@ -21,8 +21,10 @@ from .prefix_cache import CacheNote, PrefixCache
 from .server_http import EventEndpoint
 
 REPLAY_WAIT_S = 1.0  # how long a replay answer may take before kvtui gives up on it (and counts the loss)
-RECEIVE_HWM = 1_000_000  # messages the SUB socket queues while kvtui is busy (ZeroMQ drops past it: counted)
-BATCH_BUDGET_S = 0.05  # at most this long applying queued messages before the lock is let go for the UI
+RECEIVE_HWM = 20_000  # messages the SUB socket queues while kvtui is busy: ZeroMQ drops past it, and the
+# sequence numbers count what it dropped (lost), so memory stays bounded when a server outpaces the viewer
+YIELD_S = 0.002  # ... then this long off the interpreter lock, so a saturated reader leaves the UI a share
+BATCH_BUDGET_S = 0.005  # at most this long applying queued messages before the lock is let go for the UI
 
 
 @dataclass
@@ -46,12 +48,14 @@ class Subscriber:
         on_batch: Callable[[str, EventBatch, list[CacheNote]], None] | None = None,
         on_problem: Callable[[Problem], None] | None = None,
         catch_up: bool = True,
+        yield_s: float = 0.0,
     ):
         self.endpoints = endpoints
         self.cache = cache
         self.on_batch = on_batch
         self.on_problem = on_problem
         self.catch_up = catch_up
+        self.yield_s = yield_s  # a viewer beside it (the TUI): YIELD_S after each budget of applying
         self.undecodable = 0
         self.replayed = 0  # batches recovered through replay sockets
         self.stop = threading.Event()
@@ -84,14 +88,18 @@ class Subscriber:
             end = None if duration is None else time.monotonic() + duration
             while not self.stop.is_set() and (end is None or time.monotonic() < end):
                 ready = dict(poller.poll(100))
+                busy = False
                 for sub in ready:
-                    self._drain(sub)
+                    busy |= self._drain(sub)
+                if busy and self.yield_s:  # more is queued: the UI thread gets the interpreter a moment
+                    time.sleep(self.yield_s)
         finally:
             for sub in self._sockets:
                 sub.close(linger=0)
             self._context.term()
 
-    def _drain(self, sub: zmq.Socket) -> None:
+    def _drain(self, sub: zmq.Socket) -> bool:
+        """Apply what is queued, for at most BATCH_BUDGET_S; whether more may be waiting."""
         endpoint = self._sockets[sub]
         until = time.monotonic() + BATCH_BUDGET_S
         with self.cache.lock:
@@ -99,8 +107,9 @@ class Subscriber:
                 try:
                     frames = sub.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
-                    return
+                    return False
                 self._receive(endpoint, frames, live=True)
+        return True
 
     def _receive(self, endpoint: EventEndpoint, frames: list[bytes], live: bool) -> None:
         origin = endpoint.origin
