@@ -38,6 +38,10 @@ def diff(trace_a: Path, trace_b: Path, tie_tolerance: float) -> None:
     aside) and the cache fill. Cache kind and capacity, versions, dtype and device are notes only.
     Exit 0 when they agree, 1 when they diverge, 2 when a trace cannot be read.
     """
+    from ..engine.serving.server_trace import is_server_trace
+
+    if is_server_trace(trace_a) or is_server_trace(trace_b):
+        sys.exit(_diff_servers(trace_a, trace_b))
     try:
         # strict: a diff of a trace cut mid-line would silently compare fewer steps
         a, b = read_trace(trace_a, strict=True), read_trace(trace_b, strict=True)
@@ -47,6 +51,26 @@ def diff(trace_a: Path, trace_b: Path, tie_tolerance: float) -> None:
     result = diff_traces(a, b, tie_tolerance=tie_tolerance)
     print_report(Console(), a, b, result, tie_tolerance)
     sys.exit(0 if result.agree else 1)
+
+
+def _diff_servers(trace_a: Path, trace_b: Path) -> int:
+    """Two `kvtui attach --trace` runs: their notes, chains and totals (0 agree, 1 differ, 2 unreadable)."""
+    from ..engine.serving.server_trace import ServerTraceError, diff_server_runs, is_server_trace, load_server_trace
+
+    if not (is_server_trace(trace_a) and is_server_trace(trace_b)):
+        click.echo("kvtui: error: one trace is a server trace (kvtui attach) and the other is not", err=True)
+        return 2
+    try:
+        a, b = load_server_trace(trace_a), load_server_trace(trace_b)
+    except ServerTraceError as exc:
+        click.echo(f"kvtui: error: {' '.join(str(exc).split())}", err=True)
+        return 2
+    lines = diff_server_runs(a, b)
+    click.echo(f"A {trace_a}: {a.batches} batches; B {trace_b}: {b.batches} batches")
+    for line in lines:
+        click.echo(line)
+    click.echo("differ" if lines else "agree: the same notes, chains and totals")
+    return 1 if lines else 0
 
 
 def print_report(console: Console, a: Trace, b: Trace, result: DiffResult, tie_tolerance: float) -> None:

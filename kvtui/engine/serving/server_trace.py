@@ -261,3 +261,49 @@ def _metrics(record: dict[str, Any]) -> CacheMetrics:
         block_size=record.get("block_size"),
         usage=record.get("usage"),
     )
+
+
+def _totals(cache: PrefixCache) -> dict[str, float | int | None]:
+    stats = list(cache.origins.values())
+    last = [samples[-1].overall for samples in cache.metrics.values() if samples and samples[-1].overall is not None]
+    return {
+        "batches": sum(s.batches for s in stats),
+        "blocks stored": sum(s.stored for s in stats),
+        "blocks removed": sum(s.removed for s in stats),
+        "blocks held": sum(s.held for s in stats),
+        "clears": sum(s.cleared for s in stats),
+        "lost batches": sum(s.lost for s in stats),
+        "hit rate": round(sum(last) / len(last), 4) if last else None,
+    }
+
+
+def _chains(cache: PrefixCache) -> dict[tuple[int, ...], int]:
+    """Each chain held at the end by its first block's tokens (hashes differ between servers: tokens do not)."""
+    return {tuple(tops[0].tokens): chain for chain, tops in cache.tops.items() if tops and not tops[0].orphan}
+
+
+def diff_server_runs(a: ServerRun, b: ServerRun) -> list[str]:
+    """What differs between two server runs, as lines (none: they agree): the notes in order, the chains held at
+    the end (by their first tokens), the totals."""
+    lines = []
+    notes_a = [(n.code, n.message) for n in a.cache.notes]
+    notes_b = [(n.code, n.message) for n in b.cache.notes]
+    for index, (x, y) in enumerate(zip(notes_a, notes_b, strict=False)):
+        if x != y:
+            lines.append(f"note {index + 1} differs: A {x[0]}: {x[1]}")
+            lines.append(f"{' ' * len(f'note {index + 1} differs: ')}B {y[0]}: {y[1]}")
+            break
+    if len(notes_a) != len(notes_b):
+        lines.append(f"notes: A has {len(notes_a)}, B has {len(notes_b)}")
+    chains_a, chains_b = _chains(a.cache), _chains(b.cache)
+    for name, only, other, cache in (("A", chains_a, chains_b, a.cache), ("B", chains_b, chains_a, b.cache)):
+        missing = [tokens for tokens in only if tokens not in other]
+        for tokens in missing[:5]:
+            lines.append(f"chain only in {name}: #{only[tokens]} {cache.texts.text(tokens[:24])!r}")
+        if len(missing) > 5:
+            lines.append(f"... {len(missing) - 5} more chains only in {name}")
+    totals_a, totals_b = _totals(a.cache), _totals(b.cache)
+    for key in totals_a:
+        if totals_a[key] != totals_b[key]:
+            lines.append(f"{key}: A {totals_a[key]}, B {totals_b[key]}")
+    return lines

@@ -1,0 +1,94 @@
+"""Server traces (kvtui attach --trace): written as events arrive, replayed into the same prefix cache and notes,
+a crash's cut tail tolerated, a corrupt line named, two runs compared (kvtui diff)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgpack
+import pytest
+from click.testing import CliRunner
+
+from kvtui.cli import main
+from kvtui.engine.serving.kv_events import decode_message
+from kvtui.engine.serving.prefix_cache import PrefixCache, TokenTexts
+from kvtui.engine.serving.server_http import CacheMetrics, ServerInfo
+from kvtui.engine.serving.server_trace import (
+    ServerTraceError,
+    ServerTraceWriter,
+    diff_server_runs,
+    is_server_trace,
+    load_server_trace,
+)
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "kv_events"
+
+
+def record(path: Path, frames_used: int | None = None) -> PrefixCache:
+    """Apply the recorded vLLM events as the attach session does, writing the trace; the live cache."""
+    pieces = json.loads((DATA / "smollm2-pieces.json").read_text())
+    table = {int(k): v for k, v in pieces["pieces"].items()}
+    texts = TokenTexts(lambda ids: {i: table[i] for i in ids if i in table}, pieces["special"])
+    cache = PrefixCache(texts)
+    writer = ServerTraceWriter(path, [ServerInfo("http://127.0.0.1:8000", "smollm2")], cache)
+    frames = msgpack.unpackb((DATA / "vllm-0.32-maps.msgpack").read_bytes())[:frames_used]
+    for number, frame in enumerate(frames):
+        batch = decode_message(frame)
+        notes = cache.apply(batch, "127.0.0.1:8000")
+        writer.batch("127.0.0.1:8000", batch, notes)
+        if number == 3:
+            metrics = CacheMetrics(queries=500.0, hits=192.0, capacity=40, block_size=32)
+            cache.record_metrics("127.0.0.1:8000", 1.0, metrics)
+            writer.metrics("127.0.0.1:8000", 1.0, metrics)
+    writer.close()
+    return cache
+
+
+def test_replay_rebuilds_the_same_cache_and_notes_without_a_tokenizer(tmp_path):
+    path = tmp_path / "run.jsonl"
+    live = record(path)
+    assert is_server_trace(path)
+    run = load_server_trace(path)
+    assert [(n.code, n.message) for n in run.cache.notes] == [(n.code, n.message) for n in live.notes]
+    assert [r["message"] for r in run.recorded_notes] == [n.message for n in live.notes]
+    assert "'Time' (id 7487)" in run.cache.notes[0].message  # the texts came from the trace
+    assert set(run.cache.blocks) == set(live.blocks) and run.cache.stats("127.0.0.1:8000").capacity == 40
+    assert run.servers[0]["model"] == "smollm2"
+
+
+def test_a_cut_tail_is_dropped_and_a_corrupt_line_is_named(tmp_path):
+    path = tmp_path / "run.jsonl"
+    record(path)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(data[: len(data) - 40])  # killed mid-line
+    assert load_server_trace(cut).batches == load_server_trace(path).batches - 1
+    bad = tmp_path / "bad.jsonl"
+    lines = data.split(b"\n")
+    lines[3] = b"{not json"
+    bad.write_bytes(b"\n".join(lines))
+    with pytest.raises(ServerTraceError, match=r"bad.jsonl:4: not a JSON line"):
+        load_server_trace(bad)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"type": "header", "schema": 1}\n')
+    with pytest.raises(ServerTraceError, match="not a kvtui server trace"):
+        load_server_trace(plain)
+
+
+def test_diff_of_two_runs(tmp_path):
+    full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
+    record(full)
+    record(part, frames_used=2)  # only the first request and the timestamped one
+    assert diff_server_runs(load_server_trace(full), load_server_trace(full)) == []
+    lines = diff_server_runs(load_server_trace(full), load_server_trace(part))
+    assert any(line.startswith("notes: A has") for line in lines)
+    assert any(line.startswith("blocks stored: A ") for line in lines)
+    runner = CliRunner()
+    same = runner.invoke(main, ["diff", str(full), str(full)])
+    assert same.exit_code == 0 and "agree" in same.output
+    differ = runner.invoke(main, ["diff", str(full), str(part)])
+    assert differ.exit_code == 1 and "differ" in differ.output
+    mixed = tmp_path / "steps.jsonl"
+    mixed.write_text('{"type": "header", "schema": 1}\n')
+    assert runner.invoke(main, ["diff", str(full), str(mixed)]).exit_code == 2
