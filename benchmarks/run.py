@@ -149,6 +149,21 @@ def main() -> int:
     log(b_notebook.describe(results["notebook"]))
     loads["7. notebook"] = section.stop()
 
+    # ---- 10. kvtui attach under load: recorded vLLM events at 20,000 events/s into the reader and the screen -----
+    log("10. attach: vLLM KV events replayed at 20,000 events/s for 30 s (reader alone, then with the TUI)")
+    import b_kv_events
+
+    results["attach_load"] = {
+        "reader": b_kv_events.bench(20_000, 10 if q else 30, ui=False),
+        "tui": b_kv_events.bench(20_000, 10 if q else 30, ui=True),
+    }
+    for name, row in results["attach_load"].items():
+        log(
+            f"  {name}: {row['events_s_applied_while_publishing']:.0f} events/s applied while publishing, "
+            f"{row['batches_lost']} batches counted lost, all accounted: {row['accounted']}, loop lag p99 "
+            f"{row['loop_lag_ms_p99']} ms, peak RSS {row['peak_rss_mb']:.0f} MB"
+        )
+
     # ---- 9. bytes on the engine pipe per decode step, early and late in a long chat ---------------------
     log("9. engine pipe: bytes per decode step, first vs last tenth of a long chat (tiny llama)")
     import b_pipe

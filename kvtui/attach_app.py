@@ -72,8 +72,8 @@ class AttachApp(App):
     CSS = """
     #title { height: 1; padding: 0 1; color: $text-accent; text-style: bold; }
     #main { height: 1fr; }
-    #tree { width: 45%; height: 1fr; }
-    #right { width: 55%; height: 1fr; }
+    #tree { width: 55%; height: 1fr; }
+    #right { width: 45%; height: 1fr; }
     #detail { height: 1fr; }
     #stats { height: auto; max-height: 60%; }
     #notes { height: 9; }
