@@ -233,3 +233,34 @@ def test_metrics_of_a_real_server_parse():
     sample = cache.record_metrics("s", 2.0, metrics)
     assert sample.rate is None  # no new queries between the two polls
     assert sample.overall == pytest.approx(metrics.hits / metrics.queries)
+
+
+def test_discover_reads_a_real_servers_event_sources():
+    """/kv_event_sources as vLLM 0.32 answered it: the bind address dialled at the server's host, with replay."""
+    import http.server
+    import threading
+
+    from kvtui.engine.serving.server_http import discover
+
+    sources = (DATA / "vllm-0.32-kv_event_sources.json").read_bytes()
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = sources if self.path == "/kv_event_sources" else b'{"data": [{"id": "smollm2", "root": "/m"}]}'
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        info = discover(f"127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+    (endpoint,) = info.endpoints
+    assert info.model == "smollm2" and info.root == "/m"
+    assert endpoint.endpoint == "tcp://127.0.0.1:5557" and endpoint.replay == "tcp://127.0.0.1:5558"
+    assert endpoint.topic == "kv-events" and endpoint.origin == f"127.0.0.1:{server.server_port}"

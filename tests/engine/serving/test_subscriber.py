@@ -85,3 +85,31 @@ def test_a_payload_that_does_not_decode_is_reported_and_skipped():
         thread.join(5)
     assert len(problems) == 1 and "did not decode" in problems[0].message and "skipped" in problems[0].message
     assert subscriber.undecodable == 1 and cache.stats("local").skipped == 1 and cache.stats("local").stored == 1
+
+
+def test_data_parallel_ranks_are_origins_of_one_view():
+    """`--events tcp://HOST:PORT --dp-ranks 2`: rank r publishes on PORT + r; each its own origin, one cache."""
+    from kvtui.engine.serving.server_http import given_endpoints
+
+    cache, problems, batches = PrefixCache(TokenTexts()), [], []
+    with LocalPublisher(replay=False) as rank0, LocalPublisher(replay=False) as rank1:
+        endpoints = [
+            EventEndpoint(rank0.endpoint, None, "kv-events", 0, "127.0.0.1:8000"),
+            EventEndpoint(rank1.endpoint, None, "kv-events", 1, "127.0.0.1:8000/dp1"),
+        ]
+        subscriber = Subscriber(endpoints, cache, lambda o, b, n: batches.append((o, b.seq)), problems.append)
+        thread = threading.Thread(target=subscriber.run, daemon=True)
+        thread.start()
+        assert subscriber.connected.wait(5)
+        time.sleep(0.5)
+        rank0.publish(payload(0))
+        rank1.publish(payload(0))  # the same sequence number and hash on another rank: another cache
+        rank1.publish(payload(1))
+        assert wait_for(lambda: len(batches) == 3)
+        subscriber.stop.set()
+        thread.join(5)
+    assert cache.stats("127.0.0.1:8000").stored == 1 and cache.stats("127.0.0.1:8000/dp1").stored == 2
+    assert cache.held == 3 and not problems
+    ranks = given_endpoints("tcp://10.0.0.5:5557", 3, "kv-events")
+    assert [e.endpoint for e in ranks] == ["tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558", "tcp://10.0.0.5:5559"]
+    assert [e.origin for e in ranks] == ["10.0.0.5:5557", "10.0.0.5:5557/dp1", "10.0.0.5:5557/dp2"]
