@@ -9,6 +9,7 @@ one line, skipped and counted. Every event is applied or counted: never silently
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from .server_http import EventEndpoint
 REPLAY_WAIT_S = 1.0  # how long a replay answer may take before kvtui gives up on it (and counts the loss)
 RECEIVE_HWM = 20_000  # messages the SUB socket queues while kvtui is busy: ZeroMQ drops past it, and the
 # sequence numbers count what it dropped (lost), so memory stays bounded when a server outpaces the viewer
+FREEZE_EVERY_S = 1.0
 YIELD_S = 0.002  # ... then this long off the interpreter lock, so a saturated reader leaves the UI a share
 BATCH_BUDGET_S = 0.005  # at most this long applying queued messages before the lock is let go for the UI
 
@@ -49,12 +51,14 @@ class Subscriber:
         on_problem: Callable[[Problem], None] | None = None,
         catch_up: bool = True,
         yield_s: float = 0.0,
+        freeze_gc: bool = True,
     ):
         self.endpoints = endpoints
         self.cache = cache
         self.on_batch = on_batch
         self.on_problem = on_problem
         self.catch_up = catch_up
+        self.freeze_gc = freeze_gc  # kvtui's own process (attach): the garbage collector skips what it holds
         self.yield_s = yield_s  # a viewer beside it (the TUI): YIELD_S after each budget of applying
         self.undecodable = 0
         self.replayed = 0  # batches recovered through replay sockets
@@ -86,7 +90,14 @@ class Subscriber:
                         with self.cache.lock:
                             self._replay(endpoint, 0, None)
             end = None if duration is None else time.monotonic() + duration
+            frozen_at = time.monotonic()
             while not self.stop.is_set() and (end is None or time.monotonic() < end):
+                if self.freeze_gc and time.monotonic() - frozen_at > FREEZE_EVERY_S:
+                    # the blocks kept are many long-lived objects: a full collection walking them all stalled the
+                    # screen for up to 360 ms at 20,000 events/s; frozen, collections walk only what is new. Blocks
+                    # hold no reference cycles once dropped (their links are cut), so refcounting still frees them.
+                    gc.freeze()
+                    frozen_at = time.monotonic()
                 ready = dict(poller.poll(100))
                 busy = False
                 for sub in ready:
