@@ -24,6 +24,8 @@ MESSAGES = [
     [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a color."}],
     [{"role": "user", "content": "Hello there, who are you?"}],
 ]
+# sent after those three finished: its system prompt's whole blocks are found in the prefix cache (a hit, no miss)
+LATER = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a number."}]
 
 
 def _serve_available() -> str | None:
@@ -88,7 +90,8 @@ def _run(model: str, watched_trace: Path | None) -> list[str]:
             except OSError:
                 time.sleep(0.5)
         with ThreadPoolExecutor(3) as pool:
-            return list(pool.map(lambda m: _ask(port, model, m), MESSAGES))
+            answers = list(pool.map(lambda m: _ask(port, model, m), MESSAGES))
+        return [*answers, _ask(port, model, LATER)]
     finally:
         process.send_signal(signal.SIGTERM)  # the server ignores SIGINT for a while; SIGTERM ends it
         try:
@@ -112,5 +115,10 @@ def test_server_requests_are_lanes(tiny_dir, tmp_path):
     assert packed
     assert not [d for s in steps for d in s.get("diagnostics", []) if d["code"] == "position-gap"]
     requests = {v["request_id"]: v for s in packed for v in s["requests"]}
-    assert len(requests) >= 3 and all(v["blocks"] and v["prompt_length"] for v in requests.values())
+    assert len(requests) == 4 and all(v["blocks"] and v["prompt_length"] for v in requests.values())
     assert all(not s["caller"].startswith(("fastapi", "starlette")) for s in packed)
+    # the shared system prompt: the concurrent requests share its blocks, the later one found them cached
+    assert sum(1 for v in requests.values() if v["shared"] > 0) >= 2
+    later = [v for v in requests.values() if v["prefix_hit"] > 0]
+    assert len(later) == 1 and later[0]["prefix_hit"] % 16 == 0 and later[0]["recomputed"] == 0
+    assert not [d for s in steps for d in s.get("diagnostics", [])]  # a real server's hits and shares: no alarm
