@@ -104,7 +104,9 @@ def request_summary(requests: dict[tuple[str | None, str], RequestView], *, labe
         lines.append(
             f"{label}request {view.request_id} ({cache_id}): prompt {view.prompt_length} tokens · generated "
             f"{view.generated} · prefix hit {view.prefix_hit} · recomputed {view.recomputed} · blocks {blocks} "
-            f"(shared {view.shared}) · {status}"
+            f"(shared {view.shared}) · "
+            + (f"requeued {view.requeued} (computed again {view.reprefilled}) · " if view.requeued else "")
+            + status
         )
     return lines
 

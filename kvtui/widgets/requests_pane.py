@@ -82,7 +82,7 @@ def request_cells(request: RequestView, palette: Palette | None = None, live: bo
     status_style = role_style(palette, STATUS_ROLES.get(request.status, "accent"), "bold" if live else "dim")
     return (
         Text(request.request_id, style="bold" if live and request.fed else dim),
-        Text(request.status, style=status_style),
+        Text(request.status + (f" ↺{request.requeued}" if request.requeued else ""), style=status_style),
         Text(request.phase or "-", style=muted if not request.phase else dim),
         Text(f"{request.fed}/{request.held}", justify="right", style=dim),
         Text(f"{request.prompt_length}+{request.generated}", justify="right", style=dim),
@@ -179,6 +179,11 @@ def describe_request(
         text.append(f" · hit {request.prefix_hit}", style=role_style(palette, "success"))
     if request.recomputed:
         text.append(f" · recomputed {request.recomputed}", style=role_style(palette, "warning", "bold"))
+    if request.requeued:
+        text.append(
+            f" · sent back to waiting {request.requeued}× (computed again {request.reprefilled})",
+            style=role_style(palette, "warning"),
+        )
     if request.blocks:
         text.append(f" · blocks {format_blocks(request.blocks, width=48)}", style=muted)
     if request.shared:

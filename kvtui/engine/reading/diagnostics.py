@@ -34,6 +34,7 @@ CODES = (
     "padding-side",
     "stale-cache",
     "recomputed-prefix",
+    "request-requeued",
     # a watched command's tree (kvtui watch -- COMMAND)
     "rank-desync",
     # silent cache bugs users report (the rules at the end of this module)

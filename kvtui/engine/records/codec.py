@@ -237,6 +237,7 @@ def _request_record(r: RequestView) -> dict:
         "recomputed": r.recomputed,
         "blocks": [[group, list(blocks)] for group, blocks in r.blocks],
         "shared": r.shared,
+        **({"requeued": r.requeued, "reprefilled": r.reprefilled} if r.requeued else {}),
     }
 
 
@@ -331,6 +332,8 @@ def _request(record: dict) -> RequestView:
         recomputed=record.get("recomputed", 0),
         blocks=tuple((str(group), tuple(blocks)) for group, blocks in record.get("blocks", ())),
         shared=record.get("shared", 0),
+        requeued=record.get("requeued", 0),
+        reprefilled=record.get("reprefilled", 0),
     )
 
 

@@ -203,6 +203,8 @@ class RequestView:
     recomputed: int = 0  # prompt tokens it prefilled that another request's blocks already held
     blocks: tuple[tuple[str, tuple[int, ...]], ...] = ()  # per cache group: (group, its block table)
     shared: int = 0  # of its blocks, how many other requests also reference (prefix sharing)
+    requeued: int = 0  # times the scheduler sent it back to waiting (its blocks were needed: offloaded or soft reset)
+    reprefilled: int = 0  # tokens it computed again after coming back
 
 
 @frozen

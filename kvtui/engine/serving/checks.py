@@ -143,3 +143,22 @@ def recomputed_prefix_diagnostic(
         f"(positions {miss.first}..{miss.first + miss.count - 1}){where}: {why}" + at,
         step,
     )
+
+
+def requeued_diagnostic(resume, step: int, at: str = "") -> Diagnostic:
+    """`request-requeued` (info): the scheduler sent a request back to waiting (its blocks were needed) and it
+    resumed: restored from its CPU copy, or soft-reset and computed again (a serving lane's event)."""
+    if resume.recomputed:
+        what = f"computed again the {resume.recomputed} tokens its cache had held (soft reset)"
+        if resume.kept:
+            what = f"kept {resume.kept} of the {resume.held_before} tokens its cache held and computed again the rest"
+    else:
+        what = f"its {resume.held_before} tokens restored (offloaded to the CPU and back)"
+    return Diagnostic(
+        "request-requeued",
+        "info",
+        f"request {resume.request_id} went back to waiting at step {resume.requeued_at} (the paged cache had no "
+        f"free block for it) and resumed at step {resume.step}, {what}: more blocks (num_blocks, --cb-num-blocks) "
+        "or fewer requests at once avoid it" + at,
+        step,
+    )

@@ -34,6 +34,8 @@ class Lane:
     status: str = WAITING  # waiting, prefilling, decoding, finished (by what kvtui saw it fed, not transformers'
     # status, which reads "decoding" already while the last chunk of a prefill runs)
     requeued: int = 0  # times it went back to waiting after being fed (offloaded or soft-reset under memory pressure)
+    held_at_requeue: int = 0  # tokens its cache held when it last went back to waiting
+    reprefilled: int = 0  # tokens it computed again after coming back (what its cache had held and lost)
     phase: str = ""  # what the last forward fed it: prefill, prefill-chunk, decode
     prompt_length: int = 0
     prefix_hit: int = 0  # tokens its cache held when first scheduled: a prefix match shared them
@@ -41,6 +43,7 @@ class Lane:
     forwards: int = 0  # forwards that fed it
     first_step: int = 0  # the step that first fed it (0: not fed yet)
     last_step: int = 0
+    requeued_at: int = 0  # the step that last saw it back in waiting
     blocks: tuple[RequestBlocks, ...] = ()  # per cache group, as of the last forward that fed it
 
     @property
@@ -56,6 +59,22 @@ class LaneChanges:
     finished: tuple[str, ...]  # requests the scheduler no longer holds
     requeued: tuple[str, ...]  # requests fed before and waiting again (offloaded, or soft-reset to re-prefill)
     misses: tuple[PrefixMiss, ...]  # prefills of this forward that re-encoded another request's tokens
+    resumed: tuple[Resume, ...] = ()  # requests fed again after going back to waiting
+
+
+@frozen
+class Resume:
+    """A request fed again after the scheduler sent it back to waiting (its blocks were needed by others)."""
+
+    request_id: str
+    held_before: int  # tokens its cache held when it went back to waiting
+    kept: int  # of them, held again as it resumes (restored from the CPU copy; 0: soft reset, all computed again)
+    requeued_at: int  # the step it went back to waiting (the first forward that saw it waiting)
+    step: int  # the step it resumed
+
+    @property
+    def recomputed(self) -> int:
+        return max(0, self.held_before - self.kept)
 
 
 class RequestLanes:
@@ -86,12 +105,17 @@ class RequestLanes:
         # what every other request held before this forward (this forward's own prefills are not "before")
         others = [(lane.request_id, lane.tokens, lane.held, not lane.finished) for lane in self.lanes.values()]
         misses = []
+        resumed = []
         for request in packed.requests:
             lane = self.lanes.get(request.request_id)
             if lane is None:
                 lane = self.lanes[request.request_id] = Lane(request.request_id)
                 arrived.append(request.request_id)
             first = lane.forwards == 0
+            if not first and lane.status == WAITING:  # back from waiting: what did it keep?
+                resume = Resume(request.request_id, lane.held_at_requeue, request.held_before, lane.requeued_at, step)
+                lane.reprefilled += resume.recomputed
+                resumed.append(resume)
             if first:
                 self._first_sight(lane, request, step)
             if request.is_prefill:
@@ -115,9 +139,16 @@ class RequestLanes:
             elif lane.forwards and lane.status != WAITING:
                 lane.status = WAITING
                 lane.requeued += 1
+                lane.held_at_requeue, lane.requeued_at = lane.held, step
                 requeued.append(request_id)
         finished = self._finish(packed)
-        return LaneChanges(arrived=tuple(arrived), finished=finished, requeued=tuple(requeued), misses=tuple(misses))
+        return LaneChanges(
+            arrived=tuple(arrived),
+            finished=finished,
+            requeued=tuple(requeued),
+            misses=tuple(misses),
+            resumed=tuple(resumed),
+        )
 
     def _first_sight(self, lane: Lane, request: PackedRequest, step: int) -> None:
         lane.tokens = list(request.prompt_ids or ())

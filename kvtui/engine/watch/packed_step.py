@@ -29,7 +29,12 @@ from ..records.snapshot import (
     TokenBuffer,
     TopToken,
 )
-from ..serving.checks import check_request_positions, position_gap_diagnostic, recomputed_prefix_diagnostic
+from ..serving.checks import (
+    check_request_positions,
+    position_gap_diagnostic,
+    recomputed_prefix_diagnostic,
+    requeued_diagnostic,
+)
 from ..serving.lanes import Lane, LaneChanges, RequestLanes
 from ..serving.packed import PackedForward, PackedRequest, find_batch_processor, int_list, read_packed_forward
 from .patches import Registry
@@ -107,6 +112,8 @@ def build_packed(builder, call: Call, step: int, track, logits, forward_ms: floa
         text = builder.label(miss.token) if miss.token is not None else None
         found.append(recomputed_prefix_diagnostic(miss, step, packed.prefix_sharing, text, at))
         recomputed += miss.count
+    for resume in run.changes.resumed if run.changes is not None else ():
+        found.append(requeued_diagnostic(resume, step, at))
     builder.watcher.recomputed_tokens += recomputed
     rows = _rows(builder, call, run, packed, logits, track.turn if track is not None else 0, step, found)
     first = packed.requests[0] if packed.requests else None
@@ -264,4 +271,6 @@ def _request_view(lane: Lane, request: PackedRequest | None) -> RequestView:
         recomputed=lane.recomputed,
         blocks=tuple((b.group, b.blocks) for b in blocks),
         shared=sum(len(b.shared) for b in blocks),
+        requeued=lane.requeued,
+        reprefilled=lane.reprefilled,
     )

@@ -152,3 +152,51 @@ def test_the_feed_rules_run_per_request(tiny_dir):
     ends = [d for d in watcher.diagnostics if d.code == "eos-in-context"]
     assert len(ends) == 1 and "(request req_1)" in ends[0].message
     assert not [d for d in watcher.diagnostics if d.code != "eos-in-context"]
+
+
+def test_requests_sent_back_to_waiting_are_lane_events(tiny_dir, tmp_path):
+    """A paged cache too small for six requests at once: the scheduler sends some back to waiting and they resume
+    later, computed again from nothing (soft reset). Each is one `request-requeued` note saying when and how much,
+    checked against the per-request states the trace holds; the tokens are those of an unwatched run."""
+    if ContinuousBatchingConfig is None:
+        pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
+    import json
+
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from kvtui.engine.watch.probe import watch
+    from kvtui.headless import request_summary, requests_of
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir("llama"), attn_implementation="sdpa")
+    prompts = [[1] + [10 + i + j for j in range(30)] for i in range(6)]
+    config = ContinuousBatchingConfig(page_size=16, num_blocks=12, max_batch_tokens=64)
+    generation = GenerationConfig(max_new_tokens=40, do_sample=False, eos_token_id=None)
+    plain = model.generate_batch(inputs=prompts, generation_config=generation, continuous_batching_config=config)
+    trace = tmp_path / "requeued.jsonl"
+    with watch(model, None, trace=trace) as watcher:
+        outputs = model.generate_batch(inputs=prompts, generation_config=generation, continuous_batching_config=config)
+    assert {k: list(v.generated_tokens) for k, v in outputs.items()} == {
+        k: list(v.generated_tokens) for k, v in plain.items()
+    }
+    notes = [d for d in watcher.diagnostics if d.code == "request-requeued"]
+    assert notes and {d.code for d in watcher.diagnostics} == {"request-requeued"}
+    # independently, from the trace's per-request states: fed, then waiting, then fed again from nothing
+    steps = [r for r in map(json.loads, trace.read_text().splitlines()) if r.get("type") == "step"]
+    expected = []
+    last: dict[str, tuple[str, int, int]] = {}  # request -> (status, held, step it was first seen so)
+    for record in steps:
+        for view in record["requests"]:
+            rid, status, held = view["request_id"], view["status"], view["held"]
+            before = last.get(rid)
+            if before and before[0] == "waiting" and status == "prefilling" and before[1] > 0:
+                assert view["held"] == view["fed"]  # a soft reset: everything it holds was fed by this forward
+                expected.append(
+                    f"request {rid} went back to waiting at step {before[2]} (the paged cache had no "
+                    f"free block for it) and resumed at step {record['step']}, computed again the "
+                    f"{before[1]} tokens its cache had held (soft reset)"
+                )
+            if before is None or before[0] != status:
+                last[rid] = (status, held, record["step"])
+    assert [d.message.split(":")[0] for d in notes] == expected
+    lines = request_summary(requests_of(steps))
+    assert any("requeued 1 (computed again" in line for line in lines), lines
