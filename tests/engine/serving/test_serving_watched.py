@@ -200,3 +200,19 @@ def test_requests_sent_back_to_waiting_are_lane_events(tiny_dir, tmp_path):
     assert [d.message.split(":")[0] for d in notes] == expected
     lines = request_summary(requests_of(steps))
     assert any("requeued 1 (computed again" in line for line in lines), lines
+
+
+def test_blocks_used_are_the_live_requests_tables(watched):
+    """The paged groups' `used` (read in O(1): total - free - cached) equals the union of the block tables of the
+    requests each forward fed, counted here from the request views."""
+    _, _, snapshots, *_ = watched
+    checked = 0
+    for snapshot in snapshots:
+        fed = [view for view in snapshot.requests if view.fed]
+        if len(fed) != len([view for view in snapshot.requests if view.status in ("prefilling", "decoding")]):
+            continue  # a live request this forward did not feed: its table may have moved since
+        for group in snapshot.paged:
+            tables = {b for view in fed for name, table in view.blocks if name == group.name for b in table}
+            assert group.used == len(tables), (snapshot.step, group)
+            checked += 1
+    assert checked >= 3
