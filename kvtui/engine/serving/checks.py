@@ -45,6 +45,35 @@ class PrefixMiss:
     block_tokens: int  # tokens per block (0: unknown)
 
 
+@frozen
+class ConversationDrift:
+    """A request whose prompt continues a finished request's conversation (it holds that request's prompt and the
+    start of its answer) but renders it differently before that request's tokens end."""
+
+    request_id: str
+    holder: str  # the finished request it continues
+    position: int  # where its prompt leaves the holder's tokens
+    token: int  # its prompt's token there
+    holder_token: int  # the holder's token there
+
+
+def conversation_drift(
+    request_id: str, prompt: Sequence[int], finished: Iterable[tuple[str, Sequence[int], int]]
+) -> ConversationDrift | None:
+    """`finished`: (request id, its tokens: prompt + generated, its prompt length) of finished requests. A
+    prompt that goes past a finished request's prompt into its answer and then leaves its tokens before their end
+    re-rendered the conversation (packed_step judges whether only the template's tokens differ)."""
+    best = None
+    for other_id, tokens, prompt_length in finished:
+        same = common_prefix(prompt, tokens)
+        if prompt_length < same < min(len(tokens), len(prompt)) and (best is None or same > best[0]):
+            best = (same, other_id, tokens)
+    if best is None:
+        return None
+    same, holder, tokens = best
+    return ConversationDrift(request_id, holder, same, int(prompt[same]), int(tokens[same]))
+
+
 def check_request_positions(packed: PackedForward) -> list[PositionFinding]:
     """Per request, its positions must be held_before, held_before+1, ... (the tokens its cache held before this
     forward, then one more per token). Without the batch processor (status "unknown") only contiguity is
@@ -141,6 +170,20 @@ def recomputed_prefix_diagnostic(
         "info",
         f"request {miss.request_id} re-encoded {miss.count} tokens that request {miss.holder} {state} "
         f"(positions {miss.first}..{miss.first + miss.count - 1}){where}: {why}" + at,
+        step,
+    )
+
+
+def conversation_drift_diagnostic(
+    drift: ConversationDrift, step: int, have: str, want: str, at: str = ""
+) -> Diagnostic:
+    """`template-drift` for a request that re-rendered an earlier request's conversation differently."""
+    return Diagnostic(
+        "template-drift",
+        "warning",
+        f"request {drift.request_id} continues request {drift.holder}'s conversation but renders it differently at "
+        f"token {drift.position} (request {drift.holder} had {want}, this prompt has {have}): the cached blocks "
+        "after it cannot be shared and are computed again; render every turn of a conversation the same way" + at,
         step,
     )
 

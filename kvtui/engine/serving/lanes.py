@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..records.snapshot import frozen
-from .checks import PrefixMiss, prefix_miss
+from .checks import ConversationDrift, PrefixMiss, conversation_drift, prefix_miss
 from .packed import DECODE, PackedForward, PackedRequest, RequestBlocks
 
 WAITING = "waiting"
@@ -60,6 +60,7 @@ class LaneChanges:
     requeued: tuple[str, ...]  # requests fed before and waiting again (offloaded, or soft-reset to re-prefill)
     misses: tuple[PrefixMiss, ...]  # prefills of this forward that re-encoded another request's tokens
     resumed: tuple[Resume, ...] = ()  # requests fed again after going back to waiting
+    drifts: tuple[ConversationDrift, ...] = ()  # new requests that re-rendered a finished one's conversation
 
 
 @frozen
@@ -106,6 +107,7 @@ class RequestLanes:
         others = [(lane.request_id, lane.tokens, lane.held, not lane.finished) for lane in self.lanes.values()]
         misses = []
         resumed = []
+        drifts = []
         for request in packed.requests:
             lane = self.lanes.get(request.request_id)
             if lane is None:
@@ -118,6 +120,11 @@ class RequestLanes:
                 resumed.append(resume)
             if first:
                 self._first_sight(lane, request, step)
+                if request.is_prefill and lane.tokens:
+                    done = [(o.request_id, o.tokens, o.prompt_length) for o in self.lanes.values() if o.finished]
+                    drift = conversation_drift(request.request_id, lane.tokens, done)
+                    if drift is not None:
+                        drifts.append(drift)
             if request.is_prefill:
                 miss = prefix_miss(request, lane.tokens, others, block_tokens, packed.prefix_sharing)
                 if miss is not None:
@@ -148,6 +155,7 @@ class RequestLanes:
             requeued=tuple(requeued),
             misses=tuple(misses),
             resumed=tuple(resumed),
+            drifts=tuple(drifts),
         )
 
     def _first_sight(self, lane: Lane, request: PackedRequest, step: int) -> None:

@@ -31,6 +31,7 @@ from ..records.snapshot import (
 )
 from ..serving.checks import (
     check_request_positions,
+    conversation_drift_diagnostic,
     position_gap_diagnostic,
     recomputed_prefix_diagnostic,
     requeued_diagnostic,
@@ -100,6 +101,12 @@ class PackedReader:
         )
 
 
+def _only_template(builder, token: int, other: int) -> bool:
+    """The two differ in what a chat template renders (a special token, whitespace), not in the text itself."""
+    _, special = builder.specials()
+    return token in special or other in special or not builder.piece(token).strip() or not builder.piece(other).strip()
+
+
 def build_packed(builder, call: Call, step: int, track, logits, forward_ms: float, snap_started: float) -> StepSnapshot:
     """The snapshot of a packed forward: alarms per request, one row per fed request, every live lane."""
     packed: PackedForward = call.packed
@@ -114,6 +121,10 @@ def build_packed(builder, call: Call, step: int, track, logits, forward_ms: floa
         recomputed += miss.count
     for resume in run.changes.resumed if run.changes is not None else ():
         found.append(requeued_diagnostic(resume, step, at))
+    for drift in run.changes.drifts if run.changes is not None else ():
+        if _only_template(builder, drift.token, drift.holder_token):
+            have, want = builder.label(drift.token), builder.label(drift.holder_token)
+            found.append(conversation_drift_diagnostic(drift, step, have, want, at))
     builder.watcher.recomputed_tokens += recomputed
     rows = _rows(builder, call, run, packed, logits, track.turn if track is not None else 0, step, found)
     first = packed.requests[0] if packed.requests else None

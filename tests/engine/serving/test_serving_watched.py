@@ -216,3 +216,50 @@ def test_blocks_used_are_the_live_requests_tables(watched):
             assert group.used == len(tables), (snapshot.step, group)
             checked += 1
     assert checked >= 3
+
+
+def test_a_conversation_rendered_differently_is_template_drift(tiny_dir):
+    """One manager, requests one after another (a program that continues its conversations): a request that holds
+    an earlier one's prompt and answer but puts a special token inside that answer re-rendered the conversation
+    (template-drift, at that token); one that continues it faithfully, or says other words, raises nothing."""
+    if ContinuousBatchingConfig is None:
+        pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    path = tiny_dir("llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    prompt = list(
+        tokenizer.apply_chat_template(
+            [SYSTEM, {"role": "user", "content": "Name a color."}], add_generation_prompt=True
+        )["input_ids"]
+    )
+    generation = GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=-1)
+    config = ContinuousBatchingConfig(page_size=16, max_batch_tokens=64, num_blocks=64)
+    watcher = Watcher(tokenizer=tokenizer)
+    watcher.attach(model)
+    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
+    manager.start()
+    try:
+
+        def ask(ids: list[int], rid: str) -> list[int]:
+            manager.add_request(ids, request_id=rid, max_new_tokens=6)
+            return list(manager.get_result(request_id=rid, timeout=120).generated_tokens)
+
+        answer = ask(prompt, "first")
+        special = tokenizer.eos_token_id
+        text = next(t for t in range(40, 400) if t != answer[1] and tokenizer.decode([t]).strip())
+        more = list(tokenizer("And another?", add_special_tokens=False)["input_ids"])
+        ask([*prompt, *answer, *more], "faithful")
+        ask([*prompt, answer[0], text, *answer[2:], *more], "reworded")
+        ask([*prompt, answer[0], special, *answer[1:], *more], "drifted")
+    finally:
+        manager.stop(block=True, timeout=60)
+        watcher.detach()
+    drifts = [d for d in watcher.diagnostics if d.code == "template-drift"]
+    assert len(drifts) == 1, [d.message for d in watcher.diagnostics]
+    position = len(prompt) + 1
+    assert drifts[0].message.startswith(
+        f"request drifted continues request first's conversation but renders it differently at token {position}"
+    )
+    assert f"this prompt has {tokenizer.decode([special])!r} (id {special})" in drifts[0].message
