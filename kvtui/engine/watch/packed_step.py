@@ -121,6 +121,7 @@ def build_packed(builder, call: Call, step: int, track, logits, forward_ms: floa
         recomputed += miss.count
     for resume in run.changes.resumed if run.changes is not None else ():
         found.append(requeued_diagnostic(resume, step, at))
+        builder.watcher.requeued_tokens += resume.recomputed
     for drift in run.changes.drifts if run.changes is not None else ():
         if _only_template(builder, drift.token, drift.holder_token):
             have, want = builder.label(drift.token), builder.label(drift.holder_token)
@@ -270,6 +271,8 @@ def _request_views(run: PackedRun, packed: PackedForward) -> tuple[RequestView, 
 def _request_view(lane: Lane, request: PackedRequest | None) -> RequestView:
     blocks = request.blocks if request is not None else lane.blocks
     generated = request.generated if request is not None else max(0, lane.held - lane.prompt_length)
+    if lane.requeued:  # a soft reset moves what it generated into transformers' prompt: count from kvtui's own
+        generated = max(0, lane.held - lane.prompt_length)
     return RequestView(
         request_id=lane.request_id,
         status=lane.status,

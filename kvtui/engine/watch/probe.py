@@ -118,6 +118,7 @@ class Watcher:
         self.watch_ids: tuple[int, ...] = ()
         self.lineage = Lineage()
         self.recomputed_tokens = 0  # tokens prefills re-encoded that another cache held (recomputed-prefix)
+        self.requeued_tokens = 0  # tokens computed again by requests sent back to waiting (request-requeued)
         self.recomputed_ms = 0.0
         self.builder = StepBuilder(self)
         self.packed = PackedReader()  # continuous-batching runs: every request a lane
@@ -512,11 +513,17 @@ class Watcher:
     def summary(self) -> str:
         """The waste line of the headless report."""
         if not self.recomputed_tokens:
-            return "no prefill re-encoded what another cache held"
-        return (
-            f"re-encoded {self.recomputed_tokens} tokens that earlier caches held, "
-            f"~{self.recomputed_ms:.0f} ms (recomputed-prefix)"
-        )
+            line = "no prefill re-encoded what another cache held"
+        else:
+            line = (
+                f"re-encoded {self.recomputed_tokens} tokens that earlier caches held, "
+                f"~{self.recomputed_ms:.0f} ms (recomputed-prefix)"
+            )
+        if self.requeued_tokens:
+            line += (
+                f"; {self.requeued_tokens} tokens computed again by requests sent back to waiting (request-requeued)"
+            )
+        return line
 
 
 def _passed_to_generate(cache, frame) -> bool:

@@ -200,6 +200,10 @@ def test_requests_sent_back_to_waiting_are_lane_events(tiny_dir, tmp_path):
     assert [d.message.split(":")[0] for d in notes] == expected
     lines = request_summary(requests_of(steps))
     assert any("requeued 1 (computed again" in line for line in lines), lines
+    # a soft reset moves a request's generated tokens into transformers' prompt: the lane still counts them
+    assert all(" · generated 39 · " in line for line in lines), lines  # 40 sampled, the last never fed
+    again = sum(int(message.split("computed again the ")[1].split(" ")[0]) for message in expected)
+    assert f"; {again} tokens computed again by requests sent back to waiting" in watcher.summary()
 
 
 def test_blocks_used_are_the_live_requests_tables(watched):
