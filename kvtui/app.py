@@ -10,8 +10,9 @@ drivers/base.py `Viewer` lists; the app calls on it only what `Driver` declares.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,7 @@ from textual.worker import Worker, WorkerState
 from .drivers.base import Driver, ui_cpu
 from .drivers.chat import HISTORY_STEPS, ChatDriver
 from .engine.chat.remote import RemoteSession
-from .engine.records.snapshot import Diagnostic, StepSnapshot, VerifyResult
+from .engine.records.snapshot import Diagnostic, RequestView, StepSnapshot, VerifyResult
 from .fmt import printable
 from .keys import APP_KEYS
 from .messages import Call, SessionState, SnapshotReady
@@ -65,6 +66,7 @@ def spare_cores() -> float | None:
 
 __all__ = ["HISTORY_STEPS", "KvtuiApp", "SessionState", "SnapshotReady"]
 
+KEPT_REQUEST_VIEWS = 256  # requests whose newest view the app remembers (the requests pane's departed rows)
 PANES = ("buffer", "cursor", "topk", "layers", "diagnostics")
 SESSION_KEPT = "the session is as it was before this action: go on, v verifies it, q quits"
 
@@ -125,6 +127,10 @@ class KvtuiApp(App):
         self.shown: set[str] = set()  # panes the user showed although the layout folds them
         self.packed = False  # the shown step packed many requests (continuous batching): the requests pane shows
         self._recent_ms: deque[float] = deque(maxlen=16)
+        # each request's newest view, from every step given (painted or not): a request that left between two
+        # repaints is listed as it ended, not as the last painted step saw it (written by a source's thread)
+        self._request_views: OrderedDict[str, RequestView] = OrderedDict()
+        self._request_views_lock = threading.Lock()
         self._last_paint = 0.0
         self._prefill: StepSnapshot | None = None  # this turn's prefill, for the reuse meter
         self._last_verify: VerifyResult | None = None
@@ -255,6 +261,14 @@ class KvtuiApp(App):
         """A step's sparkline points and tok/s sample (decode steps only: a compiling step is not a slow one).
         Safe on a source's reader thread: deque appends, which the UI thread reads as copies when it paints."""
         self._status_bar.record(snapshot)
+        if snapshot.requests:
+            with self._request_views_lock:
+                views = self._request_views
+                for view in snapshot.requests:
+                    views[view.request_id] = view
+                    views.move_to_end(view.request_id)
+                while len(views) > KEPT_REQUEST_VIEWS:
+                    views.popitem(last=False)
         if snapshot.phase == "decode" and snapshot.compile_ms is None:
             self._recent_ms.append(snapshot.forward_ms + snapshot.snapshot_ms)
 
@@ -263,6 +277,8 @@ class KvtuiApp(App):
         self._status_bar.latency.clear()
         self._status_bar.cache_size.clear()
         self._recent_ms.clear()
+        with self._request_views_lock:
+            self._request_views.clear()
         for snapshot in snapshots:
             self.record_step(snapshot)
 
@@ -397,7 +413,9 @@ class KvtuiApp(App):
             self.packed = packed
             self._apply_layout()
         pane = self.query_one(RequestsPane)
-        pane.show(step)
+        with self._request_views_lock:
+            latest = dict(self._request_views)
+        pane.show(step, latest)
         shown, line = picked_request(step, shown, pane.selected_request, pane.palette)
         self.query_one(CursorPane).show_request(line)
         return shown

@@ -9,6 +9,7 @@ O(requests) per step.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -108,12 +109,17 @@ class RequestRow(NamedTuple):
 
 
 def kept_requests(
-    previous: tuple[RequestView, ...], live: tuple[RequestView, ...], limit: int = KEPT_DEPARTED
+    previous: tuple[RequestView, ...],
+    live: tuple[RequestView, ...],
+    limit: int = KEPT_DEPARTED,
+    latest: Mapping[str, RequestView] | None = None,
 ) -> tuple[RequestView, ...]:
     """The requests shown before that this step no longer lists (finished, failed, evicted), newest first, at
-    most `limit`: a request that finished between two repaints still shows how it ended. O(requests)."""
+    most `limit`: a request that finished between two repaints still shows how it ended (`latest`: each
+    request's newest view from every step, painted or not). O(requests)."""
     live_ids = {request.request_id for request in live}
-    departed = (request for request in previous if request.request_id not in live_ids)
+    latest = latest or {}
+    departed = (latest.get(request.request_id, request) for request in previous if request.request_id not in live_ids)
     # one last seen decoding is not shown as still decoding: it left the scheduler, its end unseen
     return tuple(
         request if request.status in ("finished", "failed", "left") else replace(request, status="left", phase="")
@@ -285,15 +291,16 @@ class RequestsPane(Vertical):
         """The requests listed, in order (live first, then departed)."""
         return [row.request_id for row in self._rows]
 
-    def show(self, snapshot: StepSnapshot | None) -> None:
+    def show(self, snapshot: StepSnapshot | None, latest: Mapping[str, RequestView] | None = None) -> None:
         """A new step: its live requests, and those that left since the last one shown (a step back: none; the
-        same step again, another request picked: as they were)."""
+        same step again, another request picked: as they were). `latest`: each request's newest view (the app
+        sees every step; this pane only the painted ones)."""
         previous = self._snapshot
         if snapshot is None or previous is None or snapshot.step < previous.step:
             self._departed = ()
         elif snapshot.step > previous.step:
             shown = (*(previous.requests or ()), *self._departed)
-            self._departed = kept_requests(shown, snapshot.requests or ())
+            self._departed = kept_requests(shown, snapshot.requests or (), latest=latest)
         self._snapshot = snapshot
         self.border_title = f"requests · {len(snapshot.requests or ())} live" if snapshot is not None else "requests"
         if self._ready:

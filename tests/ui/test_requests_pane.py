@@ -79,6 +79,21 @@ def test_a_request_that_left_unseen_is_not_shown_still_decoding():
     assert kept_requests(tuple(decoding), tuple(decoding)) == ()  # still live: not departed
 
 
+def test_a_request_that_finished_between_repaints_is_listed_as_it_ended():
+    """The app sees every step, the pane only the painted ones: a request painted waiting that finished in steps
+    no repaint showed is listed with its last view (finished, its tokens), not as the painted step saw it."""
+    from dataclasses import replace
+
+    snapshots = steps()
+    painted = snapshots[2].requests
+    (waiting,) = [r for r in painted if r.request_id == "req-a1"][:1]
+    ended = replace(waiting, status="finished", phase="", held=waiting.held + 5, generated=waiting.generated + 5)
+    live = tuple(r for r in snapshots[3].requests if r.request_id != "req-a1")
+    departed = kept_requests(painted, live, latest={"req-a1": ended})
+    assert [r for r in departed if r.request_id == "req-a1"] == [ended]
+    assert [r for r in kept_requests(painted, live) if r.request_id == "req-a1"][0] != ended  # without: the painted
+
+
 def test_for_request_is_the_row_that_fed_it():
     second = steps()[1]
     c3 = for_request(second, "req-c3")
