@@ -104,7 +104,14 @@ class RequestLanes:
         arrived = []
         block_tokens = packed.groups[0].block_tokens if packed.groups else 0
         # what every other request held before this forward (this forward's own prefills are not "before")
-        others = [(lane.request_id, lane.tokens, lane.held, not lane.finished) for lane in self.lanes.values()]
+        # live: still scheduled (a request that finished while the server was idle is not, though kvtui has not
+        # marked it finished yet: no forward came between)
+        scheduled = set(packed.active) | set(packed.waiting) | {r.request_id for r in packed.requests}
+        known = bool(packed.active)  # the scheduler was read (else every unfinished lane counts as live)
+        others = [
+            (lane.request_id, lane.tokens, lane.held, not lane.finished and (not known or lane.request_id in scheduled))
+            for lane in self.lanes.values()
+        ]
         misses = []
         resumed = []
         drifts = []

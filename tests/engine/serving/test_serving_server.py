@@ -122,3 +122,44 @@ def test_server_requests_are_lanes(tiny_dir, tmp_path):
     later = [v for v in requests.values() if v["prefix_hit"] > 0]
     assert len(later) == 1 and later[0]["prefix_hit"] % 16 == 0 and later[0]["recomputed"] == 0
     assert not [d for s in steps for d in s.get("diagnostics", [])]  # a real server's hits and shares: no alarm
+
+
+def test_a_server_without_prefix_sharing_names_the_miss_at_its_token(tiny_dir, tmp_path):
+    """A model with sliding-window layers: transformers shares no prefix blocks (full-attention models only), so
+    the later request re-encodes the system prompt an earlier one held: one recomputed-prefix, naming the request
+    that held it, that it had finished, and the token where the prompts part (computed here with the tokenizer)."""
+    reason = _serve_available()
+    if reason:
+        pytest.skip(reason)
+    from transformers import AutoTokenizer
+
+    model = str(tiny_dir("mistral", sliding_window=32))
+    plain = _run(model, None)
+    trace = tmp_path / "serve.jsonl"
+    watched = _run(model, trace)
+    assert watched == plain
+    steps = [r for r in map(json.loads, trace.read_text().splitlines()) if r.get("type") == "step"]
+    alarms = [d for s in steps for d in s.get("diagnostics", [])]
+    assert [d["code"] for d in alarms] == ["recomputed-prefix"], alarms
+    tokenizer = AutoTokenizer.from_pretrained(model)
+
+    def ids(messages):
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+    later = ids(LATER)
+    shared = max(range(len(MESSAGES)), key=lambda i: _common(ids(MESSAGES[i]), later))
+    common = _common(ids(MESSAGES[shared]), later)
+    token = later[common]
+    message = alarms[0]["message"]
+    assert f"re-encoded {common} tokens that request" in message and "held (it has finished)" in message
+    assert f"at token {common} ({tokenizer.decode([token])!r} (id {token}))" in message
+    assert "prefix sharing is off" in message
+    requests = {v["request_id"]: v for s in steps for v in s.get("requests") or []}
+    assert sorted(v["recomputed"] for v in requests.values()) == [0, 0, 0, common]
+
+
+def _common(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
