@@ -71,6 +71,13 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
         trace=trace_path,
         max_blocks=max_blocks,
     )
+    if not headless:  # options are checked before anything starts (the session opens the trace file)
+        from ..themes import theme_error
+
+        error = theme_error(theme)
+        if error:
+            click.echo(f"kvtui: error: {error}", err=True)
+            sys.exit(2)
     try:
         servers = connect(options)
     except ServerError as error:
@@ -80,12 +87,6 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
     if headless:
         sys.exit(run_attach_headless(session, duration))
     from ..attach_app import AttachApp
-    from ..themes import theme_error
-
-    error = theme_error(theme)
-    if error:
-        click.echo(f"kvtui: error: {error}", err=True)
-        sys.exit(2)
     from ..engine.serving.subscriber import YIELD_S
 
     session.subscriber.yield_s = YIELD_S  # the reader shares the interpreter with the screen: keys stay quick

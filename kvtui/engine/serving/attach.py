@@ -98,7 +98,7 @@ class AttachSession:
     def _problem(self, problem: Problem) -> None:
         self.problems.append(problem)
         if self.writer is not None:
-            self.writer.problem(problem.origin, problem.message, undecodable="did not decode" in problem.message)
+            self.writer.problem(problem.origin, problem.message, undecodable=problem.undecodable)
         for listener in self.on_problem:
             listener(problem)
 

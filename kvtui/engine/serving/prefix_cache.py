@@ -137,6 +137,8 @@ class OriginStats:
     let_go: int = 0  # blocks let go past max_blocks that the server may still hold (counted in `held`)
     restored: int = 0  # blocks stored again within CHURN_WINDOW_S of their removal
     capacity: int | None = None  # blocks the server can hold (its metrics), where known
+    groups: set[int] = field(default_factory=set)  # the cache groups it stored blocks in (where a removal that
+    # names no group, as SGLang's, is looked for: O(groups), not a walk of every block)
 
 
 @frozen
@@ -259,6 +261,7 @@ class PrefixCache:
 
     def _store(self, event: BlocksStored, origin: str, stats: OriginStats, ts: float, notes: list) -> None:
         size = event.block_size
+        stats.groups.add(event.group)
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])
         first_new = True
@@ -399,7 +402,7 @@ class PrefixCache:
             )
 
     def _remove(self, event: BlocksRemoved, origin: str, stats: OriginStats, ts: float) -> None:
-        groups = (event.group,) if event.group is not None else self._groups(origin)
+        groups = (event.group,) if event.group is not None else tuple(sorted(stats.groups)) or (0,)
         for key in event.hashes:
             for group in groups:
                 block = self.blocks.get((origin, group, key))
@@ -416,9 +419,6 @@ class PrefixCache:
                     stats.held -= 1
         while len(self._removed_at) > self.max_blocks:
             self._removed_at.popitem(last=False)
-
-    def _groups(self, origin: str) -> tuple[int, ...]:
-        return tuple(sorted({ident[1] for ident in self._by_first if ident[0] == origin})) or (0,)
 
     def _clear(self, origin: str, stats: OriginStats) -> None:
         stats.cleared += 1

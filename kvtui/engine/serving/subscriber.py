@@ -35,6 +35,7 @@ class Problem:
 
     origin: str
     message: str
+    undecodable: bool = False  # a payload skipped (the trace counts these again on replay)
 
 
 class Subscriber:
@@ -67,9 +68,9 @@ class Subscriber:
         self._sockets: dict[zmq.Socket, EventEndpoint] = {}
         self.connected = threading.Event()
 
-    def _problem(self, origin: str, message: str) -> None:
+    def _problem(self, origin: str, message: str, undecodable: bool = False) -> None:
         if self.on_problem is not None:
-            self.on_problem(Problem(origin, message))
+            self.on_problem(Problem(origin, message, undecodable))
 
     def run(self, duration: float | None = None) -> None:
         """Receive and apply until `stop` is set (or `duration` seconds passed)."""
@@ -129,7 +130,7 @@ class Subscriber:
         except UndecodablePayload as error:
             self.undecodable += 1
             self.cache.stats(origin).skipped += 1
-            self._problem(origin, f"a message from {origin} did not decode ({error}); skipped")
+            self._problem(origin, f"a message from {origin} did not decode ({error}); skipped", undecodable=True)
             return
         stats = self.cache.stats(origin)
         if stats.last_seq >= 0 and batch.seq <= stats.last_seq:

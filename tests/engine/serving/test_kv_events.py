@@ -143,7 +143,8 @@ def test_the_recorded_misses_are_named_at_their_token(name):
     assert not [n for n in cache.notes if n.code in ("template-drift", "cache-churn")]
 
 
-def test_blocks_held_follow_the_events():
+@pytest.mark.parametrize("name", ["vllm-0.32-maps.msgpack", "sglang-arrays.msgpack"])  # SGLang names no group
+def test_blocks_held_follow_the_events(name):
     """Held = stored - removed, restarted at the clear: counted here from the raw payloads, independently."""
     held: set[int] = set()
     for f in frames("vllm-0.32-maps.msgpack"):
@@ -154,7 +155,7 @@ def test_blocks_held_follow_the_events():
                 held.difference_update(raw["block_hashes"])
             else:
                 held.clear()
-    cache = apply_recorded("vllm-0.32-maps.msgpack")
+    cache = apply_recorded(name)
     stats = cache.stats("server")
     assert stats.held == cache.held == len(held)
     assert {int(k, 16) for _, _, k in cache.blocks} == held
