@@ -17,6 +17,7 @@ import asyncio
 import multiprocessing
 import resource
 import statistics
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -26,6 +27,8 @@ import msgpack
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "tests" / "data" / "kv_events" / "vllm-0.32-maps.msgpack"
+# the publisher is a test fixture (tests/engine/server/local_publisher.py), not part of the package
+sys.path.insert(0, str(ROOT / "tests" / "engine" / "server"))
 
 
 def recorded_batches() -> list[list]:
@@ -58,7 +61,7 @@ def renamed(batches: list[list], cycle: int) -> list[bytes]:
 
 def publish(port_box, rate: float, seconds: float, ready, counts, done) -> None:
     """The publisher process: bind, tell the port, wait for the viewer, publish at `rate` events/s."""
-    from kvtui.engine.serving.local_publisher import LocalPublisher
+    from local_publisher import LocalPublisher
 
     batches = recorded_batches()
     per_pass = sum(len(b[1]) for b in batches)
@@ -94,9 +97,9 @@ async def drive_app(app, seconds: float, lags: list[float]) -> None:
 
 def bench(rate: float = 20_000, seconds: float = 30.0, max_blocks: int = 100_000, ui: bool = True) -> dict:
     from kvtui.attach_app import AttachApp
-    from kvtui.engine.serving.prefix_cache import PrefixCache, TokenTexts
-    from kvtui.engine.serving.server_http import EventEndpoint
-    from kvtui.engine.serving.subscriber import YIELD_S, Subscriber
+    from kvtui.engine.server.prefix_cache import PrefixCache, TokenTexts
+    from kvtui.engine.server.server_http import EventEndpoint
+    from kvtui.engine.server.subscriber import YIELD_S, Subscriber
 
     context = multiprocessing.get_context("spawn")
     port_box, counts, ready, done = context.Value("i", 0), context.Value("q", 0), context.Event(), context.Event()

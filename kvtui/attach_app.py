@@ -20,7 +20,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static, Tree
 
-from .engine.serving.prefix_cache import PrefixCache
+from .engine.server.prefix_cache import PrefixCache
 from .themes import DEFAULT_THEME, load_themes
 from .widgets.attach_view import NodeRef, block_info, build_view, note_target, stats_view
 from .widgets.block_detail import BlockDetail

@@ -247,7 +247,7 @@ def replay(trace_path, theme, follow, print_only):
     """Open the TUI on a recorded trace (no model needed): space/u step, r plays. A server trace (kvtui attach
     --trace) opens the attach screen on the prefix cache its events rebuild."""
     from .engine.records.trace import TraceError
-    from .engine.serving.server_trace import is_server_trace
+    from .engine.server.server_trace import is_server_trace
 
     if is_server_trace(trace_path):
         _replay_server_trace(trace_path, theme, follow, print_only)
@@ -267,8 +267,8 @@ def replay(trace_path, theme, follow, print_only):
 
 
 def _replay_server_trace(trace_path: Path, theme: str, follow: bool, print_only: bool) -> None:
-    from .engine.serving.prefix_cache import summary_lines
-    from .engine.serving.server_trace import ServerTraceError, load_server_trace
+    from .engine.server.prefix_cache import summary_lines
+    from .engine.server.server_trace import ServerTraceError, load_server_trace
 
     if follow:
         _bad_input(f"{trace_path}: --follow reads step traces; a server trace is replayed whole")

@@ -56,8 +56,8 @@ import click
 def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_path, duration, max_blocks, theme):
     """Show a vLLM or SGLang server's prefix cache (start the server with --enable-prefix-caching and
     --kv-events-config; README "Attach to a server")."""
-    from ..engine.serving.attach import AttachOptions, AttachSession, connect
-    from ..engine.serving.server_http import ServerError
+    from ..engine.server.attach import AttachOptions, AttachSession, connect
+    from ..engine.server.server_http import ServerError
 
     if (replay or dp_ranks > 1 or topic) and not events:
         raise click.BadParameter("--replay-events, --dp-ranks and --topic go with --events", param_hint="--events")
@@ -87,7 +87,7 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
     if headless:
         sys.exit(run_attach_headless(session, duration))
     from ..attach_app import AttachApp
-    from ..engine.serving.subscriber import YIELD_S
+    from ..engine.server.subscriber import YIELD_S
 
     session.subscriber.yield_s = YIELD_S  # the reader shares the interpreter with the screen: keys stay quick
     session.start(duration)
@@ -98,7 +98,7 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
 
 
 def run_attach_headless(session, duration: float | None) -> int:
-    from ..engine.serving.prefix_cache import summary_lines
+    from ..engine.server.prefix_cache import summary_lines
 
     done = threading.Event()
 

@@ -38,7 +38,7 @@ def diff(trace_a: Path, trace_b: Path, tie_tolerance: float) -> None:
     aside) and the cache fill. Cache kind and capacity, versions, dtype and device are notes only.
     Exit 0 when they agree, 1 when they diverge, 2 when a trace cannot be read.
     """
-    from ..engine.serving.server_trace import is_server_trace
+    from ..engine.server.server_trace import is_server_trace
 
     if is_server_trace(trace_a) or is_server_trace(trace_b):
         sys.exit(_diff_servers(trace_a, trace_b))
@@ -55,7 +55,7 @@ def diff(trace_a: Path, trace_b: Path, tie_tolerance: float) -> None:
 
 def _diff_servers(trace_a: Path, trace_b: Path) -> int:
     """Two `kvtui attach --trace` runs: their notes, chains and totals (0 agree, 1 differ, 2 unreadable)."""
-    from ..engine.serving.server_trace import ServerTraceError, diff_server_runs, is_server_trace, load_server_trace
+    from ..engine.server.server_trace import ServerTraceError, diff_server_runs, is_server_trace, load_server_trace
 
     if not (is_server_trace(trace_a) and is_server_trace(trace_b)):
         click.echo("kvtui: error: one trace is a server trace (kvtui attach) and the other is not", err=True)

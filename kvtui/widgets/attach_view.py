@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from rich.text import Text
 
-from ..engine.serving.prefix_cache import Block, CacheNote, MetricSample, OriginStats, PrefixCache, TokenTexts
+from ..engine.server.prefix_cache import Block, CacheNote, MetricSample, OriginStats, PrefixCache, TokenTexts
 from ..fmt import token_text
 from .palette import Palette, role_style
 

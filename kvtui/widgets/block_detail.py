@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..engine.serving.prefix_cache import TokenTexts
+from ..engine.server.prefix_cache import TokenTexts
 from .attach_view import BlockInfo, tokens_text
 from .palette import Palette, role_style
 

@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import OptionList
 
-from ..engine.serving.prefix_cache import CacheNote
+from ..engine.server.prefix_cache import CacheNote
 from .palette import Palette, role_style
 
 MAX_SHOWN = 200

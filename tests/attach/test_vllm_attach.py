@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtui.engine.serving.server_trace import load_server_trace
+from kvtui.engine.server.server_trace import load_server_trace
 
 pytestmark = pytest.mark.xdist_group("vllm")
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,10 +16,10 @@ from rich.console import Console
 
 from kvtui.attach_app import BEHIND_AFTER, AttachApp
 from kvtui.cli import main
-from kvtui.engine.serving.kv_events import BlocksRemoved, BlocksStored, EventBatch
-from kvtui.engine.serving.prefix_cache import PrefixCache, TokenTexts
-from kvtui.engine.serving.server_http import CacheMetrics
-from kvtui.engine.serving.server_trace import ServerRun, load_server_trace
+from kvtui.engine.server.kv_events import BlocksRemoved, BlocksStored, EventBatch
+from kvtui.engine.server.prefix_cache import PrefixCache, TokenTexts
+from kvtui.engine.server.server_http import CacheMetrics
+from kvtui.engine.server.server_trace import ServerRun, load_server_trace
 from kvtui.widgets.attach_view import MAX_CHAINS, NodeRef, build_view, tokens_text
 from kvtui.widgets.block_detail import BlockDetail
 from kvtui.widgets.cache_notes import CacheNotes

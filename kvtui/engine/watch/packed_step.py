@@ -18,6 +18,15 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
+from ..batching.checks import (
+    check_request_positions,
+    conversation_drift_diagnostic,
+    position_gap_diagnostic,
+    recomputed_prefix_diagnostic,
+    requeued_diagnostic,
+)
+from ..batching.lanes import Lane, LaneChanges, RequestLanes
+from ..batching.packed import PackedForward, PackedRequest, find_batch_processor, int_list, read_packed_forward
 from ..reading.diagnostics import check_feed
 from ..reading.topk import top_token_rows
 from ..records.snapshot import (
@@ -29,15 +38,6 @@ from ..records.snapshot import (
     TokenBuffer,
     TopToken,
 )
-from ..serving.checks import (
-    check_request_positions,
-    conversation_drift_diagnostic,
-    position_gap_diagnostic,
-    recomputed_prefix_diagnostic,
-    requeued_diagnostic,
-)
-from ..serving.lanes import Lane, LaneChanges, RequestLanes
-from ..serving.packed import PackedForward, PackedRequest, find_batch_processor, int_list, read_packed_forward
 from .patches import Registry
 from .watch_step import Call
 

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..batching.packed import cache_argument, is_packed_forward
 from ..reading import introspect
 from ..reading.diagnostics import check_refed, check_stale_prompt
 from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
 from ..records.codec import diagnostic_record, to_record, verify_record
 from ..records.snapshot import Diagnostic, RequestView, StepSnapshot
-from ..serving.packed import cache_argument, is_packed_forward
 from .auto_attach import AutoAttach, run_watched
 from .callers import caller_and_generate, caller_line, inside_transformers, library_dirs, thread_caller
 from .hooks import MODELS, STATE, Probe, WatchRefused

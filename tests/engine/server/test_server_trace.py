@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from kvtui.cli import main
-from kvtui.engine.serving.kv_events import decode_message
-from kvtui.engine.serving.prefix_cache import PrefixCache, TokenTexts
-from kvtui.engine.serving.server_http import CacheMetrics, ServerInfo
-from kvtui.engine.serving.server_trace import (
+from kvtui.engine.server.kv_events import decode_message
+from kvtui.engine.server.prefix_cache import PrefixCache, TokenTexts
+from kvtui.engine.server.server_http import CacheMetrics, ServerInfo
+from kvtui.engine.server.server_trace import (
     ServerTraceError,
     ServerTraceWriter,
     diff_server_runs,

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from kvtui.engine.serving.checks import (
+from kvtui.engine.batching.checks import (
     check_request_positions,
     position_gap_diagnostic,
     recomputed_prefix_diagnostic,
 )
-from kvtui.engine.serving.lanes import FINISHED, LaneChanges, RequestLanes
-from kvtui.engine.serving.packed import (
+from kvtui.engine.batching.lanes import FINISHED, LaneChanges, RequestLanes
+from kvtui.engine.batching.packed import (
     DECODE,
     PREFILL,
     PackedForward,

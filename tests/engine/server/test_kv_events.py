@@ -9,7 +9,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from kvtui.engine.serving.kv_events import (
+from kvtui.engine.server.kv_events import (
     AllCleared,
     BlocksRemoved,
     BlocksStored,
@@ -20,8 +20,8 @@ from kvtui.engine.serving.kv_events import (
     decode_payload,
     encode_batch,
 )
-from kvtui.engine.serving.prefix_cache import PrefixCache, TokenTexts, summary_lines
-from kvtui.engine.serving.server_http import parse_metrics
+from kvtui.engine.server.prefix_cache import PrefixCache, TokenTexts, summary_lines
+from kvtui.engine.server.server_http import parse_metrics
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "kv_events"
 
@@ -241,7 +241,7 @@ def test_discover_reads_a_real_servers_event_sources():
     import http.server
     import threading
 
-    from kvtui.engine.serving.server_http import discover
+    from kvtui.engine.server.server_http import discover
 
     sources = (DATA / "vllm-0.32-kv_event_sources.json").read_bytes()
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import threading
 import time
 
-from kvtui.engine.serving.kv_events import BlocksStored, EventBatch, encode_batch
-from kvtui.engine.serving.local_publisher import LocalPublisher
-from kvtui.engine.serving.prefix_cache import PrefixCache, TokenTexts
-from kvtui.engine.serving.server_http import EventEndpoint
-from kvtui.engine.serving.subscriber import Subscriber
+from kvtui.engine.server.kv_events import BlocksStored, EventBatch, encode_batch
+from kvtui.engine.server.prefix_cache import PrefixCache, TokenTexts
+from kvtui.engine.server.server_http import EventEndpoint
+from kvtui.engine.server.subscriber import Subscriber
+from local_publisher import LocalPublisher
 
 
 def payload(i: int) -> bytes:
@@ -89,7 +89,7 @@ def test_a_payload_that_does_not_decode_is_reported_and_skipped():
 
 def test_data_parallel_ranks_are_origins_of_one_view():
     """`--events tcp://HOST:PORT --dp-ranks 2`: rank r publishes on PORT + r; each its own origin, one cache."""
-    from kvtui.engine.serving.server_http import given_endpoints
+    from kvtui.engine.server.server_http import given_endpoints
 
     cache, problems, batches = PrefixCache(TokenTexts()), [], []
     with LocalPublisher(replay=False) as rank0, LocalPublisher(replay=False) as rank1:

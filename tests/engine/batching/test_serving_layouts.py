@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import torch
 
-from kvtui.engine.serving.checks import check_request_positions
-from kvtui.engine.serving.lanes import RequestLanes
-from kvtui.engine.serving.packed import (
+from kvtui.engine.batching.checks import check_request_positions
+from kvtui.engine.batching.lanes import RequestLanes
+from kvtui.engine.batching.packed import (
     DECODE,
     PREFILL,
     PREFILL_CHUNK,
