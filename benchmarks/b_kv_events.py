@@ -97,7 +97,8 @@ async def drive_app(app, seconds: float, lags: list[float]) -> None:
 
 def bench(rate: float = 20_000, seconds: float = 30.0, max_blocks: int = 100_000, ui: bool = True) -> dict:
     from kvtui.attach_app import AttachApp
-    from kvtui.engine.server.prefix_cache import PrefixCache, TokenTexts
+    from kvtui.engine.reading.token_texts import TokenTexts
+    from kvtui.engine.server.prefix_cache import PrefixCache
     from kvtui.engine.server.server_http import EventEndpoint
     from kvtui.engine.server.subscriber import YIELD_S, Subscriber
 

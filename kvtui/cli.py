@@ -267,7 +267,7 @@ def replay(trace_path, theme, follow, print_only):
 
 
 def _replay_server_trace(trace_path: Path, theme: str, follow: bool, print_only: bool) -> None:
-    from .engine.server.prefix_cache import summary_lines
+    from .engine.server.report import summary_lines
     from .engine.server.server_trace import ServerTraceError, load_server_trace
 
     if follow:

@@ -98,7 +98,7 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
 
 
 def run_attach_headless(session, duration: float | None) -> int:
-    from ..engine.server.prefix_cache import summary_lines
+    from ..engine.server.report import summary_lines
 
     done = threading.Event()
 

@@ -15,7 +15,10 @@ from dataclasses import dataclass, replace
 
 from rich.text import Text
 
-from ..engine.server.prefix_cache import Block, CacheNote, MetricSample, OriginStats, PrefixCache, TokenTexts
+from ..engine.reading.token_texts import TokenTexts
+from ..engine.records.snapshot import Diagnostic, Where
+from ..engine.server.metrics import MetricSample
+from ..engine.server.prefix_cache import Block, OriginStats, PrefixCache
 from ..fmt import token_text
 from .palette import Palette, role_style
 
@@ -167,7 +170,7 @@ class BlockInfo:
     children: int
     tokens: tuple[int, ...]  # the first TOKENS_SHOWN
     token_count: int
-    notes: tuple[CacheNote, ...]
+    notes: tuple[Diagnostic, ...]
 
 
 def find_block(cache: PrefixCache, ref: NodeRef | None) -> Block | None:
@@ -189,7 +192,8 @@ def block_info(cache: PrefixCache, ref: NodeRef | None) -> BlockInfo | None:
     notes = tuple(
         note
         for note in cache.notes[-NOTES_SCANNED:]
-        if (note.block and note.block == block.key and note.origin == block.origin) or note.chain == block.chain
+        if (where := note.where) is not None
+        and ((where.block and where.block == block.key and where.origin == block.origin) or where.chain == block.chain)
     )
     return BlockInfo(
         key=block.key,
@@ -210,16 +214,17 @@ def block_info(cache: PrefixCache, ref: NodeRef | None) -> BlockInfo | None:
     )
 
 
-def note_target(cache: PrefixCache, note: CacheNote) -> NodeRef | None:
+def note_target(cache: PrefixCache, note: Diagnostic) -> NodeRef | None:
     """Where a note points in the tree (call under cache.lock): the block it names while it is held, else
     the chain it names, else None."""
-    if note.block:
+    where = note.where or Where()
+    if where.block:
         for group in range(GROUPS_TRIED):
-            block = cache.blocks.get((note.origin, group, note.block))
+            block = cache.blocks.get((where.origin, group, where.block))
             if block is not None:
                 return NodeRef(block.chain, ident_of(block))
-    if note.chain and note.chain in cache.tops:
-        return NodeRef(note.chain)
+    if where.chain and where.chain in cache.tops:
+        return NodeRef(where.chain)
     return None
 
 

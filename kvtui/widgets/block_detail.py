@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..engine.server.prefix_cache import TokenTexts
+from ..engine.reading.token_texts import TokenTexts
 from .attach_view import BlockInfo, tokens_text
 from .palette import Palette, role_style
 
@@ -43,7 +43,7 @@ def render_detail(info: BlockInfo | None, texts: TokenTexts, palette: Palette | 
         for note in info.notes:
             line = Text()
             line.append(f"{note.severity} {note.code}", style=role_style(palette, note.severity, "bold"))
-            line.append(f" (batch {note.batch}): {note.message}")
+            line.append(f" (batch {note.step}): {note.message}")
             parts.append(line)
     return Group(*parts)
 

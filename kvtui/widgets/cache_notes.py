@@ -10,18 +10,18 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import OptionList
 
-from ..engine.server.prefix_cache import CacheNote
+from ..engine.records.snapshot import Diagnostic
 from .palette import Palette, role_style
 
 MAX_SHOWN = 200
 REMOVE_ONE_BY_ONE = 20  # more old notes than this to drop at once: the list is rebuilt instead
 
 
-def note_text(note: CacheNote, palette: Palette | None = None) -> Text:
+def note_text(note: Diagnostic, palette: Palette | None = None) -> Text:
     text = Text()
     text.append(f"{note.severity} ", style=role_style(palette, note.severity, "bold"))
     text.append(f"{note.code}", style="bold")
-    text.append(f" (batch {note.batch}): {note.message}")
+    text.append(f" (batch {note.step}): {note.message}")
     return text
 
 
@@ -36,15 +36,15 @@ class CacheNotes(OptionList):
 
     @dataclass
     class Chosen(Message):
-        note: CacheNote
+        note: Diagnostic
 
     def __init__(self, *, id: str | None = None):
         super().__init__(id=id)
-        self.notes: list[CacheNote] = []
+        self.notes: list[Diagnostic] = []
         self.total = 0
         self.border_title = "notes"
 
-    def add_notes(self, notes: list[CacheNote], total: int, palette: Palette | None = None) -> None:
+    def add_notes(self, notes: list[Diagnostic], total: int, palette: Palette | None = None) -> None:
         """Append the new notes (`total`: how many the cache raised in all)."""
         self.total = total
         if notes:
@@ -66,7 +66,7 @@ class CacheNotes(OptionList):
         older = total - len(self.notes)
         self.border_title = f"notes · {total}" + (f" (the newest {len(self.notes)} here)" if older > 0 else "")
 
-    def note_at(self, index: int | None) -> CacheNote | None:
+    def note_at(self, index: int | None) -> Diagnostic | None:
         if index is None or not 0 <= index < len(self.notes):
             return None
         return self.notes[index]

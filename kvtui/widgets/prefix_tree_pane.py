@@ -18,7 +18,8 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from ..engine.server.prefix_cache import Block, TokenTexts
+from ..engine.reading.token_texts import TokenTexts
+from ..engine.server.prefix_cache import Block
 from .attach_view import BlockRow, CacheView, ChainRow, Ident, NodeRef, ident_of, tokens_text
 from .palette import Palette, role_style
 

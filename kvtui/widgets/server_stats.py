@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Sparkline, Static
 
-from ..engine.server.prefix_cache import MetricSample
+from ..engine.server.metrics import MetricSample
 from .attach_view import StatsView
 from .palette import Palette, role_style
 

@@ -62,11 +62,11 @@ def test_attach_names_the_miss_and_changes_nothing(vllm_server, tmp_path):
     assert watched == plain and other and late
 
     # the timestamped prompt left the system prompt's chain at its 4th token: named, with what it cost
-    misses = [line for line in out.splitlines() if line.startswith("kvtui: warning prefix-miss")]
+    misses = [line for line in out.splitlines() if line.startswith("kvtui: warning recomputed-prefix")]
     assert len(misses) == 1, out
     assert "at token 3: 'Time' (id 7487) instead of 'You' (id 2683)" in misses[0]
     assert "'Time: 12:01.' was put before the cached text" in misses[0]
-    assert "kvtui: notes: prefix-miss ×1" in out
+    assert "kvtui: notes: recomputed-prefix ×1" in out
 
     run = load_server_trace(trace)
     cache = run.cache

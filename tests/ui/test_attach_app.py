@@ -16,8 +16,9 @@ from rich.console import Console
 
 from kvtui.attach_app import BEHIND_AFTER, AttachApp
 from kvtui.cli import main
+from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import BlocksRemoved, BlocksStored, EventBatch
-from kvtui.engine.server.prefix_cache import PrefixCache, TokenTexts
+from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.server_http import CacheMetrics
 from kvtui.engine.server.server_trace import ServerRun, load_server_trace
 from kvtui.widgets.attach_view import MAX_CHAINS, NodeRef, build_view, tokens_text
@@ -139,7 +140,7 @@ async def test_the_tree_shows_the_chains_with_their_text_and_a_block_its_detail(
         assert A2 in detail and f"parent {A1}" in detail
         assert "#1 · depth 1 · tokens 4..8 (4)" in detail and "2 children" in detail
         assert " are a baker." in detail and "stored at batch 1" in detail
-        assert "prefix-miss" in detail  # the note that left chain #1 points at its chain
+        assert "recomputed-prefix" in detail  # the note that left chain #1 points at its chain
 
 
 async def test_notes_show_and_select_their_block():
@@ -148,7 +149,7 @@ async def test_notes_show_and_select_their_block():
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.1)
         notes = app.query_one(CacheNotes)
-        assert [n.code for n in notes.notes] == ["prefix-miss"]  # A4 after A3: another ending, no waste
+        assert [n.code for n in notes.notes] == ["recomputed-prefix"]  # A4 after A3: another ending, no waste
         assert "'Time' (id 8) instead of 'You' (id 3)" in screen_text(app)
         tree = app.query_one(PrefixTreePane)
         await pilot.press("n")  # the note: B1 left chain #1 at token 3
@@ -310,7 +311,7 @@ def test_replay_print_says_the_summary_and_the_notes(tmp_path):
     assert lines[0].startswith("kvtui: localhost:8811: 4 batches, 4 events")
     assert "kvtui: chains 4, blocks held 4, let go past --max-blocks 0" in lines
     assert any(
-        line.startswith("kvtui: warning prefix-miss: the prompt left cached chain #1 at token 3: 'Time' (id 7487)")
+        line.startswith("kvtui: warning recomputed-prefix: the prompt left cached chain #1 at token 3: 'Time' (id 7487)")
         for line in lines
     )
     assert sum(line.startswith("kvtui: warning ") for line in lines) == 4

@@ -8,7 +8,16 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import DataTable
 
-from kvtui.engine.records.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken
+from kvtui.engine.records.codes import CODES, Code
+from kvtui.engine.records.snapshot import (
+    SEVERITIES,
+    BufferToken,
+    Diagnostic,
+    LayerInfo,
+    StepSnapshot,
+    TokenBuffer,
+    TopToken,
+)
 from kvtui.widgets.cursor_pane import CursorPane, capacity_bar, format_positions, kind_summary, render_cursor
 from kvtui.widgets.diagnostics_pane import (
     DiagnosticsPane,
@@ -42,6 +51,14 @@ class ExplodingBuffer(TokenBuffer):
 
     def __getitem__(self, index):
         raise AssertionError("a pane indexed snapshot.buffer")
+
+
+@pytest.fixture(autouse=True)
+def synthetic_codes(monkeypatch):
+    """The panes are drawn with made-up codes (CODE_0 ...): registered for these tests only (a Diagnostic refuses
+    a code the registry does not list)."""
+    for name in [f"CODE_{i}" for i in range(64)] + ["CURSOR_MISMATCH"]:
+        monkeypatch.setitem(CODES, name, Code(name, SEVERITIES, "any (a pane test's code)", "a pane test's code"))
 
 
 def make_layer(

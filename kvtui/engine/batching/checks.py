@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..reading.diagnostics import RECOMPUTED_MIN, common_prefix
+from ..reading.diagnostics import RECOMPUTED_MIN
+from ..reading.prefixes import common_prefix
 from ..records.snapshot import Diagnostic, frozen
 from .packed import PackedForward, PackedRequest
+
+DRIFT_TAIL = 64  # tokens after a conversation's difference kept for the template judgement
 
 
 @frozen
@@ -55,6 +58,8 @@ class ConversationDrift:
     position: int  # where its prompt leaves the holder's tokens
     token: int  # its prompt's token there
     holder_token: int  # the holder's token there
+    tail: tuple[int, ...] = ()  # its prompt from there (at most DRIFT_TAIL tokens): what the template judgement reads
+    holder_tail: tuple[int, ...] = ()  # the holder's tokens from there (at most DRIFT_TAIL)
 
 
 def conversation_drift(
@@ -71,7 +76,9 @@ def conversation_drift(
     if best is None:
         return None
     same, holder, tokens = best
-    return ConversationDrift(request_id, holder, same, int(prompt[same]), int(tokens[same]))
+    tail = tuple(int(t) for t in prompt[same : same + DRIFT_TAIL])
+    holder_tail = tuple(int(t) for t in tokens[same : same + DRIFT_TAIL])
+    return ConversationDrift(request_id, holder, same, int(prompt[same]), int(tokens[same]), tail, holder_tail)
 
 
 def check_request_positions(packed: PackedForward) -> list[PositionFinding]:

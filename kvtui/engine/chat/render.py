@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..reading.prefixes import common_prefix
 from ..reading.tokens import find_sub
 from ..records.snapshot import BufferToken, Diagnostic
 from .session_types import SessionError
@@ -55,15 +56,13 @@ def tokenize(tokenizer, text: str, add_special: bool, messages: list[dict] | Non
     )
 
 
-def common_prefix(
+def rendered_prefix(
     chat: list[BufferToken], rendered: Tokens, piece: Callable[[int], str], step: int
 ) -> tuple[int, list[Diagnostic]]:
     """How many of the cached chat tokens the re-rendered chat starts with, and a template-drift alarm
-    (at `step`) when that is not all of them: the cache must then be rewound to the common prefix."""
-    common = 0
-    limit = min(len(chat), len(rendered))
-    while common < limit and chat[common].id == rendered[common][0]:
-        common += 1
+    (at `step`) when that is not all of them: the cache must then be rewound to the common prefix. (kvtui
+    rendered both from the same messages, so whatever differs is the template's rendering.)"""
+    common = common_prefix([t.id for t in chat], [i for i, _ in rendered])
     if common == len(chat):
         return common, []
     cached, fresh = chat[common], rendered[common][0] if common < len(rendered) else None

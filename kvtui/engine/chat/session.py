@@ -31,7 +31,7 @@ from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_log
 from ..records.listeners import Listeners
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 from .edits import CacheEdits
-from .render import common_prefix, render_chat, tokenize
+from .render import render_chat, rendered_prefix, tokenize
 from .sampling import Sampler, SamplerSettings
 from .session_types import CacheOverflowError, Message, SessionConfig, SessionError
 
@@ -431,7 +431,7 @@ class ChatSession(CacheEdits):
         self._close_turn()
         messages = self.messages + [{"role": "user", "content": text}]
         rendered = render_chat(self.tokenizer, messages, self.config.chat_tokenize)
-        common, drift = common_prefix(self._tokens[self._primed :], rendered, self.piece, self.steps + 1)
+        common, drift = rendered_prefix(self._tokens[self._primed :], rendered, self.piece, self.steps + 1)
         if common == len(rendered):  # nothing new: re-feed the last token to get fresh logits
             common -= 1
         self._turn += 1

@@ -1,10 +1,12 @@
-"""The ONE rulebook: the invariant checks that turn the silent cache bugs into named alarms.
+"""The step rules: the invariant checks that turn the silent cache bugs of one forward into named alarms.
 
 Each rule is a function of plain values (tokens, positions, layer infos), run at every forward by kvtui's
-own session and by the step builder of a watched program alike. State-like rules (cursor-mismatch,
-position-gap, sliding-eviction, static-capacity, ignored-argument) fire when their condition starts or
-changes, not at every step, so a long run is not flooded: they are handed the `AlarmMemory` that
-remembers what is active (`alarms.Alarms`) and record their state there; every other rule is pure.
+own session and by the step builder of a watched program alike. The codes and their severity rules are the
+one registry's (records/codes.py); silent_rules.py, batching/checks.py and server/rules.py use the same codes.
+State-like rules (cursor-mismatch, position-gap, sliding-eviction, static-capacity, ignored-argument) fire when
+their condition starts or changes, not at every step, so a long run is not flooded: they are handed the
+`AlarmMemory` that remembers what is active (`alarms.Alarms`) and record their state there; every other rule is
+pure.
 """
 
 from __future__ import annotations
@@ -13,35 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..records.codes import CODES as REGISTRY
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo
+from .prefixes import common_prefix
 
-CODES = (
-    "tokenizer-added-special",
-    "double-bos",
-    "eos-in-context",
-    "cursor-mismatch",
-    "position-gap",
-    "template-drift",
-    "static-capacity",
-    "sliding-eviction",
-    "state-rewind",
-    "pad-in-cache",
-    "cache-mismatch",
-    "worker-error",
-    # watched programs (kvtui watch)
-    "cache-edited",
-    "ignored-argument",
-    "padding-side",
-    "stale-cache",
-    "recomputed-prefix",
-    "request-requeued",
-    # a watched command's tree (kvtui watch -- COMMAND)
-    "rank-desync",
-    # silent cache bugs users report (the rules at the end of this module)
-    "cache-written-without-use-cache",
-    "edit-changed-nothing",
-    "mask-length",
-)
+CODES = tuple(REGISTRY)  # the registered codes (records/codes.py: each code's meaning and severity rule)
 
 
 @dataclass(frozen=True)
@@ -366,16 +344,6 @@ def check_padding_side(step: int, masks: Sequence[Sequence[int]], at: str) -> li
                 )
             ]
     return []
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix of two id sequences; an unknown id (< 0) matches nothing."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y or x < 0:
-            break
-        n += 1
-    return n
 
 
 def check_drift(

@@ -1,7 +1,7 @@
 """The rulebook's chapter on the silent cache bugs users report (issue 37): a cache that changed where the
 program said it must not, positions derived from the wrong length, a cache generate() made other than the
 program asked, and one cause counted once. Pure functions, or handed the cache's `AlarmMemory`, as the rules
-in diagnostics.py are; the codes are in diagnostics.CODES."""
+in diagnostics.py are; the codes are the registry's (records/codes.py)."""
 
 from __future__ import annotations
 

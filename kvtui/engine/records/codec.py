@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
 
+from .codes import current_code
 from .snapshot import (
     BufferToken,
     Diagnostic,
@@ -25,6 +26,7 @@ from .snapshot import (
     TokenBuffer,
     TopToken,
     VerifyResult,
+    Where,
 )
 
 _T = TypeVar("_T")
@@ -190,7 +192,11 @@ def _token_record(t: BufferToken) -> dict:
 
 def _alarm_record(d: Diagnostic) -> dict:
     """An alarm without its step: in a step line (the step's own) or before the step of a diagnostic line."""
-    return {"code": d.code, "severity": d.severity, "message": d.message}
+    record = {"code": d.code, "severity": d.severity, "message": d.message}
+    if d.where is not None:  # a server's note: where it points
+        w = d.where
+        record["where"] = {"origin": w.origin, "chain": w.chain, "position": w.position, "block": w.block}
+    return record
 
 
 def _diagnostic_record(d: Diagnostic) -> dict:
@@ -292,7 +298,15 @@ def _maybe_top(record: dict | None) -> TopToken | None:
 
 
 def _diagnostic(record: dict, step: int | None = None) -> Diagnostic:
-    return Diagnostic(record["code"], record["severity"], record["message"], record["step"] if step is None else step)
+    """An alarm read back; a code renamed since the trace was written reads as the code that says it now."""
+    where = record.get("where")
+    return Diagnostic(
+        current_code(record["code"]),
+        record["severity"],
+        record["message"],
+        record["step"] if step is None else step,
+        Where(**where) if where is not None else None,
+    )
 
 
 def _verify(record: dict) -> VerifyResult:

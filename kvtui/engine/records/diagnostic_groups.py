@@ -96,3 +96,29 @@ def group_last(group: DiagnosticGroup) -> str | None:
     if group.count == 1 or last.message == group.first.message:
         return None
     return f"last, step {last.step}: {last.message}"
+
+
+FLOOD_LISTED = 20  # alarms listed per code before the rest are only counted
+
+
+class FloodGate:
+    """One bound on a flood of one code (a busy server's notes): the first FLOOD_LISTED alarms of a code are
+    listed, the rest counted (`counts`), and one alarm in each doubling of the count says how many there were
+    so far (32, 64, 128 ...). O(1) per alarm; memory O(codes)."""
+
+    def __init__(self, listed: int = FLOOD_LISTED):
+        self.listed = listed
+        self.counts: dict[str, int] = {}  # every alarm offered, by code (listed or not)
+
+    def admit(self, d: Diagnostic) -> Diagnostic | None:
+        """The alarm to list (itself, or the doubling's summary of it), or None: counted only."""
+        count = self.counts[d.code] = self.counts.get(d.code, 0) + 1
+        if count <= self.listed:
+            return d
+        if count & (count - 1) == 0:
+            message = (
+                f"{count} {d.code} notes so far (only the first {self.listed} and one per doubling are listed); "
+                f"the last: {d.message}"
+            )
+            return Diagnostic(d.code, d.severity, message, d.step, d.where)
+        return None

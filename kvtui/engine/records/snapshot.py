@@ -10,6 +10,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .codes import check_code
+
 if TYPE_CHECKING:
     from typing import dataclass_transform  # Python 3.11: for the checker only, the engine imports on 3.10
 else:
@@ -64,6 +66,8 @@ def frozen(cls: type[_T]) -> type[_T]:
         else:
             params.append(f.name)
         body.append(f"    {setter}(self, {f.name})")
+    if hasattr(made, "__post_init__"):  # a check of the values (Diagnostic: a registered code)
+        body.append("    self.__post_init__()")
     cells["_MISSING"] = MISSING
     source = (
         f"def make({', '.join(cells)}):\n"
@@ -168,11 +172,26 @@ class TopToken:
 
 
 @frozen
+class Where:
+    """Where a server's note points: the publisher, the cached chain it names, the token where the prompt left that
+    chain, the new block that left it (a step's alarms need none: their step and the cache their message names)."""
+
+    origin: str = ""
+    chain: int = 0  # 0: none
+    position: int = -1  # -1: none
+    block: str = ""
+
+
+@frozen
 class Diagnostic:
-    code: str
-    severity: str  # one of SEVERITIES
+    code: str  # registered in codes.CODES (the constructor refuses any other)
+    severity: str  # one of SEVERITIES, as the code's rule allows
     message: str
-    step: int
+    step: int  # the forward it fired at; a server's note: the applied batch that raised it (1-based)
+    where: Where | None = None
+
+    def __post_init__(self) -> None:
+        check_code(self.code, self.severity)
 
 
 @frozen

@@ -15,8 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..reading.token_texts import TokenTexts
+from ..records.snapshot import Diagnostic
 from .kv_events import EventBatch
-from .prefix_cache import MAX_BLOCKS, CacheNote, PrefixCache, TokenTexts
+from .prefix_cache import MAX_BLOCKS, PrefixCache
 from .server_http import (
     EventEndpoint,
     ServerError,
@@ -76,7 +78,7 @@ class AttachSession:
         self.text_source = TextSource(first.url or None, first.model, local)
         self.cache = PrefixCache(TokenTexts(self.text_source, self.text_source.special), options.max_blocks)
         self.problems: deque[Problem] = deque(maxlen=200)
-        self.on_note: list[Callable[[CacheNote], None]] = []
+        self.on_note: list[Callable[[Diagnostic], None]] = []
         self.on_problem: list[Callable[[Problem], None]] = []
         self.writer = ServerTraceWriter(options.trace, servers, self.cache) if options.trace else None
         self.subscriber = Subscriber(self.endpoints, self.cache, self._batch, self._problem)
@@ -88,7 +90,7 @@ class AttachSession:
         names = ", ".join(f"{s.model} at {s.url}" if s.url else s.model for s in self.servers)
         return names or ", ".join(e.endpoint for e in self.endpoints)
 
-    def _batch(self, origin: str, batch: EventBatch, notes: list[CacheNote]) -> None:
+    def _batch(self, origin: str, batch: EventBatch, notes: list[Diagnostic]) -> None:
         if self.writer is not None:
             self.writer.batch(origin, batch, notes)
         for note in notes:

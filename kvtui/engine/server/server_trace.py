@@ -21,8 +21,11 @@ from typing import IO, Any
 
 import orjson
 
+from ..reading.token_texts import TokenTexts
+from ..records.codes import current_code
+from ..records.snapshot import Diagnostic, Where
 from .kv_events import AllCleared, BlocksRemoved, BlocksStored, Event, EventBatch
-from .prefix_cache import CacheNote, PrefixCache, TokenTexts
+from .prefix_cache import PrefixCache
 from .server_http import CacheMetrics, ServerInfo
 
 SCHEMA = 1
@@ -83,17 +86,18 @@ def batch_record(origin: str, batch: EventBatch) -> dict:
     }
 
 
-def note_record(note: CacheNote) -> dict:
+def note_record(note: Diagnostic) -> dict:
+    where = note.where or Where()
     return {
         "type": "note",
         "code": note.code,
         "severity": note.severity,
         "message": note.message,
-        "batch": note.batch,
-        "origin": note.origin,
-        "chain": note.chain,
-        "position": note.position,
-        "block": note.block,
+        "batch": note.step,
+        "origin": where.origin,
+        "chain": where.chain,
+        "position": where.position,
+        "block": where.block,
     }
 
 
@@ -134,7 +138,7 @@ class ServerTraceWriter:
             self._file.write(orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n")
             self._file.flush()
 
-    def batch(self, origin: str, batch: EventBatch, notes: list[CacheNote]) -> None:
+    def batch(self, origin: str, batch: EventBatch, notes: list[Diagnostic]) -> None:
         texts = self._cache.texts
         fresh = texts.take_fresh()
         special = texts.special - self._special_written
@@ -240,8 +244,8 @@ def load_server_trace(path: Path, until_batch: int | None = None) -> ServerRun:
                 )
                 cache.apply(batch, record["origin"])
                 run.batches += 1
-            elif kind == "note":
-                run.recorded_notes.append(record)
+            elif kind == "note":  # a code renamed since it was written reads as the code that says it now
+                run.recorded_notes.append({**record, "code": current_code(record["code"])})
             elif kind == "metrics":
                 cache.record_metrics(record["origin"], record["ts"], _metrics(record))
             elif kind == "problem":

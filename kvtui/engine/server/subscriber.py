@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import zmq
 
+from ..records.snapshot import Diagnostic
 from .kv_events import EventBatch, UndecodablePayload, decode_message
-from .prefix_cache import CacheNote, PrefixCache
+from .prefix_cache import PrefixCache
 from .server_http import EventEndpoint
 
 REPLAY_WAIT_S = 1.0  # how long a replay answer may take before kvtui gives up on it (and counts the loss)
@@ -48,7 +49,7 @@ class Subscriber:
         self,
         endpoints: list[EventEndpoint],
         cache: PrefixCache,
-        on_batch: Callable[[str, EventBatch, list[CacheNote]], None] | None = None,
+        on_batch: Callable[[str, EventBatch, list[Diagnostic]], None] | None = None,
         on_problem: Callable[[Problem], None] | None = None,
         catch_up: bool = True,
         yield_s: float = 0.0,

@@ -28,6 +28,7 @@ from ..batching.checks import (
 from ..batching.lanes import Lane, LaneChanges, RequestLanes
 from ..batching.packed import PackedForward, PackedRequest, find_batch_processor, int_list, read_packed_forward
 from ..reading.diagnostics import check_feed
+from ..reading.prefixes import only_template_differs
 from ..reading.topk import top_token_rows
 from ..records.snapshot import (
     BufferToken,
@@ -101,10 +102,11 @@ class PackedReader:
         )
 
 
-def _only_template(builder, token: int, other: int) -> bool:
-    """The two differ in what a chat template renders (a special token, whitespace), not in the text itself."""
+def _only_template(builder, drift) -> bool:
+    """The two differ in what a chat template renders (a special token, whitespace), not in the text itself: the
+    one template-drift judgement (reading/prefixes.py), on both sides' tokens from the difference on."""
     _, special = builder.specials()
-    return token in special or other in special or not builder.piece(token).strip() or not builder.piece(other).strip()
+    return only_template_differs(drift.holder_tail, drift.tail, special, builder.piece)
 
 
 def build_packed(builder, call: Call, step: int, track, logits, forward_ms: float, snap_started: float) -> StepSnapshot:
@@ -123,7 +125,7 @@ def build_packed(builder, call: Call, step: int, track, logits, forward_ms: floa
         found.append(requeued_diagnostic(resume, step, at))
         builder.watcher.requeued_tokens += resume.recomputed
     for drift in run.changes.drifts if run.changes is not None else ():
-        if _only_template(builder, drift.token, drift.holder_token):
+        if _only_template(builder, drift):
             have, want = builder.label(drift.token), builder.label(drift.holder_token)
             found.append(conversation_drift_diagnostic(drift, step, have, want, at))
     builder.watcher.recomputed_tokens += recomputed

@@ -17,6 +17,7 @@ from kvtui.engine.records.codec import (
     to_record,
     verify_record,
 )
+from kvtui.engine.records.codes import CODES, Code
 from kvtui.engine.records.replay import Replay
 from kvtui.engine.records.snapshot import (
     BufferToken,
@@ -194,9 +195,10 @@ def test_the_trace_lines_keep_their_bytes():
     assert to_record(ALARM) == {"code": "position-gap", "severity": "error", "message": ALARM.message, "step": 3}
 
 
-def test_old_records_read_with_their_defaults():
+def test_old_records_read_with_their_defaults(monkeypatch):
     """Records written before a field existed: a token without its turn, a top token without its rank, a
     layer without seen / held_from or any field added later, a step without phase, turn or timings."""
+    monkeypatch.setitem(CODES, "c", Code("c", ("info",), "info", "a test's code"))  # any registered code
     token = from_record(BufferToken, {"position": 4, "id": 9, "piece": "x", "special": False, "origin": "user"})
     assert token == BufferToken(4, 9, "x", False, "user", 0)
     assert from_record(TopToken, {"id": 9, "text": "x", "logit": 1.0, "prob": 0.5}) == TopToken(9, "x", 1.0, 0.5, 0)

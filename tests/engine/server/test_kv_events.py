@@ -9,6 +9,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import (
     AllCleared,
     BlocksRemoved,
@@ -20,7 +21,8 @@ from kvtui.engine.server.kv_events import (
     decode_payload,
     encode_batch,
 )
-from kvtui.engine.server.prefix_cache import PrefixCache, TokenTexts, summary_lines
+from kvtui.engine.server.prefix_cache import PrefixCache
+from kvtui.engine.server.report import summary_lines
 from kvtui.engine.server.server_http import parse_metrics
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "kv_events"
@@ -133,9 +135,9 @@ def apply_recorded(name: str, **kwargs) -> PrefixCache:
 @pytest.mark.parametrize("name", ["vllm-0.32-maps.msgpack", "sglang-arrays.msgpack"])
 def test_the_recorded_misses_are_named_at_their_token(name):
     cache = apply_recorded(name)
-    misses = [n for n in cache.notes if n.code == "prefix-miss"]
+    misses = [n for n in cache.notes if n.code == "recomputed-prefix"]
     first = misses[0]
-    assert first.position == 3 and first.chain == 1
+    assert first.where.position == 3 and first.where.chain == 1
     assert "'Time' (id 7487) instead of 'You' (id 2683)" in first.message
     assert "'Time: 12:01.' was put before the cached text" in first.message
     varying = [n for n in cache.notes if n.code == "varying-start"]
@@ -172,7 +174,7 @@ def test_a_chain_is_its_blocks_in_order():
     assert [b.key for b in blocks] == ["a1", "a2", "a3", "a4", "b3", "b4"]
     assert [b.depth for b in blocks] == [0, 1, 2, 3, 2, 3]
     (note,) = cache.notes
-    assert note.code == "prefix-miss" and note.position == 18 and note.chain == 1 and note.block == "b3"
+    assert note.code == "recomputed-prefix" and note.where.position == 18 and note.where.chain == 1 and note.where.block == "b3"
     assert "14 tokens after it were prefilled again" in note.message
 
 
@@ -221,7 +223,7 @@ def test_template_drift_is_told_from_a_text_difference():
     cache.apply(EventBatch(0, 0.0, (BlocksStored(("a",), None, cached, 10),)))
     cache.apply(EventBatch(1, 0.0, (BlocksStored(("b",), None, (10, 11, 12, 10, 11, 12, 10, 11, 12, 10), 10),)))
     cache.apply(EventBatch(2, 0.0, (BlocksStored(("c",), None, (10, 13, *cached[2:]), 10),)))  # one word differs
-    assert [n.code for n in cache.notes] == ["template-drift", "prefix-miss"]
+    assert [n.code for n in cache.notes] == ["template-drift", "recomputed-prefix"]
     assert "'<|im_end|>' (id 2)" in cache.notes[0].message
 
 

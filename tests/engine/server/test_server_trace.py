@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from kvtui.cli import main
+from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import decode_message
-from kvtui.engine.server.prefix_cache import PrefixCache, TokenTexts
+from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.server_http import CacheMetrics, ServerInfo
 from kvtui.engine.server.server_trace import (
     ServerTraceError,

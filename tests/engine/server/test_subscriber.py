@@ -6,8 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
+from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import BlocksStored, EventBatch, encode_batch
-from kvtui.engine.server.prefix_cache import PrefixCache, TokenTexts
+from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.server_http import EventEndpoint
 from kvtui.engine.server.subscriber import Subscriber
 from local_publisher import LocalPublisher

@@ -1,0 +1,46 @@
+"""Two sequences of token ids side by side: how many first tokens they share (the one common-prefix function of
+kvtui: a chat's cache against its re-rendering, a program's caches, a batch's requests, a server's cached chains),
+and whether where they part only a chat template's rendering differs (the one `template-drift` judgement)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many first ids `a` and `b` share; an unknown id (< 0: embeds, a token kvtui never saw) matches nothing.
+    Two sequences of one type (lists, tuples, arrays) are compared in slices (C) in a bisection, not id by id."""
+    n = min(len(a), len(b))
+    if type(a) is type(b) and not isinstance(a, range):
+        if a[:n] != b[:n]:
+            lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if a[:mid] == b[:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            n = lo
+    else:
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), n)
+    if n and min(a[:n]) < 0:
+        n = next(i for i in range(n) if a[i] < 0)
+    return n
+
+
+def only_template_differs(
+    cached: Sequence[int], fresh: Sequence[int], special: Collection[int], piece: Callable[[int], str]
+) -> bool:
+    """`cached` and `fresh` are two token runs from the first token where they differ: is what differs only what a
+    chat template renders? Yes where one of the two tokens there is a special token or whitespace and, special
+    tokens and whitespace left out, the two texts agree as far as both go (`template-drift`); no where the text
+    itself differs there (another prompt, or text put before the cached text)."""
+    if not cached or not fresh:
+        return False
+    a0, b0 = int(cached[0]), int(fresh[0])
+    if not (a0 in special or b0 in special or not piece(a0).strip() or not piece(b0).strip()):
+        return False
+    a = "".join("".join(piece(int(t)) for t in cached if int(t) not in special).split())
+    b = "".join("".join(piece(int(t)) for t in fresh if int(t) not in special).split())
+    n = min(len(a), len(b))
+    return bool(n) and a[:n] == b[:n]

@@ -1,0 +1,73 @@
+"""Token ids to display text, remembered: the one token-text cache (a watched program's tokenizer, kvtui's own
+chat, a server's tokenizer or its `/detokenize`). What it learned can be written to a trace, so replay needs no
+tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from .diagnostics import token_text
+
+
+class TokenTexts:
+    """`resolve(ids) -> {id: piece}` decodes what is missing (in one call per batch of ids): by `ensure` only (a
+    server's `/detokenize`: never from a widget), or also on a `piece` of an unknown id (`lazy`: a local
+    tokenizer). `raw(id)` gives a token's raw form where a piece is part of a multi-byte character."""
+
+    def __init__(
+        self,
+        resolve: Callable[[list[int]], dict[int, str]] | None = None,
+        special: Iterable[int] = (),
+        raw: Callable[[int], str | None] | None = None,
+        lazy: bool = False,
+    ):
+        self.pieces: dict[int, str] = {}
+        self.special: set[int] = set(special)
+        self.fresh: dict[int, str] = {}  # learned since the last take_fresh() (the trace writes them)
+        self._labels: dict[int, str] = {}
+        self._resolve = resolve
+        self._raw = raw
+        self._lazy = lazy
+
+    def learn(self, pieces: dict[int, str], special: Iterable[int] = ()) -> None:
+        self.pieces.update(pieces)
+        self.special.update(special)
+        self._labels.clear()
+
+    def ensure(self, ids: Iterable[int]) -> None:
+        if self._resolve is None:
+            return
+        missing = sorted({i for i in ids if i not in self.pieces and i >= 0})
+        if missing:
+            found = self._resolve(missing)
+            self.pieces.update(found)
+            self.fresh.update(found)
+            self.special.update(getattr(self._resolve, "special", ()))  # a source that learns them as it goes
+
+    def take_fresh(self) -> dict[int, str]:
+        fresh, self.fresh = self.fresh, {}
+        return fresh
+
+    def piece(self, token_id: int) -> str:
+        text = self.pieces.get(token_id)
+        if text is None:
+            if token_id < 0:
+                return "<embeds>" if token_id == -1 else "?"
+            if self._lazy:
+                self.ensure((token_id,))
+            text = self.pieces.get(token_id, f"#{token_id}")
+        return text
+
+    def label(self, token_id: int) -> str:
+        """`'piece' (id N)`, escaped; a piece that is part of a multi-byte character shows its raw token."""
+        text = self._labels.get(token_id)
+        if text is None:
+            piece = self.piece(token_id)
+            raw = self._raw(token_id) if self._raw is not None and "\ufffd" in piece else None
+            text = token_text(piece, token_id, raw)
+            if token_id in self.pieces:  # a label of a piece not known yet is not kept
+                self._labels[token_id] = text
+        return text
+
+    def text(self, ids: Iterable[int]) -> str:
+        return "".join(self.piece(i) for i in ids)

@@ -1,0 +1,29 @@
+"""What a followed server's run saw, as text lines: the headless runner's last lines, `kvtui replay --print` and
+`kvtui diff`'s totals."""
+
+from __future__ import annotations
+
+from .prefix_cache import PrefixCache
+
+
+def summary_lines(cache: PrefixCache) -> list[str]:
+    """What a run saw, per publisher, then the chains, the blocks and the notes by code."""
+    lines = []
+    for origin, stats in cache.origins.items():
+        capacity = f" of {stats.capacity}" if stats.capacity else ""
+        lines.append(
+            f"{origin or 'events'}: {stats.batches} batches, {stats.events} events; blocks stored {stats.stored}, "
+            f"removed {stats.removed}, held {stats.held}{capacity}; cleared {stats.cleared}; lost batches "
+            f"{stats.lost}; undecodable or unknown {stats.skipped}; stored again soon after removal {stats.restored}"
+        )
+        samples = cache.metrics.get(origin)
+        if samples and samples[-1].overall is not None:
+            last = samples[-1]
+            lines.append(
+                f"{origin}: prefix cache hit rate {last.overall:.1%} ({last.hits:.0f} of {last.queries:.0f} tokens)"
+            )
+    chains = len(cache.tops)
+    lines.append(f"chains {chains}, blocks held {cache.held}, let go past --max-blocks {cache.let_go}")
+    codes = cache.note_counts
+    lines.append("notes: " + (", ".join(f"{code} ×{n}" for code, n in sorted(codes.items())) or "none"))
+    return lines
