@@ -1,4 +1,4 @@
-"""The attach screen's notes: what the prefix cache raised (prefix-miss, template-drift, varying-start,
+"""The attach screen's notes: what the prefix cache raised (recomputed-prefix, template-drift, varying-start,
 cache-churn), newest last, the newest MAX_SHOWN kept. Enter on a note selects the block (or chain) it names
 in the tree (the app does it: CacheNotes.Chosen)."""
 

@@ -311,7 +311,9 @@ def test_replay_print_says_the_summary_and_the_notes(tmp_path):
     assert lines[0].startswith("kvtui: localhost:8811: 4 batches, 4 events")
     assert "kvtui: chains 4, blocks held 4, let go past --max-blocks 0" in lines
     assert any(
-        line.startswith("kvtui: warning recomputed-prefix: the prompt left cached chain #1 at token 3: 'Time' (id 7487)")
+        line.startswith(
+            "kvtui: warning recomputed-prefix: the prompt left cached chain #1 at token 3: 'Time' (id 7487)"
+        )
         for line in lines
     )
     assert sum(line.startswith("kvtui: warning ") for line in lines) == 4

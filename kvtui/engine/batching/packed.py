@@ -4,7 +4,8 @@ A packed forward is not one sequence: `model(**batch_data)` gets every scheduled
 side in one row (`input_ids` [1, total]), with `cu_seq_lens_q` marking where each request's slice starts
 and `position_ids` counting per request. The batch processor that built it (its `.scheduler`, `.cache`,
 `.inputs_and_outputs`) knows which request owns which slice; the paged cache (`PagedAttentionCache`) holds
-each request's block table per cache group and the ledger of shared blocks.
+each request's block table per cache group and the ledger of shared blocks: read by reading/introspect/paged.py
+(the cache's internals are read in reading/ only; here the batch processor's requests and inputs).
 
 Everything is duck-typed (the layout changed across 5.x and 4.57 may have no continuous batching at all):
 nothing here imports transformers. The reading keeps no tensor and reads no K/V: per forward it costs
@@ -17,7 +18,18 @@ from collections.abc import Container, Mapping
 from types import FrameType
 from typing import Any
 
+from ..reading.introspect.paged import (
+    Allocator,
+    CacheGroup,
+    RequestBlocks,
+    allocators_of,
+    cache_groups,
+    paged_layout,
+    request_blocks,
+)
 from ..records.snapshot import frozen
+
+__all__ = ["CacheGroup", "RequestBlocks"]  # the paged cache's values, read in reading/ (lanes use them from here)
 
 # the forward's cache argument: `cache` from 5.24, `past_key_values` before
 CACHE_ARGUMENTS = ("cache", "past_key_values")
@@ -30,21 +42,6 @@ FRAMES_UP = 12
 PREFILL = "prefill"  # the forward feeds a whole prompt from its first token
 PREFILL_CHUNK = "prefill-chunk"  # a piece of a prompt: a split prefill, or the rest after a prefix hit
 DECODE = "decode"  # the forward feeds a generated token
-
-
-@frozen
-class RequestBlocks:
-    """One request's blocks in one cache group, in block-table order (block i holds tokens i*P..(i+1)*P-1)."""
-
-    group: str  # "full_attention", "sliding_attention", ...
-    blocks: tuple[int, ...]  # physical block ids
-    refs: tuple[int, ...]  # requests referencing each block (1: its own; 2+: shared through the ledger)
-    hashed: int  # blocks registered by content hash (complete, reusable by a later prompt with the same prefix)
-
-    @property
-    def shared(self) -> tuple[int, ...]:
-        """The blocks another request references too."""
-        return tuple(block for block, refs in zip(self.blocks, self.refs) if refs > 1)
 
 
 @frozen
@@ -81,20 +78,6 @@ class PackedRequest:
     @property
     def shared_blocks(self) -> int:
         return sum(len(group.shared) for group in self.blocks)
-
-
-@frozen
-class CacheGroup:
-    """One cache group of the paged cache (one allocator: the layers of one attention type)."""
-
-    name: str  # "full_attention", "sliding_attention"
-    layers: tuple[int, ...]  # the model layers whose K/V it holds
-    block_tokens: int  # tokens per block (a block has one page of block_tokens tokens per layer)
-    total: int  # blocks the whole cache holds for this group (the cache's sectors are shared between groups)
-    used: int  # distinct blocks in live requests' block tables
-    free: int  # blocks it can still hand out (free blocks of its sectors + free sectors)
-    shared: int  # blocks referenced by 2+ requests
-    cached: int  # blocks no request references, kept for their content (prefix sharing may reuse them)
 
 
 @frozen
@@ -171,7 +154,7 @@ def read_packed_forward(kwargs: Mapping[str, Any], processor: Any, known: Contai
     if cache is None and processor is not None:
         cache = getattr(processor, "cache", None)
     states = _batch_states(processor, bounds)
-    allocators = _allocators(cache)
+    allocators = allocators_of(cache)
     requests = []
     for i, (start, end) in enumerate(zip(bounds, bounds[1:])):
         if end <= start and i >= len(states):
@@ -181,13 +164,13 @@ def read_packed_forward(kwargs: Mapping[str, Any], processor: Any, known: Contai
     scheduler = getattr(processor, "scheduler", None)
     return PackedForward(
         requests=tuple(requests),
-        groups=_groups(cache, allocators),
+        groups=cache_groups(cache, allocators),
         total_tokens=total,
         prefix_sharing=bool(getattr(cache, "use_prefix_sharing", False)),
         block_sharing=bool(getattr(cache, "allow_block_sharing", False)),
         active=tuple(str(r) for r in getattr(scheduler, "active_requests", None) or ()),
         waiting=tuple(str(r) for r in getattr(scheduler, "waiting_requests", None) or ()),
-        layout=_layout(cache),
+        layout=paged_layout(cache),
     )
 
 
@@ -248,7 +231,7 @@ def _request(
     positions: list[int],
     state: Any,
     planned: int,
-    allocators: list[_Allocator],
+    allocators: list[Allocator],
     known: Container[str],
 ) -> PackedRequest:
     n = end - start
@@ -288,7 +271,7 @@ def _request(
         prompt_length=len(prompt),
         generated=generated,
         planned=planned,
-        blocks=tuple(_request_blocks(allocator, request_id) for allocator in allocators),
+        blocks=tuple(request_blocks(allocator, request_id) for allocator in allocators),
         prompt_ids=None if request_id in known else tuple(int(t) for t in prompt),
     )
 
@@ -299,89 +282,3 @@ def _phase(held_before: int, n: int, prompt_length: int) -> str:
     if held_before == 0 and n >= prompt_length:
         return PREFILL
     return PREFILL_CHUNK
-
-
-@frozen
-class _Allocator:
-    """One cache group's allocator, whichever layout: its name, block table per request, ledger."""
-
-    name: str
-    table: Mapping[str, Any]  # request id -> block ids
-    source: Any  # the allocator object
-
-
-def _allocators(cache: Any) -> list[_Allocator]:
-    """5.24: cache.cache_allocators {attention type: allocator with block_table and ledger}; 4.57:
-    cache.group_cache_managers [allocator with _block_table], no ledger."""
-    found = []
-    allocators = getattr(cache, "cache_allocators", None)
-    if isinstance(allocators, Mapping):
-        for name, allocator in allocators.items():
-            table = getattr(allocator, "block_table", None)
-            if isinstance(table, Mapping):
-                found.append(_Allocator(str(name), table, allocator))
-        return found
-    for allocator in getattr(cache, "group_cache_managers", None) or ():
-        table = getattr(allocator, "_block_table", None)
-        if isinstance(table, Mapping):
-            kind = "sliding_attention" if "Sliding" in type(allocator).__name__ else "full_attention"
-            found.append(_Allocator(kind, table, allocator))
-    return found
-
-
-def _layout(cache: Any) -> str:
-    if isinstance(getattr(cache, "cache_allocators", None), Mapping):
-        return "allocators"
-    return "group-managers" if getattr(cache, "group_cache_managers", None) is not None else "unknown"
-
-
-def _request_blocks(allocator: _Allocator, request_id: str) -> RequestBlocks:
-    blocks = tuple(int(b) for b in allocator.table.get(request_id, ()))
-    ledger = getattr(allocator.source, "ledger", None)
-    counts = getattr(ledger, "shared_ref_counts", None) or {}  # only blocks with 2+ references have an entry
-    hashes = getattr(ledger, "block_to_hash", None) or {}
-    hashed = 0
-    for block in blocks:
-        if block not in hashes:
-            break
-        hashed += 1
-    refs = tuple(int(counts.get(b, 1)) for b in blocks)
-    return RequestBlocks(group=allocator.name, blocks=blocks, refs=refs, hashed=hashed)
-
-
-def _groups(cache: Any, allocators: list[_Allocator]) -> tuple[CacheGroup, ...]:
-    groups = []
-    pool = getattr(cache, "pool", None)  # 5.24: sectors handed to the groups on demand
-    free_sectors = int(getattr(pool, "num_free_sectors", 0) or 0)
-    for allocator in allocators:
-        source = allocator.source
-        ledger = getattr(source, "ledger", None)
-        if pool is not None and hasattr(pool, "count_free_blocks"):
-            free = int(pool.count_free_blocks(source.index)) + free_sectors * int(source.blocks_per_sector)
-        else:  # 4.57: one free list for every group
-            free = len(getattr(cache, "_free_blocks", None) or ())
-        total = int(getattr(source, "num_blocks", None) or getattr(cache, "num_blocks", 0) or 0)
-        cached = len(getattr(ledger, "cached_blocks", None) or ())
-        if pool is not None and hasattr(pool, "count_free_blocks"):
-            # 5.24: a block is free, cached (kept, unreferenced) or used: O(1), not a walk of every block table
-            # (tests check it against the union of the live requests' tables, forward by forward)
-            used = total - free - cached
-        else:  # 4.57: the tables' union, O(blocks held)
-            used = len({int(b) for table in allocator.table.values() for b in table})
-        layers = getattr(source, "layer_indices", None)
-        if layers is None:  # 4.57: layer -> (group, index in group)
-            where = getattr(cache, "layer_index_to_group_indices", None) or {}
-            layers = [layer for layer, (group, _) in where.items() if group == getattr(source, "_index", -1)]
-        groups.append(
-            CacheGroup(
-                name=allocator.name,
-                layers=tuple(int(layer) for layer in layers),
-                block_tokens=int(getattr(source, "tokens_per_page", None) or getattr(source, "block_size", 0) or 0),
-                total=total,
-                used=used,
-                free=free,
-                shared=len(getattr(ledger, "shared_ref_counts", None) or ()),
-                cached=cached,
-            )
-        )
-    return tuple(groups)

@@ -2,5 +2,5 @@
 session.py, its rewind/force/reset/restore in edits.py, rendering a chat into tokens in render.py), sampling,
 scripts, the engine process (host), its configuration and the model loader.
 
-Imports: reading, records, models, support; never watch or serving.
+Imports: reading, records, models, support; never watch, batching or server.
 """

@@ -1,4 +1,4 @@
-"""The one codec between the record values (snapshot.py) and the dicts a trace, a stream or a pipe carries.
+"""The codec between the step records' values (snapshot.py) and the dicts a trace, a stream or a pipe carries.
 
 `to_record(value)` turns a Diagnostic, BufferToken, TopToken, LayerInfo, VerifyResult, RowView or
 StepSnapshot into its dict; `from_record(Type, record)` turns one back, older traces' records included
@@ -192,7 +192,7 @@ def _token_record(t: BufferToken) -> dict:
 
 def _alarm_record(d: Diagnostic) -> dict:
     """An alarm without its step: in a step line (the step's own) or before the step of a diagnostic line."""
-    record = {"code": d.code, "severity": d.severity, "message": d.message}
+    record: dict[str, Any] = {"code": d.code, "severity": d.severity, "message": d.message}
     if d.where is not None:  # a server's note: where it points
         w = d.where
         record["where"] = {"origin": w.origin, "chain": w.chain, "position": w.position, "block": w.block}

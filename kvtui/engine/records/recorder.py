@@ -1,6 +1,7 @@
 """The one recorder: it writes the trace of a session or a watched program, whatever drove it (TUI keys, a
-headless script, a watched program); the only other trace writer is watch/tree.py's merge, which joins the
-processes' own records of a command's tree into one file. It listens to kvtui's own session's events and
+headless script, a watched program); the other trace writers are watch/tree.py's merge, which joins the
+processes' own records of a command's tree into one file, and a followed server's trace (server/server_trace.py:
+events, not steps). It listens to kvtui's own session's events and
 owns the recording policy (verify every N steps), so the same script through any front end writes the same
 trace, timings aside; a watched program's probe hands it its records (`Recorder.for_records`).
 

@@ -4,5 +4,5 @@ the class patches restored on detach, cache lineage, the step builder (watch_ste
 continuous-batching forward), the silent-bug hooks (silent_*), a watched program's child process, the process
 tree (tree, tree_source).
 
-Imports: serving, reading, records, models, support; never chat.
+Imports: batching, reading, records, models, support; never chat or server.
 """

@@ -60,7 +60,7 @@ class AutoAttach:
                 own = getattr(tokenizer, "name_or_path", None) == probe.name
                 if not own and watcher.tokenizer is not None:
                     continue
-                with watcher._lock:  # the builder picks it up at the next forward (pieces are kept per tokenizer)
+                with watcher.lock:  # the builder picks it up at the next forward (pieces are kept per tokenizer)
                     if own:  # loaded after its model (the usual order): that model's ids are read with it
                         probe.tokenizer = tokenizer
                     if watcher.tokenizer is None:

@@ -7,7 +7,7 @@ import inspect
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -16,9 +16,34 @@ from .callers import GENERATE_CODES
 from .patches import PATCHES, Registry, call_wrapper, defining_class, peek_wrapper
 from .watch_step import Call
 
-# a probe.Watcher: probe imports this module, so naming its class here (even for type checking) is an import
-# circle, which the package contract forbids
-AnyWatcher = Any
+class WatcherHooks(Protocol):
+    """What the class patches' hooks (here, auto_attach, packed_step) call on the watcher a model is registered
+    with: probe.Watcher is the one implementation (probe imports this module, so naming its class here would be
+    an import circle, which the package contract forbids). Each call may come from any thread of the program."""
+
+    lock: threading.RLock  # held while a forward is read or built, and while its tokenizer changes
+    probes: list  # the watched models' Probes, in attach order
+    steps: int  # forwards made so far
+    gate: Any  # watch.child's Gate (pause / step / run), or a gate that never holds
+
+    def begin_forward(self, probe: Probe, args: tuple, kwargs: dict) -> Call:
+        """A watched model's forward starts: what it was handed, read before it runs."""
+        ...
+
+    def finish_forward(self, call: Call, output: Any) -> None:
+        """The forward returned (`output`; None: it raised): its step built and sent."""
+        ...
+
+    def emit(self, record: dict) -> None:
+        """A record that is not a step (lineage, refusals): to the trace and to the viewer."""
+        ...
+
+    def internal_error(self, where: str, exc: BaseException) -> None:
+        """kvtui's own failure inside a hook: said as a worker-error, never raised into the program."""
+        ...
+
+
+AnyWatcher = WatcherHooks
 
 
 class Forwards(threading.local):
@@ -106,9 +131,9 @@ def before_forward(probe: Probe, module, args, kwargs):
         return None
     watcher = probe.watcher
     try:
-        call = watcher._begin(probe, args, kwargs)
+        call = watcher.begin_forward(probe, args, kwargs)
     except Exception as exc:  # noqa: BLE001  never break the user's program
-        watcher._internal_error("before a forward", exc)
+        watcher.internal_error("before a forward", exc)
         call = None
     if call is not None:
         watcher.gate.before_forward(watcher)  # may hold the program here, or raise (its ctrl+c): nothing pushed yet
@@ -122,9 +147,9 @@ def after_forward(probe: Probe, token, output) -> None:
     if call is None:
         return
     try:
-        probe.watcher._finish(call, output)
+        probe.watcher.finish_forward(call, output)
     except Exception as exc:  # noqa: BLE001  never break the user's program
-        probe.watcher._internal_error("after a forward", exc)
+        probe.watcher.internal_error("after a forward", exc)
 
 
 def saw_positions(entry, args, kwargs) -> None:

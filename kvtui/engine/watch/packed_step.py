@@ -2,7 +2,7 @@
 
 A packed forward (`generate_batch`, `transformers serve --continuous-batching`) is many requests side by side
 in one row over a paged cache: the single-sequence checks would read it as one sequence whose positions
-restart (a false `position-gap`). Here it is read with serving/ (packed.py: what each request fed; lanes.py:
+restart (a false `position-gap`). Here it is read with batching/ (packed.py: what each request fed; lanes.py:
 each request a lane; checks.py: positions and prefixes per request) and shown per request: `requests`
 (every live lane), `paged` (the cache's groups) and one RowView per fed request, its buffer the lane's tokens.
 
@@ -43,7 +43,7 @@ from .patches import Registry
 from .watch_step import Call
 
 LOOP = "continuous batching loop"  # the caller of a packed forward with no program line on its stack
-FRAMES_UP = 16  # from kvtui's own frame in _begin to the batch processor's (its hooks add four)
+FRAMES_UP = 16  # from kvtui's own frame in begin_forward to the batch processor's (its hooks add four)
 
 
 @dataclass
@@ -79,7 +79,7 @@ class PackedReader:
         track = watcher.lineage.get(cache)
         if track is None:  # a paged cache: no edit patches (nothing of its class is wrapped), its name only
             track = watcher.lineage.first_seen(cache, probe.index, 0, 1, "program", None)
-            watcher._event(track.record())
+            watcher.emit(track.record())
         run.changes = run.lanes.observe(packed, watcher.steps + 1)
         fed = packed.requests
         return Call(

@@ -124,7 +124,7 @@ class Watcher:
         self.packed = PackedReader()  # continuous-batching runs: every request a lane
         self.requests: dict[tuple[str | None, str], RequestView] = {}  # (cache, request) -> its latest view
         self._skip: tuple[str, ...] | None = None  # library_dirs(), at the first forward
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._started = False  # the header is out (first forward)
         self._waiting: list[dict] = []  # records raised before it
         self._cache_classes: set[type] = set()
@@ -158,7 +158,7 @@ class Watcher:
             self.tokenizer = TOKENIZERS.find(model)
         if self.tokenizer is not None:
             TOKENIZERS.watch(self.tokenizer, self)
-        self._event(
+        self.emit(
             {
                 "type": "model",
                 "index": probe.index,
@@ -202,7 +202,7 @@ class Watcher:
 
     # ---- records ---------------------------------------------------------------------------------
 
-    def _event(self, record: dict) -> None:
+    def emit(self, record: dict) -> None:
         """Every non-step record, to the trace and to on_event. The header goes first, at the first
         forward (when the model's weights, device and dtype are final): what comes before it waits."""
         if not self._started and record["type"] != "header":
@@ -224,7 +224,7 @@ class Watcher:
             self.on_event(header)
         waiting, self._waiting = self._waiting, []
         for record in waiting:
-            self._event(record)
+            self.emit(record)
 
     def header(self, probe: Probe | None = None) -> dict:
         from ..records.trace import header_start
@@ -246,7 +246,7 @@ class Watcher:
             "program": self.program,
         }
 
-    def _internal_error(self, where: str, exc: BaseException) -> None:
+    def internal_error(self, where: str, exc: BaseException) -> None:
         text = f"kvtui's probe failed {where}: {type(exc).__name__}: {exc}"
         self.errors.append(text)
         self._diagnose([Diagnostic("worker-error", "error", text, self.steps)])
@@ -255,7 +255,7 @@ class Watcher:
         """Alarms raised outside a step (cache edits, refusals): a record of their own."""
         for d in found:
             self.diagnostics.append(d)
-            self._event(diagnostic_record(d))
+            self.emit(diagnostic_record(d))
 
     # ---- tokens ----------------------------------------------------------------------------------
 
@@ -272,7 +272,7 @@ class Watcher:
         capacity = introspect.static_capacity(cache) if hasattr(cache, "layers") else None
         track = self.lineage.first_seen(cache, probe.index, length, batch, made, capacity)
         self._patch_cache_class(type(cache))
-        self._event(track.record())
+        self.emit(track.record())
         return track
 
     def _patch_cache_class(self, cls: type) -> None:
@@ -286,19 +286,19 @@ class Watcher:
         acquire_copy_patches(self, cls, _cache_owner, _copied)
 
     def _copied(self, parent: CacheTrack, copy, how: str, length: int) -> None:
-        with self._lock:
+        with self.lock:
             if self.lineage.get(copy) is not None:
                 return
             track = self.lineage.copied(parent, copy, how, length)
             track.fingerprint = introspect.fingerprint(copy) if hasattr(copy, "layers") else None
             self._patch_cache_class(type(copy))
-            self._event(track.record())
+            self.emit(track.record())
 
     def _edited(self, track: CacheTrack, cache, name: str, args, run):
         internal = inside_transformers()
         before = introspect.seq_length(cache)
         result = run()
-        with self._lock:
+        with self.lock:
             after = introspect.seq_length(cache)
             if name == "reorder_cache" and args:
                 order = args[0].tolist() if isinstance(args[0], torch.Tensor) else list(args[0])
@@ -383,8 +383,8 @@ class Watcher:
 
     # ---- the forward -----------------------------------------------------------------------------
 
-    def _begin(self, probe: Probe, args, kwargs) -> Call:
-        with self._lock:
+    def begin_forward(self, probe: Probe, args, kwargs) -> Call:
+        with self.lock:
             self.builder.use(probe)  # messages before the step (stale prompt, re-fed prefix) name its pieces
             if self._skip is None:
                 self._skip = library_dirs()
@@ -416,8 +416,8 @@ class Watcher:
             self.builder.check_request(call)
             return call
 
-    def _finish(self, call: Call, output) -> None:
-        with self._lock:
+    def finish_forward(self, call: Call, output) -> None:
+        with self.lock:
             if output is None:  # the forward raised: what it would have been is still worth an alarm
                 self._diagnose(
                     list(call.found)
@@ -548,7 +548,7 @@ def _copied(handler, original, copy, how: str) -> None:
     try:
         watcher._copied(track, copy, how, introspect.seq_length(original))
     except Exception as exc:  # noqa: BLE001  never break the program's copy
-        watcher._internal_error(f"following a {how}", exc)
+        watcher.internal_error(f"following a {how}", exc)
 
 
 # ---- entry points -----------------------------------------------------------------------------------

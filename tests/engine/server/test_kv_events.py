@@ -174,7 +174,12 @@ def test_a_chain_is_its_blocks_in_order():
     assert [b.key for b in blocks] == ["a1", "a2", "a3", "a4", "b3", "b4"]
     assert [b.depth for b in blocks] == [0, 1, 2, 3, 2, 3]
     (note,) = cache.notes
-    assert note.code == "recomputed-prefix" and note.where.position == 18 and note.where.chain == 1 and note.where.block == "b3"
+    assert (
+        note.code == "recomputed-prefix"
+        and note.where.position == 18
+        and note.where.chain == 1
+        and note.where.block == "b3"
+    )
     assert "14 tokens after it were prefilled again" in note.message
 
 

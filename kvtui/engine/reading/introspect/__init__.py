@@ -12,6 +12,7 @@ package (`introspect.layer_infos(cache)`); its modules, by job:
 - building:     a fresh cache of a kind, and the refusals where this transformers cannot build or hold it
 - forward:      the names a forward takes its cache by and returns it under
 - config:       what a model config says about its cache (state layers, heads, sliding window)
+- paged:        continuous batching's paged cache: block tables, shared blocks, each group's totals
 """
 
 from __future__ import annotations
