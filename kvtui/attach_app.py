@@ -3,9 +3,9 @@ tell it. Left the chains and their blocks; right the selected block, the server'
 over time; below the notes; a status line.
 
 The reader thread (AttachSession) applies events under `cache.lock`; this app never follows events one by
-one: a 4 Hz timer takes the lock (waiting at most LOCK_WAIT_S; if the reader has it, that refresh is skipped,
-so keys are answered at any event rate), copies a bounded view (attach_view: the newest chains, at most
-MAX_NODES tree nodes) and lets the lock go before the panes draw it.
+one: a 4 Hz timer reads a frame (engine/server/view.py's read_frame takes the lock, waiting at most LOCK_WAIT_S;
+if the reader has it, that refresh is skipped, so keys are answered at any event rate): frozen copies of a bounded
+view (the newest chains, at most MAX_NODES tree nodes), which the panes draw holding no lock and no live block.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static, Tree
 
 from .engine.server.prefix_cache import PrefixCache
+from .engine.server.view import NodeRef, read_block_info, read_frame, read_note_target
 from .themes import DEFAULT_THEME, load_themes
-from .widgets.attach_view import NodeRef, block_info, build_view, note_target, stats_view
 from .widgets.block_detail import BlockDetail
 from .widgets.cache_notes import MAX_SHOWN, CacheNotes
 from .widgets.palette import theme_palette
@@ -153,53 +153,40 @@ class AttachApp(App):
         if self.paused and not force:
             self._show_status()
             return False
-        cache = self.cache
         tree = self.tree_pane
-        if not cache.lock.acquire(timeout=LOCK_WAIT_S):
+        pins = {ref.chain for ref in (self.selected, self._want) if ref is not None}
+        frame = read_frame(
+            self.cache,
+            tree.expanded_chains,
+            pins,
+            self.selected,
+            self._notes_seen,
+            self._signature,
+            LOCK_WAIT_S,
+            force,
+            notes_max=MAX_SHOWN,
+        )
+        if frame is None:  # the reader held the lock: the next tick tries again
             self.skipped += 1
             self._show_status()
             return False
-        try:
-            pins = {ref.chain for ref in (self.selected, self._want) if ref is not None}
-            signature = (
-                cache.batches,
-                cache.held,
-                len(cache.notes),
-                sum(len(m) for m in cache.metrics.values()),
-                next((m[-1].ts for m in cache.metrics.values() if m), None),
-                frozenset(tree.expanded_chains),
-                frozenset(pins),
-                self.selected,
-            )
-            changed = force or signature != self._signature
-            if changed:
-                view = build_view(cache, tree.expanded_chains, pins)
-                info = block_info(cache, self.selected)
-                stats = stats_view(cache)
-                total = len(cache.notes)
-                new_notes = cache.notes[max(self._notes_seen, total - MAX_SHOWN) : total]
-                self._notes_seen = total
-                self._signature = signature
-            else:
-                stats = stats_view(cache) if self._stats is None else self._stats
-        finally:
-            cache.lock.release()
         self.skipped = 0
-        self._stats = stats
-        if changed:
+        self._stats = frame.stats
+        if frame.view is not None:
+            self._notes_seen = frame.total_notes
+            self._signature = frame.signature
             self.refreshes += 1
             palette = theme_palette(self)
-            texts = cache.texts
-            tree.show(view, texts, palette)
+            tree.show(frame.view, frame.texts, palette)
             if self._want is not None and tree.select_ref(self._want):
                 self._want = None
             gone = ""
             if self.selected is not None:
                 what = f"chain #{self.selected.chain}" if self.selected.ident is None else self.selected.ident[2]
                 gone = f"{what} is no longer held"
-            self.detail_pane.show(info, texts, palette, gone)
-            self.stats_pane.show(stats, palette)
-            self.notes_pane.add_notes(new_notes, total, palette)
+            self.detail_pane.show(frame.info, frame.texts, palette, gone)
+            self.stats_pane.show(frame.stats, palette)
+            self.notes_pane.add_notes(list(frame.notes), frame.total_notes, palette)
         self._show_status()
         return True
 
@@ -254,15 +241,12 @@ class AttachApp(App):
             self.refresh_view(force=True)  # a chain's blocks are read once it is expanded
 
     def _show_detail(self) -> None:
-        cache = self.cache
-        if not cache.lock.acquire(timeout=LOCK_WAIT_S):
+        try:
+            info, texts = read_block_info(self.cache, self.selected, LOCK_WAIT_S)
+        except TimeoutError:
             self._signature = None  # the next tick shows it
             return
-        try:
-            info = block_info(cache, self.selected)
-        finally:
-            cache.lock.release()
-        self.detail_pane.show(info, cache.texts, theme_palette(self))
+        self.detail_pane.show(info, texts, theme_palette(self))
 
     def on_cache_notes_chosen(self, message: CacheNotes.Chosen) -> None:
         notes = self.notes_pane
@@ -272,14 +256,11 @@ class AttachApp(App):
 
     def select_note(self, note) -> bool:
         """Select the block (or chain) a note names in the tree: whether it is there."""
-        cache = self.cache
-        if not cache.lock.acquire(timeout=LOCK_WAIT_S * 5):
+        try:
+            target = read_note_target(self.cache, note, LOCK_WAIT_S * 5)
+        except TimeoutError:
             self.notify("the reader is busy: try again", severity="warning")
             return False
-        try:
-            target = note_target(cache, note)
-        finally:
-            cache.lock.release()
         if target is None:
             self.notify(f"{note.code}: its block and chain are no longer held", severity="warning")
             return False

@@ -11,14 +11,14 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..engine.reading.token_texts import TokenTexts
-from .attach_view import BlockInfo, tokens_text
+from ..engine.server.view import BlockInfo, TextsView
 from .palette import Palette, role_style
+from .server_tokens import tokens_text
 
 EMPTY = "select a chain or a block in the tree (arrows, enter)"
 
 
-def render_detail(info: BlockInfo | None, texts: TokenTexts, palette: Palette | None = None, gone: str = ""):
+def render_detail(info: BlockInfo | None, texts: TextsView, palette: Palette | None = None, gone: str = ""):
     """The detail as a Rich renderable (`gone`: what to say where the block is no longer held)."""
     if info is None:
         return Text(gone or EMPTY, style="italic")
@@ -66,7 +66,7 @@ class BlockDetail(VerticalScroll):
     def compose(self) -> ComposeResult:
         yield Static(Text(EMPTY, style="italic"), id="block-detail-body")
 
-    def show(self, info: BlockInfo | None, texts: TokenTexts, palette: Palette | None = None, gone: str = "") -> None:
+    def show(self, info: BlockInfo | None, texts: TextsView, palette: Palette | None = None, gone: str = "") -> None:
         self.info = info
         self.border_title = "block" if info is None else f"block {info.key[:8]} · chain #{info.chain}"
         self.query_one("#block-detail-body", Static).update(render_detail(info, texts, palette, gone))

@@ -21,7 +21,8 @@ def note_text(note: Diagnostic, palette: Palette | None = None) -> Text:
     text = Text()
     text.append(f"{note.severity} ", style=role_style(palette, note.severity, "bold"))
     text.append(f"{note.code}", style="bold")
-    text.append(f" (batch {note.step}): {note.message}")
+    text.append(f": {note.message}")
+    text.append(f" (batch {note.step})", style=role_style(palette, "muted"))  # last: the message's facts first
     return text
 
 

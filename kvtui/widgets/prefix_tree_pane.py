@@ -18,10 +18,9 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from ..engine.reading.token_texts import TokenTexts
-from ..engine.server.prefix_cache import Block
-from .attach_view import BlockRow, CacheView, ChainRow, Ident, NodeRef, ident_of, tokens_text
+from ..engine.server.view import BlockFacts, BlockRow, CacheView, ChainRow, Ident, NodeRef, TextsView, ident_of
 from .palette import Palette, role_style
+from .server_tokens import tokens_text
 
 CHAIN_PREVIEW = 40  # characters of a chain's first tokens in its label
 BLOCK_PREVIEW = 48  # characters of a block's text in its label
@@ -79,7 +78,7 @@ class PrefixTreePane(Tree[NodeRef]):
 
     # ---- updating ------------------------------------------------------------------------------------
 
-    def show(self, view: CacheView, texts: TokenTexts, palette: Palette | None = None) -> None:
+    def show(self, view: CacheView, texts: TextsView, palette: Palette | None = None) -> None:
         if palette != self._palette:
             self._palette = palette
             self._labels.clear()
@@ -124,7 +123,7 @@ class PrefixTreePane(Tree[NodeRef]):
         for ident in self._chain_blocks.pop(chain, ()):
             self._block_nodes.pop(ident, None)
 
-    def _show_blocks(self, node: TreeNode[NodeRef], row: ChainRow, texts: TokenTexts) -> None:
+    def _show_blocks(self, node: TreeNode[NodeRef], row: ChainRow, texts: TextsView) -> None:
         shape = (tuple((ident_of(r.block), r.container) for r in row.rows), row.hidden)
         if self._chain_shapes.get(row.chain) == shape:
             return
@@ -140,7 +139,7 @@ class PrefixTreePane(Tree[NodeRef]):
                 Text(f"… {row.hidden}{'' if row.exact else '+'} more blocks not shown", style="italic dim"), None
             )
 
-    def _add_block(self, chain_node, chain: int, row: BlockRow, holds: bool, texts: TokenTexts) -> None:
+    def _add_block(self, chain_node, chain: int, row: BlockRow, holds: bool, texts: TextsView) -> None:
         ident = ident_of(row.block)
         parent = chain_node if row.container is None else self._block_nodes.get(row.container, chain_node)
         label = self._block_label(row.block, texts)
@@ -170,7 +169,7 @@ class PrefixTreePane(Tree[NodeRef]):
         else:
             self._info.set_label(label)
 
-    def _chain_label(self, row: ChainRow, texts: TokenTexts) -> Text:
+    def _chain_label(self, row: ChainRow, texts: TextsView) -> Text:
         top = row.top
         palette = self._palette
         label = Text()
@@ -182,7 +181,7 @@ class PrefixTreePane(Tree[NodeRef]):
         label.append(f"  ({where})", style=role_style(palette, "muted"))
         return label
 
-    def _block_label(self, block: Block, texts: TokenTexts) -> Text:
+    def _block_label(self, block: BlockFacts, texts: TextsView) -> Text:
         ident = ident_of(block)
         label = self._labels.get(ident)
         if label is None:

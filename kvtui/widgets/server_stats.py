@@ -11,7 +11,7 @@ from textual.containers import Vertical
 from textual.widgets import Sparkline, Static
 
 from ..engine.server.metrics import MetricSample
-from .attach_view import StatsView
+from ..engine.server.view import StatsView
 from .palette import Palette, role_style
 
 

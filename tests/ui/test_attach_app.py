@@ -21,11 +21,12 @@ from kvtui.engine.server.kv_events import BlocksRemoved, BlocksStored, EventBatc
 from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.server_http import CacheMetrics
 from kvtui.engine.server.server_trace import ServerRun, load_server_trace
-from kvtui.widgets.attach_view import MAX_CHAINS, NodeRef, build_view, tokens_text
+from kvtui.engine.server.view import MAX_CHAINS, NodeRef, build_view
 from kvtui.widgets.block_detail import BlockDetail
 from kvtui.widgets.cache_notes import CacheNotes
 from kvtui.widgets.prefix_tree_pane import PrefixTreePane
 from kvtui.widgets.server_stats import ServerStats
+from kvtui.widgets.server_tokens import tokens_text
 from test_layout import screen_text
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "server_trace_sample.jsonl"

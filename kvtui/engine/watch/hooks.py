@@ -16,6 +16,7 @@ from .callers import GENERATE_CODES
 from .patches import PATCHES, Registry, call_wrapper, defining_class, peek_wrapper
 from .watch_step import Call
 
+
 class WatcherHooks(Protocol):
     """What the class patches' hooks (here, auto_attach, packed_step) call on the watcher a model is registered
     with: probe.Watcher is the one implementation (probe imports this module, so naming its class here would be

@@ -1,40 +1,37 @@
-"""What the attach panes show of a PrefixCache: small copies read under `cache.lock`, in bounded time.
+"""What the server screen draws of a PrefixCache, as frozen values read under `cache.lock` in bounded time.
 
-The reader thread applies events under the same lock, so everything here is O(what is shown): the newest
-MAX_CHAINS chains (plus the ones the user pinned by selecting them), at most MAX_NODES tree nodes, blocks
-counted up to COUNT_BUDGET, the newest NOTES_SCANNED notes; never O(blocks held). The views keep references
-to Block objects but read only the fields a block never changes after it is stored (key, tokens, depth,
-chain, group, medium, origin, stored_batch) once the lock is let go; structure (parents, children) is copied.
+The reader thread applies events under the same lock; `read_frame`, `read_block_info` and `read_note_target` take
+it here (waiting at most `timeout`; None when the reader held it: the next refresh tries again), copy what is shown
+and let it go: a widget takes no lock and holds no live Block, index or TokenTexts. Everything is O(what is shown):
+the newest MAX_CHAINS chains (plus the ones the user pinned by selecting them), at most MAX_NODES tree nodes, blocks
+counted up to COUNT_BUDGET, the newest NOTES_SCANNED notes, the pieces of the tokens shown; never O(blocks held).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
-from rich.text import Text
-
-from ..engine.reading.token_texts import TokenTexts
-from ..engine.records.snapshot import Diagnostic, Where
-from ..engine.server.metrics import MetricSample
-from ..engine.server.prefix_cache import Block, OriginStats, PrefixCache
-from ..fmt import token_text
-from .palette import Palette, role_style
+from ..records.snapshot import Diagnostic, Where
+from .metrics import MetricSample
+from .prefix_cache import Block, OriginStats, PrefixCache
 
 MAX_CHAINS = 200  # chains shown, newest first (chains the user selected are kept on top of these)
 MAX_NODES = 2000  # tree nodes at most (chains and blocks)
 COUNT_BUDGET = 20_000  # blocks visited per view to count the chains' blocks ("k+ blocks" past it)
 NOTES_SCANNED = 500  # newest notes looked at for the notes of one block
 TOKENS_SHOWN = 512  # tokens of one block shown in its detail
+PREVIEW_TOKENS = 48  # tokens of a block kept for its one-line label in the tree
 SPARK_SAMPLES = 120  # newest metric samples plotted
-SPECIAL_STYLE = "bold reverse"  # as the cache pane draws a special token
 GROUPS_TRIED = 8  # KV cache groups looked in for a note's block (hybrid models have a few)
+NOTES_SHOWN = 500  # newest notes handed to the notes pane per frame
 
 Ident = tuple[str, int, str]  # (origin, group, hash): how PrefixCache keys a block
 
 
-def ident_of(block: Block) -> Ident:
+def ident_of(block: Block | BlockFacts) -> Ident:
     return (block.origin, block.group, block.key)
 
 
@@ -47,15 +44,34 @@ class NodeRef:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockFacts:
+    """One held block as the tree shows it (a copy: the block itself stays in the index)."""
+
+    key: str
+    origin: str
+    group: int
+    chain: int
+    depth: int
+    start: int  # the position of its first token
+    medium: str | None
+    tokens: tuple[int, ...]  # its first PREVIEW_TOKENS tokens
+
+    @classmethod
+    def of(cls, block: Block) -> BlockFacts:
+        tokens = tuple(block.tokens[:PREVIEW_TOKENS])
+        return cls(block.key, block.origin, block.group, block.chain, block.depth, block.start, block.medium, tokens)
+
+
+@dataclass(frozen=True, slots=True)
 class BlockRow:
-    block: Block
+    block: BlockFacts
     container: Ident | None  # the block whose node holds this one (None: the chain's node)
 
 
 @dataclass(frozen=True, slots=True)
 class ChainRow:
     chain: int
-    top: Block  # its first top block (its root, or the first orphan left when the root went)
+    top: BlockFacts  # its first top block (its root, or the first orphan left when the root went)
     blocks: int  # its blocks, counted (a lower bound where `exact` is False)
     exact: bool
     expanded: bool
@@ -74,6 +90,17 @@ class CacheView:
     @property
     def nodes(self) -> int:
         return len(self.chains) + sum(len(c.rows) for c in self.chains)
+
+
+@dataclass(frozen=True, slots=True)
+class TextsView:
+    """The pieces of the tokens a frame shows (copied from the TokenTexts), and the special ids."""
+
+    pieces: Mapping[int, str]  # a read-only copy
+    special: frozenset[int]
+
+    def piece(self, token_id: int) -> str:
+        return self.pieces.get(token_id, f"#{token_id}")
 
 
 def build_view(
@@ -106,7 +133,8 @@ def build_view(
         else:
             count, exact = _count([(b, None) for b in chain_tops], max(counted, 1))
             counted -= count
-        rows_of[chain] = ChainRow(chain, chain_tops[0], count, exact, chain in expanded, tuple(rows), hidden)
+        top = BlockFacts.of(chain_tops[0])
+        rows_of[chain] = ChainRow(chain, top, count, exact, chain in expanded, tuple(rows), hidden)
     chains = tuple(rows_of[c] for c in chosen)
     in_shown = sum(c.blocks for c in chains)  # (a lower bound where a count stopped at COUNT_BUDGET)
     cut = sum(c.hidden for c in chains)
@@ -128,7 +156,7 @@ def _rows(tops: list[Block], budget: int) -> tuple[list[BlockRow], list[tuple[Bl
         if len(rows) >= budget:
             return rows, [(block, None) for block, _, _ in stack]
         block, place, run = stack.pop()
-        rows.append(BlockRow(block, place))
+        rows.append(BlockRow(BlockFacts.of(block), place))
         children = block.children
         if len(children) == 1:
             stack.append((children[0], run, run))
@@ -232,8 +260,43 @@ def note_target(cache: PrefixCache, note: Diagnostic) -> NodeRef | None:
 
 
 @dataclass(frozen=True, slots=True)
+class OriginCounts:
+    """One publisher's counts at the time of the frame (OriginStats' numbers, frozen)."""
+
+    batches: int
+    events: int
+    stored: int
+    removed: int
+    cleared: int
+    held: int
+    lost: int
+    skipped: int
+    unknown_removed: int
+    let_go: int
+    restored: int
+    capacity: int | None
+
+    @classmethod
+    def of(cls, s: OriginStats) -> OriginCounts:
+        return cls(
+            s.batches,
+            s.events,
+            s.stored,
+            s.removed,
+            s.cleared,
+            s.held,
+            s.lost,
+            s.skipped,
+            s.unknown_removed,
+            s.let_go,
+            s.restored,
+            s.capacity,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class StatsView:
-    origins: tuple[tuple[str, OriginStats], ...]  # copies
+    origins: tuple[tuple[str, OriginCounts], ...]
     samples: tuple[tuple[str, tuple[MetricSample, ...]], ...]  # per server, the newest SPARK_SAMPLES, oldest first
     batches: int
     events: int
@@ -249,7 +312,7 @@ def stats_view(cache: PrefixCache) -> StatsView:
         (origin, tuple(reversed(list(itertools.islice(reversed(kept), SPARK_SAMPLES)))))
         for origin, kept in cache.metrics.items()
     )
-    origins = tuple((name, replace(stats)) for name, stats in cache.origins.items())
+    origins = tuple((name, OriginCounts.of(stats)) for name, stats in cache.origins.items())
     return StatsView(
         origins=origins,
         samples=samples,
@@ -262,28 +325,94 @@ def stats_view(cache: PrefixCache) -> StatsView:
     )
 
 
-# ---- token text --------------------------------------------------------------------------------------
+# ---- one frame, read under the lock ------------------------------------------------------------------
 
 
-def special_style(palette: Palette | None) -> str:
-    return role_style(palette, "accent", SPECIAL_STYLE)
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """What one refresh of the server screen shows. `view` and `info` are None when nothing changed since the
+    signature handed in (the screen keeps what it drew); `notes`: the notes raised since `notes_from`."""
+
+    signature: tuple
+    stats: StatsView
+    view: CacheView | None = None
+    info: BlockInfo | None = None
+    notes: tuple[Diagnostic, ...] = ()
+    total_notes: int = 0
+    texts: TextsView = field(default_factory=lambda: TextsView(MappingProxyType({}), frozenset()))
 
 
-def tokens_text(
-    texts: TokenTexts, ids: Iterable[int], palette: Palette | None = None, chars: int | None = None
-) -> Text:
-    """Token ids as one printable line (newlines as ↵), special tokens in the cache pane's special style;
-    cut with `…` past `chars` characters. Reads texts.pieces, which the reader only adds to (a dict get)."""
-    text = Text(no_wrap=chars is not None, overflow="ellipsis")
-    special = texts.special
-    style = special_style(palette)
-    length = 0
-    for token in ids:
-        piece = token_text(texts.piece(int(token)))
-        if chars is not None and length + len(piece) > chars:
-            text.append(piece[: max(0, chars - length)], style=style if int(token) in special else "")
-            text.append("…", style=role_style(palette, "muted"))
-            break
-        text.append(piece, style=style if int(token) in special else "")
-        length += len(piece)
-    return text
+def read_frame(
+    cache: PrefixCache,
+    expanded: Iterable[int],
+    pinned: Iterable[int],
+    selected: NodeRef | None,
+    notes_from: int,
+    last: tuple | None,
+    timeout: float,
+    force: bool = False,
+    notes_max: int = NOTES_SHOWN,
+) -> Frame | None:
+    """Take the lock (at most `timeout`; None: the reader held it), and copy what the screen shows when it
+    changed since the frame whose signature is `last` (or `force`)."""
+    if not cache.lock.acquire(timeout=timeout):
+        return None
+    try:
+        expanded, pins = frozenset(expanded), frozenset(pinned)
+        signature = (
+            cache.batches,
+            cache.held,
+            len(cache.notes),
+            sum(len(m) for m in cache.metrics.values()),
+            next((m[-1].ts for m in cache.metrics.values() if m), None),
+            expanded,
+            pins,
+            selected,
+        )
+        stats = stats_view(cache)
+        if not force and signature == last:
+            return Frame(signature, stats)
+        view = build_view(cache, expanded, pins)
+        info = block_info(cache, selected)
+        total = len(cache.notes)
+        notes = tuple(cache.notes[max(notes_from, total - notes_max) : total])
+        texts = _texts(cache, view, info)
+        return Frame(signature, stats, view, info, notes, total, texts)
+    finally:
+        cache.lock.release()
+
+
+def read_block_info(cache: PrefixCache, ref: NodeRef | None, timeout: float) -> tuple[BlockInfo | None, TextsView]:
+    """The selected block's detail (raises TimeoutError where the reader held the lock past `timeout`)."""
+    if not cache.lock.acquire(timeout=timeout):
+        raise TimeoutError("the event reader holds the cache")
+    try:
+        info = block_info(cache, ref)
+        return info, _texts(cache, None, info)
+    finally:
+        cache.lock.release()
+
+
+def read_note_target(cache: PrefixCache, note: Diagnostic, timeout: float) -> NodeRef | None:
+    """Where a note points now (raises TimeoutError where the reader held the lock past `timeout`)."""
+    if not cache.lock.acquire(timeout=timeout):
+        raise TimeoutError("the event reader holds the cache")
+    try:
+        return note_target(cache, note)
+    finally:
+        cache.lock.release()
+
+
+def _texts(cache: PrefixCache, view: CacheView | None, info: BlockInfo | None) -> TextsView:
+    """The pieces of every token the frame shows: O(tokens shown), a dict get each."""
+    ids: set[int] = set()
+    if view is not None:
+        for chain in view.chains:
+            ids.update(chain.top.tokens)
+            for row in chain.rows:
+                ids.update(row.block.tokens)
+    if info is not None:
+        ids.update(info.tokens)
+    known = cache.texts.pieces
+    pieces = {i: known[i] for i in ids if i in known}
+    return TextsView(MappingProxyType(pieces), frozenset(cache.texts.special))
