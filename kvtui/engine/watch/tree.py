@@ -499,6 +499,37 @@ def sharded_ranks(runs: list[ProcessRun]) -> tuple[list[ProcessRun], int, list[l
     return [run for run, _ in ranked], last, shapes
 
 
+def tensor_parallel(world_size: int | None, kv_heads: int | None, step: dict) -> int | None:
+    """Over how many ranks one rank's `step` record holds a shard of its model's KV heads: `world_size`, where its
+    layer 0's K [batch, heads, slots, head_dim] holds kv_heads / world_size heads (tensor parallelism splits the
+    heads evenly); None for a rank that holds them all (data parallel, one process) or a model whose heads are not
+    known. The one judgement of the live view (tree_source.py) and the trace's merge: both then show the logical
+    layer, ranks × heads per rank (StepSnapshot.tensor_parallel)."""
+    if not world_size or world_size < 2 or not kv_heads:
+        return None
+    layers = step.get("layers") or ()
+    shape = layers[0].get("k_shape") if layers else None
+    if not shape or len(shape) != 4:
+        return None
+    return world_size if shape[1] * world_size == kv_heads else None
+
+
+def declared_heads(record: dict, heads: dict[str, int | None]) -> None:
+    """Note a process's `model` record's KV heads in `heads` (model name -> its heads), for `tensor_parallel`."""
+    if record.get("type") == "model":
+        heads[str(record.get("name"))] = record.get("kv_heads")
+
+
+def step_heads(heads: dict[str, int | None], step: dict) -> int | None:
+    """The KV heads of the model a process's step ran (a step names its model only where the process has
+    several; else the one model's)."""
+    named = step.get("model")
+    if named is not None and str(named) in heads:
+        return heads[str(named)]
+    values = set(heads.values())
+    return values.pop() if len(values) == 1 else None
+
+
 def shards(runs: list[ProcessRun]) -> str | None:
     """The ranks' shards of layer 0 at their last common forward, merged into the logical layer
     (`K 1×2×27×16 · 2 ranks × 1 head`), when the ranks split the KV heads; None otherwise."""
@@ -554,19 +585,28 @@ class Naming:
 def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:  # alarms: Diagnostics
     """One trace: a run header, then per process its `process` record and its records (made one stream by
     `Naming`: steps numbered through the run); then the run's own alarms (rank-desync), at their steps.
-    Where the ranks split the KV heads (`sharded_ranks`), the header and each rank's steps say over how many
-    (`tensor_parallel`), so a replay shows the model's heads in all, as the live summary does.
+    Where a rank's step holds a shard of the KV heads (`tensor_parallel`, the live view's judgement too), the
+    header and that step say over how many ranks, so a replay shows the model's heads in all, as the live view
+    does.
     Written here with a TraceWriter, not through the Recorder (which writes one session's or one
     watcher's trace): the records are the processes' own, already made, only joined and renumbered."""
     from ..records.codec import diagnostic_record, sharded_step_record
     from ..records.trace import TraceWriter, header_start
 
     watched = [run for run in runs if run.records]  # a header is their first record
-    found = sharded_ranks(runs)
-    sharded = {run.pid for run in found[0]} if found else set()  # the live view's merge, kept in the trace
+    # per process, each step's shard count: the live view's judgement (tensor_parallel), kept in the trace
+    sharded: dict[tuple[int, int], int] = {}  # (pid, index of the record) -> ranks
+    for run in watched:
+        heads: dict[str, int | None] = {}
+        for index, record in enumerate(run.records):
+            declared_heads(record, heads)
+            if record.get("type") == "step":
+                ranks = tensor_parallel(run.world_size, step_heads(heads, record), record)
+                if ranks:
+                    sharded[(run.pid, index)] = ranks
     header = {**(watched[0].records[0] if watched else header_start()), "processes": len(watched)}
     if sharded:
-        header["tensor_parallel"] = len(sharded)
+        header["tensor_parallel"] = max(sharded.values())
     writer = TraceWriter(out, header)
     naming = Naming()
     try:
@@ -586,11 +626,11 @@ def merge(runs: list[ProcessRun], out: Path, alarms: list | tuple = ()) -> None:
                     "finished": run.finished,
                 }
             )
-            for record in run.records:
+            for index, record in enumerate(run.records):
                 if record.get("type") == "header":
                     record = {**record, "type": "process-header"}  # the process's own header, kept whole
-                elif run.pid in sharded and record.get("type") == "step":
-                    record = sharded_step_record(record, len(sharded))
+                elif (run.pid, index) in sharded:
+                    record = sharded_step_record(record, sharded[(run.pid, index)])
                 writer.write(naming(run, record))
         first = next((run for run in watched if run.rank is not None), None)
         for d in alarms:  # at the stream's number of the first rank's forward where the ranks parted

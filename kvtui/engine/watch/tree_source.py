@@ -8,18 +8,21 @@ import threading
 from pathlib import Path
 
 from ..records.child import ChildSource
-from ..records.codec import diagnostic_record
+from ..records.codec import diagnostic_record, sharded_step_record
 from ..records.stream import format_command
 from .tree import (
     Naming,
     ProcessRun,
     TreeServer,
+    declared_heads,
     desync,
     environment,
     hook_directory,
     merge,
     rank_desync,
     rank_facts,
+    step_heads,
+    tensor_parallel,
 )
 
 
@@ -53,6 +56,7 @@ class TreeSource(ChildSource):
         self._rank_facts: dict[int, list[tuple]] = {}  # rank -> (fed ids, positions, cache length) per forward
         self._desync_raised = False
         self._held: dict[int, int] = {}  # pid -> the process's step it is held after (a "paused" record)
+        self._heads: dict[int, dict[str, int | None]] = {}  # pid -> its models' KV heads (model records)
         host, _, port = (listen or "127.0.0.1:0").rpartition(":")
         self.server = TreeServer(host, int(port), on_record=self._arrived)
         self._hook_dir = hook_directory()
@@ -101,8 +105,14 @@ class TreeSource(ChildSource):
         with self._lock:
             if kind == "paused":
                 self._held[pid] = record.get("step", 0)
+            elif kind == "model":
+                declared_heads(record, self._heads.setdefault(pid, {}))
             elif kind == "step":
                 self._held.pop(pid, None)
+                # a rank's shard shown as the logical layer (ranks × heads per rank), as its replay does
+                ranks = tensor_parallel(run.world_size, step_heads(self._heads.get(pid, {}), record), record)
+                if ranks:
+                    record = sharded_step_record(record, ranks)
             record = self._naming(run, record)
             if kind == "step":
                 desync = self._check_ranks(run, record)

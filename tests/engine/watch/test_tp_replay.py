@@ -20,7 +20,8 @@ from kvtui.engine.records.codec import from_record, sharded_step_record, step_re
 from kvtui.engine.records.replay import Replay
 from kvtui.engine.records.snapshot import LayerInfo, StepSnapshot, TokenBuffer
 from kvtui.engine.records.trace import read_trace
-from kvtui.engine.watch.tree import ProcessRun, sharded_ranks, shards
+from kvtui.engine.watch.tree import ProcessRun, sharded_ranks, shards, tensor_parallel
+from kvtui.engine.watch.tree_source import TreeSource
 from kvtui.widgets.layers_pane import render_totals
 from program_headers import model_dir
 
@@ -134,3 +135,38 @@ def test_ranks_that_each_hold_the_whole_model_are_not_merged_as_shards():
     assert sharded_ranks([_rank(0, 2, 2), _rank(1, 2, 2)]) is None  # data parallel: each holds all 2
     assert shards([_rank(0, 2, 2), _rank(1, 2, 2)]) is None
     assert sharded_ranks([_rank(0, 2, None), _rank(1, 2, None)]) is not None  # an older trace: as before
+
+
+def test_a_torchrun_run_watched_live_and_its_replay_show_the_same_kv_heads_at_every_step(tmp_path, four_kv_heads):
+    """The live source of `kvtui watch -- torchrun ...` (what the TUI reads) marks each rank's step as a shard,
+    as the trace's merge does, from one function (tree.tensor_parallel): the same KV heads in all, 4, at every
+    step of every rank, live and replayed; each rank's layers still hold its own 2."""
+    trace = tmp_path / "live.jsonl"
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    source = TreeSource(
+        torchrun, ["--standalone", "--nproc-per-node", "2", str(TP_LOOP), str(four_kv_heads)], trace=trace
+    )
+    live: dict[str, list[tuple]] = {}
+    try:
+        for record in source.records():
+            if record["type"] == "step":
+                snapshot = from_record(StepSnapshot, record, buffer=TokenBuffer([]))
+                live.setdefault(snapshot.model, []).append((snapshot.kv_heads, snapshot.layers[0].k_shape))
+    finally:
+        source.stop()
+    assert len(live) == 2 and all(len(steps) == 8 for steps in live.values()), live
+    assert {heads for steps in live.values() for heads, _ in steps} == {4}  # the model's, not a rank's 2
+    assert {shape[1] for steps in live.values() for _, shape in steps} == {2}
+
+    replayed: dict[str, list[tuple]] = {}
+    for snapshot in Replay(read_trace(trace)).snapshots:
+        replayed.setdefault(snapshot.model, []).append((snapshot.kv_heads, snapshot.layers[0].k_shape))
+    assert replayed == live  # the same process, the same step: the same heads, in all and per rank
+
+
+def test_one_judgement_tells_a_shard_from_a_whole_model():
+    step = {"type": "step", "layers": [{"k_shape": [1, 2, 7, 16]}]}
+    assert tensor_parallel(2, 4, step) == 2  # 2 ranks x 2 heads = the model's 4
+    assert tensor_parallel(2, 2, step) is None  # each rank holds all 2: data parallel
+    assert tensor_parallel(None, 4, step) is None and tensor_parallel(1, 2, step) is None  # one process
+    assert tensor_parallel(2, None, step) is None  # the model's heads unknown: shown as recorded
