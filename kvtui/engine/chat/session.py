@@ -25,6 +25,7 @@ import torch
 from ..reading import introspect
 from ..reading.alarms import Alarms
 from ..reading.diagnostics import SpecialIds, check_feed
+from ..reading.token_texts import tokenizer_texts
 from ..reading.tokens import special_token_ids
 from ..reading.topk import chosen_from_top, top_tokens, watched_tokens
 from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
@@ -67,7 +68,7 @@ class ChatSession(CacheEdits):
         self._special_set = special_token_ids(tokenizer)
         self.special = self._special_ids()
         self.stop_ids = self.special.eos
-        self._pieces: dict[int, str] = {}
+        self._texts = tokenizer_texts(tokenizer)  # the one token-text cache (reading/token_texts.py)
         # Read once per forward; plain attribute swaps, so the UI may set them from its thread.
         self.watch_ids: tuple[int, ...] = tuple(self.config.watch)
         self.attention_layer: int = -1  # which layer's attention to report (-1 = the last)
@@ -170,11 +171,7 @@ class ChatSession(CacheEdits):
         return out
 
     def piece(self, token_id: int) -> str:
-        text = self._pieces.get(token_id)
-        if text is None:
-            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-            self._pieces[token_id] = text
-        return text
+        return self._texts.piece(token_id)
 
     def _special_ids(self) -> SpecialIds:
         tok, eos = self.tokenizer, set()

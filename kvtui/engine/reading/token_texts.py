@@ -71,3 +71,27 @@ class TokenTexts:
 
     def text(self, ids: Iterable[int]) -> str:
         return "".join(self.piece(i) for i in ids)
+
+
+def tokenizer_texts(tokenizer) -> TokenTexts:
+    """The token texts of a local tokenizer (a watched program's, kvtui's own chat's): each id decoded on its first
+    `piece` (skip_special_tokens=False), a multi-byte character's part labelled by its raw token; an id the
+    tokenizer cannot decode is shown by its number."""
+
+    def resolve(ids: list[int]) -> dict[int, str]:
+        out = {}
+        for token_id in ids:
+            try:
+                out[token_id] = tokenizer.decode([token_id], skip_special_tokens=False) if tokenizer else f"#{token_id}"
+            except Exception:  # noqa: BLE001  a tokenizer that cannot decode this id: shown by its number
+                out[token_id] = f"#{token_id}"
+        return out
+
+    def raw(token_id: int) -> str | None:
+        try:
+            found = tokenizer.convert_ids_to_tokens(token_id) if tokenizer is not None else None
+        except Exception:  # noqa: BLE001  a tokenizer without this id's token: shown by its piece
+            return None
+        return found if isinstance(found, str) else None
+
+    return TokenTexts(resolve, raw=raw, lazy=True)

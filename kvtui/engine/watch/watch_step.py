@@ -24,7 +24,6 @@ from ..reading.diagnostics import (
     check_request,
     check_row_positions,
     recomputed_prefix,
-    token_text,
 )
 from ..reading.silent_rules import (
     check_window_positions,
@@ -32,6 +31,7 @@ from ..reading.silent_rules import (
     note_right_padding,
     positions_stuck_at_window,
 )
+from ..reading.token_texts import TokenTexts, tokenizer_texts
 from ..reading.tokens import special_token_ids
 from ..reading.topk import top_token_rows, watched_tokens
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
@@ -121,9 +121,8 @@ class StepBuilder:
         self.watcher = watcher
         self._probe: Any = None  # the model whose forward is read now: its tokenizer decodes the pieces
         self._tok: Any = None
-        self._pieces: dict[int, str] = {}
-        self._labels: dict[int, str] = {}
-        self._by_tokenizer: Registry[tuple[dict[int, str], dict[int, str]]] = Registry()  # -> (pieces, labels)
+        self._texts = tokenizer_texts(None)  # the token texts of the tokenizer in use (one per tokenizer)
+        self._by_tokenizer: Registry[TokenTexts] = Registry()
         self._specials_key: tuple | None = None
         self._specials_value: tuple = ()
         self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
@@ -140,42 +139,23 @@ class StepBuilder:
             return
         self._tok = tok
         if tok is None:
-            self._pieces, self._labels = {}, {}
+            self._texts = tokenizer_texts(None)
             return
         held = self._by_tokenizer.get(tok)
         if held is None:
-            held = ({}, {})
+            held = tokenizer_texts(tok)
             try:
                 self._by_tokenizer.add(tok, held)
             except TypeError:  # an object without weak references: its pieces last while it is in use
                 pass
-        self._pieces, self._labels = held
+        self._texts = held
 
     def piece(self, token_id: int) -> str:
-        text = self._pieces.get(token_id)
-        if text is None:
-            if token_id < 0:
-                return "<embeds>" if token_id == -1 else "?"
-            tok = self._tok
-            try:
-                text = tok.decode([token_id], skip_special_tokens=False) if tok else f"#{token_id}"
-            except Exception:  # noqa: BLE001  a tokenizer that cannot decode this id: shown by its number
-                text = f"#{token_id}"
-            self._pieces[token_id] = text
-        return text
+        return self._texts.piece(token_id)
 
     def label(self, token_id: int) -> str:
         """`'piece' (id N)`, escaped, a partial UTF-8 piece shown as its raw token."""
-        text = self._labels.get(token_id)
-        if text is None:
-            piece, raw = self.piece(token_id), None
-            if "\ufffd" in piece and self._tok is not None:
-                try:
-                    raw = self._tok.convert_ids_to_tokens(token_id)
-                except Exception:  # noqa: BLE001  a tokenizer without this id's token: shown by its piece
-                    raw = None
-            text = self._labels[token_id] = token_text(piece, token_id, raw if isinstance(raw, str) else None)
-        return text
+        return self._texts.label(token_id)
 
     def specials(self) -> tuple[SpecialIds, frozenset[int]]:
         tok, probe = self._tok, self._probe
