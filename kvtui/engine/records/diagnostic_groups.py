@@ -20,7 +20,7 @@ class DiagnosticGroup:
 
     code: str
     severity: str  # the most severe of its alarms
-    cache: str  # the cache its messages name ('DynamicCache#2'), '' when they name none
+    cache: str  # the cache its messages name ('DynamicCache#2'), a server note's publisher, '' when none
     items: tuple[Diagnostic, ...]  # in the order they fired
 
     @property
@@ -60,12 +60,17 @@ def cache_label(message: str) -> str:
     return found.group(0) if found else ""
 
 
+def _cache_of(d: Diagnostic) -> str:
+    """Which cache an alarm is about: the one its message names, else a server note's publisher."""
+    return cache_label(d.message) or (d.where.origin if d.where is not None else "")
+
+
 def group_diagnostics(diagnostics: Sequence[Diagnostic]) -> list[DiagnosticGroup]:
     """One group per (code, cache), errors first, then warnings, then info; within a severity the
     group that fired first comes first. O(alarms)."""
     groups: dict[tuple[str, str], list[Diagnostic]] = {}
     for d in diagnostics:
-        groups.setdefault((d.code, cache_label(d.message)), []).append(d)
+        groups.setdefault((d.code, _cache_of(d)), []).append(d)
     built = []
     for (code, cache), items in groups.items():
         severity = min((d.severity for d in items), key=lambda s: _SEVERITY_RANK.get(s, 3))

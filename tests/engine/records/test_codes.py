@@ -100,3 +100,21 @@ def test_a_renamed_code_reads_from_old_traces_as_the_code_that_says_it_now():
     where = {"origin": "a", "chain": 2, "position": 7, "block": "b"}
     note = from_record(Diagnostic, {**old, "where": where})
     assert note.where == Where("a", 2, 7, "b")
+
+
+def test_server_notes_group_and_flood_as_every_alarm_does():
+    """A server's notes go through the same grouping (per code and publisher) and the same flood bound."""
+    from kvtui.engine.records.diagnostic_groups import FLOOD_LISTED, FloodGate, group_diagnostics
+
+    notes = [Diagnostic("recomputed-prefix", "warning", f"miss {i}", i, Where("a:1", 1, i)) for i in range(3)]
+    notes.append(Diagnostic("recomputed-prefix", "warning", "miss on b", 4, Where("b:2", 2, 0)))
+    groups = group_diagnostics(notes)
+    assert [(g.code, g.cache, g.count) for g in groups] == [
+        ("recomputed-prefix", "a:1", 3),
+        ("recomputed-prefix", "b:2", 1),
+    ]
+    gate = FloodGate()
+    listed = [gate.admit(Diagnostic("cache-churn", "warning", "m", i)) for i in range(1, 130)]
+    kept = [d for d in listed if d is not None]
+    assert len(kept) == FLOOD_LISTED + 3 and gate.counts == {"cache-churn": 129}  # 20, then at 32, 64, 128
+    assert kept[-1].message.startswith("128 cache-churn notes so far")
