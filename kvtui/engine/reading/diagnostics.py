@@ -357,7 +357,7 @@ def check_drift(
     held = list(cached[-start:]) if len(cached) >= start else list(cached)
     if held == list(rendering[:start]) or any(i < 0 for i in held):
         return []
-    index = next((i for i, (a, b) in enumerate(zip(held, rendering[:start])) if a != b), min(len(held), start))
+    index = common_prefix(held, list(rendering[:start]))  # no unknown id in `held` (returned above)
     have = label(held[index]) if index < len(held) else "nothing"
     want = label(rendering[index]) if index < start else "nothing"
     return [

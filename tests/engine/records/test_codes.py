@@ -118,3 +118,15 @@ def test_server_notes_group_and_flood_as_every_alarm_does():
     kept = [d for d in listed if d is not None]
     assert len(kept) == FLOOD_LISTED + 3 and gate.counts == {"cache-churn": 129}  # 20, then at 32, 64, 128
     assert kept[-1].message.startswith("128 cache-churn notes so far")
+
+
+def test_an_old_server_traces_prefix_miss_notes_read_as_recomputed_prefix(tmp_path):
+    import json
+
+    from kvtui.engine.server.server_trace import HEADER, load_server_trace
+
+    path = tmp_path / "old.jsonl"
+    note = {"type": "note", "code": "prefix-miss", "severity": "warning", "message": "m", "batch": 1, "origin": "a"}
+    path.write_text(json.dumps({"type": HEADER, "schema": 1}) + "\n" + json.dumps(note) + "\n")
+    run = load_server_trace(path)
+    assert [n["code"] for n in run.recorded_notes] == ["recomputed-prefix"]
