@@ -140,7 +140,11 @@ class Replay:
         if isinstance(event.get("step"), int):
             self._events.setdefault(event["step"], []).append(event)
         if event.get("type") == "diagnostic":  # a run's alarm raised after its steps (rank-desync): shown from now
-            self._alarms.append(from_record(Diagnostic, event))
+            try:
+                alarm = from_record(Diagnostic, event)
+            except (KeyError, TypeError, ValueError) as exc:  # a code this kvtui does not register, a field missing
+                raise TraceError(f"a diagnostic line kvtui cannot read ({exc})") from None
+            self._alarms.append(alarm)
             if self._alarm_counts:
                 self._alarm_counts[-1] = len(self._alarms)
 

@@ -130,3 +130,16 @@ def test_an_old_server_traces_prefix_miss_notes_read_as_recomputed_prefix(tmp_pa
     path.write_text(json.dumps({"type": HEADER, "schema": 1}) + "\n" + json.dumps(note) + "\n")
     run = load_server_trace(path)
     assert [n["code"] for n in run.recorded_notes] == ["recomputed-prefix"]
+
+
+def test_a_trace_line_with_an_unregistered_code_is_a_clear_error(tmp_path):
+    from kvtui.engine.records.replay import Replay
+    from kvtui.engine.records.trace import TraceError, read_trace
+
+    sample = ROOT / "samples" / "seed-conversation.trace.jsonl"
+    bad = tmp_path / "bad.jsonl"
+    line = '{"type": "diagnostic", "step": 1, "code": "made-up", "severity": "warning", "message": "m"}\n'
+    bad.write_text(sample.read_text() + line)
+    with pytest.raises(TraceError, match="unregistered alarm code 'made-up'"):
+        Replay(read_trace(bad))
+    assert Replay(read_trace(sample)).snapshots  # the sample itself reads
