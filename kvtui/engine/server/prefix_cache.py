@@ -77,7 +77,7 @@ class PrefixCache:
     def __init__(self, texts: TokenTexts | None = None, max_blocks: int = MAX_BLOCKS):
         self.texts = texts or TokenTexts()
         self.max_blocks = max_blocks
-        self.lock = threading.Lock()  # the reader applies, the UI reads views, each under it
+        self.lock = threading.Lock()  # the reader applies, view.py reads frames (read_frame), each under it
         self.blocks: OrderedDict[tuple[str, int, str], Block] = OrderedDict()  # oldest first: who is let go
         self.tops: dict[int, list[Block]] = {}  # chain number -> its top blocks: its root, or the orphans it left
         self.origins: dict[str, OriginStats] = {}
