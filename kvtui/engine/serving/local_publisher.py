@@ -15,24 +15,41 @@ import zmq
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
-class LocalPublisher:
-    """Binds `tcp://127.0.0.1:PORT` (and a replay socket) and publishes payloads on a thread of its own."""
+def _bind(socket: zmq.Socket, port: int | None) -> int:
+    if port is None:
+        return socket.bind_to_random_port("tcp://127.0.0.1")
+    socket.bind(f"tcp://127.0.0.1:{port}")
+    return port
 
-    def __init__(self, topic: str = "kv-events", replay: bool = True, buffer: int = 10_000, hwm: int = 100_000):
+
+class LocalPublisher:
+    """Binds `tcp://127.0.0.1:PORT` (and a replay socket) and publishes payloads on a thread of its own. `port` and
+    `replay_port` bind given ports (a restarted publisher comes back where it was); random ports by default."""
+
+    def __init__(
+        self,
+        topic: str = "kv-events",
+        replay: bool = True,
+        buffer: int = 10_000,
+        hwm: int = 100_000,
+        port: int | None = None,
+        replay_port: int | None = None,
+    ):
         self.topic = topic.encode()
         self._context = zmq.Context()
         self._pub = self._context.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
-        self.port = self._pub.bind_to_random_port("tcp://127.0.0.1")
+        self.port = _bind(self._pub, port)
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self._router = None
         self.replay_endpoint: str | None = None
+        self.replay_port: int | None = None
         if replay:
             self._router = self._context.socket(zmq.ROUTER)
             self._router.setsockopt(zmq.LINGER, 0)
-            replay_port = self._router.bind_to_random_port("tcp://127.0.0.1")
-            self.replay_endpoint = f"tcp://127.0.0.1:{replay_port}"
+            self.replay_port = _bind(self._router, replay_port)
+            self.replay_endpoint = f"tcp://127.0.0.1:{self.replay_port}"
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer)
         self._lock = threading.Lock()  # zmq sockets are not thread-safe: one thread sends at a time
         self.seq = 0
