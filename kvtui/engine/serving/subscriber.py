@@ -386,7 +386,7 @@ class Subscriber:
             self._problem(
                 endpoint.origin,
                 f"{endpoint.origin}'s replay socket {endpoint.replay} did not answer in {REPLAY_WAIT_S} s{got}: "
-                "what it would have given is counted lost (said once until it answers)",
+                "batches only it could give are counted lost (said once, until it answers)",
             )
         return out or None
 
