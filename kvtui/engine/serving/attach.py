@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import server_http
 from .kv_events import EventBatch
 from .prefix_cache import MAX_BLOCKS, CacheNote, PrefixCache, TokenTexts
 from .server_http import (
@@ -96,7 +97,7 @@ class AttachSession:
         first = servers[0] if servers else ServerInfo("")
         local = options.tokenizer or (first.root if first.root and Path(first.root).exists() else None)
         self.text_source = TextSource(first.url or None, first.model, local)
-        self.text_source.on_problem = lambda message: self._problem(Problem(self._name(0), message))
+        self.text_source.on_state = self._texts
         self.cache = PrefixCache(TokenTexts(self.text_source, self.text_source.special), options.max_blocks)
         self.problems: deque[Problem] = deque(maxlen=200)
         self.on_note: list[Callable[[CacheNote], None]] = []
@@ -168,6 +169,21 @@ class AttachSession:
                     )
         if line is not None:
             self._problem(Problem(channel if channel != "http" else self._name(index), line))
+
+    def _texts(self, answers: bool, error: ServerError) -> None:
+        """/detokenize failed (`answers` False) or answers again: an unreachable server is the outage's line."""
+        if error.unreachable:
+            self._reach(0, "http", answers, f"/detokenize: {error}")
+        elif answers:
+            self._problem(Problem(self._name(0), "token texts: /detokenize answers again"))
+        else:
+            self._problem(
+                Problem(
+                    self._name(0),
+                    f"token texts: {error}; tokens are shown by number until /detokenize answers (asked again every "
+                    f"{server_http.DETOKENIZE_RETRY_S:.0f} s)",
+                )
+            )
 
     def unreachable(self) -> list[Outage]:
         """The servers that cannot be reached now (for the screen)."""

@@ -225,16 +225,18 @@ DETOKENIZE_RETRY_S = 10.0  # after /detokenize failed, ids are shown by number t
 class TextSource:
     """Token texts for the prefix cache's TokenTexts: a local tokenizer where the served model's files are on
     this machine (or --tokenizer names one), else the server's /detokenize, one id per call, remembered.
-    /detokenize failing is said once (`on_problem`), and asked again every DETOKENIZE_RETRY_S (not per token: a
-    server that times out would hold the event reader); its answering again is said once too."""
+    /detokenize failing is told once (`on_state(False, error)`), and it is asked again every DETOKENIZE_RETRY_S
+    (not per token: a server that times out would hold the event reader); its answering again is told once too
+    (`on_state(True, the error it had)`)."""
 
     def __init__(self, url: str | None, model: str = "", tokenizer_path: str | None = None):
         self.url, self.model = url, model
         self.tokenizer = None
         self.special: set[int] = set()
         self.where = "none"
-        self.on_problem: Callable[[str], None] | None = None
-        self._retry_at: float | None = None  # /detokenize failed: not asked before this (time.monotonic())
+        self.on_state: Callable[[bool, ServerError], None] | None = None
+        self._failed: ServerError | None = None  # why /detokenize failed, until it answers again
+        self._retry_at = 0.0  # ... and it is not asked before this (time.monotonic())
         if tokenizer_path and Path(tokenizer_path).exists():
             from transformers import AutoTokenizer
 
@@ -251,24 +253,22 @@ class TextSource:
             return {i: self.tokenizer.decode([i], skip_special_tokens=False) for i in ids}
         if not self.url:
             return {}
-        if self._retry_at is not None and time.monotonic() < self._retry_at:
+        if self._failed is not None and time.monotonic() < self._retry_at:
             return {}  # shown by their numbers; asked again next time they are needed
         out: dict[int, str] = {}
         for token_id in ids:
             try:
                 reply = _post(f"{self.url}/detokenize", {"model": self.model, "tokens": [token_id]})
             except ServerError as error:
-                if self._retry_at is None and self.on_problem is not None:
-                    self.on_problem(
-                        f"token texts: {error}; tokens are shown by number until /detokenize answers (asked again "
-                        f"every {DETOKENIZE_RETRY_S:.0f} s)"
-                    )
+                if self._failed is None and self.on_state is not None:
+                    self.on_state(False, error)
+                self._failed = self._failed or error
                 self._retry_at = time.monotonic() + DETOKENIZE_RETRY_S
                 return out
-            if self._retry_at is not None:
-                self._retry_at = None
-                if self.on_problem is not None:
-                    self.on_problem("token texts: /detokenize answers again")
+            if self._failed is not None:
+                failed, self._failed = self._failed, None
+                if self.on_state is not None:
+                    self.on_state(True, failed)
             piece = reply.get("prompt")
             if isinstance(piece, str):
                 out[token_id] = piece
