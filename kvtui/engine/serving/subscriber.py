@@ -301,7 +301,7 @@ class Subscriber:
             if why_restarted is not None and stats.batches:
                 self._new_epoch(endpoint, why_restarted)
             return
-        answer = self._ask(endpoint, last) if endpoint.replay else None
+        answer = self._ask(endpoint, last, quiet=True) if endpoint.replay else None  # no answer: decided later
         if answer is None:  # no replay socket, or it did not answer
             if why_restarted is not None:
                 self._new_epoch(endpoint, why_restarted)
@@ -359,9 +359,10 @@ class Subscriber:
                 "as skipped, the rest of their batches applied",
             )
 
-    def _ask(self, endpoint: EventEndpoint, start: int) -> list[tuple[int, list[bytes]]] | None:
+    def _ask(self, endpoint: EventEndpoint, start: int, quiet: bool = False) -> list[tuple[int, list[bytes]]] | None:
         """The replay socket's batches from `start` in order (empty: it holds none), or None where it did not
-        answer in REPLAY_WAIT_S (said once, until it answers again); what came before a stall is kept."""
+        answer in REPLAY_WAIT_S (said once, until it answers again, unless `quiet`: a publisher starting up may
+        be too busy to answer a check); what came before a stall is kept."""
         assert endpoint.replay is not None
         state = self._epoch(endpoint.origin)
         dealer = self._context.socket(zmq.DEALER)
@@ -380,7 +381,7 @@ class Subscriber:
                 out.append((seq, frames))
         finally:
             dealer.close(linger=0)
-        if not state.replay_silent:
+        if not state.replay_silent and not quiet:
             state.replay_silent = True
             got = f" after {len(out)} batches" if out else ""
             self._problem(
