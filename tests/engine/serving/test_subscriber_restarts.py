@@ -389,3 +389,139 @@ def test_an_outage_is_said_once_and_the_restart_replays_from_the_trace(tmp_path)
     again = replayed.stats(origin)
     assert (again.held, again.gone, again.restarts, again.lost, again.batches) == (2, 4, 1, 0, 6)
     assert set(replayed.blocks) == set(session.cache.blocks)
+
+
+class Proxy:
+    """A TCP relay between kvtui and a publisher: `cut()` drops the connections (a network blip: the publisher
+    process lives on), `resume()` listens again on the same port."""
+
+    def __init__(self, upstream: int):
+        import socket
+
+        self._socket = socket
+        self.upstream = upstream
+        self.port = 0
+        self._open: list = []
+        self._listener = None
+        self.resume()
+
+    def resume(self) -> None:
+        listener = self._socket.socket()
+        listener.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen()
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = self._socket.create_connection(("127.0.0.1", self.upstream))
+            self._open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source, sink) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            try:
+                end.close()
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        try:
+            self._listener.shutdown(self._socket.SHUT_RDWR)  # wakes its accept(): the port is free again
+        except OSError:
+            pass
+        self._listener.close()
+        for connection in self._open:
+            try:
+                connection.shutdown(self._socket.SHUT_RDWR)
+                connection.close()
+            except OSError:
+                pass
+        self._open.clear()
+
+
+def test_a_network_blip_is_not_a_restart():
+    """The connection drops and comes back to the same publisher process, which published meanwhile: its replay
+    socket still holds the last batch kvtui applied, as it was, so it is the same epoch and replay fills the gap."""
+    publisher = LocalPublisher()
+    proxy = Proxy(publisher.port)
+    relayed = EventEndpoint(f"tcp://127.0.0.1:{proxy.port}", publisher.replay_endpoint, "kv-events", 0, ORIGIN)
+    follower = Follower([relayed])
+    try:
+        follower.connected()
+        for seq in range(3):
+            publisher.publish(payload(1, seq))
+        assert wait_for(lambda: len(follower.applied) == 3)
+        proxy.cut()
+        assert wait_for(lambda: (ORIGIN, False) in follower.links)
+        for seq in range(3, 6):
+            publisher.publish(payload(1, seq))  # nobody subscribed: only replay has them
+        proxy.resume()
+        assert wait_for(lambda: (ORIGIN, True) in follower.links)
+        assert wait_for(lambda: len(follower.applied) == 6)  # filled at the reconnect, through replay
+        time.sleep(0.3)
+        publisher.publish(payload(1, 6))
+        assert wait_for(lambda: len(follower.applied) == 7)
+    finally:
+        follower.stop()
+        proxy.cut()
+        publisher.close()
+    assert follower.seqs() == list(range(7)) and not follower.restarts() and not follower.problems
+    stats = follower.cache.stats(ORIGIN)
+    assert stats.restarts == 0 and stats.lost == 0 and stats.held == 7
+
+
+def test_a_slow_replay_socket_is_said_once_and_what_it_missed_counted():
+    """A replay socket that answers after kvtui stopped waiting: one line, the gaps counted as lost, the late
+    answers not applied out of turn."""
+    import zmq
+
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    replay_port = router.bind_to_random_port("tcp://127.0.0.1")
+    done = threading.Event()
+
+    def answer_late():
+        while not done.is_set():
+            if router.poll(50):
+                client, _empty, start = router.recv_multipart()
+                time.sleep(1.5)  # past REPLAY_WAIT_S
+                seq = int.from_bytes(start, "big")
+                router.send_multipart((client, b"", b"kv-events", seq.to_bytes(8, "big"), payload(1, seq)))
+                router.send_multipart((client, b"", b"", (-1).to_bytes(8, "big", signed=True), b""))
+
+    thread = threading.Thread(target=answer_late, daemon=True)
+    thread.start()
+    publisher = LocalPublisher(replay=False)
+    slow = EventEndpoint(publisher.endpoint, f"tcp://127.0.0.1:{replay_port}", "kv-events", 0, ORIGIN)
+    follower = Follower([slow], catch_up=False)
+    try:
+        follower.connected()
+        for seq in range(9):
+            publisher.publish(payload(1, seq), live=seq % 3 == 0)
+        assert wait_for(lambda: follower.seqs()[-1:] == [6], timeout=30)
+        time.sleep(2)  # the late answers arrive at closed sockets
+    finally:
+        follower.stop()
+        publisher.close()
+        done.set()
+        thread.join(5)
+        router.close(linger=0)
+        context.term()
+    lines = [p.message for p in follower.problems]
+    assert len(lines) == 1 and "did not answer in 1.0 s" in lines[0], lines
+    assert follower.seqs() == [0, 3, 6] and follower.cache.stats(ORIGIN).lost == 4
