@@ -124,6 +124,7 @@ async def test_a_killed_server_restarted_on_the_same_ports_is_followed(tmp_path)
                 await pilot.press("q")
         finally:
             session.stop()
+        assert not session.running and session.error is None  # the TUI's reader and poller ended cleanly
         lines = [p.message for p in session.problems]
 
         headless.send_signal(signal.SIGINT)

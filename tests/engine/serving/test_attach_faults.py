@@ -96,7 +96,7 @@ def quick(monkeypatch):
     monkeypatch.setattr(server_http, "DETOKENIZE_RETRY_S", 0.5)
 
 
-def attached(url: str) -> tuple[AttachSession, list[str]]:
+def attached(url: str, publisher: LocalPublisher) -> tuple[AttachSession, list[str]]:
     options = AttachOptions(urls=[url])
     session = AttachSession(options, connect(options))
     lines: list[str] = []
@@ -104,14 +104,14 @@ def attached(url: str) -> tuple[AttachSession, list[str]]:
     session.start()
     origin = session.endpoints[0].origin
     assert wait_for(lambda: origin in session.subscriber._epochs and session.subscriber._epochs[origin].connected)
-    time.sleep(0.3)
+    assert publisher.wait_subscribed()
     return session, lines
 
 
 def test_metrics_and_detokenize_failing_while_events_flow(quick):
     publisher = LocalPublisher()
     fake = FakeServer(publisher)
-    session, lines = attached(fake.url)
+    session, lines = attached(fake.url, publisher)
     origin = session.endpoints[0].origin
     try:
         fake.failing = {"/metrics", "/detokenize"}
@@ -147,7 +147,7 @@ def test_an_unreachable_http_side_is_one_outage_and_one_return(quick):
     line, the state for the screen while it lasts, one line back; events flow throughout, no restart."""
     publisher = LocalPublisher()
     fake = FakeServer(publisher)
-    session, lines = attached(fake.url)
+    session, lines = attached(fake.url, publisher)
     origin = session.endpoints[0].origin
     try:
         publisher.publish(payload(0))

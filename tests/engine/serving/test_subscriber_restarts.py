@@ -59,12 +59,13 @@ class Follower:
         self.thread.start()
         assert self.subscriber.connected.wait(5)
 
-    def connected(self, count: int = 1) -> None:
-        """Wait until the subscriptions reached the publishers (a SUB joins a moment after connecting)."""
-        assert wait_for(
-            lambda: all(e.connected for e in self.subscriber._epochs.values()) and len(self.subscriber._epochs) >= count
-        ), self.subscriber._epochs
-        time.sleep(0.3)
+    def connected(self, *publishers: LocalPublisher, count: int = 1) -> None:
+        """Wait until the subscriptions reached the publishers (a SUB joins a moment after connecting: ZeroMQ's
+        slow joiner would drop a batch sent before)."""
+        epochs = self.subscriber._epochs
+        assert wait_for(lambda: len(epochs) >= len(publishers) and all(e.connected for e in epochs.values())), epochs
+        for publisher in publishers:
+            assert publisher.wait_subscribed(count)
 
     def stop(self) -> None:
         self.subscriber.stop.set()
@@ -101,13 +102,13 @@ def check_restart(old_batches: int, replay: bool) -> None:
     publisher = LocalPublisher(replay=replay)
     follower = Follower([endpoint(publisher)])
     try:
-        follower.connected()
+        follower.connected(publisher)
         for seq in range(old_batches):
             publisher.publish(payload(1, seq))
         assert wait_for(lambda: len(follower.applied) == old_batches)
         publisher = restart(publisher, replay)
         assert wait_for(lambda: (ORIGIN, True) in follower.links)  # ZeroMQ reconnected by itself
-        time.sleep(0.3)
+        assert publisher.wait_subscribed()
         for seq in range(3):
             publisher.publish(payload(2, seq))
         assert wait_for(lambda: len(follower.applied) == old_batches + 3), follower.applied[-5:]
@@ -142,7 +143,7 @@ def test_a_restart_whose_first_batch_seen_is_above_the_old_numbers():
     publisher = LocalPublisher()
     follower = Follower([endpoint(publisher)])
     try:
-        follower.connected()
+        follower.connected(publisher)
         for seq in range(4):
             publisher.publish(payload(1, seq))
         assert wait_for(lambda: len(follower.applied) == 4)
@@ -153,7 +154,7 @@ def test_a_restart_whose_first_batch_seen_is_above_the_old_numbers():
         for seq in range(8):
             publisher.publish(payload(2, seq), live=False)
         assert wait_for(lambda: (ORIGIN, True) in follower.links)
-        time.sleep(0.3)
+        assert publisher.wait_subscribed()
         publisher.publish(payload(2, 8))
         assert wait_for(lambda: len(follower.applied) == 4 + 9), follower.applied
     finally:
@@ -175,7 +176,7 @@ def test_a_late_joiner_catches_up_and_counts_nothing_lost():
             publisher.publish(payload(1, seq), live=False)
         follower = Follower([endpoint(publisher)])
         try:
-            follower.connected()
+            follower.connected(publisher)
             publisher.publish(payload(1, 500))
             publisher.publish(payload(1, 501))
             assert wait_for(lambda f=follower: f.seqs()[-1:] == [501])
@@ -218,14 +219,14 @@ def test_a_data_parallel_rank_restarts_alone():
     origins = ("srv:8000", "srv:8000/dp1")
     follower = Follower([endpoint(rank0, origins[0], 0), endpoint(rank1, origins[1], 1)])
     try:
-        follower.connected(2)
+        follower.connected(rank0, rank1)
         for seq in range(5):
             rank0.publish(payload(1, seq))
             rank1.publish(payload(1, seq))
         assert wait_for(lambda: len(follower.applied) == 10)
         rank1 = restart(rank1)
         assert wait_for(lambda: (origins[1], True) in follower.links)
-        time.sleep(0.3)
+        assert rank1.wait_subscribed()
         rank1.publish(payload(2, 0))
         rank0.publish(payload(1, 5))
         assert wait_for(lambda: len(follower.applied) == 12)
@@ -249,7 +250,7 @@ def test_the_servers_start_time_makes_one_epoch_not_two():
     follower = Follower([endpoint(publisher)])
     sub = follower.subscriber
     try:
-        follower.connected()
+        follower.connected(publisher)
         sub.server_identity([ORIGIN], 100.0)
         for seq in range(3):
             publisher.publish(payload(1, seq))
@@ -257,7 +258,7 @@ def test_the_servers_start_time_makes_one_epoch_not_two():
         sub.server_identity([ORIGIN], 100.0)  # the same process
         publisher = restart(publisher, replay=False)
         assert wait_for(lambda: (ORIGIN, True) in follower.links)
-        time.sleep(0.3)
+        assert publisher.wait_subscribed()
         publisher.publish(payload(2, 0))
         assert wait_for(lambda: len(follower.restarts()) == 1)  # the sequence said it
         assert "its sequence went back from 2 to 0" in follower.restarts()[0]
@@ -269,7 +270,7 @@ def test_the_servers_start_time_makes_one_epoch_not_two():
         sub.server_identity([ORIGIN], 300.0)  # before the new process sent anything: this says it
         assert wait_for(lambda: len(follower.restarts()) == 2)
         assert "the server's start time changed" in follower.restarts()[1]
-        time.sleep(0.3)
+        assert publisher.wait_subscribed()
         publisher.publish(payload(3, 0))
         publisher.publish(payload(3, 1))
         assert wait_for(lambda: len(follower.applied) == 6)
@@ -287,7 +288,7 @@ def test_an_absent_replay_socket_is_said_once_and_gaps_counted():
     absent = EventEndpoint(publisher.endpoint, "tcp://127.0.0.1:9", "kv-events", 0, ORIGIN)
     follower = Follower([absent])
     try:
-        follower.connected()
+        follower.connected(publisher)
         for seq in range(12):
             publisher.publish(payload(1, seq), live=seq % 3 == 0)  # two of every three missed live
         assert wait_for(lambda: follower.seqs()[-1:] == [9], timeout=30)
@@ -308,7 +309,7 @@ def test_unknown_event_types_are_named_once_and_counted():
     publisher = LocalPublisher(replay=False)
     follower = Follower([endpoint(publisher)])
     try:
-        follower.connected()
+        follower.connected(publisher)
         publisher.publish(payload(1, 0))
         publisher.publish(strange(1))
         publisher.publish(strange(2))
@@ -329,10 +330,10 @@ def test_two_viewers_on_one_publisher_see_everything_and_disturb_nothing():
         publisher.publish(payload(1, seq), live=False)
     first = Follower([endpoint(publisher)])
     try:
-        first.connected()
+        first.connected(publisher)
         second = Follower([endpoint(publisher)])
         try:
-            second.connected()
+            second.connected(publisher, count=2)
             for seq in range(20, 40):
                 publisher.publish(payload(1, seq))
             assert wait_for(lambda: first.seqs()[-1:] == [39] and second.seqs()[-1:] == [39])
@@ -360,7 +361,7 @@ def test_an_outage_is_said_once_and_the_restart_replays_from_the_trace(tmp_path)
     session.start()
     try:
         assert wait_for(lambda: session.subscriber._epochs.get(origin) and session.subscriber._epochs[origin].connected)
-        time.sleep(0.3)
+        assert publisher.wait_subscribed()
         for seq in range(4):
             publisher.publish(payload(1, seq))
         assert wait_for(lambda: session.cache.stats(origin).batches == 4)
@@ -373,7 +374,7 @@ def test_an_outage_is_said_once_and_the_restart_replays_from_the_trace(tmp_path)
         assert len(lines) == 1 and f"{origin} unreachable since {outage.since_text}" in lines[0], lines
         publisher = LocalPublisher(port=port, replay_port=replay_port)
         assert wait_for(lambda: not session.unreachable())
-        time.sleep(0.3)
+        assert publisher.wait_subscribed()
         for seq in range(2):
             publisher.publish(payload(2, seq))
         assert wait_for(lambda: session.cache.stats(origin).batches == 6)
@@ -461,7 +462,7 @@ def test_a_network_blip_is_not_a_restart():
     relayed = EventEndpoint(f"tcp://127.0.0.1:{proxy.port}", publisher.replay_endpoint, "kv-events", 0, ORIGIN)
     follower = Follower([relayed])
     try:
-        follower.connected()
+        follower.connected(publisher)
         for seq in range(3):
             publisher.publish(payload(1, seq))
         assert wait_for(lambda: len(follower.applied) == 3)
@@ -472,7 +473,7 @@ def test_a_network_blip_is_not_a_restart():
         proxy.resume()
         assert wait_for(lambda: (ORIGIN, True) in follower.links)
         assert wait_for(lambda: len(follower.applied) == 6)  # filled at the reconnect, through replay
-        time.sleep(0.3)
+        assert publisher.wait_subscribed(2)  # the same publisher: subscribed again
         publisher.publish(payload(1, 6))
         assert wait_for(lambda: len(follower.applied) == 7)
     finally:
@@ -510,7 +511,7 @@ def test_a_slow_replay_socket_is_said_once_and_what_it_missed_counted():
     slow = EventEndpoint(publisher.endpoint, f"tcp://127.0.0.1:{replay_port}", "kv-events", 0, ORIGIN)
     follower = Follower([slow], catch_up=False)
     try:
-        follower.connected()
+        follower.connected(publisher)
         for seq in range(9):
             publisher.publish(payload(1, seq), live=seq % 3 == 0)
         assert wait_for(lambda: follower.seqs()[-1:] == [6], timeout=30)
