@@ -193,6 +193,9 @@ class AttachApp(App):
     def _show_status(self) -> None:
         stats = self._stats
         parts = ["live" if self.session is not None else "replay"]
+        unreachable = getattr(self.session, "unreachable", None)  # a server away: said until it answers
+        for outage in unreachable() if unreachable is not None else ():
+            parts.append(f"UNREACHABLE since {outage.since_text}: {outage.name}")
         if stats is not None:
             now = time.monotonic()
             if self.session is not None and not self.paused:

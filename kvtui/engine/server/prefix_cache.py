@@ -67,6 +67,8 @@ class OriginStats:
     let_go: int = 0  # blocks let go past max_blocks that the server may still hold (counted in `held`)
     restored: int = 0  # blocks stored again within CHURN_WINDOW_S of their removal
     capacity: int | None = None  # blocks the server can hold (its metrics), where known
+    restarts: int = 0  # times its publisher came back as a new one (a new epoch: the sequence starts anew)
+    gone: int = 0  # blocks it held when it restarted: gone with the old process, no longer counted in `held`
     groups: set[int] = field(default_factory=set)  # the cache groups it stored blocks in (where a removal that
     # names no group, as SGLang's, is looked for: O(groups), not a walk of every block)
 
@@ -120,7 +122,7 @@ class PrefixCache:
         view may be read at the same time."""
         self.batches += 1
         stats = self.stats(origin)
-        if stats.last_seq >= 0 and batch.seq > stats.last_seq + 1:
+        if (stats.last_seq >= 0 or stats.restarts) and batch.seq > stats.last_seq + 1:  # a restart's start at 0
             stats.lost += batch.seq - stats.last_seq - 1
         stats.last_seq = max(stats.last_seq, batch.seq)
         stats.batches += 1
@@ -211,6 +213,21 @@ class PrefixCache:
             if ident in self.blocks:
                 self._drop(self.blocks[ident])
         stats.held = stats.let_go = 0
+
+    def restart(self, origin: str) -> int:
+        """The origin's publisher restarted (a new process): the blocks the old one held are gone with it. They leave
+        the view and `held`, are counted in `gone`, and its sequence is followed anew; the count gone."""
+        stats = self.stats(origin)
+        gone = stats.held
+        for ident in [i for i in self.blocks if i[0] == origin]:
+            self._drop(self.blocks[ident])
+        for ident in [i for i in self._removed_at if i[0] == origin]:  # a new process's stores are not churn
+            del self._removed_at[ident]
+        stats.restarts += 1
+        stats.gone += gone
+        stats.held = stats.let_go = 0
+        stats.last_seq = -1
+        return gone
 
     def _drop(self, block: Block) -> None:
         """Forget one block; its children stay as the tops of its chain (orphans: their parent went)."""

@@ -15,6 +15,7 @@ def summary_lines(cache: PrefixCache) -> list[str]:
             f"{origin or 'events'}: {stats.batches} batches, {stats.events} events; blocks stored {stats.stored}, "
             f"removed {stats.removed}, held {stats.held}{capacity}; cleared {stats.cleared}; lost batches "
             f"{stats.lost}; undecodable or unknown {stats.skipped}; stored again soon after removal {stats.restored}"
+            + (f"; restarts {stats.restarts} (blocks gone with them {stats.gone})" if stats.restarts else "")
         )
         samples = cache.metrics.get(origin)
         if samples and samples[-1].overall is not None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +24,12 @@ EVENTS_FLAGS = (
 
 
 class ServerError(Exception):
-    """A server kvtui cannot attach to; the message says why and what to do."""
+    """A server kvtui cannot attach to; the message says why and what to do. `unreachable`: nothing answered (the
+    server is down or away), as opposed to an answer kvtui cannot use."""
+
+    def __init__(self, message: str, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 @frozen
@@ -53,7 +60,7 @@ def _get(url: str, timeout: float = TIMEOUT_S) -> bytes:
         raise ServerError(f"{url}: HTTP {error.code} {error.reason}") from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise ServerError(f"cannot reach {url}: {reason}") from None
+        raise ServerError(f"cannot reach {url}: {reason}", unreachable=True) from None
 
 
 def _post(url: str, body: dict, timeout: float = TIMEOUT_S) -> dict:
@@ -65,8 +72,10 @@ def _post(url: str, body: dict, timeout: float = TIMEOUT_S) -> dict:
             return json.loads(response.read())
     except urllib.error.HTTPError as error:
         raise ServerError(f"{url}: HTTP {error.code} {error.reason}") from None
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        raise ServerError(f"{url}: {getattr(error, 'reason', error)}") from None
+    except (urllib.error.URLError, OSError) as error:
+        raise ServerError(f"cannot reach {url}: {getattr(error, 'reason', error)}", unreachable=True) from None
+    except ValueError as error:
+        raise ServerError(f"{url}: {error}") from None
 
 
 def normalize_url(url: str) -> str:
@@ -165,6 +174,7 @@ class CacheMetrics:
     capacity: int | None = None  # blocks the KV cache holds
     block_size: int | None = None
     usage: float | None = None  # fraction of the KV cache in use
+    started: float | None = None  # the server process's start time (`process_start_time_seconds`): its identity
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
@@ -192,6 +202,8 @@ def parse_metrics(text: str) -> CacheMetrics:
             metrics.hits, metrics.queries = value, 1.0  # a rate, not counters
         elif name == "sglang:token_usage":
             metrics.usage = value
+        elif name == "process_start_time_seconds" and metrics.started is None:
+            metrics.started = value
     if "vllm:prefix_cache_queries_total" in sums:
         metrics.queries = sums["vllm:prefix_cache_queries_total"]
         metrics.hits = sums.get("vllm:prefix_cache_hits_total", 0.0)
@@ -207,15 +219,24 @@ def fetch_metrics(url: str) -> CacheMetrics:
 _SPECIAL_PIECE = re.compile(r"^<\|?[A-Za-z_][\w.-]*\|?>$")
 
 
+DETOKENIZE_RETRY_S = 10.0  # after /detokenize failed, ids are shown by number this long before it is asked again
+
+
 class TextSource:
     """Token texts for the prefix cache's TokenTexts: a local tokenizer where the served model's files are on
-    this machine (or --tokenizer names one), else the server's /detokenize, one id per call, remembered."""
+    this machine (or --tokenizer names one), else the server's /detokenize, one id per call, remembered.
+    /detokenize failing is told once (`on_state(False, error)`), and it is asked again every DETOKENIZE_RETRY_S
+    (not per token: a server that times out would hold the event reader); its answering again is told once too
+    (`on_state(True, the error it had)`)."""
 
     def __init__(self, url: str | None, model: str = "", tokenizer_path: str | None = None):
         self.url, self.model = url, model
         self.tokenizer = None
         self.special: set[int] = set()
         self.where = "none"
+        self.on_state: Callable[[bool, ServerError], None] | None = None
+        self._failed: ServerError | None = None  # why /detokenize failed, until it answers again
+        self._retry_at = 0.0  # ... and it is not asked before this (time.monotonic())
         if tokenizer_path and Path(tokenizer_path).exists():
             from transformers import AutoTokenizer
 
@@ -232,12 +253,22 @@ class TextSource:
             return {i: self.tokenizer.decode([i], skip_special_tokens=False) for i in ids}
         if not self.url:
             return {}
-        out = {}
+        if self._failed is not None and time.monotonic() < self._retry_at:
+            return {}  # shown by their numbers; asked again next time they are needed
+        out: dict[int, str] = {}
         for token_id in ids:
             try:
                 reply = _post(f"{self.url}/detokenize", {"model": self.model, "tokens": [token_id]})
-            except ServerError:
-                continue  # shown by its number; asked again next time it is needed
+            except ServerError as error:
+                if self._failed is None and self.on_state is not None:
+                    self.on_state(False, error)
+                self._failed = self._failed or error
+                self._retry_at = time.monotonic() + DETOKENIZE_RETRY_S
+                return out
+            if self._failed is not None:
+                failed, self._failed = self._failed, None
+                if self.on_state is not None:
+                    self.on_state(True, failed)
             piece = reply.get("prompt")
             if isinstance(piece, str):
                 out[token_id] = piece

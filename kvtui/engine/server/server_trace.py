@@ -7,7 +7,8 @@ the notes raised, one JSON line each (schema 1). `kvtui replay` folds the same e
     {"type": "batch", "origin": "host:port", "seq": 7, "ts": ..., "rank": 0, "skipped": 0, "events": [...]}
     {"type": "note", "code": ..., "severity": ..., "message": ..., "batch": ..., ...}    derived; replay re-derives
     {"type": "metrics", "origin": ..., "ts": ..., "queries": ..., "hits": ..., "capacity": ..., "usage": ...}
-    {"type": "problem", "origin": ..., "message": ..., "undecodable": bool}
+    {"type": "problem", "origin": ..., "message": ..., "undecodable": bool, "restart": bool}
+                                    restart: the origin's publisher restarted (its blocks are gone: replay drops them)
 """
 
 from __future__ import annotations
@@ -152,8 +153,11 @@ class ServerTraceWriter:
     def metrics(self, origin: str, ts: float, metrics: CacheMetrics) -> None:
         self._put({"type": "metrics", "origin": origin, "ts": ts, **asdict(metrics)})
 
-    def problem(self, origin: str, message: str, undecodable: bool = False) -> None:
-        self._put({"type": "problem", "origin": origin, "message": message, "undecodable": undecodable})
+    def problem(self, origin: str, message: str, undecodable: bool = False, restart: bool = False) -> None:
+        record = {"type": "problem", "origin": origin, "message": message, "undecodable": undecodable}
+        if restart:
+            record["restart"] = True
+        self._put(record)
 
     def close(self) -> None:
         with self._lock:
@@ -252,6 +256,8 @@ def load_server_trace(path: Path, until_batch: int | None = None) -> ServerRun:
                 run.problems.append(record)
                 if record.get("undecodable"):
                     cache.stats(record["origin"]).skipped += 1
+                if record.get("restart"):
+                    cache.restart(record["origin"])
         except (KeyError, TypeError, ValueError) as error:
             raise ServerTraceError(f"{path}:{number}: a {kind} record kvtui cannot read ({error})") from None
     return run

@@ -275,6 +275,8 @@ class OriginCounts:
     let_go: int
     restored: int
     capacity: int | None
+    restarts: int
+    gone: int
 
     @classmethod
     def of(cls, s: OriginStats) -> OriginCounts:
@@ -291,6 +293,8 @@ class OriginCounts:
             s.let_go,
             s.restored,
             s.capacity,
+            s.restarts,
+            s.gone,
         )
 
 

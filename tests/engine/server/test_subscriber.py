@@ -38,7 +38,7 @@ def start(publisher: LocalPublisher, cache: PrefixCache, problems: list, batches
     thread = threading.Thread(target=subscriber.run, daemon=True)
     thread.start()
     assert subscriber.connected.wait(5)
-    time.sleep(0.5)  # a SUB socket's subscription reaches the PUB side a moment after connecting
+    assert publisher.wait_subscribed()  # a SUB socket's subscription reaches the PUB side a moment after connecting
     return subscriber, thread
 
 
@@ -102,7 +102,7 @@ def test_data_parallel_ranks_are_origins_of_one_view():
         thread = threading.Thread(target=subscriber.run, daemon=True)
         thread.start()
         assert subscriber.connected.wait(5)
-        time.sleep(0.5)
+        assert rank0.wait_subscribed() and rank1.wait_subscribed()
         rank0.publish(payload(0))
         rank1.publish(payload(0))  # the same sequence number and hash on another rank: another cache
         rank1.publish(payload(1))

@@ -1,0 +1,161 @@
+"""A real vLLM server killed (SIGKILL) while kvtui follows it, and started again on the same ports: two viewers at
+once, headless (a process) and the TUI (the attach app, driven by its pilot), each say the outage once, the
+restart and the return; they follow the new server's blocks, hold none of the old one's, apply or count every
+batch, write a trace whose every line parses, and end cleanly. This test starts (and kills) a server of its own:
+the session's shared one goes on serving the other attach tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import orjson
+import pytest
+from rich.console import Console
+from textual.widgets import Static
+from vllm_servers import ROOT, VllmServer, free_ports, launch_vllm, stop_vllm, vllm_python, wait_healthy
+
+from kvtui.attach_app import AttachApp
+from kvtui.engine.server.attach import AttachOptions, AttachSession, connect
+from kvtui.engine.server.prefix_cache import PrefixCache
+from kvtui.engine.server.server_trace import load_server_trace
+
+pytestmark = pytest.mark.xdist_group("vllm")  # one vLLM server at a time on the suite's vLLM worker
+FIRST = (
+    "You are the assistant of a bakery in the old town. Bread is baked at five every morning; croissants sell out "
+    "by nine. Cakes are made to order with three days' notice. The bakery is closed on Mondays. Answer briefly."
+)
+SECOND = (
+    "Session two. You run the front desk of a small mountain hotel. Breakfast is served from seven to ten; the "
+    "sauna opens at four in the afternoon. Pets are welcome in the ground floor rooms. Answer briefly and kindly."
+)
+
+
+def texts_of(cache: PrefixCache) -> list[str]:
+    """The text of every chain root held (what a prompt's first block says)."""
+    return [cache.texts.text(block.tokens) for block in cache.blocks.values() if block.depth == 0]
+
+
+async def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        await asyncio.sleep(0.2)
+
+
+def status_text(app: AttachApp) -> str:
+    return str(app.query_one("#status", Static).content)
+
+
+def table_text(app: AttachApp) -> str:
+    console = Console(width=200, record=True, color_system=None, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(app.query_one("#stats-table", Static).content)
+    return console.export_text()
+
+
+def attached(viewer: subprocess.Popen) -> None:
+    """Wait for the headless viewer's `attached to` line (stderr)."""
+    deadline = time.monotonic() + 120
+    seen = ""
+    while time.monotonic() < deadline and "attached to" not in seen:
+        if select.select([viewer.stderr], [], [], 1)[0]:
+            line = viewer.stderr.readline()
+            seen += line
+            if not line:
+                break
+    assert "attached to" in seen, seen
+
+
+async def test_a_killed_server_restarted_on_the_same_ports_is_followed(tmp_path):
+    vllm_python()
+    port, events, replay = free_ports(3)
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "server.log"
+    server = VllmServer(url, "smollm2", f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}", log)
+    process = launch_vllm(log, port, events, replay)
+    headless = None
+    try:
+        await asyncio.to_thread(wait_healthy, process, url, log)
+        # the headless viewer, a process of its own
+        headless_trace = tmp_path / "headless.jsonl"
+        command = [sys.executable, "-m", "kvtui.cli", "attach", url, "--headless", "--trace", str(headless_trace)]
+        headless = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        await asyncio.to_thread(attached, headless)
+        # the TUI, here: its session reads the server on threads of its own, the pilot drives the screen
+        tui_trace = tmp_path / "tui.jsonl"
+        options = AttachOptions(urls=[url], trace=tui_trace)
+        session = AttachSession(options, connect(options))
+        session.start()
+        app = AttachApp(session=session)
+        try:
+            async with app.run_test(size=(160, 48)) as pilot:
+                cache = session.cache
+                await asyncio.sleep(3)  # both subscriptions reach the publisher
+                await asyncio.to_thread(server.chat, FIRST, "When is the bread ready?")
+                await wait_until(lambda: cache.held >= 2, 60, "the first server's blocks")
+                held_before = cache.held
+                assert all(text.startswith("<|im_start|>system\nYou are the assistant") for text in texts_of(cache))
+
+                os.killpg(process.pid, signal.SIGKILL)  # the API server and its engine: a crash
+                process.wait()
+                await wait_until(lambda: session.unreachable(), 30, "the outage to be seen")
+                await pilot.pause(0.6)
+                assert "UNREACHABLE since " in status_text(app)
+
+                process = launch_vllm(log, port, events, replay)  # the same ports
+                await asyncio.to_thread(wait_healthy, process, url, log)
+                await wait_until(lambda: not session.unreachable(), 30, "the server to answer again")
+                await asyncio.to_thread(server.chat, SECOND, "When is breakfast?")
+                await wait_until(
+                    lambda: any("Session two" in text for text in texts_of(cache)), 60, "the new server's blocks"
+                )
+                await asyncio.sleep(6)  # the last batches of the request, and a metrics poll or two
+                await pilot.pause(0.6)
+                status = status_text(app)
+                assert "UNREACHABLE" not in status and "lost 0" in status, status
+                table = table_text(app)
+                assert "restarts" in table and "gone" in table
+                await pilot.press("q")
+        finally:
+            session.stop()
+        assert not session.running and session.error is None  # the TUI's reader and poller ended cleanly
+        lines = [p.message for p in session.problems]
+
+        headless.send_signal(signal.SIGINT)
+        out, err = headless.communicate(timeout=60)
+        assert headless.returncode == 0, err
+        for said in (err.strip().splitlines(), lines):  # each said once, and nothing else (no flood)
+            assert len(said) == 3, said
+            assert sum("unreachable since" in line for line in said) == 1, said
+            assert sum("publisher restarted" in line for line in said) == 1, said
+            assert sum("answers again" in line for line in said) == 1, said
+
+        for trace in (tui_trace, headless_trace):  # whole: every line parses, and replays
+            records = [orjson.loads(line) for line in trace.read_bytes().splitlines()]
+            assert records[0]["type"] == "server-header"
+            assert sum(r.get("restart", False) for r in records) == 1
+            run = load_server_trace(trace)
+            (stats,) = run.cache.origins.values()
+            # every batch applied or counted, the old blocks gone (not held), the new ones followed
+            assert stats.lost == 0 and stats.restarts == 1 and stats.gone >= 2
+            assert stats.held == run.cache.held > 0
+            texts = texts_of(run.cache)
+            assert texts and all(text.startswith("<|im_start|>system\nSession two") for text in texts), texts
+            assert run.batches == stats.batches == sum(r["type"] == "batch" for r in records)
+        assert stats.gone == held_before  # the headless viewer saw what the TUI saw
+        (live,) = cache.origins.values()
+        assert (live.held, live.gone, live.restarts, live.lost) == (stats.held, stats.gone, 1, 0)
+        assert f"restarts 1 (blocks gone with them {stats.gone})" in out
+        # and the restarted server answers as ever
+        assert urllib.request.urlopen(f"{url}/health", timeout=10).status == 200
+    finally:
+        if headless is not None and headless.poll() is None:
+            headless.kill()
+            headless.wait()
+        stop_vllm(process)
