@@ -112,9 +112,9 @@ def run(
         sys.exit(_run_headless(model, script, trace_path, verify_every, fail_on, options, export, verbose))
     _check_theme(theme)
     _check_watch_words(model, options)
-    from .app import KvtuiApp
+    from . import viewers
 
-    app = KvtuiApp(
+    app = viewers.chat(
         AppConfig(
             model=model,
             options=options,
@@ -193,12 +193,13 @@ def _check_watch_words(model, options: dict) -> None:
 
 
 def _check_theme(theme: str) -> None:
-    """Every theme file must load (a user's broken file names itself) and --theme must name one."""
-    from .themes import theme_error
+    """A screen opens: --theme checked first (options.check_theme), a problem said in one line."""
+    from .options import check_theme
 
-    error = theme_error(theme)
-    if error:
-        _bad_input(error)
+    try:
+        check_theme(theme)
+    except OptionError as exc:
+        _bad_input(str(exc))
 
 
 def _run_headless(model, script, trace_path, verify_every, fail_on, options, export=None, verbose=False) -> int:
@@ -258,9 +259,9 @@ def replay(trace_path, theme, follow, print_only):
     if follow and not trace_path.is_file():
         raise click.BadParameter(f"{trace_path}: no such trace file (yet)", param_hint="TRACE_PATH")
     try:
-        from .app import KvtuiApp
+        from . import viewers
 
-        app = KvtuiApp.replay(trace_path, theme_name=theme, follow=follow)
+        app = viewers.replay(trace_path, theme_name=theme, follow=follow)
     except TraceError as exc:
         _bad_input(str(exc))
     app.run()
@@ -284,9 +285,9 @@ def _replay_server_trace(trace_path: Path, theme: str, follow: bool, print_only:
         for note in run.cache.notes:
             click.echo(f"kvtui: {note.severity} {note.code}: {note.message}")
         return
-    from .attach_app import AttachApp
+    from . import viewers
 
-    AttachApp(run=run, theme_name=theme).run()
+    viewers.server(run=run, theme_name=theme).run()
 
 
 @main.command("themes")

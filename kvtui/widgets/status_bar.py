@@ -1,4 +1,5 @@
-"""The status bar: model, device, dtype, cache kind, speed, cache bytes, and two sparklines."""
+"""The status line of every screen: one line of text (the step viewer: model, device, dtype, cache kind, speed,
+cache bytes, and two sparklines of step latency and cache size)."""
 
 from __future__ import annotations
 
@@ -34,14 +35,18 @@ class StatusBar(Horizontal):
     StatusBar .label { width: auto; color: $text-muted; }
     """
 
-    def __init__(self, **kwargs):
+    def __init__(self, *, sparklines: bool = True, **kwargs):
+        """`sparklines`: the step viewer's step latency and cache size beside the text."""
         super().__init__(**kwargs)
+        self.sparklines = sparklines
         self.latency: deque[float] = deque(maxlen=HISTORY)
         self.cache_size: deque[float] = deque(maxlen=HISTORY)
         self.model_text = "loading model…"
 
     def compose(self) -> ComposeResult:
         yield LiveText(self.model_text, id="status-text")
+        if not self.sparklines:
+            return
         yield Static("ms", classes="label")
         yield Sparkline([], id="latency", summary_function=max)
         yield Static("cache", classes="label")
@@ -50,7 +55,11 @@ class StatusBar(Horizontal):
     def set_text(self, text: str) -> None:
         self.model_text = text
         # Text, not markup; a model name or an error may hold control characters: shown escaped
-        self.query_one("#status-text", LiveText).show_text(Text(printable(text)))
+        self.show_text(Text(printable(text)))
+
+    def show_text(self, text: Text) -> None:
+        """A line with its own styles (a verdict in colour); the caller escaped what it did not write."""
+        self.query_one("#status-text", LiveText).show_text(text)
 
     def record(self, snapshot: StepSnapshot) -> None:
         """One sparkline point per step. kvtui's own chat calls this from its engine reader thread for every

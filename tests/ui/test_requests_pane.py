@@ -9,6 +9,7 @@ import threading
 
 from rich.console import Console
 
+from kvtui import viewers
 from kvtui.app import KvtuiApp
 from kvtui.drivers.program import ProgramDriver
 from kvtui.messages import SnapshotReady
@@ -149,12 +150,12 @@ class PostedSteps(ProgramDriver):
 
 
 def make_app() -> KvtuiApp:
-    return KvtuiApp(source=PostedSteps(source=SilentSource(), title="transformers serve --continuous-batching"))
+    return viewers.steps(PostedSteps(source=SilentSource(), title="transformers serve --continuous-batching"))
 
 
 async def post(pilot, snapshot) -> None:
     app = pilot.app
-    app.post_message(SnapshotReady(snapshot, None, (), running=False))
+    app.view.post_message(SnapshotReady(snapshot, None, (), running=False))
     await wait_for(pilot, lambda: app.query_one(RequestsPane)._snapshot is snapshot, what=f"step {snapshot.step}")
     await pilot.pause(0.05)
 
