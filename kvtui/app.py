@@ -11,6 +11,7 @@ import asyncio
 from textual.app import App
 
 from .fmt import printable
+from .keys import QUIT
 from .screens.base import SourceScreen
 from .themes import register_themes
 from .widgets.help_screen import HelpScreen
@@ -20,16 +21,16 @@ __all__ = ["KvtuiApp"]
 
 class KvtuiApp(App):
     TITLE = "kvtui"
+    BINDINGS = [QUIT]  # replaces Textual's ctrl+q: q quits from every screen, and says so in the footer
+    DEFAULT_MODE = "view"  # the one mode: its base screen is the view given (a mode loads the screen's CSS_PATH)
 
     def __init__(self, view: SourceScreen, *, theme: str | None = None):
         """`view`: the screen showing the source (kept under every other screen); `theme`: a theme's name (the
         options checked it; one gone since falls back to the default)."""
         super().__init__()
         self.view = view
+        self.add_mode(self.DEFAULT_MODE, lambda: view)
         self._themes = register_themes(self, theme)
-
-    def get_default_screen(self) -> SourceScreen:
-        return self.view
 
     def notify(
         self,

@@ -14,10 +14,12 @@ PAUSE = Binding("p", "pause", "pause")
 HELP = Binding("question_mark,f1", "help", "help")
 THEME = Binding("t", "next_theme", "theme", show=False)
 SCREENSHOT = Binding("f12", "screenshot", "screenshot (SVG)", show=False)
-QUIT = Binding("q,ctrl+q", "quit", "quit", priority=False)
+# first in every screen's table (the footer lists it first); the app binds it too, in place of Textual's ctrl+q
+QUIT = Binding("ctrl+q,q", "quit", "quit", priority=False)  # ctrl+q first: the footer shows ^q, as before
 
 # the step viewer (kvtui's own chat, a trace, a watched program or process tree)
 APP_KEYS = [
+    QUIT,
     Binding("f5", "toggle_pane('layers')", "layers", tooltip="show/hide the layers pane (folded on short terminals)"),
     Binding(
         "f6",
@@ -50,7 +52,6 @@ APP_KEYS = [
     Binding("f4", "toggle_pane('topk')", "show/hide top-k", show=False),
     Binding("f7", "toggle_pane('requests')", "show/hide the requests (a continuous-batching forward)", show=False),
     HELP,
-    QUIT,
 ]
 
 # the server view (kvtui attach, kvtui replay of a server trace)

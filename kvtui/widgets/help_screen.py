@@ -21,16 +21,23 @@ if TYPE_CHECKING:
 
 
 def help_rows(screen: Screen) -> tuple[list[tuple[str, Binding]], list[tuple[str, Binding]]]:
-    """(the screen's keys, the focused pane's keys) as (keys, binding), one row per action: the keys of one
-    action joined (`?, F1`). Textual's own (tab, the command palette) are left out: kvtui binds every key shown."""
+    """(the screen's keys and the app's, the focused pane's keys) as (keys, binding), one row per action: the
+    keys of one action joined (`?, F1`). Textual's own (tab, the command palette) are left out: kvtui binds
+    every key shown."""
+    app = screen.app
+    app_own = {(b.action, b.description) for b in type(app).BINDINGS if isinstance(b, Binding)}
     rows: dict[tuple[bool, str, str], list[str]] = {}
     bindings: dict[tuple[bool, str, str], Binding] = {}
     for key, active in screen.active_bindings.items():
-        node = active.node
-        own = node is screen
-        if not own and not type(node).__module__.startswith("kvtui."):
-            continue
-        binding = active.binding
+        node, binding = active.node, active.binding
+        if node is app:
+            own = (binding.action, binding.description) in app_own
+            if not own:
+                continue
+        else:
+            own = node is screen
+            if not own and not type(node).__module__.startswith("kvtui."):
+                continue
         ident = (own, binding.action, binding.description)
         rows.setdefault(ident, []).append(key_label(key))
         bindings.setdefault(ident, binding)
