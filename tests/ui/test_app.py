@@ -312,8 +312,8 @@ async def test_reuse_meter_and_watch(tiny_loaded):
 
 def test_only_plain_decode_snapshots_are_coalesced():
     """Textual asks the queued (older) message whether the next may supersede it."""
-    from kvtui.messages import SnapshotReady
     from kvtui.engine.records.snapshot import Diagnostic, StepSnapshot, TokenBuffer
+    from kvtui.messages import SnapshotReady
 
     def message(phase, diagnostics=()):
         snapshot = StepSnapshot(
