@@ -154,6 +154,8 @@ class Driver:
     UNAVAILABLE: ClassVar[dict[str, str]] = {}
     # help's words on this source, above the step viewer's notes on its panes
     HELP: ClassVar[str] = ""
+    # what the cache pane says before the first step, in this source's words
+    EMPTY: ClassVar[str] = "cache empty: no step yet"
     app: Viewer  # the screen showing this source (StepScreen; set by attach, before it is mounted)
     # a live session's facts as its records say (kvtui's own chat, once its model is loaded); None for others
     session: RemoteSession | None = None

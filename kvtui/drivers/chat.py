@@ -69,6 +69,7 @@ class ChatDriver(Driver):
     """The engine process's records in, its commands out. The session's facts (`session`) come from them."""
 
     HELP = CHAT_HELP
+    EMPTY = "cache empty — send a message"
 
     def __init__(self, config: AppConfig, *, loaded=None, clock=None, loader=None, engine_setup=None):
         """`loaded`, `loader`, `clock` and `engine_setup` go to the engine process and must pickle (see

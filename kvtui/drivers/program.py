@@ -49,6 +49,7 @@ SOURCE_COMMANDS = {
 
 
 class ProgramDriver(Driver):
+    EMPTY = "no forward yet: the cache shows from the program's first forward"
     HELP = """
 A watched program computes as it would unwatched: kvtui observes its forwards and never drives its model.
 space steps its forwards one at a time (the program pauses before its next one), r lets it run, p pauses it,

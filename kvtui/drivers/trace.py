@@ -25,6 +25,7 @@ PLAY_INTERVAL = 0.1  # seconds between steps while playing
 class TraceDriver(Driver):
     """The keys that would act on a model move through the recorded steps instead."""
 
+    EMPTY = "no step recorded yet"
     HELP = """
 A recorded trace, read-only: space (or s) steps forward, u and backspace step back, r plays it, p or Esc stop
 playing. With --follow the steps another process appends arrive as it writes them.

@@ -172,6 +172,7 @@ class StepScreen(StepKeys):
     def on_mount(self) -> None:
         self._status_bar = self.query_one(StatusBar)  # for record_step on a reader thread: no DOM query there
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self._apply_layout())
+        self.query_one(TokenBufferPane).empty_text = self.driver.EMPTY
         self._apply_layout()
         self.query_one(ChatPane).input.focus()
         self.update_title()

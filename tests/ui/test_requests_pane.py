@@ -6,6 +6,7 @@ will send them."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from rich.console import Console
 
@@ -23,6 +24,7 @@ from kvtui.widgets.requests_pane import (
     format_table,
     kept_requests,
     request_rows,
+    short_id,
 )
 from kvtui.widgets.token_buffer import TokenBufferPane
 from kvtui.widgets.topk_pane import TopKPane
@@ -223,6 +225,33 @@ async def test_requests_pane_fits_small_terminals_and_folds_away():
         await pilot.press("f7")
         assert app.query_one(RequestsPane).display
     assert LayersPane  # the layers pane's paged view is checked on screen in the test above
+
+
+async def test_a_server_s_long_request_ids_are_short_in_the_list_and_whole_when_selected():
+    """A server's 36-character ids would push the hit and recomputed columns off an 80-column screen: the list
+    shows each id's head and tail, the cursor pane the selected one in full."""
+    uuids = {
+        "req-a1": "chatcmpl-6f1c2d9e-0b7a-4c55-9e1f-3a8d2c7b91a1",
+        "req-b2": "chatcmpl-6f1c2d9e-0b7a-4c55-9e1f-77e0d4c2b3f8",
+    }
+
+    def renamed(snapshot):
+        requests = tuple(replace(r, request_id=uuids.get(r.request_id, r.request_id)) for r in snapshot.requests)
+        rows = tuple(replace(row, request_id=uuids.get(row.request_id, row.request_id)) for row in snapshot.rows)
+        return replace(snapshot, requests=requests, rows=rows)
+
+    assert short_id(uuids["req-a1"]) == "chatc…91a1" and short_id("req-a1") == "req-a1"
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await post(pilot, renamed(steps()[1]))
+        pane = app.query_one(RequestsPane)
+        text = screen_text(app)
+        assert "chatc…91a1" in text and "chatc…b3f8" in text and uuids["req-a1"] not in text
+        header = [str(column.label) for column in pane.table.columns.values()]
+        assert {"request", "status", "phase", "fed/held", "hit", "recomp"} <= set(header), header
+        pane.select_request(uuids["req-b2"])
+        await pilot.pause(0.1)
+        assert uuids["req-b2"] in plain(app.query_one(CursorPane).content)  # selected: named in full
 
 
 async def two_servers_steps(pilot) -> None:
