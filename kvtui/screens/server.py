@@ -111,6 +111,9 @@ class ServerScreen(SourceScreen):
         self.refresh_view(force=True)
         self.set_interval(1 / REFRESH_HZ, self.refresh_view)
 
+    def on_resize(self, event) -> None:
+        self.set_class(event.size.height < 32, "short")
+
     # ---- refreshing ----------------------------------------------------------------------------------
 
     def refresh_view(self, force: bool = False) -> bool:

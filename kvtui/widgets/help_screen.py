@@ -20,24 +20,28 @@ if TYPE_CHECKING:
     from textual.screen import Screen
 
 
+def kvtui_action(node, action: str) -> bool:
+    """Whether `action` (bound on `node`) is one of kvtui's: Textual's own (focus next, copy, the command
+    palette) are not listed, so help shows the keys kvtui gives and says what each does in kvtui's words."""
+    name = action.partition("(")[0]
+    target = node
+    if "." in name:
+        namespace, name = name.split(".", 1)
+        target = node.app if namespace == "app" else node.screen if namespace == "screen" else node
+    method = getattr(type(target), f"action_{name}", None)
+    return method is not None and method.__module__.startswith("kvtui.")
+
+
 def help_rows(screen: Screen) -> tuple[list[tuple[str, Binding]], list[tuple[str, Binding]]]:
     """(the screen's keys and the app's, the focused pane's keys) as (keys, binding), one row per action: the
-    keys of one action joined (`?, F1`). Textual's own (tab, the command palette) are left out: kvtui binds
-    every key shown."""
-    app = screen.app
-    app_own = {(b.action, b.description) for b in type(app).BINDINGS if isinstance(b, Binding)}
+    keys of one action joined (`?, F1`), only kvtui's actions (see kvtui_action)."""
     rows: dict[tuple[bool, str, str], list[str]] = {}
     bindings: dict[tuple[bool, str, str], Binding] = {}
     for key, active in screen.active_bindings.items():
         node, binding = active.node, active.binding
-        if node is app:
-            own = (binding.action, binding.description) in app_own
-            if not own:
-                continue
-        else:
-            own = node is screen
-            if not own and not type(node).__module__.startswith("kvtui."):
-                continue
+        if not kvtui_action(node, binding.action):
+            continue
+        own = node is screen or node is screen.app
         ident = (own, binding.action, binding.description)
         rows.setdefault(ident, []).append(key_label(key))
         bindings.setdefault(ident, binding)

@@ -30,7 +30,7 @@ def step_text(snapshot: StepSnapshot) -> str:
 class StatusBar(Horizontal):
     DEFAULT_CSS = """
     StatusBar { height: 1; background: $panel; }
-    StatusBar #status-text { width: 1fr; height: 1; }
+    StatusBar #status-text { width: 1fr; height: 1; padding-right: 1; }  /* a gap before the first label */
     StatusBar Sparkline { width: 16; height: 1; margin: 0 1; }
     StatusBar .label { width: auto; color: $text-muted; }
     """

@@ -95,9 +95,12 @@ async def test_run_then_pause_then_run(tiny_loaded):
         await pilot.press("p")
         await wait_idle(pilot, app)
         paused_at = app.view.latest.step
-        await pilot.pause(0.3)
-        assert app.view.latest.step == paused_at and paused_at < BUDGET  # nothing runs while paused
-        assert app.view.latest.cursor == app.view.session.cache_length
+        assert paused_at < BUDGET and app.view.latest.cursor == app.view.session.cache_length
+        # paused, not running: one step (answered by the engine) moves exactly one past where the pause held it
+        await pilot.press("space")
+        await wait_idle(pilot, app)
+        assert app.view.latest.step == paused_at + 1
+        paused_at = app.view.latest.step
         await pilot.press("r")
         await wait_for(pilot, lambda: app.view.latest.step > paused_at + 3, what="running again")
         await pilot.press("p")

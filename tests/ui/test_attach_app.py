@@ -27,6 +27,7 @@ from kvtui.widgets.block_detail import BlockDetail
 from kvtui.widgets.cache_notes import CacheNotes
 from kvtui.widgets.prefix_tree_pane import PrefixTreePane
 from kvtui.widgets.server_stats import ServerStats
+from pilot_helpers import wait_for
 from test_layout import screen_text
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "server_trace_sample.jsonl"
@@ -187,8 +188,7 @@ async def test_removed_blocks_leave_the_tree_at_the_next_refresh_and_stats_count
         with cache.lock:  # as the reader applies
             cache.apply(batch(4, BlocksRemoved(hashes=(A4, B1, B2, B3, B4))), ORIGIN)
         assert tree.node_for(NodeRef(1, (ORIGIN, 0, A4))) is not None  # nothing moves before the timer
-        await pilot.pause(0.4)  # a 4 Hz tick
-        assert tree.node_for(NodeRef(1, (ORIGIN, 0, A4))) is None
+        await wait_for(pilot, lambda: tree.node_for(NodeRef(1, (ORIGIN, 0, A4))) is None, 5, "the next 4 Hz refresh")
         assert [node.data.chain for node in tree.root.children] == [1]  # chain #2 went with B1
         assert not any(A4[:8] in label for label in labels(tree))
         assert tree.cursor_ref == NodeRef(1)  # the selection fell back to its chain
@@ -264,8 +264,7 @@ async def test_refreshes_skip_while_the_reader_holds_the_cache_and_keys_still_an
         finally:
             release.set()
             thread.join(5)
-        await pilot.pause(0.4)
-        assert [n.data.chain for n in tree.root.children] == [3, 2, 1]
+        await wait_for(pilot, lambda: [n.data.chain for n in tree.root.children] == [3, 2, 1], 5, "the next refresh")
 
 
 async def test_pause_holds_the_view_and_resume_catches_up():

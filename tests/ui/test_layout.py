@@ -83,14 +83,16 @@ async def test_resize_unfolds_and_folds(tiny_loaded):
         assert not app.query_one(LayersPane).display and not app.query_one(DiagnosticsPane).display
         assert "F5" in screen_text(app) or "f5" in screen_text(app).lower()
         await pilot.resize_terminal(200, 50)
-        await pilot.pause(0.3)
-        assert app.query_one(LayersPane).display and app.query_one(DiagnosticsPane).display
+        await wait_for(
+            pilot, lambda: app.query_one(LayersPane).display and app.query_one(DiagnosticsPane).display, 10, "unfolding"
+        )
+        await pilot.pause(0.1)  # the unfolded panes' first frame
         text = screen_text(app)
         assert "layers" in text and "K shape" in text, text
         assert_facts(app, text, (200, 50))
         await pilot.resize_terminal(80, 24)
-        await pilot.pause(0.3)
-        assert not app.query_one(LayersPane).display
+        await wait_for(pilot, lambda: not app.query_one(LayersPane).display, 10, "folding")
+        await pilot.pause(0.1)
         assert_facts(app, screen_text(app), (80, 24))
 
 
@@ -103,7 +105,9 @@ async def test_watch_primed_pads_shows_the_cause_at_160x48(tiny_dir):
     app = viewers.watch(str(program), [str(tiny_dir("llama"))])
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: app.view.driver.ended is not None, 120, "the program to end")
-        await pilot.pause(0.5)
+        expected = {"pad-in-cache", "ignored-argument", "cursor-mismatch"}
+        await wait_for(pilot, lambda: expected <= {d.code for d in app.view.diagnostics}, 10, "the alarms")
+        await pilot.pause(0.1)  # the diagnostics pane's repaint
         codes = [d.code for d in app.view.diagnostics]
         assert {"pad-in-cache", "ignored-argument", "cursor-mismatch"} <= set(codes), codes
         pane = app.query_one(DiagnosticsPane)
