@@ -184,7 +184,7 @@ async def test_removed_blocks_leave_the_tree_at_the_next_refresh_and_stats_count
         assert stats.border_title == "srv:8000 · blocks held 8 of 100 (8%) · 2 chains"
         assert stats.query_one("#stats-spark").data == [0.5]  # (60 - 10) / (200 - 100)
         table = shown(stats.query_one("#stats-table"))
-        assert "capacity" in table and "100" in table
+        assert "held 8 of 100" in table  # the capacity (at 120x36 the table's columns wrap as lines)
         with cache.lock:  # as the reader applies
             cache.apply(batch(4, BlocksRemoved(hashes=(A4, B1, B2, B3, B4))), ORIGIN)
         assert tree.node_for(NodeRef(1, (ORIGIN, 0, A4))) is not None  # nothing moves before the timer
@@ -304,6 +304,23 @@ async def test_the_recorded_server_trace_replays():
         assert "instead of '1' (id 33)" in detail  # the notes of prompts that left its chain, #2
         await pilot.press("p")  # nothing to pause in a replay: says so, changes nothing
         assert not app.view.paused
+
+
+async def test_at_80x24_the_server_view_keeps_every_number():
+    """The stats table's seven columns do not fit beside the tree at 80 columns: the same facts wrap as lines,
+    and the hit-rate line stays on screen."""
+    app = viewers.server(run=load_server_trace(SAMPLE))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        text = " ".join(screen_text(app).replace("│", " ").split())
+        for fact in ("stored 4", "removed 0", "held 4 of", "364", "lost 0", "undecodable 0", "restored 0"):
+            assert fact in text, (fact, text)
+        assert "hit rate 0.0% lately" in text and "17.3% overall" in text
+    app = viewers.server(run=load_server_trace(SAMPLE))
+    async with app.run_test(size=(200, 50)) as pilot:  # room enough: the table
+        await pilot.pause(0.2)
+        table = shown(app.query_one(ServerStats).query_one("#stats-table"))
+        assert "undecodable" in table and "stored 4 ·" not in table
 
 
 def test_replay_print_says_the_summary_and_the_notes(tmp_path):
