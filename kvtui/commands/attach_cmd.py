@@ -72,13 +72,9 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
         max_blocks=max_blocks,
     )
     if not headless:  # options are checked before anything starts (the session opens the trace file)
-        from ..options import OptionError, check_theme
+        from . import check_theme
 
-        try:
-            check_theme(theme)
-        except OptionError as error:
-            click.echo(f"kvtui: error: {error}", err=True)
-            sys.exit(2)
+        check_theme(theme)
     try:
         servers = connect(options)
     except ServerError as error:

@@ -78,12 +78,9 @@ def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, 
     except (CompareError, ScriptError) as exc:
         _fail(str(exc))
     if not headless:  # a screen opens: its theme is checked first (one check, options.py)
-        from ..options import OptionError, check_theme
+        from . import check_theme
 
-        try:
-            check_theme(theme)
-        except OptionError as error:
-            _fail(str(error))
+        check_theme(theme)
     model = model or (script.options.get("model") if isinstance(script.options.get("model"), str) else None)
     if "static+compile" in strategies:
         problem = compile_problem()

@@ -70,12 +70,9 @@ def watch(
     becomes a step (tokens fed, positions applied vs asked for, cache per layer, top-k) and the cache
     bugs it makes are named with the line that made them."""
     if not headless and connect is None:  # a screen opens: its theme is checked first (one check, options.py)
-        from ..options import OptionError, check_theme
+        from . import check_theme
 
-        try:
-            check_theme(theme)
-        except OptionError as error:
-            raise click.BadParameter(str(error), param_hint="--theme") from None
+        check_theme(theme)
     if module:
         if importlib.util.find_spec(target.split(".")[0]) is None and not Path(target.replace(".", "/")).exists():
             raise click.BadParameter(f"no module named {target!r}", param_hint="-m")
