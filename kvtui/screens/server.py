@@ -32,21 +32,19 @@ REFRESH_HZ = 4
 LOCK_WAIT_S = 0.02  # the longest a refresh waits for the reader to let the cache go
 BEHIND_AFTER = 8  # refreshes skipped in a row before the status line says the view is behind
 
-HELP = """
-A server's prefix cache as its KV events tell it (kvtui only listens: the server runs as it would without it).
+TREE_HELP = """
 The tree lists the cache's chains, newest first (at most 200, and at most 2000 nodes: the rest are counted).
 Enter or space expands a chain (right/left too); a run of blocks lists flat, a block with several children
 holds each branch under it. The selected block's hash, parent, token range and text show on the right, with
 the notes that name it or its chain. Enter on a note, or n, selects the block it names.
+"""
+LIVE_HELP = """
+A server's prefix cache as its KV events tell it (kvtui only listens: the server runs as it would without it).
 p pauses the view (the reader keeps applying events; p again shows where they are); q stops listening and
 quits (the server goes on).
 """
 REPLAY_HELP = """
 A server trace replayed: the prefix cache its recorded events rebuild (it does not change: nothing to pause).
-The tree lists the cache's chains, newest first (at most 200, and at most 2000 nodes: the rest are counted).
-Enter or space expands a chain (right/left too); a run of blocks lists flat, a block with several children
-holds each branch under it. The selected block's hash, parent, token range and text show on the right, with
-the notes that name it or its chain. Enter on a note, or n, selects the block it names.
 """
 
 
@@ -291,4 +289,4 @@ class ServerScreen(SourceScreen):
             self.session.stop()
 
     def help_notes(self) -> str:
-        return HELP if self.session is not None else REPLAY_HELP
+        return (LIVE_HELP if self.session is not None else REPLAY_HELP).strip() + "\n" + TREE_HELP.strip()
