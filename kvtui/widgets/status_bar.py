@@ -27,6 +27,16 @@ def step_text(snapshot: StepSnapshot) -> str:
     return f"step {snapshot.forward_ms:.1f} ms · compiled · {recompiles}"
 
 
+def cache_text(snapshot: StepSnapshot) -> str:
+    """'cache 2.1 MiB'; a paged cache (continuous batching), whose bytes the step does not read: its blocks in
+    use, 'cache 6/16 blocks'."""
+    if snapshot.paged:
+        used = sum(group.used for group in snapshot.paged)
+        total = sum(group.total for group in snapshot.paged)
+        return f"cache {used}/{total} blocks"
+    return f"cache {size(snapshot.cache_bytes)}"
+
+
 class StatusBar(Horizontal):
     DEFAULT_CSS = """
     StatusBar { height: 1; background: $panel; }
@@ -73,6 +83,6 @@ class StatusBar(Horizontal):
             return
         speed = f"{tokens_per_s:.1f} tok/s" if tokens_per_s else "- tok/s"
         # the numbers that change first: a narrow terminal cuts the model's description, not them
-        self.set_text(f"{speed} │ {step_text(snapshot)} │ cache {size(snapshot.cache_bytes)} │ {model_text}")
+        self.set_text(f"{speed} │ {step_text(snapshot)} │ {cache_text(snapshot)} │ {model_text}")
         self.query_one("#latency", Sparkline).data = list(self.latency)
         self.query_one("#cache-size", Sparkline).data = list(self.cache_size)

@@ -177,6 +177,7 @@ async def test_requests_arrive_finish_and_one_picked_shows_in_the_panes():
         assert pane.display and pane.request_ids == ["req-a1", "req-b2", "req-c3"]
         text = screen_text(app)
         assert "req-c3" in text and "waiting" in text and "3 used (1 shared)" in text
+        assert "cache 3/16 blocks" in text and "cache 0 B" not in text  # a paged cache: its blocks, not 0 bytes
         assert buffer_pieces(app)[-3:] == [" fruit", "<|im_end|>", "\n"]  # row 0: req-a1
 
         await pilot.press("n")  # the next request: b2, its tokens and its top-k
