@@ -96,7 +96,7 @@ async def drive_app(app, seconds: float, lags: list[float]) -> None:
 
 
 def bench(rate: float = 20_000, seconds: float = 30.0, max_blocks: int = 100_000, ui: bool = True) -> dict:
-    from kvtui.attach_app import AttachApp
+    from kvtui import viewers
     from kvtui.engine.reading.token_texts import TokenTexts
     from kvtui.engine.server.prefix_cache import PrefixCache
     from kvtui.engine.server.server_http import EventEndpoint
@@ -122,7 +122,7 @@ def bench(rate: float = 20_000, seconds: float = 30.0, max_blocks: int = 100_000
     lags: list[float] = []
     started = time.perf_counter()
     if ui:
-        asyncio.run(drive_app(AttachApp(session=session), seconds + 1.0, lags))
+        asyncio.run(drive_app(viewers.server(session=session), seconds + 1.0, lags))
     else:
         time.sleep(seconds + 1.0)
     during = cache.stats("bench").events  # applied while the publisher ran

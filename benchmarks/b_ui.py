@@ -196,25 +196,24 @@ def bench_pane(sizes=(1000, 10000, 100000), repeats: int = 30) -> dict:
 FIRST_FRAME_CHILD = r"""
 import os, sys, time
 t_start = time.time()
-import kvtui.app
+import kvtui.app, kvtui.screens.step, kvtui.drivers.chat  # the app and its step viewer on kvtui's own chat
 t_import = time.time()
 torch_imported = "torch" in sys.modules
 transformers_imported = "transformers" in sys.modules
 from kvtui.app import KvtuiApp
+from kvtui.drivers.chat import ChatDriver
+from kvtui.screens.step import StepScreen
 
 out_path, model_dir = sys.argv[1], sys.argv[2]
 
 class FirstFrame(KvtuiApp):
-    CSS_PATH = os.path.join(os.path.dirname(kvtui.app.__file__), KvtuiApp.CSS_PATH)  # relative to kvtui/app.py
-
     def on_mount(self):
-        super().on_mount()
         self.call_after_refresh(self._first_frame)
 
     def _first_frame(self):
         import json
         t = time.time()
-        loaded = self.session is not None
+        loaded = self.view.session is not None
         with open(out_path, "w") as f:
             json.dump({"start": t_start, "imported": t_import, "constructed": t_constructed, "frame": t,
                        "torch_at_import": torch_imported, "transformers_at_import": transformers_imported,
@@ -222,7 +221,8 @@ class FirstFrame(KvtuiApp):
         os._exit(0)  # the model loader thread is still importing/loading: do not wait for it
 
 from kvtui.options import AppConfig
-app = FirstFrame(AppConfig(model=model_dir))
+config = AppConfig(model=model_dir)
+app = FirstFrame(StepScreen(config, ChatDriver(config)), theme=config.theme)
 t_constructed = time.time()
 app.run(headless=True, size=(160, 48))
 """
@@ -301,7 +301,7 @@ def bench_first_frame(model_dir: Path, repeats: int = 3) -> dict:
 
 
 def _engine_busy(app) -> bool:
-    return app.engine_busy
+    return app.view.engine_busy
 
 
 async def _wait(predicate, timeout: float, poll: float = 0.001) -> bool:
@@ -357,12 +357,12 @@ async def _tui_round(
     """A fresh app; its engine process gets the same loaded model (pickled) and stamps every forward."""
     from textual.widgets import Input
 
-    from kvtui.app import KvtuiApp
+    from kvtui import viewers
     from kvtui.options import AppConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         stamp_file = Path(tmp) / "stamps.txt"
-        app = KvtuiApp(
+        app = viewers.chat(
             AppConfig(options={"max_new_tokens": n_new if not key_tests else 10**6}),
             loaded=loaded,
             engine_setup=stamp_hook(stamp_file),
@@ -370,8 +370,8 @@ async def _tui_round(
         stamps = lambda: read_stamps(stamp_file)  # noqa: E731
         result: dict = {}
         async with app.run_test(size=APP_SIZE) as pilot:
-            await _wait(lambda: app.session is not None, 120, 0.01)
-            app.step_mode = False
+            await _wait(lambda: app.view.session is not None, 120, 0.01)
+            app.view.step_mode = False
             box = app.query_one("#message", Input)
             box.focus()
             box.value = prompt
@@ -379,7 +379,7 @@ async def _tui_round(
             t_send = time.perf_counter()
             _send_key(app, "enter", "\r")
             if profile_out is not None:
-                await _wait(lambda: app.latest is not None and app.latest.phase == "decode", 60, 0.005)
+                await _wait(lambda: app.view.latest is not None and app.view.latest.phase == "decode", 60, 0.005)
                 spy = subprocess.Popen(
                     [
                         "py-spy",
@@ -405,7 +405,7 @@ async def _tui_round(
                 _send_key(app, "p", "p")
                 await _wait(lambda: not _engine_busy(app), 60, 0.005)
             else:
-                await _wait(lambda: app.latest is not None and app.latest.phase == "decode", 60, 0.01)
+                await _wait(lambda: app.view.latest is not None and app.view.latest.phase == "decode", 60, 0.01)
                 await _wait(lambda: not _engine_busy(app), 600, 0.01)
             if spy is not None:
                 try:
@@ -462,13 +462,13 @@ async def _key_latencies(app, stamps, repeats: int) -> dict:
         await _wait(lambda step_at=step_at: len(stamps()) > step_at + 3, 30, 0.005)
     _send_key(app, "p", "p")
     await _wait(lambda: not _engine_busy(app), 30)
-    app.step_mode = True
+    app.view.step_mode = True
     await asyncio.sleep(0.6)  # the last throttled repaint
     for _ in range(repeats * 2):
-        before = app.latest.step
+        before = app.view.latest.step
         t0 = time.perf_counter()
         _send_key(app, "space", " ")
-        await _wait(lambda before=before: app.latest.step > before and app._paint_timer is None, 30)
+        await _wait(lambda before=before: app.view.latest.step > before and app.view._paint_timer is None, 30)
         await _after_refresh(app.screen)
         step_painted.append((time.perf_counter() - t0) * 1000)
         await _wait(lambda: not _engine_busy(app), 30)
@@ -584,23 +584,23 @@ def _cpu(pid: int) -> float:
 
 async def _app_turn(app, pilot, stamp_file: Path, prompt: str, refresh_hz: float | None) -> Turn:
     """Reset the app's chat, send the prompt in run mode, wait for the turn and its last repaint.
-    `refresh_hz` patches kvtui.app.REFRESH_HZ for the turn (None: as shipped)."""
-    import kvtui.app as app_module
+    `refresh_hz` patches kvtui.screens.step.REFRESH_HZ for the turn (None: as shipped)."""
+    import kvtui.screens.step as app_module
 
-    app.driver.command("reset")
+    app.view.driver.command("reset")
     await _wait(lambda: not _engine_busy(app), 30, 0.005)
     mark, decodes = len(read_stamps(stamp_file)), reply_decodes(stamp_file)
     shipped_hz = app_module.REFRESH_HZ
     app_module.REFRESH_HZ = refresh_hz or shipped_hz
-    c0, m0, w0 = time.process_time(), _cpu(app.driver.source.pid), time.perf_counter()
+    c0, m0, w0 = time.process_time(), _cpu(app.view.driver.source.pid), time.perf_counter()
     try:
-        app.driver.command("send", prompt)
+        app.view.driver.command("send", prompt)
         await _wait(lambda: not _engine_busy(app), 600, 0.01)
-        await _wait(lambda: app._paint_timer is None, 5, 0.01)
+        await _wait(lambda: app.view._paint_timer is None, 5, 0.01)
         await pilot.pause()
     finally:
         app_module.REFRESH_HZ = shipped_hz
-    wall, app_cpu, model_cpu = time.perf_counter() - w0, time.process_time() - c0, _cpu(app.driver.source.pid) - m0
+    wall, app_cpu, model_cpu = time.perf_counter() - w0, time.process_time() - c0, _cpu(app.view.driver.source.pid) - m0
     return Turn(*_decode_span(stamp_file, mark), wall, app_cpu, model_cpu, reply_decodes(stamp_file) - decodes)
 
 
@@ -635,7 +635,7 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
     runs at a time: the others' processes are idle (the headless turn and the engine-only turn block this
     process's event loop, so the apps cannot even repaint). Every turn starts from an empty chat: the apps
     and the engine get `reset`, headless a fresh session. Returns the Turns of each variant."""
-    from kvtui.app import KvtuiApp
+    from kvtui import viewers
     from kvtui.options import AppConfig
 
     out: dict[str, list] = {v: [] for v in variants}
@@ -653,10 +653,10 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
                 stamp_file = tmp / f"app-{kind}.txt"
                 options = {"max_new_tokens": n_new, **ENGINE_OPTIONS, **_app_options(kind)}
                 with engine_openmp_wait(kind):
-                    app = KvtuiApp(AppConfig(options=options), engine_setup=stamp_hook(stamp_file))
+                    app = viewers.chat(AppConfig(options=options), engine_setup=stamp_hook(stamp_file))
                     pilot = await stack.enter_async_context(app.run_test(size=APP_SIZE))
-                    await _wait(lambda app=app: app.session is not None, 120, 0.01)  # spawned inside the with
-                app.step_mode = False
+                    await _wait(lambda app=app: app.view.session is not None, 120, 0.01)  # spawned inside the with
+                app.view.step_mode = False
                 apps[kind] = (app, pilot, stamp_file)
             for cycle in range(turns):
                 for which in variants[cycle % len(variants) :] + variants[: cycle % len(variants)]:
@@ -723,7 +723,7 @@ def bench_run_mode(
     - headless_main_all_threads: headless decoding on every thread (--decode-threads N).
     A round's rate is its decode tokens over its decode seconds (first decode step to the turn's last, stamped
     where the model runs); a round's ratio is a variant's rate over headless_main's in that round."""
-    import kvtui.app as app_module
+    import kvtui.screens.step as app_module
 
     headless_rate(loaded, prompt, 8)  # warm-up
     per_round: list[dict[str, float]] = []

@@ -1232,9 +1232,11 @@ def kvtui_bugs(r: dict) -> str:
             f"one decode of a {length:,}-token reply costs {decode_32k:.1f} ms (section 2)."
         )
     try:
-        from kvtui.app import KvtuiApp
+        from kvtui.screens.step import StepScreen
 
-        guarded = "is_running" in inspect.getsource(KvtuiApp._paint) or "_exit" in inspect.getsource(KvtuiApp._paint)
+        guarded = "is_running" in inspect.getsource(StepScreen._paint) or "_exit" in inspect.getsource(
+            StepScreen._paint
+        )
     except Exception:  # noqa: BLE001 - source unavailable: say so
         guarded = None
     if guarded:

@@ -16,6 +16,7 @@ import os
 import shutil
 import statistics
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,6 +195,8 @@ class Comparison:
         self.turn = 0
         self.turns_total = 0
         self.stopped = False
+        self.going = threading.Event()  # cleared: paused between two rounds of forwards (p in the screen)
+        self.going.set()
 
     # ---- engines ----------------------------------------------------------------------------------------
 
@@ -226,8 +229,19 @@ class Comparison:
         if failed:
             raise CompareError(f"{failed[0].strategy}: {failed[0].error}")
 
+    def pause(self, paused: bool) -> None:
+        """Hold the lockstep before its next round of forwards (every engine keeps its cache), or go on."""
+        if paused:
+            self.going.clear()
+        else:
+            self.going.set()
+
     def stop(self) -> None:
+        """End every engine (their traces are kept); a second call returns at once."""
+        if self.stopped:
+            return
         self.stopped = True
+        self.going.set()
         started = [lane.source for lane in self.lanes if lane.source is not None]
         for source in started:  # every engine told first: they wind down side by side
             source.command("quit")
@@ -245,6 +259,9 @@ class Comparison:
                 lane.reply = []
                 self._do(lane, "send", {"text": text, "run": False})
             while not self.stopped and any(not lane.turn_done and not lane.error for lane in self.lanes):
+                self.going.wait()
+                if self.stopped:
+                    return
                 for lane in self.lanes:  # one forward each, in turn: never two engines computing at once
                     if not lane.turn_done and not lane.error:
                         self._do(lane, "step")

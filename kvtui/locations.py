@@ -15,6 +15,7 @@ from pathlib import Path
 import platformdirs
 
 CONFIG_ENV = "KVTUI_CONFIG_DIR"
+DEFAULT_THEME = "kvtui-dark"  # a shipped theme (themes/kvtui-dark.toml)
 
 
 def shipped(kind: str) -> Traversable:

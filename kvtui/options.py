@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 
 from .engine.chat.configure import STATIC_DEFAULT_CAPACITY, default_decode_threads  # noqa: F401  (re-exported)
+from .locations import DEFAULT_THEME  # noqa: F401  (re-exported: the --theme default)
 
-DEFAULT_THEME = "kvtui-dark"
 ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")  # `kvtui tiny --arch`
 
 
@@ -275,6 +275,16 @@ class AppConfig:
         if unknown:
             raise OptionError(f"unknown options {sorted(unknown)}")
         object.__setattr__(self, "options", {**DEFAULT_OPTIONS, **self.options})
+
+
+def check_theme(theme: str) -> None:
+    """The one check of --theme, before any screen opens: every theme file must load (a user's broken file names
+    itself) and `theme` must name one; an OptionError (one line) otherwise."""
+    from .themes import theme_error
+
+    error = theme_error(theme)
+    if error:
+        raise OptionError(error)
 
 
 def build_session_config(options: dict, tokenizer=None):

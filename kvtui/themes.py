@@ -9,13 +9,24 @@ import tomllib
 from dataclasses import fields
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual.theme import Theme
 
-from .locations import shipped, user_themes_dir
-from .options import DEFAULT_THEME
+from .locations import DEFAULT_THEME, shipped, user_themes_dir
 
-__all__ = ["DEFAULT_THEME", "ThemeFileError", "load_theme", "load_themes", "theme_error", "theme_files"]
+if TYPE_CHECKING:
+    from textual.app import App
+
+__all__ = [
+    "DEFAULT_THEME",
+    "ThemeFileError",
+    "load_theme",
+    "load_themes",
+    "register_themes",
+    "theme_error",
+    "theme_files",
+]
 _ALLOWED = {f.name for f in fields(Theme)}
 
 
@@ -56,6 +67,17 @@ def load_themes(user_dir: Path | None = None) -> dict[str, Theme]:
     for path in theme_files(user_dir):
         theme = load_theme(path)
         themes[theme.name] = theme
+    return themes
+
+
+def register_themes(app: App, name: str | None) -> dict[str, Theme]:
+    """The one place themes reach the app: every theme registered, `name` made current (one that is not
+    there, as a theme file removed since the options were checked: the default). Returns them by name."""
+    themes = load_themes()
+    for theme in themes.values():
+        app.register_theme(theme)
+    name = name or DEFAULT_THEME
+    app.theme = name if name in themes or name in app.available_themes else DEFAULT_THEME
     return themes
 
 

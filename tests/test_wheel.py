@@ -131,13 +131,13 @@ FIRST_FRAME = textwrap.dedent("""
     from kvtui.widgets.layers_pane import LayersPane
 
     async def main():
-        app = KvtuiApp(AppConfig(model="tiny:qwen2", options={"max_new_tokens": 3}, theme="wheel-test"))
+        app = viewers.chat(AppConfig(model="tiny:qwen2", options={"max_new_tokens": 3}, theme="wheel-test"))
         async with app.run_test(size=(120, 40)) as pilot:
             for _ in range(1200):
                 await pilot.pause(0.1)
-                if app.session is not None:
+                if app.view.session is not None:
                     break
-            assert app.session is not None, app.model_text
+            assert app.view.session is not None, app.view.model_text
             print("THEME", app.theme)
             print("FRAME", "layers" in app.export_screenshot())
             print("ROWS", app.query_one(LayersPane).table.row_count)

@@ -72,12 +72,9 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
         max_blocks=max_blocks,
     )
     if not headless:  # options are checked before anything starts (the session opens the trace file)
-        from ..themes import theme_error
+        from . import check_theme
 
-        error = theme_error(theme)
-        if error:
-            click.echo(f"kvtui: error: {error}", err=True)
-            sys.exit(2)
+        check_theme(theme)
     try:
         servers = connect(options)
     except ServerError as error:
@@ -86,15 +83,15 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
     session = AttachSession(options, servers)
     if headless:
         sys.exit(run_attach_headless(session, duration))
-    from ..attach_app import AttachApp
+    from .. import viewers
     from ..engine.server.subscriber import YIELD_S
 
     session.subscriber.yield_s = YIELD_S  # the reader shares the interpreter with the screen: keys stay quick
     session.start(duration)
     try:
-        AttachApp(session=session, theme_name=theme).run()
+        viewers.server(session=session, theme_name=theme).run()  # quit stops the session (never the server)
     finally:
-        session.stop()
+        session.stop()  # also after a crash of the screen: at once when quit stopped it
 
 
 def run_attach_headless(session, duration: float | None) -> int:

@@ -77,12 +77,10 @@ def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, 
         script = load_script(script_path)
     except (CompareError, ScriptError) as exc:
         _fail(str(exc))
-    if not headless:
-        from ..themes import theme_error
+    if not headless:  # a screen opens: its theme is checked first (one check, options.py)
+        from . import check_theme
 
-        error = theme_error(theme)
-        if error:
-            _fail(error)
+        check_theme(theme)
     model = model or (script.options.get("model") if isinstance(script.options.get("model"), str) else None)
     if "static+compile" in strategies:
         problem = compile_problem()
@@ -106,11 +104,11 @@ def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, 
     }
     if headless:
         sys.exit(_headless(model, strategies, options, trace_dir, script))
-    from ..compare_app import CompareApp
+    from .. import viewers
 
-    app = CompareApp(model, strategies, options, trace_dir, script, theme_name=theme)
+    app = viewers.compare(model, strategies, options, trace_dir, script, theme_name=theme)
     app.run()
-    sys.exit(app.outcome)
+    sys.exit(app.view.outcome)
 
 
 def _headless(model, strategies, options, trace_dir, script) -> int:

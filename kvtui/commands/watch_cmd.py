@@ -69,6 +69,10 @@ def watch(
     """Run a program that uses transformers and watch every causal LM it loads: each top-level forward
     becomes a step (tokens fed, positions applied vs asked for, cache per layer, top-k) and the cache
     bugs it makes are named with the line that made them."""
+    if not headless and connect is None:  # a screen opens: its theme is checked first (one check, options.py)
+        from . import check_theme
+
+        check_theme(theme)
     if module:
         if importlib.util.find_spec(target.split(".")[0]) is None and not Path(target.replace(".", "/")).exists():
             raise click.BadParameter(f"no module named {target!r}", param_hint="-m")
@@ -92,16 +96,11 @@ def watch(
         )
     if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
         raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
-    if not headless:
-        from ..themes import theme_error
-
-        if theme_error(theme):
-            raise click.BadParameter(theme_error(theme), param_hint="--theme")
     if headless:
         sys.exit(run_headless(target, list(args), module, trace_path, fail_on, show_top))
-    from ..app import KvtuiApp
+    from .. import viewers
 
-    app = KvtuiApp.watch(
+    app = viewers.watch(
         target,
         list(args),
         module=module,
@@ -164,12 +163,9 @@ def run_tree_tui(
 ) -> int:
     """The watch TUI over a command's tree: every watched process's steps in one timeline (M picks one
     process), pause / step / run / break on alarm for all of them at once, the command's output and stdin."""
-    from ..app import KvtuiApp
+    from .. import viewers
     from ..engine.watch.tree_source import TreeSource
-    from ..themes import theme_error
 
-    if theme_error(theme):
-        raise click.BadParameter(theme_error(theme), param_hint="--theme")
     try:
         source = TreeSource(
             executable, args, top_k=top_k, paused=paused, break_on_alarm=break_on_alarm, listen=listen, trace=trace_path
@@ -177,7 +173,7 @@ def run_tree_tui(
     except (OSError, ValueError) as error:
         click.echo(f"kvtui watch: {command}: cannot run: {getattr(error, 'strerror', None) or error}", err=True)
         return 2
-    app = KvtuiApp.watch(
+    app = viewers.watch(
         source=source,
         title=" ".join([command, *args]),
         paused=paused,

@@ -1,12 +1,13 @@
-"""What the app and its source ask of each other: `Viewer`, all a driver may ask of the app showing it, and
-`Driver`, all the app asks of its source (the defaults are those of a source that takes no command)."""
+"""What the step viewer and its source ask of each other: `Viewer`, all a driver may ask of the screen showing it
+(screens/step.py StepScreen), and `Driver`, all the screen asks of its source (the defaults are those of a
+source that takes no command)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from textual.binding import Binding
 from textual.widget import Widget
@@ -38,9 +39,14 @@ def ui_cpu() -> float | None:
         return None
 
 
+def cache_line(snapshot: StepSnapshot) -> str:
+    """The line under the chat where there is no turn's prefill to measure."""
+    return f"turn {snapshot.turn} · cache {snapshot.cache_seq_length} tokens · step {snapshot.step}"
+
+
 class Viewer(Protocol):
-    """What a driver may ask of the app that shows it (KvtuiApp), and all it may: the app's state it reads, a
-    few of Textual's own methods, and the viewer's methods below. Every member is for the UI thread, except
+    """What a driver may ask of the screen that shows it (StepScreen), and all it may: the screen's state it
+    reads, a few of Textual's own methods, and the viewer's methods below. Every member is for the UI thread, except
     `post_message` and `record_step`, which a source's worker thread may call."""
 
     # ---- the app's state, read only -----------------------------------------------------------------
@@ -115,15 +121,6 @@ class Viewer(Protocol):
         """The sparklines and the tok/s window hold these steps and no others (a trace shown at a step)."""
         ...
 
-    def set_prefill(self, prefill: StepSnapshot | None) -> None:
-        """This turn's prefill, which the reuse meter reads (a source that moves between turns says which)."""
-        ...
-
-    def start_ui_timing(self, forward: Literal["prefill", "verify"], cpu: float | None) -> None:
-        """A prefill or a verify was sent: `cpu` is the UI thread's CPU seconds now (None: not measured). The
-        reuse meter says later whether the UI took a real share of the CPU while it ran."""
-        ...
-
     def show_diagnostics(self, diagnostics: tuple[Diagnostic, ...] | None = None) -> None:
         """The source's alarms so far (None: those the app holds) with the app's own, in the diagnostics pane
         and the alarm line."""
@@ -142,7 +139,7 @@ class Viewer(Protocol):
         ...
 
     def show_next_script_turn(self) -> None:
-        """The input's placeholder: the script's next turn, or how to type a message."""
+        """The input's placeholder again, from the driver's `input_placeholder()`."""
         ...
 
 
@@ -155,7 +152,11 @@ class Driver:
     BINDINGS: ClassVar[list[Binding]] = []
     # actions this source cannot honour, with why: the key is dimmed, help says why, pressing it changes nothing
     UNAVAILABLE: ClassVar[dict[str, str]] = {}
-    app: Viewer  # the KvtuiApp showing this source (set by attach, before the app is mounted)
+    # help's words on this source, above the step viewer's notes on its panes
+    HELP: ClassVar[str] = ""
+    # what the cache pane says before the first step, in this source's words
+    EMPTY: ClassVar[str] = "cache empty: no step yet"
+    app: Viewer  # the screen showing this source (StepScreen; set by attach, before it is mounted)
     # a live session's facts as its records say (kvtui's own chat, once its model is loaded); None for others
     session: RemoteSession | None = None
 
@@ -197,9 +198,17 @@ class Driver:
         """The snapshot the panes draw for a step (a watched batch: the selected row)."""
         return snapshot
 
-    def reuse_text(self, snapshot: StepSnapshot) -> str | None:
-        """The line under the chat; None: the app's reuse meter (what this turn took from the cache)."""
+    def reuse_text(self, snapshot: StepSnapshot) -> str:
+        """The line under the chat (kvtui's chat: the reuse meter, drivers/reuse.py)."""
+        return cache_line(snapshot)
+
+    def next_turn(self) -> str | None:
+        """Enter with nothing typed: the text to send (a script's next turn), or None."""
         return None
+
+    def input_placeholder(self) -> str:
+        """What the chat's input line says while empty."""
+        return "Type a message, Enter to send"
 
     def find_step(self, step: int) -> StepSnapshot | None:
         return None

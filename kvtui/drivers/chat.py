@@ -25,6 +25,7 @@ from ..options import AppConfig
 from ..widgets.layers_pane import LayersPane
 from ..widgets.sampler_modal import SamplerModal
 from .base import Driver, ui_cpu
+from .reuse import ReuseMeter
 
 if TYPE_CHECKING:
     from ..engine.records.replay import SnapshotBuilder
@@ -54,12 +55,25 @@ def _exit_reason(code: int | None, stderr: deque) -> str:
     return f"exited with code {code}" + (f": {last}" if last else "")
 
 
+CHAT_HELP = """
+Send a message with Enter in the input box (i focuses it, Esc leaves it). By default the reply runs to
+the end of the turn; in step mode (m) only the prompt is prefilled and you step with space.
+Select a token in the buffer (arrows, click) and press backspace to rewind the cache to it.
+Select a row in top-k and press f to force that token instead of the sampled one.
+The line under the chat is the reuse meter: what this turn took from the cache, what it fed, and (after v)
+what a full re-encode costs.
+"""
+
+
 class ChatDriver(Driver):
     """The engine process's records in, its commands out. The session's facts (`session`) come from them."""
 
+    HELP = CHAT_HELP
+    EMPTY = "cache empty — send a message"
+
     def __init__(self, config: AppConfig, *, loaded=None, clock=None, loader=None, engine_setup=None):
         """`loaded`, `loader`, `clock` and `engine_setup` go to the engine process and must pickle (see
-        KvtuiApp)."""
+        viewers.chat)."""
         self.config = config
         self.clock = clock
         self._engine_objects = dict(loaded=loaded, loader=loader, clock=clock, engine_setup=engine_setup)
@@ -73,6 +87,8 @@ class ChatDriver(Driver):
         # step records -> snapshots; kept across engine restarts (the buffer goes on)
         self._builder: SnapshotBuilder | None = None
         self._quitting = False
+        self.meter = ReuseMeter()  # the line under the chat
+        self.script_turns = list(config.script.turns) if config.script else []  # --script: turns not sent yet
 
     # ---- the engine process -------------------------------------------------------------------------
 
@@ -123,6 +139,7 @@ class ChatDriver(Driver):
             elif kind == "step":
                 snapshot = builder.add(record)
                 self.history.append(snapshot)  # every step, here: a repaint may coalesce the messages below
+                self.meter.arrived(snapshot)
                 app.record_step(snapshot)  # likewise: its sparkline point and tok/s sample
                 post(
                     SnapshotReady(
@@ -249,14 +266,14 @@ class ChatDriver(Driver):
             return
         run = not app.step_mode
         if action == "send":
-            app.start_ui_timing("prefill", self._ui_cpu_now())
+            self.meter.sent("prefill", self._ui_cpu_now())
             argument = {"text": argument, "run": run}
         elif action == "force":
             argument = {"id": argument, "run": run}
         elif action == "sampler":
             argument = asdict(argument)
         elif action == "verify":
-            app.start_ui_timing("verify", self._ui_cpu_now())
+            self.meter.sent("verify", self._ui_cpu_now())
         self.pending += 1
         self.source.command(action, argument)
 
@@ -265,6 +282,9 @@ class ChatDriver(Driver):
         return None if self.clock is not None else ui_cpu()
 
     def state(self, record: dict) -> None:
+        verify = _verify_result(record)
+        if verify is not None:
+            self.meter.verified(verify)
         if record.get("done"):
             self.pending = max(0, self.pending - 1)
         if self.session is not None and record:
@@ -280,6 +300,17 @@ class ChatDriver(Driver):
     def title(self) -> tuple[str, str]:
         mode = "step mode" if self.app.step_mode else "run mode"
         return mode, f"{self.app.title} · {mode}"
+
+    def reuse_text(self, snapshot: StepSnapshot) -> str:
+        return self.meter.text(snapshot)
+
+    def next_turn(self) -> str | None:
+        return self.script_turns.pop(0) if self.script_turns else None
+
+    def input_placeholder(self) -> str:
+        if self.script_turns:
+            return f"Enter (here or in the cache pane) sends the script's next turn: {self.script_turns[0]}"
+        return super().input_placeholder()
 
     def find_step(self, step: int) -> StepSnapshot | None:
         return next((s for s in list(self.history) if s.step == step), None)  # list(): one C call, the pump appends

@@ -49,6 +49,13 @@ SOURCE_COMMANDS = {
 
 
 class ProgramDriver(Driver):
+    EMPTY = "no forward yet: the cache shows from the program's first forward"
+    HELP = """
+A watched program computes as it would unwatched: kvtui observes its forwards and never drives its model.
+space steps its forwards one at a time (the program pauses before its next one), r lets it run, p pauses it,
+b pauses it after a step that raised an alarm. i types a line to its stdin (ctrl+d closes it, ctrl+c
+interrupts it, Esc gives the keys back). n shows the next batch row; M one model's steps at a time.
+"""
     BINDINGS = [
         Binding("b", "break_on_alarm", "break on alarm"),
         Binding("n", "next_row", "next batch row (continuous batching: next request)", show=False),

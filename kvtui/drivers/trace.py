@@ -17,12 +17,19 @@ from ..widgets.chat_pane import ChatPane, program_step_text
 from ..widgets.status_bar import HISTORY
 from ..widgets.token_buffer import TokenBufferPane
 from .base import Driver
+from .reuse import ReuseMeter
 
 PLAY_INTERVAL = 0.1  # seconds between steps while playing
 
 
 class TraceDriver(Driver):
     """The keys that would act on a model move through the recorded steps instead."""
+
+    EMPTY = "no step recorded yet"
+    HELP = """
+A recorded trace, read-only: space (or s) steps forward, u and backspace step back, r plays it, p or Esc stop
+playing. With --follow the steps another process appends arrive as it writes them.
+"""
 
     UNAVAILABLE = {
         "verify": "replay is read-only: verify needs the live model (the verifies that ran are in the recording)",
@@ -47,6 +54,7 @@ class TraceDriver(Driver):
         self.at_end = True  # following: each new step is shown as it arrives, until the person steps back
         self._player: Any = None
         self._appended = False  # an "appended" call is on its way: the follower posts no other
+        self.meter = ReuseMeter()  # a chat's trace: the line under the chat, as it was live
 
     def start(self) -> None:
         app = self.app
@@ -104,7 +112,7 @@ class TraceDriver(Driver):
         self.position = index
         self.at_end = index == len(self.replay) - 1
         snapshot = self.replay.snapshots[index]
-        app.set_prefill(self.replay.prefill_for(index))  # this turn's, however the step was reached
+        self.meter.prefill = self.replay.prefill_for(index)  # this turn's, however the step was reached
         # the sparklines and tok/s of the steps up to this one, however it was reached (played, stepped, followed)
         app.replay_step_history(self.replay.snapshots[max(0, index - HISTORY + 1) : index + 1])
         diagnostics = self.replay.diagnostics_through(index)
@@ -127,10 +135,10 @@ class TraceDriver(Driver):
         name = snapshot.lineage or "no cache"
         return [{"role": f"{name} holds", "content": "".join(token.piece for token in snapshot.buffer)}]
 
-    def reuse_text(self, snapshot: StepSnapshot) -> str | None:
+    def reuse_text(self, snapshot: StepSnapshot) -> str:
         if self.replay.header.get("mode") == "watch":  # a watched program's trace: where each forward came from
             return program_step_text(snapshot, 0, self.replay.recomputed_through(max(self.position, 0)))
-        return None
+        return self.meter.text(snapshot)
 
     def command(self, action: str, argument: Any = None) -> None:
         if not len(self.replay):

@@ -1,6 +1,10 @@
-"""The help screen: every key, generated from the app's bindings so it cannot drift from them."""
+"""The help screen, one class for every screen: the keys of the screen under it as they are bound now (its
+`active_bindings`: the screen's, its source's, the focused pane's), keys written as people write them (`?`,
+`F1`), a key the source cannot honour dimmed with the reason, then that screen's notes on its source."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -10,23 +14,40 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-NOTES = """
-Send a message with Enter in the input box (i focuses it, Esc leaves it). By default the reply runs to
-the end of the turn; in step mode (m) only the prompt is prefilled and you step with space.
-Select a token in the buffer (arrows, click) and press backspace to rewind the cache to it.
-Select a row in top-k and press f to force that token instead of the sampled one.
-Special tokens show whole in the cache pane (its cells widen for them, up to 32 cells); the selected
-token's whole piece, id, position and origin show in the cursor pane.
-Shapes: `K=V 3×125×64` is kv_heads×tokens×head_dim with batch 1 left out when K and V are alike;
-`K 1×12×16 V 1×12×8` when they differ; `b2` marks a batch of 2.
-Short terminals fold the layers and diagnostics panes (F5 / F6 show them; the alarm line shows the top
-alarm meanwhile); they unfold when the terminal grows. In diagnostics, x expands an alarm group.
-A watched server or generate_batch (continuous batching) lists its requests above the cache pane: n picks
-the next request (or arrows / click in the list, F7 hides it); the cache, cursor and top-k panes show the
-picked request, and the cursor pane says when this forward did not feed it. The layers pane shows the paged
-cache's blocks per group: used (shared), cached for reuse, free.
---attention (opt-in) costs O(cache) per step: it reads the newest query's attention over every position.
-"""
+from ..keys import key_label
+
+if TYPE_CHECKING:
+    from textual.screen import Screen
+
+
+def kvtui_action(node, action: str) -> bool:
+    """Whether `action` (bound on `node`) is one of kvtui's: Textual's own (focus next, copy, the command
+    palette) are not listed, so help shows the keys kvtui gives and says what each does in kvtui's words."""
+    name = action.partition("(")[0]
+    target = node
+    if "." in name:
+        namespace, name = name.split(".", 1)
+        target = node.app if namespace == "app" else node.screen if namespace == "screen" else node
+    method = getattr(type(target), f"action_{name}", None)
+    return method is not None and method.__module__.startswith("kvtui.")
+
+
+def help_rows(screen: Screen) -> tuple[list[tuple[str, Binding]], list[tuple[str, Binding]]]:
+    """(the screen's keys and the app's, the focused pane's keys) as (keys, binding), one row per action: the
+    keys of one action joined (`?, F1`), only kvtui's actions (see kvtui_action)."""
+    rows: dict[tuple[bool, str, str], list[str]] = {}
+    bindings: dict[tuple[bool, str, str], Binding] = {}
+    for key, active in screen.active_bindings.items():
+        node, binding = active.node, active.binding
+        if not kvtui_action(node, binding.action):
+            continue
+        own = node is screen or node is screen.app
+        ident = (own, binding.action, binding.description)
+        rows.setdefault(ident, []).append(key_label(key))
+        bindings.setdefault(ident, binding)
+    screen_rows = [(", ".join(keys), bindings[ident]) for ident, keys in rows.items() if ident[0]]
+    pane_rows = [(", ".join(keys), bindings[ident]) for ident, keys in rows.items() if not ident[0]]
+    return screen_rows, pane_rows
 
 
 class HelpScreen(ModalScreen):
@@ -38,23 +59,31 @@ class HelpScreen(ModalScreen):
     }
     """
 
-    def __init__(self, bindings: list[Binding], unavailable=lambda action: None):
-        """`unavailable(action)`: why the app's source cannot do an action (None: it can)."""
+    def __init__(self, screen: Screen):
+        """`screen`: the screen whose keys to list (a SourceScreen: its `unavailable(action)` says why a key is
+        dimmed, its `help_notes()` what follows the keys)."""
         super().__init__()
-        self._key_bindings = bindings
-        self._unavailable = unavailable
+        self._screen = screen
 
     def compose(self) -> ComposeResult:
-        table = Table(title="kvtui keys", expand=True, show_edge=False)
+        screen = self._screen
+        unavailable = getattr(screen, "unavailable", lambda action: None)
+        own, pane = help_rows(screen)
+        table = Table(title=getattr(screen, "HELP_TITLE", "kvtui keys"), expand=True, show_edge=False)
         table.add_column("key", style="bold", no_wrap=True)
         table.add_column("does")
-        for binding in self._key_bindings:
-            keys = ", ".join(k.strip() for k in binding.key.split(","))
-            why = self._unavailable(binding.action.partition("(")[0])
+        for keys, binding in own:
+            why = unavailable(binding.action.partition("(")[0])
             table.add_row(
                 keys,
                 binding.description if why is None else Text(f"{binding.description}: not here ({why})", style="dim"),
             )
+        if pane:
+            table.add_section()
+            for keys, binding in pane:
+                table.add_row(keys, Text(f"{binding.description} (in the focused pane)"))
+        notes = getattr(screen, "help_notes", lambda: "")()
         with VerticalScroll():
             yield Static(table)
-            yield Static(NOTES.strip())
+            if notes:
+                yield Static(notes.strip(), markup=False)

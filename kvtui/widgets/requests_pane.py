@@ -35,8 +35,9 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("blocks", "blocks"),
     ("shared", "shared"),
 )
-# what a narrow pane keeps, most important first
-PRIORITY = (0, 1, 3, 2, 6, 5, 4, 8, 7)
+# what a narrow pane keeps, most important first (the waste, hit and recomputed, before the phase, which the
+# status mostly says); at 80x24 request, status, phase, fed/held, hit and recomputed fit
+PRIORITY = (0, 1, 3, 6, 5, 2, 4, 8, 7)
 STATUS_ROLES = {
     "waiting": "muted",
     "prefilling": "primary",
@@ -46,6 +47,7 @@ STATUS_ROLES = {
     "left": "muted",  # no longer scheduled, last seen unfinished: how it ended was not seen (no forward since)
 }
 BLOCKS_WIDTH = 32  # a block table longer than this ends in …
+ID_WIDTH = 10  # a longer request id (a server's 36-character uuid) shows its head and tail; selected, it shows whole
 KEPT_DEPARTED = 32  # requests no longer live that the list still shows (newest first), finished or not
 
 
@@ -76,13 +78,22 @@ def format_blocks(blocks: tuple[tuple[str, tuple[int, ...]], ...], width: int = 
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def short_id(request_id: str, width: int = ID_WIDTH) -> str:
+    """'chatcmpl-3b9f…02c9a1' for a long id: its head (the kind of request) and tail (what differs between
+    requests); the cursor pane names the selected request in full."""
+    if len(request_id) <= width:
+        return request_id
+    tail = (width - 1) // 2
+    return f"{request_id[: width - 1 - tail]}…{request_id[-tail:]}"
+
+
 def request_cells(request: RequestView, palette: Palette | None = None, live: bool = True) -> tuple[Text, ...]:
     """The cells of one request's row, in COLUMNS order; a request no longer live is dimmed."""
     muted = role_style(palette, "muted")
     dim = "" if live else "dim"
     status_style = role_style(palette, STATUS_ROLES.get(request.status, "accent"), "bold" if live else "dim")
     return (
-        Text(request.request_id, style="bold" if live and request.fed else dim),
+        Text(short_id(request.request_id), style="bold" if live and request.fed else dim),
         Text(request.status + (f" ↺{request.requeued}" if request.requeued else ""), style=status_style),
         Text(request.phase or "-", style=muted if not request.phase else dim),
         Text(f"{request.fed}/{request.held}", justify="right", style=dim),

@@ -53,6 +53,39 @@ def render_table(view: StatsView, palette: Palette | None = None) -> Table:
     return table
 
 
+STAT_NAMES = ("stored", "removed", "held", "capacity", "lost", "undecodable", "restored")
+
+
+def table_width(view: StatsView) -> int:
+    """The cells the table needs: each column its widest header or value, and a space between. O(origins)."""
+    columns = [[name] for name in STAT_NAMES]
+    if len(view.origins) > 1:
+        columns.insert(0, ["origin", *(origin or "events" for origin, _ in view.origins)])
+    for _, stats in view.origins:
+        values = (stats.stored, stats.removed, stats.held, stats.capacity or "?", stats.lost, stats.skipped)
+        for column, value in zip(columns[-7:], (*values, stats.restored)):
+            column.append(str(value))
+    return sum(max(len(cell) for cell in column) + 1 for column in columns)
+
+
+def render_lines(view: StatsView, palette: Palette | None = None) -> Text:
+    """The table's facts for a pane too narrow for its columns (80x24): one wrapping line per publisher,
+    `stored 4 · removed 0 · held 4 of 364 · lost 0 · undecodable 0 · restored 0`, every number kept."""
+    text = Text()
+    for index, (origin, stats) in enumerate(view.origins):
+        if index:
+            text.append("\n")
+        if len(view.origins) > 1:
+            text.append(f"{origin or 'events'}: ", style="bold")
+        held_style = role_style(palette, "warning") if stats.capacity and stats.held > 0.9 * stats.capacity else ""
+        text.append(f"stored {stats.stored} · removed {stats.removed} · ")
+        text.append(f"held {stats.held}", style=held_style)
+        text.append(f" of {stats.capacity if stats.capacity else '?'} · ")
+        text.append(f"lost {stats.lost}", style=role_style(palette, "error") if stats.lost else "")
+        text.append(f" · undecodable {stats.skipped} · restored {stats.restored}")
+    return text
+
+
 def rate_line(view: StatsView) -> str:
     parts = []
     for origin, samples in view.samples:
@@ -85,15 +118,28 @@ class ServerStats(Vertical):
         super().__init__(id=id)
         self.border_title = "server"
         self.view: StatsView | None = None
+        self._palette: Palette | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="stats-table")
         yield Sparkline([], id="stats-spark")
         yield Static("hit rate: waiting for /metrics", id="stats-rate")
 
+    def on_resize(self) -> None:
+        if self.view is not None:
+            self._show_table(self.view)
+
+    def _show_table(self, view: StatsView) -> None:
+        """The table where its columns fit, else the same facts as wrapping lines (no column dropped)."""
+        width = self.content_size.width
+        narrow = 0 < width < table_width(view)
+        body = render_lines(view, self._palette) if narrow else render_table(view, self._palette)
+        self.query_one("#stats-table", Static).update(body)
+
     def show(self, view: StatsView, palette: Palette | None = None) -> None:
         self.view = view
-        self.query_one("#stats-table", Static).update(render_table(view, palette))
+        self._palette = palette
+        self._show_table(view)
         series: list[float] = []
         for _origin, samples in view.samples:
             series = hit_rates(samples)

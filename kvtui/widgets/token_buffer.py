@@ -213,6 +213,8 @@ class TokenBufferPane(ScrollView, can_focus=True):
         def control(self) -> TokenBufferPane | None:
             return self.pane
 
+    empty_text = EMPTY_TEXT  # what the pane says before the first step: the screen sets its source's words
+
     def __init__(
         self,
         *,
@@ -487,7 +489,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
         if snapshot is None or grid.count == 0:
             if row != 0:
                 return Strip.blank(width, base)
-            return Strip([Segment(fit(" " + EMPTY_TEXT, width), self._style(("token-buffer--empty",)))], width)
+            return Strip([Segment(fit(" " + self.empty_text, width), self._style(("token-buffer--empty",)))], width)
 
         first = row * grid.cols
         if row < 0 or first >= grid.slots:

@@ -21,7 +21,8 @@ from rich.console import Console
 from textual.widgets import Static
 from vllm_servers import ROOT, VllmServer, free_ports, launch_vllm, stop_vllm, vllm_python, wait_healthy
 
-from kvtui.attach_app import AttachApp
+from kvtui import viewers
+from kvtui.app import KvtuiApp
 from kvtui.engine.server.attach import AttachOptions, AttachSession, connect
 from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.server_trace import load_server_trace
@@ -49,11 +50,11 @@ async def wait_until(condition, timeout: float, what: str) -> None:
         await asyncio.sleep(0.2)
 
 
-def status_text(app: AttachApp) -> str:
-    return str(app.query_one("#status", Static).content)
+def status_text(app: KvtuiApp) -> str:
+    return str(app.query_one("#status #status-text").content)
 
 
-def table_text(app: AttachApp) -> str:
+def table_text(app: KvtuiApp) -> str:
     console = Console(width=200, record=True, color_system=None, file=open(os.devnull, "w"))  # noqa: SIM115
     console.print(app.query_one("#stats-table", Static).content)
     return console.export_text()
@@ -92,7 +93,7 @@ async def test_a_killed_server_restarted_on_the_same_ports_is_followed(tmp_path)
         options = AttachOptions(urls=[url], trace=tui_trace)
         session = AttachSession(options, connect(options))
         session.start()
-        app = AttachApp(session=session)
+        app = viewers.server(session=session)
         try:
             async with app.run_test(size=(160, 48)) as pilot:
                 cache = session.cache

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from kvtui.app import KvtuiApp
+from kvtui import viewers
 from kvtui.engine.records.replay import Replay
 from kvtui.engine.records.trace import TraceError, read_trace
 
@@ -195,19 +195,19 @@ async def test_the_replay_app_says_the_recording_was_interrupted(killed_trace, t
     monkeypatch.setattr(loader, "load_model", no_model)
     finished = killed_trace.read_bytes().split(b"\n")[:-1]
     cut = _write(tmp_path / "cut.jsonl", cut_cases(finished)["half a step line"])
-    app = KvtuiApp.replay(cut)
-    steps = len(app.driver.replay)
+    app = viewers.replay(cut)
+    steps = len(app.view.driver.replay)
     async with app.run_test(size=(140, 45)) as pilot:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
-        while app.latest is None:
+        while app.view.latest is None:
             assert loop.time() < deadline, "the replay did not show its first step"
             await pilot.pause(0.05)
         await pilot.pause(0.1)
         notes = [str(n.message) for n in app._notifications]
         assert notes.count(f"the recording was interrupted: {steps} finished steps") == 1, notes
 
-    complete = KvtuiApp.replay(_write(tmp_path / "whole.jsonl", b"".join(line + b"\n" for line in finished)))
+    complete = viewers.replay(_write(tmp_path / "whole.jsonl", b"".join(line + b"\n" for line in finished)))
     async with complete.run_test(size=(140, 45)) as pilot:
         await pilot.pause(0.3)
         assert not any("interrupted" in str(n.message) for n in complete._notifications)

@@ -25,7 +25,8 @@ import psutil
 import torch
 from textual.widgets import Input, Sparkline
 
-from kvtui.app import HISTORY_STEPS, KvtuiApp
+from kvtui import viewers
+from kvtui.drivers.chat import HISTORY_STEPS
 from kvtui.engine.records.snapshot import BufferToken, StepSnapshot
 from kvtui.options import AppConfig
 from kvtui.widgets import status_bar
@@ -35,7 +36,7 @@ STEPS = 2000
 EARLY = 500  # first measurement: allocator settled, history (mostly) full
 SOAK_TIMEOUT = 240.0  # seconds for the whole run: ~20 s here with one torch thread (~100 s with two)
 
-# Snapshots alive besides the history: app.latest, app._prefill, session.last, the panes' current
+# Snapshots alive besides the history: app.view.latest, app.view.driver.meter.prefill, session.last, the panes' current
 # snapshot (buffer, cursor, layers, top-k), and the one a finished worker's frame may still hold.
 SNAPSHOT_SLACK = 16
 
@@ -68,7 +69,7 @@ async def wait_for(pilot, predicate, timeout: float, what: str):
 
 
 def engine_busy(app) -> bool:
-    return app.engine_busy
+    return app.view.engine_busy
 
 
 def _is_kvtui(kind: type) -> bool:
@@ -106,15 +107,15 @@ def measure(app, before: frozenset[int] = frozenset()) -> dict:
         and id(o) not in before
     )
     return {
-        "step": app.session.steps,
+        "step": app.view.session.steps,
         "rss": psutil.Process().memory_info().rss,
-        "engine_rss": psutil.Process(app.session.pid).memory_info().rss,
+        "engine_rss": psutil.Process(app.view.session.pid).memory_info().rss,
         "snapshots": len(snapshots),
         "buffer_tokens": sum(1 for o in objects if type(o) is BufferToken),
         "orphans": sum(kinds.values()),
         "orphan_kinds": dict(kinds),
         "tensors": sum(1 for o in objects if issubclass(type(o), torch.Tensor)),
-        "history": len(app.driver.history),
+        "history": len(app.view.driver.history),
     }
 
 
@@ -138,16 +139,16 @@ def busy_threads() -> list[str]:
 async def run_until(pilot, app, steps: int, turns: list[int]) -> None:
     """Press r and wait for `steps` forwards; a turn that ends early (an end token) gets another turn."""
     await pilot.press("r")
-    while app.session.steps < steps:
+    while app.view.session.steps < steps:
         await wait_for(
             pilot,
-            lambda: app.session.steps >= steps or not engine_busy(app),
+            lambda: app.view.session.steps >= steps or not engine_busy(app),
             SOAK_TIMEOUT,
-            f"{steps} steps (at {app.session.steps})",
+            f"{steps} steps (at {app.view.session.steps})",
         )
-        if app.session.steps < steps and not engine_busy(app):
+        if app.view.session.steps < steps and not engine_busy(app):
             assert len(turns) < 20, "generation keeps stopping: the soak cannot reach its step count"
-            turns.append(app.session.steps)
+            turns.append(app.view.session.steps)
             chat_input = app.query_one("#message", Input)
             chat_input.focus()
             chat_input.value = f"Tell me more, part {len(turns)}."
@@ -157,7 +158,7 @@ async def run_until(pilot, app, steps: int, turns: list[int]) -> None:
             await pilot.pause(0.05)
     await pilot.press("p")
     await wait_for(pilot, lambda: not engine_busy(app), 60, "the pause")
-    await wait_for(pilot, lambda: app._paint_timer is None, 10, "the last repaint")
+    await wait_for(pilot, lambda: app.view._paint_timer is None, 10, "the last repaint")
     await pilot.pause(0.2)
 
 
@@ -169,30 +170,30 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
     threads_before = {t.ident for t in threading.enumerate()}
     files_before = {f.path for f in process.open_files()}
     # one torch thread in the engine process too (the fixture sets this process's)
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": STEPS, "threads": 1}), loaded=loaded)
+    app = viewers.chat(AppConfig(options={"max_new_tokens": STEPS, "threads": 1}), loaded=loaded)
 
     async with app.run_test(size=(140, 45)) as pilot:
-        await wait_for(pilot, lambda: app.session is not None, 60, "the model to load")
-        spool = app.driver.source.trace_path
-        assert app.driver.source.spooled and spool.exists()
-        app.step_mode = True  # Enter only prefills; "r" runs the turn
+        await wait_for(pilot, lambda: app.view.session is not None, 60, "the model to load")
+        spool = app.view.driver.source.trace_path
+        assert app.view.driver.source.spooled and spool.exists()
+        app.view.step_mode = True  # Enter only prefills; "r" runs the turn
         chat_input = app.query_one("#message", Input)
         chat_input.focus()
         chat_input.value = "What is k?"
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.latest is not None and not engine_busy(app), 60, "the prefill")
+        await wait_for(pilot, lambda: app.view.latest is not None and not engine_busy(app), 60, "the prefill")
         turns = [1]
         await run_until(pilot, app, EARLY, turns)
         early = measure(app, constants)
         # the pause lands some steps after EARLY on a busy machine: measure the same window after it
         await run_until(pilot, app, max(STEPS, early["step"] + STEPS - EARLY), turns)
         late = measure(app, constants)
-        steps = app.session.steps
-        assert steps >= STEPS and app.latest.step == steps
+        steps = app.view.session.steps
+        assert steps >= STEPS and app.view.latest.step == steps
 
         # the history and the sparklines are capped; the trace spool holds every step
-        assert app.driver.history.maxlen == HISTORY_STEPS and len(app.driver.history) == HISTORY_STEPS
-        kept = [s.step for s in app.driver.history]  # every step: repaints coalesce, the history does not
+        assert app.view.driver.history.maxlen == HISTORY_STEPS and len(app.view.driver.history) == HISTORY_STEPS
+        kept = [s.step for s in app.view.driver.history]  # every step: repaints coalesce, the history does not
         assert kept == list(range(steps - HISTORY_STEPS + 1, steps + 1))
         bar = app.query_one(StatusBar)
         for points in (bar.latency, bar.cache_size):
@@ -208,7 +209,7 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
         for point in (early, late):
             assert point["snapshots"] <= HISTORY_STEPS + SNAPSHOT_SLACK, point
             assert point["orphans"] <= MAX_ORPHANS, point
-        assert late["buffer_tokens"] <= len(app.session.buffer) + SNAPSHOT_SLACK, late
+        assert late["buffer_tokens"] <= len(app.view.session.buffer) + SNAPSHOT_SLACK, late
         assert late["tensors"] - early["tensors"] <= MAX_NEW_TENSORS, (early, late)
         span = late["step"] - early["step"]
         assert span >= 1000, (early, late)
@@ -223,8 +224,8 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
             f"live StepSnapshots {early['snapshots']} -> {late['snapshots']} (history {early['history']} -> "
             f"{late['history']}); orphan kvtui objects {early['orphans']} -> {late['orphans']} "
             f"{late['orphan_kinds']}; BufferTokens {early['buffer_tokens']} -> {late['buffer_tokens']} "
-            f"(buffer {len(app.session.buffer)}); tensors {early['tensors']} -> {late['tensors']}; "
-            f"diagnostics {len(app.diagnostics)}, app_diagnostics {len(app.app_diagnostics)}"
+            f"(buffer {len(app.view.session.buffer)}); tensors {early['tensors']} -> {late['tensors']}; "
+            f"diagnostics {len(app.view.diagnostics)}, app_diagnostics {len(app.view.app_diagnostics)}"
         )
 
     # after exit: no thread still runs the engine, no new thread but idle executor threads, no open file. The

@@ -17,8 +17,8 @@ async def wait_for(pilot, predicate, timeout: float = 30.0, what: str = "conditi
 
 async def wait_idle(pilot, app, timeout: float = 30.0):
     """Until the engine answered every command sent and the last snapshot reached the panes."""
-    await wait_for(pilot, lambda: not app.engine_busy, timeout, "the engine to finish its commands")
-    await wait_for(pilot, lambda: app._paint_timer is None, timeout, "the throttled repaint")
+    await wait_for(pilot, lambda: not app.view.engine_busy, timeout, "the engine to finish its commands")
+    await wait_for(pilot, lambda: app.view._paint_timer is None, timeout, "the throttled repaint")
     await pilot.pause(0.1)
 
 
@@ -26,14 +26,14 @@ async def start(pilot, app, text="What is k?", step_mode=True):
     """Wait for the model, then send `text` from the input (step mode: only the prefill runs)."""
     from textual.widgets import Input
 
-    await wait_for(pilot, lambda: app.session is not None or app.driver.load_failed, what="the model to load")
-    assert app.session is not None, app.model_text
-    app.step_mode = step_mode
+    await wait_for(pilot, lambda: app.view.session is not None or app.view.driver.load_failed, what="the model to load")
+    assert app.view.session is not None, app.view.model_text
+    app.view.step_mode = step_mode
     chat_input = app.query_one("#message", Input)
     chat_input.focus()
     chat_input.value = text
     await pilot.press("enter")
-    await wait_for(pilot, lambda: app.latest is not None, what="the prefill")
+    await wait_for(pilot, lambda: app.view.latest is not None, what="the prefill")
     await wait_idle(pilot, app)
 
 

@@ -6,7 +6,7 @@ import sys
 
 from textual.widgets import Input
 
-from kvtui.app import KvtuiApp
+from kvtui import viewers
 from kvtui.options import AppConfig
 from kvtui.widgets.cursor_pane import CursorPane
 from kvtui.widgets.diagnostics_pane import DiagnosticsPane
@@ -20,7 +20,7 @@ SIZE = (140, 45)
 
 
 def make_app(loaded, **options):
-    return KvtuiApp(AppConfig(options={"max_new_tokens": 8, **options}), loaded=loaded)
+    return viewers.chat(AppConfig(options={"max_new_tokens": 8, **options}), loaded=loaded)
 
 
 def cursor_text(app) -> str:
@@ -38,18 +38,18 @@ async def test_send_and_step_five_tokens_every_pane_agrees_with_the_snapshot(tin
     app = make_app(tiny_loaded("qwen2"))
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
-        assert app.latest.phase == "prefill"
+        assert app.view.latest.phase == "prefill"
         for _ in range(5):
             await pilot.press("space")
             await wait_idle(pilot, app)
-        snapshot = app.latest
+        snapshot = app.view.latest
         assert snapshot.step == 6 and snapshot.phase == "decode"
         # the snapshot tells the truth about the real cache (independent reads): the engine process writes
         # its K/V tensors out (e), and they are read back here with safetensors
         await pilot.press("e")
         await wait_idle(pilot, app)
         export = load_cache(tmp_path / f"kvtui-cache-step{snapshot.step}.safetensors")
-        assert snapshot.cache_seq_length == app.session.cache_length == export.keys[0].shape[-2]
+        assert snapshot.cache_seq_length == app.view.session.cache_length == export.keys[0].shape[-2]
         # cursor pane
         text = cursor_text(app)
         assert f"cursor {snapshot.cursor}" in " ".join(text.split())
@@ -91,15 +91,18 @@ async def test_run_then_pause_then_run(tiny_loaded):
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app, step_mode=True)
         await pilot.press("r")
-        await wait_for(pilot, lambda: app.latest.step > 5, what="a few run steps")
+        await wait_for(pilot, lambda: app.view.latest.step > 5, what="a few run steps")
         await pilot.press("p")
         await wait_idle(pilot, app)
-        paused_at = app.latest.step
-        await pilot.pause(0.3)
-        assert app.latest.step == paused_at and paused_at < BUDGET  # nothing runs while paused
-        assert app.latest.cursor == app.session.cache_length
+        paused_at = app.view.latest.step
+        assert paused_at < BUDGET and app.view.latest.cursor == app.view.session.cache_length
+        # paused, not running: one step (answered by the engine) moves exactly one past where the pause held it
+        await pilot.press("space")
+        await wait_idle(pilot, app)
+        assert app.view.latest.step == paused_at + 1
+        paused_at = app.view.latest.step
         await pilot.press("r")
-        await wait_for(pilot, lambda: app.latest.step > paused_at + 3, what="running again")
+        await wait_for(pilot, lambda: app.view.latest.step > paused_at + 3, what="running again")
         await pilot.press("p")
         await wait_idle(pilot, app)
 
@@ -111,16 +114,18 @@ async def test_rewind_and_rewind_to_selected(tiny_loaded):
         for _ in range(3):
             await pilot.press("space")
             await wait_idle(pilot, app)
-        before = app.latest.cursor
+        before = app.view.latest.cursor
         await pilot.press("u")
         await wait_idle(pilot, app)
-        assert app.latest.phase == "rewind" and app.latest.cursor == before - 1 == app.session.cache_length
+        assert (
+            app.view.latest.phase == "rewind" and app.view.latest.cursor == before - 1 == app.view.session.cache_length
+        )
         buffer = app.query_one(TokenBufferPane)
         buffer.focus()
         buffer.select(10)
         await pilot.press("backspace")
         await wait_idle(pilot, app)
-        assert app.latest.cursor == 10 == app.session.cache_length
+        assert app.view.latest.cursor == 10 == app.view.session.cache_length
         assert len(buffer.snapshot.buffer) == 10
 
 
@@ -128,16 +133,16 @@ async def test_force_the_selected_alternative(tiny_loaded):
     app = make_app(tiny_loaded("qwen2"))
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
-        alternative = app.latest.topk_processed[2]
+        alternative = app.view.latest.topk_processed[2]
         topk = app.query_one(TopKPane)
         topk.table.focus()
         topk.table.move_cursor(row=2)
         await pilot.press("f")
-        await wait_for(pilot, lambda: app.latest.step >= 2, what="the forced step")
+        await wait_for(pilot, lambda: app.view.latest.step >= 2, what="the forced step")
         await wait_idle(pilot, app)
-        last = app.latest.buffer[-1]  # force feeds the alternative at once (step mode stops after it)
+        last = app.view.latest.buffer[-1]  # force feeds the alternative at once (step mode stops after it)
         assert (last.id, last.origin) == (alternative.id, "forced")
-        assert app.latest.input_ids == (alternative.id,)
+        assert app.view.latest.input_ids == (alternative.id,)
 
 
 async def test_verify_reports_agreement(tiny_loaded):
@@ -154,7 +159,7 @@ async def test_verify_reports_agreement(tiny_loaded):
             what="the verify notification",
         )
         note = next(str(n.message) for n in app._notifications if "full recompute" in str(n.message))
-        assert "matches" in note and "cache-mismatch" not in [d.code for d in app.diagnostics]
+        assert "matches" in note and "cache-mismatch" not in [d.code for d in app.view.diagnostics]
 
 
 async def test_static_overflow_shows_the_refusal_and_the_app_goes_on(tiny_loaded):
@@ -167,7 +172,7 @@ async def test_static_overflow_shows_the_refusal_and_the_app_goes_on(tiny_loaded
     app = make_app(loaded, cache="static", max_cache_len=prompt_len + 3, max_new_tokens=50)
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app, step_mode=False)  # runs until the cache refuses
-        assert app.session.cache_length == prompt_len + 3
+        assert app.view.session.cache_length == prompt_len + 3
         diagnostics = app.query_one(DiagnosticsPane)
         rows = table_text(diagnostics.table)
         assert any("static-capacity" in r and "error" in r for r in rows)
@@ -176,13 +181,13 @@ async def test_static_overflow_shows_the_refusal_and_the_app_goes_on(tiny_loaded
         await wait_idle(pilot, app)
         await pilot.press("space")
         await wait_idle(pilot, app)
-        assert app.latest.cursor == app.session.cache_length == prompt_len + 3
+        assert app.view.latest.cursor == app.view.session.cache_length == prompt_len + 3
 
 
 async def test_worker_exception_is_shown_and_the_session_survives(tiny_loaded):
     from engine_faults import fail_once
 
-    app = KvtuiApp(
+    app = viewers.chat(
         AppConfig(options={"max_new_tokens": 8}),
         loaded=tiny_loaded("qwen2"),
         engine_setup=fail_once("step", "simulated failure"),
@@ -190,20 +195,23 @@ async def test_worker_exception_is_shown_and_the_session_survives(tiny_loaded):
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
         await pilot.press("space")
-        await wait_for(pilot, lambda: app.app_diagnostics, what="the worker error")
-        assert app.app_diagnostics[0].code == "worker-error" and "simulated failure" in app.app_diagnostics[0].message
+        await wait_for(pilot, lambda: app.view.app_diagnostics, what="the worker error")
+        assert (
+            app.view.app_diagnostics[0].code == "worker-error"
+            and "simulated failure" in app.view.app_diagnostics[0].message
+        )
         assert any("worker-error" in r for r in table_text(app.query_one(DiagnosticsPane).table))
-        before = app.latest.step
+        before = app.view.latest.step
         await pilot.press("space")
         await wait_idle(pilot, app)
-        assert app.latest.step == before + 1
+        assert app.view.latest.step == before + 1
 
 
 async def test_missing_model_is_a_clear_error_and_the_app_keeps_running(tmp_path):
-    app = KvtuiApp(AppConfig(model=str(tmp_path / "no-such-model")))
+    app = viewers.chat(AppConfig(model=str(tmp_path / "no-such-model")))
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: "no model" in app.model_text, what="the load error")
-        assert "does not exist" in app.model_text
+        await wait_for(pilot, lambda: "no model" in app.view.model_text, what="the load error")
+        assert "does not exist" in app.view.model_text
         await pilot.press("space")  # still answers keys
         await pilot.pause(0.1)
         assert any("does not exist" in str(n.message) for n in app._notifications)
@@ -215,13 +223,13 @@ async def test_quit_mid_generation_leaves_no_thread_and_no_engine_process(tiny_l
     app = make_app(tiny_loaded("qwen2"), max_new_tokens=100000)
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app, step_mode=True)
-        engine = app.session.pid
+        engine = app.view.session.pid
         assert psutil.pid_exists(engine) and engine != psutil.Process().pid
         await pilot.press("r")
-        await wait_for(pilot, lambda: app.latest.step > 3, what="running")
+        await wait_for(pilot, lambda: app.view.latest.step > 3, what="running")
         await pilot.press("q")
         await pilot.pause(0.2)
-    assert app.latest.step < 100000
+    assert app.view.latest.step < 100000
     assert all(worker.is_finished for worker in app.workers)
     assert not psutil.pid_exists(engine)  # quit waited for the engine process: it is gone, not a zombie
     # no thread is still inside the engine or the model (an idle executor thread is not ours)
@@ -260,11 +268,13 @@ async def test_help_sampler_and_pane_toggles(tiny_loaded):
         app.screen.query_one("#field-top_k", Input).value = "5"
         await pilot.click("#apply")
         await wait_idle(pilot, app)
-        assert app.session.sampler.temperature == 0.8 and app.session.sampler.top_k == 5  # the engine's answer
+        assert (
+            app.view.session.sampler.temperature == 0.8 and app.view.session.sampler.top_k == 5
+        )  # the engine's answer
         await pilot.press("space")
         await wait_idle(pilot, app)
         # top-k 5 after the processors: at most 5 tokens keep probability
-        assert sum(1 for t in app.latest.topk_processed if t.prob > 0) <= 5
+        assert sum(1 for t in app.view.latest.topk_processed if t.prob > 0) <= 5
 
 
 async def test_reuse_meter_and_watch(tiny_loaded):
@@ -273,14 +283,14 @@ async def test_reuse_meter_and_watch(tiny_loaded):
     app = make_app(tiny_loaded("qwen2"), max_new_tokens=3)
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app, step_mode=False)
-        first = app._prefill
+        first = app.view.driver.meter.prefill
         assert first is not None and len(first.buffer) - len(first.input_ids) == 0
         chat_input = app.query_one("#message", Input)
         chat_input.focus()
         chat_input.value = "And m?"
         await pilot.press("enter")
         await wait_idle(pilot, app)
-        second = app._prefill
+        second = app.view.driver.meter.prefill
         reused = len(second.buffer) - len(second.input_ids)
         assert reused > 0 and second.turn == 2
         reuse = app.query_one(ChatPane).query_one("#reuse").visual.plain
@@ -300,13 +310,13 @@ async def test_reuse_meter_and_watch(tiny_loaded):
         await pilot.press("w")
         await pilot.press("u")  # a rewind re-feeds a token: a new step
         await wait_idle(pilot, app)
-        assert [t.id for t in app.latest.watched] == [watched]
+        assert [t.id for t in app.view.latest.watched] == [watched]
 
 
 def test_only_plain_decode_snapshots_are_coalesced():
     """Textual asks the queued (older) message whether the next may supersede it."""
-    from kvtui.app import SnapshotReady
     from kvtui.engine.records.snapshot import Diagnostic, StepSnapshot, TokenBuffer
+    from kvtui.messages import SnapshotReady
 
     def message(phase, diagnostics=()):
         snapshot = StepSnapshot(

@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from kvtui.attach_app import BEHIND_AFTER, AttachApp
+from kvtui import viewers
+from kvtui.app import KvtuiApp
 from kvtui.cli import main
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import BlocksRemoved, BlocksStored, EventBatch
@@ -22,11 +23,13 @@ from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.server_http import CacheMetrics
 from kvtui.engine.server.server_trace import ServerRun, load_server_trace
 from kvtui.engine.server.view import MAX_CHAINS, NodeRef, build_view
+from kvtui.screens.server import BEHIND_AFTER
 from kvtui.widgets.block_detail import BlockDetail
 from kvtui.widgets.cache_notes import CacheNotes
 from kvtui.widgets.prefix_tree_pane import PrefixTreePane
 from kvtui.widgets.server_stats import ServerStats
 from kvtui.widgets.server_tokens import tokens_text
+from pilot_helpers import wait_for
 from test_layout import screen_text
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "server_trace_sample.jsonl"
@@ -69,14 +72,16 @@ def synthetic_cache() -> PrefixCache:
     return cache
 
 
-def replay_app(cache: PrefixCache) -> AttachApp:
+def replay_app(cache: PrefixCache) -> KvtuiApp:
     header = {"servers": [{"url": "http://srv:8000", "model": "tiny-model"}]}
-    return AttachApp(run=ServerRun(Path("synthetic.jsonl"), header, cache))
+    return viewers.server(run=ServerRun(Path("synthetic.jsonl"), header, cache))
 
 
-def live_app(cache: PrefixCache) -> AttachApp:
-    session = SimpleNamespace(cache=cache, title="tiny-model at http://srv:8000", problems=deque(), error=None)
-    return AttachApp(session=session)
+def live_app(cache: PrefixCache) -> KvtuiApp:
+    session = SimpleNamespace(
+        cache=cache, title="tiny-model at http://srv:8000", problems=deque(), error=None, stop=lambda: None
+    )
+    return viewers.server(session=session)
 
 
 def labels(tree: PrefixTreePane) -> list[str]:
@@ -89,18 +94,18 @@ def labels(tree: PrefixTreePane) -> list[str]:
     return out
 
 
-async def select(pilot, app: AttachApp, ref: NodeRef) -> None:
+async def select(pilot, app: KvtuiApp, ref: NodeRef) -> None:
     tree = app.query_one(PrefixTreePane)
     assert tree.select_ref(ref), ref
     await pilot.pause(0.05)
-    assert app.selected == ref
+    assert app.view.selected == ref
 
 
 def test_the_app_takes_a_session_or_a_run():
     with pytest.raises(ValueError):
-        AttachApp()
+        viewers.server()
     with pytest.raises(ValueError):
-        AttachApp(session=SimpleNamespace(cache=PrefixCache()), run=ServerRun(Path("x"), {}, PrefixCache()))
+        viewers.server(session=SimpleNamespace(cache=PrefixCache()), run=ServerRun(Path("x"), {}, PrefixCache()))
 
 
 def test_special_tokens_are_drawn_apart_and_long_text_is_cut():
@@ -136,7 +141,7 @@ async def test_the_tree_shows_the_chains_with_their_text_and_a_block_its_detail(
         assert "  1 @4     a2a2a2a2  " in chain.children[1].label.plain and " are a baker." in labels(tree)[3]
         await pilot.press("down", "down")  # A1, then A2
         await pilot.pause(0.1)
-        assert app.selected == NodeRef(1, (ORIGIN, 0, A2))
+        assert app.view.selected == NodeRef(1, (ORIGIN, 0, A2))
         detail = shown(app.query_one(BlockDetail).query_one("#block-detail-body"))
         assert A2 in detail and f"parent {A1}" in detail
         assert "#1 · depth 1 · tokens 4..8 (4)" in detail and "2 children" in detail
@@ -155,7 +160,7 @@ async def test_notes_show_and_select_their_block():
         tree = app.query_one(PrefixTreePane)
         await pilot.press("n")  # the note: B1 left chain #1 at token 3
         await pilot.pause(0.1)
-        assert tree.cursor_ref == NodeRef(2, (ORIGIN, 0, B1)) and app.selected == tree.cursor_ref
+        assert tree.cursor_ref == NodeRef(2, (ORIGIN, 0, B1)) and app.view.selected == tree.cursor_ref
         assert 2 in tree.expanded_chains
         detail = shown(app.query_one(BlockDetail).query_one("#block-detail-body"))
         assert B1 in detail and "'Time' (id 8) instead of 'You' (id 3)" in detail
@@ -175,18 +180,17 @@ async def test_removed_blocks_leave_the_tree_at_the_next_refresh_and_stats_count
         await pilot.pause(0.1)
         tree = app.query_one(PrefixTreePane)
         tree.expanded_chains.add(1)
-        app.refresh_view(force=True)
+        app.view.refresh_view(force=True)
         await select(pilot, app, NodeRef(1, (ORIGIN, 0, A4)))
         stats = app.query_one(ServerStats)
         assert stats.border_title == "srv:8000 · blocks held 8 of 100 (8%) · 2 chains"
         assert stats.query_one("#stats-spark").data == [0.5]  # (60 - 10) / (200 - 100)
         table = shown(stats.query_one("#stats-table"))
-        assert "capacity" in table and "100" in table
+        assert "held 8 of 100" in table  # the capacity (at 120x36 the table's columns wrap as lines)
         with cache.lock:  # as the reader applies
             cache.apply(batch(4, BlocksRemoved(hashes=(A4, B1, B2, B3, B4))), ORIGIN)
         assert tree.node_for(NodeRef(1, (ORIGIN, 0, A4))) is not None  # nothing moves before the timer
-        await pilot.pause(0.4)  # a 4 Hz tick
-        assert tree.node_for(NodeRef(1, (ORIGIN, 0, A4))) is None
+        await wait_for(pilot, lambda: tree.node_for(NodeRef(1, (ORIGIN, 0, A4))) is None, 5, "the next 4 Hz refresh")
         assert [node.data.chain for node in tree.root.children] == [1]  # chain #2 went with B1
         assert not any(A4[:8] in label for label in labels(tree))
         assert tree.cursor_ref == NodeRef(1)  # the selection fell back to its chain
@@ -250,20 +254,19 @@ async def test_refreshes_skip_while_the_reader_holds_the_cache_and_keys_still_an
         try:
             held.wait(5)
             started = time.monotonic()
-            assert app.refresh_view(force=True) is False
+            assert app.view.refresh_view(force=True) is False
             assert time.monotonic() - started < 0.1
             await pilot.press("down")
             await pilot.pause(0.05)
             assert tree.cursor_line == first + 1  # the key was answered with the reader holding the lock
-            app.skipped = BEHIND_AFTER
-            app.refresh_view(force=True)
-            assert "view behind" in shown(app.query_one("#status"))
+            app.view.skipped = BEHIND_AFTER
+            app.view.refresh_view(force=True)
+            assert "view behind" in shown(app.query_one("#status #status-text"))
             assert [n.data.chain for n in tree.root.children] == [2, 1]  # not shown yet
         finally:
             release.set()
             thread.join(5)
-        await pilot.pause(0.4)
-        assert [n.data.chain for n in tree.root.children] == [3, 2, 1]
+        await wait_for(pilot, lambda: [n.data.chain for n in tree.root.children] == [3, 2, 1], 5, "the next refresh")
 
 
 async def test_pause_holds_the_view_and_resume_catches_up():
@@ -273,19 +276,19 @@ async def test_pause_holds_the_view_and_resume_catches_up():
         await pilot.pause(0.1)
         tree = app.query_one(PrefixTreePane)
         await pilot.press("p")
-        assert app.paused and "PAUSED" in shown(app.query_one("#status"))
+        assert app.view.paused and "PAUSED" in shown(app.query_one("#status #status-text"))
         with cache.lock:
             cache.apply(batch(4, stored([f"{0xC1:016x}"], [0, 1, 2, 9])), ORIGIN)
         await pilot.pause(0.4)
         assert [n.data.chain for n in tree.root.children] == [2, 1]
         await pilot.press("p")
         await pilot.pause(0.1)
-        assert not app.paused and [n.data.chain for n in tree.root.children] == [3, 2, 1]
-        assert "live · batches 5" in shown(app.query_one("#status"))
+        assert not app.view.paused and [n.data.chain for n in tree.root.children] == [3, 2, 1]
+        assert "live · batches 5" in shown(app.query_one("#status #status-text"))
 
 
 async def test_the_recorded_server_trace_replays():
-    app = AttachApp(run=load_server_trace(SAMPLE))
+    app = viewers.server(run=load_server_trace(SAMPLE))
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.1)
         tree = app.query_one(PrefixTreePane)
@@ -302,7 +305,24 @@ async def test_the_recorded_server_trace_replays():
         assert "<|im_start|>system↵Time:·12:01. You are a careful" in detail  # its tokens, drawn printable
         assert "instead of '1' (id 33)" in detail  # the notes of prompts that left its chain, #2
         await pilot.press("p")  # nothing to pause in a replay: says so, changes nothing
-        assert not app.paused
+        assert not app.view.paused
+
+
+async def test_at_80x24_the_server_view_keeps_every_number():
+    """The stats table's seven columns do not fit beside the tree at 80 columns: the same facts wrap as lines,
+    and the hit-rate line stays on screen."""
+    app = viewers.server(run=load_server_trace(SAMPLE))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        text = " ".join(screen_text(app).replace("│", " ").split())
+        for fact in ("stored 4", "removed 0", "held 4 of", "364", "lost 0", "undecodable 0", "restored 0"):
+            assert fact in text, (fact, text)
+        assert "hit rate 0.0% lately" in text and "17.3% overall" in text
+    app = viewers.server(run=load_server_trace(SAMPLE))
+    async with app.run_test(size=(200, 50)) as pilot:  # room enough: the table
+        await pilot.pause(0.2)
+        table = shown(app.query_one(ServerStats).query_one("#stats-table"))
+        assert "undecodable" in table and "stored 4 ·" not in table
 
 
 def test_replay_print_says_the_summary_and_the_notes(tmp_path):
@@ -329,7 +349,7 @@ def test_replay_print_says_the_summary_and_the_notes(tmp_path):
 
 
 async def test_help_lists_the_keys_and_refreshes_go_on_under_it():
-    from kvtui.attach_app import AttachHelp
+    from kvtui.widgets.help_screen import HelpScreen
 
     cache = synthetic_cache()
     app = live_app(cache)
@@ -337,12 +357,12 @@ async def test_help_lists_the_keys_and_refreshes_go_on_under_it():
         await pilot.pause(0.1)
         await pilot.press("question_mark")
         await pilot.pause(0.05)
-        assert isinstance(app.screen, AttachHelp)
-        assert "Next note" in screen_text(app)
+        assert isinstance(app.screen, HelpScreen)
+        assert "next note" in screen_text(app)
         with cache.lock:
             cache.apply(batch(4, stored([f"{0xC1:016x}"], [0, 1, 2, 9])), ORIGIN)
-        assert app.refresh_view(force=True) is True  # the panes are on the screen below: still updated
-        assert [n.data.chain for n in app.tree_pane.root.children] == [3, 2, 1]
+        assert app.view.refresh_view(force=True) is True  # the panes are on the screen below: still updated
+        assert [n.data.chain for n in app.view.tree_pane.root.children] == [3, 2, 1]
         await pilot.press("escape")
         await pilot.pause(0.05)
-        assert not isinstance(app.screen, AttachHelp)
+        assert not isinstance(app.screen, HelpScreen)

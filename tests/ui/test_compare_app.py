@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvtui.compare_app import CompareApp
+from kvtui import viewers
 from kvtui.engine.chat.script import Script
 from kvtui.widgets.lane_pane import LanePane
 from kvtui.widgets.step_time_plot import StepTimePlot
@@ -23,22 +23,22 @@ async def test_compare_screen_runs_the_lanes_in_lockstep(tiny_dir, tmp_path):
         "dtype": "float32",
         "device": "cpu",
     }
-    app = CompareApp(
+    app = viewers.compare(
         str(tiny_dir("llama")), ("none", "dynamic", "static"), options, tmp_path, script, theme_name="kvtui-projector"
     )
     async with app.run_test(size=(120, 36)) as pilot:
         for _ in range(600):
             await pilot.pause(0.1)
-            if app.finished or app.outcome == 2:
+            if app.view.finished or app.view.outcome == 2:
                 break
-        assert app.finished and app.outcome == 0
-        lanes = app.comparison.lanes
+        assert app.view.finished and app.view.outcome == 0
+        lanes = app.view.comparison.lanes
         assert [len(lane.chosen) for lane in lanes] == [len(lanes[0].chosen)] * 3  # lockstep: the same steps each
         panes = {pane.border_title: str(pane.render()) for pane in app.query(LanePane)}
         assert "re-reads" in panes["none"] and "tok/s" in panes["dynamic"]
         dynamic = lanes[1]
         assert f"holds {dynamic.cache_length}" in panes["dynamic"]
-        verdict = str(app.query_one("#verdict").render())
+        verdict = str(app.query_one("#verdict #status-text").render())  # compare's status line
         assert "tokens identical: yes" in verdict and "turn 2/2" in verdict
         plot = str(app.query_one(StepTimePlot).render())
         assert "none" in plot and "dynamic" in plot and "context length" in plot

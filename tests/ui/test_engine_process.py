@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kvtui.app import KvtuiApp
+from kvtui import viewers
 from kvtui.options import AppConfig
 from kvtui.widgets.status_bar import StatusBar
 from pilot_helpers import start, wait_for, wait_idle
@@ -37,21 +37,21 @@ def test_the_engine_process_dies_within_two_seconds_of_the_app_being_sigkilled(t
     script.write_text(
         textwrap.dedent(f"""
         import asyncio
-        from kvtui.app import KvtuiApp
+        from kvtui import viewers
         from kvtui.options import AppConfig
 
         async def main():
-            app = KvtuiApp(AppConfig(model={str(tiny_dir("qwen2"))!r}, options={{"max_new_tokens": 100000}}))
+            app = viewers.chat(AppConfig(model={str(tiny_dir("qwen2"))!r}, options={{"max_new_tokens": 100000}}))
             async with app.run_test(size=(120, 40)) as pilot:
-                while app.session is None:
+                while app.view.session is None:
                     await pilot.pause(0.05)
                 app.query_one("#message").value = "What is k?"
                 app.query_one("#message").focus()
                 await pilot.press("enter")  # run mode: it generates until killed
-                while app.latest is None or app.latest.step < 5:
+                while app.view.latest is None or app.view.latest.step < 5:
                     await pilot.pause(0.05)
                 import sys
-                print(app.session.pid, "torch" in sys.modules, flush=True)
+                print(app.view.session.pid, "torch" in sys.modules, flush=True)
                 await asyncio.sleep(600)
 
         asyncio.run(main())
@@ -84,44 +84,48 @@ def test_the_engine_process_dies_within_two_seconds_of_the_app_being_sigkilled(t
 async def test_a_dead_engine_is_an_alarm_and_R_restarts_it_with_the_chat(tiny_loaded, tmp_path, how):
     from engine_faults import die_on_step
 
-    app = KvtuiApp(
+    app = viewers.chat(
         AppConfig(options={"max_new_tokens": 8}),
         loaded=tiny_loaded("qwen2"),
         engine_setup=die_on_step(how, tmp_path / "died"),
     )
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)  # the prefill ran
-        first = app.session.pid
-        before = app.latest
+        first = app.view.session.pid
+        before = app.view.latest
         await pilot.press("space")  # the engine dies in this step
-        await wait_for(pilot, lambda: app.app_diagnostics, 30, "the alarm")
-        alarm = app.app_diagnostics[-1]
+        await wait_for(pilot, lambda: app.view.app_diagnostics, 30, "the alarm")
+        alarm = app.view.app_diagnostics[-1]
         assert alarm.code == "worker-error" and alarm.severity == "error"
         expected = "killed by SIGKILL" if how == "kill" else "exited with code 3: fatal: simulated crash"
         assert expected in alarm.message, alarm.message
         assert "R restarts" in app.query_one(StatusBar).model_text or any(
             "R restarts" in str(n.message) for n in app._notifications
         )
-        assert not app.engine_busy and gone(first)
+        assert not app.view.engine_busy and gone(first)
         await pilot.press("space")  # refused, said so: nothing to send it to
         assert any("R restarts it" in str(n.message) for n in app._notifications)
 
         await pilot.press("R")
-        await wait_for(pilot, lambda: app.session is not None and app.latest.phase == "restore", 120, "the restore")
+        await wait_for(
+            pilot, lambda: app.view.session is not None and app.view.latest.phase == "restore", 120, "the restore"
+        )
         await wait_idle(pilot, app)
-        restored = app.latest
-        assert app.session.pid != first
+        restored = app.view.latest
+        assert app.view.session.pid != first
         # the whole chat went into the new cache in one forward, numbered after the last step
         assert restored.step == before.step + 1 and restored.buffer.ids() == before.buffer.ids()
-        assert len(restored.input_ids) == len(before.buffer) == restored.cache_seq_length == app.session.cache_length
+        assert (
+            len(restored.input_ids) == len(before.buffer) == restored.cache_seq_length == app.view.session.cache_length
+        )
         assert restored.chosen.id == before.chosen.id  # the same next token: the same logits, within tolerance
         await pilot.press("v")
         await wait_idle(pilot, app)
-        assert app._last_verify is not None and app._last_verify.ok
+        assert app.view.driver.meter.last_verify is not None and app.view.driver.meter.last_verify.ok
         await pilot.press("space")  # and the chat goes on
         await wait_idle(pilot, app)
-        assert app.latest.step == restored.step + 1 and app.latest.phase == "decode"
-        assert app.latest.input_ids == (before.chosen.id,)
+        assert app.view.latest.step == restored.step + 1 and app.view.latest.phase == "decode"
+        assert app.view.latest.input_ids == (before.chosen.id,)
 
 
 async def test_loading_progress_streams_to_the_status_bar(tiny_dir, monkeypatch):
@@ -133,9 +137,9 @@ async def test_loading_progress_streams_to_the_status_bar(tiny_dir, monkeypatch)
         real(self, text)
 
     monkeypatch.setattr(StatusBar, "set_text", recording)
-    app = KvtuiApp(AppConfig(model=str(tiny_dir("qwen2"))))
+    app = viewers.chat(AppConfig(model=str(tiny_dir("qwen2"))))
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.session is not None, 120, "the model")
+        await wait_for(pilot, lambda: app.view.session is not None, 120, "the model")
     assert any("starting the engine process" in text for text in shown), shown
     assert any("weights" in text for text in shown), shown
     assert any(text.startswith("⏳ loaded") and text.endswith("100%") for text in shown), shown
@@ -167,10 +171,10 @@ def test_the_engine_threads_spin_briefly_before_they_sleep_unless_the_user_says_
 async def test_the_engine_process_gets_the_short_spin(tiny_dir, monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
-    app = KvtuiApp(AppConfig(model=str(tiny_dir("qwen2"))))
+    app = viewers.chat(AppConfig(model=str(tiny_dir("qwen2"))))
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.session is not None, 120, "the model")
-        environ = psutil.Process(app.session.pid).environ()
+        await wait_for(pilot, lambda: app.view.session is not None, 120, "the model")
+        environ = psutil.Process(app.view.session.pid).environ()
     assert environ.get("GOMP_SPINCOUNT") == "1000" and "OMP_WAIT_POLICY" not in environ
 
 
@@ -180,17 +184,17 @@ async def test_attention_of_the_layer_selected_in_the_layers_pane(tiny_dir):
     from kvtui.widgets.layers_pane import LayersPane
 
     # by path, as the CLI does: the engine loads it with eager attention
-    app = KvtuiApp(AppConfig(model=str(tiny_dir("qwen2")), options={"max_new_tokens": 8, "attention": True}))
+    app = viewers.chat(AppConfig(model=str(tiny_dir("qwen2")), options={"max_new_tokens": 8, "attention": True}))
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
-        last = len(app.latest.layers) - 1
-        assert app.latest.attention_layer == last and len(app.latest.attention) == len(app.latest.buffer)
-        assert abs(sum(app.latest.attention) - 1) < 1e-4  # a softmax row: the weights over every held token
+        last = len(app.view.latest.layers) - 1
+        assert app.view.latest.attention_layer == last and len(app.view.latest.attention) == len(app.view.latest.buffer)
+        assert abs(sum(app.view.latest.attention) - 1) < 1e-4  # a softmax row: the weights over every held token
         app.query_one(LayersPane).post_message(LayersPane.LayerSelected(0))
         await pilot.pause(0.2)
         await pilot.press("space")
         await wait_idle(pilot, app)
-        assert app.latest.attention_layer == 0 and len(app.latest.attention) == len(app.latest.buffer)
+        assert app.view.latest.attention_layer == 0 and len(app.view.latest.attention) == len(app.view.latest.buffer)
 
 
 async def test_a_loaded_model_that_does_not_pickle_is_handed_over_with_save_pretrained(tiny_dir):
@@ -200,19 +204,19 @@ async def test_a_loaded_model_that_does_not_pickle_is_handed_over_with_save_pret
 
     loaded = load_model(str(tiny_dir("qwen2")), dtype="float32", device="cpu")
     loaded.model.register_forward_hook(lambda module, args, output: None)  # a lambda: pickle refuses it
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": 4}), loaded=loaded)
+    app = viewers.chat(AppConfig(options={"max_new_tokens": 4}), loaded=loaded)
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
-        assert app.session.description.startswith(loaded.source)
+        assert app.view.session.description.startswith(loaded.source)
         await pilot.press("v")
         await wait_idle(pilot, app)
-        assert app._last_verify is not None and app._last_verify.ok
-        ids = app.latest.buffer.ids()
+        assert app.view.driver.meter.last_verify is not None and app.view.driver.meter.last_verify.ok
+        ids = app.view.latest.buffer.ids()
         import torch
 
         with torch.inference_mode():  # the same weights: this process's model picks the same next token
             logits = loaded.model(torch.tensor([ids])).logits[0, -1]
-        assert int(logits.argmax()) == app.latest.chosen.id
+        assert int(logits.argmax()) == app.view.latest.chosen.id
         with pytest.raises((pickle.PicklingError, AttributeError)):
             pickle.dumps(loaded)  # so it went over as save_pretrained files...
-        assert not app.driver.source.directory.exists()  # ...which the engine removed once it had loaded them
+        assert not app.view.driver.source.directory.exists()  # ...which the engine removed once it had loaded them

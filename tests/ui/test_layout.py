@@ -10,7 +10,7 @@ import re
 import pytest
 from textual.widgets import Input
 
-from kvtui.app import KvtuiApp
+from kvtui import viewers
 from kvtui.options import AppConfig
 from kvtui.widgets.diagnostics_pane import DiagnosticsPane
 from kvtui.widgets.layers_pane import LayersPane, compact_shape
@@ -38,24 +38,24 @@ def screen_text(app) -> str:
 
 def make_app(tiny_loaded, **options):
     options = {"max_new_tokens": 6, "threads": 2, "decode_threads": 1, **options}
-    return KvtuiApp(AppConfig(options=options), loaded=tiny_loaded("qwen2"), clock=FakeClock())
+    return viewers.chat(AppConfig(options=options), loaded=tiny_loaded("qwen2"), clock=FakeClock())
 
 
 async def one_turn(pilot):
     app = pilot.app
-    await wait_for(pilot, lambda: app.session is not None, what="the model to load")
+    await wait_for(pilot, lambda: app.view.session is not None, what="the model to load")
     chat_input = app.query_one("#message", Input)
     chat_input.cursor_blink = False
     chat_input.value = "What is k?"
     await pilot.press("enter")
-    await wait_for(pilot, lambda: app.latest is not None and app.latest.turn_done, what="the turn")
+    await wait_for(pilot, lambda: app.view.latest is not None and app.view.latest.turn_done, what="the turn")
     await wait_idle(pilot, app)
     app.clear_notifications()
     await pilot.pause(0.2)
 
 
 def assert_facts(app, text: str, size) -> None:
-    snapshot = app.latest
+    snapshot = app.view.latest
     shape = compact_shape(snapshot.layers[0])  # 'K=V 2×N×16' from the real snapshot
     assert shape in text, (size, shape, text)
     assert re.search(r"\d+(\.\d+)?%", text), (size, "no top-k probability", text)
@@ -83,14 +83,16 @@ async def test_resize_unfolds_and_folds(tiny_loaded):
         assert not app.query_one(LayersPane).display and not app.query_one(DiagnosticsPane).display
         assert "F5" in screen_text(app) or "f5" in screen_text(app).lower()
         await pilot.resize_terminal(200, 50)
-        await pilot.pause(0.3)
-        assert app.query_one(LayersPane).display and app.query_one(DiagnosticsPane).display
+        await wait_for(
+            pilot, lambda: app.query_one(LayersPane).display and app.query_one(DiagnosticsPane).display, 10, "unfolding"
+        )
+        await pilot.pause(0.1)  # the unfolded panes' first frame
         text = screen_text(app)
         assert "layers" in text and "K shape" in text, text
         assert_facts(app, text, (200, 50))
         await pilot.resize_terminal(80, 24)
-        await pilot.pause(0.3)
-        assert not app.query_one(LayersPane).display
+        await wait_for(pilot, lambda: not app.query_one(LayersPane).display, 10, "folding")
+        await pilot.pause(0.1)
         assert_facts(app, screen_text(app), (80, 24))
 
 
@@ -100,11 +102,13 @@ async def test_watch_primed_pads_shows_the_cause_at_160x48(tiny_dir):
     from pathlib import Path
 
     program = Path(__file__).resolve().parents[2] / "samples" / "programs" / "primed_pads.py"
-    app = KvtuiApp.watch(str(program), [str(tiny_dir("llama"))])
+    app = viewers.watch(str(program), [str(tiny_dir("llama"))])
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: app.driver.ended is not None, 120, "the program to end")
-        await pilot.pause(0.5)
-        codes = [d.code for d in app.diagnostics]
+        await wait_for(pilot, lambda: app.view.driver.ended is not None, 120, "the program to end")
+        expected = {"pad-in-cache", "ignored-argument", "cursor-mismatch"}
+        await wait_for(pilot, lambda: expected <= {d.code for d in app.view.diagnostics}, 10, "the alarms")
+        await pilot.pause(0.1)  # the diagnostics pane's repaint
+        codes = [d.code for d in app.view.diagnostics]
         assert {"pad-in-cache", "ignored-argument", "cursor-mismatch"} <= set(codes), codes
         pane = app.query_one(DiagnosticsPane)
         assert pane.display and len(pane.groups) == len({(g.code, g.cache) for g in pane.groups})
@@ -130,17 +134,17 @@ async def test_watch_primed_pads_shows_the_cause_at_160x48(tiny_dir):
 
 
 def test_repaint_rate_follows_the_spare_cpu_or_refresh(monkeypatch):
-    import kvtui.app as app_module
+    import kvtui.screens.step as app_module
 
-    fixed = KvtuiApp(AppConfig(refresh_hz=7.5))
-    assert fixed.repaint_hz() == 7.5
+    fixed = viewers.chat(AppConfig(refresh_hz=7.5))
+    assert fixed.view.repaint_hz() == 7.5
     monkeypatch.setattr(app_module, "spare_cores", lambda: 3.2)
-    assert KvtuiApp(AppConfig()).repaint_hz() == app_module.MAX_REFRESH_HZ  # a core to spare
+    assert viewers.chat(AppConfig()).view.repaint_hz() == app_module.MAX_REFRESH_HZ  # a core to spare
     monkeypatch.setattr(app_module, "spare_cores", lambda: 0.4)
-    assert KvtuiApp(AppConfig()).repaint_hz() == app_module.REFRESH_HZ == 2  # busy cores: as before
+    assert viewers.chat(AppConfig()).view.repaint_hz() == app_module.REFRESH_HZ == 2  # busy cores: as before
     monkeypatch.setattr(app_module, "REFRESH_HZ", 1e-9)  # a benchmark fixing the rate wins over the spare CPU
     monkeypatch.setattr(app_module, "spare_cores", lambda: 3.2)
-    assert KvtuiApp(AppConfig()).repaint_hz() == 1e-9
+    assert viewers.chat(AppConfig()).view.repaint_hz() == 1e-9
 
 
 def test_refresh_option_reaches_the_app():

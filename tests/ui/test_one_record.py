@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kvtui import viewers
 from kvtui.app import KvtuiApp
 from kvtui.cli import main
 from kvtui.engine.records.trace import read_trace
@@ -63,16 +64,16 @@ async def test_tui_and_headless_write_the_same_trace(sample, tmp_path, monkeypat
     app = captured_app(
         monkeypatch, ["run", "--script", str(sample), "--trace", str(tui), "--verify-every", "2", *extra]
     )
-    turns = len(app.script_turns) or 1
+    turns = len(app.view.driver.script_turns) or 1
     async with app.run_test(size=(140, 45)) as pilot:
-        await wait_for(pilot, lambda: app.session is not None, 600, "the model to load")
+        await wait_for(pilot, lambda: app.view.session is not None, 600, "the model to load")
         for number in range(turns):
             await pilot.press("enter")  # the script's next turn, wherever the focus is (first: the input)
             await wait_for(
-                pilot, lambda number=number: app.session.turn == number + 1, 120, f"turn {number + 1} to start"
+                pilot, lambda number=number: app.view.session.turn == number + 1, 120, f"turn {number + 1} to start"
             )
             await wait_idle(pilot, app, 600)
-        assert not app.script_turns
+        assert not app.view.driver.script_turns
         await pilot.press("q")
     a, b = without_timings(headless), without_timings(tui)
     assert kinds(a) == kinds(b)
@@ -88,10 +89,10 @@ async def test_every_tui_action_is_recorded_and_replayed(tiny_loaded, tmp_path):
     from kvtui.widgets.topk_pane import TopKPane
 
     trace = tmp_path / "actions.jsonl"
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": 6}, trace_path=trace), loaded=tiny_loaded("qwen2"))
+    app = viewers.chat(AppConfig(options={"max_new_tokens": 6}, trace_path=trace), loaded=tiny_loaded("qwen2"))
     async with app.run_test(size=(140, 45)) as pilot:
-        await wait_for(pilot, lambda: app.session is not None, 120, "the model")
-        app.step_mode = True
+        await wait_for(pilot, lambda: app.view.session is not None, 120, "the model")
+        app.view.step_mode = True
         app.query_one("#message").value = "What is k?"
         app.query_one("#message").focus()
         await pilot.press("enter")
@@ -105,7 +106,7 @@ async def test_every_tui_action_is_recorded_and_replayed(tiny_loaded, tmp_path):
         await pilot.press("w")  # watch the second candidate
         await pilot.press("f")  # force it
         await wait_idle(pilot, app)
-        app.driver.command("sampler", SamplerSettings(temperature=0.5, top_k=5, seed=3))
+        app.view.driver.command("sampler", SamplerSettings(temperature=0.5, top_k=5, seed=3))
         await wait_idle(pilot, app)
         await pilot.press("v")
         await wait_idle(pilot, app)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtui.app import KvtuiApp
+from kvtui import viewers
 from kvtui.engine import ChatSession, SessionConfig
 from kvtui.engine.records.codec import buffer_record, to_record
 from kvtui.engine.records.replay import Replay, transcript
@@ -71,23 +71,23 @@ async def test_replay_app_steps_forward_and_back_without_a_model(recorded, monke
 
     monkeypatch.setattr(loader, "load_model", no_model)
     path, live = recorded
-    app = KvtuiApp.replay(path)
+    app = viewers.replay(path)
     async with app.run_test(size=(140, 45)) as pilot:
-        await wait_for(pilot, lambda: app.latest is not None, what="the first recorded step")
-        assert app.latest.step == live[0].step
+        await wait_for(pilot, lambda: app.view.latest is not None, what="the first recorded step")
+        assert app.view.latest.step == live[0].step
         for _ in range(3):
             await pilot.press("space")
-            await wait_for(pilot, lambda: app.latest.step == live[app.driver.position].step, what="a step")
-        assert app.driver.position == 3
+            await wait_for(pilot, lambda: app.view.latest.step == live[app.view.driver.position].step, what="a step")
+        assert app.view.driver.position == 3
         pane = app.query_one(TokenBufferPane)
         assert len(pane.snapshot.buffer) == len(live[3].buffer)
         assert f"cursor {live[3].cursor}" in " ".join(app.query_one(CursorPane).visual.plain.split())
         await pilot.press("u")
-        await wait_for(pilot, lambda: app.driver.position == 2, what="a step back")
+        await wait_for(pilot, lambda: app.view.driver.position == 2, what="a step back")
         await pilot.pause(0.1)
-        assert app.latest.step == live[2].step
+        assert app.view.latest.step == live[2].step
         await pilot.press("r")  # play to the end
-        await wait_for(pilot, lambda: app.driver.position == len(live) - 1, timeout=20, what="playing to the end")
+        await wait_for(pilot, lambda: app.view.driver.position == len(live) - 1, timeout=20, what="playing to the end")
         await pilot.press("v")  # read-only: says so, keeps going
         await pilot.pause(0.2)
         assert any("read-only" in str(n.message) for n in app._notifications)
@@ -99,7 +99,7 @@ def test_replay_of_a_corrupt_trace_names_file_and_line(recorded, tmp_path):
     broken = tmp_path / "broken.jsonl"
     broken.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2] + "\n")
     with pytest.raises(TraceError, match=r"broken.jsonl:4: not valid JSON"):
-        KvtuiApp.replay(broken)
+        viewers.replay(broken)
 
 
 def test_shipped_traces_replay():

@@ -6,9 +6,11 @@ will send them."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from rich.console import Console
 
+from kvtui import viewers
 from kvtui.app import KvtuiApp
 from kvtui.drivers.program import ProgramDriver
 from kvtui.messages import SnapshotReady
@@ -22,6 +24,7 @@ from kvtui.widgets.requests_pane import (
     format_table,
     kept_requests,
     request_rows,
+    short_id,
 )
 from kvtui.widgets.token_buffer import TokenBufferPane
 from kvtui.widgets.topk_pane import TopKPane
@@ -149,12 +152,12 @@ class PostedSteps(ProgramDriver):
 
 
 def make_app() -> KvtuiApp:
-    return KvtuiApp(source=PostedSteps(source=SilentSource(), title="transformers serve --continuous-batching"))
+    return viewers.steps(PostedSteps(source=SilentSource(), title="transformers serve --continuous-batching"))
 
 
 async def post(pilot, snapshot) -> None:
     app = pilot.app
-    app.post_message(SnapshotReady(snapshot, None, (), running=False))
+    app.view.post_message(SnapshotReady(snapshot, None, (), running=False))
     await wait_for(pilot, lambda: app.query_one(RequestsPane)._snapshot is snapshot, what=f"step {snapshot.step}")
     await pilot.pause(0.05)
 
@@ -174,6 +177,7 @@ async def test_requests_arrive_finish_and_one_picked_shows_in_the_panes():
         assert pane.display and pane.request_ids == ["req-a1", "req-b2", "req-c3"]
         text = screen_text(app)
         assert "req-c3" in text and "waiting" in text and "3 used (1 shared)" in text
+        assert "cache 3/16 blocks" in text and "cache 0 B" not in text  # a paged cache: its blocks, not 0 bytes
         assert buffer_pieces(app)[-3:] == [" fruit", "<|im_end|>", "\n"]  # row 0: req-a1
 
         await pilot.press("n")  # the next request: b2, its tokens and its top-k
@@ -222,6 +226,33 @@ async def test_requests_pane_fits_small_terminals_and_folds_away():
         await pilot.press("f7")
         assert app.query_one(RequestsPane).display
     assert LayersPane  # the layers pane's paged view is checked on screen in the test above
+
+
+async def test_a_server_s_long_request_ids_are_short_in_the_list_and_whole_when_selected():
+    """A server's 36-character ids would push the hit and recomputed columns off an 80-column screen: the list
+    shows each id's head and tail, the cursor pane the selected one in full."""
+    uuids = {
+        "req-a1": "chatcmpl-6f1c2d9e-0b7a-4c55-9e1f-3a8d2c7b91a1",
+        "req-b2": "chatcmpl-6f1c2d9e-0b7a-4c55-9e1f-77e0d4c2b3f8",
+    }
+
+    def renamed(snapshot):
+        requests = tuple(replace(r, request_id=uuids.get(r.request_id, r.request_id)) for r in snapshot.requests)
+        rows = tuple(replace(row, request_id=uuids.get(row.request_id, row.request_id)) for row in snapshot.rows)
+        return replace(snapshot, requests=requests, rows=rows)
+
+    assert short_id(uuids["req-a1"]) == "chatc…91a1" and short_id("req-a1") == "req-a1"
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await post(pilot, renamed(steps()[1]))
+        pane = app.query_one(RequestsPane)
+        text = screen_text(app)
+        assert "chatc…91a1" in text and "chatc…b3f8" in text and uuids["req-a1"] not in text
+        header = [str(column.label) for column in pane.table.columns.values()]
+        assert {"request", "status", "phase", "fed/held", "hit", "recomp"} <= set(header), header
+        pane.select_request(uuids["req-b2"])
+        await pilot.pause(0.1)
+        assert uuids["req-b2"] in plain(app.query_one(CursorPane).content)  # selected: named in full
 
 
 async def two_servers_steps(pilot) -> None:

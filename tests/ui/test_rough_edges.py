@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import Input
 
-from kvtui.app import KvtuiApp
+from kvtui import viewers
 from kvtui.options import AppConfig
 from pilot_helpers import wait_for, wait_idle
 
@@ -13,7 +13,7 @@ async def test_a_message_sent_before_the_model_is_ready_is_sent_when_it_is(tiny_
     from engine_faults import gated_load
 
     gate = tmp_path / "load-now"
-    app = KvtuiApp(
+    app = viewers.chat(
         AppConfig(model="anything", options={"max_new_tokens": 2}), loader=gated_load(gate, tiny_dir("qwen2"))
     )  # the engine waits for the gate file
     async with app.run_test(size=(140, 45)) as pilot:
@@ -21,12 +21,12 @@ async def test_a_message_sent_before_the_model_is_ready_is_sent_when_it_is(tiny_
         box.value = "What is k?"
         await pilot.press("enter")
         await pilot.pause(0.2)
-        assert app.session is None
+        assert app.view.session is None
         assert any("queued" in str(n.message) for n in app._notifications)
         gate.touch()
-        await wait_for(pilot, lambda: app.latest is not None, 60, what="the queued message's prefill")
+        await wait_for(pilot, lambda: app.view.latest is not None, 60, what="the queued message's prefill")
         await wait_idle(pilot, app)
-        assert app.messages[0]["content"] == "What is k?"
+        assert app.view.messages[0]["content"] == "What is k?"
 
 
 async def test_layers_pane_keeps_the_bytes_column_in_view_at_160_columns(tiny_loaded):
@@ -37,9 +37,9 @@ async def test_layers_pane_keeps_the_bytes_column_in_view_at_160_columns(tiny_lo
     from test_panes import make_layer, make_snapshot
 
     layers = tuple(make_layer(i, "full", 225, kv_heads=3, head_dim=64) for i in range(30))
-    app = KvtuiApp(AppConfig(options={"max_new_tokens": 4}), loaded=tiny_loaded("llama"))
+    app = viewers.chat(AppConfig(options={"max_new_tokens": 4}), loaded=tiny_loaded("llama"))
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: app.session is not None, what="the model")
+        await wait_for(pilot, lambda: app.view.session is not None, what="the model")
         pane = app.query_one(LayersPane)
         pane.show(make_snapshot(cursor=225, cache_seq_length=225, layers=layers))
         await pilot.pause(0.2)
@@ -64,11 +64,11 @@ async def test_reuse_meter_says_when_the_ui_was_busy_during_a_timing(tiny_loaded
     from kvtui.widgets.chat_pane import ChatPane
 
     # in the engine process, the prefill's forward takes 300 ms of wall time (sleeping)
-    app = KvtuiApp(
+    app = viewers.chat(
         AppConfig(options={"max_new_tokens": 4}), loaded=tiny_loaded("qwen2"), engine_setup=slow_first_forward
     )
     async with app.run_test(size=(140, 45)) as pilot:
-        await wait_for(pilot, lambda: app.session is not None, what="the model")
+        await wait_for(pilot, lambda: app.view.session is not None, what="the model")
 
         def burn():  # the UI thread works 8 ms of every 10
             end = clock.thread_time() + 0.008
@@ -76,14 +76,14 @@ async def test_reuse_meter_says_when_the_ui_was_busy_during_a_timing(tiny_loaded
                 pass
 
         burner = app.set_interval(0.01, burn)
-        app.step_mode = True
+        app.view.step_mode = True
         box = app.query_one("#message")
         box.focus()
         box.value = "What is k?"
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.latest is not None, what="the prefill")
+        await wait_for(pilot, lambda: app.view.latest is not None, what="the prefill")
         burner.stop()
         await wait_idle(pilot, app)
         text = str(app.query_one(ChatPane).query_one("#reuse").render())
         assert "prefill" in text and "UI busy" in text, text
-        assert app._prefill_ui_ms is not None and app._prefill_ui_ms >= 20
+        assert app.view.driver.meter.prefill_ui_ms is not None and app.view.driver.meter.prefill_ui_ms >= 20

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input
 
-from kvtui.app import KvtuiApp
+from kvtui import viewers
 from kvtui.options import AppConfig
 from pilot_helpers import FakeClock, wait_for, wait_idle
 from test_layout import assert_facts, screen_text
@@ -19,14 +19,14 @@ from test_layout import assert_facts, screen_text
 
 async def three_steps(pilot):
     app = pilot.app
-    await wait_for(pilot, lambda: app.session is not None, what="the model to load")
-    app.step_mode = True
+    await wait_for(pilot, lambda: app.view.session is not None, what="the model to load")
+    app.view.step_mode = True
     chat_input = app.query_one("#message", Input)
     chat_input.cursor_blink = False
     chat_input.focus()
     chat_input.value = "What is k?"
     await pilot.press("enter")
-    await wait_for(pilot, lambda: app.latest is not None, what="the prefill")
+    await wait_for(pilot, lambda: app.view.latest is not None, what="the prefill")
     await wait_idle(pilot, app)
     for _ in range(3):
         await pilot.press("space")
@@ -43,5 +43,5 @@ async def three_steps(pilot):
 def test_main_screen(snap_compare, tiny_loaded, theme, size):
     # threads pinned: the status bar says what the engine decodes on, which would otherwise follow this machine's cores
     options = {"max_new_tokens": 8, "threads": 2, "decode_threads": 1}
-    app = KvtuiApp(AppConfig(options=options, theme=theme), loaded=tiny_loaded("qwen2"), clock=FakeClock())
+    app = viewers.chat(AppConfig(options=options, theme=theme), loaded=tiny_loaded("qwen2"), clock=FakeClock())
     assert snap_compare(app, terminal_size=size, run_before=three_steps)

@@ -14,6 +14,7 @@ import threading
 import pytest
 from rich.console import Console
 
+from kvtui import viewers
 from kvtui.app import KvtuiApp
 from kvtui.engine.chat.session import ChatSession, SessionConfig
 from kvtui.engine.records.codec import buffer_record, to_record
@@ -63,10 +64,10 @@ def screen_facts(app):
     """What a refused key must leave as it was: the step shown, its buffer, and the alarms."""
     pane = app.query_one(TokenBufferPane)
     return (
-        app.latest.step,
+        app.view.latest.step,
         pane.snapshot.buffer.ids() if pane.snapshot else None,
-        len(app.diagnostics),
-        app.pinned_step,
+        len(app.view.diagnostics),
+        app.view.pinned_step,
     )
 
 
@@ -122,8 +123,8 @@ async def settled(app, pilot):
     for _ in range(100):
         await pilot.pause(0.15)
         pane = app.query_one(TokenBufferPane)
-        painted = app._paint_timer is None and (
-            app.latest is None or (pane.snapshot and pane.snapshot.step == app.latest.step)
+        painted = app.view._paint_timer is None and (
+            app.view.latest is None or (pane.snapshot and pane.snapshot.step == app.view.latest.step)
         )
         if painted and facts == (facts := screen_facts(app)):
             return facts
@@ -139,8 +140,8 @@ async def press_and_check(app, pilot, key: str, expect: str) -> str | None:
     await pilot.pause(0.15)
     said = [str(note.message) for note in app._notifications if id(note) not in shown]
     if expect == "works":
-        return None if app.check_action(action, ()) is True else f"{key} ({action}): disabled"
-    if app.check_action(action, ()) is not None:
+        return None if app.view.check_action(action, ()) is True else f"{key} ({action}): disabled"
+    if app.view.check_action(action, ()) is not None:
         return f"{key} ({action}): not shown disabled"
     if not any(expect in text for text in said):
         return f"{key} ({action}): said {said}, not the reason ({expect!r})"
@@ -155,35 +156,37 @@ def refused_first(keys: dict[str, str]) -> list[str]:
 
 
 async def test_every_key_in_a_replay_works_or_says_why_it_cannot(trace):
-    app = KvtuiApp.replay(trace)
+    app = viewers.replay(trace)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.latest is not None, what="the first recorded step")
+        await wait_for(pilot, lambda: app.view.latest is not None, what="the first recorded step")
         app.query_one(TokenBufferPane).focus()
         await pilot.press("r")  # play to the end: every pane filled
         await wait_for(
-            pilot, lambda: app.driver.position == len(app.driver.replay) - 1, timeout=20, what="the last step"
+            pilot, lambda: app.view.driver.position == len(app.view.driver.replay) - 1, timeout=20, what="the last step"
         )
         # an alarm's "jump to step" finds the recorded step by its number
-        assert app.driver.find_step(app.latest.step) is app.driver.replay.snapshots[-1]
-        assert app.driver.find_step(-1) is None
+        assert app.view.driver.find_step(app.view.latest.step) is app.view.driver.replay.snapshots[-1]
+        assert app.view.driver.find_step(-1) is None
         wrong = []
         for key in refused_first(REPLAY_KEYS):
-            position = app.driver.position
+            position = app.view.driver.position
             if key == "backspace":  # rewind to a selected token: select one first
                 app.query_one(TokenBufferPane).select(2)
             wrong.append(await press_and_check(app, pilot, key, REPLAY_KEYS[key]))
             if REPLAY_KEYS[key] == "works":
-                await wait_for(pilot, lambda before=position: app.driver.position < before, what=f"a step back ({key})")
-                assert app.latest.step == app.driver.replay.snapshots[app.driver.position].step
+                await wait_for(
+                    pilot, lambda before=position: app.view.driver.position < before, what=f"a step back ({key})"
+                )
+                assert app.view.latest.step == app.view.driver.replay.snapshots[app.view.driver.position].step
         assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
 
 
 async def test_help_lists_why_a_replay_key_is_disabled(trace):
     from kvtui.widgets.help_screen import HelpScreen
 
-    app = KvtuiApp.replay(trace)
+    app = viewers.replay(trace)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.latest is not None, what="the first recorded step")
+        await wait_for(pilot, lambda: app.view.latest is not None, what="the first recorded step")
         await pilot.press("question_mark")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help screen")
         console = Console(width=200, record=True, file=io.StringIO())
@@ -200,10 +203,12 @@ def trace_records(path) -> list[dict]:
 
 async def test_every_key_on_a_watched_program_works_or_says_why_it_cannot(trace):
     source = FakeProgram(trace_records(trace))
-    app = KvtuiApp.watch(source=source, title="fake program")
+    app = viewers.watch(source=source, title="fake program")
     async with app.run_test(size=SIZE) as pilot:
         steps = sum(1 for r in source._records if r["type"] == "step")
-        await wait_for(pilot, lambda: app.latest is not None and len(app.driver.replay) == steps, what="every step")
+        await wait_for(
+            pilot, lambda: app.view.latest is not None and len(app.view.driver.replay) == steps, what="every step"
+        )
         app.query_one(TokenBufferPane).focus()
         app.query_one(TokenBufferPane).select(2)
         wrong = []
@@ -221,19 +226,21 @@ async def test_every_key_on_a_watched_program_works_or_says_why_it_cannot(trace)
 
 async def test_every_key_on_a_followed_trace_works_or_says_why_it_cannot(trace):
     """replay --follow is replay: the same keys, the same reasons."""
-    app = KvtuiApp.replay(trace, follow=True)
+    app = viewers.replay(trace, follow=True)
     async with app.run_test(size=SIZE) as pilot:
         steps = sum(1 for r in trace_records(trace) if r["type"] == "step")
-        await wait_for(pilot, lambda: app.latest is not None and app.latest.step == steps, 30, "every step")
+        await wait_for(pilot, lambda: app.view.latest is not None and app.view.latest.step == steps, 30, "every step")
         app.query_one(TokenBufferPane).focus()
         wrong = []
         for key in refused_first(REPLAY_KEYS):
-            position = app.driver.position
+            position = app.view.driver.position
             if key == "backspace":
                 app.query_one(TokenBufferPane).select(2)
             wrong.append(await press_and_check(app, pilot, key, REPLAY_KEYS[key]))
             if REPLAY_KEYS[key] == "works":
-                await wait_for(pilot, lambda before=position: app.driver.position < before, what=f"a step back ({key})")
+                await wait_for(
+                    pilot, lambda before=position: app.view.driver.position < before, what=f"a step back ({key})"
+                )
         assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
 
 
@@ -293,14 +300,14 @@ async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace,
     steps = sum(1 for r in trace_records(path) if r["type"] == "step")
     screens = []
     for follow in (False, True):
-        app = KvtuiApp.replay(path, follow=follow)
+        app = viewers.replay(path, follow=follow)
         async with app.run_test(size=SIZE) as pilot:
-            await wait_for(pilot, lambda app=app: app.latest is not None, 30, "the first step")
+            await wait_for(pilot, lambda app=app: app.view.latest is not None, 30, "the first step")
             if not follow:
                 await pilot.press("r")
             await wait_for(
                 pilot,
-                lambda app=app: len(app.driver.replay) == steps and app.driver.position == steps - 1,
+                lambda app=app: len(app.view.driver.replay) == steps and app.view.driver.position == steps - 1,
                 30,
                 "the last step",
             )
@@ -312,11 +319,11 @@ async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace,
             assert "at None" not in reuse
             if which != "chat":
                 assert reuse.startswith(f"step {steps} at ")  # where the program's forward came from
-                held = app.messages[0]  # the text the shown step's cache holds (the copy: 5 tokens)
+                held = app.view.messages[0]  # the text the shown step's cache holds (the copy: 5 tokens)
                 assert held["role"].endswith(" holds") and len(held["content"]) > 0
-                assert held["content"] == "".join(t.piece for t in app.latest.buffer)
+                assert held["content"] == "".join(t.piece for t in app.view.latest.buffer)
             else:
-                assert app.messages, "no transcript"
+                assert app.view.messages, "no transcript"
     assert screens[0] == screens[1]
 
 
@@ -331,9 +338,20 @@ def test_one_app_class_every_source_an_argument():
         if not module.name.startswith(("kvtui.data", "kvtui.engine")):
             importlib.import_module(module.name)
     assert KvtuiApp.__subclasses__() == []
+    from textual.app import App
+
+    apps = {cls for cls in _all_subclasses(App) if cls.__module__.startswith("kvtui.")}
+    assert apps == {KvtuiApp}  # one app for every front end: the step viewer, the server view, compare are screens
     from kvtui.drivers.chat import ChatDriver
     from kvtui.drivers.program import ProgramDriver
     from kvtui.drivers.trace import TraceDriver
 
-    assert {type(KvtuiApp().driver), type(KvtuiApp.watch("x.py").driver)} == {ChatDriver, ProgramDriver}
+    assert {type(viewers.chat().view.driver), type(viewers.watch("x.py").view.driver)} == {ChatDriver, ProgramDriver}
     assert TraceDriver.__mro__[1] is ProgramDriver.__mro__[1] is ChatDriver.__mro__[1]  # drivers.base.Driver
+
+
+def _all_subclasses(cls) -> set[type]:
+    found = set()
+    for sub in cls.__subclasses__():
+        found |= {sub, *_all_subclasses(sub)}
+    return found

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtui.app import KvtuiApp
+from kvtui import viewers
 from kvtui.options import AppConfig
 from kvtui.themes import ThemeFileError, load_theme, load_themes
 
@@ -19,7 +19,7 @@ def test_the_required_themes_exist():
 async def test_theme_file_loads_and_renders(path: Path, tmp_path):
     theme = load_theme(path)
     assert theme.name == path.stem
-    app = KvtuiApp(AppConfig(model=str(tmp_path / "none"), theme=theme.name))
+    app = viewers.chat(AppConfig(model=str(tmp_path / "none"), theme=theme.name))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.pause(0.1)
         assert app.theme == theme.name

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from kvtui.app import KvtuiApp
+from kvtui import viewers
 from kvtui.widgets.program_output import ProgramOutput
 from pilot_helpers import wait_for
 
@@ -50,21 +50,24 @@ def gone(pid: int) -> bool:
 
 async def test_pause_step_run_and_output(program):
     path, model = program
-    app = KvtuiApp.watch(str(path), [str(model), "4", "0"], paused=True)
+    app = viewers.watch(str(path), [str(model), "4", "0"], paused=True)
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(
-            pilot, lambda: app.driver.paused and app.driver.source is not None, 60, "the program to start paused"
+            pilot,
+            lambda: app.view.driver.paused and app.view.driver.source is not None,
+            60,
+            "the program to start paused",
         )
         await pilot.pause(3.0)  # time enough to load the tiny model: still no forward while paused
-        assert app.latest is None and app.driver.source.running
+        assert app.view.latest is None and app.view.driver.source.running
         await pilot.press("space")
-        await wait_for(pilot, lambda: app.latest is not None, 60, "one step")
+        await wait_for(pilot, lambda: app.view.latest is not None, 60, "one step")
         await pilot.pause(1.5)
-        assert app.latest.step == 1 and app.latest.phase == "prefill"  # exactly one forward went through
+        assert app.view.latest.step == 1 and app.view.latest.phase == "prefill"  # exactly one forward went through
         await pilot.press("space")
-        await wait_for(pilot, lambda: app.latest.step == 2, 30, "the second step")
+        await wait_for(pilot, lambda: app.view.latest.step == 2, 30, "the second step")
         await pilot.pause(1.0)
-        assert app.latest.step == 2
+        assert app.view.latest.step == 2
         # verify while held: its recompute is kvtui's forward, not a step of the program (it used to be one,
         # held by the same gate that was serving it: the program hung)
         await pilot.press("v")
@@ -73,41 +76,43 @@ async def test_pause_step_run_and_output(program):
         )
         assert any("matches a full recompute" in str(n.message) for n in app._notifications)
         await pilot.pause(1.0)
-        assert app.latest.step == 2 and len(app.driver.replay.snapshots) == 2
+        assert app.view.latest.step == 2 and len(app.view.driver.replay.snapshots) == 2
         await pilot.press("r")
-        await wait_for(pilot, lambda: app.driver.ended is not None, 60, "the program to end")
-        assert app.driver.ended == 0 and app.latest.step == 5
-        assert app.latest.source == "watch" and app.latest.caller.endswith("loop.py:16")
+        await wait_for(pilot, lambda: app.view.driver.ended is not None, 60, "the program to end")
+        assert app.view.driver.ended == 0 and app.view.latest.step == 5
+        assert app.view.latest.source == "watch" and app.view.latest.caller.endswith("loop.py:16")
         output = app.query_one(ProgramOutput)
         await wait_for(pilot, lambda: any("forward 5" in line for line in output.lines), 10, "the program's output")
-        assert {d.code for d in app.diagnostics} == {"ignored-argument", "cursor-mismatch"}
+        assert {d.code for d in app.view.diagnostics} == {"ignored-argument", "cursor-mismatch"}
         await pilot.press("u")  # observe-only keys say why, nothing breaks
         await pilot.press("q")
-    assert gone(app.driver.source.process.pid)
+    assert gone(app.view.driver.source.process.pid)
 
 
 async def test_break_on_alarm_stops_at_the_alarm_step(program):
     path, model = program
-    app = KvtuiApp.watch(str(path), [str(model), "6", "0"], break_on_alarm=True)
+    app = viewers.watch(str(path), [str(model), "6", "0"], break_on_alarm=True)
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: app.latest is not None and app.driver.paused, 60, "the break")
+        await wait_for(pilot, lambda: app.view.latest is not None and app.view.driver.paused, 60, "the break")
         await pilot.pause(1.5)
-        assert app.latest.step == 4  # the forward with the bad cache_position (prefill + 3 decodes)
-        assert {d.code for d in app.latest.diagnostics} == {"ignored-argument", "cursor-mismatch"}
+        assert app.view.latest.step == 4  # the forward with the bad cache_position (prefill + 3 decodes)
+        assert {d.code for d in app.view.latest.diagnostics} == {"ignored-argument", "cursor-mismatch"}
         await pilot.press("space")  # one more forward, then held again
-        await wait_for(pilot, lambda: app.latest.step == 5, 30, "one step past the break")
+        await wait_for(pilot, lambda: app.view.latest.step == 5, 30, "one step past the break")
         await pilot.pause(1.0)
-        assert app.latest.step == 5 and app.driver.source.running
+        assert app.view.latest.step == 5 and app.view.driver.source.running
         await pilot.press("q")
-    assert gone(app.driver.source.process.pid)
+    assert gone(app.view.driver.source.process.pid)
 
 
 async def test_quit_mid_run_leaves_no_process(program):
     path, model = program
-    app = KvtuiApp.watch(str(path), [str(model), "1000", "0.05"])
+    app = viewers.watch(str(path), [str(model), "1000", "0.05"])
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.latest is not None and app.latest.step >= 3, 60, "the program to run")
-        pid = app.driver.source.process.pid
+        await wait_for(
+            pilot, lambda: app.view.latest is not None and app.view.latest.step >= 3, 60, "the program to run"
+        )
+        pid = app.view.driver.source.process.pid
         await pilot.press("q")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 2.0
@@ -129,25 +134,25 @@ async def test_follow_a_trace_being_written(tmp_path, tiny_model):
     try:
         with torch.inference_mode():
             model(input_ids=torch.tensor([[5, 6, 7]]))
-        app = KvtuiApp.replay(trace, follow=True)
+        app = viewers.replay(trace, follow=True)
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.latest is not None, 30, "the first step")
+            await wait_for(pilot, lambda: app.view.latest is not None, 30, "the first step")
             with torch.inference_mode():
                 model(input_ids=torch.tensor([[8, 9]]))
-            await wait_for(pilot, lambda: app.latest.step == 2, 30, "the appended step")
-            assert app.latest.buffer.ids() == [8, 9]  # a new cache (none passed): its own buffer
+            await wait_for(pilot, lambda: app.view.latest.step == 2, 30, "the appended step")
+            assert app.view.latest.buffer.ids() == [8, 9]  # a new cache (none passed): its own buffer
             await pilot.press("u")  # back to step 1: a new step does not move the screen
-            await wait_for(pilot, lambda: app.latest.step == 1, 10, "step 1")
+            await wait_for(pilot, lambda: app.view.latest.step == 1, 10, "step 1")
             with torch.inference_mode():
                 model(input_ids=torch.tensor([[10]]))
-            await wait_for(pilot, lambda: len(app.driver.replay) == 3, 30, "the third step read")
+            await wait_for(pilot, lambda: len(app.view.driver.replay) == 3, 30, "the third step read")
             await pilot.pause(0.3)
-            assert app.latest.step == 1 and not app.driver.at_end
+            assert app.view.latest.step == 1 and not app.view.driver.at_end
             await pilot.press("space", "space")  # to the last step: following again
-            await wait_for(pilot, lambda: app.latest.step == 3, 10, "step 3")
+            await wait_for(pilot, lambda: app.view.latest.step == 3, 10, "step 3")
             with torch.inference_mode():
                 model(input_ids=torch.tensor([[11]]))
-            await wait_for(pilot, lambda: app.latest.step == 4, 30, "the next appended step, shown")
+            await wait_for(pilot, lambda: app.view.latest.step == 4, 30, "the next appended step, shown")
             await pilot.press("q")
     finally:
         watcher.detach()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtui.app import KvtuiApp
+from kvtui import viewers
 from kvtui.widgets.program_input import ProgramInput
 from kvtui.widgets.program_output import ProgramOutput
 from kvtui.widgets.token_buffer import TokenBufferPane
@@ -45,25 +45,25 @@ async def type_line(pilot, text: str) -> None:
 
 
 async def test_chat_through_the_input_line(tiny_dir):
-    app = KvtuiApp.watch(str(CHAT), [str(tiny_dir("llama")), "4"])
+    app = viewers.watch(str(CHAT), [str(tiny_dir("llama")), "4"])
     async with app.run_test(size=(160, 48)) as pilot:
         program_input = app.query_one(ProgramInput)
         output = app.query_one(ProgramOutput)
         # the program's prompt (no newline) shows as the last line, and the input line takes the focus once
         await wait_for(pilot, lambda: output.partial.get("stdout") == "you> ", 60, "the program's first prompt")
         await wait_for(pilot, lambda: app.focused is program_input, 10, "the input line to take the focus")
-        assert app.latest is None  # nothing ran yet: it waits for its input
+        assert app.view.latest is None  # nothing ran yet: it waits for its input
 
         # every letter is the program's: q (quit), e (export), space (step), r, p (pause), b (break), n
         await type_line(pilot, "queen bee reps")
         assert program_input.value == "queen bee reps"
-        assert app.is_running and not app.driver.paused and not app.driver.break_on_alarm
+        assert app.is_running and not app.view.driver.paused and not app.view.driver.break_on_alarm
         assert not any("export" in n.message for n in app._notifications)
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(replies(output)) == 1, 60, "the first reply")
         assert "you> queen bee reps" in output.lines  # echoed after its prompt, as a terminal shows it
-        assert app.latest is not None and app.latest.source == "watch"
-        first_steps = app.latest.step
+        assert app.view.latest is not None and app.view.latest.source == "watch"
+        first_steps = app.view.latest.step
 
         await wait_for(pilot, lambda: output.partial.get("stdout") == "you> ", 30, "the second prompt")
         await type_line(pilot, "hello there")
@@ -71,10 +71,10 @@ async def test_chat_through_the_input_line(tiny_dir):
         await wait_for(pilot, lambda: len(replies(output)) == 2, 60, "the second reply")
         assert "you> hello there" in output.lines
         # the program's own count of its cache is what the panes show at its last step
-        await wait_for(pilot, lambda: app.latest.step > first_steps + 1, 30, "the second turn's steps")
+        await wait_for(pilot, lambda: app.view.latest.step > first_steps + 1, 30, "the second turn's steps")
         said = int(re.search(r"\[cache: (\d+) tokens\]", replies(output)[-1]).group(1))
-        await wait_for(pilot, lambda: app.latest.cache_seq_length == said, 30, "the last step in the panes")
-        assert app.is_running and not app.driver.paused and not app.driver.break_on_alarm
+        await wait_for(pilot, lambda: app.view.latest.cache_seq_length == said, 30, "the last step in the panes")
+        assert app.is_running and not app.view.driver.paused and not app.view.driver.break_on_alarm
 
         # history: up/down browse the lines sent
         await pilot.press("up")
@@ -88,18 +88,18 @@ async def test_chat_through_the_input_line(tiny_dir):
         await pilot.press("escape")
         assert isinstance(app.focused, TokenBufferPane)
         await pilot.press("b")
-        assert app.driver.break_on_alarm
+        assert app.view.driver.break_on_alarm
         await pilot.press("b", "i")
-        assert app.focused is program_input and not app.driver.break_on_alarm
+        assert app.focused is program_input and not app.view.driver.break_on_alarm
 
         # ctrl+d: EOF, the program says bye and ends with 0; the input line is closed
-        pid = app.driver.source.process.pid
+        pid = app.view.driver.source.process.pid
         await pilot.press("ctrl+d")
-        await wait_for(pilot, lambda: app.driver.ended is not None, 30, "the program to end")
-        assert app.driver.ended == 0
+        await wait_for(pilot, lambda: app.view.driver.ended is not None, 30, "the program to end")
+        assert app.view.driver.ended == 0
         await wait_for(pilot, lambda: "bye" in output.lines, 10, "its last line")
         assert program_input.disabled and "closed" in program_input.placeholder
-        assert app.sub_title == "ended"
+        assert app.view.sub_title == "ended"
         await pilot.press("q")
     assert await wait_gone(pid)
 
@@ -114,7 +114,7 @@ BLOCKED = {
 async def test_ctrl_c_interrupts_the_program_not_the_app(tmp_path, blocked):
     script = tmp_path / f"{blocked}.py"
     script.write_text(BLOCKED[blocked])
-    app = KvtuiApp.watch(str(script), [])
+    app = viewers.watch(str(script), [])
     async with app.run_test(size=(120, 40)) as pilot:
         output = app.query_one(ProgramOutput)
         program_input = app.query_one(ProgramInput)
@@ -126,10 +126,10 @@ async def test_ctrl_c_interrupts_the_program_not_the_app(tmp_path, blocked):
             assert app.focused is not program_input
             await pilot.press("i")
             assert app.focused is program_input
-        pid = app.driver.source.process.pid
+        pid = app.view.driver.source.process.pid
         await pilot.press("ctrl+c")
-        await wait_for(pilot, lambda: app.driver.ended is not None, 30, "the program to end")
-        assert app.driver.ended == 130  # a KeyboardInterrupt in the program: python's exit code after ctrl+c
+        await wait_for(pilot, lambda: app.view.driver.ended is not None, 30, "the program to end")
+        assert app.view.driver.ended == 130  # a KeyboardInterrupt in the program: python's exit code after ctrl+c
         await wait_for(pilot, lambda: "stderr│ KeyboardInterrupt" in output.lines, 10, "the program's traceback")
         assert app.is_running and program_input.disabled
         await pilot.pause(0.2)
@@ -152,11 +152,11 @@ async def test_partial_lines_and_progress_bars(tmp_path):
         sys.stdin.readline()
     """)
     )
-    app = KvtuiApp.watch(str(script), [])
+    app = viewers.watch(str(script), [])
     async with app.run_test(size=(120, 40)) as pilot:
         output = app.query_one(ProgramOutput)
         await wait_for(pilot, lambda: output.partial.get("stdout") == "loading 10%", 30, "the partial line")
-        app.driver.source.write_stdin("x\n")  # as Enter in the input line does
+        app.view.driver.source.write_stdin("x\n")  # as Enter in the input line does
         await wait_for(pilot, lambda: "got 'x\\n'" in output.lines, 30, "the program's answer")
         assert "› x" not in output.lines and "loading 10%x" in output.lines  # echoed after the pending line
         assert "loading 100%" in output.lines  # the rest of the line, without the part already shown

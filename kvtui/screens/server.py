@@ -1,8 +1,8 @@
-"""The `kvtui attach` screen (and `kvtui replay` of a server trace): a server's prefix cache as its KV events
-tell it. Left the chains and their blocks; right the selected block, the server's numbers and its hit rate
-over time; below the notes; a status line.
+"""The server view (`kvtui attach`, and `kvtui replay` of a server trace): a server's prefix cache as its KV
+events tell it. Left the chains and their blocks; right the selected block, the server's numbers and its hit
+rate over time; below the notes; a status line.
 
-The reader thread (AttachSession) applies events under `cache.lock`; this app never follows events one by
+The reader thread (AttachSession) applies events under `cache.lock`; this screen never follows events one by
 one: a 4 Hz timer reads a frame (engine/server/view.py's read_frame takes the lock, waiting at most LOCK_WAIT_S;
 if the reader has it, that refresh is skipped, so keys are answered at any event rate): frozen copies of a bounded
 view (the newest chains, at most MAX_NODES tree nodes), which the panes draw holding no lock and no live block.
@@ -13,88 +13,52 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rich.table import Table
-from textual.app import App, ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static, Tree
 
-from .engine.server.prefix_cache import PrefixCache
-from .engine.server.view import NodeRef, read_block_info, read_frame, read_note_target
-from .themes import DEFAULT_THEME, load_themes
-from .widgets.block_detail import BlockDetail
-from .widgets.cache_notes import MAX_SHOWN, CacheNotes
-from .widgets.palette import theme_palette
-from .widgets.prefix_tree_pane import PrefixTreePane
-from .widgets.server_stats import ServerStats
+from ..engine.server.prefix_cache import PrefixCache
+from ..engine.server.view import NodeRef, read_block_info, read_frame, read_note_target
+from ..keys import SERVER_KEYS
+from ..widgets.block_detail import BlockDetail
+from ..widgets.cache_notes import MAX_SHOWN, CacheNotes
+from ..widgets.palette import theme_palette
+from ..widgets.prefix_tree_pane import PrefixTreePane
+from ..widgets.server_stats import ServerStats
+from ..widgets.status_bar import StatusBar
+from .base import SourceScreen
 
 REFRESH_HZ = 4
 LOCK_WAIT_S = 0.02  # the longest a refresh waits for the reader to let the cache go
 BEHIND_AFTER = 8  # refreshes skipped in a row before the status line says the view is behind
 
-HELP = """
-The tree lists the prefix cache's chains, newest first (at most 200, and at most 2000 nodes: the rest are
-counted). Enter or space expands a chain (right/left too); a run of blocks lists flat, a block with several
-children holds each branch under it. The selected block's hash, parent, token range and text show on the
-right, with the notes that name it or its chain. Enter on a note, or n, selects the block it names.
-p pauses the view (the reader keeps applying events; p again shows where they are).
+TREE_HELP = """
+The tree lists the cache's chains, newest first (at most 200, and at most 2000 nodes: the rest are counted).
+Enter or space expands a chain (right/left too); a run of blocks lists flat, a block with several children
+holds each branch under it. The selected block's hash, parent, token range and text show on the right, with
+the notes that name it or its chain. Enter on a note, or n, selects the block it names.
+"""
+LIVE_HELP = """
+A server's prefix cache as its KV events tell it (kvtui only listens: the server runs as it would without it).
+p pauses the view (the reader keeps applying events; p again shows where they are); q stops listening and
+quits (the server goes on).
+"""
+REPLAY_HELP = """
+A server trace replayed: the prefix cache its recorded events rebuild (it does not change: nothing to pause).
 """
 
 
-class AttachHelp(ModalScreen):
-    BINDINGS = [Binding("escape,q,question_mark,f1", "app.pop_screen", "close")]
-    DEFAULT_CSS = """
-    AttachHelp { align: center middle; }
-    AttachHelp > VerticalScroll {
-        width: 90; max-width: 95%; height: auto; max-height: 80%; border: thick $primary; background: $surface;
-        padding: 1 2;
-    }
-    """
+class ServerScreen(SourceScreen):
+    CSS_PATH = "server.tcss"
+    BINDINGS = SERVER_KEYS
+    HELP_TITLE = "kvtui keys · server view"
 
-    def __init__(self, bindings: list[Binding]):
-        super().__init__()
-        self._key_bindings = bindings
-
-    def compose(self) -> ComposeResult:
-        table = Table(title="kvtui attach keys", expand=True, show_edge=False)
-        table.add_column("key", style="bold", no_wrap=True)
-        table.add_column("does")
-        for binding in self._key_bindings:
-            table.add_row(", ".join(k.strip() for k in binding.key.split(",")), binding.description)
-        table.add_row("arrows, enter, space", "move in the tree, expand a chain or a branch")
-        with VerticalScroll():
-            yield Static(table)
-            yield Static(HELP.strip())
-
-
-class AttachApp(App):
-    CSS = """
-    #title { height: 1; padding: 0 1; color: $text-accent; text-style: bold; }
-    #main { height: 1fr; }
-    #tree { width: 55%; height: 1fr; }
-    #right { width: 45%; height: 1fr; }
-    #detail { height: 1fr; }
-    #stats { height: auto; max-height: 60%; }
-    #notes { height: 9; }
-    #status { height: 1; padding: 0 1; background: $panel; }
-    """
-    BINDINGS = [
-        Binding("q", "quit", "Quit"),
-        Binding("n", "next_note", "Next note"),
-        Binding("p", "pause", "Pause/resume"),
-        Binding("question_mark,f1", "help", "Help"),
-    ]
-
-    def __init__(self, session=None, run=None, theme_name: str | None = None):
-        """`session`: an AttachSession (live; started and stopped by the caller); `run`: a ServerRun (a
-        server trace replayed). Exactly one."""
+    def __init__(self, session=None, run=None):
+        """`session`: an AttachSession (live; started by the caller, stopped by quit: only its event reader,
+        never the server); `run`: a ServerRun (a server trace replayed). Exactly one."""
         if (session is None) == (run is None):
-            raise ValueError("AttachApp takes a live session or a replayed server run (one of them)")
+            raise ValueError("the server view takes a live session or a replayed server run (one of them)")
         super().__init__()
-        for theme in load_themes().values():
-            self.register_theme(theme)
-        self.theme = theme_name or DEFAULT_THEME
         self.session = session
         self.server_run = run
         self.cache: PrefixCache = session.cache if session is not None else run.cache
@@ -131,7 +95,7 @@ class AttachApp(App):
                 yield BlockDetail(id="detail")
                 yield ServerStats(id="stats")
         yield CacheNotes(id="notes")
-        yield Static("", id="status", markup=False)
+        yield StatusBar(id="status", sparklines=False)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -140,10 +104,13 @@ class AttachApp(App):
         self.detail_pane = self.query_one(BlockDetail)
         self.stats_pane = self.query_one(ServerStats)
         self.notes_pane = self.query_one(CacheNotes)
-        self.status_line = self.query_one("#status", Static)
+        self.status_line = self.query_one(StatusBar)
         self.tree_pane.focus()
         self.refresh_view(force=True)
         self.set_interval(1 / REFRESH_HZ, self.refresh_view)
+
+    def on_resize(self, event) -> None:
+        self.set_class(event.size.height < 32, "short")
 
     # ---- refreshing ----------------------------------------------------------------------------------
 
@@ -176,7 +143,7 @@ class AttachApp(App):
             self._notes_seen = frame.total_notes
             self._signature = frame.signature
             self.refreshes += 1
-            palette = theme_palette(self)
+            palette = theme_palette(self.app)
             tree.show(frame.view, frame.texts, palette)
             if self._want is not None and tree.select_ref(self._want):
                 self._want = None
@@ -222,7 +189,7 @@ class AttachApp(App):
             parts.append(f"view behind: the reader held the cache for {self.skipped} refreshes")
         if self.session is not None and getattr(self.session, "error", None) is not None:
             parts.append("the event reader stopped")
-        self.status_line.update(" · ".join(parts))
+        self.status_line.set_text(" · ".join(parts))
 
     def _problems(self) -> list[str]:
         if self.session is not None:
@@ -249,7 +216,7 @@ class AttachApp(App):
         except TimeoutError:
             self._signature = None  # the next tick shows it
             return
-        self.detail_pane.show(info, texts, theme_palette(self))
+        self.detail_pane.show(info, texts, theme_palette(self.app))
 
     def on_cache_notes_chosen(self, message: CacheNotes.Chosen) -> None:
         notes = self.notes_pane
@@ -286,14 +253,24 @@ class AttachApp(App):
         notes.highlighted = self._note_index
         self.select_note(notes.notes[self._note_index])
 
-    def action_pause(self) -> None:
-        if self.session is None:
-            self.notify("a replayed trace does not change: nothing to pause")
-            return
+    # ---- what the chrome asks (screens/base.py) ----------------------------------------------------------
+
+    def unavailable(self, action: str) -> str | None:
+        if action == "pause" and self.session is None:
+            return "a replayed trace does not change: nothing to pause"
+        return None
+
+    def pause_source(self) -> None:
+        """p: the view stops following the cache (the reader goes on applying events); p again catches up."""
         self.paused = not self.paused
         if not self.paused:
             self.refresh_view(force=True)
         self._show_status()
 
-    def action_help(self) -> None:
-        self.push_screen(AttachHelp(self.BINDINGS))
+    def stop_source(self) -> None:
+        """Stop listening: the event reader ends (its sockets, its trace file); the server is not kvtui's."""
+        if self.session is not None:
+            self.session.stop()
+
+    def help_notes(self) -> str:
+        return (LIVE_HELP if self.session is not None else REPLAY_HELP).strip() + "\n" + TREE_HELP.strip()

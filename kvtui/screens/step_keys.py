@@ -1,0 +1,194 @@
+"""What the step viewer's keys do (keys.py APP_KEYS; a source's own keys too): most become the source's
+commands (drivers/base.py Driver), the rest move the view (pin a step, fold a pane, pick a request). A key the
+source cannot honour never gets here: the screen dims it and says why (screens/base.py)."""
+
+from __future__ import annotations
+
+from textual import on
+from textual.widgets import Input
+
+from ..widgets.chat_pane import ChatPane
+from ..widgets.diagnostics_pane import DiagnosticsPane
+from ..widgets.layers_pane import LayersPane
+from ..widgets.program_input import ProgramInput
+from ..widgets.requests_pane import RequestsPane
+from ..widgets.token_buffer import TokenBufferPane
+from ..widgets.topk_pane import TopKPane
+from .base import SourceScreen
+
+HISTORY_NOTE = "step {step} is older than the last steps kept in memory (it is in the trace)"
+
+
+class StepKeys(SourceScreen):
+    """The step viewer's key actions: StepScreen's base, kept apart from what it shows (a Screen, so that its
+    `@on` handlers are collected)."""
+
+    # ---- chat input ---------------------------------------------------------------------------------
+
+    @on(Input.Submitted, "#message")
+    def send_message(self, event: Input.Submitted) -> None:
+        text = event.value.strip() or self.driver.next_turn()
+        if not text:
+            return
+        event.input.value = ""
+        self.pinned_step = None
+        self.driver.command("send", text)
+        self.query_one(TokenBufferPane).focus()
+        self.show_next_script_turn()
+
+    def action_next_script_turn(self) -> None:
+        """Enter outside the input (the cache pane has the focus after a send): the script's next turn."""
+        text = self.driver.next_turn()
+        if text is None:
+            return
+        self.pinned_step = None
+        self.driver.command("send", text)
+        self.show_next_script_turn()
+
+    def show_next_script_turn(self) -> None:
+        """The input's placeholder: the script's next turn, or how to type a message (the source's words)."""
+        self.query_one(ChatPane).input.placeholder = self.driver.input_placeholder()
+
+    # ---- the source's commands --------------------------------------------------------------------------
+
+    def action_focus_input(self) -> None:
+        self.driver.focus_input()
+
+    def action_step(self) -> None:
+        self.driver.command("step")
+
+    def action_run(self) -> None:
+        self.driver.command("run")
+
+    def pause_source(self) -> None:
+        self.driver.pause()
+
+    def stop_source(self) -> None:
+        self.driver.stop()
+
+    def action_stop(self) -> None:
+        if isinstance(self.focused, Input):
+            self.query_one(TokenBufferPane).focus()
+            return
+        if self.pinned_step is not None:
+            self.action_live()
+            return
+        self.driver.stop_turn()
+
+    def action_rewind(self) -> None:
+        self.driver.command("rewind", 1)
+
+    def action_rewind_to(self) -> None:
+        index = self.query_one(TokenBufferPane).selected_index
+        if index is None:
+            self.notify("select a token in the buffer first (arrows or click)", severity="warning")
+            return
+        self.driver.command("rewind_to", index)
+
+    def action_force(self) -> None:
+        token_id = self.query_one(TopKPane).selected_token_id
+        if token_id is None:
+            self.notify("select a token in the top-k pane first", severity="warning")
+            return
+        self.driver.command("force", token_id)
+
+    @on(TopKPane.Force)
+    def force_from_pane(self, message: TopKPane.Force) -> None:
+        self.driver.command("force", message.token_id)
+
+    def action_verify(self) -> None:
+        self.driver.command("verify")
+
+    def action_export_cache(self) -> None:
+        self.driver.command("export")
+
+    def action_reset(self) -> None:
+        self.driver.command("reset")
+
+    def action_toggle_step_mode(self) -> None:
+        self.step_mode = not self.step_mode
+        self.notify(
+            "step mode: Enter prefills, space steps" if self.step_mode else "run mode: Enter runs the turn", timeout=3
+        )
+
+    def action_sampler(self) -> None:
+        self.driver.sampler()
+
+    @on(LayersPane.LayerSelected)
+    def layer_selected(self, message: LayersPane.LayerSelected) -> None:
+        self.query_one(TokenBufferPane).selected_layer = message.index
+        self.driver.attention(message.index)
+
+    def action_watch(self) -> None:
+        token = self.query_one(TopKPane).selected_token
+        if token is None:
+            self.notify("select a token in the top-k pane first", severity="warning")
+            return
+        self.driver.watch(token)
+
+    def action_restart_engine(self) -> None:
+        self.driver.restart()
+
+    def action_save_trace(self) -> None:
+        self.driver.save_trace()
+
+    # keys only some sources bind (their BINDINGS): the source does what they say (Driver: not available)
+    def action_break_on_alarm(self) -> None:
+        self.driver.toggle_break_on_alarm()
+
+    def action_next_row(self) -> None:
+        """n: the next request of a packed forward (continuous batching), else the source's next batch row."""
+        if self.packed and self.query_one(RequestsPane).select_next() is not None:
+            return
+        self.driver.next_row()
+
+    def action_next_model(self) -> None:
+        self.driver.next_model()
+
+    # a program's stdin (drivers/program.py mounts the input line)
+    @on(ProgramInput.Line)
+    def send_line(self, message: ProgramInput.Line) -> None:
+        self.driver.send_line(message.text)
+
+    @on(ProgramInput.EndInput)
+    def end_input(self) -> None:
+        self.driver.end_input()
+
+    @on(ProgramInput.Interrupt)
+    def interrupt_program(self) -> None:
+        self.driver.interrupt()
+
+    @on(ProgramInput.Leave)
+    def leave_input(self) -> None:
+        self.query_one(TokenBufferPane).focus()
+
+    # ---- the view ---------------------------------------------------------------------------------------
+
+    @on(RequestsPane.RequestSelected)
+    def request_selected(self, message: RequestsPane.RequestSelected) -> None:
+        """The cache, cursor and top-k panes show the picked request (at the step shown)."""
+        step = self.latest if self.pinned_step is None else self.driver.find_step(self.pinned_step)
+        self._show(step)
+
+    @on(DiagnosticsPane.JumpTo)
+    def jump_to(self, message: DiagnosticsPane.JumpTo) -> None:
+        found = self.driver.find_step(message.step)
+        if found is None:
+            self.notify(HISTORY_NOTE.format(step=message.step), severity="warning")
+            return
+        self.pinned_step = message.step
+        self._show(found)
+        self.notify(f"showing step {message.step}: press g (or Esc) to go back to the live step", timeout=5)
+
+    def action_live(self) -> None:
+        self.pinned_step = None
+        self._show(self.latest)
+
+    def action_toggle_pane(self, name: str) -> None:
+        if name in self._hidden_panes():
+            self.hidden.discard(name)
+            self.shown.add(name)
+        else:
+            self.hidden.add(name)
+            self.shown.discard(name)
+        self._apply_layout()
