@@ -192,6 +192,12 @@ class Watcher:
     def __exit__(self, *exc) -> None:
         self.detach()
 
+    def select_attention(self, layer: int) -> None:
+        """The layer whose per-head attention the next steps keep (the viewer's selection)."""
+        for probe in self.probes:
+            if probe.attention is not None:
+                probe.attention.head_layer = layer
+
     def tokenizer_of(self, probe: Probe | None):
         """The tokenizer that reads this model's ids: its own when the program loaded one, else the watcher's."""
         own = probe.tokenizer if probe is not None else None

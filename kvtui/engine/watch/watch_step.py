@@ -261,7 +261,9 @@ class StepBuilder:
             seen = call.probe.attention.take(buffers[0], turn, ids.pad, ids.pad_is_distinct)
             if seen is not None:
                 memory = call.probe.attention.memory.setdefault(track.name if track else "", {})
-                found += check_attention(step, seen.pads, seen.detail.regions, seen.detail.shares, memory, at)
+                found += check_attention(
+                    step, seen.pads, seen.detail.regions, seen.detail.shares, memory, at, len(buffers[0]) - 1
+                )
         requested = call.requested_positions[0] if call.requested_positions else None
         return StepSnapshot(
             step=step,
