@@ -286,7 +286,8 @@ def newest_row(query, key, mask, scaling=None, softcap=None, sinks=None, module=
     """softmax(q_last k^T * scaling + mask_last) of batch row 0, per query head: [heads, held] float32.
 
     query [batch, heads, q, head_dim]; key [batch, kv_heads, held, head_dim] (the whole cache of the layer);
-    mask: None (causal: the newest query sees every held key), a bool [batch, 1|heads, q, >=held] (True:
+    mask: None (causal: sdpa's is_causal aligns the queries top-left, so the newest of q queries sees the first
+    q keys; a static cache's prefill from empty, whose other slots are unfilled), a bool [batch, 1|heads, q, >=held] (True:
     attend), an additive float one, a 2-D [batch, held] padding mask (flash), or a flex BlockMask."""
     if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor) or query.dim() != 4 or key.dim() != 4:
         return None
@@ -317,6 +318,8 @@ def newest_row(query, key, mask, scaling=None, softcap=None, sinks=None, module=
             scores = scores + last.float()
     elif mask is not None and hasattr(mask, "mask_mod"):  # flex attention's BlockMask
         scores = scores.masked_fill(~_block_mask_row(mask, query.shape[2], held, scores.device), float("-inf"))
+    elif mask is None and 1 < query.shape[2] < held and getattr(module, "is_causal", True):
+        scores[:, query.shape[2] :] = float("-inf")  # [heads, held]: is_causal's top-left alignment
     if sinks is not None and isinstance(sinks, torch.Tensor):  # learned sinks (gpt-oss): a logit per head, dropped
         sink = sinks.reshape(heads, 1).float().to(scores.device)
         return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[:, :held]
