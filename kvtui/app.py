@@ -37,6 +37,7 @@ from .messages import Call, SessionState, SnapshotReady
 from .options import AppConfig
 from .themes import DEFAULT_THEME, load_themes
 from .widgets.alarm_line import AlarmLine
+from .widgets.attention_strip import AttentionStrip, shading
 from .widgets.chat_pane import ChatPane
 from .widgets.cursor_pane import CursorPane
 from .widgets.diagnostics_pane import DiagnosticsPane
@@ -118,6 +119,7 @@ class KvtuiApp(App):
         self._ui_before_prefill: float | None = None
         self._ui_before_verify: float | None = None
         self.latest: StepSnapshot | None = None
+        self.attention_view: tuple[int | None, int | None] = (None, None)  # (layer: None = all, head: None = mean)
         self.pinned_step: int | None = None
         self.diagnostics: tuple[Diagnostic, ...] = ()
         self.app_diagnostics: list[Diagnostic] = []  # worker errors: the engine never saw them
@@ -169,6 +171,7 @@ class KvtuiApp(App):
             with Vertical(id="inspect"):
                 yield RequestsPane(id="requests")
                 yield TokenBufferPane(id="buffer")
+                yield AttentionStrip(id="attention-strip")
                 with Horizontal(id="row2"):
                     yield CursorPane(id="cursor")
                     yield TopKPane(id="topk")
@@ -363,10 +366,6 @@ class KvtuiApp(App):
             return  # a timer that fires during teardown has no panes left to paint
         if self.pinned_step is None:
             self._show(snapshot)
-            buffer_pane = self.query_one(TokenBufferPane)
-            if snapshot.attention is not None:
-                peak = max(snapshot.attention) or 1.0
-                buffer_pane.attention = [w / peak for w in snapshot.attention]
         self._show_chat()
         self.show_diagnostics()
         recent = list(self._recent_ms)  # one C call: the engine reader thread appends
@@ -401,6 +400,7 @@ class KvtuiApp(App):
         snapshot = self._show_requests(step, self.driver.shown(step))
         for pane in (TokenBufferPane, CursorPane, LayersPane, TopKPane):
             self.query_one(pane).show(snapshot)
+        self._show_attention(snapshot)
         buffer_pane = self.query_one(TokenBufferPane)  # the selection may have moved (tail, rewind): O(1)
         index, shown = buffer_pane.selected_index, buffer_pane.snapshot
         token = None if index is None or shown is None or index >= len(shown.buffer) else shown.buffer[index]
@@ -593,6 +593,49 @@ class KvtuiApp(App):
     def layer_selected(self, message: LayersPane.LayerSelected) -> None:
         self.query_one(TokenBufferPane).selected_layer = message.index
         self.driver.attention(message.index)
+        shown = self.query_one(TokenBufferPane).snapshot
+        if shown is not None and shown.attention is not None:
+            self.attention_view = (message.index, None)
+            self._show_attention(shown)
+
+    def _show_attention(self, snapshot: StepSnapshot | None) -> None:
+        """The buffer shaded by the selected attention row, and the per-layer strip (--attention)."""
+        layer, head = self.attention_view
+        self.query_one(AttentionStrip).show(snapshot, layer, head)
+        if snapshot is not None and snapshot.attention is not None:
+            self.query_one(TokenBufferPane).attention = shading(snapshot, layer, head)
+
+    def action_attention_layer(self, delta: int) -> None:
+        """[ / ]: all layers, then each layer with attention, in turn; the source keeps that layer's heads."""
+        snapshot = self.query_one(TokenBufferPane).snapshot
+        if snapshot is None or snapshot.attention is None:
+            self.notify("no attention in these steps: start with --attention", severity="warning")
+            return
+        choices: list[int | None] = [None, *(i for i, e in enumerate(snapshot.attention) if e is not None)]
+        layer = self.attention_view[0]
+        at = choices.index(layer) if layer in choices else 0
+        layer = choices[(at + delta) % len(choices)]
+        self.attention_view = (layer, None)
+        if layer is not None:
+            self.driver.attention(layer)  # its heads from the next step
+            self.query_one(TokenBufferPane).selected_layer = layer
+        self._show_attention(snapshot)
+
+    def action_attention_head(self, delta: int) -> None:
+        """{ / }: the selected layer's head mean, then each of its heads."""
+        snapshot = self.query_one(TokenBufferPane).snapshot
+        layer, head = self.attention_view
+        detail = snapshot.attention_detail if snapshot is not None else None
+        if snapshot is None or detail is None or layer is None:
+            self.notify("pick a layer first ([ / ])", severity="warning")
+            return
+        if detail.layer != layer:
+            self.notify(f"the heads of layer {layer} arrive with the next step", timeout=3)
+            return
+        choices: list[int | None] = [None, *range(len(detail.heads))]
+        at = choices.index(head) if head in choices else 0
+        self.attention_view = (layer, choices[(at + delta) % len(choices)])
+        self._show_attention(snapshot)
 
     def action_watch(self) -> None:
         token = self.query_one(TopKPane).selected_token
