@@ -99,3 +99,34 @@ class AttentionStrip(LiveText):
         if shown:
             assert snapshot is not None
             self.show_text(render_strip(snapshot, layer, head, max(20, self.size.width - 2)))
+
+
+HEAT = " ░▒▓█"
+
+
+def render_heatmap(snapshot: StepSnapshot, width: int = 120, palette=None) -> Text:
+    """The notebook's heat map: one line per layer, one cell per buffer position (bucketed to fit `width`, the
+    bucket's largest weight), shaded by the layer's weight over its own largest; a layer with no attention
+    is a line of dots."""
+    text = Text(no_wrap=True)
+    attention = snapshot.attention or ()
+    total = len(snapshot.buffer)
+    if not attention or not total:
+        return text
+    label = len(str(len(attention) - 1)) + 2
+    cells = max(1, min(total, width - label - 1))
+    per = -(-total // cells)  # positions per cell
+    text.append(" " * label + f"positions 0–{total - 1}" + (f", {per} per cell" if per > 1 else ""), style="dim")
+    for layer, entries in enumerate(attention):
+        text.append("\n")
+        text.append(f"L{layer:<{label - 1}}", style=role_style(palette, "muted"))
+        if entries is None:
+            text.append("·" * -(-total // per), style="dim")
+            continue
+        row = [0.0] * -(-total // per)
+        for position, weight in entries:
+            if 0 <= position < total:
+                row[position // per] = max(row[position // per], weight)
+        peak = max(row) or 1.0
+        text.append("".join(HEAT[min(len(HEAT) - 1, round(w / peak * (len(HEAT) - 1)))] for w in row))
+    return text
