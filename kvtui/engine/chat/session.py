@@ -379,7 +379,13 @@ class ChatSession(CacheEdits):
         if attention is not None:
             detail = attention.detail
             found += check_attention(
-                self.steps, attention.pads, detail.regions, detail.shares, self._attention_memory, "", len(self._tokens) - 1
+                self.steps,
+                attention.pads,
+                detail.regions,
+                detail.shares,
+                self._attention_memory,
+                "",
+                len(self._tokens) - 1,
             )
         self._record(found, in_step=True)
         snapshot = StepSnapshot(

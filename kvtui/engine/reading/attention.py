@@ -20,11 +20,13 @@ block table; its steps carry no attention).
 
 from __future__ import annotations
 
+import operator
 import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -42,7 +44,9 @@ PAGED_NOTE = "paged attention (continuous batching) is not covered: a packed for
 _MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # attention module -> (capture, layer index)
 _LOCK = threading.Lock()
 _USERS = 0  # live captures: the mapping entries stay wrapped while any is
-_WRAPPED: dict[tuple[int, str], tuple[object, Callable, Callable]] = {}  # (id(owner), key) -> (owner, original, wrapper)
+_WRAPPED: dict[
+    tuple[int, str], tuple[object, Callable, Callable]
+] = {}  # (id(owner), key) -> (owner, original, wrapper)
 _EAGER_USERS: dict[str, int] = {}  # modeling module name -> captures using its eager_attention_forward
 
 
@@ -175,7 +179,7 @@ class AttentionCapture:
                 if _EAGER_USERS[name] <= 0:
                     del _EAGER_USERS[name]
                     module = sys.modules.get(name)
-                    _restore(lambda owner, m=module: owner is m)
+                    _restore(partial(operator.is_, module))
             _USERS -= 1
             if _USERS <= 0:
                 _USERS = 0
@@ -287,8 +291,8 @@ def newest_row(query, key, mask, scaling=None, softcap=None, sinks=None, module=
 
     query [batch, heads, q, head_dim]; key [batch, kv_heads, held, head_dim] (the whole cache of the layer);
     mask: None (causal: sdpa's is_causal aligns the queries top-left, so the newest of q queries sees the first
-    q keys; a static cache's prefill from empty, whose other slots are unfilled), a bool [batch, 1|heads, q, >=held] (True:
-    attend), an additive float one, a 2-D [batch, held] padding mask (flash), or a flex BlockMask."""
+    q keys; a static cache's prefill from empty, whose other slots are unfilled), a bool [batch, 1|heads, q,
+    >=held] (True: attend), an additive float one, a 2-D [batch, held] padding mask (flash), or a flex BlockMask."""
     if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor) or query.dim() != 4 or key.dim() != 4:
         return None
     heads, head_dim = query.shape[1], query.shape[-1]
@@ -334,6 +338,10 @@ def _block_mask_row(mask, queries: int, held: int, device) -> torch.Tensor:
     return mask.mask_mod(b, b, q_index.to(device), kv_index).reshape(1, held).bool()
 
 
+def _span_share(first: int, end: int, means: torch.Tensor) -> torch.Tensor:
+    return means[:, first:end].sum(-1)  # [layers, positions] -> [layers]
+
+
 class _RegionIndex:
     """Positions of the regions kvtui knows, kept up to date as the (append-only) buffer grows."""
 
@@ -377,20 +385,23 @@ class _RegionIndex:
         self._scan(buffer, pad_id, distinct)
         total = len(buffer)
         names: list[str] = ["sink"]
-        columns: list[Callable[[torch.Tensor], torch.Tensor]] = [lambda m: m[:, 0]]
+        columns: list[Callable[[torch.Tensor], torch.Tensor]] = [partial(_span_share, 0, 1)]
         for name in ("system", "special", "pad", "unknown"):
             positions = self._sparse[name]
             if positions:
                 names.append(name)
-                columns.append(lambda m, n=name, p=positions: m.index_select(1, self._index(n, p, m.device)).sum(-1))
+                columns.append(partial(self._sparse_share, name, positions))
         for number in sorted(self._turns):
             first, end = self._turns[number]
             names.append("this turn" if number == turn else f"turn {number}")
-            columns.append(lambda m, a=first, b=end: m[:, a:b].sum(-1))
+            columns.append(partial(_span_share, first, end))
         recent = min(window, total)
         names.append(f"last {recent}")
-        columns.append(lambda m, r=recent: m[:, total - r :].sum(-1))
+        columns.append(partial(_span_share, total - recent, total))
         return tuple(names), columns
+
+    def _sparse_share(self, name: str, positions: list[int], means: torch.Tensor) -> torch.Tensor:
+        return means.index_select(1, self._index(name, positions, means.device)).sum(-1)  # [layers]
 
     def _index(self, name: str, positions: list[int], device) -> torch.Tensor:
         cached = self._device_cache.get(name)

@@ -543,9 +543,10 @@ def check_attention(
     newest: int | None = None,
 ) -> list[Diagnostic]:
     """attended-pads: pads (`pads`: their buffer positions; masked pads, a primed prefix, runs of the pad id)
-    receive attention that the mask should have removed: the share (mean over the layers with attention, and the layer that gives them most)
-    and their positions, read from the captured attention. Said when it starts and when the pads change
-    (`memory`: the caller's, one per cache); attention to the first token of a correct chat is normal."""
+    receive attention that the mask should have removed, from a query that is not a pad itself (`newest`: its
+    buffer position): the share (mean over the layers with attention, and the layer that gives them most) and
+    their positions, read from the captured attention. Said when it starts and when the pads change (`memory`:
+    the caller's, one per cache); attention to the first token of a correct chat is normal."""
     if newest is not None and pads and pads[-1] == newest:
         return []  # the query is a pad itself (a priming pass): what it attends to is not the question
     if "pad" not in regions:

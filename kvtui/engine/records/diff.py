@@ -174,8 +174,7 @@ def _attention_note(step: int, sa: dict, sb: dict) -> str | None:
         (pa, wa), (pb, wb) = ea[0], eb[0]
         if pa != pb or abs(wa - wb) >= ATTENTION_GAP:
             return (
-                f"attention: from step {step}, layer {layer} looks most at #{pa} ({wa:.0%}) in A, "
-                f"#{pb} ({wb:.0%}) in B"
+                f"attention: from step {step}, layer {layer} looks most at #{pa} ({wa:.0%}) in A, #{pb} ({wb:.0%}) in B"
             )
     return None
 

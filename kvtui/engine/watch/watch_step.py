@@ -17,8 +17,8 @@ import torch
 from ..reading import introspect
 from ..reading.alarms import Alarms
 from ..reading.diagnostics import (
-    check_attention,
     SpecialIds,
+    check_attention,
     check_drift,
     check_feed,
     check_padding_side,
