@@ -101,5 +101,5 @@ if __name__ == "__main__":  # this section alone: python benchmarks/b_attention.
     from kvtui.engine.chat.loader import load_model
 
     smol = load_model(None, dtype="float32", device="cpu")
-    for line in describe(bench(smol.model, smol.tokenizer)):
+    for line in describe(bench(smol.model, smol.tokenizer, n_new=24, repeats=3, contexts=(64, 512))):
         log(line)

@@ -61,7 +61,7 @@ def render_strip(snapshot: StepSnapshot, layer: int | None, head: int | None, wi
     buffer = snapshot.buffer
     for position, weight in entries[:4]:
         piece = printable(buffer[position].piece) if 0 <= position < len(buffer) else "?"
-        text.append(f" · #{position} {piece!r} {weight:.0%}")
+        text.append(f" · #{position} '{piece}' {weight:.0%}")
     detail = snapshot.attention_detail
     if detail is None:
         return text

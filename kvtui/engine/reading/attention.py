@@ -144,8 +144,7 @@ class AttentionCapture:
         self.head_layer = head_layer
         self.errors: list[str] = []
         self.memory: dict[str, dict] = {}  # per cache: what the attention alarms last said (check_attention)
-        self._rows: dict[int, torch.Tensor] = {}  # layer -> [heads, held] float32 probabilities (this forward)
-        self._kv_heads: dict[int, int] = {}
+        self._rows: dict[int, Scores] = {}  # layer -> its newest query's scores (this forward)
         self._regions = _RegionIndex()
         self._modules: list[weakref.ref] = []
         self._eager: list[str] = []
@@ -198,12 +197,11 @@ class AttentionCapture:
             key = args[2] if len(args) > 2 else kwargs["key"]
             mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
             with torch.no_grad():
-                probs = newest_row(
+                scores = newest_scores(
                     query, key, mask, kwargs.get("scaling"), kwargs.get("softcap"), kwargs.get("s_aux"), args[0]
                 )
-            if probs is not None:
-                self._rows[layer] = probs
-                self._kv_heads[layer] = key.shape[1]
+            if scores is not None:
+                self._rows[layer] = scores
         except Exception as exc:  # noqa: BLE001  never break the program's forward
             if len(self.errors) < 8:
                 self.errors.append(f"layer {layer}: {type(exc).__name__}: {exc}")
@@ -225,21 +223,31 @@ class AttentionCapture:
         if not rows or total == 0:
             return None
         order = sorted(rows)
-        first = next(iter(rows.values()))
-        device = first.device
-        # [layers, positions]: each layer's head-mean row, its slots placed at their buffer positions
-        means = torch.zeros((len(order), total), dtype=torch.float32, device=device)
-        for i, layer in enumerate(order):
-            start, used, offset = _slots(rows[layer].shape[-1], total)
-            means[i, offset : offset + used] = rows[layer][:, start : start + used].mean(dim=0)
         selected = self.head_layer if self.head_layer in rows else order[-1]
-        start, used, offset = _slots(rows[selected].shape[-1], total)
-        heads = torch.zeros((rows[selected].shape[0], total), dtype=torch.float32, device=device)
-        heads[:, offset : offset + used] = rows[selected][:, start : start + used]  # [heads, positions]
-        kv = self._kv_heads.get(selected, heads.shape[0]) or 1
-        groups = heads.view(kv, heads.shape[0] // kv, total).mean(dim=1)  # [kv_heads, positions]
+        device = rows[order[-1]].scores.device
+        # [layers, positions]: each layer's head-mean row, its slots placed at their buffer positions; the
+        # layers alike (same held length, scaling, mask form) get one softmax together (few ops per step)
+        means = torch.zeros((len(order), total), dtype=torch.float32, device=device)
+        groups: dict[tuple, list[int]] = {}
+        for i, layer in enumerate(order):
+            groups.setdefault(rows[layer].group, []).append(i)
+        chosen: torch.Tensor | None = None
+        for members in groups.values():
+            entries = [rows[order[i]] for i in members]
+            probs = _softmax(entries)  # [group, heads, held]
+            start, used, offset = _slots(probs.shape[-1], total)
+            index = torch.tensor(members, device=device) if len(members) < len(order) else slice(None)
+            means[index, offset : offset + used] = probs[:, :, start : start + used].mean(dim=1)
+            if order.index(selected) in members:
+                chosen = probs[members.index(order.index(selected))]  # [heads, held]
+        assert chosen is not None
+        start, used, offset = _slots(chosen.shape[-1], total)
+        heads = torch.zeros((chosen.shape[0], total), dtype=torch.float32, device=device)
+        heads[:, offset : offset + used] = chosen[:, start : start + used]  # [heads, positions]
+        kv = rows[selected].kv_heads
+        kv_groups = heads.view(kv, heads.shape[0] // kv, total).mean(dim=1)  # [kv_heads, positions]
         every = means.mean(dim=0, keepdim=True)  # [1, positions]: all layers
-        ranked = torch.cat([means, every, heads, groups])  # [layers + 1 + heads + kv_heads, positions]
+        ranked = torch.cat([means, every, heads, kv_groups])  # [layers + 1 + heads + kv_heads, positions]
         k = min(TOP, total)
         values, indices = ranked.topk(k, dim=-1)  # [rows, k]
         names, columns = self._regions.columns(buffer, turn, window, pad_id, pad_distinct)
@@ -286,8 +294,26 @@ def _top(values: list[float], indices: list[float]) -> tuple[tuple[int, float], 
     return tuple(kept)
 
 
-def newest_row(query, key, mask, scaling=None, softcap=None, sinks=None, module=None) -> torch.Tensor | None:
-    """softmax(q_last k^T * scaling + mask_last) of batch row 0, per query head: [heads, held] float32.
+@dataclass(frozen=True)
+class Scores:
+    """One layer's newest-query logits, as the attention call saw them; softmaxed at take() with its alikes."""
+
+    scores: torch.Tensor  # [heads, held], the model's dtype: q_last . k^T, not yet scaled
+    mask: torch.Tensor | None  # [1|heads, held]: bool (True: attend) or additive float; None: every key
+    scaling: float
+    softcap: float | None
+    sinks: torch.Tensor | None  # [heads]: learned sink logits (gpt-oss), in the softmax, dropped after
+    kv_heads: int
+
+    @property
+    def group(self) -> tuple:
+        """What layers must share to be softmaxed together."""
+        mask = None if self.mask is None else (self.mask.dtype == torch.bool, self.mask.shape[0])
+        return (tuple(self.scores.shape), self.scaling, self.softcap, mask, self.sinks is None, self.kv_heads)
+
+
+def newest_scores(query, key, mask, scaling=None, softcap=None, sinks=None, module=None) -> Scores | None:
+    """The newest query's logits of batch row 0, per query head, and its mask row.
 
     query [batch, heads, q, head_dim]; key [batch, kv_heads, held, head_dim] (the whole cache of the layer);
     mask: None (causal: sdpa's is_causal aligns the queries top-left, so the newest of q queries sees the first
@@ -295,39 +321,61 @@ def newest_row(query, key, mask, scaling=None, softcap=None, sinks=None, module=
     >=held] (True: attend), an additive float one, a 2-D [batch, held] padding mask (flash), or a flex BlockMask."""
     if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor) or query.dim() != 4 or key.dim() != 4:
         return None
-    heads, head_dim = query.shape[1], query.shape[-1]
+    heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[-1]
     kv_heads, held = key.shape[1], key.shape[2]
     if heads % kv_heads:
         return None
     if scaling is None:
         scaling = getattr(module, "scaling", None) or head_dim**-0.5
-    q = query[0, :, -1, :]  # [heads, head_dim]
-    k = key[0]  # [kv_heads, held, head_dim]
     group = heads // kv_heads
-    # GQA: each KV head serves `group` query heads (no repeat of K)
-    scores = torch.matmul(q.view(kv_heads, group, head_dim), k.transpose(-1, -2))  # [kv_heads, group, held]
-    scores = scores.reshape(heads, held).float() * scaling  # [heads, held]
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
+    # GQA: each KV head serves `group` query heads (no repeat of K): [kv_heads, group, d] @ [kv_heads, d, held]
+    scores = torch.matmul(query[0, :, -1, :].view(kv_heads, group, head_dim), key[0].transpose(-1, -2))
+    row: torch.Tensor | None = None
     if isinstance(mask, torch.Tensor):
         if mask.dim() == 4:
-            last = mask[0, :, -1, :held]  # [1|heads, held]
+            row = mask[0, :, -1, :held]  # [1|heads, held]
         elif mask.dim() == 2:
-            last = mask[0, -held:].bool() if mask.dtype != torch.bool else mask[0, -held:]
+            row = mask[0:1, -held:]
+            row = row if row.dtype == torch.bool else row.bool()
         else:
-            last = mask.reshape(-1, mask.shape[-1])[-1, :held]
-        if last.dtype == torch.bool:
-            scores = scores.masked_fill(~last, float("-inf"))
-        else:
-            scores = scores + last.float()
+            row = mask.reshape(-1, mask.shape[-1])[-1:, :held]
     elif mask is not None and hasattr(mask, "mask_mod"):  # flex attention's BlockMask
-        scores = scores.masked_fill(~_block_mask_row(mask, query.shape[2], held, scores.device), float("-inf"))
-    elif mask is None and 1 < query.shape[2] < held and getattr(module, "is_causal", True):
-        scores[:, query.shape[2] :] = float("-inf")  # [heads, held]: is_causal's top-left alignment
-    if sinks is not None and isinstance(sinks, torch.Tensor):  # learned sinks (gpt-oss): a logit per head, dropped
-        sink = sinks.reshape(heads, 1).float().to(scores.device)
-        return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[:, :held]
+        row = _block_mask_row(mask, queries, held, scores.device)
+    elif mask is None and 1 < queries < held and getattr(module, "is_causal", True):
+        row = torch.arange(held, device=scores.device).view(1, held) < queries  # is_causal's top-left alignment
+    return Scores(
+        scores.reshape(heads, held),
+        row,
+        float(scaling),
+        float(softcap) if softcap else None,
+        sinks.reshape(heads) if isinstance(sinks, torch.Tensor) else None,
+        kv_heads,
+    )
+
+
+def _softmax(entries: list[Scores]) -> torch.Tensor:
+    """Alike layers' probabilities at once: [layers, heads, held] float32, as eager computes them."""
+    first = entries[0]
+    scores = torch.stack([e.scores for e in entries]).float() * first.scaling  # [layers, heads, held]
+    if first.softcap:
+        scores = torch.tanh(scores / first.softcap) * first.softcap
+    if first.mask is not None:
+        shape = scores.shape[1:]
+        masks = torch.stack([e.mask.expand(shape) for e in entries if e.mask is not None])  # [layers, heads, held]
+        if masks.dtype == torch.bool:
+            scores = scores.masked_fill(~masks, float("-inf"))
+        else:
+            scores = scores + masks.float()
+    if first.sinks is not None:  # learned sinks: one more logit per head in the softmax, dropped after
+        sinks = torch.stack([e.sinks for e in entries if e.sinks is not None]).float().unsqueeze(-1)
+        return torch.softmax(torch.cat([scores, sinks.to(scores.device)], dim=-1), dim=-1)[..., :-1]
     return torch.softmax(scores, dim=-1)
+
+
+def newest_row(query, key, mask, scaling=None, softcap=None, sinks=None, module=None) -> torch.Tensor | None:
+    """softmax(q_last k^T * scaling + mask_last) of batch row 0, per query head: [heads, held] float32."""
+    scores = newest_scores(query, key, mask, scaling, softcap, sinks, module)
+    return None if scores is None else _softmax([scores])[0]
 
 
 def _block_mask_row(mask, queries: int, held: int, device) -> torch.Tensor:
@@ -349,6 +397,7 @@ class _RegionIndex:
         self._items: object = None
         self._scanned = 0
         self._pad_id: int | None = None
+        self._user_seen = False  # template tokens before the first user token are the system prompt
         self._sparse: dict[str, list[int]] = {}
         self._turns: dict[int, list[int]] = {}  # turn -> [first, last + 1]
         self._device_cache: dict[str, tuple[int, torch.Tensor]] = {}
@@ -363,13 +412,18 @@ class _RegionIndex:
             self._sparse = {"special": [], "pad": [], "system": [], "unknown": []}
             self._turns = {}
             self._device_cache = {}
+            self._user_seen = False
         pads = self._sparse["pad"]
         for position in range(self._scanned, len(buffer)):
             token = buffer[position]
             if token.special and token.origin not in ("pad", "primed"):
                 self._sparse["special"].append(position)
+            if token.origin == "user":
+                self._user_seen = True
             if token.origin in ("system", "unknown"):
                 self._sparse[token.origin].append(position)
+            elif token.origin == "template" and not self._user_seen:  # the template's own system prompt
+                self._sparse["system"].append(position)
             if token.origin in ("pad", "primed") or (token.id == pad_id and pad_distinct):
                 pads.append(position)
             elif token.id == pad_id and pad_id is not None and position and buffer[position - 1].id == pad_id:
