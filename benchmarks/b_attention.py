@@ -71,7 +71,41 @@ def bench(model, tokenizer, n_new: int = 32, repeats: int = 3, contexts=(64, 102
             }
         )
     out["same_tokens"] = same
+    out["isolated"] = isolated()
     return out
+
+
+def isolated(contexts=(128, 1024, 4096), layers: int = 30, heads: int = 9, kv_heads: int = 3, steps: int = 40) -> list:
+    """The capture's own work alone, SmolLM2's shapes (fp32, CPU): each layer's newest-query logits at every
+    forward, then take() at the step's end (softmax, head means, tops, shares, the one transfer). No model runs,
+    so the number does not move with the machine's load as much as a decode loop does."""
+    from kvtui.engine.reading.attention import AttentionCapture, newest_scores
+    from kvtui.engine.records.snapshot import BufferToken, TokenBuffer
+
+    capture = AttentionCapture(torch.nn.Linear(1, 1))  # a module without attention layers: nothing registered
+    capture.num_layers = layers
+    rows = []
+    try:
+        for context in contexts:
+            tokens = [BufferToken(i, 5, "x", i == 0, "user", 1) for i in range(context)]
+            buffer = TokenBuffer(tokens)
+            query = torch.randn(1, heads, 1, 64)
+            keys = [torch.randn(1, kv_heads, context, 64) for _ in range(layers)]
+            mask = torch.ones(1, 1, 1, context, dtype=torch.bool)
+            times = []
+            with torch.no_grad():
+                for step in range(steps + 5):
+                    started = time.perf_counter()
+                    for layer in range(layers):
+                        capture._rows[layer] = newest_scores(query, keys[layer], mask, 0.125)
+                    capture.take(buffer, 1)
+                    if step >= 5:
+                        times.append((time.perf_counter() - started) * 1e6 / layers)
+            rows.append({"context": context, "us_per_step_per_layer": summary(times)})
+            log(f"  capture alone, {context} tokens: {summary(times)['median']:.0f} µs per step per layer")
+    finally:
+        capture.detach()
+    return rows
 
 
 def describe(result: dict) -> list[str]:
@@ -94,6 +128,20 @@ def describe(result: dict) -> list[str]:
             f"{stat(row['us_per_step_per_layer'], 0)} |"
         )
     lines += ["", f"Greedy tokens identical in every variant: {result['same_tokens']}."]
+    if result.get("isolated"):
+        lines += [
+            "",
+            "The capture's own work alone (each layer's newest-query logits, then the step's softmax, head means, "
+            "tops, shares and one transfer; SmolLM2's shapes, fp32 CPU, no model running):",
+            "",
+            "| context (tokens) | µs per step per layer |",
+            "|---|---|",
+        ]
+        lines += [
+            f"| {row['context']} | {row['us_per_step_per_layer']['median']:.0f} "
+            f"[{row['us_per_step_per_layer']['min']:.0f}–{row['us_per_step_per_layer']['max']:.0f}] |"
+            for row in result["isolated"]
+        ]
     return lines
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from kvtui.engine.records.snapshot import StepSnapshot
-from kvtui.fmt import printable
+from kvtui.fmt import token_text
 from kvtui.widgets.live_text import LiveText
 from kvtui.widgets.palette import role_style
 
@@ -31,13 +31,13 @@ def attention_view(snapshot: StepSnapshot, layer: int | None, head: int | None) 
     if layer is None or not 0 <= layer < len(attention) or attention[layer] is None:
         entries = detail.all_layers if detail is not None else ()
         return entries, f"all {sum(e is not None for e in attention)} layers"
-    name = f"layer {layer}/{len(attention)}"
+    name = f"layer {layer}"
     if head is None:
         return attention[layer], f"{name} · head mean"
     if detail is None or detail.layer != layer or not 0 <= head < len(detail.heads):
-        return attention[layer], f"{name} · head mean (its heads arrive with the next step)"
+        return attention[layer], f"{name} · head mean (its heads come with the next step)"
     group_size = max(1, len(detail.heads) // max(1, len(detail.groups)))
-    return detail.heads[head], f"{name} · head {head}/{len(detail.heads)} (KV group {head // group_size})"
+    return detail.heads[head], f"{name} · head {head}/{len(detail.heads)} · kv {head // group_size}"
 
 
 def shading(snapshot: StepSnapshot, layer: int | None, head: int | None) -> list[float]:
@@ -56,12 +56,13 @@ def render_strip(snapshot: StepSnapshot, layer: int | None, head: int | None, wi
     """The header and the per-layer region lines, each fitting `width` cells (layers bucketed when many)."""
     text = Text(no_wrap=True, overflow="ellipsis")
     entries, what = attention_view(snapshot, layer, head)
-    text.append("attention ", style=role_style(palette, "accent", "bold"))
+    text.append("attn ", style=role_style(palette, "accent", "bold"))
     text.append(what, style=role_style(palette, "muted"))
     buffer = snapshot.buffer
     for position, weight in entries[:4]:
-        piece = printable(buffer[position].piece) if 0 <= position < len(buffer) else "?"
-        text.append(f" · #{position} '{piece}' {weight:.0%}")
+        piece = token_text(buffer[position].piece) if 0 <= position < len(buffer) else "?"
+        text.append(f" · #{position} {piece} {weight:.0%}")
+    text.truncate(width, overflow="ellipsis")  # one line: the strip keeps its height at 80 columns
     detail = snapshot.attention_detail
     if detail is None:
         return text

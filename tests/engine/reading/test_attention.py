@@ -224,3 +224,17 @@ def test_trace_round_trip_and_old_traces(tiny_model, tmp_path):
     old = {**record, "attention": {"layer": 1, "weights": [0.5, 0.3, 0.15, 0.05] + [0.0] * 10}}
     read = _step(old, snapshot.buffer)
     assert read.attention == (None, ((0, 0.5), (1, 0.3), (2, 0.15), (3, 0.05), (4, 0.0), (5, 0.0), (6, 0.0), (7, 0.0)))
+
+
+def test_flex_attention_is_captured(tiny_dir):
+    """flex attention (its mask a BlockMask): the recorded rows match eager's too."""
+    from transformers import AutoTokenizer
+
+    directory = tiny_dir("llama")
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="flex_attention")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    ids = tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    snapshots, tokens = watched_steps(model, tokenizer, ids, DynamicCache(config=model.config), decode=1)
+    for snapshot in snapshots:
+        n = len(snapshot.buffer)
+        check_contract(snapshot.attention, eager_rows(directory, tokens[:, :n]), n)
