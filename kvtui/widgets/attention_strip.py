@@ -91,7 +91,7 @@ class AttentionStrip(LiveText):
     """Under the token buffer while the steps carry attention (hidden otherwise)."""
 
     DEFAULT_CSS = """
-    AttentionStrip { height: auto; max-height: 5; padding: 0 1; background: $panel; }
+    AttentionStrip { height: auto; max-height: 5; padding: 0 1; background: $panel; display: none; }
     """
 
     def show(self, snapshot: StepSnapshot | None, layer: int | None, head: int | None) -> None:

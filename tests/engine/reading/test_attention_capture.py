@@ -4,6 +4,7 @@ the same tokens (an independent computation: a full forward, no cache), and invi
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import pytest
@@ -13,11 +14,22 @@ from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
 import kvtui
 from kvtui.engine.models.tiny import MATRIX_ARCHES
 from kvtui.engine.reading import attention as capture_module
+from kvtui.engine.reading import introspect
 from kvtui.engine.records.codec import from_record, step_record  # noqa: F401  (round trip below)
 
 TEXT = "The attention layer reads the keys and values of earlier tokens. Sliding window attention only keeps"
-# families whose attention does not go through transformers' attention interface (the capture sees nothing)
-UNCOVERED = {"falcon"}  # FalconAttention calls torch's scaled_dot_product_attention itself
+
+
+def through_interface(model) -> bool:
+    """Whether the model's modeling code calls transformers' attention interface at all (Falcon calls torch's
+    scaled_dot_product_attention itself; StableLM too on 4.57): read from its source, not from kvtui."""
+    return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(sys.modules[type(model).__module__])
+
+
+def watchable(model) -> None:
+    refusal = introspect.hybrid_refusal(model.config)
+    if refusal:  # 4.57 keeps a hybrid's conv/SSM state in its own cache class: kvtui refuses to watch it there
+        pytest.skip(refusal)
 
 
 def eager_rows(directory, ids: torch.Tensor, mask: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -60,14 +72,19 @@ def watched_steps(model, tokenizer, ids: torch.Tensor, cache, decode: int = 2):
     return snapshots, tokens
 
 
-@pytest.mark.parametrize("arch", [a for a in MATRIX_ARCHES if a not in UNCOVERED])
+@pytest.mark.parametrize("arch", MATRIX_ARCHES)
 def test_every_family_matches_eager(arch, tiny_dir, tiny_model):
     """Each family with attention layers, loaded with its default implementation (sdpa where it has one):
-    every layer's recorded row equals eager's, the prefill's newest query and each decode step's."""
+    every layer's recorded row equals eager's, the prefill's newest query and each decode step's. A family
+    whose modeling code does not go through the attention interface records none (README says so)."""
     model, tokenizer = tiny_model(arch)
+    watchable(model)
     ids = tokenizer(TEXT, return_tensors="pt")["input_ids"]
     snapshots, tokens = watched_steps(model, tokenizer, ids, DynamicCache(config=model.config))
     assert len(snapshots) == 3
+    if not through_interface(model):
+        assert all(snapshot.attention is None for snapshot in snapshots)
+        return
     for snapshot in snapshots:
         n = len(snapshot.buffer)
         assert len(snapshot.attention) == model.config.get_text_config().num_hidden_layers
@@ -75,15 +92,9 @@ def test_every_family_matches_eager(arch, tiny_dir, tiny_model):
     assert not capture_module.patched()  # detached: every attention function is the original again
 
 
-def test_a_family_outside_the_interface_records_nothing(tiny_model):
-    model, tokenizer = tiny_model("falcon")
-    ids = tokenizer(TEXT, return_tensors="pt")["input_ids"]
-    snapshots, _ = watched_steps(model, tokenizer, ids, DynamicCache(config=model.config), decode=0)
-    assert snapshots[0].attention is None
-
-
 def test_hybrid_layers_without_attention_are_none(tiny_model):
     model, tokenizer = tiny_model("lfm2")
+    watchable(model)
     ids = tokenizer(TEXT, return_tensors="pt")["input_ids"]
     snapshots, _ = watched_steps(model, tokenizer, ids, DynamicCache(config=model.config), decode=1)
     types = model.config.layer_types
