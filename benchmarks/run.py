@@ -5,6 +5,7 @@ Sections (each prints progress; the whole run is budgeted to finish in under 10 
   2. scale: snapshot + diagnostics cost and memory per step at 128 .. 32k cached tokens (tiny llama)
   3. why caches exist: 8-turn seed chat, cached vs re-encode-everything, dynamic vs static (SmolLM2)
   4. UI: token pane at 1k/10k/100k tokens, time to first frame, keys while running, TUI run mode vs headless
+  5b. attention capture: SmolLM2 watched with and without attention=True (µs per step per layer)
 
 Usage: .venv/bin/python benchmarks/run.py [--quick] [--no-profile]
 """
@@ -139,6 +140,10 @@ def main() -> int:
     results["watch_tiny"] = b_watch.bench(tiny.model, tiny.tokenizer, n_new=200, repeats=2 if q else 5)
     results["watch_batch"] = b_batch.bench(tiny.model, tiny.tokenizer, n_new=32, repeats=5)
     loads["5. watch"] = section.stop()
+    log("5b. attention capture: SmolLM2 watched vs watched with attention=True, short and long context")
+    import b_attention
+
+    results["attention"] = b_attention.bench(smol.model, smol.tokenizer, n_new=16 if q else 32, repeats=2 if q else 3)
 
     # ---- 7. the live notebook view (a real kernel: its own process, SmolLM2 loaded there) -----------------
     log("7. live notebook view: watched vs watched + display='live' in a real kernel (SmolLM2)")
@@ -410,7 +415,16 @@ def watch_report(r: dict) -> list[str]:
         if r.get("watch_tiny")
         else []
     )
-    return lines + _batch_lines(r.get("watch_batch"))
+    return lines + _batch_lines(r.get("watch_batch")) + _attention_lines(r.get("attention"))
+
+
+def _attention_lines(a: dict | None) -> list[str]:
+    """5b: the attention capture's cost (watch(attention=True) / --attention), per step per layer."""
+    if not a:
+        return []
+    import b_attention
+
+    return ["", "### 5b. Attention capture (`attention=True`, `--attention`)", "", *b_attention.describe(a)]
 
 
 def _batch_lines(b: dict | None) -> list[str]:

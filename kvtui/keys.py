@@ -51,6 +51,10 @@ APP_KEYS = [
     Binding("f3", "toggle_pane('cursor')", "show/hide cursor", show=False),
     Binding("f4", "toggle_pane('topk')", "show/hide top-k", show=False),
     Binding("f7", "toggle_pane('requests')", "show/hide the requests (a continuous-batching forward)", show=False),
+    Binding("right_square_bracket", "attention_layer(1)", "attention: next layer (--attention)", show=False),
+    Binding("left_square_bracket", "attention_layer(-1)", "attention: previous layer / all layers", show=False),
+    Binding("right_curly_bracket", "attention_head(1)", "attention: next head of the layer", show=False),
+    Binding("left_curly_bracket", "attention_head(-1)", "attention: previous head / head mean", show=False),
     HELP,
 ]
 
@@ -69,6 +73,10 @@ _NAMES = {
     "pagedown": "PgDn",
     "home": "Home",
     "end": "End",
+    "left_square_bracket": "[",
+    "right_square_bracket": "]",
+    "left_curly_bracket": "{",
+    "right_curly_bracket": "}",
 }
 
 

@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .engine.records.snapshot import StepSnapshot
+from .widgets.attention_strip import render_heatmap
 from .widgets.cursor_pane import render_cursor
 from .widgets.diagnostics_pane import COLUMNS as ALARM_COLUMNS
 from .widgets.diagnostics_pane import diagnostic_cells, severity_counts, title_for
@@ -109,6 +110,9 @@ def snapshot_view(
         _rule(f"tokens ({len(snapshot.buffer)} {'in context, no cache' if snapshot.uncached else 'in the cache'})")
     )
     parts.append(render_strip(snapshot, palette, strip_limit))
+    if snapshot.attention is not None:  # --attention / watch(attention=True)
+        parts.append(_rule("attention of the newest token (layers × positions)"))
+        parts.append(render_heatmap(snapshot, WIDTH, palette))
     parts.append(_rule("layers"))
     parts.append(render_totals(snapshot, palette=palette))
     if snapshot.layers:

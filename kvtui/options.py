@@ -124,7 +124,8 @@ def _prompt_options() -> list:
         click.option(
             "--attention",
             is_flag=True,
-            help="Shade the buffer by the newest token's attention (eager attention; costs O(cache) per step).",
+            help="Capture every layer's attention of the newest token (any attention implementation; "
+            "O(heads x cache) per layer per step) and shade the buffer by it.",
         ),
     ]
 
@@ -250,7 +251,7 @@ SESSION_KEYS = (
 )
 # The session options' defaults, for callers that build the app without the command line (tests, benchmarks,
 # code that makes an AppConfig): what an empty command line parses to. Not the parameters' `default`: since
-# click 8.3 a flag's is a truthy sentinel, which turned --attention (eager attention, O(cache) per step) on.
+# click 8.3 a flag's is a truthy sentinel, which turned --attention (O(cache) per step) on.
 DEFAULT_OPTIONS = {
     name: value
     for name, value in run_command().make_context("run", [], resilient_parsing=True).params.items()
@@ -309,7 +310,7 @@ def resolve_token(tokenizer, text: str) -> int:
 
 
 def load(model: str | None, options: dict, progress=None):
-    """Load the model the options name (dtype, device, device map, eager attention for --attention)."""
+    """Load the model the options name (dtype, device, device map)."""
     from .engine.chat import configure
 
     return configure.load(model, {**DEFAULT_OPTIONS, **options}, progress=progress)

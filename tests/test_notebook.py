@@ -207,3 +207,41 @@ def test_import_kvtui_registers_formatters_only_inside_ipython():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"]
+
+
+def test_a_step_with_attention_shows_a_heat_map_of_layers_by_positions():
+    """watch(attention=True) in a notebook: the step's view holds one heat-map line per layer, its cells shaded
+    by that layer's recorded weights (the largest full), a layer without attention drawn as dots."""
+    from kvtui.engine.records.snapshot import BufferToken, StepSnapshot, TokenBuffer
+    from kvtui.notebook import html as to_html
+    from kvtui.widgets.attention_strip import render_heatmap
+
+    tokens = [BufferToken(position=i, id=i, piece=f"t{i}", special=False, origin="user", turn=1) for i in range(4)]
+    snap = StepSnapshot(
+        step=1,
+        phase="prefill",
+        turn=1,
+        input_ids=(0, 1, 2, 3),
+        positions=(0, 1, 2, 3),
+        cursor=4,
+        cache_seq_length=4,
+        capacity=None,
+        layers=(),
+        topk=(),
+        topk_processed=(),
+        watched=(),
+        chosen=None,
+        chosen_forced=False,
+        diagnostics=(),
+        forward_ms=1.0,
+        snapshot_ms=0.1,
+        buffer=TokenBuffer(tokens),
+        attention=(((0, 0.8), (3, 0.2), (1, 0.0), (2, 0.0)), None, ((3, 0.5), (2, 0.5), (0, 0.0), (1, 0.0))),
+    )
+    lines = render_heatmap(snap, 80).plain.splitlines()
+    assert lines[1:] == ["L0 █  ░", "L1 ····", "L2   ██"]
+    import html
+    import re
+
+    shown = html.unescape(re.sub("<[^>]+>", "", to_html(snap)))  # the text the output shows
+    assert "attention of the newest token" in shown and "L0 █  ░" in shown

@@ -11,7 +11,7 @@ def test_default_options_are_what_an_empty_command_line_gives():
 
 
 def test_an_app_built_without_flags_does_not_capture_attention():
-    # --attention loads eager attention and reads O(cache) per step: it must stay opt-in everywhere
+    # --attention captures every layer's attention, O(heads x cache) per layer per step: opt-in everywhere
     options = AppConfig().options
     assert options["attention"] is False
     assert build_session_config(options).attention is False

@@ -49,6 +49,11 @@ from ..engine.records.snapshot import SEVERITIES
 @click.option("--show-top", type=click.IntRange(1, 100), default=10, show_default=True)
 @click.option("--theme", default="kvtui-dark", show_default=True, help="TUI theme.")
 @click.option(
+    "--attention",
+    is_flag=True,
+    help="Capture every layer's attention of each step's newest token (any attention implementation).",
+)
+@click.option(
     "--listen",
     metavar="HOST:PORT",
     default=None,
@@ -64,7 +69,20 @@ from ..engine.records.snapshot import SEVERITIES
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def watch(
-    module, headless, trace_path, fail_on, paused, break_on_alarm, show_top, theme, listen, connect, token, target, args
+    module,
+    headless,
+    trace_path,
+    fail_on,
+    paused,
+    break_on_alarm,
+    show_top,
+    theme,
+    attention,
+    listen,
+    connect,
+    token,
+    target,
+    args,
 ):
     """Run a program that uses transformers and watch every causal LM it loads: each top-level forward
     becomes a step (tokens fed, positions applied vs asked for, cache per layer, top-k) and the cache
@@ -89,15 +107,19 @@ def watch(
             raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
         if headless or connect is not None:
             sys.exit(
-                run_tree_headless(executable, target, list(args), trace_path, fail_on, show_top, listen, connect, token)
+                run_tree_headless(
+                    executable, target, list(args), trace_path, fail_on, show_top, listen, connect, token, attention
+                )
             )
         sys.exit(
-            run_tree_tui(executable, target, list(args), trace_path, show_top, listen, paused, break_on_alarm, theme)
+            run_tree_tui(
+                executable, target, list(args), trace_path, show_top, listen, paused, break_on_alarm, theme, attention
+            )
         )
     if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
         raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
     if headless:
-        sys.exit(run_headless(target, list(args), module, trace_path, fail_on, show_top))
+        sys.exit(run_headless(target, list(args), module, trace_path, fail_on, show_top, attention))
     from .. import viewers
 
     app = viewers.watch(
@@ -109,12 +131,15 @@ def watch(
         break_on_alarm=break_on_alarm,
         top_k=show_top,
         theme_name=theme,
+        attention=attention,
     )
     app.run()
     sys.exit(app.return_code or 0)
 
 
-def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on: str, top_k: int = 10) -> int:
+def run_headless(
+    target: str, args: list[str], module: bool, trace_path, fail_on: str, top_k: int = 10, attention: bool = False
+) -> int:
     """Run the program in this process under the probe; exit 1 if an alarm at/above fail_on fired,
     else the program's own exit code."""
     from ..engine.records.recorder import failing
@@ -122,7 +147,9 @@ def run_headless(target: str, args: list[str], module: bool, trace_path, fail_on
     from ..fmt import printable
     from ..headless import alarm_summary, request_summary
 
-    watcher = Watcher(trace=str(trace_path) if trace_path else None, top_k=top_k, program=[target, *args])
+    watcher = Watcher(
+        trace=str(trace_path) if trace_path else None, top_k=top_k, program=[target, *args], attention=attention
+    )
     code, watched = run_watched(watcher, target, args, module=module)
     models = ", ".join(watched) or "none"
     err = click.get_text_stream("stderr")
@@ -160,6 +187,7 @@ def run_tree_tui(
     paused: bool,
     break_on_alarm: bool,
     theme: str,
+    attention: bool = False,
 ) -> int:
     """The watch TUI over a command's tree: every watched process's steps in one timeline (M picks one
     process), pause / step / run / break on alarm for all of them at once, the command's output and stdin."""
@@ -168,7 +196,14 @@ def run_tree_tui(
 
     try:
         source = TreeSource(
-            executable, args, top_k=top_k, paused=paused, break_on_alarm=break_on_alarm, listen=listen, trace=trace_path
+            executable,
+            args,
+            top_k=top_k,
+            paused=paused,
+            break_on_alarm=break_on_alarm,
+            listen=listen,
+            trace=trace_path,
+            attention=attention,
         )
     except (OSError, ValueError) as error:
         click.echo(f"kvtui watch: {command}: cannot run: {getattr(error, 'strerror', None) or error}", err=True)
@@ -202,6 +237,7 @@ def run_tree_headless(
     listen: str | None = None,
     connect: str | None = None,
     token: str | None = None,
+    attention: bool = False,
 ) -> int:
     """Run COMMAND with every Python process of its tree watched; its output passes through. Exit code: the
     command's own, or 1 when an alarm at/above fail_on fired in any process. `listen`: also take the
@@ -227,7 +263,7 @@ def run_tree_headless(
             )
     try:
         with tree.hook_directory() as hook_dir:
-            env = tree.environment(Path(hook_dir), connect, token, top_k)
+            env = tree.environment(Path(hook_dir), connect, token, top_k, attention=attention)
             code = _run_command(executable, command, args, env, err)
         if server is None or code is None:
             return 2 if code is None else code

@@ -75,6 +75,7 @@ interrupts it, Esc gives the keys back). n shows the next batch row; M one model
         top_k: int = 10,
         source=None,
         title: str | None = None,
+        attention: bool = False,
     ):
         """A program to start (`target`, `args`, `module`) or a started `source` (a TreeSource, a fake)."""
         self._source_args: dict[str, Any] = dict(
@@ -85,6 +86,7 @@ interrupts it, Esc gives the keys back). n shows the next batch row; M one model
             paused=paused,
             break_on_alarm=break_on_alarm,
             top_k=top_k,
+            attention=attention,
         )
         self.source: Any = source
         self.label = title or (f"{'-m ' if module else ''}{target}" if target else "stream")
@@ -286,6 +288,10 @@ interrupts it, Esc gives the keys back). n shows the next batch row; M one model
         else:
             why = OBSERVE_ONLY.get("export_cache" if action == "export" else action)
             self.app.notify(why or f"'{action}' is not available for a watched program", severity="warning")
+
+    def attention(self, layer: int) -> None:
+        if "attention" in getattr(self.source, "supports", ()) and self.ended is None:
+            self.source.command("attention", layer)  # the program's next steps keep that layer's heads
 
     def pause(self) -> None:
         if self._send("pause"):

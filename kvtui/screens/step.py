@@ -33,6 +33,7 @@ from ..keys import APP_KEYS
 from ..messages import Call, SessionState, SnapshotReady
 from ..options import AppConfig
 from ..widgets.alarm_line import AlarmLine
+from ..widgets.attention_strip import AttentionStrip, shading
 from ..widgets.chat_pane import ChatPane
 from ..widgets.cursor_pane import CursorPane
 from ..widgets.diagnostics_pane import DiagnosticsPane
@@ -125,6 +126,7 @@ class StepScreen(StepKeys):
             for key in binding.key.split(","):
                 self._bindings.key_to_bindings[key.strip()] = [replace(binding, key=key.strip())]
         self.latest: StepSnapshot | None = None
+        self.attention_view: tuple[int | None, int | None] = (None, None)  # (layer: None = all, head: None = mean)
         self.pinned_step: int | None = None
         self.diagnostics: tuple[Diagnostic, ...] = ()
         self.app_diagnostics: list[Diagnostic] = []  # worker errors: the engine never saw them
@@ -159,6 +161,7 @@ class StepScreen(StepKeys):
             with Vertical(id="inspect"):
                 yield RequestsPane(id="requests")
                 yield TokenBufferPane(id="buffer")
+                yield AttentionStrip(id="attention-strip")
                 with Horizontal(id="row2"):
                     yield CursorPane(id="cursor")
                     yield TopKPane(id="topk")
@@ -316,10 +319,6 @@ class StepScreen(StepKeys):
             return  # a timer that fires during teardown has no panes left to paint
         if self.pinned_step is None:
             self._show(snapshot)
-            buffer_pane = self.query_one(TokenBufferPane)
-            if snapshot.attention is not None:
-                peak = max(snapshot.attention) or 1.0
-                buffer_pane.attention = [w / peak for w in snapshot.attention]
         self._show_chat()
         self.show_diagnostics()
         recent = list(self._recent_ms)  # one C call: the engine reader thread appends
@@ -350,10 +349,18 @@ class StepScreen(StepKeys):
         snapshot = self._show_requests(step, self.driver.shown(step))
         for pane in (TokenBufferPane, CursorPane, LayersPane, TopKPane):
             self.query_one(pane).show(snapshot)
+        self._show_attention(snapshot)
         buffer_pane = self.query_one(TokenBufferPane)  # the selection may have moved (tail, rewind): O(1)
         index, shown = buffer_pane.selected_index, buffer_pane.snapshot
         token = None if index is None or shown is None or index >= len(shown.buffer) else shown.buffer[index]
         self.query_one(CursorPane).show_token(token)
+
+    def _show_attention(self, snapshot: StepSnapshot | None) -> None:
+        """The buffer shaded by the selected attention row, and the per-layer strip (--attention)."""
+        layer, head = self.attention_view
+        self.query_one(AttentionStrip).show(snapshot, layer, head)
+        if snapshot is not None and snapshot.attention is not None:
+            self.query_one(TokenBufferPane).attention = shading(snapshot, layer, head)
 
     def _show_requests(self, step: StepSnapshot | None, shown: StepSnapshot | None) -> StepSnapshot | None:
         """A packed forward (continuous batching): its requests listed, the step as the picked one saw it."""

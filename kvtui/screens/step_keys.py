@@ -118,6 +118,42 @@ class StepKeys(SourceScreen):
     def layer_selected(self, message: LayersPane.LayerSelected) -> None:
         self.query_one(TokenBufferPane).selected_layer = message.index
         self.driver.attention(message.index)
+        shown = self.query_one(TokenBufferPane).snapshot
+        if shown is not None and shown.attention is not None:
+            self.attention_view = (message.index, None)
+            self._show_attention(shown)
+
+    def action_attention_layer(self, delta: int) -> None:
+        """[ / ]: all layers, then each layer with attention, in turn; the source keeps that layer's heads."""
+        snapshot = self.query_one(TokenBufferPane).snapshot
+        if snapshot is None or snapshot.attention is None:
+            self.notify("no attention in these steps: start with --attention", severity="warning")
+            return
+        choices: list[int | None] = [None, *(i for i, e in enumerate(snapshot.attention) if e is not None)]
+        layer = self.attention_view[0]
+        at = choices.index(layer) if layer in choices else 0
+        layer = choices[(at + delta) % len(choices)]
+        self.attention_view = (layer, None)
+        if layer is not None:
+            self.driver.attention(layer)  # its heads from the next step
+            self.query_one(TokenBufferPane).selected_layer = layer
+        self._show_attention(snapshot)
+
+    def action_attention_head(self, delta: int) -> None:
+        """{ / }: the selected layer's head mean, then each of its heads."""
+        snapshot = self.query_one(TokenBufferPane).snapshot
+        layer, head = self.attention_view
+        detail = snapshot.attention_detail if snapshot is not None else None
+        if snapshot is None or detail is None or layer is None:
+            self.notify("pick a layer first ([ / ])", severity="warning")
+            return
+        if detail.layer != layer:
+            self.notify(f"the heads of layer {layer} arrive with the next step", timeout=3)
+            return
+        choices: list[int | None] = [None, *range(len(detail.heads))]
+        at = choices.index(head) if head in choices else 0
+        self.attention_view = (layer, choices[(at + delta) % len(choices)])
+        self._show_attention(snapshot)
 
     def action_watch(self) -> None:
         token = self.query_one(TopKPane).selected_token

@@ -179,22 +179,37 @@ async def test_the_engine_process_gets_the_short_spin(tiny_dir, monkeypatch):
 
 
 async def test_attention_of_the_layer_selected_in_the_layers_pane(tiny_dir):
-    """--attention through the engine process: the step carries the newest query's weights for the layer
-    the layers pane selects (an `attention` command, read at the next forward)."""
+    """--attention through the engine process: every step carries every layer's newest-query attention (the
+    model keeps its sdpa), the per-head rows of the layer the layers pane (or `]`) selects, read at the next
+    forward; `[`/`]` and `{`/`}` move the buffer's shading through all layers, each layer and its heads."""
+    from kvtui.widgets.attention_strip import AttentionStrip, shading
     from kvtui.widgets.layers_pane import LayersPane
+    from kvtui.widgets.token_buffer import TokenBufferPane
 
-    # by path, as the CLI does: the engine loads it with eager attention
     app = viewers.chat(AppConfig(model=str(tiny_dir("qwen2")), options={"max_new_tokens": 8, "attention": True}))
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
-        last = len(app.view.latest.layers) - 1
-        assert app.view.latest.attention_layer == last and len(app.view.latest.attention) == len(app.view.latest.buffer)
-        assert abs(sum(app.view.latest.attention) - 1) < 1e-4  # a softmax row: the weights over every held token
+        snapshot = app.view.latest
+        last = len(snapshot.layers) - 1
+        assert len(snapshot.attention) == len(snapshot.layers) and snapshot.attention_layer == last
+        assert all(len(entries) >= min(8, len(snapshot.buffer)) for entries in snapshot.attention)
+        assert app.query_one(AttentionStrip).display
+        pane = app.query_one(TokenBufferPane)
+        assert pane.attention == shading(pane.snapshot, *app.view.attention_view)  # the painted step's
         app.query_one(LayersPane).post_message(LayersPane.LayerSelected(0))
         await pilot.pause(0.2)
         await pilot.press("space")
         await wait_idle(pilot, app)
-        assert app.view.latest.attention_layer == 0 and len(app.view.latest.attention) == len(app.view.latest.buffer)
+        assert app.view.latest.attention_layer == 0 and app.view.latest.attention_detail.layer == 0
+        assert app.view.attention_view == (0, None)
+        await pilot.press("right_curly_bracket")  # head 0 of layer 0
+        await pilot.pause(0.1)
+        assert app.view.attention_view == (0, 0)
+        assert pane.attention == shading(pane.snapshot, 0, 0) != shading(pane.snapshot, 0, None)
+        await pilot.press("left_square_bracket")  # back to all layers
+        await pilot.pause(0.1)
+        assert app.view.attention_view == (None, None)
+        assert "all 2 layers" in str(app.query_one(AttentionStrip).render())
 
 
 async def test_a_loaded_model_that_does_not_pickle_is_handed_over_with_save_pretrained(tiny_dir):

@@ -105,6 +105,38 @@ async def test_break_on_alarm_stops_at_the_alarm_step(program):
     assert gone(app.view.driver.source.process.pid)
 
 
+async def test_watch_with_attention_shades_by_the_program_steps(program):
+    """`kvtui watch --attention`: the program's steps carry every layer's attention; selecting a layer (`]`)
+    asks the program for that layer's heads, which the next step carries; the strip shows under the buffer."""
+    from kvtui.widgets.attention_strip import AttentionStrip, shading
+    from kvtui.widgets.token_buffer import TokenBufferPane
+
+    path, model = program
+    app = viewers.watch(str(path), [str(model), "4", "0"], paused=True, attention=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(
+            pilot,
+            lambda: app.view.driver.paused and app.view.driver.source is not None,
+            60,
+            "the program to start paused",
+        )
+        await pilot.press("space")
+        await wait_for(pilot, lambda: app.view.latest is not None, 60, "one step")
+        await pilot.pause(1.0)
+        assert len(app.view.latest.attention) == 2 and app.view.latest.attention_detail.layer == 1
+        app.query_one(TokenBufferPane).focus()
+        while app.view.attention_view[0] != 0:
+            await pilot.press("right_square_bracket")
+        await pilot.press("space")
+        await wait_for(pilot, lambda: app.view.latest.step == 2, 30, "the second step")
+        await pilot.pause(1.0)
+        assert app.view.latest.attention_detail.layer == 0  # the program kept the selected layer's heads
+        pane = app.query_one(TokenBufferPane)
+        assert app.query_one(AttentionStrip).display and pane.attention == shading(pane.snapshot, 0, None)
+        await pilot.press("q")
+    assert gone(app.view.driver.source.process.pid)
+
+
 async def test_quit_mid_run_leaves_no_process(program):
     path, model = program
     app = viewers.watch(str(path), [str(model), "1000", "0.05"])

@@ -74,7 +74,8 @@ def resolve_token(tokenizer, text: str) -> int:
 
 
 def load(model: str | None, options: dict, progress=None):
-    """Load the model complete options name (dtype, device, device map, eager attention for --attention)."""
+    """Load the model complete options name (dtype, device, device map; --attention keeps the model's own
+    attention implementation: the capture wraps it, reading/attention.py)."""
     from .loader import load_model
 
     set_threads(options)
@@ -83,7 +84,6 @@ def load(model: str | None, options: dict, progress=None):
         dtype=options["dtype"],
         device=options["device"],
         device_map=options["device_map"],
-        attn_implementation="eager" if options.get("attention") else None,
         progress=progress,
     )
 

@@ -24,7 +24,8 @@ import torch
 
 from ..reading import introspect
 from ..reading.alarms import Alarms
-from ..reading.diagnostics import SpecialIds, check_feed
+from ..reading.attention import AttentionCapture, AttentionStep
+from ..reading.diagnostics import SpecialIds, check_attention, check_feed
 from ..reading.token_texts import tokenizer_texts
 from ..reading.tokens import special_token_ids
 from ..reading.topk import chosen_from_top, top_tokens, watched_tokens
@@ -71,7 +72,10 @@ class ChatSession(CacheEdits):
         self._texts = tokenizer_texts(tokenizer)  # the one token-text cache (reading/token_texts.py)
         # Read once per forward; plain attribute swaps, so the UI may set them from its thread.
         self.watch_ids: tuple[int, ...] = tuple(self.config.watch)
-        self.attention_layer: int = -1  # which layer's attention to report (-1 = the last)
+        self.attention_layer: int = -1  # which layer's per-head attention to keep (-1 = the last with attention)
+        # --attention: every layer's newest-query attention, captured around the model's own attention function
+        self._attention = AttentionCapture(model) if self.config.attention else None
+        self._attention_memory: dict = {}  # what the attention alarms last said (check_attention)
         self._window = introspect.config_window(model.config)
         self._accepts_cache_position = introspect.forward_accepts(model, "cache_position")
         self._accepts_logits_to_keep = introspect.forward_accepts(model, "logits_to_keep")
@@ -235,8 +239,6 @@ class ChatSession(CacheEdits):
             if self.cache is not None
             else self._full_forward_kwargs(self._tokens + fed)
         )
-        if self.config.attention:
-            kwargs["output_attentions"] = True
         compiled = self.config.compile and len(fed) == 1 and not self.config.attention
         graphs_before = _graph_count() if compiled else 0
         started = self._clock()
@@ -262,7 +264,7 @@ class ChatSession(CacheEdits):
         self.steps = step
         self._tokens.extend(fed)
         self._next_position = positions[-1] + 1
-        attention = self._newest_attention(out) if self.config.attention else None
+        attention = self._newest_attention() if self._attention is not None else None
         self._logits = logits
         scores = self.sampler.process(self._history(), logits)
         k = self.config.top_k_shown
@@ -347,16 +349,18 @@ class ChatSession(CacheEdits):
             rank=int((probs > prob).sum()) + 1,
         )
 
-    def _newest_attention(self, out) -> tuple[int, tuple[float, ...]] | None:
-        """(layer, weights): the newest query's attention, mean over heads, one weight per buffer index."""
-        attentions = getattr(out, "attentions", None)
-        if not attentions or attentions[self.attention_layer] is None:
-            return None
-        layer = self.attention_layer % len(attentions)
-        weights = attentions[layer][0, :, -1, :].float().mean(dim=0)  # [heads, q, kv] -> [kv]
-        total = len(self._tokens)
-        held = weights[-total:].tolist()  # a sliding layer sees only its window: the rest is 0
-        return layer, tuple([0.0] * (total - len(held)) + held)
+    def _newest_attention(self) -> AttentionStep | None:
+        """Every layer's attention of the newest query, over the buffer's positions (one transfer)."""
+        capture = self._attention
+        assert capture is not None
+        layer = self.attention_layer
+        capture.head_layer = layer % capture.num_layers if capture.num_layers and layer < 0 else layer
+        return capture.take(self.buffer, self._turn, self.special.pad, self.special.pad_is_distinct)
+
+    def close_attention(self) -> None:
+        """Give transformers' attention functions back (the session's model is no longer captured)."""
+        if self._attention is not None:
+            self._attention.detach()
 
     def _snapshot(
         self, phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw, top
@@ -369,6 +373,17 @@ class ChatSession(CacheEdits):
             cache_len = self.cache_length
             found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
             found += self._alarms.check_layers(self.steps, layers, self.capacity, cache_len, reserve=1)
+        if attention is not None:
+            detail = attention.detail
+            found += check_attention(
+                self.steps,
+                attention.pads,
+                detail.regions,
+                detail.shares,
+                self._attention_memory,
+                "",
+                len(self._tokens) - 1,
+            )
         self._record(found, in_step=True)
         snapshot = StepSnapshot(
             step=self.steps,
@@ -390,8 +405,9 @@ class ChatSession(CacheEdits):
             snapshot_ms=(self._clock() - snap_started) * 1000,
             buffer=self.buffer,
             turn_done=self._turn_done_after(),
-            attention=attention[1] if attention else None,
-            attention_layer=attention[0] if attention else None,
+            attention=attention.layers if attention else None,
+            attention_layer=attention.detail.layer if attention else None,
+            attention_detail=attention.detail if attention else None,
             compiled=self.config.compile,
             compile_ms=compile_ms,
             recompiles=self.recompiles,

@@ -39,7 +39,7 @@ class SessionConfig:
     top_k_shown: int = 10
     watch: tuple[int, ...] = ()
     prime_pad: int = 0  # reproduce the "prime the cache with pad tokens" mistake
-    attention: bool = False  # opt-in, O(cache) per step: needs a model loaded with attn_implementation="eager"
+    attention: bool = False  # opt-in: every layer's attention of the newest query, O(heads x cache) per layer per step
     compile: bool = False  # static cache only: torch.compile the one-token decode forward
     decode_threads: int | None = None  # CPU threads for one-token forwards (None: the threads of every other one)
 

@@ -494,3 +494,61 @@ def check_ranks(step: int, ranks: dict[int, tuple | None]) -> list[Diagnostic]:
 def _facts_text(facts: tuple) -> str:
     ids, positions, length = facts
     return f"ids {span(ids) if len(ids) > 8 else list(ids)}, positions {span(positions)}, cache {length}"
+
+
+ATTENDED_SHARE = 0.01  # a share of the newest query's attention (mean over layers) worth an alarm
+
+
+def check_attention(
+    step: int,
+    pads: Sequence[int],
+    regions: Sequence[str],
+    shares: Sequence[Sequence[float] | None],
+    memory: dict,
+    at: str = "",
+    newest: int | None = None,
+) -> list[Diagnostic]:
+    """attended-pads: pads (`pads`: their buffer positions; masked pads, a primed prefix, runs of the pad id)
+    receive attention that the mask should have removed, from a query that is not a pad itself (`newest`: its
+    buffer position): the share (mean over the layers with attention, and the layer that gives them most) and
+    their positions, read from the captured attention. Said when it starts and when the pads change (`memory`:
+    the caller's, one per cache); attention to the first token of a correct chat is normal."""
+    if newest is not None and pads and pads[-1] == newest:
+        return []  # the query is a pad itself (a priming pass): what it attends to is not the question
+    if "pad" not in regions:
+        memory.pop("pads", None)
+        return []
+    column = list(regions).index("pad")
+    per_layer = [(i, row[column]) for i, row in enumerate(shares) if row is not None]
+    if not per_layer:
+        return []
+    mean = sum(share for _, share in per_layer) / len(per_layer)
+    if mean < ATTENDED_SHARE:
+        memory.pop("pads", None)
+        return []
+    layer, most = max(per_layer, key=lambda pair: pair[1])
+    where = _spans(pads) if pads else "the pad positions"
+    if memory.get("pads") == where:
+        return []
+    memory["pads"] = where
+    return [
+        Diagnostic(
+            "attended-pads",
+            "warning",
+            f"the newest token puts {mean:.0%} of its attention (mean over {len(per_layer)} layers; {most:.0%} in "
+            f"layer {layer}) on pad tokens at {where} that the mask should have removed" + at,
+            step,
+        )
+    ]
+
+
+def _spans(positions: Sequence[int]) -> str:
+    """`positions 0–31, 40` (at most 4 spans, then `…`)."""
+    spans: list[list[int]] = []
+    for p in sorted(positions):
+        if spans and p == spans[-1][1] + 1:
+            spans[-1][1] = p
+        else:
+            spans.append([p, p])
+    text = ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in spans[:4])
+    return ("positions " if len(positions) > 1 else "position ") + text + (", …" if len(spans) > 4 else "")

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from .codes import current_code
 from .snapshot import (
+    AttentionDetail,
     BufferToken,
     Diagnostic,
     LayerInfo,
@@ -92,13 +93,66 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         "diagnostics": [_alarm_record(d) for d in s.diagnostics],  # the step's number is the line's
         "ms": {"forward": round(s.forward_ms, 3), "snapshot": round(s.snapshot_ms, 3)},
         "buffer_length": len(s.buffer),
-        **(
-            {"attention": {"layer": s.attention_layer, "weights": list(s.attention)}} if s.attention is not None else {}
-        ),
+        **({"attention": attention_record(s)} if s.attention is not None else {}),
         **(_watch_record(s, top_record, token_record) if s.source != "session" else {}),
         **({"compile": {"compile_ms": s.compile_ms, "recompiles": s.recompiles}} if s.compiled else {}),
         **({"uncached": True} if s.uncached else {}),
         **({"tensor_parallel": s.tensor_parallel} if s.tensor_parallel else {}),
+    }
+
+
+def _pairs(entries) -> list:
+    return [[position, weight] for position, weight in entries]
+
+
+def attention_record(s: StepSnapshot) -> dict:
+    """The step's attention (README, trace schema 1): per layer [[position, weight], ...] or null, and the detail."""
+    record: dict[str, Any] = {"layers": [None if e is None else _pairs(e) for e in s.attention or ()]}
+    d = s.attention_detail
+    if d is not None:
+        record.update(
+            layer=d.layer,
+            heads=[_pairs(h) for h in d.heads],
+            groups=[_pairs(g) for g in d.groups],
+            all=_pairs(d.all_layers),
+            regions=list(d.regions),
+            shares=[None if row is None else list(row) for row in d.shares],
+        )
+    return record
+
+
+def _entries(pairs) -> tuple[tuple[int, float], ...]:
+    return tuple((int(p), float(w)) for p, w in pairs)
+
+
+def _attention_fields(record: dict | None, layers: int) -> dict:
+    """StepSnapshot's attention fields from a step line; a trace from before every layer was captured held one
+    layer's head-mean weights per buffer position (`{"layer", "weights"}`): read as that layer's entry."""
+    if not record:
+        return {}
+    if "weights" in record:  # the old form
+        layer, weights = record.get("layer"), record["weights"]
+        if layer is None or not weights:
+            return {}
+        ranked = sorted(enumerate(weights), key=lambda pair: -pair[1])
+        kept = tuple((i, float(w)) for rank, (i, w) in enumerate(ranked) if rank < 8 or w >= 0.01)
+        out: list = [None] * max(layers, layer + 1)
+        out[layer] = kept
+        return {"attention": tuple(out), "attention_layer": layer}
+    detail = None
+    if "layer" in record:
+        detail = AttentionDetail(
+            layer=record["layer"],
+            heads=tuple(_entries(h) for h in record.get("heads", [])),
+            groups=tuple(_entries(g) for g in record.get("groups", [])),
+            all_layers=_entries(record.get("all", [])),
+            regions=tuple(record.get("regions", [])),
+            shares=tuple(None if row is None else tuple(row) for row in record.get("shares", [])),
+        )
+    return {
+        "attention": tuple(None if e is None else _entries(e) for e in record.get("layers", [])),
+        "attention_layer": record.get("layer"),
+        "attention_detail": detail,
     }
 
 
@@ -421,8 +475,7 @@ def _step(record: dict, buffer: TokenBuffer, rows: tuple[RowView, ...] | None = 
         snapshot_ms=ms.get("snapshot", 0.0),
         buffer=buffer,
         turn_done=record.get("turn_done", False),
-        attention=tuple(attention["weights"]) if attention else None,
-        attention_layer=attention["layer"] if attention else None,
+        **_attention_fields(attention, len(record["layers"])),
         compiled="compile" in record,
         compile_ms=(record.get("compile") or {}).get("compile_ms"),
         recompiles=(record.get("compile") or {}).get("recompiles", 0),

@@ -76,6 +76,8 @@ _ALL = (
     _code("cache-written-without-use-cache", "warning", "a forward with use_cache off still wrote into its cache"),
     _code("edit-changed-nothing", "warning", "a crop or reset left the tokens it was asked to remove"),
     _code("mask-length", "warning", "an attention_mask's columns do not line up with the cache's slots"),
+    # seen in the captured attention (--attention / watch(attention=True): reading/attention.py)
+    _code("attended-pads", "warning", "pads receive attention the mask should have removed (their share, positions)"),
     # a server's prefix cache followed through its KV events (server/rules.py)
     _code("varying-start", "warning", "prompts keep leaving one cached chain at one token with different text there"),
     _code("cache-churn", "warning", "blocks removed and stored again soon after: the cache is too small"),

@@ -80,6 +80,7 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
     max_gap: float | None = None
     compared = 0
     renumbered = False
+    attention_note: str | None = None  # the first step whose attention (--attention) looks elsewhere
     first_event = _compare_events(a, b)
     for sa, sb in zip(a.steps, b.steps):
         step = sa.get("step", compared + 1)
@@ -90,18 +91,22 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
                 f"(reported by A's numbering)"
             )
         gap = _logit_gap(sa, sb)
+        if attention_note is None:
+            attention_note = _attention_note(step, sa, sb)
         found = _compare_step(sa, sb, tie_tolerance, pieces, layer_notes)
         if first_event is not None and first_event[0] < step:  # what happened before this step comes first
             event_step, field_name, detail = first_event
             return DiffResult(False, event_step, field_name, detail, None, notes + layer_notes.render(), compared)
         if found is not None:
             field_name, detail = found
+            notes += [attention_note] if attention_note else []
             notes += layer_notes.render()
             notes += _verify_notes(a, "A") + _verify_notes(b, "B")
             return DiffResult(False, step, field_name, detail, gap, notes, compared, _chosen_logits(sa, sb))
         if gap is not None:
             max_gap = gap if max_gap is None else max(max_gap, gap)
         compared += 1
+    notes += [attention_note] if attention_note else []
     notes += layer_notes.render()
     notes += _verify_notes(a, "A") + _verify_notes(b, "B")
     if len(a.steps) != len(b.steps):
@@ -152,6 +157,26 @@ def _compare_step(
     if la != lb:
         return "cache_seq_length", f"the cache holds {la} tokens in A, {lb} in B"
     return _compare_layers(sa.get("layers") or [], sb.get("layers") or [], layer_notes)
+
+
+ATTENTION_GAP = 0.01  # a largest weight that moved this much is said (a note: the rows are not a divergence)
+
+
+def _attention_note(step: int, sa: dict, sb: dict) -> str | None:
+    """Where the newest token looked, when both traces captured attention (--attention): the first layer whose
+    largest weight sits elsewhere or moved by ATTENTION_GAP or more."""
+    aa, ab = (sa.get("attention") or {}).get("layers"), (sb.get("attention") or {}).get("layers")
+    if not aa or not ab:
+        return None
+    for layer, (ea, eb) in enumerate(zip(aa, ab)):
+        if not ea or not eb:
+            continue
+        (pa, wa), (pb, wb) = ea[0], eb[0]
+        if pa != pb or abs(wa - wb) >= ATTENTION_GAP:
+            return (
+                f"attention: from step {step}, layer {layer} looks most at #{pa} ({wa:.0%}) in A, #{pb} ({wb:.0%}) in B"
+            )
+    return None
 
 
 def _compare_layers(layers_a: list[dict], layers_b: list[dict], notes: _LayerNotes) -> tuple[str, str] | None:

@@ -241,6 +241,18 @@ class PagedGroupView:
 
 
 @frozen
+class AttentionDetail:
+    """What the viewer shows beside `StepSnapshot.attention`: one layer's heads, all layers, regions' shares."""
+
+    layer: int  # the layer the heads and groups are of
+    heads: tuple[tuple[tuple[int, float], ...], ...]  # per query head: (position, weight), as `attention`
+    groups: tuple[tuple[tuple[int, float], ...], ...]  # per KV head group (GQA: the mean of its query heads)
+    all_layers: tuple[tuple[int, float], ...]  # the mean over every layer with attention
+    regions: tuple[str, ...]  # "sink", "system", "special", "pad", "unknown", "turn N", "this turn", "last W"
+    shares: tuple[tuple[float, ...] | None, ...]  # per layer: the head-mean weight on each region (None: no attention)
+
+
+@frozen
 class StepSnapshot:
     step: int  # forward calls so far in this session, 1-based
     phase: str  # "prefill", "decode", "rewind"
@@ -261,9 +273,12 @@ class StepSnapshot:
     snapshot_ms: float
     buffer: TokenBuffer = field(compare=False)  # every token in the cache, in order
     turn_done: bool = False  # chosen is an end token (or max tokens reached)
-    # opt-in (--attention, O(cache)): the newest query's attention over the positions one layer holds
-    attention: tuple[float, ...] | None = None  # mean over heads, one weight per held position
-    attention_layer: int | None = None
+    # opt-in (--attention / watch(attention=True)): the newest query's attention (batch row 0), one entry per
+    # decoder layer (None: a layer with no attention, conv/SSM), each (buffer position, head-mean weight) pairs
+    # by weight descending: at least the 8 largest and every one >= 0.01, over the positions that layer holds
+    attention: tuple[tuple[tuple[int, float], ...] | None, ...] | None = None
+    attention_layer: int | None = None  # the layer whose per-head rows `attention_detail` holds
+    attention_detail: AttentionDetail | None = None
     # watched programs (kvtui.watch): what the caller asked for, next to what the model applied
     source: str = "session"  # "session" (kvtui's own chat) | "watch" (a probed program)
     caller: str | None = None  # "file.py:42": the line of the user's code that made this forward

@@ -52,6 +52,8 @@ def control_gate(
                 elif word == "break" and argument in ("on", "off"):
                     self.break_on_alarm = argument == "on"
                     pipe.send({"type": "notice", "text": f"break on alarm: {argument}"})
+                elif word == "attention" and self.watcher is not None:
+                    self.watcher.select_attention(int(argument))  # an int swap, read at the next step
                 elif word in ("verify", "watch"):
                     self.requests.append((word, argument))
                 elif word == "quit":
@@ -107,6 +109,7 @@ def child_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paused", action="store_true")
     parser.add_argument("--break-on-alarm", action="store_true")
     parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--attention", action="store_true")
     parser.add_argument("-m", dest="module", action="store_true")
     parser.add_argument("target")
     parser.add_argument("args", nargs=argparse.REMAINDER)
@@ -124,7 +127,9 @@ def child_main(argv: list[str] | None = None) -> int:
         program=[options.target, *options.args],
         on_snapshot=pipe.send,
         on_event=pipe.send,
+        attention=options.attention,
     )
+    gate.watcher = watcher
     code, _ = run_watched(watcher, options.target, options.args, module=options.module)
     pipe.send({"type": "program-exit", "code": code, "steps": watcher.steps})
     pipe.close()
@@ -134,7 +139,7 @@ def child_main(argv: list[str] | None = None) -> int:
 class ProgramSource(ChildSource):
     """Runs `kvtui watch`'s program in a child process; `records()` yields its records and output lines."""
 
-    supports = {"pause", "run", "step", "break", "verify", "watch"}
+    supports = {"pause", "run", "step", "break", "verify", "watch", "attention"}
 
     def __init__(
         self,
@@ -146,9 +151,10 @@ class ProgramSource(ChildSource):
         break_on_alarm: bool = False,
         top_k: int = 10,
         cwd: str | None = None,
+        attention: bool = False,
     ):
         self.argv = [target, *args]
-        command = ["--top-k", str(top_k)]
+        command = ["--top-k", str(top_k)] + (["--attention"] if attention else [])
         if trace:
             command += ["--trace", str(Path(trace).resolve())]
         if paused:

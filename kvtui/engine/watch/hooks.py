@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from ..reading import introspect
+from ..reading.attention import AttentionCapture
 from .callers import GENERATE_CODES
 from .patches import PATCHES, Registry, call_wrapper, defining_class, peek_wrapper
 from .watch_step import Call
@@ -91,6 +92,8 @@ class Probe:
         owner = defining_class(type(model), "generate")
         if owner is not None:
             GENERATE_CODES.add(inspect.unwrap(owner.__dict__["generate"]).__code__)
+        # the newest query's attention in every layer (watch(attention=True)): kvtui's own registry, off by default
+        self.attention = AttentionCapture(model) if getattr(watcher, "attention", False) else None
         self._position_modules = []
         for module, source in position_modules(model):
             self._position_modules.append(weakref.ref(module))
@@ -120,6 +123,8 @@ class Probe:
         return f"model {self.index}" + (f": {self.role}" if self.role else "")
 
     def detach(self) -> None:
+        if self.attention is not None:
+            self.attention.detach()
         for ref in (self._model, *self._position_modules):
             held = ref()
             if held is not None:  # a collected one's entry is dead already

@@ -103,8 +103,10 @@ class Watcher:
         on_snapshot: Callable[[StepSnapshot], None] | None = None,
         on_event: Callable[[dict], None] | None = None,
         program: list[str] | None = None,
+        attention: bool = False,
     ):
         self.tokenizer = tokenizer
+        self.attention = attention  # capture every layer's attention of the newest query (reading/attention.py)
         self.top_k = top_k
         self.gate = gate or Gate()
         self.on_snapshot, self.on_event = on_snapshot, on_event
@@ -189,6 +191,12 @@ class Watcher:
 
     def __exit__(self, *exc) -> None:
         self.detach()
+
+    def select_attention(self, layer: int) -> None:
+        """The layer whose per-head attention the next steps keep (the viewer's selection)."""
+        for probe in self.probes:
+            if probe.attention is not None:
+                probe.attention.head_layer = layer
 
     def tokenizer_of(self, probe: Probe | None):
         """The tokenizer that reads this model's ids: its own when the program loaded one, else the watcher's."""
@@ -418,6 +426,8 @@ class Watcher:
 
     def finish_forward(self, call: Call, output) -> None:
         with self.lock:
+            if call.probe.attention is not None and (output is None or call.packed is not None):
+                call.probe.attention.clear()  # paged attention is not covered (reading/attention.py PAGED_NOTE)
             if output is None:  # the forward raised: what it would have been is still worth an alarm
                 self._diagnose(
                     list(call.found)
@@ -555,13 +565,28 @@ def _copied(handler, original, copy, how: str) -> None:
 
 
 def watch(
-    model, tokenizer=None, trace=None, *, top_k: int = TOP_K, gate: Gate | None = None, on_snapshot=None, on_event=None
+    model,
+    tokenizer=None,
+    trace=None,
+    *,
+    top_k: int = TOP_K,
+    gate: Gate | None = None,
+    on_snapshot=None,
+    on_event=None,
+    attention: bool = False,
 ) -> Watcher:
     """Watch `model`'s forwards: `with kvtui.watch(model, tokenizer, trace="run.jsonl"): ...`.
 
     Usable without `with` in a notebook (`w = kvtui.watch(model)`, later `w.detach()`); `w.last` is the
-    newest StepSnapshot and `w.diagnostics` every alarm so far."""
+    newest StepSnapshot and `w.diagnostics` every alarm so far. `attention=True`: each snapshot's `attention`
+    holds the newest query's attention in every layer (whatever attention implementation the model uses)."""
     watcher = Watcher(
-        tokenizer=tokenizer, trace=trace, top_k=top_k, gate=gate, on_snapshot=on_snapshot, on_event=on_event
+        tokenizer=tokenizer,
+        trace=trace,
+        top_k=top_k,
+        gate=gate,
+        on_snapshot=on_snapshot,
+        on_event=on_event,
+        attention=attention,
     )
     return watcher.attach(model)

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENV = "KVTUI_WATCH_TREE"  # JSON: {"connect": "HOST:PORT", "token", "top_k", "paused", "break_on_alarm"}
+ENV = "KVTUI_WATCH_TREE"  # JSON: {"connect": "HOST:PORT", "token", "top_k", "paused", "break_on_alarm", "attention"}
 TRIGGER = "transformers.modeling_utils"  # where PreTrainedModel lives: imported before any model is built
 TOKENIZERS = "transformers.tokenization_utils_base"  # a tokenizer may be loaded before any model code
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -116,6 +116,7 @@ def environment(
     base: dict | None = None,
     paused: bool = False,
     break_on_alarm: bool = False,
+    attention: bool = False,
 ) -> dict:
     """The environment a watched command runs with: the hook's directory first on PYTHONPATH, and ENV."""
     env = dict(os.environ if base is None else base)
@@ -125,6 +126,7 @@ def environment(
     env["PYTHONPATH"] = os.pathsep.join([str(hook_dir), *filter(None, [env.get("PYTHONPATH")])])
     env[ENV] = json.dumps(
         {"connect": connect, "token": token, "top_k": top_k, "paused": paused, "break_on_alarm": break_on_alarm}
+        | ({"attention": True} if attention else {})
     )
     return env
 
@@ -230,6 +232,7 @@ def _watcher(config: dict):
             top_k=int(config.get("top_k", 10)),
             gate=gate,
             program=list(sys.argv),
+            attention=bool(config.get("attention")),
             on_snapshot=pipe.send,
             on_event=pipe.send,
         )

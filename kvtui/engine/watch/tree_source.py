@@ -47,6 +47,7 @@ class TreeSource(ChildSource):
         listen: str | None = None,
         trace=None,
         cwd: str | None = None,
+        attention: bool = False,
     ):
         self.argv = [executable, *args]
         self.trace = trace
@@ -67,6 +68,7 @@ class TreeSource(ChildSource):
             top_k,
             paused=paused,
             break_on_alarm=break_on_alarm,
+            attention=attention,
         )
         self._read_process(
             subprocess.Popen(

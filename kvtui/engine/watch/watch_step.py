@@ -18,6 +18,7 @@ from ..reading import introspect
 from ..reading.alarms import Alarms
 from ..reading.diagnostics import (
     SpecialIds,
+    check_attention,
     check_drift,
     check_feed,
     check_padding_side,
@@ -234,6 +235,15 @@ class StepBuilder:
         top_rows = self._top(logits, call.batch)
         buffers = [TokenBuffer(r) for r in rows]
         row_views = self._row_views(call, fed_ids, applied, top_rows, buffers) if call.batch > 1 else None
+        seen = None
+        if call.probe.attention is not None and buffers:
+            ids = self.specials()[0]
+            seen = call.probe.attention.take(buffers[0], turn, ids.pad, ids.pad_is_distinct)
+            if seen is not None:
+                memory = call.probe.attention.memory.setdefault(track.name if track else "", {})
+                found += check_attention(
+                    step, seen.pads, seen.detail.regions, seen.detail.shares, memory, at, len(buffers[0]) - 1
+                )
         requested = call.requested_positions[0] if call.requested_positions else None
         return StepSnapshot(
             step=step,
@@ -269,6 +279,9 @@ class StepBuilder:
             model=call.probe.label,
             thread=call.thread,
             recomputed=recomputed,
+            attention=seen.layers if seen is not None else None,
+            attention_layer=seen.detail.layer if seen is not None else None,
+            attention_detail=seen.detail if seen is not None else None,
         )
 
     # the steps of build(), in its order: each one that raises alarms appends them to build's `found`

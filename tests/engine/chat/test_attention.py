@@ -1,31 +1,73 @@
-"""--attention: the newest query's attention over the cache, checked against a full forward."""
+"""--attention in kvtui's own chat: every layer's newest-query attention, the model left on its own attention
+implementation (sdpa), checked against eager attention's `output_attentions` over the buffer's tokens."""
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from kvtui.engine import ChatSession, SessionConfig
 from kvtui.engine.chat.loader import load_model
+from kvtui.engine.reading import attention as capture_module
 
 
-def test_newest_token_attention_matches_a_full_forward(tiny_dir):
+def eager_rows(directory, ids):
+    eager = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager")
+    with torch.inference_mode():
+        return [a[0, :, -1, :].mean(0) for a in eager(input_ids=ids, output_attentions=True).attentions]
+
+
+def test_every_layer_matches_eager_without_switching_the_model(tiny_dir):
     for arch, kwargs in (("llama", {}), ("mistral", {"sliding_window": 8})):
-        loaded = load_model(str(tiny_dir(arch, **kwargs)), dtype="float32", device="cpu", attn_implementation="eager")
+        directory = tiny_dir(arch, **kwargs)
+        loaded = load_model(str(directory), dtype="float32", device="cpu")
+        assert loaded.model.config._attn_implementation == "sdpa"  # --attention no longer loads eager
         session = ChatSession(loaded.model, loaded.tokenizer, SessionConfig(max_new_tokens=3, attention=True))
-        session.attention_layer = 1
+        session.attention_layer = 0
         session.send("What is k?")
         snapshot = session.step()
-        assert snapshot.attention_layer == 1 and len(snapshot.attention) == len(snapshot.buffer)
-        ids = torch.tensor([snapshot.buffer.ids()])
-        with torch.inference_mode():
-            full = loaded.model(input_ids=ids, output_attentions=True).attentions[1][0, :, -1, :].mean(0)
-        assert torch.allclose(torch.tensor(snapshot.attention), full, atol=1e-5)
-        assert abs(sum(snapshot.attention) - 1.0) < 1e-4
+        assert loaded.model.config._attn_implementation == "sdpa"
+        n = len(snapshot.buffer)
+        references = eager_rows(directory, torch.tensor([snapshot.buffer.ids()]))
+        assert len(snapshot.attention) == len(references) == loaded.model.config.num_hidden_layers
+        for entries, reference in zip(snapshot.attention, references):
+            assert len(entries) >= min(8, n)
+            for position, weight in entries:
+                assert abs(reference[position].item() - weight) < 1e-4
+            assert abs(reference.topk(8).values[-1].item() - entries[7][1]) < 1e-4
+        assert snapshot.attention_layer == 0 and snapshot.attention_detail.layer == 0
+        heads = snapshot.attention_detail.heads
+        assert len(heads) == loaded.model.config.num_attention_heads
         if arch == "mistral":  # a sliding layer's query sees its window: the W-1 it kept and itself
-            held_from = snapshot.layers[1].held_from  # after this step it keeps W-1, so one more just dropped out
-            assert held_from > 1 and all(w == 0.0 for w in snapshot.attention[: held_from - 1])
-            assert sum(1 for w in snapshot.attention if w > 0) == 8
+            assert all(p >= n - 8 for entries in snapshot.attention for p, _ in entries)
+        session.close_attention()
+        assert not capture_module.patched()
 
 
 def test_attention_is_off_by_default(tiny_model):
     model, tok = tiny_model("qwen2")
     session = ChatSession(model, tok, SessionConfig(max_new_tokens=2))
     assert session.send("What is k?").attention is None
+    assert not capture_module.patched()
+
+
+def test_primed_pads_are_seen_attended(tiny_model):
+    """--prime-pad writes pads the model attends to: the attention alarm names their share and positions; a
+    chat without pads raises nothing from its attention (attention to the first token is normal)."""
+    model, tok = tiny_model("llama")
+    session = ChatSession(model, tok, SessionConfig(max_new_tokens=2, attention=True, prime_pad=4))
+    try:
+        snapshot = session.send("What is k?")
+        found = [d for d in session.diagnostics if d.code == "attended-pads"]
+        assert found and "positions 0–3" in found[0].message and "%" in found[0].message
+        share = snapshot.attention_detail.shares
+        column = snapshot.attention_detail.regions.index("pad")
+        mean = sum(row[column] for row in share) / len(share)
+        assert f"{mean:.0%} of its attention" in found[0].message
+    finally:
+        session.close_attention()
+    clean = ChatSession(model, tok, SessionConfig(max_new_tokens=3, attention=True))
+    try:
+        clean.send("What is k?")
+        clean.step()
+        assert not [d for d in clean.diagnostics if d.code == "attended-pads"]
+    finally:
+        clean.close_attention()

@@ -20,6 +20,7 @@ from kvtui.engine.records.codec import (
 from kvtui.engine.records.codes import CODES, Code
 from kvtui.engine.records.replay import Replay
 from kvtui.engine.records.snapshot import (
+    AttentionDetail,
     BufferToken,
     Diagnostic,
     LayerInfo,
@@ -104,8 +105,16 @@ def watched_step() -> StepSnapshot:
         RowView(row=1, input_ids=(42, 7), positions=(1, 2), topk=TOP[1:], buffer=TokenBuffer(list(TOKENS))),
     )
     return session_step(
-        attention=(0.25, 0.5, 0.25),
+        attention=(None, ((1, 0.5), (0, 0.25), (2, 0.25))),
         attention_layer=1,
+        attention_detail=AttentionDetail(
+            layer=1,
+            heads=(((1, 0.75), (0, 0.25)), ((2, 0.5), (1, 0.25), (0, 0.25))),
+            groups=(((1, 0.5), (0, 0.25), (2, 0.25)),),
+            all_layers=((1, 0.5), (0, 0.25), (2, 0.25)),
+            regions=("sink", "this turn", "last 3"),
+            shares=(None, (0.25, 1.0, 1.0)),
+        ),
         source="watch",
         caller="prog.py:12",
         cache_id="DynamicCache#2",

@@ -241,3 +241,37 @@ def test_the_diff_and_export_engines_import_no_ui_libraries():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_attention_that_looks_elsewhere_is_a_note(tmp_path):
+    """Two traces with --attention: where the newest token looked differs from a step on: said as a note
+    (attention rows differ in the last bits between implementations, so never a divergence)."""
+
+    def trace(name, layers_per_step):
+        path = tmp_path / name
+        lines = [{"type": "header", "schema": 1}]
+        for step, layers in enumerate(layers_per_step, 1):
+            lines.append(
+                {
+                    "type": "step",
+                    "step": step,
+                    "input_ids": [step],
+                    "positions": [step],
+                    "fed": [],
+                    "cursor": step + 1,
+                    "cache_seq_length": step + 1,
+                    "layers": [],
+                    "topk": [],
+                    "attention": {"layers": layers},
+                }
+            )
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return read_trace(path)
+
+    same = [[[0, 0.7], [1, 0.3]], None]
+    a = trace("a.jsonl", [[[[0, 0.6]], None], [same[0], None]])
+    b = trace("b.jsonl", [[[[0, 0.6]], None], [[[1, 0.55], [0, 0.45]], None]])
+    result = diff_traces(a, b)
+    assert result.agree
+    assert "attention: from step 2, layer 0 looks most at #0 (70%) in A, #1 (55%) in B" in result.notes
+    assert not [n for n in diff_traces(a, a).notes if n.startswith("attention")]

@@ -1,0 +1,133 @@
+"""Where the step looked (--attention): a header with the selection and its largest weights, and one line per
+region kvtui knows (sink, system, pads, this turn, the last W tokens) with one cell per layer, shaded by the
+share of the newest query's attention that layer put there.
+
+`attention_view(snapshot, layer, head)` and `render_strip(...)` are pure (testable without an App); the app
+shades the token buffer with `shading(...)`. Layer None: the mean over every layer; head None: the head mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from kvtui.engine.records.snapshot import StepSnapshot
+from kvtui.fmt import token_text
+from kvtui.widgets.live_text import LiveText
+from kvtui.widgets.palette import role_style
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+SHOWN = ("sink", "system", "pad", "this turn")  # the strip's lines, where the step holds them
+LABEL = 10
+Entries = Sequence[tuple[int, float]]
+
+
+def attention_view(snapshot: StepSnapshot, layer: int | None, head: int | None) -> tuple[Entries, str]:
+    """(the selected row's (position, weight) pairs, what it is): all layers, one layer's head mean, one head.
+    A head of a layer whose heads this step did not keep falls back to that layer's head mean (said)."""
+    attention = snapshot.attention or ()
+    detail = snapshot.attention_detail
+    if layer is None or not 0 <= layer < len(attention) or attention[layer] is None:
+        entries = detail.all_layers if detail is not None else ()
+        return entries, f"all {sum(e is not None for e in attention)} layers"
+    name = f"layer {layer}"
+    if head is None:
+        return attention[layer], f"{name} · head mean"
+    if detail is None or detail.layer != layer or not 0 <= head < len(detail.heads):
+        return attention[layer], f"{name} · head mean (its heads come with the next step)"
+    group_size = max(1, len(detail.heads) // max(1, len(detail.groups)))
+    return detail.heads[head], f"{name} · head {head}/{len(detail.heads)} · kv {head // group_size}"
+
+
+def shading(snapshot: StepSnapshot, layer: int | None, head: int | None) -> list[float]:
+    """One weight in 0..1 per buffer position (the largest is 1), for the token buffer's shading."""
+    entries, _ = attention_view(snapshot, layer, head)
+    total = len(snapshot.buffer)
+    row = [0.0] * total
+    peak = max((w for _, w in entries), default=0.0) or 1.0
+    for position, weight in entries:
+        if 0 <= position < total:
+            row[position] = weight / peak
+    return row
+
+
+def render_strip(snapshot: StepSnapshot, layer: int | None, head: int | None, width: int, palette=None) -> Text:
+    """The header and the per-layer region lines, each fitting `width` cells (layers bucketed when many)."""
+    text = Text(no_wrap=True, overflow="ellipsis")
+    entries, what = attention_view(snapshot, layer, head)
+    text.append("attn ", style=role_style(palette, "accent", "bold"))
+    text.append(what, style=role_style(palette, "muted"))
+    buffer = snapshot.buffer
+    for position, weight in entries[:4]:
+        piece = token_text(buffer[position].piece) if 0 <= position < len(buffer) else "?"
+        text.append(f" · #{position} {piece} {weight:.0%}")
+    text.truncate(width, overflow="ellipsis")  # one line: the strip keeps its height at 80 columns
+    detail = snapshot.attention_detail
+    if detail is None:
+        return text
+    rows = detail.shares
+    layers = [i for i, row in enumerate(rows) if row is not None]
+    cells = max(1, width - LABEL - 6)
+    per = max(1, -(-len(layers) // cells))  # layers per cell
+    buckets = [layers[i : i + per] for i in range(0, len(layers), per)]
+    for name in SHOWN:
+        if name not in detail.regions:
+            continue
+        column = detail.regions.index(name)
+        text.append("\n")
+        text.append(f"{name:<{LABEL}}", style=role_style(palette, "muted"))
+        for bucket in buckets:
+            share = max(rows[i][column] for i in bucket)  # type: ignore[index]
+            mark = "reverse" if layer is not None and layer in bucket else ""
+            text.append(BLOCKS[min(len(BLOCKS) - 1, round(share * (len(BLOCKS) - 1)))], style=mark)
+        chosen = [layer] if layer is not None and rows[layer] is not None else layers
+        mean = sum(rows[i][column] for i in chosen) / len(chosen)  # type: ignore[index]
+        text.append(f" {mean:4.0%}")
+    return text
+
+
+class AttentionStrip(LiveText):
+    """Under the token buffer while the steps carry attention (hidden otherwise)."""
+
+    DEFAULT_CSS = """
+    AttentionStrip { height: auto; max-height: 5; padding: 0 1; background: $panel; display: none; }
+    """
+
+    def show(self, snapshot: StepSnapshot | None, layer: int | None, head: int | None) -> None:
+        shown = snapshot is not None and snapshot.attention is not None
+        self.display = shown
+        if shown:
+            assert snapshot is not None
+            self.show_text(render_strip(snapshot, layer, head, max(20, self.size.width - 2)))
+
+
+HEAT = " ░▒▓█"
+
+
+def render_heatmap(snapshot: StepSnapshot, width: int = 120, palette=None) -> Text:
+    """The notebook's heat map: one line per layer, one cell per buffer position (bucketed to fit `width`, the
+    bucket's largest weight), shaded by the layer's weight over its own largest; a layer with no attention
+    is a line of dots."""
+    text = Text(no_wrap=True)
+    attention = snapshot.attention or ()
+    total = len(snapshot.buffer)
+    if not attention or not total:
+        return text
+    label = len(str(len(attention) - 1)) + 2
+    cells = max(1, min(total, width - label - 1))
+    per = -(-total // cells)  # positions per cell
+    text.append(" " * label + f"positions 0–{total - 1}" + (f", {per} per cell" if per > 1 else ""), style="dim")
+    for layer, entries in enumerate(attention):
+        text.append("\n")
+        text.append(f"L{layer:<{label - 1}}", style=role_style(palette, "muted"))
+        if entries is None:
+            text.append("·" * -(-total // per), style="dim")
+            continue
+        row = [0.0] * -(-total // per)
+        for position, weight in entries:
+            if 0 <= position < total:
+                row[position // per] = max(row[position // per], weight)
+        peak = max(row) or 1.0
+        text.append("".join(HEAT[min(len(HEAT) - 1, round(w / peak * (len(HEAT) - 1)))] for w in row))
+    return text
