@@ -420,9 +420,10 @@ class _RegionIndex:
                 self._sparse["special"].append(position)
             if token.origin == "user":
                 self._user_seen = True
+            system = token.origin == "system" or (token.origin == "template" and not self._user_seen)
             if token.origin in ("system", "unknown"):
                 self._sparse[token.origin].append(position)
-            elif token.origin == "template" and not self._user_seen:  # the template's own system prompt
+            elif system:  # the template's own system prompt
                 self._sparse["system"].append(position)
             if token.origin in ("pad", "primed") or (token.id == pad_id and pad_distinct):
                 pads.append(position)
@@ -430,8 +431,9 @@ class _RegionIndex:
                 if not pads or pads[-1] != position - 1:  # a run of the pad id (a pad that doubles as EOS)
                     pads.append(position - 1)
                 pads.append(position)
-            span = self._turns.setdefault(token.turn, [position, position + 1])
-            span[1] = position + 1
+            if not system:  # a turn's share is its own tokens': the system prompt is a region of its own
+                span = self._turns.setdefault(token.turn, [position, position + 1])
+                span[1] = position + 1
         self._scanned = len(buffer)
 
     def columns(self, buffer: Sequence[BufferToken], turn: int, window: int, pad_id: int | None, distinct: bool):

@@ -71,3 +71,39 @@ def test_primed_pads_are_seen_attended(tiny_model):
         assert not [d for d in clean.diagnostics if d.code == "attended-pads"]
     finally:
         clean.close_attention()
+
+
+def test_region_shares_equal_eager_sums_over_their_tokens(tiny_dir):
+    """The strip's numbers: each region's share is the head-mean weight on its tokens (eager's `output_attentions`
+    summed over the region's positions, independently of kvtui's regions code), and the turns do not overlap the
+    system prompt (a first turn's share is its own tokens', not the whole buffer)."""
+    directory = tiny_dir("llama")
+    loaded = load_model(str(directory), dtype="float32", device="cpu")
+    config = SessionConfig(max_new_tokens=2, attention=True, system="You are terse.")
+    session = ChatSession(loaded.model, loaded.tokenizer, config)
+    try:
+        for message in ("What is k?", "And j?"):
+            session.send(message)
+            snapshot = session.step()
+            buffer = snapshot.buffer
+            references = eager_rows(directory, torch.tensor([buffer.ids()]))
+            detail = snapshot.attention_detail
+            user_seen, system, turns = False, [], {}
+            for position, token in enumerate(buffer):
+                user_seen = user_seen or token.origin == "user"
+                if token.origin == "system" or (token.origin == "template" and not user_seen):
+                    system.append(position)
+                else:
+                    turns.setdefault(token.turn, []).append(position)
+            expected = {"sink": [0], "system": system}
+            for number, positions in turns.items():
+                expected["this turn" if number == snapshot.turn else f"turn {number}"] = positions
+            assert system and not set(system) & {p for positions in turns.values() for p in positions}
+            for name, positions in expected.items():
+                column = detail.regions.index(name)
+                for layer, reference in enumerate(references):
+                    share = reference[positions].sum().item()
+                    assert abs(detail.shares[layer][column] - share) < 1e-4, (name, layer)
+            assert detail.shares[0][detail.regions.index("this turn")] < 1  # the system prompt is looked at too
+    finally:
+        session.close_attention()
