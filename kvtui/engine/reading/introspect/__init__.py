@@ -12,6 +12,7 @@ package (`introspect.layer_infos(cache)`); its modules, by job:
 - building:     a fresh cache of a kind, and the refusals where this transformers cannot build or hold it
 - forward:      the names a forward takes its cache by and returns it under
 - config:       what a model config says about its cache (state layers, heads, sliding window)
+- transfer:     every tensor a step reads, brought to the host in one transfer
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from .building import (
     quant_backends,
 )
 from .config import attention_heads, config_window, declares_state
-from .fingerprints import Fingerprint, changed, describe_change, fingerprint
+from .fingerprints import Fingerprint, PendingEdit, changed, check_edits, describe_change, fingerprint
 from .forward import CACHE_ARGUMENTS, cache_argument, cache_in, forward_accepts, output_cache
 from .infos import layer_infos, static_capacity
 from .layers import seq_length
+from .transfer import HostReads
 from .truncation import (
     activate_past_recording,
     can_truncate,
@@ -50,12 +52,15 @@ __all__ = [
     "QUANT_RESIDUAL",
     "TRANSFORMERS_VERSION",
     "Fingerprint",
+    "HostReads",
+    "PendingEdit",
     "activate_past_recording",
     "attention_heads",
     "cache_argument",
     "cache_in",
     "can_truncate",
     "changed",
+    "check_edits",
     "config_window",
     "declares_state",
     "describe_change",

@@ -4,7 +4,7 @@ replaces or edits its cache outside a forward.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, getitem, is_, itemgetter, methodcaller
 from typing import Any
 
@@ -12,10 +12,11 @@ import torch
 
 from .infos import plain_kv
 from .layers import CountReader, kind_of, layer_counts
+from .transfer import HostReads
 
 _KEYS, _VALUES, _VERSION = attrgetter("keys"), attrgetter("values"), attrgetter("_version")
 _IS_INFERENCE, _SLOTS = methodcaller("is_inference"), methodcaller("size", -2)
-_VIEW = itemgetter(1)  # of a (layer index, view) entry
+_LAYER, _VIEW = itemgetter(0), itemgetter(1)  # of a (layer index, view) entry
 
 
 @dataclass
@@ -159,6 +160,34 @@ def _same(entry, layer, reader: CountReader) -> bool:
 def changed(before: Fingerprint, cache) -> str | None:
     """What the program did to the cache since `before` was taken, in words; None if nothing. Releases
     `before` (it is spent)."""
+    reads = HostReads()
+    change, pending = check_edits(before, cache, reads)
+    return change if pending is None else pending.describe(reads)
+
+
+@dataclass
+class PendingEdit:
+    """The in-place edit check of a fingerprint whose shapes and tensors were unchanged, waiting for its values:
+    per group of end-slot views, how many values differ ([views] int64 on the device, in a HostReads)."""
+
+    groups: list  # [(reads handle, view positions)]
+    view_layers: list[int]  # the layer of each view
+    layers: int
+
+    def describe(self, reads: HostReads) -> str | None:
+        """The change in words once `reads` is resolved; None if nothing was edited."""
+        edited: set[int] = set()
+        for handle, indices in self.groups:
+            edited.update(compress(map(self.view_layers.__getitem__, indices), reads.flat(handle)))
+        if edited:
+            return f"K/V values edited in place in {_layer_list(sorted(edited), self.layers)}"
+        return None
+
+
+def check_edits(before: Fingerprint, cache, reads: HostReads) -> tuple[str | None, PendingEdit | None]:
+    """`changed`, its reads left to the caller's transfer: (the change in words when the layers' shapes or
+    tensors tell it on the host, None; else the value check waiting in `reads`, None when nothing is left to
+    read). Releases `before`."""
     try:
         layers = list(getattr(cache, "layers", ()))
         reader = CountReader(cache)
@@ -169,16 +198,15 @@ def changed(before: Fingerprint, cache) -> str | None:
         ):
             change = describe_change(before.rows(), _rows(cache))  # None: replaced by equal ones (a no-op)
             if change is not None:
-                return change
-        edited: set[int] = set()
+                return change, None
+        if not before.values:
+            return None, None
+        groups = []
         for indices, copy in before.values:
             now = torch.stack(list(map(_VIEW, map(before.views.__getitem__, indices))))  # the same slots, again
-            if not torch.equal(now, copy):
-                differs = (now != copy).reshape(len(indices), -1).any(dim=1).tolist()
-                edited.update(before.views[i][0] for i, d in zip(indices, differs) if d)
-        if edited:
-            return f"K/V values edited in place in {_layer_list(sorted(edited), len(layers))}"
-        return None
+            differs = (now != copy).reshape(len(indices), -1).sum(dim=1)  # [views] values that differ
+            groups.append((reads.add(differs), indices))
+        return None, PendingEdit(groups, list(map(_LAYER, before.views)), len(layers))
     finally:
         before.release()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import MISSING, fields
-from itertools import repeat
+from itertools import chain, repeat
 from operator import add, attrgetter, itemgetter, methodcaller
 from typing import Any
 
@@ -165,23 +165,23 @@ def uniform_infos(layers) -> tuple[LayerInfo, ...] | None:
     )
 
 
-# LayerInfo's slots (member descriptors) and its fields' defaults (none is a factory)
-_LAYER_SLOTS = {f.name: LayerInfo.__dict__[f.name].__set__ for f in fields(LayerInfo)}
-_LAYER_DEFAULTS = {f.name: f.default for f in fields(LayerInfo) if f.default is not MISSING}
-_REQUIRED = {name for name in _LAYER_SLOTS if name not in _LAYER_DEFAULTS} - {"capacity", "window"}
-_LAYER_DEFAULTS.update(capacity=None, window=None)
-assert all(f.default_factory is MISSING for f in fields(LayerInfo)), "a LayerInfo field with a factory"
+# LayerInfo's fields: their slots' setters (member descriptors) and defaults (none is a factory)
+_FIELDS = fields(LayerInfo)
+assert all(f.default_factory is MISSING for f in _FIELDS), "a LayerInfo field with a factory"
+_NAMES = [f.name for f in _FIELDS]
+_SETTERS = [LayerInfo.__dict__[f.name].__set__ for f in _FIELDS]
+_DEFAULTS = [None if f.default is MISSING else f.default for f in _FIELDS]  # capacity and window: None
+_REQUIRED = {f.name for f in _FIELDS if f.default is MISSING} - {"capacity", "window"}
 
 
 def _bulk_layer_infos(count: int, **columns) -> tuple[LayerInfo, ...]:
     """`count` LayerInfos from columns (field -> iterable of `count` values; capacity, window and the additive
-    fields default): each field set on every object by one C-level pass of its slot's descriptor, as the
-    class's own __init__ sets it, so building them runs no Python per layer. Equal to LayerInfo(...) each."""
+    fields default), equal to LayerInfo(...) each: every field set on every object by its slot's descriptor, as
+    the class's own __init__ sets it, in C-level passes (map, chain), so building them runs no Python per layer."""
     assert _REQUIRED <= columns.keys(), _REQUIRED - columns.keys()
     made = list(map(object.__new__, repeat(LayerInfo, count)))
-    for name, setter in _LAYER_SLOTS.items():
-        column = columns.get(name)
-        deque(map(setter, made, repeat(_LAYER_DEFAULTS[name], count) if column is None else column), maxlen=0)
+    given = map(columns.get, _NAMES, map(repeat, _DEFAULTS, repeat(count)))  # each field's column, or its default
+    deque(chain.from_iterable(map(map, _SETTERS, repeat(made), given)), maxlen=0)  # setter(obj, value), all
     return tuple(made)
 
 
