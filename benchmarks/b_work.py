@@ -140,13 +140,19 @@ def _model(layers: int, tmp: Path):
     return loaded.model, loaded.tokenizer
 
 
-def count(layers: int, steps: int, tmp: Path) -> dict:
-    """Per decode step of a watched greedy loop (a trace written): kvtui's lines, ops and device reads."""
+def count(layers: int, steps: int, tmp: Path, context: int = 0) -> dict:
+    """Per decode step of a watched greedy loop (a trace written): kvtui's lines, ops and device reads.
+    `context`: tokens fed after the prompt (one more prefill) before the counted steps."""
     from kvtui.engine.watch import probe
 
     model, tokenizer = _model(layers, tmp)
-    with probe.watch(model, tokenizer, trace=tmp / f"work-{layers}.jsonl") as watcher:
+    with probe.watch(model, tokenizer, trace=tmp / f"work-{layers}-{context}.jsonl") as watcher:
         loop = UserLoop(model, tokenizer)  # the prefill
+        if context:
+            ids = torch.randint(3, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+            with torch.inference_mode():
+                out = model(input_ids=ids, past_key_values=loop.cache, use_cache=True)
+            loop.token = out.logits[:, -1].argmax(-1, keepdim=True)
         for _ in range(4):  # warm: first-step caches filled (pieces, specials, call sites)
             loop.step()
         lines, reads = LineCounter(), ReadCounter()
@@ -161,12 +167,14 @@ def count(layers: int, steps: int, tmp: Path) -> dict:
                     lines.stop()
         finally:
             reads.stop()
-        assert watcher.steps == steps + 5, watcher.steps
+        assert watcher.steps == steps + 5 + (1 if context else 0), watcher.steps
+        length = loop.cache.get_seq_length()
         errors = list(watcher.errors)
     top = lines.by_file.most_common(12)
     return {
         "layers": layers,
         "steps": steps,
+        "cached_tokens": length,
         "lines_per_step": lines.lines / steps,
         "ops_per_step": sum(ops.ops.values()) / steps,
         "ops": {name: n / steps for name, n in sorted(ops.ops.items())},
@@ -179,17 +187,22 @@ def count(layers: int, steps: int, tmp: Path) -> dict:
     }
 
 
-def bench(layer_counts=(3, 32), steps: int = 20) -> dict:
+def bench(layer_counts=(3, 32), steps: int = 20, context: int = 3000) -> dict:
+    """The rows by layer count; then the first layer count again after `context` more cached tokens (the work
+    must not grow with the context either)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory(prefix="kvtui-work-") as tmp:
             rows = [count(n, steps, Path(tmp)) for n in layer_counts]
+            long = count(layer_counts[0], steps, Path(tmp), context) if context else None
     finally:
         torch.set_num_threads(threads)
-    out = {"rows": rows}
+    out: dict = {"rows": rows}
     if len(rows) >= 2:
         out["lines_ratio"] = rows[-1]["lines_per_step"] / rows[0]["lines_per_step"]
+    if long is not None:
+        out["long_context"] = long
     return out
 
 
@@ -202,13 +215,21 @@ def describe(result: dict) -> str:
     )
     if "lines_ratio" in result:
         text += f" (lines {rows[-1]['layers']}/{rows[0]['layers']} layers: {result['lines_ratio']:.2f}x)"
+    long = result.get("long_context")
+    if long:
+        text += (
+            f"; {long['layers']} layers at {long['cached_tokens']} cached tokens: {long['lines_per_step']:.0f} lines, "
+            f"{long['ops_per_step']:.1f} ops, {long['reads_per_step']:.1f} reads"
+        )
     return text
 
 
 def table(result: dict) -> list[str]:
-    rows = result["rows"]
+    rows = result["rows"] + ([result["long_context"]] if result.get("long_context") else [])
     lines = [
-        "| per decode step (watched greedy loop, trace written) | " + " | ".join(f"{r['layers']} layers" for r in rows),
+        "| per decode step (watched greedy loop, trace written) | "
+        + " | ".join(f"{r['layers']} layers, {r.get('cached_tokens', '?')} cached" for r in rows)
+        + " |",
         "|---|" + "---|" * len(rows),
         "| lines of kvtui's Python (every thread) | " + " | ".join(f"{r['lines_per_step']:.0f}" for r in rows) + " |",
         "| tensor ops kvtui adds (non-view) | " + " | ".join(f"{r['ops_per_step']:.1f}" for r in rows) + " |",
@@ -223,14 +244,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="3,32")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--context", type=int, default=3000, help="a row with this many more cached tokens (0: none)")
     parser.add_argument("--json", help="write the raw numbers here")
     parser.add_argument("--verbose", action="store_true", help="the ops, reads and busiest functions per row")
     args = parser.parse_args()
-    result = bench(tuple(int(n) for n in args.layers.split(",")), args.steps)
+    result = bench(tuple(int(n) for n in args.layers.split(",")), args.steps, args.context)
     log(describe(result))
     print("\n".join(table(result)))
     if args.verbose:
-        for row in result["rows"]:
+        for row in result["rows"] + ([result["long_context"]] if result.get("long_context") else []):
             print(f"\n{row['layers']} layers: ops {row['ops']}, reads {row['reads']}, errors {row['errors']}")
             for entry in row["top_functions"]:
                 print(f"  {entry['lines_per_step']:7.1f}  {entry['where']}")
