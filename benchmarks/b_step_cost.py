@@ -60,6 +60,8 @@ class PartClock:
         self._undo: list[tuple[object, str, object]] = []
 
     def wrap(self, owner, name: str, part: str) -> None:
+        if not (name in owner.__dict__ if isinstance(owner, type) else hasattr(owner, name)):
+            return  # an older checkout without this function (--compare): its part is timed where it is
         original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
         function = original.__func__ if isinstance(original, (staticmethod, classmethod)) else original
         clock, stack, totals, model_thread = time.perf_counter, self.stack, self, threading.get_ident()
