@@ -135,7 +135,8 @@ def probe_parts(clock: PartClock) -> None:
     clock.wrap(introspect, "check_edits", "fingerprint")
     clock.wrap(watch_step.StepBuilder, "prepare", "top-k")  # the top-k's device ops (and the positions' handle)
     clock.wrap(watch_step.StepBuilder, "_top", "top-k")
-    clock.wrap(introspect.HostReads, "resolve", "transfer")  # the step's one read of the device
+    if hasattr(introspect, "HostReads"):  # the step's one read of the device (absent before issue 43)
+        clock.wrap(introspect.HostReads, "resolve", "transfer")
     clock.wrap(introspect, "layer_infos", "layer infos")
     for name in ("check_feed", "check_row_positions", "check_padding_side", "recomputed_prefix", "check_request"):
         clock.wrap(watch_step, name, "diagnostics")
