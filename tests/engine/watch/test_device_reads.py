@@ -112,3 +112,34 @@ def test_an_in_place_edit_is_still_caught_with_one_read(tiny_model, tmp_path):
             _greedy(model, tokenizer, cache, token)
         assert not [d for d in watcher.last.diagnostics if d.code == "cache-edited"]
     assert reads == ["tolist"] and quiet == ["tolist"]
+
+
+def test_one_transfer_gives_back_what_each_tensor_holds():
+    """Every dtype a step reads (ids, bool/int/float masks at any offset, float32 top-k pairs, half floats, empty
+    rows) comes back from the one transfer as its own tolist() gives it."""
+    from kvtui.engine.reading.introspect import HostReads
+
+    mask = torch.ones(2, 7)
+    mask[1, :2] = 0
+    tensors = [
+        torch.tensor([[5, 6, 7]]),  # ids [1, n]
+        mask[:, 3:],  # float columns at an odd offset: converted, not viewed
+        mask[:, 2:].sum(-1),  # [batch]
+        mask.bool()[:, 1:],
+        torch.tensor([1.5, -2.25, float("-inf"), 3.0e-8], dtype=torch.float32),  # viewed as int64 pairs
+        torch.tensor([0.1, 0.2], dtype=torch.float16),
+        torch.tensor([[1, 2]], dtype=torch.int32),
+        torch.zeros(2, 0, dtype=torch.long),
+    ]
+    reads = HostReads()
+    handles = [reads.add(t) for t in tensors]
+    with counting_reads() as seen:
+        values = [reads.rows(h) if t.dim() == 2 else reads.flat(h) for h, t in zip(handles, tensors)]
+    assert seen == ["tolist"]
+    for value, tensor in zip(values, tensors):
+        expected = tensor.tolist()
+        if tensor.dtype == torch.bool:
+            expected = [[int(x) for x in row] for row in expected]
+        assert value == expected
+    with pytest.raises(RuntimeError, match="resolved already"):
+        reads.add(torch.tensor([1]))

@@ -44,7 +44,9 @@ class HostReads:
             kind, words = _INT, flat
         elif not tensor.is_floating_point() and not tensor.is_complex():
             kind, words = _INT, flat.to(torch.int64)
-        elif tensor.dtype == torch.float32 and numel % 2 == 0 and flat.is_contiguous():
+        elif (
+            tensor.dtype == torch.float32 and numel % 2 == 0 and flat.is_contiguous() and flat.storage_offset() % 2 == 0
+        ):
             kind, words = _PAIRS, flat.view(torch.int64)  # [numel / 2]: a view, no kernel
         else:
             kind, words = _DOUBLE, flat.to(torch.float64).view(torch.int64)
