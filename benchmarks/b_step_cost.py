@@ -36,6 +36,7 @@ PART_ORDER = (
     "positions",
     "fingerprint",
     "top-k",
+    "transfer",
     "layer infos",
     "diagnostics",
     "step building",
@@ -59,6 +60,8 @@ class PartClock:
         self._undo: list[tuple[object, str, object]] = []
 
     def wrap(self, owner, name: str, part: str) -> None:
+        if not (name in owner.__dict__ if isinstance(owner, type) else hasattr(owner, name)):
+            return  # an older checkout without this function (--compare): its part is timed where it is
         original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
         function = original.__func__ if isinstance(original, (staticmethod, classmethod)) else original
         clock, stack, totals, model_thread = time.perf_counter, self.stack, self, threading.get_ident()
@@ -129,7 +132,11 @@ def probe_parts(clock: PartClock) -> None:
     clock.wrap(hooks, "after_forward", "hooks out")
     clock.wrap(hooks, "saw_positions", "positions")
     clock.wrap(introspect, "fingerprint", "fingerprint")
+    clock.wrap(introspect, "check_edits", "fingerprint")
+    clock.wrap(watch_step.StepBuilder, "prepare", "top-k")  # the top-k's device ops (and the positions' handle)
     clock.wrap(watch_step.StepBuilder, "_top", "top-k")
+    if hasattr(introspect, "HostReads"):  # the step's one read of the device (absent before issue 43)
+        clock.wrap(introspect.HostReads, "resolve", "transfer")
     clock.wrap(introspect, "layer_infos", "layer infos")
     for name in ("check_feed", "check_row_positions", "check_padding_side", "recomputed_prefix", "check_request"):
         clock.wrap(watch_step, name, "diagnostics")
@@ -215,8 +222,9 @@ class BareLoop:
 
 class FloorHook:
     """The least any inspection of a forward does: read the fed ids and the cache length before it; after
-    it, the top-k (topk + log_softmax + gather, three reads), each layer's K shape and dtype, one JSON line
-    written to a file. No kvtui code: what a watched step would cost if nothing else were read or checked."""
+    it, the cache length, the top-k (topk + log_softmax + gather, three reads), each layer's K shape and dtype,
+    one JSON line written to a file. No kvtui code: what a watched step would cost if nothing else were read or
+    checked."""
 
     def __init__(self, model, path: Path):
         import os
@@ -249,6 +257,7 @@ class FloorHook:
         record = {
             "input_ids": self.fed,
             "cache_length_before": self.length,
+            "cache_length_after": kwargs["past_key_values"].get_seq_length(),
             "topk": [{"id": i, "logit": v, "logprob": p} for i, v, p in top],
             "layers": layers,
         }
@@ -360,6 +369,10 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
         "watched_over_plain_cpu": [],
         "engine_over_bare_cpu": [],
         "floor_over_plain": [],
+        "watched_over_floor": [],
+        "plain_us": [],  # µs a token of each loop
+        "floor_us": [],
+        "watched_us": [],
     }
 
     def steps(step, count=n):
@@ -372,15 +385,24 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
     for repeat in range(repeats + 1):  # the first is a warm-up
         plain_loop = UserLoop(model, tokenizer)
         plain = _timed(steps(plain_loop.step))
-        with probe.watch(model, tokenizer, trace=trace_dir / f"ratio{repeat}.jsonl"):
-            loop = UserLoop(model, tokenizer)
-            watched = _timed(steps(loop.step))
-        floor_hook = FloorHook(model, trace_dir / f"floor{repeat}.jsonl")
-        try:
-            floor_loop = UserLoop(model, tokenizer)
-            floor = _timed(steps(floor_loop.step))
-        finally:
-            floor_hook.remove()
+
+        def run_watched(repeat=repeat):
+            with probe.watch(model, tokenizer, trace=trace_dir / f"ratio{repeat}.jsonl"):
+                loop = UserLoop(model, tokenizer)
+                return _timed(steps(loop.step))
+
+        def run_floor(repeat=repeat):
+            floor_hook = FloorHook(model, trace_dir / f"floor{repeat}.jsonl")
+            try:
+                floor_loop = UserLoop(model, tokenizer)
+                return _timed(steps(floor_loop.step))
+            finally:
+                floor_hook.remove()
+
+        if repeat % 2:  # watched and floor alternate which goes first
+            floor, watched = run_floor(), run_watched()
+        else:
+            watched, floor = run_watched(), run_floor()
         chat = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=10**9))
         chat.stop_ids = frozenset()
         rec = recorder.Recorder(chat, trace_dir / f"engine{repeat}.jsonl")
@@ -396,10 +418,14 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
             ratios["watched_over_plain_cpu"].append(watched[1] / plain[1])
             ratios["engine_over_bare_cpu"].append(engine[1] / bare_s[1])
             ratios["floor_over_plain"].append(floor[0] / plain[0])
+            ratios["watched_over_floor"].append(watched[0] / floor[0])
+            for name, run in (("plain_us", plain), ("floor_us", floor), ("watched_us", watched)):
+                ratios[name].append(run[0] / n * 1e6)
             log(
                 f"  repeat {repeat}: watched/plain {ratios['watched_over_plain'][-1]:.3f} (CPU "
                 f"{ratios['watched_over_plain_cpu'][-1]:.3f}), engine/bare {ratios['engine_over_bare'][-1]:.3f} (CPU "
-                f"{ratios['engine_over_bare_cpu'][-1]:.3f}), floor/plain {ratios['floor_over_plain'][-1]:.3f}; "
+                f"{ratios['engine_over_bare_cpu'][-1]:.3f}), floor/plain {ratios['floor_over_plain'][-1]:.3f}, "
+                f"watched/floor {ratios['watched_over_floor'][-1]:.3f}; "
                 f"plain {plain[0] / n * 1e3:.2f} ms/token"
             )
     return {"n": n, **{name: summary(values) for name, values in ratios.items()}}
@@ -620,6 +646,21 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
         rounds = int(args[index + 2]) if len(args) > index + 2 else 2
         compare(args[index + 1], rounds, Path(__file__).parent / "step_cost_compare.json")
         raise SystemExit(0)
+    if "--ratios-only" in args:  # the whole-loop ratios alone, on the 3-layer tiny llama (watched / floor ...)
+        torch.set_num_threads(1)
+        with tempfile.TemporaryDirectory(prefix="kvtui-bench-") as _tmp:
+            _model, _tokenizer = _models(_tmp, True)["tiny llama, 3 layers"]
+            _repeats = int(args[args.index("--repeats") + 1]) if "--repeats" in args else 7
+            _r = python_bound_ratios(_model, _tokenizer, 200, _repeats, Path(_tmp))
+        print(json.dumps(_r, indent=1))
+        print(
+            f"watched/plain {_r['watched_over_plain']['median']:.3f}; "
+            f"floor/plain {_r['floor_over_plain']['median']:.3f}; "
+            f"watched/floor {_r['watched_over_floor']['median']:.3f} ({_r['watched_over_floor']['min']:.3f}–"
+            f"{_r['watched_over_floor']['max']:.3f}); µs a token: plain {_r['plain_us']['median']:.0f}, floor "
+            f"{_r['floor_us']['median']:.0f}, watched {_r['watched_us']['median']:.0f}"
+        )
+        raise SystemExit(0)
     with tempfile.TemporaryDirectory(prefix="kvtui-bench-") as _tmp:
         found = bench(_models(_tmp, "--tiny-only" in args))
     if "--json" in args:
@@ -630,5 +671,8 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
         f"watched/plain {r['watched_over_plain']['median']:.3f} ({r['watched_over_plain']['min']:.3f}–"
         f"{r['watched_over_plain']['max']:.3f}); engine/bare {r['engine_over_bare']['median']:.3f} "
         f"({r['engine_over_bare']['min']:.3f}–{r['engine_over_bare']['max']:.3f}); floor/plain "
-        f"{r['floor_over_plain']['median']:.3f}"
+        f"{r['floor_over_plain']['median']:.3f}; watched/floor {r['watched_over_floor']['median']:.3f} "
+        f"({r['watched_over_floor']['min']:.3f}–{r['watched_over_floor']['max']:.3f}); µs a token: "
+        f"plain {r['plain_us']['median']:.0f}, floor {r['floor_us']['median']:.0f}, "
+        f"watched {r['watched_us']['median']:.0f}"
     )

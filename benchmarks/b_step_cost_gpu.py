@@ -13,9 +13,16 @@ plain, engine / bare, interleaved, median of N), on a CUDA device, for:
 Random weights are honest for a timing: a forward's cost does not depend on the values. The tokenizer
 is SmolLM2's (its chat template), carried as files: `--tokenizer DIR` (tokenizer files + config.json).
 
-Usage (on a machine with CUDA): python benchmarks/b_step_cost_gpu.py --tokenizer DIR [--rows tiny,smol,smol-compile,8b]
-    [--n 120] [--tokens 200] [--repeats 5] [--json OUT] [--compile-mode reduce-overhead|default|...]
-Not run by `make bench` on a CPU-only machine: it needs CUDA.
+Each row also runs the floor (b_step_cost.FloorHook on the plain loop: fed ids, cache length before and after,
+top-10 ids and probabilities, every layer's K shape, one JSON line per forward) and prints watched / floor and
+the µs a token of plain, floor and watched loops, interleaved.
+
+Usage (on a machine with CUDA): python benchmarks/b_step_cost_gpu.py [--tokenizer DIR]
+    [--rows tiny,smol,smol-compile,8b] [--n 120] [--tokens 200] [--repeats 5] [--json OUT]
+    [--compile-mode reduce-overhead|default|...]
+In one command from a CPU-only checkout: `python benchmarks/b_step_cost_gpu.py --prepare` here (writes
+benchmarks/.gpu: the tokenizer and the tested transformers), then on the GPU machine, with benchmarks/.gpu
+carried: `bash benchmarks/gpu_step_cost.sh` (see the script). Not run by `make bench`: it needs CUDA.
 """
 
 from __future__ import annotations
@@ -36,7 +43,17 @@ import common  # noqa: E402,F401  (environment before torch loads)
 import torch  # noqa: E402
 from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: E402
 
-from b_step_cost import PROMPT, PartClock, _costs, _pairs, _prompt_ids, probe_parts, session_parts, table  # noqa: E402
+from b_step_cost import (  # noqa: E402
+    PROMPT,
+    FloorHook,
+    PartClock,
+    _costs,
+    _pairs,
+    _prompt_ids,
+    probe_parts,
+    session_parts,
+    table,
+)
 from common import log, summary  # noqa: E402
 from kvtui.engine.chat.session import ChatSession, SessionConfig  # noqa: E402
 from kvtui.engine.reading import introspect  # noqa: E402
@@ -178,7 +195,15 @@ def watch_cost(model, plain_model, tokenizer, static: bool, n: int, tmp: Path) -
 
 def ratios(model, plain_model, tokenizer, static: bool, tokens: int, repeats: int, tmp: Path) -> dict:
     """Whole loops of `tokens` tokens, interleaved per repeat (the first repeat is a warm-up)."""
-    found: dict[str, list[float]] = {"watched_over_plain": [], "engine_over_bare": []}
+    found: dict[str, list[float]] = {
+        "watched_over_plain": [],
+        "engine_over_bare": [],
+        "floor_over_plain": [],
+        "watched_over_floor": [],
+        "plain_us": [],
+        "floor_us": [],
+        "watched_us": [],
+    }
     compiled_plain = _compile(plain_model) if static else None
     compiled_watched = _compile(model) if static else None
 
@@ -188,15 +213,29 @@ def ratios(model, plain_model, tokenizer, static: bool, tokens: int, repeats: in
             step()
         return time.perf_counter() - started
 
-    for repeat in range(repeats + 1):
-        plain = timed(Loop(plain_model, tokenizer, static, compiled_plain).step)
+    def run_watched(repeat: int) -> float:
         with probe.watch(model, tokenizer, trace=tmp / f"ratio{repeat}.jsonl"):
             if static:
                 model.forward = compiled_watched
             try:
-                watched = timed(Loop(model, tokenizer, static).step)
+                return timed(Loop(model, tokenizer, static).step)
             finally:
                 model.__dict__.pop("forward", None)
+
+    def run_floor(repeat: int) -> float:
+        # the floor: the same plain loop with the thinnest hook that records the same facts (one JSON line)
+        hook = FloorHook(plain_model, tmp / f"floor{repeat}.jsonl")
+        try:
+            return timed(Loop(plain_model, tokenizer, static, compiled_plain).step)
+        finally:
+            hook.remove()
+
+    for repeat in range(repeats + 1):
+        plain = timed(Loop(plain_model, tokenizer, static, compiled_plain).step)
+        if repeat % 2:  # watched and floor alternate which goes first
+            floor, watched = run_floor(repeat), run_watched(repeat)
+        else:
+            watched, floor = run_watched(repeat), run_floor(repeat)
         chat, rec, first = _session(model, tokenizer, static, tmp / f"engine{repeat}.jsonl")
         engine = timed(chat.step)
         rec.close()
@@ -206,8 +245,13 @@ def ratios(model, plain_model, tokenizer, static: bool, tokens: int, repeats: in
         if repeat:
             found["watched_over_plain"].append(watched / plain)
             found["engine_over_bare"].append(engine / bare)
+            found["floor_over_plain"].append(floor / plain)
+            found["watched_over_floor"].append(watched / floor)
+            for name, value in (("plain_us", plain), ("floor_us", floor), ("watched_us", watched)):
+                found[name].append(value / tokens * 1e6)
             log(
-                f"    repeat {repeat}: watched/plain {watched / plain:.3f}, engine/bare {engine / bare:.3f}; "
+                f"    repeat {repeat}: watched/plain {watched / plain:.3f}, engine/bare {engine / bare:.3f}, "
+                f"floor/plain {floor / plain:.3f}, watched/floor {watched / floor:.3f}; "
                 f"plain {plain / tokens * 1e3:.2f} ms/token, bare {bare / tokens * 1e3:.2f} ms/token"
             )
     return {name: summary(values) for name, values in found.items()}
@@ -266,10 +310,46 @@ def build(row: str, tokenizer_dir: Path, tmp: Path):
     raise SystemExit(f"unknown row {row!r}")
 
 
+CARRY = Path(__file__).resolve().parent / ".gpu"  # ignored by git; carried to the GPU machine
+
+
+def prepare() -> None:
+    """What a GPU machine without a network needs beside the checkout: SmolLM2's tokenizer files and config
+    (from the embedded model kvtui converted here) and the tested transformers as a tarball (the machine's own
+    may be outside kvtui's tested range). `benchmarks/gpu_step_cost.sh` unpacks and runs it."""
+    import shutil
+    import tarfile
+
+    import transformers
+
+    from kvtui.engine.models.embedded import embedded_model_dir
+
+    CARRY.mkdir(exist_ok=True)
+    (CARRY / ".gitignore").write_text("*\n")
+    source = Path(embedded_model_dir())
+    tokenizer = CARRY / "tokenizer"
+    tokenizer.mkdir(exist_ok=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (source / name).exists():
+            shutil.copy(source / name, tokenizer / name)
+    package = Path(transformers.__file__).parent
+    info = next(package.parent.glob(f"transformers-{transformers.__version__}.dist-info"), None)
+    with tarfile.open(CARRY / "transformers.tar.gz", "w:gz") as tar:
+        skip = lambda t: None if "__pycache__" in t.name else t  # noqa: E731
+        tar.add(package, arcname="transformers", filter=skip)
+        if info is not None:
+            tar.add(info, arcname=info.name)
+    size = (CARRY / "transformers.tar.gz").stat().st_size / 2**20
+    log(f"wrote {CARRY}: tokenizer from {source}, transformers {transformers.__version__} ({size:.0f} MiB)")
+
+
 def main() -> None:
     global DEVICE, COMPILE_MODE
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tokenizer", type=Path, required=True)
+    parser.add_argument("--tokenizer", type=Path, default=CARRY / "tokenizer", help="SmolLM2's tokenizer + config")
+    parser.add_argument(
+        "--prepare", action="store_true", help=f"write {CARRY} here (the files the GPU machine needs), run nothing"
+    )
     parser.add_argument("--rows", default="tiny,smol,8b,smol-compile")  # the compiles last: the slowest
     parser.add_argument("--n", type=int, default=120)
     parser.add_argument("--tokens", type=int, default=200)
@@ -278,6 +358,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compile-mode", default=COMPILE_MODE, help="torch.compile mode of the smol-compile row")
     args = parser.parse_args()
+    if args.prepare:
+        prepare()
+        return
     DEVICE, COMPILE_MODE = args.device, args.compile_mode
     if DEVICE == "cuda" and not torch.cuda.is_available():
         raise SystemExit("b_step_cost_gpu: no CUDA device here")
@@ -308,7 +391,9 @@ def main() -> None:
                 r = result["ratios"][label]
                 log(
                     f"  ratios: watched/plain {r['watched_over_plain']['median']:.3f}, "
-                    f"engine/bare {r['engine_over_bare']['median']:.3f}"
+                    f"engine/bare {r['engine_over_bare']['median']:.3f}, watched/floor "
+                    f"{r['watched_over_floor']['median']:.3f}; µs a token: plain {r['plain_us']['median']:.0f}, "
+                    f"floor {r['floor_us']['median']:.0f}, watched {r['watched_us']['median']:.0f}"
                 )
             except Exception as error:  # noqa: BLE001  one row failing must not lose the others
                 result["ratios"][label] = {"error": f"{type(error).__name__}: {error}"}
@@ -327,7 +412,11 @@ def main() -> None:
                 f"{label}: watched/plain {r['watched_over_plain']['median']:.3f} "
                 f"({r['watched_over_plain']['min']:.3f}–{r['watched_over_plain']['max']:.3f}); engine/bare "
                 f"{r['engine_over_bare']['median']:.3f} ({r['engine_over_bare']['min']:.3f}–"
-                f"{r['engine_over_bare']['max']:.3f})"
+                f"{r['engine_over_bare']['max']:.3f}); floor/plain {r['floor_over_plain']['median']:.3f}; "
+                f"watched/floor {r['watched_over_floor']['median']:.3f} ({r['watched_over_floor']['min']:.3f}–"
+                f"{r['watched_over_floor']['max']:.3f}); kvtui adds "
+                f"{r['watched_us']['median'] - r['plain_us']['median']:.0f} µs a token, the floor "
+                f"{r['floor_us']['median'] - r['plain_us']['median']:.0f}"
             )
 
 

@@ -101,6 +101,7 @@ def main() -> int:
     import b_step_cost
     import b_ui
     import b_watch
+    import b_work
     from kvtui.engine.chat.loader import load_model
     from kvtui.engine.models.tiny import build_tiny
 
@@ -188,6 +189,8 @@ def main() -> int:
         repeats=3 if q else 5,
     )
     results["knockout"] = b_knockout.bench(tiny3.model, tiny3.tokenizer, steps=1000 if q else 3000)
+    results["work"] = b_work.bench((3, 32), steps=20)  # counted, not timed: no repeats needed
+    log("  work per decode step: " + b_work.describe(results["work"]))
     loads["6. step cost"] = section.stop()
 
     # ---- 2. scale (child process: its memory readings are its own) ----------------------------------
@@ -497,6 +500,7 @@ def pipe_report(r: dict) -> list[str]:
 def step_cost_report(r: dict) -> list[str]:
     import b_knockout
     import b_step_cost
+    import b_work
 
     c = r.get("step_cost")
     if not c:
@@ -531,7 +535,35 @@ def step_cost_report(r: dict) -> list[str]:
             if "floor_over_plain" in ratios
             else ""
         )
+        + (
+            f" Watched / floor {fmt_stat(ratios['watched_over_floor'], 3)} (target ≤ 1.15, goal 1.05: "
+            f"{_verdict(ratios['watched_over_floor']['median'] <= 1.15)}); µs a token: plain "
+            f"{ratios['plain_us']['median']:.0f}, floor {ratios['floor_us']['median']:.0f}, watched "
+            f"{ratios['watched_us']['median']:.0f}."
+            if "watched_over_floor" in ratios
+            else ""
+        )
         + " Before/after of this issue's change, measured side by side: `benchmarks/STEP-COST.md`.",
+        *(
+            [
+                "",
+                "**The work per decode step, counted** (`benchmarks/b_work.py`: a watched greedy loop with a trace on "
+                "a 3-layer and a 32-layer tiny llama; lines of kvtui's Python on every thread by `sys.settrace`, "
+                "non-view tensor ops issued from kvtui's frames by a TorchDispatchMode, reads of tensor data from "
+                "kvtui's frames). On a GPU, host work per step is what a watched step costs; targets: lines on 32 "
+                "layers ≤ 1.5 × those on 3 and ≤ 1,500 (goal 1.1 × and 600), ops ≤ 10, one device read."
+                + (
+                    f" Lines 32 / 3 layers: {r['work']['lines_ratio']:.2f} × "
+                    f"({_verdict(r['work']['lines_ratio'] <= 1.5 and r['work']['rows'][-1]['lines_per_step'] <= 1500)})."  # noqa: E501
+                    if "lines_ratio" in r["work"]
+                    else ""
+                ),
+                "",
+                *b_work.table(r["work"]),
+            ]
+            if r.get("work")
+            else []
+        ),
         *(
             [
                 "",

@@ -34,6 +34,28 @@ def top_token_rows(scores: torch.Tensor, k: int, piece) -> list[tuple[TopToken, 
         found = [(row[:k], row[k : 2 * k], [int(i) for i in row[2 * k :]]) for row in host]
     else:  # on the CPU reading three small tensors costs less than building one
         found = list(zip(values.tolist(), logprobs.tolist(), ids.tolist()))
+    return _top_rows(found, piece)
+
+
+def top_tensors(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_token_rows' device part, nothing read: (each row's k highest logits then their log-probabilities,
+    [rows, 2k] float32; their ids, [rows, k]). For a caller that reads them with its other tensors in one
+    transfer (`introspect.HostReads`); `top_rows_from` makes the TopTokens of what it read."""
+    k = min(k, scores.shape[-1])
+    if scores.dtype != torch.float32:
+        scores = scores.float()
+    values, ids = torch.topk(scores, k)  # [rows, k]
+    logprobs = torch.log_softmax(scores, dim=-1).gather(-1, ids)  # [rows, k]
+    return torch.cat((values, logprobs), dim=-1), ids
+
+
+def top_rows_from(pairs: list[list[float]], ids: list[list[int]], piece) -> list[tuple[TopToken, ...]]:
+    """The TopTokens of what top_tensors gave, read: pairs [rows][2k], ids [rows][k]."""
+    return _top_rows(((row[: len(i)], row[len(i) :], i) for row, i in zip(pairs, ids)), piece)
+
+
+def _top_rows(found, piece) -> list[tuple[TopToken, ...]]:
+    """(logits, log-probabilities, ids) per row -> its TopTokens."""
     out = []
     for logits, row_logprobs, row_ids in found:
         tops = []

@@ -84,7 +84,7 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         "cursor": s.cursor,
         "cache_seq_length": s.cache_seq_length,
         "capacity": s.capacity,
-        "layers": [layer_record(layer) for layer in s.layers],
+        "layers": list(map(layer_record, s.layers)),  # no Python frame per layer but the record's own
         "topk": [top_record(t) for t in s.topk],
         "topk_processed": [top_record(t) for t in s.topk_processed],
         "watched": [top_record(t) for t in s.watched],

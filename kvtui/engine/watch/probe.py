@@ -337,21 +337,28 @@ class Watcher:
         return result
 
     def _check_edits(self, call: Call, track: CacheTrack, cache) -> None:
-        """Compare the cache with its fingerprint after the last forward: a change means an edit outside one."""
+        """Compare the cache with its fingerprint after the last forward: a change means an edit outside one.
+        Shapes and tensors are compared now (on the host); the values of inference tensors in the step's one
+        transfer (`_edit_found`, once it is resolved)."""
         before, track.fingerprint = track.fingerprint, None  # spent: the forward makes the next one
         if before is None:
             return
-        change = introspect.changed(before, cache)
-        if change is None:
-            return
+        reads = call.reads if call.reads is not None else introspect.HostReads()
+        change, call.pending_edit = introspect.check_edits(before, cache, reads)
+        call.edits_at = len(call.found)
+        if change is not None:
+            self._edit_found(call, track, change)
+
+    def _edit_found(self, call: Call, track: CacheTrack, change: str) -> None:
         track.truncate(call.cache_length_before)
-        call.found.append(
+        call.found.insert(
+            call.edits_at,
             Diagnostic(
                 "cache-edited",
                 "warning",
                 f"{track.name} changed since the last forward without a forward: {change} (noticed at [{call.caller}])",
                 self.steps + 1,
-            )
+            ),
         )
 
     # ---- generate() ------------------------------------------------------------------------------
@@ -401,6 +408,7 @@ class Watcher:
             if is_packed_forward(kwargs):  # continuous batching: read per request (packed_step.py)
                 return self.packed.begin(self, probe, kwargs, cache_argument(kwargs), caller, thread)
             call = read_call(probe, args, kwargs, caller, thread)
+            call.generating = generating
             if call.cache is not None:
                 track = self.lineage.get(call.cache)
                 if track is None:
@@ -411,24 +419,40 @@ class Watcher:
                 else:
                     self._check_edits(call, track, call.cache)
                 call.track = track
-                if not generating:  # generate() builds its own mask: a stale cache there is stale-cache's
-                    call.found += mask_against_cache(call, self.steps + 1)
-                if track.made == "generate" and call.cache_length_before == 0 and generating:
-                    call.found += static_size_ignored(call, generating[0], self.steps + 1)
-                if generating:
-                    self._generate(call, generating)
-                if call.n > 1 and call.input_ids is not None and not any(d.code == "stale-cache" for d in call.found):
-                    call.found += check_refed(
-                        self.steps + 1, track.name, track.ids(), call.input_ids[0], f" [{call.caller}]"
-                    )
-            self.builder.check_request(call)
             return call
+
+    def _read_call(self, call: Call) -> None:
+        """The step's one transfer (the call's inputs, the edit check, and what `prepare` added), then the checks
+        of what the forward was called with, in the order they are said."""
+        if call.reads is None:  # a packed forward reads its own
+            return
+        call.reads.resolve()
+        call.take_reads()
+        generating, track = call.generating, call.track
+        if call.pending_edit is not None and track is not None:
+            change = call.pending_edit.describe(call.reads)
+            call.pending_edit = None
+            if change is not None:
+                self._edit_found(call, track, change)
+        if call.cache is not None and track is not None:
+            if not generating:  # generate() builds its own mask: a stale cache there is stale-cache's
+                call.found += mask_against_cache(call, self.steps + 1)
+            if track.made == "generate" and call.cache_length_before == 0 and generating:
+                call.found += static_size_ignored(call, generating[0], self.steps + 1)
+            if generating:
+                self._generate(call, generating)
+            if call.n > 1 and call.input_ids is not None and not any(d.code == "stale-cache" for d in call.found):
+                call.found += check_refed(
+                    self.steps + 1, track.name, track.ids(), call.input_ids[0], f" [{call.caller}]"
+                )
+        self.builder.check_request(call)
 
     def finish_forward(self, call: Call, output) -> None:
         with self.lock:
             if call.probe.attention is not None and (output is None or call.packed is not None):
                 call.probe.attention.clear()  # paged attention is not covered (reading/attention.py PAGED_NOTE)
             if output is None:  # the forward raised: what it would have been is still worth an alarm
+                self._read_call(call)
                 self._diagnose(
                     list(call.found)
                     or [
@@ -448,6 +472,10 @@ class Watcher:
             logits = getattr(output, "logits", None)
             if logits is None and isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 logits = output[0]
+            if call.packed is None:
+                self.builder.use(call.probe)
+                self.builder.prepare(call, logits)  # the applied positions and the top-k, in the same transfer
+                self._read_call(call)
             if not self._started:
                 self._start(call.probe)
             self.steps += 1

@@ -34,7 +34,7 @@ from ..reading.silent_rules import (
 )
 from ..reading.token_texts import TokenTexts, tokenizer_texts
 from ..reading.tokens import special_token_ids
-from ..reading.topk import top_token_rows, watched_tokens
+from ..reading.topk import top_rows_from, top_tensors, watched_tokens
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
 from .lineage import CacheTrack
 from .patches import Registry
@@ -67,51 +67,86 @@ class Call:
     packed: Any = None  # serving.packed.PackedForward
     packed_run: Any = None  # packed_step.PackedRun
     logits_indices: list[int] = field(default_factory=list)
+    # the step's one transfer (read_call registers the call's tensors, the step its positions and top-k; the
+    # alarms that need their values run once it is resolved) and the handles of what it reads
+    reads: introspect.HostReads | None = None
+    handles: dict[str, int] = field(default_factory=dict)
+    generating: list = field(default_factory=list)  # generate() frames between the caller and the forward
+    pending_edit: introspect.PendingEdit | None = None  # the cache's in-place edit check, waiting for the transfer
+    edits_at: int = 0  # where in `found` that alarm goes (what was said before it stays before it)
+
+    def take_reads(self) -> None:
+        """Fill the call's values from its resolved transfer (what `read_call` left as handles)."""
+        if self.reads is None:
+            return
+        handles, reads = self.handles, self.reads
+        if "input_ids" in handles:
+            self.input_ids = reads.rows(handles["input_ids"])  # [batch][n]
+        if "mask_new" in handles:
+            self.mask_new = reads.rows(handles["mask_new"])  # [batch][n]
+        if "real_before" in handles:
+            self.real_before = reads.flat(handles["real_before"])  # [batch]
+        elif self.mask_new is not None:
+            self.real_before = [self.cache_length_before] * self.batch
+        if "cache_position" in handles:
+            self.requested_cache_position = reads.flat(handles["cache_position"])
+        if "position_ids" in handles:
+            rows = reads.rows(handles["position_ids"])
+            self.requested_positions = rows if len(rows) == self.batch else [rows[0]] * self.batch
 
 
 def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
-    """What a forward was called with, as plain values (one host transfer per small tensor)."""
+    """What a forward was called with: shapes now (metadata), values registered in the step's one transfer
+    (`Call.take_reads` fills them once it is resolved)."""
     values = dict(zip(probe.positional, args))  # what bind_partial would give, at a tenth of its cost
     values.update(kwargs)
+    reads = introspect.HostReads()
+    handles: dict[str, int] = {}
     input_ids = values.get("input_ids")
     embeds = values.get("inputs_embeds")
     if isinstance(input_ids, torch.Tensor):
         ids = input_ids if input_ids.dim() == 2 else input_ids.reshape(1, -1)  # [batch, n]
         batch, n = ids.shape
-        id_rows = ids.tolist()
+        handles["input_ids"] = reads.add(ids)
     elif isinstance(embeds, torch.Tensor):
         batch, n = embeds.shape[0], embeds.shape[1]
-        id_rows = None
     else:
-        batch, n, id_rows = 1, 0, None
+        batch, n = 1, 0
     cache = introspect.cache_in(values)
     cache_len = introspect.seq_length(cache) if cache is not None else 0
     mask = values.get("attention_mask")
-    mask_new = real_before = None
     mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
-        mask_new = mask[:, mask.shape[-1] - n :].tolist()  # [batch, n]
+        handles["mask_new"] = reads.add(mask[:, mask.shape[-1] - n :])  # [batch, n]
         if mask.shape[-1] > n:
-            real_before = mask[:, : mask.shape[-1] - n].sum(-1).tolist()  # [batch]: one reduction
-        else:
-            real_before = [cache_len] * batch
+            handles["real_before"] = reads.add(mask[:, : mask.shape[-1] - n].sum(-1))  # [batch]: one reduction
     cache_position = values.get("cache_position")
-    cache_position = cache_position.reshape(-1).tolist() if isinstance(cache_position, torch.Tensor) else None
+    if isinstance(cache_position, torch.Tensor):
+        handles["cache_position"] = reads.add(cache_position.reshape(-1))
+    position_ids = values.get("position_ids")
+    if isinstance(position_ids, torch.Tensor):
+        if position_ids.dim() == 3:  # multimodal RoPE [3, batch, n]
+            position_ids = position_ids[0]
+        handles["position_ids"] = reads.add(
+            position_ids if position_ids.dim() == 2 else position_ids.reshape(-1, position_ids.shape[-1])
+        )
     return Call(
         probe=probe,
         caller=caller,
         thread=thread,
-        input_ids=id_rows,
+        input_ids=None,
         n=n,
         batch=batch,
-        mask_new=mask_new,
-        real_before=real_before,
-        requested_positions=_rows(values.get("position_ids"), batch),
-        requested_cache_position=cache_position,
+        mask_new=None,
+        real_before=None,
+        requested_positions=None,
+        requested_cache_position=None,
         cache=cache,
         cache_length_before=cache_len,
         use_cache=values.get("use_cache"),
         mask_length=mask_length,
+        reads=reads,
+        handles=handles,
     )
 
 
@@ -215,6 +250,23 @@ class StepBuilder:
 
     # ---- the step ----------------------------------------------------------------------------------
 
+    def prepare(self, call: Call, logits) -> None:
+        """Register what the step reads after the forward (the positions the model applied, the top-k of the
+        last position) in the call's transfer, beside its inputs: nothing is read yet."""
+        reads = call.reads
+        if reads is None:
+            return
+        if call.applied is not None:
+            positions = call.applied
+            if positions.dim() == 3:  # multimodal RoPE: [3, batch, n], the text axis first
+                positions = positions[0]
+            if positions.dim() != 2 or positions.shape[-1] != call.n:  # else already [batch, n]
+                positions = positions.reshape(-1, positions.shape[-1])[:, -call.n :] if call.n else positions
+            call.handles["applied"] = reads.add(positions)
+        if logits is not None and logits.dim() == 3:
+            pairs, ids = top_tensors(logits[:, -1], self.watcher.top_k)  # [batch, 2k] float32, [batch, k]
+            call.handles["top_pairs"], call.handles["top_ids"] = reads.add(pairs), reads.add(ids)
+
     def build(
         self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float
     ) -> StepSnapshot:
@@ -232,7 +284,7 @@ class StepBuilder:
         self._check_positions(call, step, applied, masks, found, stale, at)
         layers = self._check_layers(call, step, cache, cache_len, found)
         recomputed = self._count_waste(call, step, cache, track, forward_ms, found, at)
-        top_rows = self._top(logits, call.batch)
+        top_rows = self._top(call, logits, call.batch)
         buffers = [TokenBuffer(r) for r in rows]
         row_views = self._row_views(call, fed_ids, applied, top_rows, buffers) if call.batch > 1 else None
         seen = None
@@ -472,34 +524,20 @@ class StepBuilder:
 
     def _applied(self, call: Call) -> list[list[int]]:
         """The positions the model used, [batch][n]: read at its position module, else what it derives."""
-        if call.applied is not None:
-            positions = call.applied
-            if positions.dim() == 3:  # multimodal RoPE: [3, batch, n], the text axis first
-                positions = positions[0]
-            if positions.dim() != 2 or positions.shape[-1] != call.n:  # else already [batch, n]: a reshape and
-                # a slice cost ~16 µs after a forward, the read alone ~4
-                positions = positions.reshape(-1, positions.shape[-1])[:, -call.n :] if call.n else positions
-            rows = positions.tolist()
+        if "applied" in call.handles and call.reads is not None:
+            rows = call.reads.rows(call.handles["applied"])
             return rows if len(rows) == call.batch else [rows[0]] * call.batch
         if call.requested_positions is not None:
             return call.requested_positions
         start = call.cache_length_before  # 5.4+: no position_ids -> arange from the cache length
         return [list(range(start, start + call.n))] * call.batch
 
-    def _top(self, logits, batch: int) -> list[tuple]:
-        if logits is None or logits.dim() != 3:
+    def _top(self, call: Call, logits, batch: int) -> list[tuple]:
+        if "top_ids" not in call.handles or call.reads is None:
             return [()] * batch
-        last = logits[:, -1]  # [batch, vocab] (top_token_rows reads it in float32)
-        return top_token_rows(last, self.watcher.top_k, self.piece)[:batch] + [()] * max(0, batch - last.shape[0])
-
-
-def _rows(values, batch: int) -> list[list[int]] | None:
-    if not isinstance(values, torch.Tensor):
-        return None
-    if values.dim() == 3:  # multimodal RoPE [3, batch, n]
-        values = values[0]
-    rows = (values if values.dim() == 2 else values.reshape(-1, values.shape[-1])).tolist()
-    return rows if len(rows) == batch else [rows[0]] * batch
+        reads = call.reads
+        rows = top_rows_from(reads.rows(call.handles["top_pairs"]), reads.rows(call.handles["top_ids"]), self.piece)
+        return rows[:batch] + [()] * max(0, batch - len(rows))
 
 
 def _at(d: Diagnostic, caller: str) -> Diagnostic:

@@ -330,8 +330,12 @@ def test_static_layer_counters_are_read_together_not_one_device_wait_per_layer(m
     assert [entry[3] for entry in fingerprint.layers] == [5, 5, 5, 7, 5, 5]
     assert len(reads) <= 1, reads  # it was 12: a counter and the cache's length per layer
     reads.clear()
+    real_equal = torch.equal  # a device read too (its bool): counted from here on
+    monkeypatch.setattr(torch, "equal", lambda *a: reads.append("equal") or real_equal(*a))
     assert introspect.changed(fingerprint, cache) is None
-    assert len(reads) <= 1, reads
+    # the counters in one read, the end slots' values in one (they were read by torch.equal, uncounted, before);
+    # in a watched step the values come back in the step's own transfer (test_device_reads.py)
+    assert len(reads) <= 2, reads
 
     fingerprint = introspect.fingerprint(cache)
     with torch.inference_mode():

@@ -13,6 +13,7 @@ package (`introspect.layer_infos(cache)`); its modules, by job:
 - forward:      the names a forward takes its cache by and returns it under
 - config:       what a model config says about its cache (state layers, heads, sliding window)
 - paged:        continuous batching's paged cache: block tables, shared blocks, each group's totals
+- transfer:     every tensor a step reads, brought to the host in one transfer
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from .building import (
     quant_backends,
 )
 from .config import attention_heads, config_window, declares_state
-from .fingerprints import Fingerprint, changed, describe_change, fingerprint
+from .fingerprints import Fingerprint, PendingEdit, changed, check_edits, describe_change, fingerprint
 from .forward import CACHE_ARGUMENTS, cache_argument, cache_in, forward_accepts, output_cache
 from .infos import layer_infos, static_capacity
 from .layers import seq_length
+from .transfer import HostReads
 from .truncation import (
     activate_past_recording,
     can_truncate,
@@ -51,12 +53,15 @@ __all__ = [
     "QUANT_RESIDUAL",
     "TRANSFORMERS_VERSION",
     "Fingerprint",
+    "HostReads",
+    "PendingEdit",
     "activate_past_recording",
     "attention_heads",
     "cache_argument",
     "cache_in",
     "can_truncate",
     "changed",
+    "check_edits",
     "config_window",
     "declares_state",
     "describe_change",

@@ -4,11 +4,19 @@ replaces or edits its cache outside a forward.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain, compress, repeat
+from operator import attrgetter, getitem, is_, itemgetter, methodcaller
 from typing import Any
 
 import torch
 
+from .infos import plain_kv
 from .layers import CountReader, kind_of, layer_counts
+from .transfer import HostReads
+
+_KEYS, _VALUES, _VERSION = attrgetter("keys"), attrgetter("values"), attrgetter("_version")
+_IS_INFERENCE, _SLOTS = methodcaller("is_inference"), methodcaller("size", -2)
+_LAYER, _VIEW = itemgetter(0), itemgetter(1)  # of a (layer index, view) entry
 
 
 @dataclass
@@ -26,9 +34,12 @@ class Fingerprint:
     layers: list  # [(layer, keys, values, counter or None, (K, V) write counters or None)]
     views: list = field(default_factory=list)  # [(layer index, K or V end-slots view)]
     values: list = field(default_factory=list)  # per group of equal-shaped views: (indices, stacked copy)
+    # plain full-attention caches (most): the layers, K and V tensors and their write counters (None: inference
+    # tensors) as lists, compared with C-level passes at the check (no Python per layer)
+    plain: tuple | None = None
 
     def release(self) -> None:
-        self.layers, self.views, self.values = [], [], []
+        self.layers, self.views, self.values, self.plain = [], [], [], None
 
     def rows(self) -> tuple:
         """(kind, seen, K shape, K/V addresses[, write counters]) per layer, as they were."""
@@ -57,6 +68,9 @@ def _counter(layer, kind: str, keys, reader: CountReader) -> tuple[int | None, i
 def fingerprint(cache) -> Fingerprint:
     """The cache now, in O(layers) attribute reads (plus two end-slot views per inference layer):
     no K/V copy, no transfer to the host."""
+    plain = _plain_fingerprint(list(getattr(cache, "layers", ())))
+    if plain is not None:
+        return plain
     layers: list[tuple] = []
     views = []
     reader = CountReader(cache)
@@ -78,13 +92,53 @@ def fingerprint(cache) -> Fingerprint:
     return Fingerprint(layers, views, _stack(views))
 
 
+def _plain_fingerprint(layers: list) -> Fingerprint | None:
+    """A cache of plain full-attention layers with one slot count (a dynamic cache): the same Fingerprint, built
+    by C-level passes (attrgetter, map, zip), with one stacked copy of every layer's end slots when its tensors
+    keep no write counter."""
+    kv = plain_kv(layers) if layers else None
+    if kv is None:
+        return None
+    keys, values = kv
+    slots = set(map(_SLOTS, keys))
+    if len(slots) != 1:
+        return None
+    filled = slots.pop()
+    count = len(layers)
+    views: list = []
+    if any(map(_IS_INFERENCE, keys)) or any(map(_IS_INFERENCE, values)):
+        versions = None
+        if filled > 0:  # slots 0 and filled-1 of every K, then of every V (views, no copy)
+            ends = (slice(None), slice(None), slice(0, filled, max(1, filled - 1)))
+            views = list(zip(chain(range(count), range(count)), map(getitem, chain(keys, values), repeat(ends))))
+    else:  # autograd's counters of in-place writes: free to read
+        versions = (list(map(_VERSION, keys)), list(map(_VERSION, values)))
+    entries = list(zip(layers, keys, values, repeat(None), zip(*versions) if versions else repeat(None)))
+    return Fingerprint(entries, views, _stack(views), (layers, keys, values, versions))
+
+
+def _plain_same(plain: tuple, layers: list) -> bool:
+    """Whether a plain fingerprint's layers still hold the same K/V tensors, unwritten (C-level passes)."""
+    held, keys, values, versions = plain
+    try:
+        same = (
+            len(layers) == len(held)
+            and all(map(is_, layers, held))
+            and all(map(is_, map(_KEYS, layers), keys))
+            and all(map(is_, map(_VALUES, layers), values))
+        )
+    except AttributeError:  # a layer lost its tensors: the per-layer comparison says how
+        return False
+    return same and (versions is None or (list(map(_VERSION, keys)), list(map(_VERSION, values))) == versions)
+
+
 def _stack(views: list) -> list:
     """One stacked copy of the views: all in one when they are alike (the usual case: one call), else
     grouped by shape, dtype and device."""
     if not views:
         return []
     try:
-        return [(list(range(len(views))), torch.stack([view for _, view in views]))]
+        return [(range(len(views)), torch.stack(list(map(_VIEW, views))))]
     except RuntimeError:  # layers of different shapes (MLA K vs V, sliding windows) or devices
         groups: dict[tuple, list[int]] = {}
         for i, (_, view) in enumerate(views):
@@ -106,24 +160,53 @@ def _same(entry, layer, reader: CountReader) -> bool:
 def changed(before: Fingerprint, cache) -> str | None:
     """What the program did to the cache since `before` was taken, in words; None if nothing. Releases
     `before` (it is spent)."""
+    reads = HostReads()
+    change, pending = check_edits(before, cache, reads)
+    return change if pending is None else pending.describe(reads)
+
+
+@dataclass
+class PendingEdit:
+    """The in-place edit check of a fingerprint whose shapes and tensors were unchanged, waiting for its values:
+    per group of end-slot views, how many values differ ([views] int64 on the device, in a HostReads)."""
+
+    groups: list  # [(reads handle, view positions)]
+    view_layers: list[int]  # the layer of each view
+    layers: int
+
+    def describe(self, reads: HostReads) -> str | None:
+        """The change in words once `reads` is resolved; None if nothing was edited."""
+        edited: set[int] = set()
+        for handle, indices in self.groups:
+            edited.update(compress(map(self.view_layers.__getitem__, indices), reads.flat(handle)))
+        if edited:
+            return f"K/V values edited in place in {_layer_list(sorted(edited), self.layers)}"
+        return None
+
+
+def check_edits(before: Fingerprint, cache, reads: HostReads) -> tuple[str | None, PendingEdit | None]:
+    """`changed`, its reads left to the caller's transfer: (the change in words when the layers' shapes or
+    tensors tell it on the host, None; else the value check waiting in `reads`, None when nothing is left to
+    read). Releases `before`."""
     try:
         layers = list(getattr(cache, "layers", ()))
         reader = CountReader(cache)
-        if len(layers) != len(before.layers) or not all(
+        if before.plain is not None and _plain_same(before.plain, layers):
+            pass
+        elif len(layers) != len(before.layers) or not all(
             _same(e, layer, reader) for e, layer in zip(before.layers, layers)
         ):
             change = describe_change(before.rows(), _rows(cache))  # None: replaced by equal ones (a no-op)
             if change is not None:
-                return change
-        edited: set[int] = set()
+                return change, None
+        if not before.values:
+            return None, None
+        groups = []
         for indices, copy in before.values:
-            now = torch.stack([before.views[i][1] for i in indices])  # the same slots, read again
-            if not torch.equal(now, copy):
-                differs = (now != copy).reshape(len(indices), -1).any(dim=1).tolist()
-                edited.update(before.views[i][0] for i, d in zip(indices, differs) if d)
-        if edited:
-            return f"K/V values edited in place in {_layer_list(sorted(edited), len(layers))}"
-        return None
+            now = torch.stack(list(map(_VIEW, map(before.views.__getitem__, indices))))  # the same slots, again
+            differs = (now != copy).reshape(len(indices), -1).sum(dim=1)  # [views] values that differ
+            groups.append((reads.add(differs), indices))
+        return None, PendingEdit(groups, list(map(_LAYER, before.views)), len(layers))
     finally:
         before.release()
 

@@ -6,6 +6,10 @@ names and kinds are remembered per class, dtype and device.
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import MISSING, fields
+from itertools import chain, repeat
+from operator import add, attrgetter, itemgetter, methodcaller
 from typing import Any
 
 import torch
@@ -31,6 +35,10 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
     cache_len = reader.length()
     offloading = bool(getattr(cache, "offloading", False))
     only_non_sliding = bool(getattr(cache, "only_non_sliding", False))
+    if not offloading:
+        uniform = uniform_infos(cache.layers)
+        if uniform is not None:
+            return uniform
     infos = []
     for index, layer in enumerate(cache.layers):
         kind = kind_of(layer)
@@ -88,6 +96,93 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
             )
         )
     return tuple(infos)
+
+
+_KEYS, _VALUES, _SHAPE = attrgetter("keys"), attrgetter("values"), attrgetter("shape")
+_DTYPE, _DEVICE, _INITIALIZED = attrgetter("dtype"), attrgetter("device"), attrgetter("is_initialized")
+_DIM, _STORAGE, _NBYTES = methodcaller("dim"), methodcaller("untyped_storage"), methodcaller("nbytes")
+_PLAIN: set[type] = set()  # layer classes that are full attention holding only K/V (checked once per class)
+
+
+def plain_kv(layers) -> tuple[list, list] | None:
+    """(keys, values) of every layer when all are initialised full-attention layers of plain classes holding 4-D
+    K and V (most caches), else None. C-level passes over the layers (map, attrgetter): no Python runs per layer,
+    so the host time of a step does not grow with the layer count (on a GPU it is what a watched step costs)."""
+    classes = set(map(type, layers))
+    if not classes <= _PLAIN:
+        for cls, sample in dict(zip(map(type, layers), layers)).items():  # one per class, once
+            if cls in _PLAIN or cls in _NOT_PLAIN:
+                continue
+            if kind_of(sample) != "full" or is_linear(sample) or is_quantized(sample):
+                _NOT_PLAIN.add(cls)
+            else:
+                _PLAIN.add(cls)
+        if not classes <= _PLAIN:
+            return None
+    try:
+        if not all(map(_INITIALIZED, layers)):
+            return None
+    except AttributeError:  # layers without the flag (4.x): their tensors tell
+        pass
+    keys, values = list(map(_KEYS, layers)), list(map(_VALUES, layers))
+    if {*map(type, keys), *map(type, values)} != {torch.Tensor} or {*map(_DIM, keys), *map(_DIM, values)} != {4}:
+        return None
+    return keys, values
+
+
+def uniform_infos(layers) -> tuple[LayerInfo, ...] | None:
+    """Every layer's LayerInfo when all are plain full-attention layers on one dtype and device (the same
+    LayerInfos `_plain_info` gives one by one), built by C-level maps; None for any other cache."""
+    layers = list(layers)
+    if not layers:
+        return None
+    kv = plain_kv(layers)
+    if kv is None:
+        return None
+    keys, values = kv
+    dtypes, devices = set(map(_DTYPE, keys)), set(map(_DEVICE, keys))
+    if len(dtypes) != 1 or len(devices) != 1:
+        return None
+    try:  # storage bytes: the storage, not the view (as storage_bytes)
+        sizes = list(map(add, map(_NBYTES, map(_STORAGE, keys)), map(_NBYTES, map(_STORAGE, values))))
+    except (AttributeError, RuntimeError):
+        return None
+    k_shapes = list(map(tuple, map(_SHAPE, keys)))  # [batch, kv_heads, slots, head_dim] each
+    slots = list(map(itemgetter(2), k_shapes))
+    count = len(layers)
+    return _bulk_layer_infos(
+        count,
+        index=range(count),
+        kind=repeat("full", count),
+        k_shape=k_shapes,
+        v_shape=map(tuple, map(_SHAPE, values)),
+        dtype=repeat(_text(keys[0].dtype), count),
+        device=repeat(_text(keys[0].device), count),
+        bytes=sizes,
+        filled=slots,
+        seen=slots,
+        held_from=repeat(0, count),
+    )
+
+
+# LayerInfo's fields: their slots' setters (member descriptors) and defaults (none is a factory)
+_FIELDS = fields(LayerInfo)
+assert all(f.default_factory is MISSING for f in _FIELDS), "a LayerInfo field with a factory"
+_NAMES = [f.name for f in _FIELDS]
+_SETTERS = [LayerInfo.__dict__[f.name].__set__ for f in _FIELDS]
+_DEFAULTS = [None if f.default is MISSING else f.default for f in _FIELDS]  # capacity and window: None
+_REQUIRED = {f.name for f in _FIELDS if f.default is MISSING} - {"capacity", "window"}
+
+
+def _bulk_layer_infos(count: int, **columns) -> tuple[LayerInfo, ...]:
+    """`count` LayerInfos from columns (field -> iterable of `count` values; capacity, window and the additive
+    fields default), equal to LayerInfo(...) each: every field set on every object by its slot's descriptor, as
+    the class's own __init__ sets it, in C-level passes (map, chain), so building them runs no Python per layer."""
+    assert _REQUIRED <= columns.keys(), _REQUIRED - columns.keys()
+    made = list(map(object.__new__, repeat(LayerInfo, count)))
+    given = map(columns.get, _NAMES, map(repeat, _DEFAULTS, repeat(count)))  # each field's column, or its default
+    deque(chain.from_iterable(map(map, _SETTERS, repeat(made), given)), maxlen=0)  # setter(obj, value), all
+    return tuple(made)
 
 
 _NOT_PLAIN: set[type] = set()  # layer classes with more than K/V (linear states, ...): the general path

@@ -1,0 +1,264 @@
+"""6c. The work kvtui does per decode step, counted (no timing noise): the lines of kvtui's own Python executed
+(every thread, `sys.settrace` restricted to kvtui's files), the tensor operations kvtui issues (a
+TorchDispatchMode counting the non-view ops whose innermost frame outside torch is kvtui's), and the tensor
+reads that synchronise with the device (`.tolist()`, `.item()`, `int()`, `torch.equal`, ...) made from kvtui's
+frames. A watched hand-written greedy loop (DynamicCache, inference mode, a trace written) on a 3-layer and a
+32-layer tiny Llama (hidden 64: deep and narrow, so the model's own cost does not hide anything).
+
+On a GPU the host work is what a watched step costs: ~80 lines per layer per step were ~1.4 ms on a 30-layer
+model on an H100 (issue 43). What grows with the layer count is what this counts.
+
+Usage: python benchmarks/b_work.py [--layers 3,32] [--steps 20] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402,F401  (environment before torch loads)
+
+# isort: split
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import kvtui  # noqa: E402
+from b_step_cost import UserLoop  # noqa: E402
+from common import log  # noqa: E402
+
+KVTUI_DIR = os.path.dirname(os.path.abspath(kvtui.__file__)) + os.sep
+TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+HERE = os.path.abspath(__file__)
+
+
+def _from_kvtui(depth: int = 2) -> bool:
+    """Whether the innermost frame outside torch (and this file) is kvtui's."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(TORCH_DIR) and name != HERE and not name.startswith("<"):
+            return name.startswith(KVTUI_DIR)
+        frame = frame.f_back
+    return False
+
+
+class LineCounter:
+    """Line events in kvtui's files and in the code kvtui generates (`exec`), on every thread (threads started
+    while counting too)."""
+
+    def __init__(self):
+        self.lines = 0
+        self.by_file: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self.lines += 1  # one thread at a time runs Python: the GIL orders these
+            self.by_file[(frame.f_code.co_filename, frame.f_code.co_name)] += 1
+        return self._local
+
+    def _global(self, frame, event, arg):
+        name = frame.f_code.co_filename
+        if name.startswith(KVTUI_DIR):
+            return self._local
+        caller = frame.f_back
+        if name == "<string>" and caller is not None and caller.f_code.co_filename.startswith(KVTUI_DIR):
+            return self._local  # code kvtui generated (its record values' __init__, its codec's field readers)
+        return None
+
+    def start(self) -> None:
+        threading.settrace(self._global)
+        sys.settrace(self._global)
+
+    def stop(self) -> None:
+        sys.settrace(None)
+        threading.settrace(None)  # type: ignore[arg-type]
+
+
+class OpCounter(TorchDispatchMode):
+    """Non-view aten ops whose innermost frame outside torch is kvtui's (views cost host time, no kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and _from_kvtui(2):
+            self.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+_READS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
+
+
+class ReadCounter:
+    """Calls that copy a tensor's data to the host (and wait for its device), made from kvtui's frames."""
+
+    def __init__(self):
+        self.reads: Counter = Counter()
+        self._undo: list = []
+
+    def _wrap(self, owner, name: str) -> None:
+        original = getattr(owner, name)
+        reads = self.reads
+
+        def counted(*args, **kwargs):
+            if _from_kvtui(2):
+                reads[name] += 1
+            return original(*args, **kwargs)
+
+        self._undo.append((owner, name, original))
+        setattr(owner, name, counted)
+
+    def start(self) -> None:
+        for name in _READS:
+            self._wrap(torch.Tensor, name)
+        self._wrap(torch, "equal")
+
+    def stop(self) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo.clear()
+
+
+def _model(layers: int, tmp: Path):
+    from transformers.utils import logging as hf_logging
+
+    from kvtui.engine.chat.loader import load_model
+    from kvtui.engine.models.tiny import build_tiny
+
+    hf_logging.disable_progress_bar()
+    loaded = load_model(str(build_tiny("llama", tmp / f"tiny-llama-{layers}", layers=layers)), dtype="float32")
+    return loaded.model, loaded.tokenizer
+
+
+def count(layers: int, steps: int, tmp: Path, context: int = 0) -> dict:
+    """Per decode step of a watched greedy loop (a trace written): kvtui's lines, ops and device reads.
+    `context`: tokens fed after the prompt (one more prefill) before the counted steps."""
+    from kvtui.engine.watch import probe
+
+    model, tokenizer = _model(layers, tmp)
+    with probe.watch(model, tokenizer, trace=tmp / f"work-{layers}-{context}.jsonl") as watcher:
+        loop = UserLoop(model, tokenizer)  # the prefill
+        if context:
+            ids = torch.randint(3, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+            with torch.inference_mode():
+                out = model(input_ids=ids, past_key_values=loop.cache, use_cache=True)
+            loop.token = out.logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(4):  # warm: first-step caches filled (pieces, specials, call sites)
+            loop.step()
+        lines, reads = LineCounter(), ReadCounter()
+        reads.start()
+        try:
+            with OpCounter() as ops:
+                lines.start()
+                try:
+                    for _ in range(steps):
+                        loop.step()
+                finally:
+                    lines.stop()
+        finally:
+            reads.stop()
+        assert watcher.steps == steps + 5 + (1 if context else 0), watcher.steps
+        length = loop.cache.get_seq_length()
+        errors = list(watcher.errors)
+    top = lines.by_file.most_common(12)
+    return {
+        "layers": layers,
+        "steps": steps,
+        "cached_tokens": length,
+        "lines_per_step": lines.lines / steps,
+        "ops_per_step": sum(ops.ops.values()) / steps,
+        "ops": {name: n / steps for name, n in sorted(ops.ops.items())},
+        "reads_per_step": sum(reads.reads.values()) / steps,
+        "reads": {name: n / steps for name, n in sorted(reads.reads.items())},
+        "top_functions": [
+            {"where": f"{os.path.relpath(f, KVTUI_DIR)}:{fn}", "lines_per_step": n / steps} for (f, fn), n in top
+        ],
+        "errors": errors,
+    }
+
+
+def bench(layer_counts=(3, 32), steps: int = 20, context: int = 3000) -> dict:
+    """The rows by layer count; then the first layer count again after `context` more cached tokens (the work
+    must not grow with the context either)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvtui-work-") as tmp:
+            rows = [count(n, steps, Path(tmp)) for n in layer_counts]
+            long = count(layer_counts[0], steps, Path(tmp), context) if context else None
+    finally:
+        torch.set_num_threads(threads)
+    out: dict = {"rows": rows}
+    if len(rows) >= 2:
+        out["lines_ratio"] = rows[-1]["lines_per_step"] / rows[0]["lines_per_step"]
+    if long is not None:
+        out["long_context"] = long
+    return out
+
+
+def describe(result: dict) -> str:
+    rows = result["rows"]
+    text = "; ".join(
+        f"{r['layers']} layers: {r['lines_per_step']:.0f} lines, {r['ops_per_step']:.1f} ops, "
+        f"{r['reads_per_step']:.1f} device reads per step"
+        for r in rows
+    )
+    if "lines_ratio" in result:
+        text += f" (lines {rows[-1]['layers']}/{rows[0]['layers']} layers: {result['lines_ratio']:.2f}x)"
+    long = result.get("long_context")
+    if long:
+        text += (
+            f"; {long['layers']} layers at {long['cached_tokens']} cached tokens: {long['lines_per_step']:.0f} lines, "
+            f"{long['ops_per_step']:.1f} ops, {long['reads_per_step']:.1f} reads"
+        )
+    return text
+
+
+def table(result: dict) -> list[str]:
+    rows = result["rows"] + ([result["long_context"]] if result.get("long_context") else [])
+    lines = [
+        "| per decode step (watched greedy loop, trace written) | "
+        + " | ".join(f"{r['layers']} layers, {r.get('cached_tokens', '?')} cached" for r in rows)
+        + " |",
+        "|---|" + "---|" * len(rows),
+        "| lines of kvtui's Python (every thread) | " + " | ".join(f"{r['lines_per_step']:.0f}" for r in rows) + " |",
+        "| tensor ops kvtui adds (non-view) | " + " | ".join(f"{r['ops_per_step']:.1f}" for r in rows) + " |",
+        "| device reads from kvtui (`tolist`, `item`, `int()`, `torch.equal`, ...) | "
+        + " | ".join(f"{r['reads_per_step']:.1f}" for r in rows)
+        + " |",
+    ]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", default="3,32")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--context", type=int, default=3000, help="a row with this many more cached tokens (0: none)")
+    parser.add_argument("--json", help="write the raw numbers here")
+    parser.add_argument("--verbose", action="store_true", help="the ops, reads and busiest functions per row")
+    args = parser.parse_args()
+    result = bench(tuple(int(n) for n in args.layers.split(",")), args.steps, args.context)
+    log(describe(result))
+    print("\n".join(table(result)))
+    if args.verbose:
+        for row in result["rows"] + ([result["long_context"]] if result.get("long_context") else []):
+            print(f"\n{row['layers']} layers: ops {row['ops']}, reads {row['reads']}, errors {row['errors']}")
+            for entry in row["top_functions"]:
+                print(f"  {entry['lines_per_step']:7.1f}  {entry['where']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

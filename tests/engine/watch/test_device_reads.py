@@ -1,0 +1,145 @@
+"""A watched step reads the device once, whatever the layer count: every tensor kvtui reads in a step (fed ids,
+applied positions, top-k, the edit check of the cache's values) comes back in one transfer. Counted by patching
+the tensor methods that copy data to the host (and so wait for a GPU), called from kvtui's frames."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import kvtui
+from kvtui.engine.watch import probe
+
+KVTUI_DIR = os.path.dirname(os.path.abspath(kvtui.__file__)) + os.sep
+TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+HERE = os.path.abspath(__file__)
+READS = ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
+
+
+def _from_kvtui() -> bool:
+    """Whether the innermost frame outside torch and this file is kvtui's (the program's own reads are not)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(TORCH_DIR) and name != HERE:
+            return name.startswith(KVTUI_DIR)
+        frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def counting_reads():
+    """Yields a list: one entry per read kvtui made while the block ran (the method's name)."""
+    seen: list[str] = []
+    undo = []
+
+    def wrap(owner, name):
+        original = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            if _from_kvtui():
+                seen.append(name)
+            return original(*args, **kwargs)
+
+        undo.append((owner, name, original))
+        setattr(owner, name, counted)
+
+    for name in READS:
+        wrap(torch.Tensor, name)
+    wrap(torch, "equal")
+    try:
+        yield seen
+    finally:
+        for owner, name, original in reversed(undo):
+            setattr(owner, name, original)
+
+
+def _greedy(model, tokenizer, cache, token=None):
+    """One forward of a user's greedy loop: the prompt first, then the last token; returns the next token."""
+    ids = tokenizer("the cache holds every token", return_tensors="pt")["input_ids"] if token is None else token
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    return out.logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
+
+
+@pytest.mark.parametrize("layers", [2, 12])
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad"])  # end-slot views vs autograd's write counters
+def test_a_watched_decode_step_reads_the_device_once(tiny_model, tmp_path, layers, mode):
+    model, tokenizer = tiny_model("llama", layers=layers)
+    context = torch.inference_mode if mode == "inference_mode" else torch.no_grad
+    with context(), probe.watch(model, tokenizer, trace=tmp_path / "run.jsonl") as watcher:
+        cache = DynamicCache(config=model.config)
+        token = _greedy(model, tokenizer, cache)
+        for _ in range(2):  # the first decode steps fill what is kept per cache and per call site
+            token = _greedy(model, tokenizer, cache, token)
+        per_step = []
+        for _ in range(6):
+            length = cache.get_seq_length()
+            fed = int(token)
+            with counting_reads() as reads:
+                token = _greedy(model, tokenizer, cache, token)
+            per_step.append(list(reads))
+            snapshot = watcher.last
+            # what the one transfer read is right: the fed id, the position, the top token (the program's argmax)
+            assert snapshot.input_ids == (fed,)
+            assert snapshot.positions == (length,)
+            assert snapshot.cache_length_before == length and snapshot.cache_seq_length == length + 1
+            assert snapshot.topk[0].id == int(token)
+            assert len(snapshot.layers) == layers
+            assert [layer.k_shape[2] for layer in snapshot.layers] == [length + 1] * layers
+        assert watcher.errors == []
+    assert per_step == [["tolist"]] * 6
+
+
+def test_an_in_place_edit_is_still_caught_with_one_read(tiny_model, tmp_path):
+    model, tokenizer = tiny_model("llama", layers=12)
+    with torch.inference_mode(), probe.watch(model, tokenizer, trace=tmp_path / "run.jsonl") as watcher:
+        cache = DynamicCache(config=model.config)
+        token = _greedy(model, tokenizer, cache)
+        token = _greedy(model, tokenizer, cache, token)
+        cache.layers[5].values[:, :, 0] += 1.0  # slot 0 of layer 5, between two forwards
+        with counting_reads() as reads:
+            token = _greedy(model, tokenizer, cache, token)
+        edited = [d for d in watcher.last.diagnostics if d.code == "cache-edited"]
+        assert [d.message.split(": ", 1)[1].split(" (noticed")[0] for d in edited] == [
+            "K/V values edited in place in 1 of 12 layers (5)"
+        ]
+        with counting_reads() as quiet:  # the next step: nothing changed, nothing said
+            _greedy(model, tokenizer, cache, token)
+        assert not [d for d in watcher.last.diagnostics if d.code == "cache-edited"]
+    assert reads == ["tolist"] and quiet == ["tolist"]
+
+
+def test_one_transfer_gives_back_what_each_tensor_holds():
+    """Every dtype a step reads (ids, bool/int/float masks at any offset, float32 top-k pairs, half floats, empty
+    rows) comes back from the one transfer as its own tolist() gives it."""
+    from kvtui.engine.reading.introspect import HostReads
+
+    mask = torch.ones(2, 7)
+    mask[1, :2] = 0
+    tensors = [
+        torch.tensor([[5, 6, 7]]),  # ids [1, n]
+        mask[:, 3:],  # float columns at an odd offset: converted, not viewed
+        mask[:, 2:].sum(-1),  # [batch]
+        mask.bool()[:, 1:],
+        torch.tensor([1.5, -2.25, float("-inf"), 3.0e-8], dtype=torch.float32),  # viewed as int64 pairs
+        torch.tensor([0.1, 0.2], dtype=torch.float16),
+        torch.tensor([[1, 2]], dtype=torch.int32),
+        torch.zeros(2, 0, dtype=torch.long),
+    ]
+    reads = HostReads()
+    handles = [reads.add(t) for t in tensors]
+    with counting_reads() as seen:
+        values = [reads.rows(h) if t.dim() == 2 else reads.flat(h) for h, t in zip(handles, tensors)]
+    assert seen == ["tolist"]
+    for value, tensor in zip(values, tensors):
+        expected = tensor.tolist()
+        if tensor.dtype == torch.bool:
+            expected = [[int(x) for x in row] for row in expected]
+        assert value == expected
+    with pytest.raises(RuntimeError, match="resolved already"):
+        reads.add(torch.tensor([1]))
