@@ -48,6 +48,11 @@ class Block:
     lora: str | None = None
     extra: str = ""  # the extra keys its hash covers, as the event says
 
+    @property
+    def start(self) -> int:
+        """The position of its first token in the prompt (where its depth is known)."""
+        return self.depth * len(self.tokens)
+
 
 @dataclass(slots=True)
 class Gone:
@@ -57,11 +62,6 @@ class Gone:
     stored_ts: float
     hits: int
     how: str  # "evicted" (BlockRemoved) or "cleared" (AllBlocksCleared)
-
-    @property
-    def start(self) -> int:
-        """The position of its first token in the prompt (where its depth is known)."""
-        return self.depth * len(self.tokens)
 
 
 @dataclass

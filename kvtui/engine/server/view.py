@@ -77,6 +77,7 @@ class ChainRow:
     expanded: bool
     rows: tuple[BlockRow, ...]  # its blocks in the tree (only for expanded chains)
     hidden: int  # blocks of an expanded chain past the node budget
+    replicas: tuple[str, ...] = ()  # the other origins holding its first block's tokens from the prompt's start
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +135,9 @@ def build_view(
             count, exact = _count([(b, None) for b in chain_tops], max(counted, 1))
             counted -= count
         top = BlockFacts.of(chain_tops[0])
-        rows_of[chain] = ChainRow(chain, top, count, exact, chain in expanded, tuple(rows), hidden)
+        first = chain_tops[0]
+        replicas = tuple(sorted({b.origin for b in cache.holders(first.group, first.content)} - {first.origin}))
+        rows_of[chain] = ChainRow(chain, top, count, exact, chain in expanded, tuple(rows), hidden, replicas)
     chains = tuple(rows_of[c] for c in chosen)
     in_shown = sum(c.blocks for c in chains)  # (a lower bound where a count stopped at COUNT_BUDGET)
     cut = sum(c.hidden for c in chains)

@@ -178,3 +178,22 @@ def test_two_publishers_followed_by_the_subscriber_name_each_other():
     assert [n.code for n in cache.notes] == ["held-elsewhere"] and not problems
     assert "prefilled on 127.0.0.1:8002 while 127.0.0.1:8001 held them" in cache.notes[0].message
     assert cache.stats("127.0.0.1:8002").routed_tokens == 64
+
+
+def test_the_tree_and_the_summary_show_the_replicas_and_the_waste():
+    from kvtui.engine.server.report import summary_lines
+    from kvtui.engine.server.view import build_view
+
+    cache = PrefixCache(TokenTexts())
+    apply(cache, 0, 0.0, stored(keys("a", 8), PROMPT), origin="10.0.0.1:8000")
+    apply(cache, 1, 1.0, stored(keys("b", 8), PROMPT), origin="10.0.0.2:8000")
+    apply(cache, 2, 2.0, stored(keys("c", 2), range(900, 916)), origin="10.0.0.2:8000")  # held there only
+    replicas = {row.chain: (row.top.origin, row.replicas) for row in build_view(cache).chains}
+    assert replicas == {
+        1: ("10.0.0.1:8000", ("10.0.0.2:8000",)),
+        2: ("10.0.0.2:8000", ("10.0.0.1:8000",)),
+        3: ("10.0.0.2:8000", ()),
+    }
+    lines = summary_lines(cache)
+    assert "fleet: routing waste 64 tokens; tokens held more than once 128 (memory spent twice)" in lines
+    assert any(line.startswith("10.0.0.2:8000: fleet: 64 tokens prefilled here") for line in lines)
