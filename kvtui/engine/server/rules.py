@@ -50,6 +50,10 @@ class ChainIndex(Protocol):
 
     def siblings(self, origin: str, group: int, parent: Any, first: int) -> list[Any] | None: ...
 
+    def children(self, parent: Any) -> list[Any]: ...
+
+    def holders(self, group: int, content: int) -> list[Any]: ...
+
     def origin_words(self, origin: str) -> str: ...
 
 
@@ -124,7 +128,7 @@ class ServerRules:
                     f"server held them and they were {why} {ago:.1f} s before, {age:.1f} s after being stored, "
                     f"continued by {gone.hits} later prefill(s) (inferred from the events)",
                     cache.batches,
-                    Where(origin, None, position, block),
+                    Where(origin, 0, position, block),
                 )
             )
             return
@@ -319,9 +323,9 @@ def _realigned(cached: array, tokens: array, common: int) -> tuple[int, int] | N
         probe = cached[common + left : common + left + INSERT_PROBE]
         if len(probe) < INSERT_PROBE:
             break  # the cache holds too little after it to tell
-        put = first.get(probe.tobytes())
-        if put is not None and (left, put) != (0, 0):
-            found.append((left + put, left, put))
+        at = first.get(probe.tobytes())
+        if at is not None and (left, at) != (0, 0):
+            found.append((left + at, left, at))
     for _, left, put in sorted(found):
         if (left == 0 or (left == 1 and put >= 1)) or (
             common_prefix(cached[common + left :], tokens[common + put :]) >= REALIGN_MIN

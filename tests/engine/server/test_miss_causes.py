@@ -7,13 +7,12 @@ from __future__ import annotations
 import threading
 import time
 
-from local_publisher import LocalPublisher
-
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch, encode_batch
 from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.rules import REALIGN_MIN, REALIGN_SEARCH
 from kvtui.engine.server.subscriber import EventEndpoint, Subscriber
+from local_publisher import LocalPublisher
 
 SIZE = 8
 PROMPT = tuple(range(100, 164))  # 64 tokens: 8 blocks of 8
