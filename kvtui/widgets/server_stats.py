@@ -31,6 +31,8 @@ def render_table(view: StatsView, palette: Palette | None = None) -> Table:
     several = len(view.origins) > 1
     restarted = any(stats.restarts for _, stats in view.origins)  # blocks gone with a restarted server: apart
     names = ("origin",) * several + ("stored", "removed", "held", "capacity", "lost", "undecodable", "restored")
+    names += ("unknown removed", "stored twice")  # stream integrity: removals of blocks never stored, re-stores
+    names += ("routed",) * several  # tokens prefilled here while another replica held them
     names += ("restarts", "gone") * restarted
     for name in names:
         table.add_column(name, justify="left" if name == "origin" else "right", no_wrap=True)
@@ -48,6 +50,9 @@ def render_table(view: StatsView, palette: Palette | None = None) -> Table:
             lost,
             str(stats.skipped),
             str(stats.restored),
+            str(stats.unknown_removed),
+            str(stats.stored_again),
+            *((str(stats.routed_tokens),) * several),
             *((str(stats.restarts), str(stats.gone)) * restarted),
         )
     return table
@@ -55,6 +60,7 @@ def render_table(view: StatsView, palette: Palette | None = None) -> Table:
 
 def rate_line(view: StatsView) -> str:
     parts = []
+    watched = dict(view.watched)
     for origin, samples in view.samples:
         if not samples:
             continue
@@ -62,8 +68,10 @@ def rate_line(view: StatsView) -> str:
         latest = next((s.rate for s in reversed(samples) if s.rate is not None), None)
         words = [f"{origin}: hit rate"]
         words.append(f"{latest:.1%} lately" if latest is not None else "no queries lately")
+        if origin in watched:
+            words.append(f"· {watched[origin]:.1%} while watched")
         if last.overall is not None and last.queries is not None and last.hits is not None:
-            words.append(f"· {last.overall:.1%} overall ({last.hits:.0f} of {last.queries:.0f} tokens)")
+            words.append(f"· {last.overall:.1%} over the server's life ({last.hits:.0f} of {last.queries:.0f} tokens)")
         parts.append(" ".join(words))
     return "; ".join(parts) or "hit rate: no /metrics polled"
 

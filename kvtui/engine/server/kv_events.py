@@ -75,6 +75,7 @@ class EventBatch:
     events: tuple[Event, ...]
     dp_rank: int = 0
     skipped: int = 0  # events of a type kvtui does not know (counted, never silently lost)
+    caught_up: bool = False  # given by the replay socket when kvtui attached: it happened before kvtui watched
 
 
 def block_key(value: Any) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..reading.token_texts import TokenTexts
 from ..records.diagnostic_groups import FloodGate
@@ -23,6 +23,8 @@ from .kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch
 from .metrics import METRICS_KEPT, MetricSample, add_sample
 from .rules import CHURN_WINDOW_S, ServerRules, chain_content
 
+CAUGHT_UP = "(caught up: before kvtui attached)"  # the start of a note on a batch the replay socket gave on attach
+KNOWN_MEDIA = frozenset({"GPU", "CPU", "DISK", "STORAGE"})  # the `medium` words vLLM / SGLang / LMCache send
 MAX_BLOCKS = 200_000  # blocks kept (per view); the oldest beyond it are let go and counted
 
 
@@ -83,6 +85,9 @@ class OriginStats:
     capacity: int | None = None  # blocks the server can hold (its metrics), where known
     restarts: int = 0  # times its publisher came back as a new one (a new epoch: the sequence starts anew)
     gone: int = 0  # blocks it held when it restarted: gone with the old process, no longer counted in `held`
+    caught_up: int = 0  # batches given by the replay socket when kvtui attached (before it watched)
+    stored_again: int = 0  # blocks stored while held already (a hash stored again without a removal between)
+    unknown_medium: int = 0  # blocks stored with a `medium` that is not GPU / CPU / DISK / STORAGE / none
     routed_tokens: int = 0  # tokens prefilled here while another replica held them (routing waste)
     groups: set[int] = field(default_factory=set)  # the cache groups it stored blocks in (where a removal that
     # names no group, as SGLang's, is looked for: O(groups), not a walk of every block)
@@ -153,6 +158,9 @@ class PrefixCache:
             elif isinstance(event, AllCleared):
                 self._clear(origin, stats, batch.ts)
         self._let_go_oldest()
+        if batch.caught_up:  # said as what it is: a prefill before kvtui attached, not a new one
+            stats.caught_up += 1
+            notes = [replace(n, message=f"{CAUGHT_UP} {n.message}") for n in notes]
         notes = [shown for note in notes if (shown := self.gate.admit(note)) is not None]
         self.notes.extend(notes)
         return notes
@@ -164,14 +172,17 @@ class PrefixCache:
     def _store(self, event: BlocksStored, origin: str, stats: OriginStats, ts: float, notes: list) -> None:
         size = event.block_size
         stats.groups.add(event.group)
+        if event.medium is not None and event.medium.upper() not in KNOWN_MEDIA:
+            stats.unknown_medium += len(event.hashes)
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])
         first_new = True
         for index, key in enumerate(event.hashes):
             tokens = array("l", event.token_ids[index * size : (index + 1) * size])
             ident = (origin, event.group, key)
-            if ident in self.blocks:  # stored again without a removal kvtui saw: nothing new
+            if ident in self.blocks:  # stored again without a removal kvtui saw: nothing new (counted)
                 parent = self.blocks[ident]
+                stats.stored_again += 1
                 continue
             gone = self._removed_at.pop(ident, None)
             if gone is not None and gone.how == "evicted" and ts - gone.removed_ts <= CHURN_WINDOW_S:

@@ -16,7 +16,9 @@ def summary_lines(cache: PrefixCache) -> list[str]:
             f"{origin or 'events'}: {stats.batches} batches, {stats.events} events; blocks stored {stats.stored}, "
             f"removed {stats.removed}, held {stats.held}{capacity}; cleared {stats.cleared}; lost batches "
             f"{stats.lost}; undecodable or unknown {stats.skipped}; stored again soon after removal {stats.restored}; "
-            f"removals of blocks never seen stored {stats.unknown_removed}"
+            f"removals of blocks never seen stored {stats.unknown_removed}; hashes stored again while held "
+            f"{stats.stored_again}; unknown medium {stats.unknown_medium}"
+            + (f"; caught up through replay {stats.caught_up} batches" if stats.caught_up else "")
             + (f"; restarts {stats.restarts} (blocks gone with them {stats.gone})" if stats.restarts else "")
         )
         samples = cache.metrics.get(origin)

@@ -85,6 +85,7 @@ def batch_record(origin: str, batch: EventBatch) -> dict:
         "rank": batch.dp_rank,
         "skipped": batch.skipped,
         "events": [event_record(e) for e in batch.events],
+        **({"caught_up": True} if batch.caught_up else {}),
     }
 
 
@@ -246,6 +247,7 @@ def load_server_trace(path: Path, until_batch: int | None = None) -> ServerRun:
                     events=events,
                     dp_rank=int(record.get("rank") or 0),
                     skipped=int(record.get("skipped") or 0),
+                    caught_up=bool(record.get("caught_up")),
                 )
                 cache.apply(batch, record["origin"])
                 run.batches += 1

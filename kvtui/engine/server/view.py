@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..records.snapshot import Diagnostic, Where
-from .metrics import MetricSample
+from .metrics import MetricSample, watched_rate
 from .prefix_cache import Block, OriginStats, PrefixCache
 
 MAX_CHAINS = 200  # chains shown, newest first (chains the user selected are kept on top of these)
@@ -280,6 +280,10 @@ class OriginCounts:
     capacity: int | None
     restarts: int
     gone: int
+    stored_again: int = 0  # stream integrity: a hash stored while held
+    unknown_medium: int = 0  # stream integrity: a `medium` word kvtui does not know
+    routed_tokens: int = 0  # tokens prefilled here while another replica held them
+    caught_up: int = 0  # batches the replay socket gave on attach
 
     @classmethod
     def of(cls, s: OriginStats) -> OriginCounts:
@@ -298,6 +302,10 @@ class OriginCounts:
             s.capacity,
             s.restarts,
             s.gone,
+            s.stored_again,
+            s.unknown_medium,
+            s.routed_tokens,
+            s.caught_up,
         )
 
 
@@ -311,6 +319,7 @@ class StatsView:
     held: int
     chains: int
     notes: int
+    watched: tuple[tuple[str, float], ...] = ()  # per server, the hit rate over the interval kvtui watched
 
 
 def stats_view(cache: PrefixCache) -> StatsView:
@@ -329,6 +338,9 @@ def stats_view(cache: PrefixCache) -> StatsView:
         held=cache.held,
         chains=len(cache.tops),
         notes=len(cache.notes),
+        watched=tuple(
+            (origin, rate[0]) for origin, kept in cache.metrics.items() if (rate := watched_rate(kept)) is not None
+        ),
     )
 
 

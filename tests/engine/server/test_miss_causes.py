@@ -196,3 +196,52 @@ def test_the_tree_and_the_summary_show_the_replicas_and_the_waste():
     lines = summary_lines(cache)
     assert "fleet: routing waste 64 tokens; tokens held more than once 128 (memory spent twice)" in lines
     assert any(line.startswith("10.0.0.2:8000: fleet: 64 tokens prefilled here") for line in lines)
+
+
+def test_notes_on_what_came_before_attaching_are_marked_caught_up():
+    """Two prefills before kvtui attached (given by the replay socket), one after: only the last is new."""
+    cache, problems = PrefixCache(TokenTexts()), []
+    with LocalPublisher() as publisher:
+        publisher.publish(encode_batch(EventBatch(0, 1.0, (stored(keys("a", 8), PROMPT),))))
+        publisher.publish(encode_batch(EventBatch(1, 2.0, (stored(keys("b", 8), PROMPT, lora="x"),))))
+        endpoint = EventEndpoint(publisher.endpoint, publisher.replay_endpoint, "kv-events", 0, "local")
+        subscriber = Subscriber([endpoint], cache, on_problem=problems.append)
+        thread = threading.Thread(target=subscriber.run, daemon=True)
+        thread.start()
+        try:
+            assert subscriber.connected.wait(5) and publisher.wait_subscribed()
+            publisher.publish(encode_batch(EventBatch(2, 3.0, (stored(keys("c", 8), PROMPT, lora="y"),))))
+            deadline = time.monotonic() + 10
+            while len(cache.notes) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            subscriber.stop.set()
+            thread.join(5)
+    assert [n.code for n in cache.notes] == ["hash-mismatch", "hash-mismatch"]
+    before, after = (n.message for n in cache.notes)
+    assert before.startswith("(caught up: before kvtui attached) ") and not after.startswith("(caught up")
+    assert cache.stats("local").caught_up == 2
+
+
+def test_stream_integrity_is_counted_per_origin():
+    from kvtui.engine.server.report import summary_lines
+
+    cache = PrefixCache(TokenTexts())
+    apply(cache, 0, 0.0, stored(["a0"], PROMPT[:8], medium="GPU"))
+    apply(cache, 1, 0.0, stored(["a0"], PROMPT[:8], medium="GPU"))  # stored again without a removal
+    apply(cache, 3, 0.0, stored(["m0", "m1"], range(300, 316), medium="NVME_TIER"))  # a word kvtui does not know
+    apply(cache, 4, 0.0, BlocksRemoved(("zz",)))  # never stored
+    stats = cache.stats("a:1")
+    assert (stats.stored_again, stats.unknown_medium, stats.unknown_removed, stats.lost) == (1, 2, 1, 1)
+    assert any("hashes stored again while held 1; unknown medium 2" in line for line in summary_lines(cache))
+
+
+def test_the_hit_rate_is_over_the_watched_interval_beside_the_servers_life():
+    from kvtui.engine.server.report import summary_lines
+    from kvtui.engine.server.server_http import CacheMetrics
+
+    cache = PrefixCache(TokenTexts())
+    cache.record_metrics("a:1", 0.0, CacheMetrics(queries=1000.0, hits=900.0, capacity=40, block_size=32))
+    cache.record_metrics("a:1", 5.0, CacheMetrics(queries=1200.0, hits=950.0, capacity=40, block_size=32))
+    (line,) = [line for line in summary_lines(cache) if "hit rate" in line]
+    assert "hit rate while watched 25.0% (50 of 200 tokens); over the server's life 79.2% (950 of 1200" in line
