@@ -46,9 +46,11 @@ class Block:
     orphan: bool = False  # its parent was announced before kvtui attached, or let go
     sibling_key: tuple = ()  # where PrefixCache indexes it among its siblings (origin, group, parent, 1st id)
     content: int = 0  # kvtui's hash of the tokens from the prompt's start through this block (0: its start unknown)
-    hits: int = 0  # later prefills that continued this block or a block after it (inferred: a hit stores nothing)
+    hits: int = 0  # later prefills that went on from this block or one after it where another already had (inferred:
+    # a hit stores nothing; a store after a leaf is taken for the same request decoding on, so this is a floor)
     lora: str | None = None
     extra: str = ""  # the extra keys its hash covers, as the event says
+    noted: bool = False  # stored by a prefill a miss cause was noted on (its continuation raises none again)
 
     @property
     def start(self) -> int:
@@ -177,6 +179,7 @@ class PrefixCache:
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])
         first_new = True
+        continuing = noted = False
         for index, key in enumerate(event.hashes):
             tokens = array("l", event.token_ids[index * size : (index + 1) * size])
             ident = (origin, event.group, key)
@@ -189,15 +192,26 @@ class PrefixCache:
                 stats.restored += 1
             orphan = parent is None and index == 0 and event.parent is not None  # its parent came before kvtui
             content = _content(parent, tokens, orphan or (parent is None and index > 0))
-            if content and any(b.origin != origin for b in self.by_content.get((event.group, content), ())):
-                stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             if first_new:
                 first_new = False
-                if parent is not None:
-                    _count_hit(parent)
-                self.rules.classify_miss(event, index, parent, tokens, origin, content, gone, ts, notes)
+                # blocks stored after a leaf a miss was noted on: that request decoding on (or its next turn), not
+                # another prefill: no second note, and generated tokens are no routing waste
+                continuing = parent is not None and parent.noted and not parent.children
+                if parent is not None and parent.children:
+                    _count_hit(parent)  # another prompt went on from here before: this one reused it (a hit)
+                if not continuing:
+                    before = len(notes)
+                    self.rules.classify_miss(event, index, parent, tokens, origin, content, gone, ts, notes)
+                    noted = len(notes) > before
+            if (
+                content
+                and not continuing
+                and any(b.origin != origin for b in self.by_content.get((event.group, content), ()))
+            ):
+                stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             block = self._new_block(key, origin, parent, tokens, event, ts, orphan)
             block.content = content
+            block.noted = noted or continuing
             if event.lora is not None:
                 block.lora = event.lora
             if index < len(event.extra):

@@ -46,10 +46,11 @@ def test_a_prompt_never_seen_raises_nothing():
 def test_an_evicted_prefix_names_when_its_age_and_hits():
     cache = PrefixCache(TokenTexts())
     apply(cache, 0, 10.0, stored(keys("a", 8), PROMPT))
-    apply(cache, 1, 12.0, stored(["q1"], range(700, 708), parent="a7"))  # two later prompts continued it
-    apply(cache, 2, 13.0, stored(["q2"], range(800, 808), parent="a7"))
-    apply(cache, 3, 20.0, BlocksRemoved(("q1", "q2", *keys("a", 8))))  # evicted, leaves first
-    apply(cache, 4, 94.5, stored(keys("a", 8), PROMPT))  # the same prompt again (the same hashes), after churn's window
+    apply(cache, 1, 12.0, stored(["q1"], range(700, 708), parent="a7"))  # the request decoding on (or a later one)
+    apply(cache, 2, 13.0, stored(["q2"], range(800, 808), parent="a7"))  # another went on from a7 too: a hit
+    apply(cache, 3, 14.0, stored(["q3"], range(900, 908), parent="a7"))
+    apply(cache, 4, 20.0, BlocksRemoved(("q1", "q2", "q3", *keys("a", 8))))  # evicted, leaves first
+    apply(cache, 5, 94.5, stored(keys("a", 8), PROMPT))  # the same prompt again (the same hashes), after churn's window
     (note,) = cache.notes
     assert note.code == "evicted-prefix" and note.severity == "info" and note.where.position == 0
     assert "64 tokens from token 0 were prefilled again" in note.message
@@ -245,3 +246,16 @@ def test_the_hit_rate_is_over_the_watched_interval_beside_the_servers_life():
     cache.record_metrics("a:1", 5.0, CacheMetrics(queries=1200.0, hits=950.0, capacity=40, block_size=32))
     (line,) = [line for line in summary_lines(cache) if "hit rate" in line]
     assert "hit rate while watched 25.0% (50 of 200 tokens); over the server's life 79.2% (950 of 1200" in line
+
+
+def test_a_request_decoding_on_after_its_noted_prefill_raises_no_second_note():
+    """The second replica prefilled the prompt (noted), then generates the same answer the first did: its answer's
+    blocks, stored one by one after the prompt's leaf, are not another miss and no routing waste."""
+    cache = PrefixCache(TokenTexts())
+    answer = tuple(range(2000, 2016))
+    apply(cache, 0, 0.0, stored(keys("a", 8), PROMPT), origin="r1")
+    apply(cache, 1, 0.0, stored(["a8", "a9"], answer, parent="a7"), origin="r1")
+    apply(cache, 2, 0.0, stored(keys("b", 8), PROMPT), origin="r2")
+    apply(cache, 3, 0.0, stored(["b8"], answer[:8], parent="b7"), origin="r2")
+    apply(cache, 4, 0.0, stored(["b9"], answer[8:], parent="b8"), origin="r2")
+    assert codes(cache) == ["held-elsewhere"] and cache.stats("r2").routed_tokens == 64
