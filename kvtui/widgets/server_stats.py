@@ -1,7 +1,8 @@
 """The attach screen's server numbers: per publisher the blocks stored, removed, held (of the capacity its
 metrics say), batches lost, events not decoded, blocks stored again soon after removal, and (once a publisher
-restarted) its restarts and the blocks gone with them; the prefix cache hit rate over time (a sparkline of
-/metrics polls) and its latest value."""
+restarted) its restarts and the blocks gone with them; stream integrity (removals of blocks never stored, hashes
+stored while held); where several origins are followed, each one's routing waste and the fleet's totals; the
+prefix cache hit rate over time (a sparkline of /metrics polls), lately, while watched and over the server's life."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def render_table(view: StatsView, palette: Palette | None = None) -> Table:
     several = len(view.origins) > 1
     restarted = any(stats.restarts for _, stats in view.origins)  # blocks gone with a restarted server: apart
     names = ("origin",) * several + ("stored", "removed", "held", "capacity", "lost", "undecodable", "restored")
-    names += ("unknown removed", "stored twice")  # stream integrity: removals of blocks never stored, re-stores
+    names += ("unknown", "twice")  # stream integrity: removals of blocks never stored, hashes stored while held
     names += ("routed",) * several  # tokens prefilled here while another replica held them
     names += ("restarts", "gone") * restarted
     for name in names:
@@ -76,6 +77,16 @@ def rate_line(view: StatsView) -> str:
     return "; ".join(parts) or "hit rate: no /metrics polled"
 
 
+def fleet_line(view: StatsView) -> str:
+    """Where several origins are followed: the tokens prefilled on one while another held them, and those held on
+    more than one (memory spent twice), in all."""
+    if len(view.origins) < 2:
+        return ""
+    routed = sum(stats.routed_tokens for _, stats in view.origins)
+    twice = sum(tokens for _, tokens in view.twice)
+    return f"\nfleet: routing waste {routed} tokens (prefilled while another replica held them) · held twice {twice}"
+
+
 class ServerStats(Vertical):
     DEFAULT_CSS = """
     ServerStats {
@@ -108,7 +119,7 @@ class ServerStats(Vertical):
             if series:
                 break
         self.query_one("#stats-spark", Sparkline).data = series
-        self.query_one("#stats-rate", Static).update(rate_line(view))
+        self.query_one("#stats-rate", Static).update(rate_line(view) + fleet_line(view))
         held = sum(stats.held for _, stats in view.origins)
         capacity = sum(stats.capacity or 0 for _, stats in view.origins)
         share = f" of {capacity} ({held / capacity:.0%})" if capacity else ""

@@ -114,6 +114,8 @@ class PrefixCache:
         self._by_first: dict[tuple[str, int, str | None, int], list[Block]] = {}  # (origin, group, parent, 1st id)
         self._removed_at: OrderedDict[tuple[str, int, str], Gone] = OrderedDict()  # for churn and the evicted cause
         self.by_content: dict[tuple[int, int], list[Block]] = {}  # (group, content) -> the blocks holding those tokens
+        self._twice: dict[str, int] = {}  # per origin, tokens it holds that another origin holds too (kept as blocks
+        # come and go: O(replicas) per block, never a walk of the index)
         self.metrics: dict[str, deque[MetricSample]] = {}  # per server, the newest METRICS_KEPT samples
 
     def record_metrics(self, origin: str, ts: float, metrics) -> MetricSample:
@@ -217,7 +219,7 @@ class PrefixCache:
             if index < len(event.extra):
                 block.extra = event.extra[index]
             if content:
-                self.by_content.setdefault((event.group, content), []).append(block)
+                self._hold_content(block)
             parent = block
             stats.stored += 1
             stats.held += 1
@@ -300,11 +302,7 @@ class PrefixCache:
         if not self.tops.get(block.chain, True):
             del self.tops[block.chain]
         if block.content:
-            holders = self.by_content.get((block.group, block.content))
-            if holders is not None and block in holders:
-                holders.remove(block)
-                if not holders:
-                    del self.by_content[(block.group, block.content)]
+            self._release_content(block)
         siblings = self._by_first.get(block.sibling_key)
         if siblings is not None and block in siblings:
             siblings.remove(block)
@@ -331,14 +329,35 @@ class PrefixCache:
         return self.by_content.get((group, content), []) if content else []
 
     def duplicated(self) -> dict[str, int]:
-        """Per origin, the tokens it holds that another origin holds too (memory spent more than once).
-        O(blocks held): called for a report or a frame, never per event."""
-        out: dict[str, int] = {}
-        for holders in self.by_content.values():
-            if len({b.origin for b in holders}) > 1:
-                for block in holders:
-                    out[block.origin] = out.get(block.origin, 0) + len(block.tokens)
-        return out
+        """Per origin, the tokens it holds that another origin holds too (memory spent more than once)."""
+        return {origin: tokens for origin, tokens in self._twice.items() if tokens}
+
+    def _count_twice(self, blocks, sign: int) -> None:
+        for block in blocks:
+            self._twice[block.origin] = self._twice.get(block.origin, 0) + sign * len(block.tokens)
+
+    def _hold_content(self, block: Block) -> None:
+        holders = self.by_content.setdefault((block.group, block.content), [])
+        origins = {b.origin for b in holders}
+        if origins - {block.origin}:  # another origin holds these tokens: this block is memory spent twice
+            self._count_twice((block,), 1)
+            if len(origins) == 1:  # ... and so, from now, are the blocks of the one origin that held them alone
+                self._count_twice(holders, 1)
+        holders.append(block)
+
+    def _release_content(self, block: Block) -> None:
+        holders = self.by_content.get((block.group, block.content))
+        if holders is None or block not in holders:
+            return
+        before = {b.origin for b in holders}
+        holders.remove(block)
+        after = {b.origin for b in holders}
+        if len(before) > 1:
+            self._count_twice((block,), -1)
+            if len(after) == 1:  # the origin left holds them alone again
+                self._count_twice(holders, -1)
+        if not holders:
+            del self.by_content[(block.group, block.content)]
 
     def origin_words(self, origin: str) -> str:
         return f" on {origin}" if origin and len(self.origins) > 1 else ""

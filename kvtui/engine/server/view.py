@@ -320,6 +320,7 @@ class StatsView:
     chains: int
     notes: int
     watched: tuple[tuple[str, float], ...] = ()  # per server, the hit rate over the interval kvtui watched
+    twice: tuple[tuple[str, int], ...] = ()  # per origin, tokens held that another origin holds too
 
 
 def stats_view(cache: PrefixCache) -> StatsView:
@@ -338,6 +339,7 @@ def stats_view(cache: PrefixCache) -> StatsView:
         held=cache.held,
         chains=len(cache.tops),
         notes=len(cache.notes),
+        twice=tuple(cache.duplicated().items()),
         watched=tuple(
             (origin, rate[0]) for origin, kept in cache.metrics.items() if (rate := watched_rate(kept)) is not None
         ),

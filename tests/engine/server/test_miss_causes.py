@@ -259,3 +259,41 @@ def test_a_request_decoding_on_after_its_noted_prefill_raises_no_second_note():
     apply(cache, 3, 0.0, stored(["b8"], answer[:8], parent="b7"), origin="r2")
     apply(cache, 4, 0.0, stored(["b9"], answer[8:], parent="b8"), origin="r2")
     assert codes(cache) == ["held-elsewhere"] and cache.stats("r2").routed_tokens == 64
+
+
+def test_tokens_held_twice_are_kept_as_an_independent_count_says():
+    """Random stores, removals, clears and a restart over three origins: the running count of tokens held on more
+    than one origin equals a count made from the blocks held, by their tokens from the prompt's start."""
+    import random
+
+    rng = random.Random(7)
+    cache = PrefixCache(TokenTexts())
+    prompts = [tuple(rng.randrange(50) for _ in range(16)) for _ in range(6)]
+
+    def _prefix_tokens(key: str) -> tuple:  # from the key this test gave the block: its prompt and its index
+        _, p, i = key.split("-")
+        return prompts[int(p)][: SIZE * (int(i) + 1)]
+
+    for seq in range(400):
+        origin = rng.choice(["r1", "r2", "r3"])
+        roll = rng.random()
+        if roll < 0.6:
+            p = rng.randrange(len(prompts))
+            keys_ = [f"{origin}-{p}-0", f"{origin}-{p}-1"]
+            apply(cache, seq, 0.0, stored(keys_, prompts[p]), origin=origin)
+        elif roll < 0.95:
+            p = rng.randrange(len(prompts))
+            apply(cache, seq, 0.0, BlocksRemoved((f"{origin}-{p}-{rng.randrange(2)}",)), origin=origin)
+        elif roll < 0.98:
+            apply(cache, seq, 0.0, AllCleared(), origin=origin)
+        else:
+            cache.restart(origin)
+        expected: dict[str, int] = {}
+        by_tokens: dict[tuple, set[str]] = {}
+        held = [(block.origin, _prefix_tokens(block.key)) for block in cache.blocks.values()]
+        for origin_, tokens in held:
+            by_tokens.setdefault(tokens, set()).add(origin_)
+        for origin_, tokens in held:
+            if len(by_tokens[tokens]) > 1:
+                expected[origin_] = expected.get(origin_, 0) + SIZE
+        assert cache.duplicated() == expected, seq
