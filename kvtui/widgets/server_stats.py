@@ -32,7 +32,7 @@ def render_table(view: StatsView, palette: Palette | None = None) -> Table:
     several = len(view.origins) > 1
     restarted = any(stats.restarts for _, stats in view.origins)  # blocks gone with a restarted server: apart
     names = ("origin",) * several + ("stored", "removed", "held", "capacity", "lost", "undecodable", "restored")
-    names += ("unknown", "twice")  # stream integrity: removals of blocks never stored, hashes stored while held
+    names += ("unknown", "dup hash")  # stream integrity: removals of blocks never stored, hashes stored while held
     names += ("routed",) * several  # tokens prefilled here while another replica held them
     names += ("restarts", "gone") * restarted
     for name in names:
