@@ -113,7 +113,9 @@ class PrefixCache:
         self.chains = 0
         self._by_first: dict[tuple[str, int, str | None, int], list[Block]] = {}  # (origin, group, parent, 1st id)
         self._removed_at: OrderedDict[tuple[str, int, str], Gone] = OrderedDict()  # for churn and the evicted cause
-        self.by_content: dict[tuple[int, int], list[Block]] = {}  # (group, content) -> the blocks holding those tokens
+        # (group, content) -> per origin, the blocks holding those tokens from the prompt's start (O(1) to ask whether
+        # another origin holds them, however many hashes one origin holds them under)
+        self.by_content: dict[tuple[int, int], dict[str, list[Block]]] = {}
         self._twice: dict[str, int] = {}  # per origin, tokens it holds that another origin holds too (kept as blocks
         # come and go: O(replicas) per block, never a walk of the index)
         self.metrics: dict[str, deque[MetricSample]] = {}  # per server, the newest METRICS_KEPT samples
@@ -208,7 +210,7 @@ class PrefixCache:
             if (
                 content
                 and not continuing
-                and any(b.origin != origin for b in self.by_content.get((event.group, content), ()))
+                and any(other != origin for other in self.by_content.get((event.group, content), ()))
             ):
                 stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             block = self._new_block(key, origin, parent, tokens, event, ts, orphan)
@@ -324,9 +326,9 @@ class PrefixCache:
         """The held blocks stored right after `parent` (a miss at a block boundary is looked for among them)."""
         return parent.children if parent is not None else []
 
-    def holders(self, group: int, content: int) -> list[Block]:
+    def holders(self, group: int, content: int) -> dict[str, list[Block]]:
         """The held blocks (any origin) whose tokens from the prompt's start equal those `content` stands for."""
-        return self.by_content.get((group, content), []) if content else []
+        return self.by_content.get((group, content), {}) if content else {}
 
     def duplicated(self) -> dict[str, int]:
         """Per origin, the tokens it holds that another origin holds too (memory spent more than once)."""
@@ -337,25 +339,26 @@ class PrefixCache:
             self._twice[block.origin] = self._twice.get(block.origin, 0) + sign * len(block.tokens)
 
     def _hold_content(self, block: Block) -> None:
-        holders = self.by_content.setdefault((block.group, block.content), [])
-        origins = {b.origin for b in holders}
-        if origins - {block.origin}:  # another origin holds these tokens: this block is memory spent twice
+        holders = self.by_content.setdefault((block.group, block.content), {})
+        if len(holders) >= 2 or (holders and block.origin not in holders):  # another origin holds them: spent twice
             self._count_twice((block,), 1)
-            if len(origins) == 1:  # ... and so, from now, are the blocks of the one origin that held them alone
-                self._count_twice(holders, 1)
-        holders.append(block)
+            if len(holders) == 1:  # ... and so, from now, are the blocks of the one origin that held them alone
+                self._count_twice(next(iter(holders.values())), 1)
+        holders.setdefault(block.origin, []).append(block)
 
     def _release_content(self, block: Block) -> None:
         holders = self.by_content.get((block.group, block.content))
-        if holders is None or block not in holders:
+        mine = holders.get(block.origin) if holders is not None else None
+        if holders is None or mine is None or block not in mine:
             return
-        before = {b.origin for b in holders}
-        holders.remove(block)
-        after = {b.origin for b in holders}
-        if len(before) > 1:
+        several = len(holders) >= 2
+        mine.remove(block)
+        if not mine:
+            del holders[block.origin]
+        if several:
             self._count_twice((block,), -1)
-            if len(after) == 1:  # the origin left holds them alone again
-                self._count_twice(holders, -1)
+            if len(holders) == 1:  # the origin left holds them alone again
+                self._count_twice(next(iter(holders.values())), -1)
         if not holders:
             del self.by_content[(block.group, block.content)]
 

@@ -52,7 +52,7 @@ class ChainIndex(Protocol):
 
     def children(self, parent: Any) -> list[Any]: ...
 
-    def holders(self, group: int, content: int) -> list[Any]: ...
+    def holders(self, group: int, content: int) -> dict[str, list[Any]]: ...
 
     def origin_words(self, origin: str) -> str: ...
 
@@ -133,7 +133,7 @@ class ServerRules:
             )
             return
         holders = cache.holders(event.group, content)
-        here = [b for b in holders if b.origin == origin]
+        here = holders.get(origin)
         if here:
             other = here[0]
             notes.append(
@@ -148,7 +148,7 @@ class ServerRules:
                 )
             )
             return
-        elsewhere = [b for b in holders if b.origin != origin]
+        elsewhere = next((blocks for name, blocks in holders.items() if name != origin), None)
         if elsewhere:
             other = elsewhere[0]
             held = self._held_run(event, index, content, other.origin)
@@ -181,7 +181,7 @@ class ServerRules:
         for i in range(index, len(event.hashes)):
             if i > index:
                 content = chain_content(content, array("l", event.token_ids[i * size : (i + 1) * size]))
-            if not any(b.origin == other for b in self.cache.holders(event.group, content)):
+            if other not in self.cache.holders(event.group, content):
                 break
             run += size
         return run

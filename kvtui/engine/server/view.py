@@ -136,7 +136,7 @@ def build_view(
             counted -= count
         top = BlockFacts.of(chain_tops[0])
         first = chain_tops[0]
-        replicas = tuple(sorted({b.origin for b in cache.holders(first.group, first.content)} - {first.origin}))
+        replicas = tuple(sorted(set(cache.holders(first.group, first.content)) - {first.origin}))
         rows_of[chain] = ChainRow(chain, top, count, exact, chain in expanded, tuple(rows), hidden, replicas)
     chains = tuple(rows_of[c] for c in chosen)
     in_shown = sum(c.blocks for c in chains)  # (a lower bound where a count stopped at COUNT_BUDGET)
