@@ -32,7 +32,11 @@ def render_detail(info: BlockInfo | None, texts: TextsView, palette: Palette | N
         "chain",
         f"#{info.chain} · depth {info.depth} · tokens {info.start}..{info.end} ({info.token_count})",
     )
-    fields.add_row("held", f"group {info.group} · {info.medium or 'medium not said'} · {info.origin or 'events'}")
+    medium = f"medium {info.medium} (as the server says)" if info.medium else "medium not said"
+    fields.add_row(
+        "held",
+        f"group {info.group} · {medium} · {info.origin or 'events'}",
+    )
     fields.add_row("stored", f"at batch {info.stored_batch} · {info.children} children")
     tokens = tokens_text(texts, info.tokens, palette)
     if info.token_count > len(info.tokens):

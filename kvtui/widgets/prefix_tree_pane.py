@@ -177,7 +177,9 @@ class PrefixTreePane(Tree[NodeRef]):
         label.append("  ")
         label.append_text(tokens_text(texts, top.tokens, palette, CHAIN_PREVIEW))
         blocks = f"{row.blocks}{'' if row.exact else '+'} block{'' if row.blocks == 1 else 's'}"
-        where = ", ".join(part for part in (blocks, top.medium, top.origin) if part)
+        medium = f"{top.medium} (as the server says)" if top.medium else ""
+        also = f"also held on {', '.join(row.replicas)}" if row.replicas else ""
+        where = ", ".join(part for part in (blocks, medium, top.origin, also) if part)
         label.append(f"  ({where})", style=role_style(palette, "muted"))
         return label
 

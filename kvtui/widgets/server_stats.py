@@ -1,7 +1,8 @@
 """The attach screen's server numbers: per publisher the blocks stored, removed, held (of the capacity its
 metrics say), batches lost, events not decoded, blocks stored again soon after removal, and (once a publisher
-restarted) its restarts and the blocks gone with them; the prefix cache hit rate over time (a sparkline of
-/metrics polls) and its latest value."""
+restarted) its restarts and the blocks gone with them; stream integrity (removals of blocks never stored, hashes
+stored while held); where several origins are followed, each one's routing waste and the fleet's totals; the
+prefix cache hit rate over time (a sparkline of /metrics polls), lately, while watched and over the server's life."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def render_table(view: StatsView, palette: Palette | None = None) -> Table:
     several = len(view.origins) > 1
     restarted = any(stats.restarts for _, stats in view.origins)  # blocks gone with a restarted server: apart
     names = ("origin",) * several + ("stored", "removed", "held", "capacity", "lost", "undecodable", "restored")
+    names += ("unknown", "dup hash")  # stream integrity: removals of blocks never stored, hashes stored while held
+    names += ("routed",) * several  # tokens prefilled here while another replica held them
     names += ("restarts", "gone") * restarted
     for name in names:
         table.add_column(name, justify="left" if name == "origin" else "right", no_wrap=True)
@@ -48,6 +51,9 @@ def render_table(view: StatsView, palette: Palette | None = None) -> Table:
             lost,
             str(stats.skipped),
             str(stats.restored),
+            str(stats.unknown_removed),
+            str(stats.stored_again),
+            *((str(stats.routed_tokens),) * several),
             *((str(stats.restarts), str(stats.gone)) * restarted),
         )
     return table
@@ -88,6 +94,7 @@ def render_lines(view: StatsView, palette: Palette | None = None) -> Text:
 
 def rate_line(view: StatsView) -> str:
     parts = []
+    watched = dict(view.watched)
     for origin, samples in view.samples:
         if not samples:
             continue
@@ -95,10 +102,22 @@ def rate_line(view: StatsView) -> str:
         latest = next((s.rate for s in reversed(samples) if s.rate is not None), None)
         words = [f"{origin}: hit rate"]
         words.append(f"{latest:.1%} lately" if latest is not None else "no queries lately")
+        if origin in watched:
+            words.append(f"· {watched[origin]:.1%} while watched")
         if last.overall is not None and last.queries is not None and last.hits is not None:
-            words.append(f"· {last.overall:.1%} overall ({last.hits:.0f} of {last.queries:.0f} tokens)")
+            words.append(f"· {last.overall:.1%} over the server's life ({last.hits:.0f} of {last.queries:.0f} tokens)")
         parts.append(" ".join(words))
     return "; ".join(parts) or "hit rate: no /metrics polled"
+
+
+def fleet_line(view: StatsView) -> str:
+    """Where several origins are followed: the tokens prefilled on one while another held them, and those held on
+    more than one (memory spent twice), in all."""
+    if len(view.origins) < 2:
+        return ""
+    routed = sum(stats.routed_tokens for _, stats in view.origins)
+    twice = sum(tokens for _, tokens in view.twice)
+    return f"\nfleet: routing waste {routed} tokens (prefilled while another replica held them) · held twice {twice}"
 
 
 class ServerStats(Vertical):
@@ -146,7 +165,7 @@ class ServerStats(Vertical):
             if series:
                 break
         self.query_one("#stats-spark", Sparkline).data = series
-        self.query_one("#stats-rate", Static).update(rate_line(view))
+        self.query_one("#stats-rate", Static).update(rate_line(view) + fleet_line(view))
         held = sum(stats.held for _, stats in view.origins)
         capacity = sum(stats.capacity or 0 for _, stats in view.origins)
         share = f" of {capacity} ({held / capacity:.0%})" if capacity else ""

@@ -21,3 +21,25 @@ def vllm_server(tmp_path_factory):
         yield VllmServer(url, "smollm2", f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}", log)
     finally:
         stop_vllm(process)
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet(tmp_path_factory):
+    """Two more servers (a fleet of two replicas), started at the same time and shared by the fleet tests."""
+    vllm_python()
+    folder = tmp_path_factory.mktemp("fleet")
+    started = []
+    try:
+        for name in ("first", "second"):
+            port, events, replay = free_ports(3)
+            log = folder / f"{name}.log"
+            started.append((launch_vllm(log, port, events, replay), port, events, replay, log))
+        servers = []
+        for process, port, events, replay, log in started:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(process, url, log)
+            servers.append(VllmServer(url, "smollm2", f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}", log))
+        yield servers
+    finally:
+        for process, *_ in started:
+            stop_vllm(process)

@@ -676,3 +676,30 @@ async def test_a_rebuilt_table_is_as_wide_as_its_new_rows():
         narrow = [Row("c", "x", "1")]
         update_rows(table, wide, narrow, ["code", "count"])
         assert table.columns["code"].content_width == len("alarm")  # the label, the widest now
+
+
+def test_the_server_pane_shows_the_fleet_and_the_stream_integrity():
+    from rich.console import Console
+
+    from kvtui.engine.reading.token_texts import TokenTexts
+    from kvtui.engine.server.kv_events import BlocksStored, EventBatch
+    from kvtui.engine.server.prefix_cache import PrefixCache
+    from kvtui.engine.server.view import stats_view
+    from kvtui.widgets.server_stats import fleet_line, render_table
+
+    cache = PrefixCache(TokenTexts())
+    prompt = tuple(range(100, 132))
+    cache.apply(EventBatch(0, 0.0, (BlocksStored(("a0", "a1"), None, prompt, 16),)), "h:1")
+    cache.apply(EventBatch(1, 0.0, (BlocksStored(("a0",), None, prompt[:16], 16),)), "h:1")  # stored while held
+    cache.apply(EventBatch(0, 0.0, (BlocksStored(("b0", "b1"), None, prompt, 16),)), "h:2")
+    view = stats_view(cache)
+    assert fleet_line(view) == (
+        "\nfleet: routing waste 32 tokens (prefilled while another replica held them) · held twice 64"
+    )
+    console = Console(width=200, record=True)
+    console.print(render_table(view))
+    text = console.export_text()
+    assert "unknown" in text and "dup hash" in text and "routed" in text
+    row = next(line for line in text.splitlines() if line.startswith("h:1"))
+    assert row.split()[-3:] == ["0", "1", "0"]  # unknown removed, dup hash, routed
+    assert fleet_line(stats_view(PrefixCache(TokenTexts()))) == ""

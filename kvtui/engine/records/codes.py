@@ -81,6 +81,22 @@ _ALL = (
     # a server's prefix cache followed through its KV events (server/rules.py)
     _code("varying-start", "warning", "prompts keep leaving one cached chain at one token with different text there"),
     _code("cache-churn", "warning", "blocks removed and stored again soon after: the cache is too small"),
+    _code(
+        "evicted-prefix",
+        "info",
+        "a prefill stored blocks the server had held and evicted (or cleared) before: when, at what age, after how "
+        "many later prefills continued them",
+    ),
+    _code(
+        "hash-mismatch",
+        "warning",
+        "a prefill stored tokens the server holds already under another hash (another LoRA, other extra keys)",
+    ),
+    _code(
+        "held-elsewhere",
+        "warning",
+        "a prefill on one replica (server or data-parallel rank) of tokens another replica held at that moment",
+    ),
 )
 
 CODES: dict[str, Code] = {code.name: code for code in _ALL}

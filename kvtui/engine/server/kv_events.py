@@ -45,6 +45,8 @@ class BlocksStored:
     medium: str | None = None  # GPU / CPU / STORAGE where the server says
     lora: str | None = None
     kind: str | None = None  # full_attention / sliding_window ... where the server says
+    extra: tuple[str, ...] = ()  # per block, the extra keys its hash covers (vLLM's extra_keys: LoRA, multimodal
+    # ids, cache salt) as text; () where the server sends none
     type: str = STORED
 
 
@@ -73,6 +75,7 @@ class EventBatch:
     events: tuple[Event, ...]
     dp_rank: int = 0
     skipped: int = 0  # events of a type kvtui does not know (counted, never silently lost)
+    caught_up: bool = False  # given by the replay socket when kvtui attached: it happened before kvtui watched
 
 
 def block_key(value: Any) -> str:
@@ -132,7 +135,15 @@ def _stored(fields: dict[str, Any]) -> BlocksStored:
         medium=_text(fields.get("medium")),
         lora=None if lora is None else str(lora),
         kind=_text(fields.get("kv_cache_spec_kind")),
+        extra=_extra_keys(fields.get("extra_keys"), len(hashes)),
     )
+
+
+def _extra_keys(values: Any, blocks: int) -> tuple[str, ...]:
+    """vLLM's extra_keys (one entry per block, None or a list of values) as text per block; () where absent."""
+    if not isinstance(values, (list, tuple)) or not any(v for v in values):
+        return ()
+    return tuple("" if not v else repr(tuple(v) if isinstance(v, list) else v) for v in values[:blocks])
 
 
 def _removed(fields: dict[str, Any]) -> BlocksRemoved:

@@ -34,3 +34,18 @@ def add_sample(samples: deque[MetricSample], ts: float, metrics) -> MetricSample
     sample = MetricSample(ts, metrics.queries, metrics.hits, rate, overall, metrics.capacity, metrics.usage)
     samples.append(sample)
     return sample
+
+
+def watched_rate(samples) -> tuple[float, float, float] | None:
+    """The hit rate over the interval kvtui watched (first poll to last), with the hits and queries in it; None
+    where no query came in it. A server's lifetime counters (`overall`) include what came before kvtui attached."""
+    if len(samples) < 2:
+        return None
+    first, last = samples[0], samples[-1]
+    if None in (first.queries, first.hits, last.queries, last.hits):
+        return None
+    asked = last.queries - first.queries
+    if asked <= 0:
+        return None
+    hits = last.hits - first.hits
+    return hits / asked, hits, asked

@@ -14,15 +14,17 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..reading.token_texts import TokenTexts
 from ..records.diagnostic_groups import FloodGate
 from ..records.snapshot import Diagnostic
 from .kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch
 from .metrics import METRICS_KEPT, MetricSample, add_sample
-from .rules import CHURN_WINDOW_S, ServerRules
+from .rules import CHURN_WINDOW_S, ServerRules, chain_content
 
+CAUGHT_UP = "(caught up: before kvtui attached)"  # the start of a note on a batch the replay socket gave on attach
+KNOWN_MEDIA = frozenset({"GPU", "CPU", "DISK", "STORAGE"})  # the `medium` words vLLM / SGLang / LMCache send
 MAX_BLOCKS = 200_000  # blocks kept (per view); the oldest beyond it are let go and counted
 
 
@@ -43,11 +45,27 @@ class Block:
     children: list[Block] = field(default_factory=list)
     orphan: bool = False  # its parent was announced before kvtui attached, or let go
     sibling_key: tuple = ()  # where PrefixCache indexes it among its siblings (origin, group, parent, 1st id)
+    content: int = 0  # kvtui's hash of the tokens from the prompt's start through this block (0: its start unknown)
+    hits: int = 0  # later prefills that went on from this block or one after it where another already had (inferred:
+    # a hit stores nothing; a store after a leaf is taken for the same request decoding on, so this is a floor)
+    lora: str | None = None
+    extra: str = ""  # the extra keys its hash covers, as the event says
+    noted: bool = False  # stored by a prefill a miss cause was noted on (its continuation raises none again)
 
     @property
     def start(self) -> int:
         """The position of its first token in the prompt (where its depth is known)."""
         return self.depth * len(self.tokens)
+
+
+@dataclass(slots=True)
+class Gone:
+    """A block the server removed or cleared: what the evicted cause reads when its tokens come back."""
+
+    removed_ts: float
+    stored_ts: float
+    hits: int
+    how: str  # "evicted" (BlockRemoved) or "cleared" (AllBlocksCleared)
 
 
 @dataclass
@@ -69,6 +87,10 @@ class OriginStats:
     capacity: int | None = None  # blocks the server can hold (its metrics), where known
     restarts: int = 0  # times its publisher came back as a new one (a new epoch: the sequence starts anew)
     gone: int = 0  # blocks it held when it restarted: gone with the old process, no longer counted in `held`
+    caught_up: int = 0  # batches given by the replay socket when kvtui attached (before it watched)
+    stored_again: int = 0  # blocks stored while held already (a hash stored again without a removal between)
+    unknown_medium: int = 0  # blocks stored with a `medium` that is not GPU / CPU / DISK / STORAGE / none
+    routed_tokens: int = 0  # tokens prefilled here while another replica held them (routing waste)
     groups: set[int] = field(default_factory=set)  # the cache groups it stored blocks in (where a removal that
     # names no group, as SGLang's, is looked for: O(groups), not a walk of every block)
 
@@ -90,7 +112,12 @@ class PrefixCache:
         self.let_go = 0  # blocks dropped past max_blocks (still held by the server: not "removed")
         self.chains = 0
         self._by_first: dict[tuple[str, int, str | None, int], list[Block]] = {}  # (origin, group, parent, 1st id)
-        self._removed_at: OrderedDict[tuple[str, int, str], float] = OrderedDict()  # for churn
+        self._removed_at: OrderedDict[tuple[str, int, str], Gone] = OrderedDict()  # for churn and the evicted cause
+        # (group, content) -> per origin, the blocks holding those tokens from the prompt's start (O(1) to ask whether
+        # another origin holds them, however many hashes one origin holds them under)
+        self.by_content: dict[tuple[int, int], dict[str, list[Block]]] = {}
+        self._twice: dict[str, int] = {}  # per origin, tokens it holds that another origin holds too (kept as blocks
+        # come and go: O(replicas) per block, never a walk of the index)
         self.metrics: dict[str, deque[MetricSample]] = {}  # per server, the newest METRICS_KEPT samples
 
     def record_metrics(self, origin: str, ts: float, metrics) -> MetricSample:
@@ -135,8 +162,11 @@ class PrefixCache:
             elif isinstance(event, BlocksRemoved):
                 self._remove(event, origin, stats, batch.ts)
             elif isinstance(event, AllCleared):
-                self._clear(origin, stats)
+                self._clear(origin, stats, batch.ts)
         self._let_go_oldest()
+        if batch.caught_up:  # said as what it is: a prefill before kvtui attached, not a new one
+            stats.caught_up += 1
+            notes = [replace(n, message=f"{CAUGHT_UP} {n.message}") for n in notes]
         notes = [shown for note in notes if (shown := self.gate.admit(note)) is not None]
         self.notes.extend(notes)
         return notes
@@ -148,23 +178,50 @@ class PrefixCache:
     def _store(self, event: BlocksStored, origin: str, stats: OriginStats, ts: float, notes: list) -> None:
         size = event.block_size
         stats.groups.add(event.group)
+        if event.medium is not None and event.medium.upper() not in KNOWN_MEDIA:
+            stats.unknown_medium += len(event.hashes)
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])
         first_new = True
+        continuing = noted = False
         for index, key in enumerate(event.hashes):
             tokens = array("l", event.token_ids[index * size : (index + 1) * size])
             ident = (origin, event.group, key)
-            if ident in self.blocks:  # stored again without a removal kvtui saw: nothing new
+            if ident in self.blocks:  # stored again without a removal kvtui saw: nothing new (counted)
                 parent = self.blocks[ident]
+                stats.stored_again += 1
                 continue
-            if first_new:
-                self.rules.check_left_chain(event, index, parent, tokens, origin, notes)
-                first_new = False
-            removed_at = self._removed_at.pop(ident, None)
-            if removed_at is not None and ts - removed_at <= CHURN_WINDOW_S:
+            gone = self._removed_at.pop(ident, None)
+            if gone is not None and gone.how == "evicted" and ts - gone.removed_ts <= CHURN_WINDOW_S:
                 stats.restored += 1
             orphan = parent is None and index == 0 and event.parent is not None  # its parent came before kvtui
+            content = _content(parent, tokens, orphan or (parent is None and index > 0))
+            if first_new:
+                first_new = False
+                # blocks stored after a leaf a miss was noted on: that request decoding on (or its next turn), not
+                # another prefill: no second note, and generated tokens are no routing waste
+                continuing = parent is not None and parent.noted and not parent.children
+                if parent is not None and parent.children:
+                    _count_hit(parent)  # another prompt went on from here before: this one reused it (a hit)
+                if not continuing:
+                    before = len(notes)
+                    self.rules.classify_miss(event, index, parent, tokens, origin, content, gone, ts, notes)
+                    noted = len(notes) > before
+            if (
+                content
+                and not continuing
+                and any(other != origin for other in self.by_content.get((event.group, content), ()))
+            ):
+                stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             block = self._new_block(key, origin, parent, tokens, event, ts, orphan)
+            block.content = content
+            block.noted = noted or continuing
+            if event.lora is not None:
+                block.lora = event.lora
+            if index < len(event.extra):
+                block.extra = event.extra[index]
+            if content:
+                self._hold_content(block)
             parent = block
             stats.stored += 1
             stats.held += 1
@@ -197,7 +254,7 @@ class PrefixCache:
                     self._drop(block)
                     stats.removed += 1
                     stats.held -= 1
-                    self._removed_at[(origin, group, key)] = ts
+                    self._removed_at[(origin, group, key)] = Gone(ts, block.stored_ts, block.hits, "evicted")
                     break
             else:
                 stats.unknown_removed += 1
@@ -207,11 +264,15 @@ class PrefixCache:
         while len(self._removed_at) > self.max_blocks:
             self._removed_at.popitem(last=False)
 
-    def _clear(self, origin: str, stats: OriginStats) -> None:
+    def _clear(self, origin: str, stats: OriginStats, ts: float) -> None:
         stats.cleared += 1
         for ident in [i for i in self.blocks if i[0] == origin]:
             if ident in self.blocks:
-                self._drop(self.blocks[ident])
+                block = self.blocks[ident]
+                self._drop(block)
+                self._removed_at[ident] = Gone(ts, block.stored_ts, block.hits, "cleared")
+        while len(self._removed_at) > self.max_blocks:
+            self._removed_at.popitem(last=False)
         stats.held = stats.let_go = 0
 
     def restart(self, origin: str) -> int:
@@ -242,6 +303,8 @@ class PrefixCache:
             self.tops.setdefault(block.chain, []).append(child)
         if not self.tops.get(block.chain, True):
             del self.tops[block.chain]
+        if block.content:
+            self._release_content(block)
         siblings = self._by_first.get(block.sibling_key)
         if siblings is not None and block in siblings:
             siblings.remove(block)
@@ -258,6 +321,46 @@ class PrefixCache:
     def siblings(self, origin: str, group: int, parent: Block | None, first: int) -> list[Block] | None:
         """The held blocks under `parent` whose first token is `first`, oldest first (None: none)."""
         return self._by_first.get((origin, group, parent.key if parent else None, first))
+
+    def children(self, parent: Block | None) -> list[Block]:
+        """The held blocks stored right after `parent` (a miss at a block boundary is looked for among them)."""
+        return parent.children if parent is not None else []
+
+    def holders(self, group: int, content: int) -> dict[str, list[Block]]:
+        """The held blocks (any origin) whose tokens from the prompt's start equal those `content` stands for."""
+        return self.by_content.get((group, content), {}) if content else {}
+
+    def duplicated(self) -> dict[str, int]:
+        """Per origin, the tokens it holds that another origin holds too (memory spent more than once)."""
+        return {origin: tokens for origin, tokens in self._twice.items() if tokens}
+
+    def _count_twice(self, blocks, sign: int) -> None:
+        for block in blocks:
+            self._twice[block.origin] = self._twice.get(block.origin, 0) + sign * len(block.tokens)
+
+    def _hold_content(self, block: Block) -> None:
+        holders = self.by_content.setdefault((block.group, block.content), {})
+        if len(holders) >= 2 or (holders and block.origin not in holders):  # another origin holds them: spent twice
+            self._count_twice((block,), 1)
+            if len(holders) == 1:  # ... and so, from now, are the blocks of the one origin that held them alone
+                self._count_twice(next(iter(holders.values())), 1)
+        holders.setdefault(block.origin, []).append(block)
+
+    def _release_content(self, block: Block) -> None:
+        holders = self.by_content.get((block.group, block.content))
+        mine = holders.get(block.origin) if holders is not None else None
+        if holders is None or mine is None or block not in mine:
+            return
+        several = len(holders) >= 2
+        mine.remove(block)
+        if not mine:
+            del holders[block.origin]
+        if several:
+            self._count_twice((block,), -1)
+            if len(holders) == 1:  # the origin left holds them alone again
+                self._count_twice(next(iter(holders.values())), -1)
+        if not holders:
+            del self.by_content[(block.group, block.content)]
 
     def origin_words(self, origin: str) -> str:
         return f" on {origin}" if origin and len(self.origins) > 1 else ""
@@ -277,6 +380,27 @@ class PrefixCache:
     @property
     def held(self) -> int:
         return len(self.blocks)
+
+
+HIT_DEPTH = 256  # blocks up a chain a continuation is counted as a hit on (the cost of one store stays bounded)
+
+
+def _count_hit(block: Block) -> None:
+    """A prefill continued `block`: it and the blocks before it (up to HIT_DEPTH) were hits."""
+    steps = 0
+    node: Block | None = block
+    while node is not None and steps < HIT_DEPTH:
+        node.hits += 1
+        node = node.parent
+        steps += 1
+
+
+def _content(parent: Block | None, tokens: array, start_unknown: bool) -> int:
+    """kvtui's hash of a prompt's tokens from its start through this block, whatever hash the server uses (0 where
+    the start is unknown: its parent came before kvtui attached, or was let go)."""
+    if start_unknown or (parent is not None and not parent.content):
+        return 0
+    return chain_content(parent.content if parent is not None else 1, tokens)
 
 
 def _first(tokens: array) -> int:

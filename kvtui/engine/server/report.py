@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from .metrics import watched_rate
 from .prefix_cache import PrefixCache
 
 
@@ -14,15 +15,31 @@ def summary_lines(cache: PrefixCache) -> list[str]:
         lines.append(
             f"{origin or 'events'}: {stats.batches} batches, {stats.events} events; blocks stored {stats.stored}, "
             f"removed {stats.removed}, held {stats.held}{capacity}; cleared {stats.cleared}; lost batches "
-            f"{stats.lost}; undecodable or unknown {stats.skipped}; stored again soon after removal {stats.restored}"
+            f"{stats.lost}; undecodable or unknown {stats.skipped}; stored again soon after removal {stats.restored}; "
+            f"removals of blocks never seen stored {stats.unknown_removed}; hashes stored again while held "
+            f"{stats.stored_again}; unknown medium {stats.unknown_medium}"
+            + (f"; caught up through replay {stats.caught_up} batches" if stats.caught_up else "")
             + (f"; restarts {stats.restarts} (blocks gone with them {stats.gone})" if stats.restarts else "")
         )
         samples = cache.metrics.get(origin)
         if samples and samples[-1].overall is not None:
-            last = samples[-1]
+            last, watched = samples[-1], watched_rate(samples)
+            over = f"{watched[0]:.1%} ({watched[1]:.0f} of {watched[2]:.0f} tokens)" if watched else "no queries yet"
             lines.append(
-                f"{origin}: prefix cache hit rate {last.overall:.1%} ({last.hits:.0f} of {last.queries:.0f} tokens)"
+                f"{origin}: prefix cache hit rate while watched {over}; over the server's life {last.overall:.1%} "
+                f"({last.hits:.0f} of {last.queries:.0f} tokens)"
             )
+    if len(cache.origins) > 1:
+        twice = cache.duplicated()
+        for origin, stats in cache.origins.items():
+            lines.append(
+                f"{origin}: fleet: {stats.routed_tokens} tokens prefilled here while another replica held them "
+                f"(routing waste); {twice.get(origin, 0)} tokens held here that another replica holds too"
+            )
+        lines.append(
+            f"fleet: routing waste {sum(s.routed_tokens for s in cache.origins.values())} tokens; tokens held more "
+            f"than once {sum(twice.values())} (memory spent twice)"
+        )
     chains = len(cache.tops)
     lines.append(f"chains {chains}, blocks held {cache.held}, let go past --max-blocks {cache.let_go}")
     codes = cache.note_counts

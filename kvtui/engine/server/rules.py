@@ -1,7 +1,21 @@
 """The rules judged on a server's prefix cache as its events arrive (codes in records/codes.py, one per cause):
 
+Every new chain (a prefill the server announced: the first new block of a BlockStored) gets at most one miss
+cause, the first of these that holds; a prompt whose tokens were simply never seen raises nothing.
+
+- `evicted-prefix` (info): the very block (same hash, same origin) was held before and removed (evicted, or the
+  cache cleared): when, at what age, after how many later prefills continued it (inferred: a hit stores nothing).
+- `hash-mismatch` (warning): the same origin holds the same tokens from the prompt's start under another hash
+  (another LoRA, other extra keys: multimodal ids, a cache salt; which one differs where the event says).
+- `held-elsewhere` (warning): another origin (another server of the fleet, or another data-parallel rank) held
+  these tokens from the prompt's start at that moment: it was routed to a replica that did not (which one; how
+  many tokens were prefilled again).
 - `recomputed-prefix` (warning): a new chain shares its first tokens with a cached chain and then differs, and the
-  cached text goes on after the difference: the tokens after it were prefilled again (where, what, how many).
+  cached text goes on after the difference: the tokens after it were prefilled again (where, what, how many). The
+  edit may be a token in place of another, text put in, left out or replaced by text of another length: found
+  where the cached text goes on within REALIGN_SEARCH tokens of the difference on either side, for at least
+  REALIGN_MIN tokens (INSERT_PROBE for a one-token swap or a pure insertion); a difference at a block boundary is
+  looked for among the chains cached under the same parent block.
 - `template-drift`: the same, where what differs is only what a chat template renders (reading/prefixes.py's
   judgement, the one every producer uses).
 - `varying-start`: prompts that leave the same cached chain at the same token with different text there, over and
@@ -36,6 +50,10 @@ class ChainIndex(Protocol):
 
     def siblings(self, origin: str, group: int, parent: Any, first: int) -> list[Any] | None: ...
 
+    def children(self, parent: Any) -> list[Any]: ...
+
+    def holders(self, group: int, content: int) -> dict[str, list[Any]]: ...
+
     def origin_words(self, origin: str) -> str: ...
 
 
@@ -43,7 +61,8 @@ SIBLINGS_CHECKED = 16  # cached chains compared per new chain: those sharing its
 CHURN_WINDOW_S = 60.0  # a block stored again within this time of its removal counts as churn
 CHURN_MIN = 8  # re-stores before the churn note
 INSERT_PROBE = 6  # cached tokens looked for after the difference (text put before shared text)
-INSERT_SEARCH = 64  # ... within this many tokens of it
+REALIGN_SEARCH = 64  # ... within this many tokens of it, on either side (the edit's length bound)
+REALIGN_MIN = 24  # tokens the cached text must go on for after an edit other than a one-token swap or insertion
 VARYING_MIN = 2  # distinct texts at one cached chain's token before the varying-start note
 
 
@@ -79,6 +98,94 @@ class ServerRules:
                 )
             )
 
+    def classify_miss(
+        self,
+        event: BlocksStored,
+        index: int,
+        parent: Block | None,
+        tokens: array,
+        origin: str,
+        content: int,
+        gone: Any,
+        ts: float,
+        notes: list,
+    ) -> None:
+        """The first new block of a chain: why the server prefilled it (one cause, or none for unseen tokens)."""
+        size = event.block_size
+        start = parent.depth + 1 if parent is not None else 0
+        position = start * size
+        prefilled = (len(event.hashes) - index) * size
+        block = event.hashes[index]
+        cache = self.cache
+        if gone is not None:
+            ago, age = max(0.0, ts - gone.removed_ts), max(0.0, gone.removed_ts - gone.stored_ts)
+            why = "evicted" if gone.how == "evicted" else "removed when the cache was cleared"
+            notes.append(
+                Diagnostic(
+                    "evicted-prefix",
+                    "info",
+                    f"{prefilled} tokens from token {position}{cache.origin_words(origin)} were prefilled again: the "
+                    f"server held them and they were {why} {ago:.1f} s before, {age:.1f} s after being stored, "
+                    f"continued by {gone.hits} later prefill(s) (inferred from the events)",
+                    cache.batches,
+                    Where(origin, 0, position, block),
+                )
+            )
+            return
+        holders = cache.holders(event.group, content)
+        here = holders.get(origin)
+        if here:
+            other = here[0]
+            notes.append(
+                Diagnostic(
+                    "hash-mismatch",
+                    "warning",
+                    f"the prompt's first {position + size} tokens{cache.origin_words(origin)} are held already under "
+                    f"another hash (chain #{other.chain}): {self._key_differs(other, event, index)}; "
+                    f"{prefilled} tokens were prefilled again",
+                    cache.batches,
+                    Where(origin, other.chain, position, block),
+                )
+            )
+            return
+        elsewhere = next((blocks for name, blocks in holders.items() if name != origin), None)
+        if elsewhere:
+            other = elsewhere[0]
+            held = self._held_run(event, index, content, other.origin)
+            notes.append(
+                Diagnostic(
+                    "held-elsewhere",
+                    "warning",
+                    f"{held} tokens from token {position} were prefilled on {origin or 'this server'} while "
+                    f"{other.origin} held them (chain #{other.chain} there, stored {max(0.0, ts - other.stored_ts):.1f}"
+                    " s before): the request went to a replica without its prefix",
+                    cache.batches,
+                    Where(origin, other.chain, position, block),
+                )
+            )
+            return
+        self.check_left_chain(event, index, parent, tokens, origin, notes)
+
+    @staticmethod
+    def _key_differs(held: Block, event: BlocksStored, index: int) -> str:
+        extra = event.extra[index] if index < len(event.extra) else ""
+        if held.lora != event.lora:
+            return f"the LoRA differs ({held.lora or 'none'} held, {event.lora or 'none'} now)"
+        if held.extra != extra:
+            return f"the extra keys differ ({held.extra or 'none'} held, {extra or 'none'} now)"
+        return "the event names no key that differs (a cache salt or hash seed it does not carry)"
+
+    def _held_run(self, event: BlocksStored, index: int, content: int, other: str) -> int:
+        """Tokens from the first new block on that `other` held too (the event's blocks, in order)."""
+        size, run = event.block_size, 0
+        for i in range(index, len(event.hashes)):
+            if i > index:
+                content = chain_content(content, array("l", event.token_ids[i * size : (i + 1) * size]))
+            if other not in self.cache.holders(event.group, content):
+                break
+            run += size
+        return run
+
     def check_left_chain(
         self, event: BlocksStored, index: int, parent: Block | None, tokens: array, origin: str, notes: list
     ) -> None:
@@ -88,33 +195,40 @@ class ServerRules:
         if not len(tokens):
             return
         cache, texts = self.cache, self.cache.texts
+        new_run = array("l", event.token_ids[index * event.block_size :])  # this chain's tokens from the block on
         siblings = cache.siblings(origin, event.group, parent, int(tokens[0]))
-        if not siblings:
-            return
         best, common = None, 0
-        for sibling in siblings[-SIBLINGS_CHECKED:]:  # the oldest of equals wins: the chain others came from
+        for sibling in (siblings or [])[-SIBLINGS_CHECKED:]:  # the oldest of equals wins: the chain others came from
             shared = common_prefix(sibling.tokens, tokens)
             if shared > common:
                 best, common = sibling, shared
                 if shared == len(tokens):
                     break
-        if best is None or common >= len(tokens):
-            return  # same tokens, another hash (a LoRA, a salt): not a prompt difference
-        new_run = array("l", event.token_ids[index * event.block_size :])  # this chain's tokens from the block on
-        cached_run = _continuation(best, common + 1 + INSERT_SEARCH + INSERT_PROBE)
-        code, why, offset = "recomputed-prefix", "", -1
+        if best is not None and common >= len(tokens):
+            return  # same tokens, another hash (hash-mismatch where kvtui knows the prompt's start)
+        edit = None
+        if best is None:  # the difference is at the block's first token: the chains cached under the same parent
+            for child in cache.children(parent)[-SIBLINGS_CHECKED:]:
+                edit = _realigned(_continuation(child, REALIGN_LENGTH), new_run, 0)
+                if edit is not None:
+                    best = child
+                    break
+            if best is None:
+                return
+        cached_run = _continuation(best, common + REALIGN_LENGTH)
+        code, why = "recomputed-prefix", ""
         a0, b0 = int(cached_run[common]), int(new_run[common])
         texts.ensure((a0, b0))
         if a0 in texts.special or b0 in texts.special or not texts.piece(a0).strip() or not texts.piece(b0).strip():
             texts.ensure([*cached_run[common:], *new_run[common:]])  # the judgement reads the texts from there on
-        if only_template_differs(cached_run[common:], new_run[common:], texts.special, texts.piece):
+        if edit is None and only_template_differs(cached_run[common:], new_run[common:], texts.special, texts.piece):
             code = "template-drift"
             why = " (only the chat template's tokens differ: render every request's template the same way)"
         else:
-            offset = _realigned(cached_run, new_run, common)
-            if offset < 1:
+            edit = edit or _realigned(cached_run, new_run, common)
+            if edit is None:
                 return  # the cached text does not go on: another prompt, not a miss
-            why = self._inserted(new_run, common, offset)
+            why = self._edited(cached_run, new_run, common, edit)
         start = parent.depth + 1 if parent is not None else 0
         position = start * event.block_size + common
         new_id, old_id = int(tokens[common]), int(best.tokens[common])
@@ -126,20 +240,34 @@ class ServerRules:
         )
         block = event.hashes[index]
         notes.append(Diagnostic(code, "warning", message, cache.batches, Where(origin, best.chain, position, block)))
-        if offset >= 1:
-            self._count_varying(best, position, new_run, common, offset, origin, notes)
+        if edit is not None:
+            left, put = edit
+            differing = put - 1 if left == 1 and put >= 2 else put  # text put before a cached token it merged with
+            self._count_varying(best, position, new_run, common, differing, origin, notes)
 
-    def _inserted(self, tokens: array, common: int, offset: int) -> str:
-        """What was put before the cached text (a timestamp, an id), where it goes on `offset` tokens later."""
-        if offset < 2:
-            return ""  # one token in place of another (named already)
-        inserted = self.cache.texts.text(tokens[common : common + offset - 1]).strip()
-        return f" ({inserted!r} was put before the cached text, which follows {offset - 1} tokens later)"
+    def _edited(self, cached: array, tokens: array, common: int, edit: tuple[int, int]) -> str:
+        """What the edit at `common` was: text put before the cached text (a timestamp, an id), left out, or
+        replaced by text of another length; "" for one token in place of another (named already)."""
+        left, put = edit
+        text = self.cache.texts.text
+        if left == 0:
+            inserted = text(tokens[common : common + put]).strip()
+            return f" ({inserted!r} was put before the cached text, which follows {put} tokens later)"
+        if left == 1 and put == 1:
+            return ""
+        removed = text(cached[common : common + left]).strip()
+        if put == 0:
+            return f" ({removed!r} was left out; the cached text follows right after)"
+        new = text(tokens[common : common + put]).strip()
+        if removed and new.endswith(removed) and put > left:  # text put before (a token merged with the next)
+            inserted = new[: -len(removed)].strip()
+            return f" ({inserted!r} was put before the cached text, which follows {put - left} tokens later)"
+        return f" ({removed!r}, {_tokens(left)}, became {new!r}, {_tokens(put)}; the cached text follows)"
 
-    def _count_varying(self, cached: Block, position: int, tokens: array, common: int, offset: int, origin, notes):
+    def _count_varying(self, cached: Block, position: int, tokens: array, common: int, put: int, origin, notes):
         miss = self._misses.setdefault((origin, cached.chain, position), _Miss())
         miss.prompts += 1
-        differing = offset - 1 if offset >= 2 else 1  # what was put there, or the one token in place of another
+        differing = put or 1  # what was put there, or the one token in place of another
         texts = self.cache.texts
         miss.texts.add(texts.text(tokens[common : common + differing]).strip())
         if len(miss.texts) >= VARYING_MIN and not miss.noted:
@@ -159,6 +287,10 @@ class ServerRules:
             )
 
 
+def _tokens(count: int) -> str:
+    return f"{count} token" if count == 1 else f"{count} tokens"
+
+
 def _continuation(block: Block, length: int) -> array:
     """A block's tokens and those of its newest descendants after it, up to `length` (what the cache holds on)."""
     out = array("l", block.tokens)
@@ -168,14 +300,35 @@ def _continuation(block: Block, length: int) -> array:
     return out
 
 
-def _realigned(cached: array, tokens: array, common: int) -> int:
-    """The offset from `common` at which `tokens` go on with the cached tokens that follow the differing one
-    (1: one token replaced another; k: k - 1 tokens were put in), or -1 where they do not."""
-    probe = list(cached[common + 1 : common + 1 + INSERT_PROBE])
-    if len(probe) < INSERT_PROBE:
-        return -1  # the cache holds too little after it to tell
-    window = list(tokens[common : common + INSERT_SEARCH + INSERT_PROBE])
-    for start in range(1, len(window) - INSERT_PROBE + 1):
-        if window[start : start + INSERT_PROBE] == probe:
-            return start
-    return -1
+REALIGN_LENGTH = REALIGN_SEARCH + INSERT_PROBE + REALIGN_MIN  # cached tokens read after a difference
+
+
+def chain_content(previous: int, tokens: array) -> int:
+    """kvtui's hash of a prompt's tokens through one more block, whatever hash the server uses (never 0: 0 is
+    "its start unknown"); `previous` is that of the tokens before it (1 at the prompt's start)."""
+    return hash((previous, tokens.tobytes())) or 1
+
+
+def _realigned(cached: array, tokens: array, common: int) -> tuple[int, int] | None:
+    """Where the cached text goes on after a difference at `common`: (left, put), the cached tokens left out (or
+    replaced) and the prompt's tokens put in their place, the smallest edit first; None where it does not go on
+    within REALIGN_SEARCH tokens on either side. A one-token swap or a pure insertion needs INSERT_PROBE tokens
+    to follow as cached; any other edit REALIGN_MIN (so a template's turn end after another question is no miss)."""
+    window = tokens[common : common + REALIGN_SEARCH + INSERT_PROBE]
+    first: dict[bytes, int] = {}  # each INSERT_PROBE-gram of the prompt after the difference -> its first place
+    for put in range(len(window) - INSERT_PROBE + 1):
+        first.setdefault(window[put : put + INSERT_PROBE].tobytes(), put)
+    found: list[tuple[int, int, int]] = []
+    for left in range(REALIGN_SEARCH + 1):
+        probe = cached[common + left : common + left + INSERT_PROBE]
+        if len(probe) < INSERT_PROBE:
+            break  # the cache holds too little after it to tell
+        at = first.get(probe.tobytes())
+        if at is not None and (left, at) != (0, 0):
+            found.append((left + at, left, at))
+    for _, left, put in sorted(found):
+        if (left == 0 or (left == 1 and put >= 1)) or (
+            common_prefix(cached[common + left :], tokens[common + put :]) >= REALIGN_MIN
+        ):
+            return left, put
+    return None

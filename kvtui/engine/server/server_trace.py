@@ -26,6 +26,7 @@ from ..reading.token_texts import TokenTexts
 from ..records.codes import current_code
 from ..records.snapshot import Diagnostic, Where
 from .kv_events import AllCleared, BlocksRemoved, BlocksStored, Event, EventBatch
+from .metrics import watched_rate
 from .prefix_cache import PrefixCache
 from .server_http import CacheMetrics, ServerInfo
 
@@ -84,6 +85,7 @@ def batch_record(origin: str, batch: EventBatch) -> dict:
         "rank": batch.dp_rank,
         "skipped": batch.skipped,
         "events": [event_record(e) for e in batch.events],
+        **({"caught_up": True} if batch.caught_up else {}),
     }
 
 
@@ -245,6 +247,7 @@ def load_server_trace(path: Path, until_batch: int | None = None) -> ServerRun:
                     events=events,
                     dp_rank=int(record.get("rank") or 0),
                     skipped=int(record.get("skipped") or 0),
+                    caught_up=bool(record.get("caught_up")),
                 )
                 cache.apply(batch, record["origin"])
                 run.batches += 1
@@ -273,9 +276,10 @@ def _metrics(record: dict[str, Any]) -> CacheMetrics:
     )
 
 
-def _totals(cache: PrefixCache) -> dict[str, float | int | None]:
+def _totals(cache: PrefixCache) -> dict[str, float | int | str | None]:
     stats = list(cache.origins.values())
-    last = [samples[-1].overall for samples in cache.metrics.values() if samples and samples[-1].overall is not None]
+    # the rate over the watched interval: the servers' lifetime counters move between two runs that saw the same events
+    watched = [rate[0] for samples in cache.metrics.values() if (rate := watched_rate(samples)) is not None]
     return {
         "batches": sum(s.batches for s in stats),
         "blocks stored": sum(s.stored for s in stats),
@@ -283,7 +287,8 @@ def _totals(cache: PrefixCache) -> dict[str, float | int | None]:
         "blocks held": sum(s.held for s in stats),
         "clears": sum(s.cleared for s in stats),
         "lost batches": sum(s.lost for s in stats),
-        "hit rate": round(sum(last) / len(last), 4) if last else None,
+        "routing waste (tokens)": sum(s.routed_tokens for s in stats),
+        "hit rate while watched": f"{sum(watched) / len(watched):.1%}" if watched else None,
     }
 
 

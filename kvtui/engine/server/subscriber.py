@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgpack
 import zmq
@@ -112,6 +112,7 @@ class Subscriber:
         self._sockets: dict[zmq.Socket, EventEndpoint] = {}
         self._monitors: dict[zmq.Socket, EventEndpoint] = {}
         self._epochs: dict[str, _Epoch] = {}
+        self._catching_up = False  # the replay on attach is being applied
         self._requests: deque[tuple[tuple[str, ...], object]] = deque()  # (origins, identity) from other threads
         self.connected = threading.Event()
 
@@ -150,7 +151,11 @@ class Subscriber:
                 for endpoint in self.endpoints:
                     if endpoint.replay:
                         with self.cache.lock:
-                            self._replay(endpoint, 0, None)
+                            self._catching_up = True  # what it gives happened before kvtui attached
+                            try:
+                                self._replay(endpoint, 0, None)
+                            finally:
+                                self._catching_up = False
             end = None if duration is None else time.monotonic() + duration
             frozen_at = time.monotonic()
             while not self.stop.is_set() and (end is None or time.monotonic() < end):
@@ -263,6 +268,8 @@ class Subscriber:
             self._replay(endpoint, expect, batch.seq)  # fills what it can; apply counts the rest
         if batch.skipped:
             self._unknown(endpoint, frames[-1])
+        if not live and self._catching_up:
+            batch = replace(batch, caught_up=True)
         notes = self.cache.apply(batch, origin)
         if stats.last_seq == batch.seq:
             state.last_digest = digest

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..records.snapshot import Diagnostic, Where
-from .metrics import MetricSample
+from .metrics import MetricSample, watched_rate
 from .prefix_cache import Block, OriginStats, PrefixCache
 
 MAX_CHAINS = 200  # chains shown, newest first (chains the user selected are kept on top of these)
@@ -77,6 +77,7 @@ class ChainRow:
     expanded: bool
     rows: tuple[BlockRow, ...]  # its blocks in the tree (only for expanded chains)
     hidden: int  # blocks of an expanded chain past the node budget
+    replicas: tuple[str, ...] = ()  # the other origins holding its first block's tokens from the prompt's start
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +135,9 @@ def build_view(
             count, exact = _count([(b, None) for b in chain_tops], max(counted, 1))
             counted -= count
         top = BlockFacts.of(chain_tops[0])
-        rows_of[chain] = ChainRow(chain, top, count, exact, chain in expanded, tuple(rows), hidden)
+        first = chain_tops[0]
+        replicas = tuple(sorted(set(cache.holders(first.group, first.content)) - {first.origin}))
+        rows_of[chain] = ChainRow(chain, top, count, exact, chain in expanded, tuple(rows), hidden, replicas)
     chains = tuple(rows_of[c] for c in chosen)
     in_shown = sum(c.blocks for c in chains)  # (a lower bound where a count stopped at COUNT_BUDGET)
     cut = sum(c.hidden for c in chains)
@@ -277,6 +280,10 @@ class OriginCounts:
     capacity: int | None
     restarts: int
     gone: int
+    stored_again: int = 0  # stream integrity: a hash stored while held
+    unknown_medium: int = 0  # stream integrity: a `medium` word kvtui does not know
+    routed_tokens: int = 0  # tokens prefilled here while another replica held them
+    caught_up: int = 0  # batches the replay socket gave on attach
 
     @classmethod
     def of(cls, s: OriginStats) -> OriginCounts:
@@ -295,6 +302,10 @@ class OriginCounts:
             s.capacity,
             s.restarts,
             s.gone,
+            s.stored_again,
+            s.unknown_medium,
+            s.routed_tokens,
+            s.caught_up,
         )
 
 
@@ -308,6 +319,8 @@ class StatsView:
     held: int
     chains: int
     notes: int
+    watched: tuple[tuple[str, float], ...] = ()  # per server, the hit rate over the interval kvtui watched
+    twice: tuple[tuple[str, int], ...] = ()  # per origin, tokens held that another origin holds too
 
 
 def stats_view(cache: PrefixCache) -> StatsView:
@@ -326,6 +339,10 @@ def stats_view(cache: PrefixCache) -> StatsView:
         held=cache.held,
         chains=len(cache.tops),
         notes=len(cache.notes),
+        twice=tuple(cache.duplicated().items()),
+        watched=tuple(
+            (origin, rate[0]) for origin, kept in cache.metrics.items() if (rate := watched_rate(kept)) is not None
+        ),
     )
 
 

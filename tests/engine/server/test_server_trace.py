@@ -26,7 +26,7 @@ from kvtui.engine.server.server_trace import (
 DATA = Path(__file__).resolve().parents[2] / "data" / "kv_events"
 
 
-def record(path: Path, frames_used: int | None = None) -> PrefixCache:
+def record(path: Path, frames_used: int | None = None, lifetime: tuple[float, float] = (0.0, 0.0)) -> PrefixCache:
     """Apply the recorded vLLM events as the attach session does, writing the trace; the live cache."""
     pieces = json.loads((DATA / "smollm2-pieces.json").read_text())
     table = {int(k): v for k, v in pieces["pieces"].items()}
@@ -38,10 +38,11 @@ def record(path: Path, frames_used: int | None = None) -> PrefixCache:
         batch = decode_message(frame)
         notes = cache.apply(batch, "127.0.0.1:8000")
         writer.batch("127.0.0.1:8000", batch, notes)
-        if number == 3:
-            metrics = CacheMetrics(queries=500.0, hits=192.0, capacity=40, block_size=32)
-            cache.record_metrics("127.0.0.1:8000", 1.0, metrics)
-            writer.metrics("127.0.0.1:8000", 1.0, metrics)
+        if number in (3, 5):  # `lifetime`: what the server counted before kvtui attached
+            queries, hits = lifetime[0] + 500.0 * (number - 2), lifetime[1] + 192.0 * (number - 2)
+            metrics = CacheMetrics(queries=queries, hits=hits, capacity=40, block_size=32)
+            cache.record_metrics("127.0.0.1:8000", float(number), metrics)
+            writer.metrics("127.0.0.1:8000", float(number), metrics)
     writer.close()
     return cache
 
@@ -63,8 +64,13 @@ def test_a_cut_tail_is_dropped_and_a_corrupt_line_is_named(tmp_path):
     record(path)
     data = path.read_bytes()
     cut = tmp_path / "cut.jsonl"
-    cut.write_bytes(data[: len(data) - 40])  # killed mid-line
-    assert load_server_trace(cut).batches == load_server_trace(path).batches - 1
+    last = data.rstrip(b"\n").rsplit(b"\n", 1)[1]
+    cut.write_bytes(data[: len(data) - 40])  # killed mid-line (the last line: a batch, or a note it raised)
+    whole, part = load_server_trace(path), load_server_trace(cut)
+    if json.loads(last)["type"] == "batch":
+        assert part.batches == whole.batches - 1
+    else:
+        assert part.batches == whole.batches and len(part.recorded_notes) == len(whole.recorded_notes) - 1
     bad = tmp_path / "bad.jsonl"
     lines = data.split(b"\n")
     lines[3] = b"{not json"
@@ -90,6 +96,13 @@ def test_diff_of_two_runs(tmp_path):
     assert same.exit_code == 0 and "agree" in same.output
     differ = runner.invoke(main, ["diff", str(full), str(part)])
     assert differ.exit_code == 1 and "differ" in differ.output
+    # the same events seen by two runs attached at different points of the server's life: the lifetime counters
+    # moved, the rate over what each watched did not: no difference
+    later = tmp_path / "later.jsonl"
+    record(later, lifetime=(10_000.0, 9_000.0))
+    assert diff_server_runs(load_server_trace(full), load_server_trace(later)) == []
+    lines = diff_server_runs(load_server_trace(full), load_server_trace(part))
+    assert "hit rate while watched: A 38.4%, B None" in lines  # as % like the rest
     mixed = tmp_path / "steps.jsonl"
     mixed.write_text('{"type": "header", "schema": 1}\n')
     assert runner.invoke(main, ["diff", str(full), str(mixed)]).exit_code == 2
