@@ -131,7 +131,7 @@ async def _after_refresh(widget) -> None:
 async def _pane_bench(sizes: list[int], repeats: int) -> dict:
     from textual.app import App
 
-    from kvtui.widgets.token_buffer import TokenBufferPane
+    from kvtui.widgets.step.token_buffer import TokenBufferPane
 
     class PaneHost(App):
         def compose(self):

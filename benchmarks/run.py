@@ -334,7 +334,7 @@ def import_breakdown() -> dict:
         "kvtui.engine",
         "kvtui.engine.chat.sampling",
         "kvtui.engine.chat.session",
-        "kvtui.widgets.sampler_modal",
+        "kvtui.widgets.step.sampler_modal",
         "kvtui.app",
         "rich",
     }
@@ -1243,7 +1243,7 @@ def kvtui_bugs(r: dict) -> str:
             + ", ".join(f"{k} {val:.0f} ms" for k, val in sorted(imp.items(), key=lambda kv: -kv[1])[:4])
             + "). `kvtui/app.py` imports `kvtui.engine.records.snapshot`, which runs `kvtui/engine/__init__.py`, "
             + "which eagerly "
-            "imports `.sampling` and `.session`; `widgets/sampler_modal.py` imports `engine.sampling` for "
+            "imports `.sampling` and `.session`; `widgets/step/sampler_modal.py` imports `engine.sampling` for "
             "`SamplerSettings`. Fix: lazy exports in `engine/__init__.py` (PEP 562 `__getattr__`), `SamplerSettings` "
             "in a torch-free module; torch then loads in the model worker after the first frame."
         )
@@ -1251,7 +1251,7 @@ def kvtui_bugs(r: dict) -> str:
         add(
             f"1. **Fixed in the measured tree — first frame without torch.** An earlier run of this benchmark measured "
             "`import kvtui.app` at ~2.5 s of a ~3.0 s first frame (it imported torch and transformers through "
-            "`kvtui/engine/__init__.py` and `widgets/sampler_modal.py`); "
+            "`kvtui/engine/__init__.py` and `widgets/step/sampler_modal.py`); "
             "with lazy engine exports and `SamplerSettings` in "
             f"a torch-free module it is {ff['import_ms']['median']:.0f} ms and the first frame "
             f"{ff['spawn_to_frame_ms']['median']:.0f} ms."

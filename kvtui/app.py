@@ -14,7 +14,7 @@ from .fmt import printable
 from .keys import QUIT
 from .screens.base import SourceScreen
 from .themes import register_themes
-from .widgets.help_screen import HelpScreen
+from .widgets.shared.help_screen import HelpScreen
 
 __all__ = ["KvtuiApp"]
 

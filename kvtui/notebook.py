@@ -26,17 +26,17 @@ from rich.table import Table
 from rich.text import Text
 
 from .engine.records.snapshot import StepSnapshot
-from .widgets.attention_strip import render_heatmap
-from .widgets.cursor_pane import render_cursor
-from .widgets.diagnostics_pane import COLUMNS as ALARM_COLUMNS
-from .widgets.diagnostics_pane import diagnostic_cells, severity_counts, title_for
-from .widgets.layers_pane import COLUMNS as LAYER_COLUMNS
-from .widgets.layers_pane import layer_rows, render_totals
-from .widgets.palette import DEFAULT_PALETTE, role_style
-from .widgets.token_buffer import render_strip
-from .widgets.topk_pane import columns as topk_columns
-from .widgets.topk_pane import render_header as topk_header
-from .widgets.topk_pane import topk_rows
+from .widgets.shared.palette import DEFAULT_PALETTE, role_style
+from .widgets.step.attention_strip import render_heatmap
+from .widgets.step.cursor_pane import render_cursor
+from .widgets.step.diagnostics_pane import COLUMNS as ALARM_COLUMNS
+from .widgets.step.diagnostics_pane import diagnostic_cells, severity_counts, title_for
+from .widgets.step.layers_pane import COLUMNS as LAYER_COLUMNS
+from .widgets.step.layers_pane import layer_rows, render_totals
+from .widgets.step.token_buffer import render_strip
+from .widgets.step.topk_pane import columns as topk_columns
+from .widgets.step.topk_pane import render_header as topk_header
+from .widgets.step.topk_pane import topk_rows
 
 WIDTH = 120  # console cells of the export
 STRIP_LIMIT = 600  # tokens of the strip shown (the newest); earlier ones are counted

@@ -83,7 +83,7 @@ def _reference(work):
 
 
 def test_lesson_one_shows_specials_shapes_and_topk(executed):
-    from kvtui.widgets.topk_pane import format_prob
+    from kvtui.widgets.step.topk_pane import format_prob
 
     notebook, work = executed
     outputs = _html_outputs(_cell(notebook, 'trace="lesson1.jsonl"'))
@@ -214,7 +214,7 @@ def test_a_step_with_attention_shows_a_heat_map_of_layers_by_positions():
     by that layer's recorded weights (the largest full), a layer without attention drawn as dots."""
     from kvtui.engine.records.snapshot import BufferToken, StepSnapshot, TokenBuffer
     from kvtui.notebook import html as to_html
-    from kvtui.widgets.attention_strip import render_heatmap
+    from kvtui.widgets.step.attention_strip import render_heatmap
 
     tokens = [BufferToken(position=i, id=i, piece=f"t{i}", special=False, origin="user", turn=1) for i in range(4)]
     snap = StepSnapshot(

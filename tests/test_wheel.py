@@ -126,9 +126,9 @@ def test_a_headless_sample_on_a_tiny_model(installed):
 
 FIRST_FRAME = textwrap.dedent("""
     import asyncio, sys
-    from kvtui.app import KvtuiApp
+    from kvtui import viewers
     from kvtui.options import AppConfig
-    from kvtui.widgets.layers_pane import LayersPane
+    from kvtui.widgets.step.layers_pane import LayersPane
 
     async def main():
         app = viewers.chat(AppConfig(model="tiny:qwen2", options={"max_new_tokens": 3}, theme="wheel-test"))

@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.widget import Widget
 
 from ..engine.records.snapshot import StepSnapshot
-from ..widgets.chat_pane import ChatPane
+from ..widgets.step.chat_pane import ChatPane
 
 if TYPE_CHECKING:
     from textual.message import Message

@@ -22,8 +22,8 @@ from ..engine.records.codec import from_record, to_record
 from ..engine.records.snapshot import Diagnostic, StepSnapshot, VerifyResult
 from ..messages import Call, SessionState, SnapshotReady
 from ..options import AppConfig
-from ..widgets.layers_pane import LayersPane
-from ..widgets.sampler_modal import SamplerModal
+from ..widgets.step.layers_pane import LayersPane
+from ..widgets.step.sampler_modal import SamplerModal
 from .base import Driver, ui_cpu
 from .reuse import ReuseMeter
 

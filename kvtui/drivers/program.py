@@ -18,10 +18,10 @@ from ..engine.records.snapshot import Diagnostic, StepSnapshot
 from ..engine.records.trace import Trace
 from ..fmt import printable
 from ..messages import Call, SnapshotReady
-from ..widgets.chat_pane import ChatPane, program_step_text
-from ..widgets.program_input import ProgramInput
-from ..widgets.program_output import ProgramOutput
-from ..widgets.token_buffer import TokenBufferPane
+from ..widgets.step.chat_pane import ChatPane, program_step_text
+from ..widgets.step.program_input import ProgramInput
+from ..widgets.step.program_output import ProgramOutput
+from ..widgets.step.token_buffer import TokenBufferPane
 from .base import Driver
 
 # Keys kvtui's own chat has and a watched program's stream cannot honour (by action name), with why.

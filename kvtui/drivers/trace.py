@@ -13,9 +13,9 @@ from ..engine.records.replay import Replay, describe_event, transcript
 from ..engine.records.snapshot import StepSnapshot
 from ..engine.records.trace import Trace, TraceError, read_trace
 from ..messages import Call, SnapshotReady
-from ..widgets.chat_pane import ChatPane, program_step_text
-from ..widgets.status_bar import HISTORY
-from ..widgets.token_buffer import TokenBufferPane
+from ..widgets.shared.status_bar import HISTORY
+from ..widgets.step.chat_pane import ChatPane, program_step_text
+from ..widgets.step.token_buffer import TokenBufferPane
 from .base import Driver
 from .reuse import ReuseMeter
 

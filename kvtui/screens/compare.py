@@ -15,10 +15,10 @@ from textual.widgets import Footer, Static
 
 from ..compare import CompareError, Comparison
 from ..keys import COMPARE_KEYS
-from ..widgets.lane_pane import LanePane
-from ..widgets.palette import theme_palette
-from ..widgets.status_bar import StatusBar
-from ..widgets.step_time_plot import StepTimePlot
+from ..widgets.compare.step_time_plot import StepTimePlot
+from ..widgets.compare.strategy_lane import StrategyLane
+from ..widgets.shared.palette import theme_palette
+from ..widgets.shared.status_bar import StatusBar
 from .base import SourceScreen
 
 HELP = """
@@ -58,7 +58,7 @@ class CompareScreen(SourceScreen):
         yield Static(f"kvtui compare · {self.model_name} · {len(self.script.turns)} turns", id="title", markup=False)
         with Horizontal(id="lanes"):
             for lane in self.comparison.lanes:
-                yield LanePane(lane.strategy, id=f"lane-{lane.strategy.replace('+', '-')}")
+                yield StrategyLane(lane.strategy, id=f"lane-{lane.strategy.replace('+', '-')}")
         yield StepTimePlot(id="plot")
         yield StatusBar(id="verdict", sparklines=False)
         yield Footer()
@@ -80,7 +80,7 @@ class CompareScreen(SourceScreen):
     def on_updated(self, message: Updated) -> None:
         palette = theme_palette(self.app)
         comparison = self.comparison
-        for lane, pane in zip(comparison.lanes, self.query(LanePane)):
+        for lane, pane in zip(comparison.lanes, self.query(StrategyLane)):
             pane.show(lane, palette)
         self.query_one(StepTimePlot).show(comparison.lanes, force=message.done)
         difference = comparison.first_difference(final=message.done)

@@ -20,12 +20,12 @@ from textual.widgets import Footer, Static, Tree
 from ..engine.server.prefix_cache import PrefixCache
 from ..engine.server.view import NodeRef, read_block_info, read_frame, read_note_target
 from ..keys import SERVER_KEYS
-from ..widgets.block_detail import BlockDetail
-from ..widgets.cache_notes import MAX_SHOWN, CacheNotes
-from ..widgets.palette import theme_palette
-from ..widgets.prefix_tree_pane import PrefixTreePane
-from ..widgets.server_stats import ServerStats
-from ..widgets.status_bar import StatusBar
+from ..widgets.server.block_detail import BlockDetail
+from ..widgets.server.cache_notes import MAX_SHOWN, CacheNotes
+from ..widgets.server.prefix_tree_pane import PrefixTreePane
+from ..widgets.server.server_stats import ServerStats
+from ..widgets.shared.palette import theme_palette
+from ..widgets.shared.status_bar import StatusBar
 from .base import SourceScreen
 
 REFRESH_HZ = 4

@@ -32,16 +32,16 @@ from ..engine.records.snapshot import Diagnostic, RequestView, StepSnapshot
 from ..keys import APP_KEYS
 from ..messages import Call, SessionState, SnapshotReady
 from ..options import AppConfig
-from ..widgets.alarm_line import AlarmLine
-from ..widgets.attention_strip import AttentionStrip, shading
-from ..widgets.chat_pane import ChatPane
-from ..widgets.cursor_pane import CursorPane
-from ..widgets.diagnostics_pane import DiagnosticsPane
-from ..widgets.layers_pane import LayersPane
-from ..widgets.requests_pane import RequestsPane, picked_request
-from ..widgets.status_bar import StatusBar
-from ..widgets.token_buffer import TokenBufferPane
-from ..widgets.topk_pane import TopKPane
+from ..widgets.shared.status_bar import StatusBar
+from ..widgets.step.alarm_line import AlarmLine
+from ..widgets.step.attention_strip import AttentionStrip, shading
+from ..widgets.step.chat_pane import ChatPane
+from ..widgets.step.cursor_pane import CursorPane
+from ..widgets.step.diagnostics_pane import DiagnosticsPane
+from ..widgets.step.layers_pane import LayersPane
+from ..widgets.step.requests_pane import RequestsPane, picked_request
+from ..widgets.step.token_buffer import TokenBufferPane
+from ..widgets.step.topk_pane import TopKPane
 from .step_keys import StepKeys
 
 # pane repaints per second at most while the model runs when no core is spare: each repaint takes CPU the engine

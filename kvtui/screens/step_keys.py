@@ -7,13 +7,13 @@ from __future__ import annotations
 from textual import on
 from textual.widgets import Input
 
-from ..widgets.chat_pane import ChatPane
-from ..widgets.diagnostics_pane import DiagnosticsPane
-from ..widgets.layers_pane import LayersPane
-from ..widgets.program_input import ProgramInput
-from ..widgets.requests_pane import RequestsPane
-from ..widgets.token_buffer import TokenBufferPane
-from ..widgets.topk_pane import TopKPane
+from ..widgets.step.chat_pane import ChatPane
+from ..widgets.step.diagnostics_pane import DiagnosticsPane
+from ..widgets.step.layers_pane import LayersPane
+from ..widgets.step.program_input import ProgramInput
+from ..widgets.step.requests_pane import RequestsPane
+from ..widgets.step.token_buffer import TokenBufferPane
+from ..widgets.step.topk_pane import TopKPane
 from .base import SourceScreen
 
 HISTORY_NOTE = "step {step} is older than the last steps kept in memory (it is in the trace)"

@@ -29,8 +29,8 @@ from kvtui import viewers
 from kvtui.drivers.chat import HISTORY_STEPS
 from kvtui.engine.records.snapshot import BufferToken, StepSnapshot
 from kvtui.options import AppConfig
-from kvtui.widgets import status_bar
-from kvtui.widgets.status_bar import StatusBar
+from kvtui.widgets.shared import status_bar
+from kvtui.widgets.shared.status_bar import StatusBar
 
 STEPS = 2000
 EARLY = 500  # first measurement: allocator settled, history (mostly) full

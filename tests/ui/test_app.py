@@ -8,12 +8,12 @@ from textual.widgets import Input
 
 from kvtui import viewers
 from kvtui.options import AppConfig
-from kvtui.widgets.cursor_pane import CursorPane
-from kvtui.widgets.diagnostics_pane import DiagnosticsPane
-from kvtui.widgets.layers_pane import LayersPane, format_shape
-from kvtui.widgets.status_bar import StatusBar
-from kvtui.widgets.token_buffer import TokenBufferPane
-from kvtui.widgets.topk_pane import TopKPane
+from kvtui.widgets.shared.status_bar import StatusBar
+from kvtui.widgets.step.cursor_pane import CursorPane
+from kvtui.widgets.step.diagnostics_pane import DiagnosticsPane
+from kvtui.widgets.step.layers_pane import LayersPane, format_shape
+from kvtui.widgets.step.token_buffer import TokenBufferPane
+from kvtui.widgets.step.topk_pane import TopKPane
 from pilot_helpers import start, wait_for, wait_idle
 
 SIZE = (140, 45)
@@ -278,7 +278,7 @@ async def test_help_sampler_and_pane_toggles(tiny_loaded):
 
 
 async def test_reuse_meter_and_watch(tiny_loaded):
-    from kvtui.widgets.chat_pane import ChatPane
+    from kvtui.widgets.step.chat_pane import ChatPane
 
     app = make_app(tiny_loaded("qwen2"), max_new_tokens=3)
     async with app.run_test(size=SIZE) as pilot:

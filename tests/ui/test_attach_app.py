@@ -24,11 +24,11 @@ from kvtui.engine.server.server_http import CacheMetrics
 from kvtui.engine.server.server_trace import ServerRun, load_server_trace
 from kvtui.engine.server.view import MAX_CHAINS, NodeRef, build_view
 from kvtui.screens.server import BEHIND_AFTER
-from kvtui.widgets.block_detail import BlockDetail
-from kvtui.widgets.cache_notes import CacheNotes
-from kvtui.widgets.prefix_tree_pane import PrefixTreePane
-from kvtui.widgets.server_stats import ServerStats
-from kvtui.widgets.server_tokens import tokens_text
+from kvtui.widgets.server.block_detail import BlockDetail
+from kvtui.widgets.server.cache_notes import CacheNotes
+from kvtui.widgets.server.prefix_tree_pane import PrefixTreePane
+from kvtui.widgets.server.server_stats import ServerStats
+from kvtui.widgets.server.server_tokens import tokens_text
 from pilot_helpers import wait_for
 from test_layout import screen_text
 
@@ -350,7 +350,7 @@ def test_replay_print_says_the_summary_and_the_notes(tmp_path):
 
 
 async def test_help_lists_the_keys_and_refreshes_go_on_under_it():
-    from kvtui.widgets.help_screen import HelpScreen
+    from kvtui.widgets.shared.help_screen import HelpScreen
 
     cache = synthetic_cache()
     app = live_app(cache)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from kvtui import viewers
 from kvtui.engine.chat.script import Script
-from kvtui.widgets.lane_pane import LanePane
-from kvtui.widgets.step_time_plot import StepTimePlot
+from kvtui.widgets.compare.step_time_plot import StepTimePlot
+from kvtui.widgets.compare.strategy_lane import StrategyLane
 
 
 async def test_compare_screen_runs_the_lanes_in_lockstep(tiny_dir, tmp_path):
@@ -34,7 +34,7 @@ async def test_compare_screen_runs_the_lanes_in_lockstep(tiny_dir, tmp_path):
         assert app.view.finished and app.view.outcome == 0
         lanes = app.view.comparison.lanes
         assert [len(lane.chosen) for lane in lanes] == [len(lanes[0].chosen)] * 3  # lockstep: the same steps each
-        panes = {pane.border_title: str(pane.render()) for pane in app.query(LanePane)}
+        panes = {pane.border_title: str(pane.render()) for pane in app.query(StrategyLane)}
         assert "re-reads" in panes["none"] and "tok/s" in panes["dynamic"]
         dynamic = lanes[1]
         assert f"holds {dynamic.cache_length}" in panes["dynamic"]
@@ -48,8 +48,8 @@ async def test_compare_screen_runs_the_lanes_in_lockstep(tiny_dir, tmp_path):
 
 def test_cursor_and_layers_panes_say_there_is_no_cache():
     from kvtui.engine.records.snapshot import BufferToken, StepSnapshot, TokenBuffer
-    from kvtui.widgets.cursor_pane import has_alarm, render_cursor
-    from kvtui.widgets.layers_pane import render_totals
+    from kvtui.widgets.step.cursor_pane import has_alarm, render_cursor
+    from kvtui.widgets.step.layers_pane import render_totals
 
     tokens = [BufferToken(position=i, id=i, piece="a", special=False, origin="user", turn=1) for i in range(7)]
     snap = StepSnapshot(

@@ -17,7 +17,7 @@ import pytest
 
 from kvtui import viewers
 from kvtui.options import AppConfig
-from kvtui.widgets.status_bar import StatusBar
+from kvtui.widgets.shared.status_bar import StatusBar
 from pilot_helpers import start, wait_for, wait_idle
 
 SIZE = (140, 45)
@@ -182,9 +182,9 @@ async def test_attention_of_the_layer_selected_in_the_layers_pane(tiny_dir):
     """--attention through the engine process: every step carries every layer's newest-query attention (the
     model keeps its sdpa), the per-head rows of the layer the layers pane (or `]`) selects, read at the next
     forward; `[`/`]` and `{`/`}` move the buffer's shading through all layers, each layer and its heads."""
-    from kvtui.widgets.attention_strip import AttentionStrip, shading
-    from kvtui.widgets.layers_pane import LayersPane
-    from kvtui.widgets.token_buffer import TokenBufferPane
+    from kvtui.widgets.step.attention_strip import AttentionStrip, shading
+    from kvtui.widgets.step.layers_pane import LayersPane
+    from kvtui.widgets.step.token_buffer import TokenBufferPane
 
     app = viewers.chat(AppConfig(model=str(tiny_dir("qwen2")), options={"max_new_tokens": 8, "attention": True}))
     async with app.run_test(size=SIZE) as pilot:

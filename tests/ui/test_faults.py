@@ -7,7 +7,7 @@ import pytest
 
 from kvtui import viewers
 from kvtui.options import AppConfig
-from kvtui.widgets.status_bar import StatusBar
+from kvtui.widgets.shared.status_bar import StatusBar
 from pilot_helpers import start, wait_for, wait_idle
 
 SIZE = (140, 45)

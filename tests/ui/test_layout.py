@@ -12,8 +12,8 @@ from textual.widgets import Input
 
 from kvtui import viewers
 from kvtui.options import AppConfig
-from kvtui.widgets.diagnostics_pane import DiagnosticsPane
-from kvtui.widgets.layers_pane import LayersPane, compact_shape
+from kvtui.widgets.step.diagnostics_pane import DiagnosticsPane
+from kvtui.widgets.step.layers_pane import LayersPane, compact_shape
 from pilot_helpers import FakeClock, wait_for, wait_idle
 
 SIZES = [(80, 24), (120, 36), (140, 45), (160, 48), (200, 50), (240, 60)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
 
-from kvtui.widgets.live_text import LiveText
+from kvtui.widgets.shared.live_text import LiveText
 
 
 class Host(App):

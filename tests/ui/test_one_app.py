@@ -18,7 +18,7 @@ from kvtui.engine.chat.script import Script
 from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.server_trace import load_server_trace
 from kvtui.screens.compare import CompareScreen
-from kvtui.widgets.help_screen import HelpScreen
+from kvtui.widgets.shared.help_screen import HelpScreen
 from pilot_helpers import wait_for
 from test_layout import screen_text
 from test_requests_pane import PostedSteps, SilentSource

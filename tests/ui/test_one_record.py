@@ -86,7 +86,7 @@ async def test_every_tui_action_is_recorded_and_replayed(tiny_loaded, tmp_path):
     from kvtui.engine.chat.sampling import SamplerSettings
     from kvtui.engine.records.replay import Replay
     from kvtui.options import AppConfig
-    from kvtui.widgets.topk_pane import TopKPane
+    from kvtui.widgets.step.topk_pane import TopKPane
 
     trace = tmp_path / "actions.jsonl"
     app = viewers.chat(AppConfig(options={"max_new_tokens": 6}, trace_path=trace), loaded=tiny_loaded("qwen2"))

@@ -18,8 +18,8 @@ from kvtui.engine.records.snapshot import (
     TokenBuffer,
     TopToken,
 )
-from kvtui.widgets.cursor_pane import CursorPane, capacity_bar, format_positions, kind_summary, render_cursor
-from kvtui.widgets.diagnostics_pane import (
+from kvtui.widgets.step.cursor_pane import CursorPane, capacity_bar, format_positions, kind_summary, render_cursor
+from kvtui.widgets.step.diagnostics_pane import (
     DiagnosticsPane,
     diagnostic_cells,
     render_detail,
@@ -27,7 +27,7 @@ from kvtui.widgets.diagnostics_pane import (
     title_for,
     truncate,
 )
-from kvtui.widgets.layers_pane import (
+from kvtui.widgets.step.layers_pane import (
     LayersPane,
     format_bytes,
     format_shape,
@@ -36,7 +36,7 @@ from kvtui.widgets.layers_pane import (
     layer_rows,
     render_totals,
 )
-from kvtui.widgets.topk_pane import TopKPane, format_piece, format_prob, prob_bar, render_header, topk_rows
+from kvtui.widgets.step.topk_pane import TopKPane, format_piece, format_prob, prob_bar, render_header, topk_rows
 
 # ---------------------------------------------------------------------------------------------
 # factory
@@ -657,7 +657,7 @@ async def test_a_rebuilt_table_is_as_wide_as_its_new_rows():
     in the frames between (seen in the watch TUI; a layout test failed on it under load)."""
     from rich.text import Text
 
-    from kvtui.widgets.table_rows import update_rows
+    from kvtui.widgets.shared.table_rows import update_rows
 
     class Row:
         def __init__(self, key, *cells):
@@ -685,7 +685,7 @@ def test_the_server_pane_shows_the_fleet_and_the_stream_integrity():
     from kvtui.engine.server.kv_events import BlocksStored, EventBatch
     from kvtui.engine.server.prefix_cache import PrefixCache
     from kvtui.engine.server.view import stats_view
-    from kvtui.widgets.server_stats import fleet_line, render_table
+    from kvtui.widgets.server.server_stats import fleet_line, render_table
 
     cache = PrefixCache(TokenTexts())
     prompt = tuple(range(100, 132))

@@ -10,9 +10,9 @@ from kvtui.drivers.chat import ChatDriver
 from kvtui.drivers.program import ProgramDriver
 from kvtui.drivers.trace import TraceDriver
 from kvtui.keys import APP_KEYS, SERVER_KEYS, key_label
-from kvtui.widgets.diagnostics_pane import DiagnosticsPane
-from kvtui.widgets.token_buffer import TokenBufferPane
-from kvtui.widgets.topk_pane import TopKPane
+from kvtui.widgets.step.diagnostics_pane import DiagnosticsPane
+from kvtui.widgets.step.token_buffer import TokenBufferPane
+from kvtui.widgets.step.topk_pane import TopKPane
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

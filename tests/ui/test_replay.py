@@ -9,8 +9,8 @@ from kvtui.engine import ChatSession, SessionConfig
 from kvtui.engine.records.codec import buffer_record, to_record
 from kvtui.engine.records.replay import Replay, transcript
 from kvtui.engine.records.trace import TraceError, TraceWriter, header_record, read_trace
-from kvtui.widgets.cursor_pane import CursorPane
-from kvtui.widgets.token_buffer import TokenBufferPane
+from kvtui.widgets.step.cursor_pane import CursorPane
+from kvtui.widgets.step.token_buffer import TokenBufferPane
 from pilot_helpers import wait_for
 
 

@@ -14,9 +14,9 @@ from kvtui import viewers
 from kvtui.app import KvtuiApp
 from kvtui.drivers.program import ProgramDriver
 from kvtui.messages import SnapshotReady
-from kvtui.widgets.cursor_pane import CursorPane, render_cursor
-from kvtui.widgets.layers_pane import LayersPane, render_paged
-from kvtui.widgets.requests_pane import (
+from kvtui.widgets.step.cursor_pane import CursorPane, render_cursor
+from kvtui.widgets.step.layers_pane import LayersPane, render_paged
+from kvtui.widgets.step.requests_pane import (
     RequestsPane,
     describe_request,
     for_request,
@@ -26,8 +26,8 @@ from kvtui.widgets.requests_pane import (
     request_rows,
     short_id,
 )
-from kvtui.widgets.token_buffer import TokenBufferPane
-from kvtui.widgets.topk_pane import TopKPane
+from kvtui.widgets.step.token_buffer import TokenBufferPane
+from kvtui.widgets.step.topk_pane import TopKPane
 from pilot_helpers import wait_for
 from request_snapshots import steps
 from test_layout import screen_text

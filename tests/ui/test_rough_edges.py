@@ -33,7 +33,7 @@ async def test_layers_pane_keeps_the_bytes_column_in_view_at_160_columns(tiny_lo
     """At 160x48 the layers pane is about 59 cells wide: with SmolLM2's shapes (30 layers of
     1×3×225×64) the bytes, with their unit, must be visible without scrolling; the long shapes and
     dtype/device come after them (and dtype/device are in the totals line)."""
-    from kvtui.widgets.layers_pane import LayersPane
+    from kvtui.widgets.step.layers_pane import LayersPane
     from test_panes import make_layer, make_snapshot
 
     layers = tuple(make_layer(i, "full", 225, kv_heads=3, head_dim=64) for i in range(30))
@@ -61,7 +61,7 @@ async def test_reuse_meter_says_when_the_ui_was_busy_during_a_timing(tiny_loaded
     import time as clock
 
     from engine_faults import slow_first_forward
-    from kvtui.widgets.chat_pane import ChatPane
+    from kvtui.widgets.step.chat_pane import ChatPane
 
     # in the engine process, the prefill's forward takes 300 ms of wall time (sleeping)
     app = viewers.chat(

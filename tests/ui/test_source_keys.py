@@ -20,7 +20,7 @@ from kvtui.engine.chat.session import ChatSession, SessionConfig
 from kvtui.engine.records.codec import buffer_record, to_record
 from kvtui.engine.records.stream import format_command
 from kvtui.engine.records.trace import TraceWriter, header_record
-from kvtui.widgets.token_buffer import TokenBufferPane
+from kvtui.widgets.step.token_buffer import TokenBufferPane
 from pilot_helpers import wait_for
 
 SIZE = (140, 45)
@@ -182,7 +182,7 @@ async def test_every_key_in_a_replay_works_or_says_why_it_cannot(trace):
 
 
 async def test_help_lists_why_a_replay_key_is_disabled(trace):
-    from kvtui.widgets.help_screen import HelpScreen
+    from kvtui.widgets.shared.help_screen import HelpScreen
 
     app = viewers.replay(trace)
     async with app.run_test(size=SIZE) as pilot:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from textual.app import App, ComposeResult
 
 from kvtui.engine.records.snapshot import BufferToken, LayerInfo, StepSnapshot, TokenBuffer, TopToken
-from kvtui.widgets.token_buffer import TokenBufferPane, display_piece, fit
+from kvtui.widgets.step.token_buffer import TokenBufferPane, display_piece, fit
 
 SIZE = (100, 30)
 
@@ -497,7 +497,7 @@ async def test_show_buffer_without_a_snapshot():
 async def test_special_tokens_are_never_cut_even_far_from_the_tail():
     """The newest tokens are scanned at show (O(SCAN_NEW)); an older special token widens the grid when its row
     is drawn, so on screen it is whole; a reset narrows the grid back."""
-    from kvtui.widgets.token_buffer import SCAN_NEW
+    from kvtui.widgets.step.token_buffer import SCAN_NEW
 
     app = Host()
     async with app.run_test(size=SIZE) as pilot:

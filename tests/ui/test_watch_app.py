@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from kvtui import viewers
-from kvtui.widgets.program_output import ProgramOutput
+from kvtui.widgets.step.program_output import ProgramOutput
 from pilot_helpers import wait_for
 
 PROGRAM = textwrap.dedent("""
@@ -108,8 +108,8 @@ async def test_break_on_alarm_stops_at_the_alarm_step(program):
 async def test_watch_with_attention_shades_by_the_program_steps(program):
     """`kvtui watch --attention`: the program's steps carry every layer's attention; selecting a layer (`]`)
     asks the program for that layer's heads, which the next step carries; the strip shows under the buffer."""
-    from kvtui.widgets.attention_strip import AttentionStrip, shading
-    from kvtui.widgets.token_buffer import TokenBufferPane
+    from kvtui.widgets.step.attention_strip import AttentionStrip, shading
+    from kvtui.widgets.step.token_buffer import TokenBufferPane
 
     path, model = program
     app = viewers.watch(str(path), [str(model), "4", "0"], paused=True, attention=True)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvtui import viewers
-from kvtui.widgets.program_input import ProgramInput
-from kvtui.widgets.program_output import ProgramOutput
-from kvtui.widgets.token_buffer import TokenBufferPane
+from kvtui.widgets.step.program_input import ProgramInput
+from kvtui.widgets.step.program_output import ProgramOutput
+from kvtui.widgets.step.token_buffer import TokenBufferPane
 from pilot_helpers import wait_for
 
 CHAT = Path(__file__).resolve().parents[2] / "samples" / "programs" / "chat_input.py"

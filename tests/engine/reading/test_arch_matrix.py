@@ -299,7 +299,7 @@ def test_readme_matrix_is_current(tiny_model):
 
 
 def test_layers_pane_shows_states_of_non_kv_layers(tiny_model):
-    from kvtui.widgets.layers_pane import layer_cells
+    from kvtui.widgets.step.layers_pane import layer_cells
 
     model, tokenizer = tiny_model("jamba")
     if not dynamic_cache_keeps_state(model.config):
@@ -314,7 +314,7 @@ def test_layers_pane_shows_states_of_non_kv_layers(tiny_model):
         session.cache.layers[ssm.index].recurrent_states[0],
     )
     assert cells[1] == "ssm"
-    from kvtui.widgets.layers_pane import COLUMNS
+    from kvtui.widgets.step.layers_pane import COLUMNS
 
     keys = [key for key, _ in COLUMNS]
     assert cells[keys.index("k_shape")] == "conv " + "×".join(map(str, conv.shape))

@@ -22,7 +22,7 @@ from kvtui.engine.records.snapshot import LayerInfo, StepSnapshot, TokenBuffer
 from kvtui.engine.records.trace import read_trace
 from kvtui.engine.watch.tree import ProcessRun, sharded_ranks, shards, tensor_parallel
 from kvtui.engine.watch.tree_source import TreeSource
-from kvtui.widgets.layers_pane import render_totals
+from kvtui.widgets.step.layers_pane import render_totals
 from program_headers import model_dir
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,8 +11,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..engine.server.view import BlockInfo, TextsView
-from .palette import Palette, role_style
+from ...engine.server.view import BlockInfo, TextsView
+from ..shared.palette import Palette, role_style
 from .server_tokens import tokens_text
 
 EMPTY = "select a chain or a block in the tree (arrows, enter)"

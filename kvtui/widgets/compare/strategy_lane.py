@@ -1,6 +1,6 @@
 """One strategy of `kvtui compare`: its numbers and the current turn's reply, as they arrive.
 
-`render_lane(lane, palette)` is pure (a Rich Text from a kvtui.compare.Lane); `LanePane` is a Static around it.
+`render_lane(lane, palette)` is pure (a Rich Text from a kvtui.compare.Lane); `StrategyLane` is a Static around it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from kvtui.fmt import size as format_bytes
 from kvtui.fmt import token_text
-from kvtui.widgets.palette import Palette, role_style
+from kvtui.widgets.shared.palette import Palette, role_style
 
 
 def render_lane(lane, palette: Palette | None = None, reply_tail: int = 400) -> Text:
@@ -47,9 +47,9 @@ def render_lane(lane, palette: Palette | None = None, reply_tail: int = 400) -> 
     return text
 
 
-class LanePane(Static):
+class StrategyLane(Static):
     DEFAULT_CSS = """
-    LanePane { width: 1fr; height: 1fr; border: round $foreground 25%; border-title-color: $text-accent;
+    StrategyLane { width: 1fr; height: 1fr; border: round $foreground 25%; border-title-color: $text-accent;
                border-title-style: bold; padding: 0 1; }
     """
 

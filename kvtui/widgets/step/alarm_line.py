@@ -13,8 +13,8 @@ from rich.text import Text
 
 from kvtui.engine.records.diagnostic_groups import DiagnosticGroup, leading_group
 from kvtui.fmt import one_line
-from kvtui.widgets.live_text import LiveText
-from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.live_text import LiveText
+from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
 
 MARKS = {"error": "✗", "warning": "▲", "info": "i"}
 

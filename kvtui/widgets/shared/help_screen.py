@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..keys import key_label
+from ...keys import key_label
 
 if TYPE_CHECKING:
     from textual.screen import Screen

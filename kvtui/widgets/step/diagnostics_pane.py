@@ -26,8 +26,8 @@ from textual.widgets import DataTable, Static
 from kvtui.engine.records.diagnostic_groups import DiagnosticGroup, group_diagnostics, leading_group
 from kvtui.engine.records.snapshot import SEVERITIES, Diagnostic, StepSnapshot
 from kvtui.fmt import one_line, printable
-from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
-from kvtui.widgets.table_rows import update_rows
+from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.table_rows import update_rows
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("step", "step"),

@@ -18,8 +18,8 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from ..engine.server.view import BlockFacts, BlockRow, CacheView, ChainRow, Ident, NodeRef, TextsView, ident_of
-from .palette import Palette, role_style
+from ...engine.server.view import BlockFacts, BlockRow, CacheView, ChainRow, Ident, NodeRef, TextsView, ident_of
+from ..shared.palette import Palette, role_style
 from .server_tokens import tokens_text
 
 CHAIN_PREVIEW = 40  # characters of a chain's first tokens in its label

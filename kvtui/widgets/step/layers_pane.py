@@ -20,9 +20,9 @@ from textual.widgets import DataTable
 
 from kvtui.engine.records.snapshot import LayerInfo, PagedGroupView, StepSnapshot
 from kvtui.fmt import size as format_bytes
-from kvtui.widgets.live_text import LiveText
-from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
-from kvtui.widgets.table_rows import fit_columns, update_rows
+from kvtui.widgets.shared.live_text import LiveText
+from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.table_rows import fit_columns, update_rows
 
 # (key, label) of the table's columns, in order: the numbers people compare first, the long shapes and
 # the per-layer dtype/device (also in the totals line when every layer shares them) last, so a narrow

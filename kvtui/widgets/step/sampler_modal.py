@@ -7,7 +7,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from ..engine.chat.settings import SamplerSettings
+from ...engine.chat.settings import SamplerSettings
 
 FIELDS = (
     ("temperature", float, "0 = greedy"),

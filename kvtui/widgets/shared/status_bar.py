@@ -10,8 +10,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Sparkline, Static
 
-from ..engine.records.snapshot import StepSnapshot
-from ..fmt import printable, size
+from ...engine.records.snapshot import StepSnapshot
+from ...fmt import printable, size
 from .live_text import LiveText
 
 HISTORY = 120  # points per sparkline

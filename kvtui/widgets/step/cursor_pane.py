@@ -10,9 +10,9 @@ from rich.text import Text
 
 from kvtui.engine.records.snapshot import BufferToken, StepSnapshot
 from kvtui.fmt import token_text
-from kvtui.widgets.layers_pane import shape_summary
-from kvtui.widgets.live_text import LiveText
-from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.live_text import LiveText
+from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.step.layers_pane import shape_summary
 
 # ---------------------------------------------------------------------------------------------
 # pure rendering

@@ -14,8 +14,8 @@ from rich.text import Text
 
 from kvtui.engine.records.snapshot import StepSnapshot
 from kvtui.fmt import token_text
-from kvtui.widgets.live_text import LiveText
-from kvtui.widgets.palette import role_style
+from kvtui.widgets.shared.live_text import LiveText
+from kvtui.widgets.shared.palette import role_style
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 SHOWN = ("sink", "system", "pad", "this turn")  # the strip's lines, where the step holds them

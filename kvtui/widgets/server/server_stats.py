@@ -12,9 +12,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Sparkline, Static
 
-from ..engine.server.metrics import MetricSample
-from ..engine.server.view import StatsView
-from .palette import Palette, role_style
+from ...engine.server.metrics import MetricSample
+from ...engine.server.view import StatsView
+from ..shared.palette import Palette, role_style
 
 
 def hit_rates(samples: tuple[MetricSample, ...]) -> list[float]:

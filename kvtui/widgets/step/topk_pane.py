@@ -20,9 +20,9 @@ from textual.widgets import DataTable
 
 from kvtui.engine.records.snapshot import StepSnapshot, TopToken
 from kvtui.fmt import token_text
-from kvtui.widgets.live_text import LiveText
-from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
-from kvtui.widgets.table_rows import fit_columns, update_rows
+from kvtui.widgets.shared.live_text import LiveText
+from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.table_rows import fit_columns, update_rows
 
 Mode = Literal["processed", "raw"]
 MODES: tuple[Mode, Mode] = ("processed", "raw")

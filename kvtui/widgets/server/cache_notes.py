@@ -10,8 +10,8 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import OptionList
 
-from ..engine.records.snapshot import Diagnostic
-from .palette import Palette, role_style
+from ...engine.records.snapshot import Diagnostic
+from ..shared.palette import Palette, role_style
 
 MAX_SHOWN = 200
 REMOVE_ONE_BY_ONE = 20  # more old notes than this to drop at once: the list is rebuilt instead

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 
 from rich.text import Text
 
-from ..engine.server.view import TextsView
-from ..fmt import token_text
-from .palette import Palette, role_style
+from ...engine.server.view import TextsView
+from ...fmt import token_text
+from ..shared.palette import Palette, role_style
 
 SPECIAL_STYLE = "bold reverse"  # as the cache pane draws a special token
 

@@ -38,8 +38,8 @@ from textual.reactive import Reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ..engine.records.snapshot import ORIGINS, BufferToken, LayerInfo, StepSnapshot, TopToken
-from ..fmt import token_text as display_piece
+from ...engine.records.snapshot import ORIGINS, BufferToken, LayerInfo, StepSnapshot, TopToken
+from ...fmt import token_text as display_piece
 
 EMPTY_TEXT = "cache empty — send a message"
 CURSOR_GLYPH = "▌"
@@ -84,7 +84,7 @@ def render_strip(snapshot: StepSnapshot | None, palette=None, limit: int | None 
     coloured by origin, specials in reverse, the positions of the last forward's tokens in bold, then the
     cursor and the pending token after `▌`. `limit`: only the last `limit` tokens (the
     count of the ones left out is said first). O(limit)."""
-    from .palette import role_style
+    from ..shared.palette import role_style
 
     text = Text(overflow="fold")
     if snapshot is None or len(snapshot.buffer) == 0:

@@ -7,8 +7,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input
 
-from ..fmt import printable
-from .live_text import LiveText
+from ...fmt import printable
+from ..shared.live_text import LiveText
 
 ROLE_STYLE = {"system": "chat--system", "user": "chat--user", "assistant": "chat--assistant"}
 

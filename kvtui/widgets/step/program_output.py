@@ -12,7 +12,7 @@ from rich.segment import Segment
 from textual.strip import Strip
 from textual.widgets import Log
 
-from ..fmt import printable  # a program's ESC[2J must not clear kvtui's screen
+from ...fmt import printable  # a program's ESC[2J must not clear kvtui's screen
 
 MAX_LINES = 5000
 ECHO_MARK = "› "  # before an echoed line when no prompt was pending

@@ -21,8 +21,8 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from kvtui.engine.records.snapshot import RequestView, StepSnapshot, TokenBuffer
-from kvtui.widgets.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
-from kvtui.widgets.table_rows import fit_columns, update_rows
+from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.table_rows import fit_columns, update_rows
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("id", "request"),
