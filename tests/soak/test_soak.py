@@ -200,7 +200,7 @@ async def test_two_thousand_steps_in_run_mode_keep_memory_threads_and_files_boun
             assert points.maxlen == status_bar.HISTORY and len(points) == status_bar.HISTORY
         for sparkline in app.query(Sparkline):
             assert len(sparkline.data or ()) <= status_bar.HISTORY
-        assert app._recent_ms.maxlen is not None and len(app._recent_ms) <= app._recent_ms.maxlen
+        assert app.view._recent_ms.maxlen is not None and len(app.view._recent_ms) <= app.view._recent_ms.maxlen
         with open(spool, encoding="utf-8") as handle:
             step_lines = sum(1 for line in handle if line.startswith('{"type":"step"'))
         assert step_lines == steps
