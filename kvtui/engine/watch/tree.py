@@ -325,7 +325,8 @@ class TreeServer:
         self._lock = threading.Lock()
         self._open: set[threading.Thread] = set()
         self._closed = False
-        threading.Thread(target=self._accept, name="kvtui-tree-accept", daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, name="kvtui-tree-accept", daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -413,7 +414,13 @@ class TreeServer:
     def close(self) -> None:
         """Stop listening and close every connection: the processes still watched end themselves."""
         self._closed = True
+        try:  # a close alone does not wake a thread blocked in accept() (Linux): the shutdown does
+            self._socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._socket.close()
+        if self._acceptor is not threading.current_thread():
+            self._acceptor.join(timeout=2.0)
         with self._lock:
             runs = list(self.runs)
         for run in runs:

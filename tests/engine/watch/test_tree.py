@@ -402,3 +402,17 @@ def test_a_killed_viewers_hook_directory_is_swept_by_the_next_start(tmp_path):
         (path / "sitecustomize.py").write_text("")
     assert sweep_hook_directories(tmp_path) == [dead]
     assert not dead.exists() and live.exists() and other.exists() and old.exists()
+
+
+def test_a_closed_tree_server_leaves_no_thread_listening():
+    """close() ends the accept thread at once (a socket's close alone does not wake a thread blocked in accept()
+    on Linux: an in-process viewer kept one `kvtui-tree-accept` thread per watched tree until the process ended)."""
+    from kvtui.engine.watch.tree import TreeServer
+
+    server = TreeServer()
+    host, port = server.address.rsplit(":", 1)
+    assert any(t.name == "kvtui-tree-accept" and t.is_alive() for t in threading.enumerate())
+    server.close()
+    assert not any(t.name == "kvtui-tree-accept" and t.is_alive() for t in threading.enumerate())
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=1).close()
