@@ -8,31 +8,15 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import DynamicCache
 
+from b_watch import PROMPT, user_loop
 from common import log, summary
 from kvtui.engine.watch.probe import watch
 
-PROMPT = "Explain step by step how a KV cache speeds up text generation."
-
 
 def decode(model, tokenizer, n_new: int, context: int) -> tuple[float, list[int]]:
-    """A user's loop: template ids (the prompt repeated to about `context` tokens), a DynamicCache, argmax."""
-    text = " ".join([PROMPT] * max(1, context // 14))
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )["input_ids"]
-    cache = DynamicCache(config=model.config)
-    chosen = []
-    with torch.inference_mode():
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        started = time.perf_counter()
-        for _ in range(n_new):
-            out = model(input_ids=token, past_key_values=cache, use_cache=True)
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-            chosen.append(int(token))
-    return time.perf_counter() - started, chosen
+    """b_watch's user loop on the prompt repeated to about `context` tokens."""
+    return user_loop(model, tokenizer, n_new, " ".join([PROMPT] * max(1, context // 14)))
 
 
 def bench(model, tokenizer, n_new: int = 32, repeats: int = 3, contexts=(64, 1024)) -> dict:

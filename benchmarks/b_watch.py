@@ -17,10 +17,10 @@ from kvtui.engine.watch.probe import watch
 PROMPT = "Explain step by step how a KV cache speeds up text generation."
 
 
-def user_loop(model, tokenizer, n_new: int) -> tuple[float, list[int]]:
+def user_loop(model, tokenizer, n_new: int, prompt: str = PROMPT) -> tuple[float, list[int]]:
     """A loop the way users write it: template ids, a DynamicCache, argmax, positions from the cache."""
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )["input_ids"]
     cache = DynamicCache(config=model.config)
     chosen = []
