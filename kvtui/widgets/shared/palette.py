@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from rich.color import Color, ColorParseError
 from textual.app import App
+from textual.widget import Widget
 
 Palette = Mapping[str, str]
 
@@ -59,3 +60,21 @@ def role_style(palette: Palette | None, role: str, extra: str = "") -> str:
     """A Rich style string for a palette role, e.g. role_style(p, "error", "bold") -> "bold #B93C5B"."""
     style = (palette or DEFAULT_PALETTE).get(role) or DEFAULT_PALETTE.get(role, "")
     return f"{extra} {style}".strip()
+
+
+class ThemedPane(Widget):
+    """A pane whose Rich cells take the running theme's colours: `self._palette` follows the app's theme, and
+    `repaint_theme()` redraws whenever it changes. Call `follow_theme()` from `on_mount`."""
+
+    _palette: Palette = DEFAULT_PALETTE  # the default theme's until mounted
+
+    def follow_theme(self) -> None:
+        self._palette = theme_palette(self.app)
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+
+    def _theme_changed(self, _theme) -> None:
+        self._palette = theme_palette(self.app)
+        self.repaint_theme()
+
+    def repaint_theme(self) -> None:
+        self.refresh()

@@ -14,7 +14,7 @@ from rich.text import Text
 from kvtui.engine.records.diagnostic_groups import DiagnosticGroup, leading_group
 from kvtui.fmt import one_line
 from kvtui.widgets.shared.live_text import LiveText
-from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.palette import Palette, ThemedPane, role_style
 
 MARKS = {"error": "✗", "warning": "▲", "info": "i"}
 
@@ -36,7 +36,7 @@ def render_alarm(groups: Sequence[DiagnosticGroup], palette: Palette | None = No
     return text
 
 
-class AlarmLine(LiveText):
+class AlarmLine(ThemedPane, LiveText):
     """One line above the status bar; the app shows it while the diagnostics pane is folded."""
 
     DEFAULT_CSS = """
@@ -46,15 +46,12 @@ class AlarmLine(LiveText):
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(render_alarm(()), name=name, id=id, classes=classes)
         self._groups: Sequence[DiagnosticGroup] = ()
-        self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
 
     def on_mount(self) -> None:
-        self._palette = theme_palette(self.app)
-        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        self.follow_theme()
         self.show_groups(self._groups)
 
-    def _theme_changed(self, _theme) -> None:
-        self._palette = theme_palette(self.app)
+    def repaint_theme(self) -> None:
         self.show_groups(self._groups)
 
     def show_groups(self, groups: Sequence[DiagnosticGroup]) -> None:

@@ -11,7 +11,7 @@ from rich.text import Text
 from kvtui.engine.records.snapshot import BufferToken, StepSnapshot
 from kvtui.fmt import token_text
 from kvtui.widgets.shared.live_text import LiveText
-from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.palette import Palette, ThemedPane, role_style
 from kvtui.widgets.step.layers_pane import shape_summary
 
 # ---------------------------------------------------------------------------------------------
@@ -162,7 +162,7 @@ def render_cursor(
 # ---------------------------------------------------------------------------------------------
 
 
-class CursorPane(LiveText):
+class CursorPane(ThemedPane, LiveText):
     """Cursor, cache length, per-kind fill, static capacity, fed positions and the cursor alarm."""
 
     DEFAULT_CSS = """
@@ -185,15 +185,12 @@ class CursorPane(LiveText):
         self._snapshot: StepSnapshot | None = None
         self._selected: BufferToken | None = None
         self._request: Text | None = None
-        self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
 
     def on_mount(self) -> None:
-        self._palette = theme_palette(self.app)
-        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        self.follow_theme()
         self._render_snapshot()
 
-    def _theme_changed(self, _theme) -> None:
-        self._palette = theme_palette(self.app)
+    def repaint_theme(self) -> None:
         self._render_snapshot()
 
     @property

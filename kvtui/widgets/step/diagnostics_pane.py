@@ -26,7 +26,7 @@ from textual.widgets import DataTable, Static
 from kvtui.engine.records.diagnostic_groups import DiagnosticGroup, group_diagnostics, leading_group
 from kvtui.engine.records.snapshot import SEVERITIES, Diagnostic, StepSnapshot
 from kvtui.fmt import one_line, printable
-from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.palette import Palette, ThemedPane, role_style
 from kvtui.widgets.shared.table_rows import update_rows
 
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -165,7 +165,7 @@ def diagnostic_rows(
     return rows
 
 
-class DiagnosticsPane(Vertical):
+class DiagnosticsPane(ThemedPane, Vertical):
     """The alarms grouped by code and cache, the cause first; enter posts JumpTo, x expands a group."""
 
     BINDINGS = [Binding("x", "toggle_group", "expand/fold alarm group")]
@@ -222,7 +222,6 @@ class DiagnosticsPane(Vertical):
         self._auto: str | None = None  # the row key the pane itself put the cursor on
         self._pending: Sequence[Diagnostic] | None = None  # given before mount
         self._counts = severity_counts(())
-        self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
         self._ready = False
 
     def compose(self) -> ComposeResult:
@@ -234,14 +233,12 @@ class DiagnosticsPane(Vertical):
 
     def on_mount(self) -> None:
         self._ready = True  # is_mounted only turns True after on_mount returns
-        self._palette = theme_palette(self.app)
-        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        self.follow_theme()
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self.show_diagnostics(pending)
 
-    def _theme_changed(self, _theme) -> None:
-        self._palette = theme_palette(self.app)
+    def repaint_theme(self) -> None:
         self._refresh(force=True)
 
     # -- public API -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from textual.widgets import DataTable
 from kvtui.engine.records.snapshot import LayerInfo, PagedGroupView, StepSnapshot
 from kvtui.fmt import size as format_bytes
 from kvtui.widgets.shared.live_text import LiveText
-from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.palette import Palette, ThemedPane, role_style
 from kvtui.widgets.shared.table_rows import fit_columns, update_rows
 
 # (key, label) of the table's columns, in order: the numbers people compare first, the long shapes and
@@ -249,7 +249,7 @@ def render_paged(paged: tuple[PagedGroupView, ...], palette: Palette | None = No
     return text
 
 
-class LayersPane(Vertical):
+class LayersPane(ThemedPane, Vertical):
     """Per-layer K/V shapes, dtype, device, bytes, fill and window; posts LayerSelected."""
 
     DEFAULT_CSS = """
@@ -287,7 +287,6 @@ class LayersPane(Vertical):
         self._query_heads: int | None = None
         self._kv_heads: int | None = None
         self._selected: int | None = None
-        self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
         self._ready = False
 
     def compose(self) -> ComposeResult:
@@ -299,13 +298,11 @@ class LayersPane(Vertical):
 
     def on_mount(self) -> None:
         self._ready = True  # is_mounted only turns True after on_mount returns
-        self._palette = theme_palette(self.app)
-        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        self.follow_theme()
         if self._snapshot is not None:
             self._refresh_table(force=True)
 
-    def _theme_changed(self, _theme) -> None:
-        self._palette = theme_palette(self.app)
+    def repaint_theme(self) -> None:
         self._refresh_table(force=True)
 
     # -- public API -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from kvtui.engine.records.snapshot import RequestView, StepSnapshot, TokenBuffer
-from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.palette import Palette, ThemedPane, role_style
 from kvtui.widgets.shared.table_rows import fit_columns, update_rows
 
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -227,7 +227,7 @@ def picked_request(
     return shown, describe_request(find_request(step, request_id), request_id, fed, step.step, palette)
 
 
-class RequestsPane(Vertical):
+class RequestsPane(ThemedPane, Vertical):
     """The requests of a packed forward; the highlighted one is what the cache, cursor and top-k panes show."""
 
     DEFAULT_CSS = """
@@ -262,7 +262,6 @@ class RequestsPane(Vertical):
         self._shown_columns: list[int] = list(range(len(COLUMNS)))
         self._selected: str | None = None  # the request the user picked (None: the driver's row)
         self._syncing = False  # the table is being rewritten: its cursor events are not the user's
-        self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
         self._ready = False
 
     def compose(self) -> ComposeResult:
@@ -273,13 +272,11 @@ class RequestsPane(Vertical):
 
     def on_mount(self) -> None:
         self._ready = True
-        self._palette = theme_palette(self.app)
-        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        self.follow_theme()
         if self._snapshot is not None:
             self._refresh_table(force=True)
 
-    def _theme_changed(self, _theme) -> None:
-        self._palette = theme_palette(self.app)
+    def repaint_theme(self) -> None:
         self._refresh_table(force=True)
 
     # -- public API -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from textual.widgets import DataTable
 from kvtui.engine.records.snapshot import StepSnapshot, TopToken
 from kvtui.fmt import token_text
 from kvtui.widgets.shared.live_text import LiveText
-from kvtui.widgets.shared.palette import DEFAULT_PALETTE, Palette, role_style, theme_palette
+from kvtui.widgets.shared.palette import Palette, ThemedPane, role_style
 from kvtui.widgets.shared.table_rows import fit_columns, update_rows
 
 Mode = Literal["processed", "raw"]
@@ -195,7 +195,7 @@ def render_header(snapshot: StepSnapshot | None, mode: Mode = "processed", palet
     return text
 
 
-class TopKPane(Vertical):
+class TopKPane(ThemedPane, Vertical):
     """Top-k bars (processed or raw), the chosen token, watched tokens; posts Force."""
 
     BINDINGS = [
@@ -239,7 +239,6 @@ class TopKPane(Vertical):
         self._snapshot: StepSnapshot | None = None
         self._rows: list[TopKRow] = []
         self._shown_columns: list[int] = list(range(len(columns(mode))))  # what the table has, by index
-        self._palette: dict[str, str] = dict(DEFAULT_PALETTE)
         self._ready = False
 
     def compose(self) -> ComposeResult:
@@ -254,12 +253,10 @@ class TopKPane(Vertical):
 
     def on_mount(self) -> None:
         self._ready = True  # is_mounted only turns True after on_mount returns
-        self._palette = theme_palette(self.app)
-        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+        self.follow_theme()
         self._refresh(force=True)
 
-    def _theme_changed(self, _theme) -> None:
-        self._palette = theme_palette(self.app)
+    def repaint_theme(self) -> None:
         self._refresh(force=True)
 
     # -- public API -----------------------------------------------------------------------------
