@@ -70,6 +70,12 @@ _ALL = (
         ("info", "warning"),
     ),
     _code("request-requeued", "info", "continuous batching: a request went back to waiting and resumed"),
+    _code(
+        "short-prompt",
+        "info",
+        "prompts shorter than one cache block share nothing (a prefix cache stores and matches whole blocks): "
+        "counted, one note then one per doubling",
+    ),
     # a watched command's tree (kvtui watch -- COMMAND)
     _code("rank-desync", "error", "the ranks of a tensor-parallel run disagree at the same forward"),
     # silent cache bugs users report (reading/silent_rules.py)
