@@ -99,6 +99,12 @@ _ALL = (
         "a prefill stored tokens the server holds already under another hash (another LoRA, other extra keys)",
     ),
     _code(
+        "metrics-disagree",
+        "warning",
+        "the tokens a server's events announced stored disagree with its own /metrics prefix-cache counters over a "
+        "settled interval (both numbers)",
+    ),
+    _code(
         "held-elsewhere",
         "warning",
         "a prefill on one replica (server or data-parallel rank) of tokens another replica held at that moment",
