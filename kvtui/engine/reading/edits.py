@@ -5,8 +5,9 @@ server's requests (batching/checks.py), with the same bounds and the same words.
 
 The edit may be a token in place of another, text put in, left out, or replaced by text of another length: it is
 found where the held text goes on within REALIGN_SEARCH tokens of the difference on either side, for at least
-REALIGN_MIN tokens (INSERT_PROBE for a one-token swap or a pure insertion, so a chat template's turn end after
-another question is no miss). Cost: O(REALIGN_SEARCH * INSERT_PROBE) per judged prompt, never O(tokens held).
+REALIGN_MIN tokens, or to the end of what the cache holds (at least INSERT_PROBE) after a one-token swap or a
+pure insertion: a chat template's turn end after another question is no miss.
+Cost: O(REALIGN_SEARCH * INSERT_PROBE) per judged prompt, never O(tokens held).
 
 Also here: the one `short-prompt` judgement (a prompt too short to fill one cache block shares nothing).
 """
@@ -27,8 +28,9 @@ REALIGN_LENGTH = REALIGN_SEARCH + INSERT_PROBE + REALIGN_MIN  # held tokens read
 def realigned(cached: Sequence[int], tokens: Sequence[int], common: int) -> tuple[int, int] | None:
     """Where the held text `cached` goes on in `tokens` after their difference at `common`: (left, put), the held
     tokens left out (or replaced) and the prompt's tokens put in their place, the smallest edit first; None where
-    it does not go on within REALIGN_SEARCH tokens on either side. A one-token swap or a pure insertion needs
-    INSERT_PROBE tokens to follow as held; any other edit REALIGN_MIN."""
+    it does not go on within REALIGN_SEARCH tokens on either side. The held text must go on for REALIGN_MIN tokens,
+    or, after a one-token swap or a pure insertion, for the INSERT_PROBE or more tokens the cache still holds (where
+    the prompt ends first, as a chat template's turn end after another one-token question does, it is no miss)."""
     cached, tokens = _longs(cached), _longs(tokens)
     window = tokens[common : common + REALIGN_SEARCH + INSERT_PROBE]
     first: dict[bytes, int] = {}  # each INSERT_PROBE-gram of the prompt after the difference -> its first place
@@ -43,10 +45,11 @@ def realigned(cached: Sequence[int], tokens: Sequence[int], common: int) -> tupl
         if at is not None and (left, at) != (0, 0):
             found.append((left + at, left, at))
     for _, left, put in sorted(found):
-        if (left == 0 or (left == 1 and put >= 1)) or (
-            common_prefix(cached[common + left :], tokens[common + put :]) >= REALIGN_MIN
-        ):
+        run = common_prefix(cached[common + left :], tokens[common + put :])  # the held text going on
+        if run >= REALIGN_MIN:
             return left, put
+        if (left == 0 or (left == 1 and put >= 1)) and common + left + run == len(cached):
+            return left, put  # a swap or an insertion where all the cache holds after it follows
     return None
 
 

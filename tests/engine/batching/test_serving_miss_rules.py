@@ -97,6 +97,21 @@ def test_another_question_after_a_shared_start_or_an_edit_past_the_bound_is_no_m
     assert changes.edits == () and changes.short == ()
 
 
+def test_another_one_token_question_before_the_same_turn_end_is_no_miss_on_either_path():
+    """Seen in `transformers serve`: 'Hi' then 'Hello' after the same system turn; the template's turn end (6 tokens)
+    follows both, then the first request's answer, where the second prompt ends: another question, no note."""
+    system, end, answer = list(range(100, 111)), list(range(200, 206)), list(range(300, 307))
+    held, new = [*system, 7000, *end, *answer], [*system, 7001, *end]
+    lanes = RequestLanes()
+    lanes.observe(forward(prefill("hi", held)), 1)
+    assert lanes.observe(forward(prefill("hello", new)), 2).edits == ()
+    cache = PrefixCache(TokenTexts())  # blocks of 8 hold prompt and answer alike
+    cache.apply(EventBatch(0, 0.0, (BlocksStored(("a0", "a1", "a2"), None, tuple(held[:24]), BLOCK),)))
+    answered = [*new, 400, 401, 402, 403, 404, 405]
+    cache.apply(EventBatch(1, 1.0, (BlocksStored(("b1", "b2"), "a0", tuple(answered[8:24]), BLOCK),)))
+    assert cache.notes == []
+
+
 def test_short_prompts_are_counted_and_noted_once_per_doubling():
     lanes = RequestLanes()
     notes = []
