@@ -5,6 +5,7 @@ server serving on after the viewer quits, and the trace replaying to the same no
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -43,6 +44,13 @@ def attach(server, *args: str) -> subprocess.Popen:
     return process
 
 
+def settled(trace: Path) -> None:
+    """Until the viewer has polled the idle server's /metrics twice (a settled start for the cross-check)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and trace.read_text().count('"type":"metrics"') < 2:
+        time.sleep(0.2)
+
+
 def finish(process: subprocess.Popen) -> tuple[str, str]:
     time.sleep(6)  # the publisher sends a batch per engine step; under the suite's load the last can take seconds
     process.send_signal(signal.SIGINT)
@@ -55,18 +63,34 @@ def test_attach_names_the_miss_and_changes_nothing(vllm_server, tmp_path):
     plain = vllm_server.chat(SYSTEM, "Can I rent a bike for a day?", max_tokens=24)  # before kvtui: replay has it
     trace = tmp_path / "server.jsonl"
     viewer = attach(vllm_server, "--trace", str(trace))
+    settled(trace)  # the /metrics cross-check starts from a settled poll: the requests come after it
     watched = vllm_server.chat(SYSTEM, "Can I rent a bike for a day?", max_tokens=24)
     other = vllm_server.chat(SYSTEM, "How long does a puncture repair take?", max_tokens=24)
     late = vllm_server.chat("Time: 12:01. " + SYSTEM, "Can I rent a bike for a day?", max_tokens=24)
+    short = vllm_server.chat("Be brief.", "Hi", max_tokens=4)  # 18 + 4 tokens: no block of 32 filled, no event
     out, _ = finish(viewer)
-    assert watched == plain and other and late
+    assert watched == plain and other and late and short
 
     # the timestamped prompt left the system prompt's chain at its 4th token: named, with what it cost
     misses = [line for line in out.splitlines() if line.startswith("kvtui: warning recomputed-prefix")]
     assert len(misses) == 1, out
     assert "at token 3: 'Time' (id 7487) instead of 'You' (id 2683)" in misses[0]
     assert "'Time: 12:01.' was put before the cached text" in misses[0]
-    assert "kvtui: notes: recomputed-prefix ×1" in out
+    assert "kvtui: notes: recomputed-prefix ×1, short-prompt ×1" in out
+    # the short prompt stored nothing: named from the server's /metrics (its prompt-length histogram), alone
+    (short_note,) = [line for line in out.splitlines() if line.startswith("kvtui: info short-prompt")]
+    server_name = vllm_server.url.removeprefix("http://")
+    assert f"1 request on {server_name} since kvtui attached had a prompt shorter than one block of 32" in short_note
+    # the events agree with the server's own /metrics counters: compared over settled intervals, no disagreement
+    compared = re.search(r"events against /metrics: (\d+) settled intervals compared, (\d+) disagreed", out)
+    assert compared is not None and int(compared[1]) >= 1 and compared[2] == "0", out
+    assert "metrics-disagree" not in out
+    import json
+
+    polls = [r for r in map(json.loads, trace.read_text().splitlines()) if r["type"] == "metrics"]
+    last = polls[-1]  # the counters it compared, read from the real server's /metrics
+    assert last["requests"] >= 5 and last["generated"] > 0 and last["prompt_buckets"] and last["running"] == 0
+    print("\n".join(line for line in out.splitlines() if "/metrics" in line or "notes:" in line))
 
     run = load_server_trace(trace)
     cache = run.cache

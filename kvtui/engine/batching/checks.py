@@ -4,7 +4,10 @@ A packed forward is several sequences side by side, so its positions restart at 
 each request's positions must continue what its own cache held (`position-gap` otherwise). A prefill that
 re-encodes tokens another request's cache already held computed them twice (`recomputed-prefix`): prefix
 sharing was off, or it missed (a prefix is matched only when a request is first scheduled, and only in
-whole blocks). The findings are plain values; the Diagnostic builders word them.
+whole blocks). A prompt that leaves another request's tokens and where that request's text goes on after the
+edit computed the rest again too (`recomputed-prefix`, the one edit rule of reading/edits.py, as on an attached
+server). A prompt shorter than one block can share nothing (`short-prompt`, counted: one note, then one per
+doubling). The findings are plain values; the Diagnostic builders word them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..reading.diagnostics import RECOMPUTED_MIN
+from ..reading.edits import REALIGN_LENGTH, realigned
 from ..reading.prefixes import common_prefix
 from ..records.snapshot import Diagnostic, frozen
 from .packed import PackedForward, PackedRequest
@@ -79,6 +83,53 @@ def conversation_drift(
     tail = tuple(int(t) for t in prompt[same : same + DRIFT_TAIL])
     holder_tail = tuple(int(t) for t in tokens[same : same + DRIFT_TAIL])
     return ConversationDrift(request_id, holder, same, int(prompt[same]), int(tokens[same]), tail, holder_tail)
+
+
+@frozen
+class EditedPrefix:
+    """A new prompt that left another request's tokens at a token where that request's text goes on after the
+    edit (reading/edits.py): the tokens after it were computed again although that request held them."""
+
+    request_id: str
+    holder: str  # the request whose tokens it left (the longest shared start)
+    alive: bool  # the holder is still live (False: it had finished)
+    differs_at: int  # where its prompt leaves the holder's tokens
+    edit: tuple[int, int]  # (holder tokens left out or replaced, prompt tokens put in their place)
+    count: int  # tokens of the holder's text after the edit that this prompt computed again
+    tail: tuple[int, ...] = ()  # its prompt from the difference (at most REALIGN_LENGTH tokens)
+    holder_tail: tuple[int, ...] = ()  # the holder's tokens from there (at most REALIGN_LENGTH)
+
+
+def edited_prefix(
+    request_id: str, prompt: Sequence[int], others: Iterable[tuple[str, Sequence[int], int, bool]]
+) -> EditedPrefix | None:
+    """A new prompt against what the other requests held (`others`: request id, its tokens, how many of them its
+    cache held, still live): the one that shares the longest start with it, where its text goes on after the
+    difference within reading/edits.py's bounds. None where no held text goes on (another prompt: no waste)."""
+    best, holder, alive, held_tokens = 0, "", True, None
+    for other_id, tokens, held, live in others:
+        if other_id == request_id or held <= best:
+            continue
+        same = min(common_prefix(prompt, tokens), held)
+        if same > best or held_tokens is None:
+            best, holder, alive, held_tokens = same, other_id, live, tokens[:held]
+    if held_tokens is None or best >= len(prompt) or best >= len(held_tokens):
+        return None  # nothing held, or the prompt (or the held text) ends where they part
+    edit = realigned(held_tokens, prompt, best)
+    if edit is None:
+        return None
+    left, put = edit
+    count = common_prefix(held_tokens[best + left :], prompt[best + put :])
+    return EditedPrefix(
+        request_id,
+        holder,
+        alive,
+        best,
+        edit,
+        count,
+        tuple(int(t) for t in prompt[best : best + REALIGN_LENGTH]),
+        tuple(int(t) for t in held_tokens[best : best + REALIGN_LENGTH]),
+    )
 
 
 def check_request_positions(packed: PackedForward) -> list[PositionFinding]:
@@ -177,6 +228,39 @@ def recomputed_prefix_diagnostic(
         "info",
         f"request {miss.request_id} re-encoded {miss.count} tokens that request {miss.holder} {state} "
         f"(positions {miss.first}..{miss.first + miss.count - 1}){where}: {why}" + at,
+        step,
+    )
+
+
+def edited_prefix_diagnostic(
+    edit: EditedPrefix, step: int, have: str, want: str, words: str, at: str = ""
+) -> Diagnostic:
+    """`recomputed-prefix` for a prompt that left another request's tokens where that request's text goes on:
+    `have`/`want` name the two tokens at the difference, `words` the edit (reading/edits.edit_words)."""
+    state = "holds" if edit.alive else "held (it has finished)"
+    return Diagnostic(
+        "recomputed-prefix",
+        "info",
+        f"request {edit.request_id} left request {edit.holder}'s tokens at token {edit.differs_at}: {have} instead of "
+        f"{want}; {edit.count} tokens after it that request {edit.holder} {state} were computed again{words}: a "
+        "prefix cache matches a prompt's start only, so text that differs per request belongs after the shared part"
+        + at,
+        step,
+    )
+
+
+def short_prompt_diagnostic(
+    request_id: str, prompt_length: int, block_tokens: int, count: int, step: int, at: str = ""
+) -> Diagnostic:
+    """`short-prompt` (info): a prompt shorter than one block shares nothing (said once, then at each doubling of
+    the count: a flood is counted, not listed)."""
+    return Diagnostic(
+        "short-prompt",
+        "info",
+        f"request {request_id}'s prompt has {prompt_length} tokens, fewer than one block of {block_tokens}: the paged "
+        f"cache shares whole blocks only, so nothing of it can be reused by another request ({count} such prompt"
+        f"{'s' if count != 1 else ''} so far; a smaller --cb-block-size, or a shared start of at least one block, "
+        "lets prompts share)" + at,
         step,
     )
 

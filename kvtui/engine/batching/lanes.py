@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from ..reading.edits import short_prompt
 from ..records.snapshot import frozen
-from .checks import ConversationDrift, PrefixMiss, conversation_drift, prefix_miss
+from .checks import ConversationDrift, EditedPrefix, PrefixMiss, conversation_drift, edited_prefix, prefix_miss
 from .packed import DECODE, PackedForward, PackedRequest, RequestBlocks
 
 WAITING = "waiting"
@@ -61,6 +62,18 @@ class LaneChanges:
     misses: tuple[PrefixMiss, ...]  # prefills of this forward that re-encoded another request's tokens
     resumed: tuple[Resume, ...] = ()  # requests fed again after going back to waiting
     drifts: tuple[ConversationDrift, ...] = ()  # new requests that re-rendered a finished one's conversation
+    edits: tuple[EditedPrefix, ...] = ()  # new prompts that left another request's tokens where its text goes on
+    short: tuple[ShortPrompt, ...] = ()  # a short-prompt note due (the first, then one per doubling of the count)
+
+
+@frozen
+class ShortPrompt:
+    """New prompts shorter than one block of a cache that shares prefixes: nothing of them can be shared."""
+
+    request_id: str  # the one that brought the count to a note
+    prompt_length: int
+    block_tokens: int
+    count: int  # such prompts so far in this run
 
 
 @frozen
@@ -84,6 +97,8 @@ class RequestLanes:
     def __init__(self, keep_finished: int = KEEP_FINISHED) -> None:
         self.lanes: dict[str, Lane] = {}  # by request id, in arrival order
         self.keep_finished = keep_finished
+        self.short_prompts = 0  # new prompts shorter than one block (with prefix sharing on): they share nothing
+        self._short_noted = 0  # the count at the last short-prompt note (the next at twice it)
 
     def __contains__(self, request_id: object) -> bool:
         """read_packed_forward(known=lanes): prompts are read once, for the requests not seen yet."""
@@ -115,6 +130,8 @@ class RequestLanes:
         misses = []
         resumed = []
         drifts = []
+        edits = []
+        short = []
         for request in packed.requests:
             lane = self.lanes.get(request.request_id)
             if lane is None:
@@ -132,6 +149,17 @@ class RequestLanes:
                     drift = conversation_drift(request.request_id, lane.tokens, done)
                     if drift is not None:
                         drifts.append(drift)
+                    edit = edited_prefix(request.request_id, lane.tokens, others)
+                    if edit is not None:
+                        edits.append(edit)
+                        lane.recomputed += edit.count
+                if request.is_prefill and packed.prefix_sharing and short_prompt(request.prompt_length, block_tokens):
+                    self.short_prompts += 1
+                    if self.short_prompts >= 2 * self._short_noted:
+                        self._short_noted = max(1, self.short_prompts)
+                        short.append(
+                            ShortPrompt(request.request_id, request.prompt_length, block_tokens, self.short_prompts)
+                        )
             if request.is_prefill:
                 miss = prefix_miss(request, lane.tokens, others, block_tokens, packed.prefix_sharing)
                 if miss is not None:
@@ -163,6 +191,8 @@ class RequestLanes:
             misses=tuple(misses),
             resumed=tuple(resumed),
             drifts=tuple(drifts),
+            edits=tuple(edits),
+            short=tuple(short),
         )
 
     def _first_sight(self, lane: Lane, request: PackedRequest, step: int) -> None:

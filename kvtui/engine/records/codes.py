@@ -70,6 +70,12 @@ _ALL = (
         ("info", "warning"),
     ),
     _code("request-requeued", "info", "continuous batching: a request went back to waiting and resumed"),
+    _code(
+        "short-prompt",
+        "info",
+        "prompts shorter than one cache block share nothing (a prefix cache stores and matches whole blocks): "
+        "counted, one note then one per doubling",
+    ),
     # a watched command's tree (kvtui watch -- COMMAND)
     _code("rank-desync", "error", "the ranks of a tensor-parallel run disagree at the same forward"),
     # silent cache bugs users report (reading/silent_rules.py)
@@ -91,6 +97,12 @@ _ALL = (
         "hash-mismatch",
         "warning",
         "a prefill stored tokens the server holds already under another hash (another LoRA, other extra keys)",
+    ),
+    _code(
+        "metrics-disagree",
+        "warning",
+        "the tokens a server's events announced stored disagree with its own /metrics prefix-cache counters over a "
+        "settled interval (both numbers)",
     ),
     _code(
         "held-elsewhere",

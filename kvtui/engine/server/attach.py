@@ -232,10 +232,14 @@ class AttachSession:
                 if metrics.started is not None:  # the process serving now: a new one is a restart
                     self.subscriber.server_identity([e.origin for e in server.endpoints], metrics.started)
                 ts = time.time()
-                with self.cache.lock:
-                    self.cache.record_metrics(origin, ts, metrics)
-                if self.writer is not None:
-                    self.writer.metrics(origin, ts, metrics)
+                notes: list[Diagnostic] = []
+                with self.cache.lock:  # written under it too: the trace keeps the order batches and polls came in
+                    self.cache.record_metrics(origin, ts, metrics, notes)
+                    if self.writer is not None:
+                        self.writer.metrics(origin, ts, metrics, notes)
+                for note in notes:
+                    for listener in self.on_note:
+                        listener(note)
 
     @property
     def running(self) -> bool:

@@ -20,6 +20,7 @@ from ..reading.token_texts import TokenTexts
 from ..records.diagnostic_groups import FloodGate
 from ..records.snapshot import Diagnostic
 from .kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch
+from .metric_rules import MetricRules
 from .metrics import METRICS_KEPT, MetricSample, add_sample
 from .rules import CHURN_WINDOW_S, ServerRules, chain_content
 
@@ -91,6 +92,9 @@ class OriginStats:
     stored_again: int = 0  # blocks stored while held already (a hash stored again without a removal between)
     unknown_medium: int = 0  # blocks stored with a `medium` that is not GPU / CPU / DISK / STORAGE / none
     routed_tokens: int = 0  # tokens prefilled here while another replica held them (routing waste)
+    live_tokens: int = 0  # tokens in the blocks its live batches announced stored (stored again included; not what
+    # the replay socket gave on attach): what metric_rules cross-checks against /metrics
+    block_size: int = 0  # tokens per block, as its events say
     groups: set[int] = field(default_factory=set)  # the cache groups it stored blocks in (where a removal that
     # names no group, as SGLang's, is looked for: O(groups), not a walk of every block)
 
@@ -108,6 +112,7 @@ class PrefixCache:
         self.notes: list[Diagnostic] = []  # bounded by the gate: FLOOD_LISTED per code, then one per doubling
         self.gate = FloodGate()
         self.rules = ServerRules(self)
+        self.metric_rules = MetricRules()
         self.batches = 0
         self.let_go = 0  # blocks dropped past max_blocks (still held by the server: not "removed")
         self.chains = 0
@@ -120,10 +125,16 @@ class PrefixCache:
         # come and go: O(replicas) per block, never a walk of the index)
         self.metrics: dict[str, deque[MetricSample]] = {}  # per server, the newest METRICS_KEPT samples
 
-    def record_metrics(self, origin: str, ts: float, metrics) -> MetricSample:
+    def record_metrics(self, origin: str, ts: float, metrics, notes: list[Diagnostic] | None = None) -> MetricSample:
         """A poll of the server's /metrics (server_http.CacheMetrics): the hit rate over time comes from here
-        (a prefix hit stores nothing, so events alone cannot tell it)."""
+        (a prefix hit stores nothing, so events alone cannot tell it), and the metric rules judge it beside the
+        events (metric_rules.py); the notes they raise are kept as every note is, and added to `notes`."""
         sample = add_sample(self.metrics.setdefault(origin, deque(maxlen=METRICS_KEPT)), ts, metrics)
+        raised = self.metric_rules.judge(origin, metrics, self.origins, self.batches)
+        admitted = [shown for note in raised if (shown := self.gate.admit(note)) is not None]
+        self.notes.extend(admitted)
+        if notes is not None:
+            notes.extend(admitted)
         if metrics.capacity is not None:
             for name, stats in self.origins.items():
                 if name == origin or name.startswith(origin + "/"):
@@ -159,6 +170,9 @@ class PrefixCache:
         for event in batch.events:
             if isinstance(event, BlocksStored):
                 self._store(event, origin, stats, batch.ts, notes)
+                stats.block_size = event.block_size
+                if not batch.caught_up:
+                    stats.live_tokens += len(event.hashes) * event.block_size
             elif isinstance(event, BlocksRemoved):
                 self._remove(event, origin, stats, batch.ts)
             elif isinstance(event, AllCleared):

@@ -29,6 +29,12 @@ def summary_lines(cache: PrefixCache) -> list[str]:
                 f"{origin}: prefix cache hit rate while watched {over}; over the server's life {last.overall:.1%} "
                 f"({last.hits:.0f} of {last.queries:.0f} tokens)"
             )
+        checked = cache.metric_rules.servers.get(origin)
+        if checked is not None and (checked.compared or checked.short):
+            lines.append(
+                f"{origin}: events against /metrics: {checked.compared} settled intervals compared, "
+                f"{checked.disagreed} disagreed; prompts shorter than one block {checked.short}"
+            )
     if len(cache.origins) > 1:
         twice = cache.duplicated()
         for origin, stats in cache.origins.items():

@@ -14,8 +14,9 @@ cause, the first of these that holds; a prompt whose tokens were simply never se
   cached text goes on after the difference: the tokens after it were prefilled again (where, what, how many). The
   edit may be a token in place of another, text put in, left out or replaced by text of another length: found
   where the cached text goes on within REALIGN_SEARCH tokens of the difference on either side, for at least
-  REALIGN_MIN tokens (INSERT_PROBE for a one-token swap or a pure insertion); a difference at a block boundary is
-  looked for among the chains cached under the same parent block.
+  REALIGN_MIN tokens (INSERT_PROBE for a one-token swap or a pure insertion: reading/edits.py, the one rule a
+  watched batching server's requests are judged by too); a difference at a block boundary is looked for among the
+  chains cached under the same parent block.
 - `template-drift`: the same, where what differs is only what a chat template renders (reading/prefixes.py's
   judgement, the one every producer uses).
 - `varying-start`: prompts that leave the same cached chain at the same token with different text there, over and
@@ -33,6 +34,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..reading.edits import REALIGN_LENGTH, differing_tokens, edit_words, realigned
 from ..reading.prefixes import common_prefix, only_template_differs
 from ..reading.token_texts import TokenTexts
 from ..records.snapshot import Diagnostic, Where
@@ -60,9 +62,6 @@ class ChainIndex(Protocol):
 SIBLINGS_CHECKED = 16  # cached chains compared per new chain: those sharing its first token, newest first
 CHURN_WINDOW_S = 60.0  # a block stored again within this time of its removal counts as churn
 CHURN_MIN = 8  # re-stores before the churn note
-INSERT_PROBE = 6  # cached tokens looked for after the difference (text put before shared text)
-REALIGN_SEARCH = 64  # ... within this many tokens of it, on either side (the edit's length bound)
-REALIGN_MIN = 24  # tokens the cached text must go on for after an edit other than a one-token swap or insertion
 VARYING_MIN = 2  # distinct texts at one cached chain's token before the varying-start note
 
 
@@ -209,7 +208,7 @@ class ServerRules:
         edit = None
         if best is None:  # the difference is at the block's first token: the chains cached under the same parent
             for child in cache.children(parent)[-SIBLINGS_CHECKED:]:
-                edit = _realigned(_continuation(child, REALIGN_LENGTH), new_run, 0)
+                edit = realigned(_continuation(child, REALIGN_LENGTH), new_run, 0)
                 if edit is not None:
                     best = child
                     break
@@ -225,10 +224,10 @@ class ServerRules:
             code = "template-drift"
             why = " (only the chat template's tokens differ: render every request's template the same way)"
         else:
-            edit = edit or _realigned(cached_run, new_run, common)
+            edit = edit or realigned(cached_run, new_run, common)
             if edit is None:
                 return  # the cached text does not go on: another prompt, not a miss
-            why = self._edited(cached_run, new_run, common, edit)
+            why = edit_words(cached_run, new_run, common, edit, texts.text)
         start = parent.depth + 1 if parent is not None else 0
         position = start * event.block_size + common
         new_id, old_id = int(tokens[common]), int(best.tokens[common])
@@ -241,28 +240,7 @@ class ServerRules:
         block = event.hashes[index]
         notes.append(Diagnostic(code, "warning", message, cache.batches, Where(origin, best.chain, position, block)))
         if edit is not None:
-            left, put = edit
-            differing = put - 1 if left == 1 and put >= 2 else put  # text put before a cached token it merged with
-            self._count_varying(best, position, new_run, common, differing, origin, notes)
-
-    def _edited(self, cached: array, tokens: array, common: int, edit: tuple[int, int]) -> str:
-        """What the edit at `common` was: text put before the cached text (a timestamp, an id), left out, or
-        replaced by text of another length; "" for one token in place of another (named already)."""
-        left, put = edit
-        text = self.cache.texts.text
-        if left == 0:
-            inserted = text(tokens[common : common + put]).strip()
-            return f" ({inserted!r} was put before the cached text, which follows {put} tokens later)"
-        if left == 1 and put == 1:
-            return ""
-        removed = text(cached[common : common + left]).strip()
-        if put == 0:
-            return f" ({removed!r} was left out; the cached text follows right after)"
-        new = text(tokens[common : common + put]).strip()
-        if removed and new.endswith(removed) and put > left:  # text put before (a token merged with the next)
-            inserted = new[: -len(removed)].strip()
-            return f" ({inserted!r} was put before the cached text, which follows {put - left} tokens later)"
-        return f" ({removed!r}, {_tokens(left)}, became {new!r}, {_tokens(put)}; the cached text follows)"
+            self._count_varying(best, position, new_run, common, differing_tokens(edit), origin, notes)
 
     def _count_varying(self, cached: Block, position: int, tokens: array, common: int, put: int, origin, notes):
         miss = self._misses.setdefault((origin, cached.chain, position), _Miss())
@@ -287,10 +265,6 @@ class ServerRules:
             )
 
 
-def _tokens(count: int) -> str:
-    return f"{count} token" if count == 1 else f"{count} tokens"
-
-
 def _continuation(block: Block, length: int) -> array:
     """A block's tokens and those of its newest descendants after it, up to `length` (what the cache holds on)."""
     out = array("l", block.tokens)
@@ -300,35 +274,7 @@ def _continuation(block: Block, length: int) -> array:
     return out
 
 
-REALIGN_LENGTH = REALIGN_SEARCH + INSERT_PROBE + REALIGN_MIN  # cached tokens read after a difference
-
-
 def chain_content(previous: int, tokens: array) -> int:
     """kvtui's hash of a prompt's tokens through one more block, whatever hash the server uses (never 0: 0 is
     "its start unknown"); `previous` is that of the tokens before it (1 at the prompt's start)."""
     return hash((previous, tokens.tobytes())) or 1
-
-
-def _realigned(cached: array, tokens: array, common: int) -> tuple[int, int] | None:
-    """Where the cached text goes on after a difference at `common`: (left, put), the cached tokens left out (or
-    replaced) and the prompt's tokens put in their place, the smallest edit first; None where it does not go on
-    within REALIGN_SEARCH tokens on either side. A one-token swap or a pure insertion needs INSERT_PROBE tokens
-    to follow as cached; any other edit REALIGN_MIN (so a template's turn end after another question is no miss)."""
-    window = tokens[common : common + REALIGN_SEARCH + INSERT_PROBE]
-    first: dict[bytes, int] = {}  # each INSERT_PROBE-gram of the prompt after the difference -> its first place
-    for put in range(len(window) - INSERT_PROBE + 1):
-        first.setdefault(window[put : put + INSERT_PROBE].tobytes(), put)
-    found: list[tuple[int, int, int]] = []
-    for left in range(REALIGN_SEARCH + 1):
-        probe = cached[common + left : common + left + INSERT_PROBE]
-        if len(probe) < INSERT_PROBE:
-            break  # the cache holds too little after it to tell
-        at = first.get(probe.tobytes())
-        if at is not None and (left, at) != (0, 0):
-            found.append((left + at, left, at))
-    for _, left, put in sorted(found):
-        if (left == 0 or (left == 1 and put >= 1)) or (
-            common_prefix(cached[common + left :], tokens[common + put :]) >= REALIGN_MIN
-        ):
-            return left, put
-    return None

@@ -175,8 +175,27 @@ class CacheMetrics:
     block_size: int | None = None
     usage: float | None = None  # fraction of the KV cache in use
     started: float | None = None  # the server process's start time (`process_start_time_seconds`): its identity
+    # what the events are cross-checked against (server/metric_rules.py), vLLM's names; None where not given
+    requests: float | None = None  # requests finished (`vllm:request_prompt_tokens` histogram's count)
+    prompt_tokens: float | None = None  # ... their prompt tokens (its sum)
+    prompt_buckets: list[list[float]] | None = None  # ... [upper bound, requests with at most that many], ascending
+    generated: float | None = None  # tokens generated (`vllm:generation_tokens`)
+    running: float | None = None  # requests running now, and waiting (gauges)
+    waiting: float | None = None
+    preemptions: float | None = None  # requests preempted (their tokens computed again outside `queries`)
 
 
+CROSS_CHECKED = {  # CacheMetrics field -> the vLLM sample summed over its engines
+    "requests": "vllm:request_prompt_tokens_count",
+    "prompt_tokens": "vllm:request_prompt_tokens_sum",
+    "generated": "vllm:generation_tokens_total",
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+    "preemptions": "vllm:num_preemptions_total",
+}
+SUMMED = {"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:kv_cache_usage_perc"} | set(
+    CROSS_CHECKED.values()
+)
 _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
 
 
@@ -184,13 +203,18 @@ def parse_metrics(text: str) -> CacheMetrics:
     """vLLM's (`vllm:prefix_cache_queries_total` ...) and SGLang's (`sglang:cache_hit_rate`) Prometheus text."""
     metrics = CacheMetrics()
     sums: dict[str, float] = {}
+    buckets: dict[float, float] = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match is None:
             continue
         name, labels, value = match.group(1), match.group(2) or "", float(match.group(3))
-        if name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:kv_cache_usage_perc"):
+        if name in SUMMED:
             sums[name] = sums.get(name, 0.0) + value
+        elif name == "vllm:request_prompt_tokens_bucket":
+            bound = re.search(r'le="([^"]+)"', labels)
+            if bound and bound.group(1) not in ("+Inf", "inf"):
+                buckets[float(bound.group(1))] = buckets.get(float(bound.group(1)), 0.0) + value
         elif name == "vllm:cache_config_info":
             blocks = re.search(r'num_gpu_blocks="(\d+)"', labels)
             size = re.search(r'block_size="(\d+)"', labels)
@@ -209,6 +233,11 @@ def parse_metrics(text: str) -> CacheMetrics:
         metrics.hits = sums.get("vllm:prefix_cache_hits_total", 0.0)
     if "vllm:kv_cache_usage_perc" in sums:
         metrics.usage = sums["vllm:kv_cache_usage_perc"]
+    for field_name, metric in CROSS_CHECKED.items():
+        if metric in sums:
+            setattr(metrics, field_name, sums[metric])
+    if buckets:
+        metrics.prompt_buckets = [[bound, count] for bound, count in sorted(buckets.items())]
     return metrics
 
 

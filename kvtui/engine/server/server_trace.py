@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -152,8 +152,10 @@ class ServerTraceWriter:
         for note in notes:
             self._put(note_record(note))
 
-    def metrics(self, origin: str, ts: float, metrics: CacheMetrics) -> None:
+    def metrics(self, origin: str, ts: float, metrics: CacheMetrics, notes: Sequence[Diagnostic] = ()) -> None:
         self._put({"type": "metrics", "origin": origin, "ts": ts, **asdict(metrics)})
+        for note in notes:  # raised by the metric rules on this poll (a replay re-derives them)
+            self._put(note_record(note))
 
     def problem(self, origin: str, message: str, undecodable: bool = False, restart: bool = False) -> None:
         record = {"type": "problem", "origin": origin, "message": message, "undecodable": undecodable}
@@ -267,13 +269,7 @@ def load_server_trace(path: Path, until_batch: int | None = None) -> ServerRun:
 
 
 def _metrics(record: dict[str, Any]) -> CacheMetrics:
-    return CacheMetrics(
-        queries=record.get("queries"),
-        hits=record.get("hits"),
-        capacity=record.get("capacity"),
-        block_size=record.get("block_size"),
-        usage=record.get("usage"),
-    )
+    return CacheMetrics(**{f.name: record.get(f.name) for f in fields(CacheMetrics) if f.name != "started"})
 
 
 def _totals(cache: PrefixCache) -> dict[str, float | int | str | None]:

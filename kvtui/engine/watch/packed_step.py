@@ -21,13 +21,16 @@ from dataclasses import dataclass, field
 from ..batching.checks import (
     check_request_positions,
     conversation_drift_diagnostic,
+    edited_prefix_diagnostic,
     position_gap_diagnostic,
     recomputed_prefix_diagnostic,
     requeued_diagnostic,
+    short_prompt_diagnostic,
 )
 from ..batching.lanes import Lane, LaneChanges, RequestLanes
 from ..batching.packed import PackedForward, PackedRequest, find_batch_processor, int_list, read_packed_forward
 from ..reading.diagnostics import check_feed
+from ..reading.edits import edit_words
 from ..reading.prefixes import only_template_differs
 from ..reading.topk import top_token_rows
 from ..records.snapshot import (
@@ -128,6 +131,18 @@ def build_packed(builder, call: Call, step: int, track, logits, forward_ms: floa
         if _only_template(builder, drift):
             have, want = builder.label(drift.token), builder.label(drift.holder_token)
             found.append(conversation_drift_diagnostic(drift, step, have, want, at))
+    for edit in run.changes.edits if run.changes is not None else ():
+        recomputed += edit.count  # computed again either way (the lane's `recomp` counts it too)
+        _, special = builder.specials()
+        if only_template_differs(edit.holder_tail, edit.tail, special, builder.piece):
+            continue  # what differs is the chat template's rendering (template-drift's business), not the text
+        have, want = builder.label(edit.tail[0]), builder.label(edit.holder_tail[0])
+        words = edit_words(edit.holder_tail, edit.tail, 0, edit.edit, lambda ids: "".join(map(builder.piece, ids)))
+        found.append(edited_prefix_diagnostic(edit, step, have, want, words, at))
+    for short in run.changes.short if run.changes is not None else ():
+        found.append(
+            short_prompt_diagnostic(short.request_id, short.prompt_length, short.block_tokens, short.count, step, at)
+        )
     builder.watcher.recomputed_tokens += recomputed
     rows = _rows(builder, call, run, packed, logits, track.turn if track is not None else 0, step, found)
     first = packed.requests[0] if packed.requests else None

@@ -168,7 +168,8 @@ def test_requests_sent_back_to_waiting_are_lane_events(tiny_dir, tmp_path):
     from kvtui.headless import request_summary, requests_of
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir("llama"), attn_implementation="sdpa")
-    prompts = [[1] + [10 + i + j for j in range(30)] for i in range(6)]
+    # texts apart (a run shifted by one token is another's text with one token left out: recomputed-prefix)
+    prompts = [[1] + [10 + 40 * i + j for j in range(30)] for i in range(6)]
     config = ContinuousBatchingConfig(page_size=16, num_blocks=12, max_batch_tokens=64)
     generation = GenerationConfig(max_new_tokens=40, do_sample=False, eos_token_id=None)
     plain = model.generate_batch(inputs=prompts, generation_config=generation, continuous_batching_config=config)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import threading
 import time
 
+from kvtui.engine.reading.edits import REALIGN_MIN, REALIGN_SEARCH
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch, encode_batch
 from kvtui.engine.server.prefix_cache import PrefixCache
-from kvtui.engine.server.rules import REALIGN_MIN, REALIGN_SEARCH
 from kvtui.engine.server.subscriber import EventEndpoint, Subscriber
 from local_publisher import LocalPublisher
 

@@ -1,0 +1,94 @@
+"""The one `recomputed-prefix` edit rule: where a new prompt leaves a held text and that text goes on after the
+difference, the tokens after it were computed again although a cache held them (prefix caching matches a prompt's
+start only). Judged the same way on a server's cached chains (server/rules.py) and on a watched batching
+server's requests (batching/checks.py), with the same bounds and the same words.
+
+The edit may be a token in place of another, text put in, left out, or replaced by text of another length: it is
+found where the held text goes on within REALIGN_SEARCH tokens of the difference on either side, for at least
+REALIGN_MIN tokens, or to the end of what the cache holds (at least INSERT_PROBE) after a one-token swap or a
+pure insertion: a chat template's turn end after another question is no miss.
+Cost: O(REALIGN_SEARCH * INSERT_PROBE) per judged prompt, never O(tokens held).
+
+Also here: the one `short-prompt` judgement (a prompt too short to fill one cache block shares nothing).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Sequence
+
+from .prefixes import common_prefix
+
+INSERT_PROBE = 6  # held tokens looked for after the difference (text put before shared text)
+REALIGN_SEARCH = 64  # ... within this many tokens of it, on either side (the edit's length bound)
+REALIGN_MIN = 24  # tokens the held text must go on for after an edit other than a one-token swap or insertion
+REALIGN_LENGTH = REALIGN_SEARCH + INSERT_PROBE + REALIGN_MIN  # held tokens read after a difference
+
+
+def realigned(cached: Sequence[int], tokens: Sequence[int], common: int) -> tuple[int, int] | None:
+    """Where the held text `cached` goes on in `tokens` after their difference at `common`: (left, put), the held
+    tokens left out (or replaced) and the prompt's tokens put in their place, the smallest edit first; None where
+    it does not go on within REALIGN_SEARCH tokens on either side. The held text must go on for REALIGN_MIN tokens,
+    or, after a one-token swap or a pure insertion, for the INSERT_PROBE or more tokens the cache still holds (where
+    the prompt ends first, as a chat template's turn end after another one-token question does, it is no miss)."""
+    cached, tokens = _longs(cached), _longs(tokens)
+    window = tokens[common : common + REALIGN_SEARCH + INSERT_PROBE]
+    first: dict[bytes, int] = {}  # each INSERT_PROBE-gram of the prompt after the difference -> its first place
+    for put in range(len(window) - INSERT_PROBE + 1):
+        first.setdefault(window[put : put + INSERT_PROBE].tobytes(), put)
+    found: list[tuple[int, int, int]] = []
+    for left in range(REALIGN_SEARCH + 1):
+        probe = cached[common + left : common + left + INSERT_PROBE]
+        if len(probe) < INSERT_PROBE:
+            break  # the cache holds too little after it to tell
+        at = first.get(probe.tobytes())
+        if at is not None and (left, at) != (0, 0):
+            found.append((left + at, left, at))
+    for _, left, put in sorted(found):
+        run = common_prefix(cached[common + left :], tokens[common + put :])  # the held text going on
+        if run >= REALIGN_MIN:
+            return left, put
+        if (left == 0 or (left == 1 and put >= 1)) and common + left + run == len(cached):
+            return left, put  # a swap or an insertion where all the cache holds after it follows
+    return None
+
+
+def edit_words(cached: Sequence[int], tokens: Sequence[int], common: int, edit: tuple[int, int], text: Callable) -> str:
+    """What the edit at `common` was, in words: text put before the held text (a timestamp, an id), left out, or
+    replaced by text of another length; "" for one token in place of another (the note names both already).
+    `text(ids)` decodes a run of ids."""
+    left, put = edit
+    if left == 0:
+        inserted = text(tokens[common : common + put]).strip()
+        return f" ({inserted!r} was put before the cached text, which follows {put} tokens later)"
+    if left == 1 and put == 1:
+        return ""
+    removed = text(cached[common : common + left]).strip()
+    if put == 0:
+        return f" ({removed!r} was left out; the cached text follows right after)"
+    new = text(tokens[common : common + put]).strip()
+    if removed and new.endswith(removed) and put > left:  # text put before (a token merged with the next)
+        inserted = new[: -len(removed)].strip()
+        return f" ({inserted!r} was put before the cached text, which follows {put - left} tokens later)"
+    return f" ({removed!r}, {_count(left)}, became {new!r}, {_count(put)}; the cached text follows)"
+
+
+def differing_tokens(edit: tuple[int, int]) -> int:
+    """How many of the prompt's tokens the edit put where the held text was (text put before a held token it merged
+    with counts once): what varying-start compares between prompts."""
+    left, put = edit
+    return put - 1 if left == 1 and put >= 2 else put
+
+
+def short_prompt(prompt_length: int, block_tokens: int) -> bool:
+    """A prompt shorter than one block: a prefix cache stores and matches whole blocks only, so nothing of it can be
+    reused by another request (a prompt of at least one block fills one, which a longer prompt can match)."""
+    return block_tokens > 0 and 0 < prompt_length < block_tokens
+
+
+def _count(count: int) -> str:
+    return f"{count} token" if count == 1 else f"{count} tokens"
+
+
+def _longs(ids: Sequence[int]) -> array:
+    return ids if isinstance(ids, array) and ids.typecode == "l" else array("l", (int(i) for i in ids))
