@@ -62,6 +62,7 @@ class ReaderProcess:
         self._conn: Any = None
         self._call = 0
         self._pending: int | None = None  # a request whose answer has not come yet
+        self._ahead: tuple | None = None  # the arguments of the frame asked ahead
         self._lock = threading.Lock()  # one request in flight
 
     @property
@@ -108,9 +109,30 @@ class ReaderProcess:
         force: bool = False,
         notes_max: int = NOTES_SHOWN,
     ) -> Frame | None:
+        """The frame the screen asks for. The child builds the next one while the screen draws this one (asked
+        ahead with what the screen will ask next), so a refresh only takes what is there and never waits on the
+        pipe; a forced frame (a chain expanded, a note chosen), or one asked with other arguments, is asked and
+        waited for (ANSWER_WAIT_S at most)."""
         args = (frozenset(expanded), frozenset(pinned), selected, notes_from, last, force, notes_max)
-        answer = self._ask("frame", args)
-        return None if answer is None or isinstance(answer, TimeoutError) else answer
+        with self._lock:
+            try:
+                if not force and self._pending is not None and self._ahead == args:
+                    answer = self._receive(self._pending, 0.0)  # built meanwhile, or skipped this time
+                else:
+                    answer = self._request("frame", args)
+                if answer is None or isinstance(answer, TimeoutError):
+                    return None
+                frame = answer
+                if frame.view is not None:  # what the screen keeps of it, as it will ask next
+                    args = (args[0], args[1], selected, frame.total_notes, frame.signature, False, notes_max)
+                else:
+                    args = (*args[:5], False, notes_max)
+                self._ahead = args
+                self._send("frame", args)
+                return frame
+            except (EOFError, OSError):  # the child is gone (it said why in its last answer, if it could)
+                self._reading = False
+                return None
 
     def read_block_info(self, ref: NodeRef | None, timeout: float) -> tuple[BlockInfo | None, TextsView]:
         return self._must("block", ref)
@@ -163,25 +185,35 @@ class ReaderProcess:
 
     def _ask(self, kind: str, args: Any) -> Any:
         """Send one request and wait ANSWER_WAIT_S for its answer: the answer, or None (none in time, or the
-        child is gone). A late answer is taken when the next request is asked, and dropped."""
+        child is gone)."""
         with self._lock:
-            conn = self._conn
-            if conn is None:
-                return None
             try:
-                if self._pending is not None:  # the last request's answer is still owed: the child is busy
-                    if self._receive(self._pending) is None:
-                        return None
-                self._call += 1
-                self._pending = self._call
-                conn.send((self._call, kind, args))
-                return self._receive(self._call)
+                return self._request(kind, args)
             except (EOFError, OSError):  # the child is gone (it said why in its last answer, if it could)
                 self._reading = False
                 return None
 
-    def _receive(self, call: int) -> Any:
-        while self._conn.poll(ANSWER_WAIT_S):
+    def _request(self, kind: str, args: Any) -> Any:
+        if self._conn is None:
+            return None
+        if self._pending is not None:  # an answer still owed (a frame asked ahead): taken and dropped
+            if self._receive(self._pending, ANSWER_WAIT_S) is None and self._pending is not None:
+                return None  # the child is busy: this read is skipped
+        self._send(kind, args)
+        return self._receive(self._call, ANSWER_WAIT_S)
+
+    def _send(self, kind: str, args: Any) -> None:
+        if self._conn is None:
+            raise EOFError
+        self._call += 1
+        self._pending = self._call
+        self._conn.send((self._call, kind, args))
+
+    def _receive(self, call: int, wait: float) -> Any:
+        """The answer to request `call` (None: not in `wait` seconds). Answers to earlier requests are dropped."""
+        if self._conn is None:
+            raise EOFError
+        while self._conn.poll(wait):
             number, answer, problems, outages, error, reading = self._conn.recv()
             self.answers += 1
             self.problems.extend(problems)
