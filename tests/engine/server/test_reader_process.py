@@ -83,13 +83,14 @@ def test_the_reader_process_applies_both_origins_and_writes_the_headless_trace(t
         try:
             assert one.wait_subscribed(2) and two.wait_subscribed(2)
             payloads = {"local0": recorded(0), "local1": recorded(1 << 20)}
-            for payload in payloads["local0"]:
-                one.publish(payload)
-            for payload in payloads["local1"]:
-                two.publish(payload)
-            want = {origin: len(sent) for origin, sent in payloads.items()}
-            assert wait_for(lambda: batches_of(reader) == want), batches_of(reader)
-            assert wait_for(lambda: {o: s.batches for o, s in headless.cache.origins.items()} == want)
+            want: dict[str, int] = {}
+            # one origin after the other: chains and batches are numbered in arrival order, the same for both
+            for publisher, origin in ((one, "local0"), (two, "local1")):
+                for payload in payloads[origin]:
+                    publisher.publish(payload)
+                want[origin] = len(payloads[origin])
+                assert wait_for(lambda: batches_of(reader) == want), batches_of(reader)
+                assert wait_for(lambda: {o: s.batches for o, s in headless.cache.origins.items()} == want)
             frame = reader.read_frame(set(), set(), None, 0, None, 0.02, force=True)
             assert frame is not None and frame.view is not None
             with headless.cache.lock:
