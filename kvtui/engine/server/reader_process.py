@@ -255,8 +255,8 @@ def _serve(conn, options: AttachOptions, servers: list[ServerInfo], duration: fl
             problems = []
             while outbox:
                 problems.append(outbox.popleft())
-            error = None if session.error is None else f"{type(session.error).__name__}: {session.error}"
-            conn.send((number, answer, problems, session.unreachable(), error, session.running))
+            stopped = None if session.error is None else f"{type(session.error).__name__}: {session.error}"
+            conn.send((number, answer, problems, session.unreachable(), stopped, session.running))
     except (BrokenPipeError, ConnectionResetError):
         pass  # the screen's process is gone
     finally:

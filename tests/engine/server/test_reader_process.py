@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import msgpack
-import orjson
 import pytest
 
 from kvtui import viewers
@@ -42,9 +41,7 @@ def recorded(shift: int) -> list[bytes]:
 
 def servers_of(publishers: list[LocalPublisher]) -> list[ServerInfo]:
     return [
-        ServerInfo(
-            "", f"publisher {i}", endpoints=[EventEndpoint(p.endpoint, p.replay_endpoint, "", 0, f"local{i}")]
-        )
+        ServerInfo("", f"publisher {i}", endpoints=[EventEndpoint(p.endpoint, p.replay_endpoint, "", 0, f"local{i}")])
         for i, p in enumerate(publishers)
     ]
 
