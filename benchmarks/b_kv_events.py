@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import resource
 import statistics
 import sys
@@ -90,6 +91,7 @@ def publish(index: int, port_box, rate: float, seconds: float, ready, counts, pa
     share of the traffic at `rate` events/s, then a heartbeat a second until `done`."""
     from local_publisher import LocalPublisher
 
+    parent = os.getppid()
     batches = recorded_batches()
     per_pass = sum(len(b[1]) for b in batches)
     with LocalPublisher(replay=False) as publisher:  # vLLM's default high-water mark (100,000 messages)
@@ -107,7 +109,8 @@ def publish(index: int, port_box, rate: float, seconds: float, ready, counts, pa
             events += per_pass
         passes.value = cycle
         counts.value = publisher.sent
-        while not done.wait(1.0):  # heartbeats (as a live server's next batches): their numbers reveal tail drops
+        while not done.wait(1.0) and os.getppid() == parent:  # heartbeats (as a live server's next batches):
+            # their numbers reveal tail drops; until the bench says done, or is gone (killed: no orphan left)
             publisher.publish(msgpack.packb([time.time(), [], 0]))
             counts.value = publisher.sent
 

@@ -2,7 +2,8 @@
 events tell it. Left the chains and their blocks; right the selected block, the server's numbers and its hit
 rate over time; below the notes; a status line.
 
-The reader thread (AttachSession) applies events under `cache.lock`; this screen never follows events one by
+The reader (AttachSession; under `kvtui attach` in a process of its own, engine/server/reader_process.py, which
+answers the same reads over a pipe) applies events under `cache.lock`; this screen never follows events one by
 one: a 4 Hz timer reads a frame (engine/server/view.py's read_frame takes the lock, waiting at most LOCK_WAIT_S;
 if the reader has it, that refresh is skipped, so keys are answered at any event rate): frozen copies of a bounded
 view (the newest chains, at most MAX_NODES tree nodes), which the panes draw holding no lock and no live block.
