@@ -85,8 +85,8 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
     from .. import viewers
     from ..engine.server.reader_process import ReaderProcess
 
-    # the reader in a process of its own: the screen's repaints do not take the interpreter from it (at 20,000
-    # events/s in one process it fell behind and ZeroMQ dropped batches); it writes the same trace as --headless
+    # the reader in a process of its own: the screen's repaints never take its interpreter (in one process a
+    # saturated reader yielded to them); it writes the same trace as --headless
     session = ReaderProcess(options, servers)
     session.start(duration)
     try:

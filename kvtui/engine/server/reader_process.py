@@ -2,13 +2,16 @@
 apply, /metrics, the trace) runs in a child process, and the screen asks it over a pipe for the same frozen values
 it reads from a cache in this process (view.py: a bounded frame, a block's detail, a note's target).
 
-Why: in one interpreter the screen's repaints and the reader take turns on the GIL, and at 20,000 events/s the
-reader fell behind and ZeroMQ dropped about a third of the batches (counted lost). In its own process the
-reader has a core to itself and the screen only unpickles a bounded frame 4 times a second.
+Why: in one interpreter the screen's repaints and the reader take turns on the GIL (the reader had to yield 2 ms
+after every 5 ms of applying so keys stayed quick), so a saturated reader lost a share of its time to the
+screen. In its own process it needs no yield and takes a core where one is free; the screen only unpickles a
+bounded frame (about 66 kB, 1 ms) 4 times a second. What one reader sustains is then set by its own cost per
+event (benchmarks/RESULTS.md section 10).
 
 The child writes the trace, so it holds the same records as `--headless` (one AttachSession either way). One
-request is in flight at a time; an answer that comes after the screen gave up waiting is dropped (that refresh is
-skipped, as when the reader held the lock). The child ends on `stop` (quit), or when the screen's process is gone
+request is in flight at a time: the next frame is asked ahead, so a refresh takes what the child built meanwhile;
+an answer that comes after the screen gave up waiting is dropped (that refresh is skipped, as when the reader held
+the lock). The child ends on `stop` (quit), or when the screen's process is gone
 (its end of the pipe closes); Ctrl-C is the screen's, so the child ignores SIGINT.
 """
 
