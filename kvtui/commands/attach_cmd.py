@@ -80,13 +80,14 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
     except ServerError as error:
         click.echo(f"kvtui: error: {error}", err=True)
         sys.exit(2)
-    session = AttachSession(options, servers)
     if headless:
-        sys.exit(run_attach_headless(session, duration))
+        sys.exit(run_attach_headless(AttachSession(options, servers), duration))
     from .. import viewers
-    from ..engine.server.subscriber import YIELD_S
+    from ..engine.server.reader_process import ReaderProcess
 
-    session.subscriber.yield_s = YIELD_S  # the reader shares the interpreter with the screen: keys stay quick
+    # the reader in a process of its own: the screen's repaints never take its interpreter (in one process a
+    # saturated reader yielded to them); it writes the same trace as --headless
+    session = ReaderProcess(options, servers)
     session.start(duration)
     try:
         viewers.server(session=session, theme_name=theme).run()  # quit stops the session (never the server)

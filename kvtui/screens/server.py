@@ -2,7 +2,8 @@
 events tell it. Left the chains and their blocks; right the selected block, the server's numbers and its hit
 rate over time; below the notes; a status line.
 
-The reader thread (AttachSession) applies events under `cache.lock`; this screen never follows events one by
+The reader (AttachSession; under `kvtui attach` in a process of its own, engine/server/reader_process.py, which
+answers the same reads over a pipe) applies events under `cache.lock`; this screen never follows events one by
 one: a 4 Hz timer reads a frame (engine/server/view.py's read_frame takes the lock, waiting at most LOCK_WAIT_S;
 if the reader has it, that refresh is skipped, so keys are answered at any event rate): frozen copies of a bounded
 view (the newest chains, at most MAX_NODES tree nodes), which the panes draw holding no lock and no live block.
@@ -17,8 +18,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static, Tree
 
-from ..engine.server.prefix_cache import PrefixCache
-from ..engine.server.view import NodeRef, read_block_info, read_frame, read_note_target
+from ..engine.server.view import CacheFrames, NodeRef
 from ..keys import SERVER_KEYS
 from ..widgets.server.block_detail import BlockDetail
 from ..widgets.server.cache_notes import MAX_SHOWN, CacheNotes
@@ -61,7 +61,9 @@ class ServerScreen(SourceScreen):
         super().__init__()
         self.session = session
         self.server_run = run
-        self.cache: PrefixCache = session.cache if session is not None else run.cache
+        # the session's reads: over a pipe where its reader runs in a process of its own (reader_process.py)
+        frames = getattr(session, "frames", None)
+        self.frames = frames if frames is not None else CacheFrames(session.cache if session is not None else run.cache)
         self.paused = False
         self.tree_pane: PrefixTreePane | None = None  # set at mount
         self.selected: NodeRef | None = None
@@ -122,8 +124,7 @@ class ServerScreen(SourceScreen):
             return False
         tree = self.tree_pane
         pins = {ref.chain for ref in (self.selected, self._want) if ref is not None}
-        frame = read_frame(
-            self.cache,
+        frame = self.frames.read_frame(
             tree.expanded_chains,
             pins,
             self.selected,
@@ -212,7 +213,7 @@ class ServerScreen(SourceScreen):
 
     def _show_detail(self) -> None:
         try:
-            info, texts = read_block_info(self.cache, self.selected, LOCK_WAIT_S)
+            info, texts = self.frames.read_block_info(self.selected, LOCK_WAIT_S)
         except TimeoutError:
             self._signature = None  # the next tick shows it
             return
@@ -227,7 +228,7 @@ class ServerScreen(SourceScreen):
     def select_note(self, note) -> bool:
         """Select the block (or chain) a note names in the tree: whether it is there."""
         try:
-            target = read_note_target(self.cache, note, LOCK_WAIT_S * 5)
+            target = self.frames.read_note_target(note, LOCK_WAIT_S * 5)
         except TimeoutError:
             self.notify("the reader is busy: try again", severity="warning")
             return False

@@ -89,6 +89,11 @@ def connect(options: AttachOptions) -> list[ServerInfo]:
     return [discover(url) for url in options.urls]
 
 
+def title_of(servers: list[ServerInfo], endpoints: list[EventEndpoint]) -> str:
+    names = ", ".join(f"{s.model} at {s.url}" if s.url else s.model for s in servers)
+    return names or ", ".join(e.endpoint for e in endpoints)
+
+
 class AttachSession:
     """Reads servers' prefix caches into one PrefixCache, on threads of its own, until stopped."""
 
@@ -114,8 +119,7 @@ class AttachSession:
 
     @property
     def title(self) -> str:
-        names = ", ".join(f"{s.model} at {s.url}" if s.url else s.model for s in self.servers)
-        return names or ", ".join(e.endpoint for e in self.endpoints)
+        return title_of(self.servers, self.endpoints)
 
     def _batch(self, origin: str, batch: EventBatch, notes: list[Diagnostic]) -> None:
         if self.writer is not None:

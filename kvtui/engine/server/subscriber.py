@@ -115,6 +115,7 @@ class Subscriber:
         self._catching_up = False  # the replay on attach is being applied
         self._requests: deque[tuple[tuple[str, ...], object]] = deque()  # (origins, identity) from other threads
         self.connected = threading.Event()
+        self.viewer_waits = threading.Event()  # a frame is being read (reader_process.py): yield as for a viewer
 
     def _problem(self, origin: str, message: str, undecodable: bool = False, restart: bool = False) -> None:
         if self.on_problem is not None:
@@ -175,8 +176,8 @@ class Subscriber:
                 for sub in self._sockets:
                     if sub in ready:
                         busy |= self._drain(sub)
-                if busy and self.yield_s:  # more is queued: the UI thread gets the interpreter a moment
-                    time.sleep(self.yield_s)
+                if busy and (self.yield_s or self.viewer_waits.is_set()):  # more is queued: the thread that
+                    time.sleep(self.yield_s or YIELD_S)  # reads frames gets the lock and the interpreter a moment
         finally:
             for sub in self._sockets:
                 sub.disable_monitor()

@@ -103,6 +103,13 @@ class TextsView:
     def piece(self, token_id: int) -> str:
         return self.pieces.get(token_id, f"#{token_id}")
 
+    def __reduce__(self):  # a frame crosses a pipe (reader_process.py): a mapping proxy does not pickle
+        return (_texts_view, (dict(self.pieces), self.special))
+
+
+def _texts_view(pieces: dict[int, str], special: frozenset[int]) -> TextsView:
+    return TextsView(MappingProxyType(pieces), special)
+
 
 def build_view(
     cache: PrefixCache,
@@ -321,6 +328,7 @@ class StatsView:
     notes: int
     watched: tuple[tuple[str, float], ...] = ()  # per server, the hit rate over the interval kvtui watched
     twice: tuple[tuple[str, int], ...] = ()  # per origin, tokens held that another origin holds too
+    codes: tuple[tuple[str, int], ...] = ()  # every note raised, by code (listed or counted past the flood bound)
 
 
 def stats_view(cache: PrefixCache) -> StatsView:
@@ -340,6 +348,7 @@ def stats_view(cache: PrefixCache) -> StatsView:
         chains=len(cache.tops),
         notes=len(cache.notes),
         twice=tuple(cache.duplicated().items()),
+        codes=tuple(sorted(cache.note_counts.items())),
         watched=tuple(
             (origin, rate[0]) for origin, kept in cache.metrics.items() if (rate := watched_rate(kept)) is not None
         ),
@@ -437,3 +446,20 @@ def _texts(cache: PrefixCache, view: CacheView | None, info: BlockInfo | None) -
     known = cache.texts.pieces
     pieces = {i: known[i] for i in ids if i in known}
     return TextsView(MappingProxyType(pieces), frozenset(cache.texts.special))
+
+
+class CacheFrames:
+    """The screen's reads of a PrefixCache in this process (a replayed trace, a session read on a thread); an
+    AttachSession in a process of its own answers the same three calls over a pipe (reader_process.py)."""
+
+    def __init__(self, cache: PrefixCache):
+        self.cache = cache
+
+    def read_frame(self, *args, **kwargs) -> Frame | None:
+        return read_frame(self.cache, *args, **kwargs)
+
+    def read_block_info(self, ref: NodeRef | None, timeout: float) -> tuple[BlockInfo | None, TextsView]:
+        return read_block_info(self.cache, ref, timeout)
+
+    def read_note_target(self, note: Diagnostic, timeout: float) -> NodeRef | None:
+        return read_note_target(self.cache, note, timeout)
