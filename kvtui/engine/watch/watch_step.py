@@ -74,6 +74,7 @@ class Call:
     generating: list = field(default_factory=list)  # generate() frames between the caller and the forward
     pending_edit: introspect.PendingEdit | None = None  # the cache's in-place edit check, waiting for the transfer
     edits_at: int = 0  # where in `found` that alarm goes (what was said before it stays before it)
+    attention: Any = None  # the step's attention reduced on the device, its values in `reads` (AttentionCapture.stage)
 
     def take_reads(self) -> None:
         """Fill the call's values from its resolved transfer (what `read_call` left as handles)."""
@@ -266,6 +267,12 @@ class StepBuilder:
         if logits is not None and logits.dim() == 3:
             pairs, ids = top_tensors(logits[:, -1], self.watcher.top_k)  # [batch, 2k] float32, [batch, k]
             call.handles["top_pairs"], call.handles["top_ids"] = reads.add(pairs), reads.add(ids)
+        capture = call.probe.attention
+        if capture is not None:  # the newest query's attention over the row the fed tokens extend
+            rows = call.track.rows if call.track is not None else []
+            known = TokenBuffer(rows[0]) if rows else TokenBuffer([])
+            ids = self.specials()[0]
+            call.attention = capture.stage(reads, known, len(known) + call.n, ids.pad, ids.pad_is_distinct)
 
     def build(
         self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float
@@ -290,7 +297,12 @@ class StepBuilder:
         seen = None
         if call.probe.attention is not None and buffers:
             ids = self.specials()[0]
-            seen = call.probe.attention.take(buffers[0], turn, ids.pad, ids.pad_is_distinct)
+            capture = call.probe.attention
+            seen = (
+                capture.finish(call.attention, buffers[0], turn, ids.pad, ids.pad_is_distinct)
+                if call.attention is not None
+                else capture.take(buffers[0], turn, ids.pad, ids.pad_is_distinct)
+            )
             if seen is not None:
                 memory = call.probe.attention.memory.setdefault(track.name if track else "", {})
                 found += check_attention(

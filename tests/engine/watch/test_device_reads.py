@@ -143,3 +143,61 @@ def test_one_transfer_gives_back_what_each_tensor_holds():
         assert value == expected
     with pytest.raises(RuntimeError, match="resolved already"):
         reads.add(torch.tensor([1]))
+
+
+@pytest.mark.parametrize("layers", [2, 12])
+def test_attention_joins_the_one_read(tiny_dir, tiny_model, tmp_path, layers):
+    """watch(attention=True): every layer's newest-query attention and its region shares come back in the step's
+    one transfer, with the values eager attention gives (an independent full forward, no cache), a left-padded
+    2-D mask included (the pad region, the attended count the position checks use)."""
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = tiny_model("llama", layers=layers)
+    ids = tokenizer("the cache holds every token", return_tensors="pt")["input_ids"]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.cat([torch.tensor([[pad]]), ids], dim=1)  # [1, 1 + n]: one left pad
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # what generate() derives from a left-padded mask
+    with torch.inference_mode(), probe.watch(model, tokenizer, trace=tmp_path / "run.jsonl", attention=True) as w:
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        tokens, per_step, steps = ids, [], []
+        for step in range(5):
+            token = out.logits[:, -1:].argmax(-1)  # [1, 1]
+            tokens, mask = torch.cat([tokens, token], dim=1), torch.cat([mask, torch.ones_like(token)], dim=1)
+            position = positions[:, -1:] + 1
+            positions = torch.cat([positions, position], dim=1)
+            with counting_reads() as reads:
+                out = model(
+                    input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True
+                )
+            if step >= 2:  # the first decode steps fill what is kept per cache and per call site
+                per_step.append(list(reads))
+            steps.append(w.last)
+        assert w.errors == []
+    assert per_step == [["tolist"]] * 3
+    eager = AutoModelForCausalLM.from_pretrained(
+        tiny_dir("llama", layers=layers), dtype=torch.float32, attn_implementation="eager"
+    )
+    for snapshot in steps:
+        total = snapshot.cache_seq_length
+        assert not [d for d in snapshot.diagnostics if d.severity != "info"], snapshot.diagnostics
+        with torch.no_grad():
+            full = eager(
+                input_ids=tokens[:, :total],
+                attention_mask=mask[:, :total],
+                position_ids=positions[:, :total],
+                output_attentions=True,
+            )
+        detail = snapshot.attention_detail
+        assert len(snapshot.attention) == layers and "pad" in detail.regions
+        for layer in range(layers):
+            reference = full.attentions[layer][0, :, -1, :].mean(dim=0)  # [total]
+            for position, weight in snapshot.attention[layer]:
+                assert abs(reference[position].item() - weight) < 1e-5
+            shares = dict(zip(detail.regions, detail.shares[layer]))
+            assert shares["pad"] == pytest.approx(reference[0].item(), abs=1e-5)  # the masked pad: 0
+            assert shares["this turn"] == pytest.approx(reference[1:].sum().item(), abs=1e-5)
+            recent = min(16, total)
+            assert shares[f"last {recent}"] == pytest.approx(reference[total - recent :].sum().item(), abs=1e-5)
