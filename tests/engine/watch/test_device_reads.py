@@ -33,8 +33,9 @@ def _from_kvtui() -> bool:
 
 
 @contextlib.contextmanager
-def counting_reads():
-    """Yields a list: one entry per read kvtui made while the block ran (the method's name)."""
+def counting_reads(names=READS):
+    """Yields a list: one entry per read kvtui made while the block ran (the method's name); `names`: other tensor
+    methods to count instead (then each entry is the name and the shape of the tensor it was called on)."""
     seen: list[str] = []
     undo = []
 
@@ -43,15 +44,16 @@ def counting_reads():
 
         def counted(*args, **kwargs):
             if _from_kvtui():
-                seen.append(name)
+                seen.append(name if names is READS else (name, tuple(args[0].shape)))
             return original(*args, **kwargs)
 
         undo.append((owner, name, original))
         setattr(owner, name, counted)
 
-    for name in READS:
+    for name in names:
         wrap(torch.Tensor, name)
-    wrap(torch, "equal")
+    if names is READS:
+        wrap(torch, "equal")
     try:
         yield seen
     finally:
@@ -201,3 +203,44 @@ def test_attention_joins_the_one_read(tiny_dir, tiny_model, tmp_path, layers):
             assert shares["this turn"] == pytest.approx(reference[1:].sum().item(), abs=1e-5)
             recent = min(16, total)
             assert shares[f"last {recent}"] == pytest.approx(reference[total - recent :].sum().item(), abs=1e-5)
+
+
+def test_a_continuing_mask_is_counted_not_summed(tiny_model, tmp_path):
+    """A loop that extends its left-padded 2-D mask by the fed token: a decode step reads only the new column (the
+    attended count goes on from the last forward's), the positions check still holds against it (no alarm for
+    the right positions, position-gap for a wrong one), and a mask that does not continue is summed again."""
+    model, tokenizer = tiny_model("llama", layers=2)
+    ids = tokenizer("the cache holds every token", return_tensors="pt")["input_ids"]
+    ids = torch.cat([torch.zeros(1, 3, dtype=ids.dtype), ids], dim=1)  # three left pads
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode(), probe.watch(model, tokenizer, trace=tmp_path / "run.jsonl") as watcher:
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        position = positions[:, -1:]
+        sums = []
+        for step in range(4):
+            token = out.logits[:, -1:].argmax(-1)
+            mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+            position = position + 1 if step != 2 else position + 2  # step 2: a position off by one
+            with counting_reads(("sum",)) as summed:
+                out = model(
+                    input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True
+                )
+            sums.append([shape for _, shape in summed if shape == (1, mask.shape[1] - 1)])  # over the cached columns
+            codes = [d.code for d in watcher.last.diagnostics]
+            assert codes == (["position-gap"] if step == 2 else []), (step, watcher.last.diagnostics)
+        assert watcher.last.positions == (int(position),)
+        # a mask rebuilt with one column more than the cache holds: not the same mask, summed again
+        token = out.logits[:, -1:].argmax(-1)
+        mask = torch.cat([mask, torch.ones(1, 2, dtype=mask.dtype)], dim=1)
+        with counting_reads(("sum",)) as summed:
+            model(
+                input_ids=token, attention_mask=mask, position_ids=position + 1, past_key_values=cache, use_cache=True
+            )
+        assert [shape for _, shape in summed].count((1, mask.shape[1] - 1)) == 1 and "mask-length" in [
+            d.code for d in watcher.last.diagnostics
+        ]
+        assert watcher.errors == []
+    assert sums == [[]] * 4
