@@ -129,8 +129,9 @@ class _Sweep:
 def _work(session: ChatSession, steps: int) -> dict:
     """kvtui's work per decode step, counted: lines of its Python (b_work.LineCounter) and the tensor ops it issues
     with the elements they read (views excluded): what would grow if kvtui did O(cache) work."""
-    import b_work
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    import b_work
 
     class Elements(TorchDispatchMode):
         def __init__(self):
