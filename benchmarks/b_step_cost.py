@@ -239,7 +239,8 @@ class FloorHook:
 
     def before(self, module, args, kwargs):
         self.fed = kwargs["input_ids"].tolist()
-        self.length = kwargs["past_key_values"].get_seq_length()
+        length = kwargs["past_key_values"].get_seq_length()  # a static cache's: a 0-dim tensor (transformers 5.x)
+        self.length = length.clone() if isinstance(length, torch.Tensor) else length  # read after, with its after
 
     def after(self, module, args, kwargs, output):
         import os
@@ -254,10 +255,16 @@ class FloorHook:
             {"index": i, "k_shape": tuple(layer.keys.shape), "dtype": str(layer.keys.dtype)}
             for i, layer in enumerate(kwargs["past_key_values"].layers)
         ]
+        lengths = [self.length, kwargs["past_key_values"].get_seq_length()]
+        tensors = [i for i, value in enumerate(lengths) if isinstance(value, torch.Tensor)]
+        if tensors:  # a static cache's 0-dim tensors on the cache's device (an empty one's is an int): one read
+            for i, value in zip(tensors, torch.stack([lengths[i].reshape(()) for i in tensors]).tolist()):
+                lengths[i] = value
+        before, after = lengths
         record = {
             "input_ids": self.fed,
-            "cache_length_before": self.length,
-            "cache_length_after": kwargs["past_key_values"].get_seq_length(),
+            "cache_length_before": before,
+            "cache_length_after": after,
             "topk": [{"id": i, "logit": v, "logprob": p} for i, v, p in top],
             "layers": layers,
         }
