@@ -653,10 +653,18 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
         rounds = int(args[index + 2]) if len(args) > index + 2 else 2
         compare(args[index + 1], rounds, Path(__file__).parent / "step_cost_compare.json")
         raise SystemExit(0)
-    if "--ratios-only" in args:  # the whole-loop ratios alone, on the 3-layer tiny llama (watched / floor ...)
+    if "--ratios-only" in args:  # the whole-loop ratios alone, on the 3-layer tiny llama (--layers N: N layers)
         torch.set_num_threads(1)
         with tempfile.TemporaryDirectory(prefix="kvtui-bench-") as _tmp:
-            _model, _tokenizer = _models(_tmp, True)["tiny llama, 3 layers"]
+            if "--layers" in args:  # a deep narrow tiny llama (hidden 64): kvtui's per-layer work shows
+                from kvtui.engine.chat.loader import load_model
+                from kvtui.engine.models.tiny import build_tiny
+
+                _layers = int(args[args.index("--layers") + 1])
+                _loaded = load_model(str(build_tiny("llama", Path(_tmp) / "deep", layers=_layers)), dtype="float32")
+                _model, _tokenizer = _loaded.model, _loaded.tokenizer
+            else:
+                _model, _tokenizer = _models(_tmp, True)["tiny llama, 3 layers"]
             _repeats = int(args[args.index("--repeats") + 1]) if "--repeats" in args else 7
             _r = python_bound_ratios(_model, _tokenizer, 200, _repeats, Path(_tmp))
         print(json.dumps(_r, indent=1))
