@@ -295,8 +295,8 @@ class StepBuilder:
         if capture is not None:  # the newest query's attention over the row the fed tokens extend
             rows = call.track.rows if call.track is not None else []
             known = TokenBuffer(rows[0]) if rows else TokenBuffer([])
-            ids = self.specials()[0]
-            call.attention = capture.stage(reads, known, len(known) + call.n, ids.pad, ids.pad_is_distinct)
+            specials = self.specials()[0]
+            call.attention = capture.stage(reads, known, len(known) + call.n, specials.pad, specials.pad_is_distinct)
 
     def build(
         self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float
