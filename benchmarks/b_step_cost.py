@@ -377,6 +377,7 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
         "engine_over_bare_cpu": [],
         "floor_over_plain": [],
         "watched_over_floor": [],
+        "watched_over_floor_cpu": [],
         "plain_us": [],  # µs a token of each loop
         "floor_us": [],
         "watched_us": [],
@@ -426,6 +427,7 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
             ratios["engine_over_bare_cpu"].append(engine[1] / bare_s[1])
             ratios["floor_over_plain"].append(floor[0] / plain[0])
             ratios["watched_over_floor"].append(watched[0] / floor[0])
+            ratios["watched_over_floor_cpu"].append(watched[1] / floor[1])
             for name, run in (("plain_us", plain), ("floor_us", floor), ("watched_us", watched)):
                 ratios[name].append(run[0] / n * 1e6)
             log(
@@ -673,7 +675,9 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
             f"floor/plain {_r['floor_over_plain']['median']:.3f}; "
             f"watched/floor {_r['watched_over_floor']['median']:.3f} ({_r['watched_over_floor']['min']:.3f}–"
             f"{_r['watched_over_floor']['max']:.3f}); µs a token: plain {_r['plain_us']['median']:.0f}, floor "
-            f"{_r['floor_us']['median']:.0f}, watched {_r['watched_us']['median']:.0f}"
+            f"{_r['floor_us']['median']:.0f}, watched {_r['watched_us']['median']:.0f}; CPU time: watched/floor "
+            f"{_r['watched_over_floor_cpu']['median']:.3f} ({_r['watched_over_floor_cpu']['min']:.3f}–"
+            f"{_r['watched_over_floor_cpu']['max']:.3f})"
         )
         raise SystemExit(0)
     with tempfile.TemporaryDirectory(prefix="kvtui-bench-") as _tmp:
