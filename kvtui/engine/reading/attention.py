@@ -353,11 +353,12 @@ class AttentionCapture:
         for key in spans:
             old, new = _split(key, known)
             if old is not None and old not in staged.sums:
-                if old[0] == "sparse" and ("sparse", old[1], old[2] - 1) in staged.sums and tail_from == known - 1:
-                    # the new token made a run of the pad id: the column before it joined the pads
-                    old, new = ("sparse", old[1], old[2] - 1), [known - 1, *new]
-                else:
+                # the new token made a run of the pad id: the column before it (read with the new ones) joined the pads
+                joined = old[0] == "sparse" and tail_from == known - 1 and key[2][old[2] - 1] == known - 1
+                before = ("sparse", old[1], old[2] - 1) if old[2] > 1 else None
+                if not joined or (before is not None and before not in staged.sums):
                     return None
+                old, new = before, [known - 1, *new]
             for layer, row in enumerate(result):
                 share = sums[layer][staged.sums[old]] if old is not None else 0.0
                 for position in new:
