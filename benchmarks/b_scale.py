@@ -19,6 +19,8 @@ CHUNK_TOKENS = 2048  # prefill chunk: keeps the attention scores of one forward 
 
 
 MEMORY_STEPS = 10
+SWEEP_BYTES = 48 * 2**20  # more than this VM's last-level cache share and the longest row's K/V concatenation
+WORK_STEPS = 5
 DEFAULT_MMAP_THRESHOLD = 128 * 1024
 _M_MMAP_THRESHOLD = -3  # glibc malloc.h
 
@@ -103,6 +105,57 @@ def _grow_to(session: ChatSession, filler: _Filler, target: int) -> None:
         session.send(text)
 
 
+class _Sweep:
+    """A forward hook (the benchmark's, not kvtui's) that, when on, writes SWEEP_BYTES after each forward: the CPU
+    caches then hold the same (nothing of kvtui's) after a short forward as after a long one, whose attention and
+    `torch.cat` of every layer's K/V evict them. kvtui's snapshot timed after it is its own work at equal cache
+    state; without it, the same fixed ops run slower after a longer forward."""
+
+    def __init__(self, model):
+        import torch
+
+        self.on = False
+        self._buffer = torch.zeros(SWEEP_BYTES // 4)
+        self._handle = model.register_forward_hook(self._after)
+
+    def _after(self, module, args, output) -> None:
+        if self.on:
+            self._buffer.add_(1.0)
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def _work(session: ChatSession, steps: int) -> dict:
+    """kvtui's work per decode step, counted: lines of its Python (b_work.LineCounter) and the tensor ops it issues
+    with the elements they read (views excluded): what would grow if kvtui did O(cache) work."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import b_work
+
+    class Elements(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = 0
+            self.elements = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view and b_work._from_kvtui(2):
+                self.ops += 1
+                self.elements += sum(a.numel() for a in args if hasattr(a, "numel"))
+            return func(*args, **(kwargs or {}))
+
+    lines = b_work.LineCounter()
+    with Elements() as ops:
+        lines.start()
+        try:
+            for _ in range(steps):
+                session.step()
+        finally:
+            lines.stop()
+    return {"lines": lines.lines / steps, "ops": ops.ops / steps, "elements": ops.elements / steps}
+
+
 def bench(tiny_dir: Path, lengths: list[int], steps: int = 40, info_calls: int = 200) -> dict:
     loaded = load_model(str(tiny_dir), dtype="float32", device="cpu")
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -110,6 +163,7 @@ def bench(tiny_dir: Path, lengths: list[int], steps: int = 40, info_calls: int =
     session.stop_ids = frozenset()  # never stop at EOS: this only measures cost per step
     filler = _Filler(tokenizer)
     session.send(filler.text(8)[0])
+    sweep = _Sweep(model)
     rows = []
     for target in lengths:
         t0 = time.perf_counter()
@@ -123,6 +177,14 @@ def bench(tiny_dir: Path, lengths: list[int], steps: int = 40, info_calls: int =
             t = time.perf_counter()
             snaps.append(session.step())
             walls.append((time.perf_counter() - t) * 1000)
+        # the same steps with the CPU caches swept after every forward, interleaved with plain ones (5 rounds)
+        plain_ms, swept_ms = [], []
+        for _ in range(5):
+            for on, into in ((False, plain_ms), (True, swept_ms)):
+                sweep.on = on
+                into += [session.step().snapshot_ms for _ in range(max(4, steps // 5))]
+        sweep.on = False
+        work = _work(session, WORK_STEPS)
         # memory: a few more steps with every allocation >= 64 KiB mmap'ed (freed = unmapped), so the
         # kernel's high-water mark, reset before each step, is the step's own peak allocation
         peaks = []
@@ -164,6 +226,9 @@ def bench(tiny_dir: Path, lengths: list[int], steps: int = 40, info_calls: int =
                 "fill_s": fill_s,
                 "steps": steps,
                 "snapshot_ms": summary([s.snapshot_ms for s in snaps]),
+                "snapshot_plain_ms": summary(plain_ms),
+                "snapshot_swept_ms": summary(swept_ms),
+                "work": work,
                 "forward_ms": summary([s.forward_ms for s in snaps]),
                 "step_wall_ms": summary(walls),
                 "overhead_ms": summary([w - s.forward_ms for w, s in zip(walls, snaps)]),
@@ -179,11 +244,15 @@ def bench(tiny_dir: Path, lengths: list[int], steps: int = 40, info_calls: int =
             }
         )
         log(
-            f"  scale {last.cache_seq_length} tokens: snapshot {rows[-1]['snapshot_ms']['median']:.3f} ms, "
+            f"  scale {last.cache_seq_length} tokens: snapshot {rows[-1]['snapshot_ms']['median']:.3f} ms "
+            f"(interleaved: plain {rows[-1]['snapshot_plain_ms']['median']:.3f}, after a cache sweep "
+            f"{rows[-1]['snapshot_swept_ms']['median']:.3f}; {work['lines']:.0f} kvtui lines, {work['ops']:.1f} ops "
+            f"reading {work['elements']:.0f} elements per step), "
             f"layer_infos {rows[-1]['layer_infos_us']['median']:.1f} "
             f"us, forward {rows[-1]['forward_ms']['median']:.2f} ms, "
             f"cache {cache_bytes / 2**20:.2f} MiB, step peak +{max(peaks) / 2**20:.2f} MiB (fill {fill_s:.1f} s)"
         )
+    sweep.remove()
     return {
         "model": f"tiny llama ({model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
         f"{model.config.num_key_value_heads} KV heads x {model.config.hidden_size // model.config.num_attention_heads}"

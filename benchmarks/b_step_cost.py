@@ -239,7 +239,8 @@ class FloorHook:
 
     def before(self, module, args, kwargs):
         self.fed = kwargs["input_ids"].tolist()
-        self.length = kwargs["past_key_values"].get_seq_length()
+        length = kwargs["past_key_values"].get_seq_length()  # a static cache's: a 0-dim tensor (transformers 5.x)
+        self.length = length.clone() if isinstance(length, torch.Tensor) else length  # read after, with its after
 
     def after(self, module, args, kwargs, output):
         import os
@@ -254,10 +255,16 @@ class FloorHook:
             {"index": i, "k_shape": tuple(layer.keys.shape), "dtype": str(layer.keys.dtype)}
             for i, layer in enumerate(kwargs["past_key_values"].layers)
         ]
+        lengths = [self.length, kwargs["past_key_values"].get_seq_length()]
+        tensors = [i for i, value in enumerate(lengths) if isinstance(value, torch.Tensor)]
+        if tensors:  # a static cache's 0-dim tensors on the cache's device (an empty one's is an int): one read
+            for i, value in zip(tensors, torch.stack([lengths[i].reshape(()) for i in tensors]).tolist()):
+                lengths[i] = value
+        before, after = lengths
         record = {
             "input_ids": self.fed,
-            "cache_length_before": self.length,
-            "cache_length_after": kwargs["past_key_values"].get_seq_length(),
+            "cache_length_before": before,
+            "cache_length_after": after,
             "topk": [{"id": i, "logit": v, "logprob": p} for i, v, p in top],
             "layers": layers,
         }
@@ -370,6 +377,7 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
         "engine_over_bare_cpu": [],
         "floor_over_plain": [],
         "watched_over_floor": [],
+        "watched_over_floor_cpu": [],
         "plain_us": [],  # µs a token of each loop
         "floor_us": [],
         "watched_us": [],
@@ -419,6 +427,7 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
             ratios["engine_over_bare_cpu"].append(engine[1] / bare_s[1])
             ratios["floor_over_plain"].append(floor[0] / plain[0])
             ratios["watched_over_floor"].append(watched[0] / floor[0])
+            ratios["watched_over_floor_cpu"].append(watched[1] / floor[1])
             for name, run in (("plain_us", plain), ("floor_us", floor), ("watched_us", watched)):
                 ratios[name].append(run[0] / n * 1e6)
             log(
@@ -646,10 +655,18 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
         rounds = int(args[index + 2]) if len(args) > index + 2 else 2
         compare(args[index + 1], rounds, Path(__file__).parent / "step_cost_compare.json")
         raise SystemExit(0)
-    if "--ratios-only" in args:  # the whole-loop ratios alone, on the 3-layer tiny llama (watched / floor ...)
+    if "--ratios-only" in args:  # the whole-loop ratios alone, on the 3-layer tiny llama (--layers N: N layers)
         torch.set_num_threads(1)
         with tempfile.TemporaryDirectory(prefix="kvtui-bench-") as _tmp:
-            _model, _tokenizer = _models(_tmp, True)["tiny llama, 3 layers"]
+            if "--layers" in args:  # a deep narrow tiny llama (hidden 64): kvtui's per-layer work shows
+                from kvtui.engine.chat.loader import load_model
+                from kvtui.engine.models.tiny import build_tiny
+
+                _layers = int(args[args.index("--layers") + 1])
+                _loaded = load_model(str(build_tiny("llama", Path(_tmp) / "deep", layers=_layers)), dtype="float32")
+                _model, _tokenizer = _loaded.model, _loaded.tokenizer
+            else:
+                _model, _tokenizer = _models(_tmp, True)["tiny llama, 3 layers"]
             _repeats = int(args[args.index("--repeats") + 1]) if "--repeats" in args else 7
             _r = python_bound_ratios(_model, _tokenizer, 200, _repeats, Path(_tmp))
         print(json.dumps(_r, indent=1))
@@ -658,7 +675,9 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
             f"floor/plain {_r['floor_over_plain']['median']:.3f}; "
             f"watched/floor {_r['watched_over_floor']['median']:.3f} ({_r['watched_over_floor']['min']:.3f}–"
             f"{_r['watched_over_floor']['max']:.3f}); µs a token: plain {_r['plain_us']['median']:.0f}, floor "
-            f"{_r['floor_us']['median']:.0f}, watched {_r['watched_us']['median']:.0f}"
+            f"{_r['floor_us']['median']:.0f}, watched {_r['watched_us']['median']:.0f}; CPU time: watched/floor "
+            f"{_r['watched_over_floor_cpu']['median']:.3f} ({_r['watched_over_floor_cpu']['min']:.3f}–"
+            f"{_r['watched_over_floor_cpu']['max']:.3f})"
         )
         raise SystemExit(0)
     with tempfile.TemporaryDirectory(prefix="kvtui-bench-") as _tmp:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import tempfile
 import time
@@ -62,6 +63,7 @@ from kvtui.engine.watch import probe
 
 MAX_LEN = 1024  # static cache length: prompt + warm-ups + every timed token fit
 DEVICE = "cuda"  # --device cpu: a smoke test of this script on a machine without CUDA
+SMOKE_LAYERS = 0  # --smoke: every model cut to this many layers (0: the real shapes); a check that it runs
 
 
 def _sync_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -286,8 +288,12 @@ def build(row: str, tokenizer_dir: Path, tmp: Path):
         return "tiny llama, 3 layers, fp32", model, copy.deepcopy(model), loaded.tokenizer, False
     if row in ("smol", "smol-compile"):
         config = LlamaConfig(**{k: v for k, v in smol.items() if k not in ("architectures", "torch_dtype", "dtype")})
+        if SMOKE_LAYERS:
+            config.num_hidden_layers = SMOKE_LAYERS
         model = _random_llama(config, torch.bfloat16)
-        label = "SmolLM2-shaped, 30 layers, bf16" + (", static + compile" if row == "smol-compile" else ", dynamic")
+        label = f"SmolLM2-shaped, {config.num_hidden_layers} layers, bf16" + (
+            ", static + compile" if row == "smol-compile" else ", dynamic"
+        )
         return label, model, _random_llama(config, torch.bfloat16), tokenizer, row == "smol-compile"
     if row == "8b":
         config = LlamaConfig(
@@ -304,13 +310,110 @@ def build(row: str, tokenizer_dir: Path, tmp: Path):
             eos_token_id=smol.get("eos_token_id"),
             tie_word_embeddings=False,
         )
+        if SMOKE_LAYERS:  # and narrower: two 8B-wide models do not fit a small CPU machine's memory
+            config.num_hidden_layers, config.intermediate_size = SMOKE_LAYERS, 4096
         model = _random_llama(config, torch.bfloat16)
         plain_model = _random_llama(config, torch.bfloat16)  # a second instance: the probe watches the first
-        return "8B-class (Llama-3-8B shape), 32 layers, bf16, dynamic", model, plain_model, tokenizer, False
+        label = f"8B-class (Llama-3-8B shape{', narrowed' if SMOKE_LAYERS else ''}), {config.num_hidden_layers} layers"
+        return f"{label}, bf16, dynamic", model, plain_model, tokenizer, False
     raise SystemExit(f"unknown row {row!r}")
 
 
 CARRY = Path(__file__).resolve().parent / ".gpu"  # ignored by git; carried to the GPU machine
+
+
+def _source() -> str:
+    """kvtui's commit (and whether the tree had changes), from git here, else from what --prepare wrote."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
+        return f"`{commit}`" + (" with uncommitted changes" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        carried = CARRY / "source.txt"
+        return carried.read_text().strip() + " (as prepared)" if carried.exists() else "unknown commit"
+
+
+def _card() -> str:
+    """The GPU as nvidia-smi names it (driver, memory), else torch's name, else the device."""
+    import subprocess
+
+    try:
+        line = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            .stdout.strip()
+            .splitlines()
+        )
+    except (OSError, subprocess.SubprocessError):
+        line = []
+    if line:
+        name, driver, memory = (part.strip() for part in (line[0].split(",") + ["?", "?"])[:3])
+        return f"{len(line)} x {name} (driver {driver}, {memory})"
+    return torch.cuda.get_device_name(0) if DEVICE == "cuda" else f"{DEVICE} (no GPU)"
+
+
+def markdown(result: dict, command: str) -> str:
+    """The run as a GPU.md section: the card, versions, kvtui's commit, the command, every number."""
+    smoke = result.get("smoke")
+    lines = [
+        f"## {'SMOKE RUN (not a measurement): ' if smoke else ''}{result['card']}, {result['date']}",
+        "",
+        f"torch {result['torch']}, transformers {result['transformers']}, kvtui at {result['source']}. Command "
+        f"(from the repository root, `benchmarks/.gpu` carried): `{command}`; raw numbers: `gpu_step_cost.json`.",
+        "",
+    ]
+    if smoke:
+        lines += [
+            f"A check that the script runs end to end: device {DEVICE}, models cut to {SMOKE_LAYERS} layers, a few "
+            "steps. Its numbers mean nothing.",
+            "",
+        ]
+    lines += [
+        "| model | plain µs a token | floor µs | watched µs | kvtui adds (µs a token) | the floor adds "
+        "| watched / plain | watched / floor | floor / plain | engine / bare |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, r in result["ratios"].items():
+        if "error" in r:
+            lines.append(f"| {label} | failed: {r['error']} | | | | | | | | |")
+            continue
+
+        def cell(name: str, r: dict = r) -> str:
+            return f"{r[name]['median']:.3f} ({r[name]['min']:.3f}–{r[name]['max']:.3f})"
+
+        plain, floor, watched = (r[name]["median"] for name in ("plain_us", "floor_us", "watched_us"))
+        lines.append(
+            f"| {label} | {plain:.0f} | {floor:.0f} | {watched:.0f} | **{watched - plain:+.0f}** | "
+            f"{floor - plain:+.0f} | {cell('watched_over_plain')} | **{cell('watched_over_floor')}** | "
+            f"{cell('floor_over_plain')} | {cell('engine_over_bare')} |"
+        )
+    skipped = result.get("skipped")
+    if skipped:
+        lines += ["", f"Not run (the time budget was spent): {', '.join(skipped)}."]
+    if result["parts"]:
+        lines += ["", "Per step, part by part (µs, median; paired with the plain step):", "", *table(result)]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(result: dict, command: str, out_dir: Path | None) -> None:
+    """`out_dir`/gpu_step_cost.md (this run) and `out_dir`/GPU.md (benchmarks/GPU.md with this run added first
+    after its title, to copy over the checkout's)."""
+    if out_dir is None:
+        return
+    section = markdown(result, command)
+    (out_dir / "gpu_step_cost.md").write_text(section)
+    current = (Path(__file__).resolve().parent / "GPU.md").read_text()
+    title, _, rest = current.partition("\n\n")
+    (out_dir / "GPU.md").write_text(f"{title}\n\n{section}\n{rest}")
 
 
 def prepare() -> None:
@@ -339,12 +442,13 @@ def prepare() -> None:
         tar.add(package, arcname="transformers", filter=skip)
         if info is not None:
             tar.add(info, arcname=info.name)
+    (CARRY / "source.txt").write_text(_source() + "\n")  # the GPU machine's copy has no .git
     size = (CARRY / "transformers.tar.gz").stat().st_size / 2**20
     log(f"wrote {CARRY}: tokenizer from {source}, transformers {transformers.__version__} ({size:.0f} MiB)")
 
 
 def main() -> None:
-    global DEVICE, COMPILE_MODE
+    global DEVICE, COMPILE_MODE, SMOKE_LAYERS
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokenizer", type=Path, default=CARRY / "tokenizer", help="SmolLM2's tokenizer + config")
     parser.add_argument(
@@ -357,19 +461,35 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compile-mode", default=COMPILE_MODE, help="torch.compile mode of the smol-compile row")
+    parser.add_argument(
+        "--smoke", action="store_true", help="check that it runs: on the CPU, models of 2 layers, a few steps"
+    )
+    parser.add_argument("--budget-s", type=float, default=0, help="start no row after this many seconds (0: none)")
+    parser.add_argument("--md-dir", type=Path, help="write gpu_step_cost.md and GPU.md (with this run) here")
     args = parser.parse_args()
     if args.prepare:
         prepare()
         return
+    if args.smoke:
+        args.device, args.n, args.tokens, args.repeats, SMOKE_LAYERS = "cpu", 3, 3, 1, 2
     DEVICE, COMPILE_MODE = args.device, args.compile_mode
+    command = os.environ.get("KVTUI_GPU_COMMAND") or " ".join(
+        ["python", "benchmarks/b_step_cost_gpu.py", *sys.argv[1:]]
+    )
     if DEVICE == "cuda" and not torch.cuda.is_available():
         raise SystemExit("b_step_cost_gpu: no CUDA device here")
     result = {
         "device": torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE,
+        "card": _card(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "source": _source(),
+        "smoke": args.smoke,
         "torch": torch.__version__,
         "parts": {},
         "ratios": {},
+        "skipped": [],
     }
+    started = time.perf_counter()
     import transformers
 
     result["transformers"] = transformers.__version__
@@ -377,6 +497,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvtui-gpu-") as tmp_name:
         tmp = Path(tmp_name)
         for row in args.rows.split(","):
+            if args.budget_s and time.perf_counter() - started > args.budget_s:
+                result["skipped"].append(row)
+                log(f"{row}: not started, {args.budget_s:.0f} s spent")
+                continue
             label, model, plain_model, tokenizer, static = build(row, args.tokenizer, tmp)
             log(f"{label}")
             try:
@@ -400,9 +524,13 @@ def main() -> None:
                 log(f"  FAILED: {type(error).__name__}: {error}")
             if args.json:  # after every row: a run cut short by a time limit keeps the rows it finished
                 args.json.write_text(json.dumps(result, indent=1))
+            write_markdown(result, command, args.md_dir)
             del model, plain_model
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    write_markdown(result, command, args.md_dir)
     print("\n".join(table(result)))
     for label, r in result["ratios"].items():
         if "error" in r:

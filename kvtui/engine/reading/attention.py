@@ -30,7 +30,8 @@ from functools import partial
 
 import torch
 
-from ..records.snapshot import AttentionDetail, BufferToken
+from ..records.snapshot import AttentionDetail, BufferToken, TokenBuffer
+from .introspect.transfer import HostReads
 
 TOP = 100  # at most 100 positions can weigh >= 0.01: the top 100 hold every one of them
 KEEP = 8  # at least the 8 largest are kept, whatever they weigh
@@ -218,8 +219,25 @@ class AttentionCapture:
     ) -> AttentionStep | None:
         """This forward's rows in buffer positions, reduced on the device, moved to the host once. Pads: tokens
         of origin pad/primed, and the pad id where it is distinct from the end ids or repeats (a run)."""
+        reads = HostReads()
+        staged = self.stage(reads, buffer, len(buffer), pad_id, pad_distinct, window)
+        if staged is None:
+            return None
+        return self.finish(staged, buffer, turn, pad_id, pad_distinct, window)
+
+    def stage(
+        self,
+        reads: HostReads,
+        known: Sequence[BufferToken],
+        total: int,
+        pad_id: int | None = None,
+        pad_distinct: bool = False,
+        window: int = RECENT,
+    ) -> _Staged | None:
+        """Reduce this forward's rows on the device for a buffer of `total` positions whose first `len(known)`
+        tokens are `known` (a watched step's new tokens are among the values the step's transfer brings back),
+        and register what the snapshot needs in `reads`, the step's one transfer. `finish` reads it back."""
         rows, self._rows = self._rows, {}
-        total = len(buffer)
         if not rows or total == 0:
             return None
         order = sorted(rows)
@@ -248,23 +266,69 @@ class AttentionCapture:
         kv_groups = heads.view(kv, heads.shape[0] // kv, total).mean(dim=1)  # [kv_heads, positions]
         every = means.mean(dim=0, keepdim=True)  # [1, positions]: all layers
         ranked = torch.cat([means, every, heads, kv_groups])  # [layers + 1 + heads + kv_heads, positions]
+        values, indices = ranked.topk(min(TOP, total), dim=-1)  # [rows, k]
+        # region shares: the sums over the known positions now (on the device), the new positions' columns read
+        # as they are (a decode step's one column), added up on the host once their tokens are known
+        count = min(len(known), total)
+        sums = self._regions.known_sums(known, count, total, window, pad_id, pad_distinct, device)
+        tail_from = max(count - 1, 0)  # the column before the new ones too: a pad run that the new token makes
+        staged = _Staged(
+            rows=rows,
+            order=order,
+            selected=selected,
+            total=total,
+            known=count,
+            items=getattr(known, "_items", known),
+            region_items=self._regions.items,
+            means=means,
+            heads=heads.shape[0],
+            ranked=ranked.shape[0],
+            sums={key[:3]: i for i, key in enumerate(sums)},
+            tail_from=tail_from,
+            values=reads.add(values),
+            indices=reads.add(indices),
+            sum_handle=reads.add(torch.stack([_sum(key, means) for key in sums], dim=-1)) if sums else None,
+            tail=reads.add(means[:, tail_from:]),  # [layers, total - tail_from]
+            reads=reads,
+        )
+        return staged
+
+    def finish(
+        self,
+        staged: _Staged,
+        buffer: Sequence[BufferToken],
+        turn: int,
+        pad_id: int | None = None,
+        pad_distinct: bool = False,
+        window: int = RECENT,
+    ) -> AttentionStep:
+        """The step's AttentionStep from its resolved transfer (`stage`), the buffer now complete."""
+        reads = staged.reads
+        order, total = staged.order, staged.total
         k = min(TOP, total)
-        values, indices = ranked.topk(k, dim=-1)  # [rows, k]
-        names, columns = self._regions.columns(buffer, turn, window, pad_id, pad_distinct)
-        shares = torch.stack([column(means) for column in columns], dim=-1)  # [layers, regions]
-        flat = torch.cat([values.flatten(), indices.flatten().float(), shares.flatten()])
-        host = flat.tolist()  # the one device-to-host transfer of the step
-        n = ranked.shape[0] * k
-        tops = [_top(host[r * k : (r + 1) * k], host[n + r * k : n + (r + 1) * k]) for r in range(ranked.shape[0])]
-        share_rows = [tuple(host[2 * n + i * len(names) : 2 * n + (i + 1) * len(names)]) for i in range(len(order))]
+        values, indices = reads.flat(staged.values), reads.flat(staged.indices)
+        shares = self._shares(staged, buffer, turn, window, pad_id, pad_distinct)  # [layers][regions] or None
+        if shares is None:  # the buffer is not the one staged (an edit cut it): reduce it again, one more read
+            names, columns = self._regions.columns(buffer, turn, window, pad_id, pad_distinct)
+            means = staged.means
+            if len(buffer) != total:
+                self._rows = staged.rows
+                again = self.stage(HostReads(), buffer, len(buffer), pad_id, pad_distinct, window)
+                assert again is not None
+                return self.finish(again, buffer, turn, pad_id, pad_distinct, window)
+            flat = torch.stack([column(means) for column in columns], dim=-1).tolist()  # [layers, regions]
+            shares = (names, [tuple(row) for row in flat])
+        names, share_rows = shares
+        rows_count = staged.ranked
+        tops = [_top(values[r * k : (r + 1) * k], indices[r * k : (r + 1) * k]) for r in range(rows_count)]
         count = max(self.num_layers, order[-1] + 1)
         per_layer: list[tuple[tuple[int, float], ...] | None] = [None] * count
         per_shares: list[tuple[float, ...] | None] = [None] * count
         for i, layer in enumerate(order):
             per_layer[layer], per_shares[layer] = tops[i], share_rows[i]
-        h = heads.shape[0]
+        h = staged.heads
         detail = AttentionDetail(
-            layer=selected,
+            layer=staged.selected,
             heads=tuple(tops[len(order) + 1 : len(order) + 1 + h]),
             groups=tuple(tops[len(order) + 1 + h :]),
             all_layers=tops[len(order)],
@@ -272,6 +336,77 @@ class AttentionCapture:
             shares=tuple(per_shares),
         )
         return AttentionStep(tuple(per_layer), detail, tuple(self._regions.pads()))
+
+    def _shares(self, staged: _Staged, buffer, turn: int, window: int, pad_id, pad_distinct):
+        """(region names, per layer the share of each region) from the staged sums and the new columns; None
+        when the buffer is not the one staged (then the caller reduces it again)."""
+        if len(buffer) != staged.total or getattr(buffer, "_items", buffer) is not staged.items:
+            return None
+        regions = self._regions
+        if regions.scanned != staged.known or regions.items is not staged.region_items:
+            return None  # the index started over: the staged sums are of other positions
+        names, spans = regions.spans(buffer, turn, window, pad_id, pad_distinct)
+        reads, known, tail_from = staged.reads, staged.known, staged.tail_from
+        sums = reads.rows(staged.sum_handle) if staged.sum_handle is not None else [[] for _ in staged.order]
+        tail = reads.rows(staged.tail)  # [layers][total - tail_from]
+        result: list[list[float]] = [[] for _ in staged.order]
+        for key in spans:
+            old, new = _split(key, known)
+            if old is not None and old not in staged.sums:
+                # the new token made a run of the pad id: the column before it (read with the new ones) joined the pads
+                joined = old[0] == "sparse" and tail_from == known - 1 and key[2][old[2] - 1] == known - 1
+                before = ("sparse", old[1], old[2] - 1) if old[2] > 1 else None
+                if not joined or (before is not None and before not in staged.sums):
+                    return None
+                old, new = before, [known - 1, *new]
+            for layer, row in enumerate(result):
+                share = sums[layer][staged.sums[old]] if old is not None else 0.0
+                for position in new:
+                    share += tail[layer][position - tail_from]
+                row.append(share)
+        return names, [tuple(row) for row in result]
+
+
+@dataclass
+class _Staged:
+    """A step's attention between `stage` and `finish`: the device work done, its values in the step's transfer."""
+
+    rows: dict[int, Scores]  # layer -> scores (kept for a reduction again)
+    order: list[int]  # the layers captured, ascending
+    selected: int  # the layer whose heads are kept
+    total: int  # buffer positions reduced over
+    known: int  # positions whose tokens were known (scanned) at stage
+    items: object  # the buffer's list at stage
+    region_items: object  # what the region index had scanned
+    means: torch.Tensor  # [layers, total] float32, on the device
+    heads: int
+    ranked: int  # rows of the top-k
+    sums: dict[tuple, int]  # a region's part over the known positions -> its column in `sum_handle`
+    tail_from: int  # first position of the columns read as they are
+    values: int  # handles in `reads`
+    indices: int
+    sum_handle: int | None
+    tail: int
+    reads: HostReads
+
+
+def _sum(key: tuple, means: torch.Tensor) -> torch.Tensor:
+    """A staged region part of `means` [layers, positions]: [layers]."""
+    if key[0] == "span":
+        return means[:, key[1] : key[2]].sum(-1)
+    return means.index_select(1, key[3]).sum(-1)
+
+
+def _split(key: tuple, known: int) -> tuple[tuple | None, list[int]]:
+    """A region (`_RegionIndex.spans`) as its part over the first `known` positions (a staged key, None: empty)
+    and its positions from `known` on."""
+    if key[0] == "span":
+        first, end = key[1], key[2]
+        old = ("span", first, min(end, known)) if first < min(end, known) else None
+        return old, list(range(max(first, known), end))
+    positions = key[2]
+    count = sum(1 for p in positions if p < known)
+    return (("sparse", key[1], count) if count else None), [p for p in positions if p >= known]
 
 
 def _slots(held: int, total: int) -> tuple[int, int, int]:
@@ -404,6 +539,61 @@ class _RegionIndex:
 
     def pads(self) -> list[int]:
         return self._sparse.get("pad", [])
+
+    @property
+    def items(self) -> object:
+        return self._items
+
+    @property
+    def scanned(self) -> int:
+        return self._scanned
+
+    def known_sums(self, known, count: int, total: int, window: int, pad_id, distinct: bool, device) -> list[tuple]:
+        """Scan the first `count` tokens of `known`; the keys of the region parts over them that `spans` can ask
+        for once the buffer holds `total` (sparse keys carry their index tensor for the device)."""
+        items = getattr(known, "_items", None)
+        head = TokenBuffer(items, count) if items is not None else known if count == len(known) else known[:count]
+        self._scan(head, pad_id, distinct)
+        keys: list[tuple] = []
+        if count:
+            keys.append(("span", 0, 1))  # the sink
+        for name, positions in self._sparse.items():
+            if positions:
+                keys.append(("sparse", name, len(positions), self._index(name, positions, device)))
+        for number in sorted(self._turns):
+            first, end = self._turns[number]
+            keys.append(("span", first, end))
+        if self._turns:  # the newest turn may go on with the new tokens
+            first, end = self._turns[max(self._turns)]
+            if end < count:
+                keys.append(("span", first, count))
+        recent = total - min(window, total)
+        if recent < count:
+            keys.append(("span", recent, count))
+        seen: dict[tuple, tuple] = {}
+        for key in keys:
+            seen.setdefault(key[:3], key)
+        return list(seen.values())
+
+    def spans(self, buffer, turn: int, window: int, pad_id, distinct: bool) -> tuple[tuple[str, ...], list[tuple]]:
+        """(names, regions) of every region present, as ("span", first, end) or ("sparse", name, positions)."""
+        self._scan(buffer, pad_id, distinct)
+        total = len(buffer)
+        names: list[str] = ["sink"]
+        keys: list[tuple] = [("span", 0, 1)]
+        for name in ("system", "special", "pad", "unknown"):
+            positions = self._sparse[name]
+            if positions:
+                names.append(name)
+                keys.append(("sparse", name, positions))
+        for number in sorted(self._turns):
+            first, end = self._turns[number]
+            names.append("this turn" if number == turn else f"turn {number}")
+            keys.append(("span", first, end))
+        recent = min(window, total)
+        names.append(f"last {recent}")
+        keys.append(("span", total - recent, total))
+        return tuple(names), keys
 
     def _scan(self, buffer: Sequence[BufferToken], pad_id: int | None, pad_distinct: bool) -> None:
         items = getattr(buffer, "_items", None)

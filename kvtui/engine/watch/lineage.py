@@ -38,6 +38,8 @@ class CacheTrack:
     turn: int = 0  # prefills into this cache so far
     alarms: Alarms = field(default_factory=Alarms)  # its own repeat state
     fingerprint: Fingerprint | None = None  # after its last forward or edit; spent at the next check
+    # after a forward with a 2-D mask: ((its columns, the cache's length after it), attended tokens per row)
+    attended: tuple[tuple[int, int], list] | None = None
 
     def release(self) -> None:
         """Drop the fingerprint's views of the cache's storage (the cache died, or kvtui detached)."""
@@ -54,6 +56,7 @@ class CacheTrack:
             if len(row) > length:
                 self.rows[i] = row[:length]  # a new list: views handed out earlier stay valid
         self.unknown = min(self.unknown, length)
+        self.attended = None
 
     def record(self) -> dict:
         """The trace's `cache` line: a cache kvtui saw for the first time."""

@@ -419,6 +419,7 @@ class Watcher:
                 else:
                     self._check_edits(call, track, call.cache)
                 call.track = track
+            call.count_attended()
             return call
 
     def _read_call(self, call: Call) -> None:

@@ -74,6 +74,8 @@ class Call:
     generating: list = field(default_factory=list)  # generate() frames between the caller and the forward
     pending_edit: introspect.PendingEdit | None = None  # the cache's in-place edit check, waiting for the transfer
     edits_at: int = 0  # where in `found` that alarm goes (what was said before it stays before it)
+    mask_cached: torch.Tensor | None = None  # [batch, cached] columns of a 2-D mask, until `count_attended`
+    attention: Any = None  # the step's attention reduced on the device, its values in `reads` (AttentionCapture.stage)
 
     def take_reads(self) -> None:
         """Fill the call's values from its resolved transfer (what `read_call` left as handles)."""
@@ -86,13 +88,34 @@ class Call:
             self.mask_new = reads.rows(handles["mask_new"])  # [batch][n]
         if "real_before" in handles:
             self.real_before = reads.flat(handles["real_before"])  # [batch]
-        elif self.mask_new is not None:
+        elif self.mask_new is not None and self.real_before is None:
             self.real_before = [self.cache_length_before] * self.batch
         if "cache_position" in handles:
             self.requested_cache_position = reads.flat(handles["cache_position"])
         if "position_ids" in handles:
             rows = reads.rows(handles["position_ids"])
             self.requested_positions = rows if len(rows) == self.batch else [rows[0]] * self.batch
+        track = self.track
+        if track is not None:  # the count the next forward's mask continues from (`count_attended`)
+            track.attended = None
+            if self.mask_new is not None and self.real_before is not None and self.mask_length is not None:
+                attended = [before + sum(row) for before, row in zip(self.real_before, self.mask_new)]
+                track.attended = ((self.mask_length, self.cache_length_before + self.n), attended)
+
+    def count_attended(self) -> None:
+        """The attended tokens already cached, per row, from a 2-D mask's cached columns: the cache's running count
+        when this mask continues the one its last forward had (as many cached columns as that mask had columns,
+        the cache as long as that forward left it: generate() and every loop extend their mask by the fed
+        tokens), so a step reads only its new columns; else one reduction of the cached columns, in the step's
+        transfer. (A program that rewrites earlier columns of a mask it keeps extending is counted as it was.)"""
+        cached, self.mask_cached = self.mask_cached, None
+        if cached is None or self.reads is None:
+            return
+        kept = self.track.attended if self.track is not None else None
+        if kept is not None and kept[0] == (cached.shape[-1], self.cache_length_before) and len(kept[1]) == self.batch:
+            self.real_before = list(kept[1])
+        else:
+            self.handles["real_before"] = self.reads.add(cached.sum(-1))  # [batch]: one reduction
 
 
 def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
@@ -102,6 +125,7 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     values.update(kwargs)
     reads = introspect.HostReads()
     handles: dict[str, int] = {}
+    mask_cached = None
     input_ids = values.get("input_ids")
     embeds = values.get("inputs_embeds")
     if isinstance(input_ids, torch.Tensor):
@@ -119,7 +143,7 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
         handles["mask_new"] = reads.add(mask[:, mask.shape[-1] - n :])  # [batch, n]
         if mask.shape[-1] > n:
-            handles["real_before"] = reads.add(mask[:, : mask.shape[-1] - n].sum(-1))  # [batch]: one reduction
+            mask_cached = mask[:, : mask.shape[-1] - n]  # [batch, cached]: counted by `count_attended`
     cache_position = values.get("cache_position")
     if isinstance(cache_position, torch.Tensor):
         handles["cache_position"] = reads.add(cache_position.reshape(-1))
@@ -147,6 +171,7 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         mask_length=mask_length,
         reads=reads,
         handles=handles,
+        mask_cached=mask_cached,
     )
 
 
@@ -266,6 +291,12 @@ class StepBuilder:
         if logits is not None and logits.dim() == 3:
             pairs, ids = top_tensors(logits[:, -1], self.watcher.top_k)  # [batch, 2k] float32, [batch, k]
             call.handles["top_pairs"], call.handles["top_ids"] = reads.add(pairs), reads.add(ids)
+        capture = call.probe.attention
+        if capture is not None:  # the newest query's attention over the row the fed tokens extend
+            rows = call.track.rows if call.track is not None else []
+            known = TokenBuffer(rows[0]) if rows else TokenBuffer([])
+            specials = self.specials()[0]
+            call.attention = capture.stage(reads, known, len(known) + call.n, specials.pad, specials.pad_is_distinct)
 
     def build(
         self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float
@@ -290,7 +321,12 @@ class StepBuilder:
         seen = None
         if call.probe.attention is not None and buffers:
             ids = self.specials()[0]
-            seen = call.probe.attention.take(buffers[0], turn, ids.pad, ids.pad_is_distinct)
+            capture = call.probe.attention
+            seen = (
+                capture.finish(call.attention, buffers[0], turn, ids.pad, ids.pad_is_distinct)
+                if call.attention is not None
+                else capture.take(buffers[0], turn, ids.pad, ids.pad_is_distinct)
+            )
             if seen is not None:
                 memory = call.probe.attention.memory.setdefault(track.name if track else "", {})
                 found += check_attention(

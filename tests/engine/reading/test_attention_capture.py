@@ -249,3 +249,65 @@ def test_flex_attention_is_captured(tiny_dir):
     for snapshot in snapshots:
         n = len(snapshot.buffer)
         check_contract(snapshot.attention, eager_rows(directory, tokens[:, :n]), n)
+
+
+def test_staged_shares_equal_the_whole_buffers():
+    """A watched step stages its attention before its new tokens are known (their ids and mask come back in the
+    same transfer) and adds their columns after: every region's share, and the tops, equal a reduction over the
+    finished buffer at once. Cases: a decode step that goes on with a turn, a prefill that starts one, a pad id
+    that doubles as the end id repeated (the column before the new token joins the pads), the sink's first step."""
+    from kvtui.engine.records.snapshot import BufferToken, TokenBuffer
+
+    module = torch.nn.Module()
+    module.attn = torch.nn.Module()
+    module.attn.layer_idx = 0
+    module.other = torch.nn.Module()
+    module.other.layer_idx = 1
+    capture = capture_module.AttentionCapture(module)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        eos = 2
+
+        def token(position: int, id_: int, turn: int, origin: str = "fed") -> BufferToken:
+            return BufferToken(position=position, id=id_, piece=str(id_), special=id_ == eos, origin=origin, turn=turn)
+
+        def scores(total: int) -> dict:
+            # two layers: heads 4 of 2 KV heads; the second holds the last 6 positions only (a sliding layer)
+            return {
+                0: capture_module.Scores(torch.randn(4, total, generator=generator), None, 0.5, None, None, 2),
+                1: capture_module.Scores(torch.randn(4, min(6, total), generator=generator), None, 0.5, None, None, 2),
+            }
+
+        def step(items: list, new: list, turn: int):
+            rows = scores(len(items) + len(new))
+            capture._rows = dict(rows)
+            reads = introspect.HostReads()
+            staged = capture.stage(reads, TokenBuffer(items), len(items) + len(new), eos, False)
+            items.extend(new)
+            got = capture.finish(staged, TokenBuffer(items), turn, eos, False)
+            fresh = capture_module.AttentionCapture.__new__(capture_module.AttentionCapture)
+            fresh.__dict__.update(capture.__dict__)
+            fresh._regions = capture_module._RegionIndex()  # a reduction over the whole finished buffer
+            fresh._rows = dict(rows)
+            want = fresh.take(list(items), turn, eos, False)
+            assert got.detail.regions == want.detail.regions
+            for a, b in zip(got.detail.shares, want.detail.shares):
+                assert a == pytest.approx(b, abs=1e-6)
+            assert got.layers == want.layers and got.pads == want.pads
+            return got
+
+        def again(*args, **kwargs):  # the staged sums served every step: no reduction over the buffer again
+            raise AssertionError("finish reduced the buffer again")
+
+        capture._regions.columns = again
+        items: list = []
+        step(items, [token(0, 1, 1), token(1, 5, 1), token(2, 6, 1)], 1)  # the first prefill: the sink is new
+        for position in range(3, 20):  # decode steps going on with turn 1, past the last-16 window
+            step(items, [token(position, 7 + position, 1)], 1)
+        step(items, [token(20, 3, 2), token(21, 4, 2)], 2)  # a prefill: turn 2 starts
+        step(items, [token(22, eos, 2)], 2)
+        got = step(items, [token(23, eos, 2)], 2)  # the end id again: a run of the pad id, both are pads
+        assert got.pads == (22, 23)
+        step(items, [token(24, 0, 2, origin="pad")], 2)  # a pad the mask says
+    finally:
+        capture.detach()

@@ -33,8 +33,9 @@ def _from_kvtui() -> bool:
 
 
 @contextlib.contextmanager
-def counting_reads():
-    """Yields a list: one entry per read kvtui made while the block ran (the method's name)."""
+def counting_reads(names=READS):
+    """Yields a list: one entry per read kvtui made while the block ran (the method's name); `names`: other tensor
+    methods to count instead (then each entry is the name and the shape of the tensor it was called on)."""
     seen: list[str] = []
     undo = []
 
@@ -43,15 +44,16 @@ def counting_reads():
 
         def counted(*args, **kwargs):
             if _from_kvtui():
-                seen.append(name)
+                seen.append(name if names is READS else (name, tuple(args[0].shape)))
             return original(*args, **kwargs)
 
         undo.append((owner, name, original))
         setattr(owner, name, counted)
 
-    for name in READS:
+    for name in names:
         wrap(torch.Tensor, name)
-    wrap(torch, "equal")
+    if names is READS:
+        wrap(torch, "equal")
     try:
         yield seen
     finally:
@@ -143,3 +145,102 @@ def test_one_transfer_gives_back_what_each_tensor_holds():
         assert value == expected
     with pytest.raises(RuntimeError, match="resolved already"):
         reads.add(torch.tensor([1]))
+
+
+@pytest.mark.parametrize("layers", [2, 12])
+def test_attention_joins_the_one_read(tiny_dir, tiny_model, tmp_path, layers):
+    """watch(attention=True): every layer's newest-query attention and its region shares come back in the step's
+    one transfer, with the values eager attention gives (an independent full forward, no cache), a left-padded
+    2-D mask included (the pad region, the attended count the position checks use)."""
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = tiny_model("llama", layers=layers)
+    ids = tokenizer("the cache holds every token", return_tensors="pt")["input_ids"]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.cat([torch.tensor([[pad]]), ids], dim=1)  # [1, 1 + n]: one left pad
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # what generate() derives from a left-padded mask
+    with torch.inference_mode(), probe.watch(model, tokenizer, trace=tmp_path / "run.jsonl", attention=True) as w:
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        tokens, per_step, steps = ids, [], []
+        for step in range(5):
+            token = out.logits[:, -1:].argmax(-1)  # [1, 1]
+            tokens, mask = torch.cat([tokens, token], dim=1), torch.cat([mask, torch.ones_like(token)], dim=1)
+            position = positions[:, -1:] + 1
+            positions = torch.cat([positions, position], dim=1)
+            with counting_reads() as reads:
+                out = model(
+                    input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True
+                )
+            if step >= 2:  # the first decode steps fill what is kept per cache and per call site
+                per_step.append(list(reads))
+            steps.append(w.last)
+        assert w.errors == []
+    assert per_step == [["tolist"]] * 3
+    eager = AutoModelForCausalLM.from_pretrained(
+        tiny_dir("llama", layers=layers), dtype=torch.float32, attn_implementation="eager"
+    )
+    for snapshot in steps:
+        total = snapshot.cache_seq_length
+        assert not [d for d in snapshot.diagnostics if d.severity != "info"], snapshot.diagnostics
+        with torch.no_grad():
+            full = eager(
+                input_ids=tokens[:, :total],
+                attention_mask=mask[:, :total],
+                position_ids=positions[:, :total],
+                output_attentions=True,
+            )
+        detail = snapshot.attention_detail
+        assert len(snapshot.attention) == layers and "pad" in detail.regions
+        for layer in range(layers):
+            reference = full.attentions[layer][0, :, -1, :].mean(dim=0)  # [total]
+            for position, weight in snapshot.attention[layer]:
+                assert abs(reference[position].item() - weight) < 1e-5
+            shares = dict(zip(detail.regions, detail.shares[layer]))
+            assert shares["pad"] == pytest.approx(reference[0].item(), abs=1e-5)  # the masked pad: 0
+            assert shares["this turn"] == pytest.approx(reference[1:].sum().item(), abs=1e-5)
+            recent = min(16, total)
+            assert shares[f"last {recent}"] == pytest.approx(reference[total - recent :].sum().item(), abs=1e-5)
+
+
+def test_a_continuing_mask_is_counted_not_summed(tiny_model, tmp_path):
+    """A loop that extends its left-padded 2-D mask by the fed token: a decode step reads only the new column (the
+    attended count goes on from the last forward's), the positions check still holds against it (no alarm for
+    the right positions, position-gap for a wrong one), and a mask that does not continue is summed again."""
+    model, tokenizer = tiny_model("llama", layers=2)
+    ids = tokenizer("the cache holds every token", return_tensors="pt")["input_ids"]
+    ids = torch.cat([torch.zeros(1, 3, dtype=ids.dtype), ids], dim=1)  # three left pads
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode(), probe.watch(model, tokenizer, trace=tmp_path / "run.jsonl") as watcher:
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        position = positions[:, -1:]
+        sums = []
+        for step in range(4):
+            token = out.logits[:, -1:].argmax(-1)
+            mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+            position = position + 1 if step != 2 else position + 2  # step 2: a position off by one
+            with counting_reads(("sum",)) as summed:
+                out = model(
+                    input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True
+                )
+            sums.append([shape for _, shape in summed if shape == (1, mask.shape[1] - 1)])  # over the cached columns
+            codes = [d.code for d in watcher.last.diagnostics]
+            assert codes == (["position-gap"] if step == 2 else []), (step, watcher.last.diagnostics)
+        assert watcher.last.positions == (int(position),)
+        # a mask rebuilt with one column more than the cache holds: not the same mask, summed again
+        token = out.logits[:, -1:].argmax(-1)
+        mask = torch.cat([mask, torch.ones(1, 2, dtype=mask.dtype)], dim=1)
+        with counting_reads(("sum",)) as summed:
+            model(
+                input_ids=token, attention_mask=mask, position_ids=position + 1, past_key_values=cache, use_cache=True
+            )
+        assert [shape for _, shape in summed].count((1, mask.shape[1] - 1)) == 1 and "mask-length" in [
+            d.code for d in watcher.last.diagnostics
+        ]
+        assert watcher.errors == []
+    assert sums == [[]] * 4

@@ -27,57 +27,68 @@ class HostReads:
 
     def __init__(self):
         self._words: list[torch.Tensor] = []  # [m] int64 each, on its tensor's device
-        self._meta: list[tuple[str, tuple[int, ...], int]] = []  # (encoding, shape, numel)
-        self._values: list[list] | None = None
+        self._meta: list[tuple[str, tuple[int, ...], int, int]] = []  # (encoding, shape, first word, end)
+        self._count = 0  # words added so far
+        self._device: torch.device | None = None  # the device of every tensor added (None: none yet)
+        self._mixed = False  # tensors on several devices: one transfer per device
+        self._host: list[int] | None = None  # every word, in the order added, once resolved
 
     def __len__(self) -> int:
         return len(self._meta)
 
     def add(self, tensor: torch.Tensor) -> int:
         """Register `tensor` (any shape; ints, bools or floats); returns its handle. Nothing is read yet."""
-        if self._values is not None:
+        if self._host is not None:
             raise RuntimeError("these reads were resolved already: a tensor added now would never be read")
-        tensor = tensor.detach()
-        numel = tensor.numel()
-        flat = tensor.reshape(-1)  # a view when contiguous
-        if tensor.dtype == torch.int64:
+        flat = tensor.detach().reshape(-1)  # a view when contiguous
+        dtype = flat.dtype
+        if dtype == torch.int64:
             kind, words = _INT, flat
-        elif not tensor.is_floating_point() and not tensor.is_complex():
+        elif not flat.is_floating_point() and not flat.is_complex():
             kind, words = _INT, flat.to(torch.int64)
         elif (
-            tensor.dtype == torch.float32 and numel % 2 == 0 and flat.is_contiguous() and flat.storage_offset() % 2 == 0
+            dtype == torch.float32 and flat.numel() % 2 == 0 and flat.is_contiguous() and flat.storage_offset() % 2 == 0
         ):
             kind, words = _PAIRS, flat.view(torch.int64)  # [numel / 2]: a view, no kernel
         else:
             kind, words = _DOUBLE, flat.to(torch.float64).view(torch.int64)
+        if words.device != self._device:
+            self._mixed, self._device = self._device is not None or self._mixed, words.device
+        start, self._count = self._count, self._count + words.numel()
         self._words.append(words)
-        self._meta.append((kind, tuple(tensor.shape), numel))
+        self._meta.append((kind, tuple(tensor.shape), start, self._count))
         return len(self._meta) - 1
 
     def resolve(self) -> None:
         """The one transfer (one per device when tensors live on several): reads every added tensor."""
-        if self._values is not None:
+        if self._host is not None:
             return
-        values: list[list] = [[] for _ in self._meta]
-        by_device: dict[torch.device, list[int]] = {}
-        for handle, words in enumerate(self._words):
-            by_device.setdefault(words.device, []).append(handle)
-        for handles in by_device.values():
-            parts = [self._words[h] for h in handles]
-            host = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()  # [sum of words]
-            start = 0
-            for h in handles:
-                count = self._words[h].numel()
-                values[h] = _decode(self._meta[h][0], host[start : start + count])
-                start += count
-        self._values = values
-        self._words = []  # let go of the device tensors
+        words, self._words = self._words, []  # let go of the device tensors
+        if not words:
+            self._host = []
+        elif not self._mixed:
+            self._host = (words[0] if len(words) == 1 else torch.cat(words)).tolist()  # [every word]
+        else:
+            host: list[int] = [0] * self._count
+            by_device: dict[torch.device, list[int]] = {}
+            for handle, part in enumerate(words):
+                by_device.setdefault(part.device, []).append(handle)
+            for handles in by_device.values():
+                values = torch.cat([words[h] for h in handles]).tolist()
+                at = 0
+                for h in handles:
+                    first, end = self._meta[h][2], self._meta[h][3]
+                    host[first:end] = values[at : at + end - first]
+                    at += end - first
+            self._host = host
 
     def flat(self, handle: int) -> list:
         """The tensor's values, flattened (ints for integer and bool tensors, floats otherwise)."""
-        self.resolve()
-        assert self._values is not None
-        return self._values[handle]
+        if self._host is None:
+            self.resolve()
+        assert self._host is not None
+        kind, _, first, end = self._meta[handle]
+        return self._host[first:end] if kind == _INT else _decode(kind, self._host[first:end])
 
     def rows(self, handle: int) -> list[list]:
         """A tensor's values as rows of its last dimension ([rows][last]; a 0-d or 1-d tensor is one row)."""
@@ -86,6 +97,8 @@ class HostReads:
         width = shape[-1] if shape else 1
         if width == 0:
             return [[] for _ in range(_rows_of(shape))]
+        if width == len(values):
+            return [values]
         return [values[i : i + width] for i in range(0, len(values), width)]
 
 
