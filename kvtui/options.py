@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .engine.chat.configure import STATIC_DEFAULT_CAPACITY, default_decode_threads  # noqa: F401  (re-exported)
+from .engine.chat.configure import STATIC_DEFAULT_CAPACITY, viewer_decode_threads  # noqa: F401  (re-exported)
 from .locations import DEFAULT_THEME  # noqa: F401  (re-exported: the --theme default)
 
 ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")  # `kvtui tiny --arch`

@@ -15,8 +15,9 @@ class WatchTokenError(ValueError):
     """A --watch token that is not one token of this tokenizer."""
 
 
-def session_config(options: dict, tokenizer=None):
-    """A SessionConfig from complete options (watch tokens are resolved with the tokenizer)."""
+def session_config(options: dict, tokenizer=None, viewer: bool = False):
+    """A SessionConfig from complete options (watch tokens are resolved with the tokenizer). `viewer`: a TUI
+    repaints beside this session (its engine process), which may keep a core (viewer_decode_threads)."""
     from .session import SessionConfig
 
     cache = options["cache"]
@@ -30,8 +31,8 @@ def session_config(options: dict, tokenizer=None):
     )
     watch = tuple(resolve_token(tokenizer, w) for w in options.get("watch") or ()) if tokenizer else ()
     decode_threads = options.get("decode_threads")
-    if decode_threads is None and not options.get("threads"):
-        decode_threads = default_decode_threads()
+    if decode_threads is None and viewer and not options.get("threads"):
+        decode_threads = viewer_decode_threads()
     return SessionConfig(
         cache=cache,
         max_cache_len=max_cache_len,
@@ -51,13 +52,14 @@ def session_config(options: dict, tokenizer=None):
     )
 
 
-def default_decode_threads() -> int:
-    """One-token forwards run on one thread fewer than the rest (at least 1), whatever drives the session.
+def viewer_decode_threads() -> int:
+    """The TUI's engine decodes on one thread fewer than the rest (at least 1); headless runs, scripts and
+    notebooks decode on every thread (SessionConfig.decode_threads None: torch's threads as they are).
 
-    The TUI's panes need a core beside its engine process: an OpenMP team that loses a core to a repaint waits
-    for it at every op, and on 2 cores SmolLM2 decodes no faster on 2 threads than on 1 (benchmarks/RESULTS.md,
-    section 4). --headless decodes the same way so that both write the same trace: a reduction split over
-    another number of threads rounds differently in the last bits. Prefills and verify use every thread."""
+    The TUI's panes repaint beside its engine process: an OpenMP team that loses a core to a repaint waits
+    for it at every op. MEASURED_CHOICE. Prefills and verify use every thread. A reduction split over another
+    number of threads rounds differently in the last bits, so the TUI and --headless write the same trace
+    when both are given the same --decode-threads (or --threads)."""
     import torch  # only where a session is built, next to the model
 
     return max(1, torch.get_num_threads() - 1)
