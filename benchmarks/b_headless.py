@@ -90,8 +90,11 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def _env(extra: dict | None = None) -> dict:
+    """The children's environment: this tree first on the path, OpenMP's wait left to each process (libgomp's
+    default for the bare loop, kvtui's own choice for kvtui) unless `extra` sets it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    return {**env, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra or {})}
 
 
 def run_bare(path: str, n: int) -> dict:
@@ -106,12 +109,16 @@ def run_bare(path: str, n: int) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, **json.loads(line[5:])}
 
 
-def run_kvtui(path: str, script: Path, n: int, trace: Path | None, extra: tuple[str, ...] = ()) -> dict:
+def run_kvtui(
+    path: str, script: Path, n: int, trace: Path | None, extra: tuple[str, ...] = (), env: dict | None = None
+) -> dict:
     args = [path, "--headless", "--script", str(script), "--max-new-tokens", str(n), *extra]
     if trace is not None:
         args += ["--trace", str(trace)]
     started, cpu = time.perf_counter(), _children_cpu()
-    done = subprocess.run([sys.executable, "-c", KVTUI, *args], capture_output=True, text=True, env=_env(), check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", KVTUI, *args], capture_output=True, text=True, env=_env(env), check=False
+    )
     wall, cpu = time.perf_counter() - started, _children_cpu() - cpu
     if done.returncode not in (0, 1):  # 1: an alarm at --fail-on's level fired; the run itself finished
         raise RuntimeError(f"kvtui --headless failed ({done.returncode}): {done.stderr.strip()[-400:]}")
@@ -133,7 +140,8 @@ def _from_trace(trace: Path) -> dict:
     }
 
 
-VARIANTS = ("bare", "kvtui", "kvtui_keep_core")
+VARIANTS = ("bare", "kvtui", "kvtui_keep_core", "kvtui_omp_default")
+LIBGOMP_DEFAULT = {"GOMP_SPINCOUNT": "300000"}  # libgomp's own spin count (OMP_WAIT_POLICY unset): a user's setting
 
 
 def bench(tokens: int = 96, repeats: int = 5, path: str | None = None) -> dict:
@@ -161,7 +169,14 @@ def bench(tokens: int = 96, repeats: int = 5, path: str | None = None) -> dict:
                     runs[variant].append(run_bare(path, n))
                 else:
                     runs[variant].append(
-                        run_kvtui(path, script, tokens, None, keep if variant == "kvtui_keep_core" else ())
+                        run_kvtui(
+                            path,
+                            script,
+                            tokens,
+                            None,
+                            keep if variant == "kvtui_keep_core" else (),
+                            LIBGOMP_DEFAULT if variant == "kvtui_omp_default" else None,
+                        )
                     )
             loads.append(os.getloadavg()[0])
             log(
@@ -176,12 +191,12 @@ def bench(tokens: int = 96, repeats: int = 5, path: str | None = None) -> dict:
         "same_tokens": same_tokens,
         "repeats": repeats,
         "wall_s": {v: summary([r["wall_s"] for r in runs[v]]) for v in VARIANTS},
-        "ratio": {
-            v: summary([r["wall_s"] / b for r, b in zip(runs[v], bare_walls)]) for v in VARIANTS if v != "bare"
-        },
+        "ratio": {v: summary([r["wall_s"] / b for r, b in zip(runs[v], bare_walls)]) for v in VARIANTS if v != "bare"},
         "cpu_s": {v: summary([r["cpu_s"] for r in runs[v]]) for v in VARIANTS},
         "loadavg": loads,
-        "bare_phases_s": {k: summary([r[k] for r in runs["bare"]]) for k in ("import_s", "load_s", "prefill_s", "decode_s")},
+        "bare_phases_s": {
+            k: summary([r[k] for r in runs["bare"]]) for k in ("import_s", "load_s", "prefill_s", "decode_s")
+        },
         "kvtui_import_s": summary([r["import_s"] for r in runs["kvtui"]]),
         "check_forward_ms": statistics.median(x for x in checked["forward_ms"][1:] if x is not None),
     }
@@ -193,29 +208,38 @@ def describe(result: dict) -> str:
         f"kvtui --headless {w['kvtui']['median']:.2f} s, bare loop {w['bare']['median']:.2f} s "
         f"({result['tokens']} tokens, {result['threads']} threads): ratio {r['kvtui']['median']:.3f} "
         f"({r['kvtui']['min']:.3f}–{r['kvtui']['max']:.3f}); one decode thread fewer "
-        f"{w['kvtui_keep_core']['median']:.2f} s, ratio {r['kvtui_keep_core']['median']:.3f}; "
+        f"{w['kvtui_keep_core']['median']:.2f} s, ratio {r['kvtui_keep_core']['median']:.3f}; libgomp's spin "
+        f"{w['kvtui_omp_default']['median']:.2f} s, ratio {r['kvtui_omp_default']['median']:.3f}; "
         f"same tokens: {result['same_tokens']}"
     )
 
 
 def table(result: dict) -> list[str]:
-    w, r = result["wall_s"], result["ratio"]
+    w, r, c = result["wall_s"], result["ratio"], result["cpu_s"]
     fmt = lambda s, d=2: f"{s['median']:.{d}f} ({s['min']:.{d}f}–{s['max']:.{d}f})"  # noqa: E731
     threads = result["threads"]
+    names = {
+        "bare": f"bare transformers greedy loop (own process, torch's {threads} threads, libgomp's default wait)",
+        "kvtui": f"`kvtui MODEL --headless` as shipped (decodes on all {threads} threads)",
+        "kvtui_keep_core": f"`kvtui MODEL --headless --decode-threads {max(1, threads - 1)}` (the earlier default)",
+        "kvtui_omp_default": "`GOMP_SPINCOUNT=300000 kvtui MODEL --headless` (libgomp's default wait, as before)",
+    }
     rows = [
-        "| variant (whole process, spawn to exit) | wall s | ratio to bare (per repeat) |",
-        "|---|---|---|",
-        f"| bare transformers greedy loop (own process, {threads} threads) | {fmt(w['bare'])} | 1 |",
-        f"| `kvtui MODEL --headless` (decodes on all {threads} threads) | {fmt(w['kvtui'])} | {fmt(r['kvtui'], 3)} |",
-        f"| `kvtui MODEL --headless --decode-threads {max(1, threads - 1)}` (the earlier default) | "
-        f"{fmt(w['kvtui_keep_core'])} | {fmt(r['kvtui_keep_core'], 3)} |",
+        "| variant (whole process, spawn to exit) | wall s | ratio to bare (per repeat) | CPU s (all threads) |",
+        "|---|---|---|---|",
     ]
+    for v in VARIANTS:
+        ratio = "1" if v == "bare" else fmt(r[v], 3)
+        rows.append(f"| {names[v]} | {fmt(w[v])} | {ratio} | {fmt(c[v])} |")
     phases = result["bare_phases_s"]
+    loads = result["loadavg"]
     rows.append("")
     rows.append(
-        "Bare loop's phases (s, median): "
+        f"{result['tokens']} tokens, the same in both (checked: {result['same_tokens']}); {result['repeats']} "
+        f"repeats, order rotated; 1-minute load average {min(loads):.2f}–{max(loads):.2f}. Bare loop's phases "
+        "(s, median): "
         + ", ".join(f"{k.removesuffix('_s')} {phases[k]['median']:.2f}" for k in phases)
-        + f"; kvtui's entry point import {result['kvtui_import_s']['median']:.2f} s."
+        + f"; kvtui's entry point imports in {result['kvtui_import_s']['median']:.2f} s."
     )
     return rows
 

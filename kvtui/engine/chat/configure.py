@@ -15,9 +15,15 @@ class WatchTokenError(ValueError):
     """A --watch token that is not one token of this tokenizer."""
 
 
-def session_config(options: dict, tokenizer=None, viewer: bool = False):
-    """A SessionConfig from complete options (watch tokens are resolved with the tokenizer). `viewer`: a TUI
-    repaints beside this session (its engine process), which may keep a core (viewer_decode_threads)."""
+def session_config(options: dict, tokenizer=None):
+    """A SessionConfig from complete options (watch tokens are resolved with the tokenizer).
+
+    Decode threads: --decode-threads, else torch's threads as they are (--threads, or torch's choice), whatever
+    drives the session (the TUI's engine, --headless, a script, a notebook). Keeping a core for the TUI's
+    repaints was measured and did not pay on 2 cores: its engine's OpenMP threads spin briefly, then sleep
+    (records/child.py openmp_wait), so a repaint costs the team a short wait (benchmarks/RESULTS.md, section 11).
+    A sum split over another number of threads rounds differently in its last bits: two front ends write the
+    same trace when given the same threads."""
     from .session import SessionConfig
 
     cache = options["cache"]
@@ -30,9 +36,6 @@ def session_config(options: dict, tokenizer=None, viewer: bool = False):
         seed=options["seed"],
     )
     watch = tuple(resolve_token(tokenizer, w) for w in options.get("watch") or ()) if tokenizer else ()
-    decode_threads = options.get("decode_threads")
-    if decode_threads is None and viewer and not options.get("threads"):
-        decode_threads = viewer_decode_threads()
     return SessionConfig(
         cache=cache,
         max_cache_len=max_cache_len,
@@ -48,21 +51,8 @@ def session_config(options: dict, tokenizer=None, viewer: bool = False):
         watch=watch,
         prime_pad=options["prime_pad"],
         attention=bool(options.get("attention")),
-        decode_threads=decode_threads,
+        decode_threads=options.get("decode_threads"),
     )
-
-
-def viewer_decode_threads() -> int:
-    """The TUI's engine decodes on one thread fewer than the rest (at least 1); headless runs, scripts and
-    notebooks decode on every thread (SessionConfig.decode_threads None: torch's threads as they are).
-
-    The TUI's panes repaint beside its engine process: an OpenMP team that loses a core to a repaint waits
-    for it at every op. MEASURED_CHOICE. Prefills and verify use every thread. A reduction split over another
-    number of threads rounds differently in the last bits, so the TUI and --headless write the same trace
-    when both are given the same --decode-threads (or --threads)."""
-    import torch  # only where a session is built, next to the model
-
-    return max(1, torch.get_num_threads() - 1)
 
 
 def resolve_token(tokenizer, text: str) -> int:

@@ -274,7 +274,7 @@ class EngineHost:
                 loaded = setup.loader()
             else:
                 loaded = load(setup.model, setup.options, progress=progress)  # sets the threads first
-            config = session_config(setup.options, loaded.tokenizer, viewer=True)
+            config = session_config(setup.options, loaded.tokenizer)
             extra = {"clock": setup.clock} if setup.clock else {}
             session = ChatSession(loaded.model, loaded.tokenizer, config, on_snapshot=self.on_snapshot, **extra)
             prepare_cache_backend(session.config, loaded.device, progress)

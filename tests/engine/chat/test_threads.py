@@ -1,13 +1,13 @@
 """Decode threads: one-token forwards on `decode_threads`, then torch's threads back as they were; every other
-forward (prefill, recompute, verify) on them as they are. By default only the TUI's engine decodes on one thread
-fewer (a core left to its panes); headless runs, scripts and notebooks decode on every thread."""
+forward (prefill, recompute, verify) on them as they are. By default every session decodes on every thread: the TUI's
+engine, headless runs, scripts and notebooks."""
 
 import pytest
 import torch
 
-from kvtui.engine.chat.session import ChatSession, SessionConfig
 from kvtui.engine.chat.configure import session_config
-from kvtui.options import DEFAULT_OPTIONS, build_session_config
+from kvtui.engine.chat.session import ChatSession, SessionConfig
+from kvtui.options import AppConfig, build_session_config
 
 
 @pytest.fixture
@@ -69,18 +69,16 @@ def test_a_prefill_follows_the_programs_threads(forwards, two_threads):
     assert all(threads == 1 for _, threads in seen[1:]) and torch.get_num_threads() == 3
 
 
-def test_only_a_viewers_session_keeps_a_core_unless_told(two_threads):
-    assert build_session_config({}).decode_threads is None  # headless, scripts: every thread
-    assert session_config({**DEFAULT_OPTIONS}, viewer=True).decode_threads == 1  # the TUI's engine
-    assert session_config({**DEFAULT_OPTIONS, "threads": 2}, viewer=True).decode_threads is None  # --threads: all on 2
-    assert session_config({**DEFAULT_OPTIONS, "decode_threads": 2}, viewer=True).decode_threads == 2
-    assert build_session_config({"decode_threads": 1}).decode_threads == 1  # headless told: as told
-    torch.set_num_threads(1)
-    assert session_config({**DEFAULT_OPTIONS}, viewer=True).decode_threads == 1  # never 0
+def test_sessions_decode_on_every_thread_unless_told(two_threads):
+    assert build_session_config({}).decode_threads is None  # torch's threads as they are
+    assert build_session_config({"threads": 2}).decode_threads is None  # --threads: every forward on 2
+    assert build_session_config({"decode_threads": 1}).decode_threads == 1  # as told
+    options = AppConfig(options={}).options  # what the TUI hands its engine process (configure.session_config)
+    assert session_config(options).decode_threads is None
 
 
 def test_a_headless_session_decodes_on_every_thread(forwards, two_threads):
-    model, tokenizer, seen = forwards
+    model, tokenizer, seen = forwards  # the session `kvtui --headless` builds
     session = ChatSession(model, tokenizer, build_session_config({"max_new_tokens": 4}, tokenizer))
     session.send("hello there")
     session.generate()
