@@ -680,7 +680,7 @@ async def _interleaved_round(loaded, prompt: str, n_new: int, turns: int, varian
 
 def _app_kind(variant: str) -> str:
     kind = variant.removeprefix("tui_")
-    return kind if kind in ("omp_default", "passive", "1thread", "all_threads") else "shipped"
+    return kind if kind in ("omp_default", "passive", "1thread", "all_threads", "keep_core") else "shipped"
 
 
 def _all_threads() -> int:
@@ -691,8 +691,12 @@ def _all_threads() -> int:
 
 def _app_options(kind: str) -> dict:
     """The options of an app kind's engine (beside its OpenMP wait, OPENMP_WAIT_OF), or of a headless variant; as
-    shipped both decode on one thread fewer than the rest (options.default_decode_threads)."""
-    return {"1thread": {"threads": 1}, "all_threads": {"decode_threads": _all_threads()}}.get(kind, {})
+    shipped both decode on every thread (configure.session_config)."""
+    return {
+        "1thread": {"threads": 1},
+        "all_threads": {"decode_threads": _all_threads()},
+        "keep_core": {"decode_threads": max(1, _all_threads() - 1)},
+    }.get(kind, {})
 
 
 RUN_MODE_VARIANTS = ("headless_main", "engine", "tui", "tui_no_paint", "tui_all_threads", "headless_main_all_threads")
@@ -720,7 +724,8 @@ def bench_run_mode(
     - tui_omp_default: a third app whose engine keeps libgomp's default wait (300,000 spins, then sleep);
     - tui_1thread: an app started with --threads 1; headless_main_1thread: headless with 1 thread;
     - tui_all_threads: an app whose engine decodes on every thread (--decode-threads N), leaving no core to the app;
-    - headless_main_all_threads: headless decoding on every thread (--decode-threads N).
+    - headless_main_all_threads: headless decoding on every thread (--decode-threads N);
+    - tui_keep_core: an app whose engine decodes on one thread fewer (--decode-threads N-1), a core left to the app.
     A round's rate is its decode tokens over its decode seconds (first decode step to the turn's last, stamped
     where the model runs); a round's ratio is a variant's rate over headless_main's in that round."""
     import kvtui.screens.step as app_module
@@ -746,8 +751,6 @@ def bench_run_mode(
             + ", ".join(f"{k} {v:.2f}" for k, v in per_round[-1].items())
             + " tok/s"
         )
-    from kvtui.options import default_decode_threads
-
     result = {
         "n_new": n_new,
         "refresh_hz": app_module.REFRESH_HZ,
@@ -756,7 +759,7 @@ def bench_run_mode(
         "variants": list(variants),
         "engine_spin_count": ENGINE_SPIN_COUNT,
         "threads": _all_threads(),
-        "decode_threads": default_decode_threads(),
+        "decode_threads": _all_threads(),  # as shipped: decode on every thread, app and headless alike
         **{f"{v}_tps": summary([row[v] for row in per_round]) for v in variants},
         **{f"ratio_{v}": summary([row[v] / row["headless_main"] for row in per_round]) for v in variants[1:]},
         "turn_ratio": {v: summary(x) for v, x in turn_ratios.items()},
@@ -767,7 +770,8 @@ def bench_run_mode(
             v: summary([1000 * t.model_cpu / (t.tokens + 1) for t in turns_all[v]]) for v in variants
         },
     }
-    result["ratio"] = result["ratio_tui"]
+    if "ratio_tui" in result:  # the shipped app measured (variants may name only the ones compared)
+        result["ratio"] = result["ratio_tui"]
     # forwards of a turn: its prefill, then tokens + 1 decode steps
     result["reply_decodes_per_forward"] = summary([t.reply_decodes / (t.tokens + 2) for t in turns_all.get("tui", [])])
     if profile_dir is not None:

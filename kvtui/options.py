@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .engine.chat.configure import STATIC_DEFAULT_CAPACITY, default_decode_threads  # noqa: F401  (re-exported)
+from .engine.chat.configure import STATIC_DEFAULT_CAPACITY  # noqa: F401  (re-exported)
 from .locations import DEFAULT_THEME  # noqa: F401  (re-exported: the --theme default)
 
 ARCHES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "gpt2")  # `kvtui tiny --arch`
@@ -148,8 +148,8 @@ def _model_options() -> list:
             "--decode-threads",
             type=click.IntRange(1),
             default=None,
-            help="CPU threads for one-token (decode) forwards. Default: one fewer than the model's threads "
-            "(at least 1), leaving a core to the TUI's panes; with --threads, the same as every forward.",
+            help="CPU threads for one-token (decode) forwards. Default: the model's threads (--threads, or "
+            "torch's choice), in the TUI and headless alike. Give both the same N for bit-identical traces.",
         ),
         click.argument("model", required=False),
     ]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -148,6 +149,11 @@ def _run_headless(model, script, trace_path, verify_every, fail_on, options, exp
     from rich.console import Console
 
     from ..engine.chat.configure import prepare_cache_backend
+    from ..engine.records.child import openmp_wait
+
+    # this process runs the model: its OpenMP threads wait as the TUI's engine's do (a short spin, then sleep),
+    # set before torch loads libgomp; a busy core elsewhere then costs a wait, not a stalled team (b_headless.py)
+    os.environ.update(openmp_wait())
     from ..engine.chat.loader import ModelLoadError
     from ..engine.chat.session import ChatSession, SessionError
     from ..engine.reading.export import ExportError

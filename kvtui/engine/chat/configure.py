@@ -16,7 +16,14 @@ class WatchTokenError(ValueError):
 
 
 def session_config(options: dict, tokenizer=None):
-    """A SessionConfig from complete options (watch tokens are resolved with the tokenizer)."""
+    """A SessionConfig from complete options (watch tokens are resolved with the tokenizer).
+
+    Decode threads: --decode-threads, else torch's threads as they are (--threads, or torch's choice), whatever
+    drives the session (the TUI's engine, --headless, a script, a notebook). Keeping a core for the TUI's
+    repaints was measured and did not pay on 2 cores: its engine's OpenMP threads spin briefly, then sleep
+    (records/child.py openmp_wait), so a repaint costs the team a short wait (benchmarks/RESULTS.md, section 11).
+    A sum split over another number of threads rounds differently in its last bits: two front ends write the
+    same trace when given the same threads."""
     from .session import SessionConfig
 
     cache = options["cache"]
@@ -29,9 +36,6 @@ def session_config(options: dict, tokenizer=None):
         seed=options["seed"],
     )
     watch = tuple(resolve_token(tokenizer, w) for w in options.get("watch") or ()) if tokenizer else ()
-    decode_threads = options.get("decode_threads")
-    if decode_threads is None and not options.get("threads"):
-        decode_threads = default_decode_threads()
     return SessionConfig(
         cache=cache,
         max_cache_len=max_cache_len,
@@ -47,20 +51,8 @@ def session_config(options: dict, tokenizer=None):
         watch=watch,
         prime_pad=options["prime_pad"],
         attention=bool(options.get("attention")),
-        decode_threads=decode_threads,
+        decode_threads=options.get("decode_threads"),
     )
-
-
-def default_decode_threads() -> int:
-    """One-token forwards run on one thread fewer than the rest (at least 1), whatever drives the session.
-
-    The TUI's panes need a core beside its engine process: an OpenMP team that loses a core to a repaint waits
-    for it at every op, and on 2 cores SmolLM2 decodes no faster on 2 threads than on 1 (benchmarks/RESULTS.md,
-    section 4). --headless decodes the same way so that both write the same trace: a reduction split over
-    another number of threads rounds differently in the last bits. Prefills and verify use every thread."""
-    import torch  # only where a session is built, next to the model
-
-    return max(1, torch.get_num_threads() - 1)
 
 
 def resolve_token(tokenizer, text: str) -> int:

@@ -1,12 +1,13 @@
 """Decode threads: one-token forwards on `decode_threads`, then torch's threads back as they were; every other
-forward (prefill, recompute, verify) on them as they are. By default sessions decode on one thread fewer (a core
-left to the TUI's panes), whatever drives them."""
+forward (prefill, recompute, verify) on them as they are. By default every session decodes on every thread: the TUI's
+engine, headless runs, scripts and notebooks."""
 
 import pytest
 import torch
 
+from kvtui.engine.chat.configure import session_config
 from kvtui.engine.chat.session import ChatSession, SessionConfig
-from kvtui.options import build_session_config
+from kvtui.options import AppConfig, build_session_config
 
 
 @pytest.fixture
@@ -68,9 +69,17 @@ def test_a_prefill_follows_the_programs_threads(forwards, two_threads):
     assert all(threads == 1 for _, threads in seen[1:]) and torch.get_num_threads() == 3
 
 
-def test_sessions_decode_on_one_thread_fewer_unless_told(two_threads):
-    assert build_session_config({}).decode_threads == 1
+def test_sessions_decode_on_every_thread_unless_told(two_threads):
+    assert build_session_config({}).decode_threads is None  # torch's threads as they are
     assert build_session_config({"threads": 2}).decode_threads is None  # --threads: every forward on 2
-    assert build_session_config({"decode_threads": 2}).decode_threads == 2
-    torch.set_num_threads(1)
-    assert build_session_config({}).decode_threads == 1  # never 0
+    assert build_session_config({"decode_threads": 1}).decode_threads == 1  # as told
+    options = AppConfig(options={}).options  # what the TUI hands its engine process (configure.session_config)
+    assert session_config(options).decode_threads is None
+
+
+def test_a_headless_session_decodes_on_every_thread(forwards, two_threads):
+    model, tokenizer, seen = forwards  # the session `kvtui --headless` builds
+    session = ChatSession(model, tokenizer, build_session_config({"max_new_tokens": 4}, tokenizer))
+    session.send("hello there")
+    session.generate()
+    assert len(seen) > 2 and all(threads == 2 for _, threads in seen)

@@ -1,6 +1,7 @@
 """The headless runner and its trace: the contract other tools rely on."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -151,3 +152,38 @@ def test_headless_on_the_embedded_smollm2(tmp_path):
     reply = "".join(s["chosen"]["text"] for s in loaded.steps if s["chosen"])
     assert "4" in reply, reply
     assert all(v["ok"] for v in loaded.events if v["type"] == "verify")
+
+
+# `kvtui --headless` in a fresh interpreter, noting the OpenMP wait in force when torch (which loads libgomp, the
+# runtime that reads it once, at load) is first imported, by the CLI itself.
+SPIN_PROBE = r"""
+import os, sys
+seen = []
+sys.addaudithook(lambda event, args: event == "import" and args[0] == "torch" and not seen
+                 and seen.append(os.environ.get("GOMP_SPINCOUNT")))
+from kvtui.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("PROBE", seen)
+"""
+
+
+@pytest.mark.parametrize("user_setting", [None, "PASSIVE"])
+def test_headless_threads_wait_as_the_engines_do_unless_the_user_says(tiny_dir, tmp_path, user_setting):
+    from kvtui.engine.records.child import openmp_wait
+
+    script = tmp_path / "chat.txt"
+    script.write_text("What is k?\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    if user_setting:
+        env["OMP_WAIT_POLICY"] = user_setting
+    args = ["run", str(tiny_dir("llama")), "--headless", "--script", str(script), "--max-new-tokens", "2"]
+    run = subprocess.run(
+        [sys.executable, "-c", SPIN_PROBE, *args], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    probe = next(line for line in run.stdout.splitlines() if line.startswith("PROBE"))
+    expected = None if user_setting else openmp_wait({})["GOMP_SPINCOUNT"]
+    assert probe == f"PROBE [{expected!r}]"  # set before torch loaded, or the user's own setting left alone
