@@ -5,7 +5,6 @@ server serving on after the viewer quits, and the trace replaying to the same no
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -27,22 +26,6 @@ SYSTEM = (
 )
 
 
-def attach(server, *args: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "kvtui.cli", "attach", server.url, "--headless", *args]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    seen = ""
-    while time.monotonic() < deadline:  # the viewer says it attached (stderr) before the requests are sent
-        ready, _, _ = select.select([process.stderr], [], [], 1)
-        if ready:
-            line = process.stderr.readline()
-            seen += line
-            if "attached to" in line or not line:
-                break
-    assert "attached to" in seen, seen
-    return process
-
-
 def finish(process: subprocess.Popen) -> tuple[str, str]:
     time.sleep(6)  # the publisher sends a batch per engine step; under the suite's load the last can take seconds
     process.send_signal(signal.SIGINT)
@@ -54,7 +37,7 @@ def finish(process: subprocess.Popen) -> tuple[str, str]:
 def test_attach_names_the_miss_and_changes_nothing(vllm_server, tmp_path):
     plain = vllm_server.chat(SYSTEM, "Can I rent a bike for a day?", max_tokens=24)  # before kvtui: replay has it
     trace = tmp_path / "server.jsonl"
-    viewer = attach(vllm_server, "--trace", str(trace))
+    viewer = vllm_server.attach("--trace", str(trace))
     watched = vllm_server.chat(SYSTEM, "Can I rent a bike for a day?", max_tokens=24)
     other = vllm_server.chat(SYSTEM, "How long does a puncture repair take?", max_tokens=24)
     late = vllm_server.chat("Time: 12:01. " + SYSTEM, "Can I rent a bike for a day?", max_tokens=24)
@@ -93,7 +76,7 @@ def test_evictions_and_a_reset_are_shown(vllm_server, tmp_path):
     import urllib.request
 
     trace = tmp_path / "evict.jsonl"
-    viewer = attach(vllm_server, "--trace", str(trace))
+    viewer = vllm_server.attach("--trace", str(trace))
     for word in ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf"):
         vllm_server.chat(f"Session {word}. {SYSTEM}", "Are you open on Sunday?", max_tokens=4)
     request = urllib.request.Request(f"{vllm_server.url}/reset_prefix_cache", data=b"", method="POST")

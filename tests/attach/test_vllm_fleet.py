@@ -16,34 +16,12 @@ from kvtui.engine.server.server_trace import load_server_trace
 pytestmark = pytest.mark.xdist_group("vllm")
 
 
-def attach_fleet(servers, *args: str):
-    import select
-    import subprocess
-    import sys
-    import time
-
-    from test_vllm_attach import ROOT
-
-    command = [sys.executable, "-m", "kvtui.cli", "attach", *(s.url for s in servers), "--headless", *args]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, seen = time.monotonic() + 120, ""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stderr], [], [], 1)
-        if ready:
-            line = process.stderr.readline()
-            seen += line
-            if "attached to" in line or not line:
-                break
-    assert "attached to" in seen, seen
-    return process
-
-
 def test_the_fleet_names_the_replica_that_held_the_prefix_and_the_eviction(vllm_fleet, tmp_path):
     first, second = vllm_fleet
     question = "Can I rent a bike for a day?"
     plain = first.chat("You are a terse assistant.", "Say hello.", max_tokens=8)  # before kvtui: never seen again
     trace = tmp_path / "fleet.jsonl"
-    viewer = attach_fleet(vllm_fleet, "--trace", str(trace))
+    viewer = first.attach("--trace", str(trace), fleet=(second,))
     on_first = first.chat(SYSTEM, question, max_tokens=8)
     on_second = second.chat(SYSTEM, question, max_tokens=8)  # routed to the replica without the prefix
     request = urllib.request.Request(f"{first.url}/reset_prefix_cache", data=b"", method="POST")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -49,6 +51,28 @@ class VllmServer:
         )
         with urllib.request.urlopen(request, timeout=180) as answer:
             return json.loads(answer.read())["choices"][0]["message"]["content"]
+
+    def attach(self, *args: str, fleet: tuple[VllmServer, ...] = ()) -> subprocess.Popen:
+        """`kvtui attach URL [URL2 ...] --headless ARGS` on this server (and the `fleet`'s after it), once it said it
+        attached (its stderr), so the requests a test sends next are seen live."""
+        urls = [self.url, *(server.url for server in fleet)]
+        command = [sys.executable, "-m", "kvtui.cli", "attach", *urls, "--headless", *args]
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_attached(process)
+        return process
+
+
+def wait_attached(viewer: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait for a headless viewer's `attached to` line (stderr)."""
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline and "attached to" not in seen:
+        if select.select([viewer.stderr], [], [], 1)[0]:
+            line = viewer.stderr.readline()
+            seen += line
+            if not line:
+                break
+    assert "attached to" in seen, seen
 
 
 def vllm_python() -> Path:
