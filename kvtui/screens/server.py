@@ -22,7 +22,9 @@ from ..engine.server.view import NodeRef, read_block_info, read_frame, read_note
 from ..keys import SERVER_KEYS
 from ..widgets.server.block_detail import BlockDetail
 from ..widgets.server.cache_notes import MAX_SHOWN, CacheNotes
+from ..widgets.server.fleet_plot import FleetPlot
 from ..widgets.server.prefix_tree_pane import PrefixTreePane
+from ..widgets.server.request_rows import RequestRows
 from ..widgets.server.server_stats import ServerStats
 from ..widgets.shared.palette import theme_palette
 from ..widgets.shared.status_bar import StatusBar
@@ -94,6 +96,8 @@ class ServerScreen(SourceScreen):
             with Vertical(id="right"):
                 yield BlockDetail(id="detail")
                 yield ServerStats(id="stats")
+                yield RequestRows(id="requests")
+                yield FleetPlot(id="fleet")
         yield CacheNotes(id="notes")
         yield StatusBar(id="status", sparklines=False)
         yield Footer()
@@ -103,6 +107,8 @@ class ServerScreen(SourceScreen):
         self.tree_pane = self.query_one(PrefixTreePane)
         self.detail_pane = self.query_one(BlockDetail)
         self.stats_pane = self.query_one(ServerStats)
+        self.requests_pane = self.query_one(RequestRows)
+        self.fleet_pane = self.query_one(FleetPlot)
         self.notes_pane = self.query_one(CacheNotes)
         self.status_line = self.query_one(StatusBar)
         self.tree_pane.focus()
@@ -153,6 +159,8 @@ class ServerScreen(SourceScreen):
                 gone = f"{what} is no longer held"
             self.detail_pane.show(frame.info, frame.texts, palette, gone)
             self.stats_pane.show(frame.stats, palette)
+            self.requests_pane.show(frame.stats, palette)
+            self.fleet_pane.show(frame.stats)
             self.notes_pane.add_notes(list(frame.notes), frame.total_notes, palette)
         self._show_status()
         return True

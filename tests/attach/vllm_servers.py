@@ -114,6 +114,7 @@ def launch_vllm(log: Path, port: int, events: int, replay: int) -> subprocess.Po
         "--served-model-name", "smollm2", "--port", str(port), "--host", "127.0.0.1",
         "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(BLOCKS), "--max-model-len", "640",
         "--enable-prefix-caching", "--kv-events-config", json.dumps(config),
+        "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens: a request's hit, its own word
     ]  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -50,6 +50,8 @@ def event_record(event: Event) -> dict:
             "medium": event.medium,
             "lora": event.lora,
             "kind": event.kind,
+            **({"extra": list(event.extra)} if event.extra else {}),
+            **({"session": event.session} if event.session is not None else {}),
         }
     if isinstance(event, BlocksRemoved):
         return {"type": "removed", "hashes": list(event.hashes), "group": event.group, "medium": event.medium}
@@ -68,6 +70,8 @@ def event_from_record(record: dict) -> Event:
             medium=record.get("medium"),
             lora=record.get("lora"),
             kind=record.get("kind"),
+            extra=tuple(record.get("extra") or ()),
+            session=record.get("session"),
         )
     if kind == "removed":
         return BlocksRemoved(hashes=tuple(record["hashes"]), group=record.get("group"), medium=record.get("medium"))
