@@ -1,6 +1,7 @@
 """The server view (`kvtui attach`, and `kvtui replay` of a server trace): a server's prefix cache as its KV
-events tell it. Left the chains and their blocks; right the selected block, the server's numbers and its hit
-rate over time; below the notes; a status line.
+events tell it. Left the chains and their blocks, under them the newest requests (their hits and misses) and,
+for a fleet, each replica's routing waste and tokens held twice over time; right the selected block, the
+server's numbers and its hit rate over time; below the notes; a status line.
 
 The reader thread (AttachSession) applies events under `cache.lock`; this screen never follows events one by
 one: a 4 Hz timer reads a frame (engine/server/view.py's read_frame takes the lock, waiting at most LOCK_WAIT_S;
@@ -92,12 +93,13 @@ class ServerScreen(SourceScreen):
     def compose(self) -> ComposeResult:
         yield Static(self.title_text, id="title", markup=False)
         with Horizontal(id="main"):
-            yield PrefixTreePane(id="tree")
+            with Vertical(id="left"):
+                yield PrefixTreePane(id="tree")
+                yield RequestRows(id="requests")
+                yield FleetPlot(id="fleet")
             with Vertical(id="right"):
                 yield BlockDetail(id="detail")
                 yield ServerStats(id="stats")
-                yield RequestRows(id="requests")
-                yield FleetPlot(id="fleet")
         yield CacheNotes(id="notes")
         yield StatusBar(id="status", sparklines=False)
         yield Footer()

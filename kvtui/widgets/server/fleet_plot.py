@@ -15,16 +15,17 @@ from ...engine.server.view import StatsView
 MAX_REPLICAS = 6  # rows drawn; more are counted on the last line
 
 
-def fleet_series(view: StatsView) -> list[tuple[str, list[int], list[int]]]:
-    """Per origin (in the view's order): the routing waste added in each interval, and the tokens held twice at
-    each sample. Empty where fewer than two origins are followed."""
+def fleet_series(view: StatsView) -> list[tuple[str, list[int], list[int], int]]:
+    """Per origin (in the view's order): the routing waste added in each interval between the samples shown, the
+    tokens held twice at each sample, and the routing waste in all (since kvtui attached). Empty where fewer than
+    two origins are followed."""
     if len(view.origins) < 2 or not view.fleet:
         return []
     out = []
     for origin, _ in view.origins:
         routed = [dict(sample.routed).get(origin, 0) for sample in view.fleet]
         twice = [dict(sample.twice).get(origin, 0) for sample in view.fleet]
-        out.append((origin, per_interval([0, *routed]), twice))
+        out.append((origin, per_interval(routed), twice, routed[-1]))
     return out
 
 
@@ -38,22 +39,22 @@ class FleetPlot(Vertical):
         display: none;
         &.fleet { display: block; }
         & > Horizontal { height: 1; }
-        & Static.fleet-name { width: 1fr; }
-        & Static.fleet-total { width: 14; }
-        & Sparkline { width: 16; height: 1; margin: 0 1; }
+        & Static.fleet-name { width: auto; max-width: 24; }
+        & Static.fleet-total { width: auto; }
+        & Sparkline { width: 1fr; height: 1; margin: 0 1; }
         & #fleet-more { height: auto; }
     }
     """
 
     def __init__(self, *, id: str | None = None):
         super().__init__(id=id)
-        self.border_title = "fleet over time · routing waste (tokens per interval) · held twice (tokens)"
-        self.shown: list[tuple[str, list[int], list[int]]] = []
+        self.border_title = "fleet over time · routing waste (tokens per interval, in all) · held twice (tokens, now)"
+        self.shown: list[tuple[str, list[int], list[int], int]] = []
 
     def compose(self) -> ComposeResult:
         for index in range(MAX_REPLICAS):
             with Horizontal(id=f"fleet-row-{index}"):
-                yield Static("", classes="fleet-name")
+                yield Static("", classes="fleet-name", markup=False)
                 yield Sparkline([], classes="fleet-waste")
                 yield Static("", classes="fleet-total waste-total")
                 yield Sparkline([], classes="fleet-twice")
@@ -69,10 +70,10 @@ class FleetPlot(Vertical):
             row.display = index < len(series)
             if index >= len(series):
                 continue
-            origin, waste, twice = series[index]
+            origin, waste, twice, total = series[index]
             row.query_one(".fleet-name", Static).update(origin or "events")
             row.query_one(".fleet-waste", Sparkline).data = waste
-            row.query_one(".waste-total", Static).update(f"waste {sum(waste)}")
+            row.query_one(".waste-total", Static).update(f"waste {total} ·")
             row.query_one(".fleet-twice", Sparkline).data = twice
             row.query_one(".twice-total", Static).update(f"twice {twice[-1] if twice else 0}")
         more = len(series) - MAX_REPLICAS

@@ -28,17 +28,18 @@ def hit_words(row: RequestFacts) -> str:
 
 
 def row_text(row: RequestFacts, several: bool, palette: Palette | None = None) -> Text:
+    """One line, the facts first: hit, new, cause; then the session, the origin, the chain and the time."""
     text = Text()
-    text.append(time.strftime("%H:%M:%S ", time.localtime(row.ts)), style=role_style(palette, "muted"))
-    if several:
-        text.append(f"{row.origin or 'events'} ")
-    if row.session:
-        text.append(f"session {row.session} ", style="bold")
     text.append(hit_words(row), style=role_style(palette, "info") if row.reported else "")
     text.append(f" · new {row.new}")
     if row.cause:
         text.append(f" · {row.cause}", style=role_style(palette, "warning"))
-    text.append(f" · chain #{row.chain}", style=role_style(palette, "muted"))
+    if row.session:
+        text.append(f" · session {row.session}", style="bold")
+    if several:
+        text.append(f" · {row.origin or 'events'}")
+    text.append(f" · chain #{row.chain} · ", style=role_style(palette, "muted"))
+    text.append(time.strftime("%H:%M:%S", time.localtime(row.ts)), style=role_style(palette, "muted"))
     return text
 
 
@@ -62,6 +63,8 @@ class RequestRows(Static):
         border-title-color: $text-muted;
         padding: 0 1;
         overflow-y: hidden;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     """
 
