@@ -53,7 +53,7 @@ async def test_inferred_hits_are_marked_and_a_report_changes_the_title():
         await pilot.pause(0.2)
         pane = app.query_one(RequestRows)
         assert pane.border_title == REPORTED_TITLE
-        assert "session s-7 hit 16 · new 0" in plain(pane.content).splitlines()[0]
+        assert "hit 16 · new 0 · session s-7 · chain #1" in plain(pane.content).splitlines()[0]
 
 
 async def test_the_fleet_plot_draws_each_replica_over_time_and_fits_80x24():
