@@ -89,6 +89,36 @@ def test_evictions_and_a_reset_are_shown(vllm_server, tmp_path):
     assert f"removed {stats.removed}, held {stats.held} of 40; cleared 1" in out
 
 
+def test_a_request_that_asks_has_its_hits_reported_as_its_usage_says(vllm_server, tmp_path):
+    """Requests sent with `"vllm_xargs": {"kv_cache_report_mode": "full"}` and a session: each row's hit is what the
+    server reported, and equals the answer's own `usage.prompt_tokens_details.cached_tokens` (the server runs with
+    --enable-prompt-tokens-details); its new tokens equal `created_cache_tokens`. A request that did not ask has its
+    hit inferred from the chain, which equals its cached_tokens too."""
+    trace = tmp_path / "requests.jsonl"
+    viewer = vllm_server.attach("--trace", str(trace))
+    system = "Reports. " + SYSTEM  # a prefix of its own: no other test's blocks are hit
+    full = {"vllm_xargs": {"kv_cache_report_mode": "full"}}
+    answers = {
+        "r-1": vllm_server.ask(system, "Can I rent a bike for a day?", session_id="r-1", **full),  # nothing cached
+        "r-2": vllm_server.ask(system, "Can I rent a bike for a day?", session_id="r-2", **full),  # all of it again
+        "r-3": vllm_server.ask(system, "How long does a puncture repair take?", session_id="r-3", **full),
+        "r-4": vllm_server.ask(system, "Are you open on Sunday?", session_id="r-4"),  # no report asked
+    }
+    out, _ = finish(viewer)
+    cache = load_server_trace(trace).cache
+    rows = {row.session: row for row in cache.requests.rows if row.session}
+    assert sorted(rows) == sorted(answers), [(r.session, r.hit, r.new) for r in cache.requests.rows]
+    for session, answer in answers.items():
+        details = answer["usage"]["prompt_tokens_details"]
+        row = rows[session]
+        assert (row.hit, row.new) == (details["cached_tokens"], details["created_cache_tokens"]), (session, details)
+        assert row.reported == (session in ("r-2", "r-3")), session  # r-1 hit nothing: the server reports none
+    assert rows["r-2"].hit >= 128 and rows["r-2"].new == 0 and rows["r-3"].hit >= 96 and rows["r-4"].hit >= 96
+    assert next(iter(cache.origins.values())).reports == 2  # read as reports (not as 7 blocks stored again)
+    reported = rows["r-2"].hit + rows["r-3"].hit
+    assert f"hits reported by the server {reported} tokens (2 requests sent with kv_cache_report_mode full)" in out
+
+
 def test_a_server_without_events_says_which_flag(tmp_path):
     """An unreachable URL and a server publishing no KV events: one clear line each, exit 2."""
     import http.server

@@ -40,17 +40,22 @@ class VllmServer:
     log: Path
 
     def chat(self, system: str, user: str, max_tokens: int = 6) -> str:
+        return self.ask(system, user, max_tokens)["choices"][0]["message"]["content"]
+
+    def ask(self, system: str, user: str, max_tokens: int = 6, **extra) -> dict:
+        """A chat completion's whole answer (its usage too); `extra`: more of the request's body (vllm_xargs ...)."""
         body = {
             "model": self.model,
             "temperature": 0,
             "max_tokens": max_tokens,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            **extra,
         }
         request = urllib.request.Request(
             f"{self.url}/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"}
         )
         with urllib.request.urlopen(request, timeout=180) as answer:
-            return json.loads(answer.read())["choices"][0]["message"]["content"]
+            return json.loads(answer.read())
 
     def attach(self, *args: str, fleet: tuple[VllmServer, ...] = ()) -> subprocess.Popen:
         """`kvtui attach URL [URL2 ...] --headless ARGS` on this server (and the `fleet`'s after it), once it said it

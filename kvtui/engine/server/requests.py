@@ -103,7 +103,7 @@ class RequestLog:
 
     def newest(self, count: int) -> tuple[RequestFacts, ...]:
         """The newest `count` rows, newest first."""
-        out = []
+        out: list[RequestFacts] = []
         for row in reversed(self.rows):
             if len(out) >= count:
                 break
