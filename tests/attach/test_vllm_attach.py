@@ -89,6 +89,11 @@ def test_evictions_and_a_reset_are_shown(vllm_server, tmp_path):
     assert f"removed {stats.removed}, held {stats.held} of 40; cleared 1" in out
 
 
+LONG_QUESTION = (
+    "Are you open on Sunday, and may I bring my own lock and lights when I rent a city bike for the whole day?"
+)
+
+
 def test_a_request_that_asks_has_its_hits_reported_as_its_usage_says(vllm_server, tmp_path):
     """Requests sent with `"vllm_xargs": {"kv_cache_report_mode": "full"}` and a session: each row's hit is what the
     server reported, and equals the answer's own `usage.prompt_tokens_details.cached_tokens` (the server runs with
@@ -102,12 +107,17 @@ def test_a_request_that_asks_has_its_hits_reported_as_its_usage_says(vllm_server
         "r-1": vllm_server.ask(system, "Can I rent a bike for a day?", session_id="r-1", **full),  # nothing cached
         "r-2": vllm_server.ask(system, "Can I rent a bike for a day?", session_id="r-2", **full),  # all of it again
         "r-3": vllm_server.ask(system, "How long does a puncture repair take?", session_id="r-3", **full),
-        "r-4": vllm_server.ask(system, "Are you open on Sunday?", session_id="r-4"),  # no report asked
+        # no report asked: a question long enough to store a block of its own past the shared prefix
+        "r-4": vllm_server.ask(system, LONG_QUESTION, session_id="r-4"),
     }
+    unseen = vllm_server.ask(system, "Can I rent a bike for a day?", session_id="r-5")  # all of it hit, no report
     out, _ = finish(viewer)
     cache = load_server_trace(trace).cache
     rows = {row.session: row for row in cache.requests.rows if row.session}
-    assert sorted(rows) == sorted(answers), [(r.session, r.hit, r.new) for r in cache.requests.rows]
+    usage = {k: a["usage"]["prompt_tokens_details"] for k, a in (*answers.items(), ("r-5", unseen))}
+    assert sorted(rows) == sorted(answers), (usage, [(r.session, r.hit, r.new) for r in cache.requests.rows])
+    # a request whose whole prompt hit stores nothing: without the report it has no row (what the pane's title says)
+    assert usage["r-5"]["cached_tokens"] > 0 and usage["r-5"]["created_cache_tokens"] == 0
     for session, answer in answers.items():
         details = answer["usage"]["prompt_tokens_details"]
         row = rows[session]
