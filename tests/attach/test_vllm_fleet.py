@@ -12,6 +12,7 @@ import pytest
 from test_vllm_attach import SYSTEM, finish
 
 from kvtui.engine.server.server_trace import load_server_trace
+from kvtui.engine.server.view import stats_view
 
 pytestmark = pytest.mark.xdist_group("vllm")
 
@@ -46,6 +47,29 @@ def test_the_fleet_names_the_replica_that_held_the_prefix_and_the_eviction(vllm_
     run = load_server_trace(trace)
     assert [n.code for n in run.cache.notes] == ["held-elsewhere", "evicted-prefix"]
     assert run.cache.stats(second_name).routed_tokens == held
+    # the fleet over time ends where the index is: the waste on the second, and the tokens held on both as counted
+    # here from the blocks held, by their tokens from the prompt's start (walked up their parents)
+    # (the first prefilled again after its clear what the second held: routing waste there too, though the note
+    # names the eviction, the first cause that holds)
+    fleet = stats_view(run.cache).fleet
+    routed_first = run.cache.stats(first_name).routed_tokens
+    assert dict(fleet[-1].routed) == {first_name: routed_first, second_name: held} and routed_first >= 96
+    assert f"{first_name}: fleet: {routed_first} tokens prefilled here while another replica held them" in out
+    assert any(dict(sample.routed).get(second_name) == held for sample in fleet[:-1])
+    held_by: dict[tuple, set[str]] = {}
+    entries = []
+    for block in run.cache.blocks.values():
+        tokens, node, root = [], block, block
+        while node is not None:
+            tokens[:0], root, node = list(node.tokens), node, node.parent
+        if root.orphan:  # its start came before kvtui attached: unknown, counted nowhere
+            continue
+        held_by.setdefault(tuple(tokens), set()).add(block.origin)
+        entries.append((block.origin, tuple(tokens), len(block.tokens)))
+    twice = {first_name: 0, second_name: 0}
+    for origin, prefix, size in entries:
+        twice[origin] += size if len(held_by[prefix]) > 1 else 0
+    assert dict(fleet[-1].twice) == twice and twice[second_name] >= held, twice
     # both serve on after the viewer quit, the same answers
     assert first.chat("You are a terse assistant.", "Say hello.", max_tokens=8) == plain
     assert second.chat(SYSTEM, question, max_tokens=8) == on_second

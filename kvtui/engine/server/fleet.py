@@ -35,9 +35,11 @@ class FleetSeries:
         self.samples: deque[FleetSample] = deque(maxlen=kept)
         self._next: float | None = None
 
-    def after_batch(self, ts: float, routed: Mapping[str, int], twice: Mapping[str, int]) -> None:
-        if self._next is not None and ts < self._next:
-            return
+    def due(self, ts: float) -> bool:
+        """Whether the batch at `ts` (just applied) takes a sample (one compare per batch)."""
+        return self._next is None or ts >= self._next
+
+    def add(self, ts: float, routed: Mapping[str, int], twice: Mapping[str, int]) -> None:
         self.samples.append(fleet_sample(ts, routed, twice))
         self._next = ts + FLEET_EVERY_S
 

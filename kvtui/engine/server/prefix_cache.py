@@ -172,7 +172,8 @@ class PrefixCache:
             elif isinstance(event, AllCleared):
                 self._clear(origin, stats, batch.ts)
         self._let_go_oldest()
-        self.fleet.after_batch(batch.ts, {name: s.routed_tokens for name, s in self.origins.items()}, self._twice)
+        if self.fleet.due(batch.ts):
+            self.fleet.add(batch.ts, {name: s.routed_tokens for name, s in self.origins.items()}, self._twice)
         if batch.caught_up:  # said as what it is: a prefill before kvtui attached, not a new one
             stats.caught_up += 1
             notes = [replace(n, message=f"{CAUGHT_UP} {n.message}") for n in notes]
