@@ -292,6 +292,8 @@ def _totals(cache: PrefixCache) -> dict[str, float | int | str | None]:
         "clears": sum(s.cleared for s in stats),
         "lost batches": sum(s.lost for s in stats),
         "routing waste (tokens)": sum(s.routed_tokens for s in stats),
+        "hits reported (tokens)": sum(s.reported_hits for s in stats),
+        "hits inferred (tokens)": sum(s.inferred_hits for s in stats),
         "hit rate while watched": f"{sum(watched) / len(watched):.1%}" if watched else None,
     }
 
