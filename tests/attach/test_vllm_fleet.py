@@ -55,7 +55,9 @@ def test_the_fleet_names_the_replica_that_held_the_prefix_and_the_eviction(vllm_
     routed_first = run.cache.stats(first_name).routed_tokens
     assert dict(fleet[-1].routed) == {first_name: routed_first, second_name: held} and routed_first >= 96
     assert f"{first_name}: fleet: {routed_first} tokens prefilled here while another replica held them" in out
-    assert any(dict(sample.routed).get(second_name) == held for sample in fleet[:-1])
+    for name in (first_name, second_name):  # a running total: it never goes down, and ends where the index is
+        series = [dict(sample.routed).get(name, 0) for sample in fleet]
+        assert series == sorted(series) and series[-1] == run.cache.stats(name).routed_tokens, (name, fleet)
     held_by: dict[tuple, set[str]] = {}
     entries = []
     for block in run.cache.blocks.values():
