@@ -197,6 +197,7 @@ class PrefixCache:
         first_new = True
         continuing = noted = False
         row = None
+        new_blocks = 0
         for index, key in enumerate(event.hashes):
             tokens = array("l", event.token_ids[index * size : (index + 1) * size])
             ident = (origin, event.group, key)
@@ -242,13 +243,14 @@ class PrefixCache:
                 block.extra = event.extra[index]
             if content:
                 self._hold_content(block)
-            if row is not None:
-                row.new += len(tokens)
-                row.last = (origin, event.group, key)
-                row.chain = row.chain or block.chain
             parent = block
+            new_blocks += 1
             stats.stored += 1
             stats.held += 1
+        if row is not None and parent is not None:  # the request's row: its new blocks, the last where it goes on
+            row.new += new_blocks * size
+            row.last = (origin, event.group, parent.key)
+            row.chain = row.chain or parent.chain
         self.rules.check_churn(origin, stats, notes)
 
     def _reuse_report(self, event: BlocksStored, origin: str, stats: OriginStats, ts: float) -> bool:
