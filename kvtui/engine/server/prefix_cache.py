@@ -190,7 +190,12 @@ class PrefixCache:
         stats.groups.add(event.group)
         if event.medium is not None and event.medium.upper() not in KNOWN_MEDIA:
             stats.unknown_medium += len(event.hashes)
-        if event.parent is None and self._reuse_report(event, origin, stats, ts):
+        if (
+            event.parent is None
+            and event.hashes
+            and (origin, event.group, event.hashes[0]) in self.blocks  # (a fresh prefill stops here: one lookup)
+            and self._reuse_report(event, origin, stats, ts)
+        ):
             return
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])

@@ -89,7 +89,8 @@ class RequestLog:
     def prefill(self, origin: str, group: int, session: str | None, hit: int | None, chain: int, ts: float):
         """A new prefill (a new chain, or a branch of one) whose hits are inferred: a new row."""
         row = RequestRow(ts, origin, group, session, hit, False, chain=chain)
-        self._add(row)
+        self.rows.append(row)
+        self._open[(origin, group)] = row
         return row
 
     def _add(self, row: RequestRow) -> None:
