@@ -1,6 +1,7 @@
 """The server view (`kvtui attach`, and `kvtui replay` of a server trace): a server's prefix cache as its KV
-events tell it. Left the chains and their blocks; right the selected block, the server's numbers and its hit
-rate over time; below the notes; a status line.
+events tell it. Left the chains and their blocks, under them the newest requests (their hits and misses) and,
+for a fleet, each replica's routing waste and tokens held twice over time; right the selected block, the
+server's numbers and its hit rate over time; below the notes; a status line.
 
 The reader (AttachSession; under `kvtui attach` in a process of its own, engine/server/reader_process.py, which
 answers the same reads over a pipe) applies events under `cache.lock`; this screen never follows events one by
@@ -22,7 +23,9 @@ from ..engine.server.view import CacheFrames, NodeRef
 from ..keys import SERVER_KEYS
 from ..widgets.server.block_detail import BlockDetail
 from ..widgets.server.cache_notes import MAX_SHOWN, CacheNotes
+from ..widgets.server.fleet_plot import FleetPlot
 from ..widgets.server.prefix_tree_pane import PrefixTreePane
+from ..widgets.server.request_rows import RequestRows
 from ..widgets.server.server_stats import ServerStats
 from ..widgets.shared.palette import theme_palette
 from ..widgets.shared.status_bar import StatusBar
@@ -92,7 +95,10 @@ class ServerScreen(SourceScreen):
     def compose(self) -> ComposeResult:
         yield Static(self.title_text, id="title", markup=False)
         with Horizontal(id="main"):
-            yield PrefixTreePane(id="tree")
+            with Vertical(id="left"):
+                yield PrefixTreePane(id="tree")
+                yield RequestRows(id="requests")
+                yield FleetPlot(id="fleet")
             with Vertical(id="right"):
                 yield BlockDetail(id="detail")
                 yield ServerStats(id="stats")
@@ -105,6 +111,8 @@ class ServerScreen(SourceScreen):
         self.tree_pane = self.query_one(PrefixTreePane)
         self.detail_pane = self.query_one(BlockDetail)
         self.stats_pane = self.query_one(ServerStats)
+        self.requests_pane = self.query_one(RequestRows)
+        self.fleet_pane = self.query_one(FleetPlot)
         self.notes_pane = self.query_one(CacheNotes)
         self.status_line = self.query_one(StatusBar)
         self.tree_pane.focus()
@@ -154,6 +162,8 @@ class ServerScreen(SourceScreen):
                 gone = f"{what} is no longer held"
             self.detail_pane.show(frame.info, frame.texts, palette, gone)
             self.stats_pane.show(frame.stats, palette)
+            self.requests_pane.show(frame.stats, palette)
+            self.fleet_pane.show(frame.stats)
             self.notes_pane.add_notes(list(frame.notes), frame.total_notes, palette)
         self._show_status()
         return True

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -28,22 +27,6 @@ SYSTEM = (
 )
 
 
-def attach(server, *args: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "kvtui.cli", "attach", server.url, "--headless", *args]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    seen = ""
-    while time.monotonic() < deadline:  # the viewer says it attached (stderr) before the requests are sent
-        ready, _, _ = select.select([process.stderr], [], [], 1)
-        if ready:
-            line = process.stderr.readline()
-            seen += line
-            if "attached to" in line or not line:
-                break
-    assert "attached to" in seen, seen
-    return process
-
-
 def settled(trace: Path) -> None:
     """Until the viewer has polled the idle server's /metrics twice (a settled start for the cross-check)."""
     deadline = time.monotonic() + 60
@@ -62,7 +45,7 @@ def finish(process: subprocess.Popen) -> tuple[str, str]:
 def test_attach_names_the_miss_and_changes_nothing(vllm_server, tmp_path):
     plain = vllm_server.chat(SYSTEM, "Can I rent a bike for a day?", max_tokens=24)  # before kvtui: replay has it
     trace = tmp_path / "server.jsonl"
-    viewer = attach(vllm_server, "--trace", str(trace))
+    viewer = vllm_server.attach("--trace", str(trace))
     settled(trace)  # the /metrics cross-check starts from a settled poll: the requests come after it
     watched = vllm_server.chat(SYSTEM, "Can I rent a bike for a day?", max_tokens=24)
     other = vllm_server.chat(SYSTEM, "How long does a puncture repair take?", max_tokens=24)
@@ -117,7 +100,7 @@ def test_evictions_and_a_reset_are_shown(vllm_server, tmp_path):
     import urllib.request
 
     trace = tmp_path / "evict.jsonl"
-    viewer = attach(vllm_server, "--trace", str(trace))
+    viewer = vllm_server.attach("--trace", str(trace))
     for word in ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf"):
         vllm_server.chat(f"Session {word}. {SYSTEM}", "Are you open on Sunday?", max_tokens=4)
     request = urllib.request.Request(f"{vllm_server.url}/reset_prefix_cache", data=b"", method="POST")
@@ -128,6 +111,46 @@ def test_evictions_and_a_reset_are_shown(vllm_server, tmp_path):
     assert stats.removed > 0 and stats.cleared == 1 and stats.lost == 0, out
     assert 0 < stats.held <= 40
     assert f"removed {stats.removed}, held {stats.held} of 40; cleared 1" in out
+
+
+LONG_QUESTION = (
+    "Are you open on Sunday, and may I bring my own lock and lights when I rent a city bike for the whole day?"
+)
+
+
+def test_a_request_that_asks_has_its_hits_reported_as_its_usage_says(vllm_server, tmp_path):
+    """Requests sent with `"vllm_xargs": {"kv_cache_report_mode": "full"}` and a session: each row's hit is what the
+    server reported, and equals the answer's own `usage.prompt_tokens_details.cached_tokens` (the server runs with
+    --enable-prompt-tokens-details); its new tokens equal `created_cache_tokens`. A request that did not ask has its
+    hit inferred from the chain, which equals its cached_tokens too."""
+    trace = tmp_path / "requests.jsonl"
+    viewer = vllm_server.attach("--trace", str(trace))
+    system = "Reports. " + SYSTEM  # a prefix of its own: no other test's blocks are hit
+    full = {"vllm_xargs": {"kv_cache_report_mode": "full"}}
+    answers = {
+        "r-1": vllm_server.ask(system, "Can I rent a bike for a day?", session_id="r-1", **full),  # nothing cached
+        "r-2": vllm_server.ask(system, "Can I rent a bike for a day?", session_id="r-2", **full),  # all of it again
+        "r-3": vllm_server.ask(system, "How long does a puncture repair take?", session_id="r-3", **full),
+        # no report asked: a question long enough to store a block of its own past the shared prefix
+        "r-4": vllm_server.ask(system, LONG_QUESTION, session_id="r-4"),
+    }
+    unseen = vllm_server.ask(system, "Can I rent a bike for a day?", session_id="r-5")  # all of it hit, no report
+    out, _ = finish(viewer)
+    cache = load_server_trace(trace).cache
+    rows = {row.session: row for row in cache.requests.rows if row.session}
+    usage = {k: a["usage"]["prompt_tokens_details"] for k, a in (*answers.items(), ("r-5", unseen))}
+    assert sorted(rows) == sorted(answers), (usage, [(r.session, r.hit, r.new) for r in cache.requests.rows])
+    # a request whose whole prompt hit stores nothing: without the report it has no row (what the pane's title says)
+    assert usage["r-5"]["cached_tokens"] > 0 and usage["r-5"]["created_cache_tokens"] == 0
+    for session, answer in answers.items():
+        details = answer["usage"]["prompt_tokens_details"]
+        row = rows[session]
+        assert (row.hit, row.new) == (details["cached_tokens"], details["created_cache_tokens"]), (session, details)
+        assert row.reported == (session in ("r-2", "r-3")), session  # r-1 hit nothing: the server reports none
+    assert rows["r-2"].hit >= 128 and rows["r-2"].new == 0 and rows["r-3"].hit >= 96 and rows["r-4"].hit >= 96
+    assert next(iter(cache.origins.values())).reports == 2  # read as reports (not as 7 blocks stored again)
+    reported = rows["r-2"].hit + rows["r-3"].hit
+    assert f"hits reported by the server {reported} tokens (2 requests sent with kv_cache_report_mode full)" in out
 
 
 def test_a_server_without_events_says_which_flag(tmp_path):

@@ -12,30 +12,9 @@ import pytest
 from test_vllm_attach import SYSTEM, finish
 
 from kvtui.engine.server.server_trace import load_server_trace
+from kvtui.engine.server.view import stats_view
 
 pytestmark = pytest.mark.xdist_group("vllm")
-
-
-def attach_fleet(servers, *args: str):
-    import select
-    import subprocess
-    import sys
-    import time
-
-    from test_vllm_attach import ROOT
-
-    command = [sys.executable, "-m", "kvtui.cli", "attach", *(s.url for s in servers), "--headless", *args]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, seen = time.monotonic() + 120, ""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stderr], [], [], 1)
-        if ready:
-            line = process.stderr.readline()
-            seen += line
-            if "attached to" in line or not line:
-                break
-    assert "attached to" in seen, seen
-    return process
 
 
 def test_the_fleet_names_the_replica_that_held_the_prefix_and_the_eviction(vllm_fleet, tmp_path):
@@ -43,7 +22,7 @@ def test_the_fleet_names_the_replica_that_held_the_prefix_and_the_eviction(vllm_
     question = "Can I rent a bike for a day?"
     plain = first.chat("You are a terse assistant.", "Say hello.", max_tokens=8)  # before kvtui: never seen again
     trace = tmp_path / "fleet.jsonl"
-    viewer = attach_fleet(vllm_fleet, "--trace", str(trace))
+    viewer = first.attach("--trace", str(trace), fleet=(second,))
     on_first = first.chat(SYSTEM, question, max_tokens=8)
     on_second = second.chat(SYSTEM, question, max_tokens=8)  # routed to the replica without the prefix
     request = urllib.request.Request(f"{first.url}/reset_prefix_cache", data=b"", method="POST")
@@ -68,6 +47,31 @@ def test_the_fleet_names_the_replica_that_held_the_prefix_and_the_eviction(vllm_
     run = load_server_trace(trace)
     assert [n.code for n in run.cache.notes] == ["held-elsewhere", "evicted-prefix"]
     assert run.cache.stats(second_name).routed_tokens == held
+    # the fleet over time ends where the index is: the waste on the second, and the tokens held on both as counted
+    # here from the blocks held, by their tokens from the prompt's start (walked up their parents)
+    # (the first prefilled again after its clear what the second held: routing waste there too, though the note
+    # names the eviction, the first cause that holds)
+    fleet = stats_view(run.cache).fleet
+    routed_first = run.cache.stats(first_name).routed_tokens
+    assert dict(fleet[-1].routed) == {first_name: routed_first, second_name: held} and routed_first >= 96
+    assert f"{first_name}: fleet: {routed_first} tokens prefilled here while another replica held them" in out
+    for name in (first_name, second_name):  # a running total: it never goes down, and ends where the index is
+        series = [dict(sample.routed).get(name, 0) for sample in fleet]
+        assert series == sorted(series) and series[-1] == run.cache.stats(name).routed_tokens, (name, fleet)
+    held_by: dict[tuple, set[str]] = {}
+    entries = []
+    for block in run.cache.blocks.values():
+        tokens, node, root = [], block, block
+        while node is not None:
+            tokens[:0], root, node = list(node.tokens), node, node.parent
+        if root.orphan:  # its start came before kvtui attached: unknown, counted nowhere
+            continue
+        held_by.setdefault(tuple(tokens), set()).add(block.origin)
+        entries.append((block.origin, tuple(tokens), len(block.tokens)))
+    twice = {first_name: 0, second_name: 0}
+    for origin, prefix, size in entries:
+        twice[origin] += size if len(held_by[prefix]) > 1 else 0
+    assert dict(fleet[-1].twice) == twice and twice[second_name] >= held, twice
     # both serve on after the viewer quit, the same answers
     assert first.chat("You are a terse assistant.", "Say hello.", max_tokens=8) == plain
     assert second.chat(SYSTEM, question, max_tokens=8) == on_second

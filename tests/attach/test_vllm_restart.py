@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -19,7 +18,16 @@ import orjson
 import pytest
 from rich.console import Console
 from textual.widgets import Static
-from vllm_servers import ROOT, VllmServer, free_ports, launch_vllm, stop_vllm, vllm_python, wait_healthy
+from vllm_servers import (
+    ROOT,
+    VllmServer,
+    free_ports,
+    launch_vllm,
+    stop_vllm,
+    vllm_python,
+    wait_attached,
+    wait_healthy,
+)
 
 from kvtui import viewers
 from kvtui.app import KvtuiApp
@@ -60,19 +68,6 @@ def table_text(app: KvtuiApp) -> str:
     return console.export_text()
 
 
-def attached(viewer: subprocess.Popen) -> None:
-    """Wait for the headless viewer's `attached to` line (stderr)."""
-    deadline = time.monotonic() + 120
-    seen = ""
-    while time.monotonic() < deadline and "attached to" not in seen:
-        if select.select([viewer.stderr], [], [], 1)[0]:
-            line = viewer.stderr.readline()
-            seen += line
-            if not line:
-                break
-    assert "attached to" in seen, seen
-
-
 async def test_a_killed_server_restarted_on_the_same_ports_is_followed(tmp_path):
     vllm_python()
     port, events, replay = free_ports(3)
@@ -87,7 +82,7 @@ async def test_a_killed_server_restarted_on_the_same_ports_is_followed(tmp_path)
         headless_trace = tmp_path / "headless.jsonl"
         command = [sys.executable, "-m", "kvtui.cli", "attach", url, "--headless", "--trace", str(headless_trace)]
         headless = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        await asyncio.to_thread(attached, headless)
+        await asyncio.to_thread(wait_attached, headless)
         # the TUI, here: its session reads the server on threads of its own, the pilot drives the screen
         tui_trace = tmp_path / "tui.jsonl"
         options = AttachOptions(urls=[url], trace=tui_trace)

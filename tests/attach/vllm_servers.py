@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -38,17 +40,44 @@ class VllmServer:
     log: Path
 
     def chat(self, system: str, user: str, max_tokens: int = 6) -> str:
+        return self.ask(system, user, max_tokens)["choices"][0]["message"]["content"]
+
+    def ask(self, system: str, user: str, max_tokens: int = 6, **extra) -> dict:
+        """A chat completion's whole answer (its usage too); `extra`: more of the request's body (vllm_xargs ...)."""
         body = {
             "model": self.model,
             "temperature": 0,
             "max_tokens": max_tokens,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            **extra,
         }
         request = urllib.request.Request(
             f"{self.url}/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"}
         )
         with urllib.request.urlopen(request, timeout=180) as answer:
-            return json.loads(answer.read())["choices"][0]["message"]["content"]
+            return json.loads(answer.read())
+
+    def attach(self, *args: str, fleet: tuple[VllmServer, ...] = ()) -> subprocess.Popen:
+        """`kvtui attach URL [URL2 ...] --headless ARGS` on this server (and the `fleet`'s after it), once it said it
+        attached (its stderr), so the requests a test sends next are seen live."""
+        urls = [self.url, *(server.url for server in fleet)]
+        command = [sys.executable, "-m", "kvtui.cli", "attach", *urls, "--headless", *args]
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_attached(process)
+        return process
+
+
+def wait_attached(viewer: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait for a headless viewer's `attached to` line (stderr)."""
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline and "attached to" not in seen:
+        if select.select([viewer.stderr], [], [], 1)[0]:
+            line = viewer.stderr.readline()
+            seen += line
+            if not line:
+                break
+    assert "attached to" in seen, seen
 
 
 def vllm_python() -> Path:
@@ -90,6 +119,7 @@ def launch_vllm(log: Path, port: int, events: int, replay: int) -> subprocess.Po
         "--served-model-name", "smollm2", "--port", str(port), "--host", "127.0.0.1",
         "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(BLOCKS), "--max-model-len", "640",
         "--enable-prefix-caching", "--kv-events-config", json.dumps(config),
+        "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens: a request's hit, its own word
     ]  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

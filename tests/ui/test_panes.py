@@ -690,7 +690,8 @@ def test_the_server_pane_shows_the_fleet_and_the_stream_integrity():
     cache = PrefixCache(TokenTexts())
     prompt = tuple(range(100, 132))
     cache.apply(EventBatch(0, 0.0, (BlocksStored(("a0", "a1"), None, prompt, 16),)), "h:1")
-    cache.apply(EventBatch(1, 0.0, (BlocksStored(("a0",), None, prompt[:16], 16),)), "h:1")  # stored while held
+    # stored while held (under its parent: from the prompt's start, held blocks again are vLLM's report of hits)
+    cache.apply(EventBatch(1, 0.0, (BlocksStored(("a1",), "a0", prompt[16:], 16),)), "h:1")
     cache.apply(EventBatch(0, 0.0, (BlocksStored(("b0", "b1"), None, prompt, 16),)), "h:2")
     view = stats_view(cache)
     assert fleet_line(view) == (

@@ -47,6 +47,8 @@ class BlocksStored:
     kind: str | None = None  # full_attention / sliding_window ... where the server says
     extra: tuple[str, ...] = ()  # per block, the extra keys its hash covers (vLLM's extra_keys: LoRA, multimodal
     # ids, cache salt) as text; () where the server sends none
+    session: str | None = None  # the session of the request that stored (or reused) them, where its client gave one
+    # (vLLM 0.32's session_id: the request's `session_id`, its X-Session-ID header or vllm_xargs.session_id)
     type: str = STORED
 
 
@@ -136,6 +138,7 @@ def _stored(fields: dict[str, Any]) -> BlocksStored:
         lora=None if lora is None else str(lora),
         kind=_text(fields.get("kv_cache_spec_kind")),
         extra=_extra_keys(fields.get("extra_keys"), len(hashes)),
+        session=_text(fields.get("session_id")),
     )
 
 
@@ -239,7 +242,8 @@ def _encode_event(event: Event, arrays: bool) -> Any:
         }
         if arrays:
             return ["BlockStored", *(fields[name] for name in _ARRAY_FIELDS["BlockStored"])]
-        return {"type": "BlockStored", **fields, "group_idx": event.group, "kv_cache_spec_kind": event.kind}
+        session = {"session_id": event.session} if event.session is not None else {}
+        return {"type": "BlockStored", **fields, "group_idx": event.group, "kv_cache_spec_kind": event.kind, **session}
     if isinstance(event, BlocksRemoved):
         hashes = [_hash_value(h) for h in event.hashes]
         if arrays:

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field, replace
 from ..reading.token_texts import TokenTexts
 from ..records.diagnostic_groups import FloodGate
 from ..records.snapshot import Diagnostic
+from .fleet import FleetSeries
 from .kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch
 from .metric_rules import MetricRules
 from .metrics import METRICS_KEPT, MetricSample, add_sample
+from .requests import RequestLog
 from .rules import CHURN_WINDOW_S, ServerRules, chain_content
 
 CAUGHT_UP = "(caught up: before kvtui attached)"  # the start of a note on a batch the replay socket gave on attach
@@ -95,6 +97,10 @@ class OriginStats:
     live_tokens: int = 0  # tokens in the blocks its live batches announced stored (stored again included; not what
     # the replay socket gave on attach): what metric_rules cross-checks against /metrics
     block_size: int = 0  # tokens per block, as its events say
+    requests: int = 0  # prefills seen (requests.py's rows: a request that stored or reported blocks)
+    reports: int = 0  # requests whose reused blocks the server reported (kv_cache_report_mode full)
+    reported_hits: int = 0  # tokens found cached, as those reports say
+    inferred_hits: int = 0  # tokens found cached, inferred from the chains of the prefills not reported
     groups: set[int] = field(default_factory=set)  # the cache groups it stored blocks in (where a removal that
     # names no group, as SGLang's, is looked for: O(groups), not a walk of every block)
 
@@ -124,6 +130,8 @@ class PrefixCache:
         self._twice: dict[str, int] = {}  # per origin, tokens it holds that another origin holds too (kept as blocks
         # come and go: O(replicas) per block, never a walk of the index)
         self.metrics: dict[str, deque[MetricSample]] = {}  # per server, the newest METRICS_KEPT samples
+        self.requests = RequestLog()  # each prefill as one request's row: its hits and its misses
+        self.fleet = FleetSeries()  # routing waste and tokens held twice, per origin, over time
 
     def record_metrics(self, origin: str, ts: float, metrics, notes: list[Diagnostic] | None = None) -> MetricSample:
         """A poll of the server's /metrics (server_http.CacheMetrics): the hit rate over time comes from here
@@ -178,6 +186,8 @@ class PrefixCache:
             elif isinstance(event, AllCleared):
                 self._clear(origin, stats, batch.ts)
         self._let_go_oldest()
+        if self.fleet.due(batch.ts):
+            self.fleet.add(batch.ts, {name: s.routed_tokens for name, s in self.origins.items()}, self._twice)
         if batch.caught_up:  # said as what it is: a prefill before kvtui attached, not a new one
             stats.caught_up += 1
             notes = [replace(n, message=f"{CAUGHT_UP} {n.message}") for n in notes]
@@ -194,10 +204,19 @@ class PrefixCache:
         stats.groups.add(event.group)
         if event.medium is not None and event.medium.upper() not in KNOWN_MEDIA:
             stats.unknown_medium += len(event.hashes)
+        if (
+            event.parent is None
+            and event.hashes
+            and (origin, event.group, event.hashes[0]) in self.blocks  # (a fresh prefill stops here: one lookup)
+            and self._reuse_report(event, origin, stats, ts)
+        ):
+            return
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])
         first_new = True
         continuing = noted = False
+        row = None
+        new_blocks = 0
         for index, key in enumerate(event.hashes):
             tokens = array("l", event.token_ids[index * size : (index + 1) * size])
             ident = (origin, event.group, key)
@@ -215,12 +234,19 @@ class PrefixCache:
                 # blocks stored after a leaf a miss was noted on: that request decoding on (or its next turn), not
                 # another prefill: no second note, and generated tokens are no routing waste
                 continuing = parent is not None and parent.noted and not parent.children
-                if parent is not None and parent.children:
+                where = (origin, event.group, parent.key) if parent is not None else None
+                row = self.requests.going_on(origin, event.group, event.session, where)
+                reported = row is not None and row.reported and not row.new  # the report counted its hit
+                if parent is not None and parent.children and not reported:
                     _count_hit(parent)  # another prompt went on from here before: this one reused it (a hit)
+                before = len(notes)
                 if not continuing:
-                    before = len(notes)
                     self.rules.classify_miss(event, index, parent, tokens, origin, content, gone, ts, notes)
                     noted = len(notes) > before
+                if row is None:
+                    row = self._prefill_row(event, origin, stats, parent, ts)
+                if noted and row.cause is None:
+                    row.cause = notes[before].code
             if (
                 content
                 and not continuing
@@ -237,9 +263,47 @@ class PrefixCache:
             if content:
                 self._hold_content(block)
             parent = block
+            new_blocks += 1
             stats.stored += 1
             stats.held += 1
+        if row is not None and parent is not None:  # the request's row: its new blocks, the last where it goes on
+            row.new += new_blocks * size
+            row.last = (origin, event.group, parent.key)
+            row.chain = row.chain or parent.chain
         self.rules.check_churn(origin, stats, notes)
+
+    def _reuse_report(self, event: BlocksStored, origin: str, stats: OriginStats, ts: float) -> bool:
+        """vLLM's report of a request's reused blocks (its client sent kv_cache_report_mode full): a store from the
+        prompt's first block whose blocks are all held here already, in chain order. Read as that request's hits
+        (a row, the blocks' hit counts), not as blocks stored again; whether it was one. O(its blocks)."""
+        held: list[Block] = []
+        for key in event.hashes:
+            block = self.blocks.get((origin, event.group, key))
+            if block is None or (held and block.parent is not held[-1]):
+                return False
+            held.append(block)
+        if not held:
+            return False
+        tokens = sum(len(block.tokens) for block in held)
+        stats.requests += 1
+        stats.reports += 1
+        stats.reported_hits += tokens
+        last = held[-1]
+        _count_hit(last)
+        ident = (origin, event.group, last.key)
+        self.requests.reported(origin, event.group, event.session, tokens, ident, last.chain, ts)
+        return True
+
+    def _prefill_row(self, event: BlocksStored, origin: str, stats: OriginStats, parent: Block | None, ts: float):
+        """A new request's row, its hits inferred from its chain: the tokens of the held blocks before its first new
+        one (unknown where the chain's start is: it began before kvtui attached, or was let go)."""
+        if parent is None:
+            hit = 0 if event.parent is None else None
+        else:
+            hit = parent.start + len(parent.tokens) if parent.content else None
+        stats.requests += 1
+        stats.inferred_hits += hit or 0
+        return self.requests.prefill(origin, event.group, event.session, hit, 0, ts)
 
     def _new_block(self, key, origin, parent, tokens, event, ts, orphan) -> Block:
         if parent is None:
@@ -288,6 +352,7 @@ class PrefixCache:
         while len(self._removed_at) > self.max_blocks:
             self._removed_at.popitem(last=False)
         stats.held = stats.let_go = 0
+        self.requests.forget(origin)
 
     def restart(self, origin: str) -> int:
         """The origin's publisher restarted (a new process): the blocks the old one held are gone with it. They leave
@@ -298,6 +363,7 @@ class PrefixCache:
             self._drop(self.blocks[ident])
         for ident in [i for i in self._removed_at if i[0] == origin]:  # a new process's stores are not churn
             del self._removed_at[ident]
+        self.requests.forget(origin)
         stats.restarts += 1
         stats.gone += gone
         stats.held = stats.let_go = 0

@@ -21,6 +21,12 @@ def summary_lines(cache: PrefixCache) -> list[str]:
             + (f"; caught up through replay {stats.caught_up} batches" if stats.caught_up else "")
             + (f"; restarts {stats.restarts} (blocks gone with them {stats.gone})" if stats.restarts else "")
         )
+        if stats.requests:
+            lines.append(
+                f"{origin or 'events'}: requests {stats.requests}: hits reported by the server {stats.reported_hits} "
+                f"tokens ({stats.reports} requests sent with kv_cache_report_mode full), inferred from the chains "
+                f"{stats.inferred_hits} tokens (a request whose whole prompt hit is seen only when reported)"
+            )
         samples = cache.metrics.get(origin)
         if samples and samples[-1].overall is not None:
             last, watched = samples[-1], watched_rate(samples)

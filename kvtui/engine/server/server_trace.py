@@ -50,6 +50,8 @@ def event_record(event: Event) -> dict:
             "medium": event.medium,
             "lora": event.lora,
             "kind": event.kind,
+            **({"extra": list(event.extra)} if event.extra else {}),
+            **({"session": event.session} if event.session is not None else {}),
         }
     if isinstance(event, BlocksRemoved):
         return {"type": "removed", "hashes": list(event.hashes), "group": event.group, "medium": event.medium}
@@ -68,6 +70,8 @@ def event_from_record(record: dict) -> Event:
             medium=record.get("medium"),
             lora=record.get("lora"),
             kind=record.get("kind"),
+            extra=tuple(record.get("extra") or ()),
+            session=record.get("session"),
         )
     if kind == "removed":
         return BlocksRemoved(hashes=tuple(record["hashes"]), group=record.get("group"), medium=record.get("medium"))
@@ -284,6 +288,8 @@ def _totals(cache: PrefixCache) -> dict[str, float | int | str | None]:
         "clears": sum(s.cleared for s in stats),
         "lost batches": sum(s.lost for s in stats),
         "routing waste (tokens)": sum(s.routed_tokens for s in stats),
+        "hits reported (tokens)": sum(s.reported_hits for s in stats),
+        "hits inferred (tokens)": sum(s.inferred_hits for s in stats),
         "hit rate while watched": f"{sum(watched) / len(watched):.1%}" if watched else None,
     }
 

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..records.snapshot import Diagnostic, Where
+from .fleet import FleetSample, fleet_sample
 from .metrics import MetricSample, watched_rate
 from .prefix_cache import Block, OriginStats, PrefixCache
+from .requests import RequestFacts
 
 MAX_CHAINS = 200  # chains shown, newest first (chains the user selected are kept on top of these)
 MAX_NODES = 2000  # tree nodes at most (chains and blocks)
@@ -27,6 +29,7 @@ PREVIEW_TOKENS = 48  # tokens of a block kept for its one-line label in the tree
 SPARK_SAMPLES = 120  # newest metric samples plotted
 GROUPS_TRIED = 8  # KV cache groups looked in for a note's block (hybrid models have a few)
 NOTES_SHOWN = 500  # newest notes handed to the notes pane per frame
+REQUESTS_SHOWN = 20  # newest request rows handed to the requests pane per frame
 
 Ident = tuple[str, int, str]  # (origin, group, hash): how PrefixCache keys a block
 
@@ -291,6 +294,10 @@ class OriginCounts:
     unknown_medium: int = 0  # stream integrity: a `medium` word kvtui does not know
     routed_tokens: int = 0  # tokens prefilled here while another replica held them
     caught_up: int = 0  # batches the replay socket gave on attach
+    requests: int = 0  # prefills seen (request rows)
+    reports: int = 0  # of them, those whose hits the server reported (kv_cache_report_mode full)
+    reported_hits: int = 0
+    inferred_hits: int = 0
 
     @classmethod
     def of(cls, s: OriginStats) -> OriginCounts:
@@ -313,6 +320,10 @@ class OriginCounts:
             s.unknown_medium,
             s.routed_tokens,
             s.caught_up,
+            s.requests,
+            s.reports,
+            s.reported_hits,
+            s.inferred_hits,
         )
 
 
@@ -329,6 +340,8 @@ class StatsView:
     watched: tuple[tuple[str, float], ...] = ()  # per server, the hit rate over the interval kvtui watched
     twice: tuple[tuple[str, int], ...] = ()  # per origin, tokens held that another origin holds too
     codes: tuple[tuple[str, int], ...] = ()  # every note raised, by code (listed or counted past the flood bound)
+    fleet: tuple[FleetSample, ...] = ()  # the newest SPARK_SAMPLES fleet samples, oldest first, and one for now
+    requests: tuple[RequestFacts, ...] = ()  # the newest REQUESTS_SHOWN request rows, newest first
 
 
 def stats_view(cache: PrefixCache) -> StatsView:
@@ -338,6 +351,12 @@ def stats_view(cache: PrefixCache) -> StatsView:
         for origin, kept in cache.metrics.items()
     )
     origins = tuple((name, OriginCounts.of(stats)) for name, stats in cache.origins.items())
+    twice = cache.duplicated()
+    fleet: tuple[FleetSample, ...] = ()
+    if len(origins) > 1:  # the samples, then the index as it is now (the plot ends at the present)
+        kept = cache.fleet.samples
+        now = fleet_sample(kept[-1].ts if kept else 0.0, {name: s.routed_tokens for name, s in origins}, twice)
+        fleet = (*reversed(list(itertools.islice(reversed(kept), SPARK_SAMPLES - 1))), now)
     return StatsView(
         origins=origins,
         samples=samples,
@@ -347,7 +366,9 @@ def stats_view(cache: PrefixCache) -> StatsView:
         held=cache.held,
         chains=len(cache.tops),
         notes=len(cache.notes),
-        twice=tuple(cache.duplicated().items()),
+        twice=tuple(twice.items()),
+        fleet=fleet,
+        requests=cache.requests.newest(REQUESTS_SHOWN),
         codes=tuple(sorted(cache.note_counts.items())),
         watched=tuple(
             (origin, rate[0]) for origin, kept in cache.metrics.items() if (rate := watched_rate(kept)) is not None

@@ -16,6 +16,7 @@ from kvtui.engine.server import server_http
 from kvtui.engine.server.attach import AttachOptions, AttachSession, connect
 from kvtui.engine.server.kv_events import BlocksStored, EventBatch, encode_batch
 from local_publisher import LocalPublisher
+from waiting import wait_for
 
 
 class FakeServer:
@@ -79,15 +80,6 @@ class FakeServer:
 
 def payload(seq: int) -> bytes:
     return encode_batch(EventBatch(seq, float(seq), (BlocksStored((f"{seq:016x}",), None, (seq, 100 + seq), 2),)))
-
-
-def wait_for(condition, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture

@@ -228,8 +228,9 @@ def test_stream_integrity_is_counted_per_origin():
     from kvtui.engine.server.report import summary_lines
 
     cache = PrefixCache(TokenTexts())
-    apply(cache, 0, 0.0, stored(["a0"], PROMPT[:8], medium="GPU"))
-    apply(cache, 1, 0.0, stored(["a0"], PROMPT[:8], medium="GPU"))  # stored again without a removal
+    apply(cache, 0, 0.0, stored(["a0", "a1"], PROMPT[:16], medium="GPU"))
+    apply(cache, 1, 0.0, stored(["a1"], PROMPT[8:16], parent="a0", medium="GPU"))  # stored again without a removal
+    # (from the prompt's start, held blocks stored again are vLLM's report of a request's hits: requests.py)
     apply(cache, 3, 0.0, stored(["m0", "m1"], range(300, 316), medium="NVME_TIER"))  # a word kvtui does not know
     apply(cache, 4, 0.0, BlocksRemoved(("zz",)))  # never stored
     stats = cache.stats("a:1")

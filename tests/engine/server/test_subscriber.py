@@ -4,7 +4,6 @@ gaps filled or counted, bad payloads reported and skipped, every event applied o
 from __future__ import annotations
 
 import threading
-import time
 
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import BlocksStored, EventBatch, encode_batch
@@ -12,19 +11,11 @@ from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.server_http import EventEndpoint
 from kvtui.engine.server.subscriber import Subscriber
 from local_publisher import LocalPublisher
+from waiting import wait_for
 
 
 def payload(i: int) -> bytes:
     return encode_batch(EventBatch(i, float(i), (BlocksStored((f"{i:016x}",), None, (i, i + 1), 2),)))
-
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def start(publisher: LocalPublisher, cache: PrefixCache, problems: list, batches: list | None = None):

@@ -19,6 +19,7 @@ from kvtui.engine.server.server_http import EventEndpoint
 from kvtui.engine.server.server_trace import load_server_trace
 from kvtui.engine.server.subscriber import Subscriber
 from local_publisher import LocalPublisher
+from waiting import wait_for
 
 ORIGIN = "local"
 
@@ -27,15 +28,6 @@ def payload(life: int, seq: int) -> bytes:
     """Batch `seq` of publisher process `life`: one block whose hash and tokens say which (ts too, as a server's)."""
     key = f"{life:04x}{seq:012x}"
     return encode_batch(EventBatch(seq, 1000.0 * life + seq, (BlocksStored((key,), None, (life, seq), 2),)))
-
-
-def wait_for(condition, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 class Follower:
