@@ -32,18 +32,20 @@ def realigned(cached: Sequence[int], tokens: Sequence[int], common: int) -> tupl
     or, after a one-token swap or a pure insertion, for the INSERT_PROBE or more tokens the cache still holds (where
     the prompt ends first, as a chat template's turn end after another one-token question does, it is no miss)."""
     cached, tokens = _longs(cached), _longs(tokens)
-    window = tokens[common : common + REALIGN_SEARCH + INSERT_PROBE]
-    first: dict[bytes, int] = {}  # each INSERT_PROBE-gram of the prompt after the difference -> its first place
-    for put in range(len(window) - INSERT_PROBE + 1):
-        first.setdefault(window[put : put + INSERT_PROBE].tobytes(), put)
-    found: list[tuple[int, int, int]] = []
-    for left in range(REALIGN_SEARCH + 1):
-        probe = cached[common + left : common + left + INSERT_PROBE]
-        if len(probe) < INSERT_PROBE:
-            break  # the cache holds too little after it to tell
-        at = first.get(probe.tobytes())
-        if at is not None and (left, at) != (0, 0):
-            found.append((left + at, left, at))
+    # compared as bytes (8 per token): a bytes slice is one C call, where an array slice and its tobytes are two
+    step = cached.itemsize
+    span = INSERT_PROBE * step
+    window = tokens[common : common + REALIGN_SEARCH + INSERT_PROBE].tobytes()
+    held = cached[common : common + REALIGN_SEARCH + INSERT_PROBE].tobytes()
+    # each INSERT_PROBE-gram of the prompt after the difference -> its first place (built from the end: the first
+    # place is the one written last)
+    first = {window[at : at + span]: at // step for at in range(len(window) - span, -1, -step)}
+    get = first.get
+    found = [
+        (left + at, left, at)
+        for left in range(min(REALIGN_SEARCH, len(held) // step - INSERT_PROBE) + 1)  # the cache holds enough after
+        if (at := get(held[left * step : left * step + span])) is not None and (left or at)
+    ]
     for _, left, put in sorted(found):
         run = common_prefix(cached[common + left :], tokens[common + put :])  # the held text going on
         if run >= REALIGN_MIN:
