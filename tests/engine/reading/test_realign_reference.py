@@ -7,6 +7,7 @@ import random
 from array import array
 
 from kvtui.engine.reading.edits import INSERT_PROBE, REALIGN_MIN, REALIGN_SEARCH, realigned
+from kvtui.engine.reading.prefixes import common_prefix
 
 
 def reference(cached: list[int], tokens: list[int], common: int) -> tuple[int, int] | None:
@@ -62,3 +63,19 @@ def test_realigned_equals_the_reference_on_random_edits():
         assert realigned(cached, tokens, common) == want  # lists too (batching/checks.py passes lists)
         found += want is not None
     assert 1000 < found < 3000, found  # both answers occur often (the comparison tests something)
+
+
+def test_common_prefix_of_arrays_equals_the_reference():
+    """The negative-id check read from the items' top bytes (arrays) gives what a loop over the ids gives."""
+    rng = random.Random(7)
+    for _ in range(3000):
+        typecode = rng.choice("bhilqBHILQ")
+        low = 0 if typecode.isupper() else -3
+        a = [rng.randint(low, 3) for _ in range(rng.randrange(0, 40))]
+        b = list(a)
+        if b and rng.random() < 0.5:
+            b[rng.randrange(len(b))] = 2
+        want = 0
+        while want < min(len(a), len(b)) and a[want] == b[want] and a[want] >= 0:
+            want += 1
+        assert common_prefix(array(typecode, a), array(typecode, b)) == want, (typecode, a, b)
