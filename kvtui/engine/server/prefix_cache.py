@@ -196,13 +196,16 @@ class PrefixCache:
             stats.unknown_medium += len(event.hashes)
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])
+        ids = array("l", event.token_ids[: len(event.hashes) * size])  # once per event: each block's is a slice (C)
         first_new = True
         continuing = noted = False
+        blocks, group, by_content = self.blocks, event.group, self.by_content
         for index, key in enumerate(event.hashes):
-            tokens = array("l", event.token_ids[index * size : (index + 1) * size])
-            ident = (origin, event.group, key)
-            if ident in self.blocks:  # stored again without a removal kvtui saw: nothing new (counted)
-                parent = self.blocks[ident]
+            tokens = ids[index * size : (index + 1) * size]
+            ident = (origin, group, key)
+            held = blocks.get(ident)
+            if held is not None:  # stored again without a removal kvtui saw: nothing new (counted)
+                parent = held
                 stats.stored_again += 1
                 continue
             gone = self._removed_at.pop(ident, None)
@@ -221,11 +224,8 @@ class PrefixCache:
                     before = len(notes)
                     self.rules.classify_miss(event, index, parent, tokens, origin, content, gone, ts, notes)
                     noted = len(notes) > before
-            if (
-                content
-                and not continuing
-                and any(other != origin for other in self.by_content.get((event.group, content), ()))
-            ):
+            holders = by_content.get((group, content)) if content and not continuing else None
+            if holders and (len(holders) > 1 or origin not in holders):
                 stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             block = self._new_block(key, origin, parent, tokens, event, ts, orphan)
             block.content = content
