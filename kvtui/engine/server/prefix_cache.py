@@ -196,7 +196,7 @@ class PrefixCache:
             stats.unknown_medium += len(event.hashes)
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])
-        ids = array("l", event.token_ids[: len(event.hashes) * size])  # once per event: each block's is a slice (C)
+        ids = array("l", event.token_ids)  # once per event: each block's tokens are a slice of it (C)
         first_new = True
         continuing = noted = False
         blocks, group, by_content = self.blocks, event.group, self.by_content
@@ -222,7 +222,7 @@ class PrefixCache:
                     _count_hit(parent)  # another prompt went on from here before: this one reused it (a hit)
                 if not continuing:
                     before = len(notes)
-                    self.rules.classify_miss(event, index, parent, tokens, origin, content, gone, ts, notes)
+                    self.rules.classify_miss(event, index, parent, tokens, origin, content, gone, ts, notes, ids)
                     noted = len(notes) > before
             holders = by_content.get((group, content)) if content and not continuing else None
             if holders and (len(holders) > 1 or origin not in holders):

@@ -108,8 +108,11 @@ class ServerRules:
         gone: Any,
         ts: float,
         notes: list,
+        ids: array | None = None,
     ) -> None:
-        """The first new block of a chain: why the server prefilled it (one cause, or none for unseen tokens)."""
+        """The first new block of a chain: why the server prefilled it (one cause, or none for unseen tokens).
+        `ids`: the event's token ids as an array, where the caller has made one (the chain's tokens are sliced from
+        it)."""
         size = event.block_size
         start = parent.depth + 1 if parent is not None else 0
         position = start * size
@@ -163,7 +166,7 @@ class ServerRules:
                 )
             )
             return
-        self.check_left_chain(event, index, parent, tokens, origin, notes)
+        self.check_left_chain(event, index, parent, tokens, origin, notes, ids)
 
     @staticmethod
     def _key_differs(held: Block, event: BlocksStored, index: int) -> str:
@@ -186,7 +189,14 @@ class ServerRules:
         return run
 
     def check_left_chain(
-        self, event: BlocksStored, index: int, parent: Block | None, tokens: array, origin: str, notes: list
+        self,
+        event: BlocksStored,
+        index: int,
+        parent: Block | None,
+        tokens: array,
+        origin: str,
+        notes: list,
+        ids: array | None = None,
     ) -> None:
         """The first new block of a chain: did a cached sibling (same parent) start with the same tokens, and does
         the cached text go on after the difference (so what follows was prefilled again)? A prompt that simply
@@ -194,7 +204,9 @@ class ServerRules:
         if not len(tokens):
             return
         cache, texts = self.cache, self.cache.texts
-        new_run = array("l", event.token_ids[index * event.block_size :])  # this chain's tokens from the block on
+        start_at = index * event.block_size
+        # this chain's tokens from the block on (a slice of the event's array where one was made: C, no int objects)
+        new_run = ids[start_at:] if ids is not None else array("l", event.token_ids[start_at:])
         siblings = cache.siblings(origin, event.group, parent, int(tokens[0]))
         best, common = None, 0
         for sibling in (siblings or [])[-SIBLINGS_CHECKED:]:  # the oldest of equals wins: the chain others came from
