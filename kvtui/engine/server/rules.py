@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from ..reading.edits import REALIGN_LENGTH, differing_tokens, edit_words, realigned
 from ..reading.prefixes import common_prefix, only_template_differs
 from ..reading.token_texts import TokenTexts
+from ..records.diagnostic_groups import FloodGate
 from ..records.snapshot import Diagnostic, Where
 from .kv_events import BlocksStored
 
@@ -49,6 +50,7 @@ class ChainIndex(Protocol):
 
     texts: TokenTexts
     batches: int
+    gate: FloodGate
 
     def siblings(self, origin: str, group: int, parent: Any, first: int) -> list[Any] | None: ...
 
@@ -239,20 +241,31 @@ class ServerRules:
             edit = edit or realigned(cached_run, new_run, common)
             if edit is None:
                 return  # the cached text does not go on: another prompt, not a miss
-            why = edit_words(cached_run, new_run, common, edit, texts.text)
         start = parent.depth + 1 if parent is not None else 0
         position = start * event.block_size + common
-        new_id, old_id = int(tokens[common]), int(best.tokens[common])
-        prefilled = len(new_run) - common
-        where = f"the prompt left cached chain #{best.chain}{cache.origin_words(origin)} at token {position}"
-        message = (
-            f"{where}: {texts.label(new_id)} instead of {texts.label(old_id)}; {prefilled} tokens after it "
-            f"were prefilled again{why}"
-        )
+        message = ""  # a note the flood gate will only count is never read: its words are not built
+        if self._listed(code, notes):
+            if code == "recomputed-prefix":
+                why = edit_words(cached_run, new_run, common, edit, texts.text)
+            new_id, old_id = int(tokens[common]), int(best.tokens[common])
+            prefilled = len(new_run) - common
+            where = f"the prompt left cached chain #{best.chain}{cache.origin_words(origin)} at token {position}"
+            message = (
+                f"{where}: {texts.label(new_id)} instead of {texts.label(old_id)}; {prefilled} tokens after it "
+                f"were prefilled again{why}"
+            )
         block = event.hashes[index]
         notes.append(Diagnostic(code, "warning", message, cache.batches, Where(origin, best.chain, position, block)))
         if edit is not None:
             self._count_varying(best, position, new_run, common, differing_tokens(edit), origin, notes)
+
+    def _listed(self, code: str, notes: list[Diagnostic]) -> bool:
+        """Whether the cache's flood gate will list a note of `code` added to `notes` now (the batch's notes, admitted
+        in order when it is applied) rather than only count it. The texts are not asked for pieces in the words
+        skipped: `ensure` above learned what the judgement reads (a lazy TokenTexts would learn less)."""
+        gate = self.cache.gate
+        count = gate.counts.get(code, 0) + 1 + sum(1 for note in notes if note.code == code)
+        return gate.would_list(count)
 
     def _count_varying(self, cached: Block, position: int, tokens: array, common: int, put: int, origin, notes):
         miss = self._misses.setdefault((origin, cached.chain, position), _Miss())
