@@ -199,7 +199,8 @@ class PrefixCache:
         ids = array("l", event.token_ids)  # once per event: each block's tokens are a slice of it (C)
         first_new = True
         continuing = noted = False
-        blocks, group, by_content = self.blocks, event.group, self.by_content
+        blocks, group, by_content, removed_at = self.blocks, event.group, self.by_content, self._removed_at
+        lora, extras = event.lora, len(event.extra)
         for index, key in enumerate(event.hashes):
             tokens = ids[index * size : (index + 1) * size]
             ident = (origin, group, key)
@@ -208,7 +209,7 @@ class PrefixCache:
                 parent = held
                 stats.stored_again += 1
                 continue
-            gone = self._removed_at.pop(ident, None)
+            gone = removed_at.pop(ident, None) if removed_at else None
             if gone is not None and gone.how == "evicted" and ts - gone.removed_ts <= CHURN_WINDOW_S:
                 stats.restored += 1
             orphan = parent is None and index == 0 and event.parent is not None  # its parent came before kvtui
@@ -230,9 +231,9 @@ class PrefixCache:
             block = self._new_block(key, origin, parent, tokens, event, ts, orphan)
             block.content = content
             block.noted = noted or continuing
-            if event.lora is not None:
-                block.lora = event.lora
-            if index < len(event.extra):
+            if lora is not None:
+                block.lora = lora
+            if index < extras:
                 block.extra = event.extra[index]
             if content:
                 self._hold_content(block)
@@ -242,21 +243,24 @@ class PrefixCache:
         self.rules.check_churn(origin, stats, notes)
 
     def _new_block(self, key, origin, parent, tokens, event, ts, orphan) -> Block:
+        group = event.group
         if parent is None:
             self.chains += 1
-            chain, depth = self.chains, 0
-        else:
-            chain, depth = parent.chain, parent.depth + 1
-        block = Block(
-            key, origin, parent, tokens, event.group, event.medium, chain, depth, self.batches, ts, orphan=orphan
-        )
-        self.blocks[(origin, event.group, key)] = block
-        if parent is None:
+            chain = self.chains
+            block = Block(key, origin, None, tokens, group, event.medium, chain, 0, self.batches, ts, orphan=orphan)
             self.tops.setdefault(chain, []).append(block)
         else:
+            block = Block(
+                key, origin, parent, tokens, group, event.medium, parent.chain, parent.depth + 1, self.batches, ts
+            )
             parent.children.append(block)
-        block.sibling_key = (origin, event.group, parent.key if parent else None, _first(tokens))
-        self._by_first.setdefault(block.sibling_key, []).append(block)
+        self.blocks[(origin, group, key)] = block
+        sibling_key = block.sibling_key = (origin, group, parent.key if parent else None, _first(tokens))
+        siblings = self._by_first.get(sibling_key)
+        if siblings is None:
+            self._by_first[sibling_key] = [block]
+        else:
+            siblings.append(block)
         return block
 
     def _remove(self, event: BlocksRemoved, origin: str, stats: OriginStats, ts: float) -> None:
