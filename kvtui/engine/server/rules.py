@@ -245,7 +245,7 @@ class ServerRules:
         position = start * event.block_size + common
         message = ""  # a note the flood gate will only count is never read: its words are not built
         if self._listed(code, notes):
-            if code == "recomputed-prefix":
+            if edit is not None and code == "recomputed-prefix":
                 why = edit_words(cached_run, new_run, common, edit, texts.text)
             new_id, old_id = int(tokens[common]), int(best.tokens[common])
             prefilled = len(new_run) - common

@@ -42,7 +42,10 @@ def _edited(rng: random.Random) -> tuple[list[int], list[int], int]:
     vocabulary = rng.choice((3, 5, 40, 30_000))  # small vocabularies repeat n-grams: the first place matters
     cached = [rng.randrange(vocabulary) for _ in range(rng.randrange(0, 220))]
     common = rng.randrange(0, len(cached) + 1)
-    left, put = rng.choice((rng.randrange(0, 4), rng.randrange(0, 90))), rng.choice((rng.randrange(0, 4), rng.randrange(0, 90)))
+    left, put = (
+        rng.choice((rng.randrange(0, 4), rng.randrange(0, 90))),
+        rng.choice((rng.randrange(0, 4), rng.randrange(0, 90))),
+    )
     tokens = cached[:common] + [rng.randrange(vocabulary) for _ in range(put)] + cached[common + left :]
     if rng.random() < 0.3:  # the prompt ends early, or the cache holds less after the difference
         tokens = tokens[: rng.randrange(common, len(tokens) + 1)]

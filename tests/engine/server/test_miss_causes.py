@@ -306,7 +306,9 @@ def test_a_flood_lists_the_same_notes_as_a_gate_that_lists_every_note():
 
     def flood(cache: PrefixCache) -> None:
         edited = []
-        for i in range(140):  # a prompt, then the same one with another word at another place (swap, insertion, deletion)
+        for i in range(
+            140
+        ):  # a prompt, then the same one with another word at another place (swap, insertion, deletion)
             held = [t + 1000 * i for t in PROMPT]
             at = 9 + i % 6  # in the first block stored anew (a later one would be the same tokens, another hash)
             edit = [[900 + i], [900 + i, 950 + i], []][i % 3]
