@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
+from heapq import heappop, heappush
 
 from .prefixes import common_prefix
 
@@ -32,25 +33,37 @@ def realigned(cached: Sequence[int], tokens: Sequence[int], common: int) -> tupl
     or, after a one-token swap or a pure insertion, for the INSERT_PROBE or more tokens the cache still holds (where
     the prompt ends first, as a chat template's turn end after another one-token question does, it is no miss)."""
     cached, tokens = _longs(cached), _longs(tokens)
-    window = tokens[common : common + REALIGN_SEARCH + INSERT_PROBE]
-    first: dict[bytes, int] = {}  # each INSERT_PROBE-gram of the prompt after the difference -> its first place
-    for put in range(len(window) - INSERT_PROBE + 1):
-        first.setdefault(window[put : put + INSERT_PROBE].tobytes(), put)
+    # compared as bytes (8 per token): a bytes slice is one C call, where an array slice and its tobytes are two
+    step = cached.itemsize
+    span = INSERT_PROBE * step
+    window = tokens[common : common + REALIGN_SEARCH + INSERT_PROBE].tobytes()
+    held = cached[common : common + REALIGN_SEARCH + INSERT_PROBE].tobytes()
+    # held INSERT_PROBE-grams looked for in the prompt after the difference (its first place, aligned to a token),
+    # the nearest left first; the candidates tried in order of left + put, then left: once `left` is passed, every
+    # candidate at left + put <= left is before any found later, and is tried then (the rest need not be searched)
     found: list[tuple[int, int, int]] = []
-    for left in range(REALIGN_SEARCH + 1):
-        probe = cached[common + left : common + left + INSERT_PROBE]
-        if len(probe) < INSERT_PROBE:
-            break  # the cache holds too little after it to tell
-        at = first.get(probe.tobytes())
-        if at is not None and (left, at) != (0, 0):
-            found.append((left + at, left, at))
-    for _, left, put in sorted(found):
-        run = common_prefix(cached[common + left :], tokens[common + put :])  # the held text going on
-        if run >= REALIGN_MIN:
+    for left in range(min(REALIGN_SEARCH, len(held) // step - INSERT_PROBE) + 1):  # the cache holds enough after
+        probe = held[left * step : left * step + span]
+        at = window.find(probe)
+        while at >= 0 and at % step:
+            at = window.find(probe, at + 1)
+        if at >= 0 and (left or at):
+            heappush(found, (left + at // step, left, at // step))
+        while found and found[0][0] <= left:
+            _, was_left, put = heappop(found)
+            if _goes_on(cached, tokens, common, was_left, put):
+                return was_left, put
+    while found:
+        _, left, put = heappop(found)
+        if _goes_on(cached, tokens, common, left, put):
             return left, put
-        if (left == 0 or (left == 1 and put >= 1)) and common + left + run == len(cached):
-            return left, put  # a swap or an insertion where all the cache holds after it follows
     return None
+
+
+def _goes_on(cached: array, tokens: array, common: int, left: int, put: int) -> bool:
+    """The held text goes on after the edit for REALIGN_MIN tokens, or (a swap or an insertion) to its end."""
+    run = common_prefix(cached[common + left :], tokens[common + put :])
+    return run >= REALIGN_MIN or ((left == 0 or (left == 1 and put >= 1)) and common + left + run == len(cached))
 
 
 def edit_words(cached: Sequence[int], tokens: Sequence[int], common: int, edit: tuple[int, int], text: Callable) -> str:

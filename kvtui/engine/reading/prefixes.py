@@ -4,7 +4,11 @@ and whether where they part only a chat template's rendering differs (the one `t
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Callable, Collection, Sequence
+
+_NON_NEGATIVE = bytes(range(128))  # a signed item's top byte below 0x80: the item is >= 0
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -23,7 +27,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             n = lo
     else:
         n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), n)
-    if n and min(a[:n]) < 0:
+    if n and _has_negative(a, n):
         n = next(i for i in range(n) if a[i] < 0)
     return n
 
@@ -44,3 +48,13 @@ def only_template_differs(
     b = "".join("".join(piece(int(t)) for t in fresh if int(t) not in special).split())
     n = min(len(a), len(b))
     return bool(n) and a[:n] == b[:n]
+
+
+def _has_negative(ids: Sequence[int], n: int) -> bool:
+    """Whether one of the first `n` ids is < 0; for an array of signed ints, read from the top byte of each item in C
+    (min() makes an int object per item, the larger part of a server chain's check)."""
+    if isinstance(ids, array) and ids.typecode in "bhilq":
+        size = ids.itemsize
+        top = ids[:n].tobytes()[size - 1 :: size] if sys.byteorder == "little" else ids[:n].tobytes()[::size]
+        return bool(top.translate(None, _NON_NEGATIVE))
+    return min(ids[:n]) < 0

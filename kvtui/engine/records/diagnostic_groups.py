@@ -115,12 +115,17 @@ class FloodGate:
         self.listed = listed
         self.counts: dict[str, int] = {}  # every alarm offered, by code (listed or not)
 
+    def would_list(self, count: int) -> bool:
+        """Whether the `count`-th alarm of a code is listed (itself or as its doubling's summary), not only counted:
+        a producer may skip building the words of one that is not (a flood's cost stays in counting)."""
+        return count <= self.listed or count & (count - 1) == 0
+
     def admit(self, d: Diagnostic) -> Diagnostic | None:
         """The alarm to list (itself, or the doubling's summary of it), or None: counted only."""
         count = self.counts[d.code] = self.counts.get(d.code, 0) + 1
         if count <= self.listed:
             return d
-        if count & (count - 1) == 0:
+        if self.would_list(count):
             message = (
                 f"{count} {d.code} notes so far (only the first {self.listed} and one per doubling are listed); "
                 f"the last: {d.message}"

@@ -105,7 +105,9 @@ class AttachSession:
         local = options.tokenizer or (first.root if first.root and Path(first.root).exists() else None)
         self.text_source = TextSource(first.url or None, first.model, local)
         self.text_source.on_state = self._texts
-        self.cache = PrefixCache(TokenTexts(self.text_source, self.text_source.special), options.max_blocks)
+        # no tokenizer and no URL: nothing to ask (it would answer {} for every id of every event)
+        resolve = self.text_source if self.text_source.where != "none" else None
+        self.cache = PrefixCache(TokenTexts(resolve, self.text_source.special), options.max_blocks)
         self.problems: deque[Problem] = deque(maxlen=200)
         self.on_note: list[Callable[[Diagnostic], None]] = []
         self.on_problem: list[Callable[[Problem], None]] = []

@@ -26,6 +26,7 @@ from ..records.snapshot import frozen
 STORED = "stored"
 REMOVED = "removed"
 CLEARED = "cleared"
+_UINT64 = 2**64 - 1
 
 
 class UndecodablePayload(ValueError):
@@ -82,10 +83,12 @@ class EventBatch:
 
 def block_key(value: Any) -> str:
     """A block hash as kvtui keys it: ints as 16 hex digits (uint64), bytes as their hex."""
+    if type(value) is int:  # what vLLM sends by default: first, one check (bool is not `int` here)
+        return f"{value & _UINT64:016x}"
     if isinstance(value, bool) or value is None:
         raise UndecodablePayload(f"a block hash is {value!r}")
     if isinstance(value, int):
-        return f"{value & (2**64 - 1):016x}"
+        return f"{value & _UINT64:016x}"
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()
     if isinstance(value, str):
@@ -96,7 +99,7 @@ def block_key(value: Any) -> str:
 def _keys(values: Any) -> tuple[str, ...]:
     if not isinstance(values, (list, tuple)):
         raise UndecodablePayload(f"block_hashes is a {type(values).__name__}, not a list")
-    return tuple(block_key(v) for v in values)
+    return tuple(map(block_key, values))
 
 
 def _ints(values: Any, what: str) -> tuple[int, ...]:

@@ -213,18 +213,22 @@ class PrefixCache:
             return
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])
+        ids = array("l", event.token_ids)  # once per event: each block's tokens are a slice of it (C)
         first_new = True
         continuing = noted = False
         row = None
         new_blocks = 0
+        blocks, group, by_content, removed_at = self.blocks, event.group, self.by_content, self._removed_at
+        lora, extras = event.lora, len(event.extra)
         for index, key in enumerate(event.hashes):
-            tokens = array("l", event.token_ids[index * size : (index + 1) * size])
-            ident = (origin, event.group, key)
-            if ident in self.blocks:  # stored again without a removal kvtui saw: nothing new (counted)
-                parent = self.blocks[ident]
+            tokens = ids[index * size : (index + 1) * size]
+            ident = (origin, group, key)
+            held = blocks.get(ident)
+            if held is not None:  # stored again without a removal kvtui saw: nothing new (counted)
+                parent = held
                 stats.stored_again += 1
                 continue
-            gone = self._removed_at.pop(ident, None)
+            gone = removed_at.pop(ident, None) if removed_at else None
             if gone is not None and gone.how == "evicted" and ts - gone.removed_ts <= CHURN_WINDOW_S:
                 stats.restored += 1
             orphan = parent is None and index == 0 and event.parent is not None  # its parent came before kvtui
@@ -241,24 +245,21 @@ class PrefixCache:
                     _count_hit(parent)  # another prompt went on from here before: this one reused it (a hit)
                 before = len(notes)
                 if not continuing:
-                    self.rules.classify_miss(event, index, parent, tokens, origin, content, gone, ts, notes)
+                    self.rules.classify_miss(event, index, parent, tokens, origin, content, gone, ts, notes, ids)
                     noted = len(notes) > before
                 if row is None:
                     row = self._prefill_row(event, origin, stats, parent, ts)
                 if noted and row.cause is None:
                     row.cause = notes[before].code
-            if (
-                content
-                and not continuing
-                and any(other != origin for other in self.by_content.get((event.group, content), ()))
-            ):
+            holders = by_content.get((group, content)) if content and not continuing else None
+            if holders and (len(holders) > 1 or origin not in holders):
                 stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             block = self._new_block(key, origin, parent, tokens, event, ts, orphan)
             block.content = content
             block.noted = noted or continuing
-            if event.lora is not None:
-                block.lora = event.lora
-            if index < len(event.extra):
+            if lora is not None:
+                block.lora = lora
+            if index < extras:
                 block.extra = event.extra[index]
             if content:
                 self._hold_content(block)
@@ -306,21 +307,24 @@ class PrefixCache:
         return self.requests.prefill(origin, event.group, event.session, hit, 0, ts)
 
     def _new_block(self, key, origin, parent, tokens, event, ts, orphan) -> Block:
+        group = event.group
         if parent is None:
             self.chains += 1
-            chain, depth = self.chains, 0
-        else:
-            chain, depth = parent.chain, parent.depth + 1
-        block = Block(
-            key, origin, parent, tokens, event.group, event.medium, chain, depth, self.batches, ts, orphan=orphan
-        )
-        self.blocks[(origin, event.group, key)] = block
-        if parent is None:
+            chain = self.chains
+            block = Block(key, origin, None, tokens, group, event.medium, chain, 0, self.batches, ts, orphan=orphan)
             self.tops.setdefault(chain, []).append(block)
         else:
+            block = Block(
+                key, origin, parent, tokens, group, event.medium, parent.chain, parent.depth + 1, self.batches, ts
+            )
             parent.children.append(block)
-        block.sibling_key = (origin, event.group, parent.key if parent else None, _first(tokens))
-        self._by_first.setdefault(block.sibling_key, []).append(block)
+        self.blocks[(origin, group, key)] = block
+        sibling_key = block.sibling_key = (origin, group, parent.key if parent else None, _first(tokens))
+        siblings = self._by_first.get(sibling_key)
+        if siblings is None:
+            self._by_first[sibling_key] = [block]
+        else:
+            siblings.append(block)
         return block
 
     def _remove(self, event: BlocksRemoved, origin: str, stats: OriginStats, ts: float) -> None:

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from ..reading.edits import REALIGN_LENGTH, differing_tokens, edit_words, realigned
 from ..reading.prefixes import common_prefix, only_template_differs
 from ..reading.token_texts import TokenTexts
+from ..records.diagnostic_groups import FloodGate
 from ..records.snapshot import Diagnostic, Where
 from .kv_events import BlocksStored
 
@@ -49,6 +50,7 @@ class ChainIndex(Protocol):
 
     texts: TokenTexts
     batches: int
+    gate: FloodGate
 
     def siblings(self, origin: str, group: int, parent: Any, first: int) -> list[Any] | None: ...
 
@@ -108,8 +110,11 @@ class ServerRules:
         gone: Any,
         ts: float,
         notes: list,
+        ids: array | None = None,
     ) -> None:
-        """The first new block of a chain: why the server prefilled it (one cause, or none for unseen tokens)."""
+        """The first new block of a chain: why the server prefilled it (one cause, or none for unseen tokens).
+        `ids`: the event's token ids as an array, where the caller has made one (the chain's tokens are sliced from
+        it)."""
         size = event.block_size
         start = parent.depth + 1 if parent is not None else 0
         position = start * size
@@ -163,7 +168,7 @@ class ServerRules:
                 )
             )
             return
-        self.check_left_chain(event, index, parent, tokens, origin, notes)
+        self.check_left_chain(event, index, parent, tokens, origin, notes, ids)
 
     @staticmethod
     def _key_differs(held: Block, event: BlocksStored, index: int) -> str:
@@ -186,7 +191,14 @@ class ServerRules:
         return run
 
     def check_left_chain(
-        self, event: BlocksStored, index: int, parent: Block | None, tokens: array, origin: str, notes: list
+        self,
+        event: BlocksStored,
+        index: int,
+        parent: Block | None,
+        tokens: array,
+        origin: str,
+        notes: list,
+        ids: array | None = None,
     ) -> None:
         """The first new block of a chain: did a cached sibling (same parent) start with the same tokens, and does
         the cached text go on after the difference (so what follows was prefilled again)? A prompt that simply
@@ -194,7 +206,9 @@ class ServerRules:
         if not len(tokens):
             return
         cache, texts = self.cache, self.cache.texts
-        new_run = array("l", event.token_ids[index * event.block_size :])  # this chain's tokens from the block on
+        start_at = index * event.block_size
+        # this chain's tokens from the block on (a slice of the event's array where one was made: C, no int objects)
+        new_run = ids[start_at:] if ids is not None else array("l", event.token_ids[start_at:])
         siblings = cache.siblings(origin, event.group, parent, int(tokens[0]))
         best, common = None, 0
         for sibling in (siblings or [])[-SIBLINGS_CHECKED:]:  # the oldest of equals wins: the chain others came from
@@ -227,20 +241,31 @@ class ServerRules:
             edit = edit or realigned(cached_run, new_run, common)
             if edit is None:
                 return  # the cached text does not go on: another prompt, not a miss
-            why = edit_words(cached_run, new_run, common, edit, texts.text)
         start = parent.depth + 1 if parent is not None else 0
         position = start * event.block_size + common
-        new_id, old_id = int(tokens[common]), int(best.tokens[common])
-        prefilled = len(new_run) - common
-        where = f"the prompt left cached chain #{best.chain}{cache.origin_words(origin)} at token {position}"
-        message = (
-            f"{where}: {texts.label(new_id)} instead of {texts.label(old_id)}; {prefilled} tokens after it "
-            f"were prefilled again{why}"
-        )
+        message = ""  # a note the flood gate will only count is never read: its words are not built
+        if self._listed(code, notes):
+            if edit is not None and code == "recomputed-prefix":
+                why = edit_words(cached_run, new_run, common, edit, texts.text)
+            new_id, old_id = int(tokens[common]), int(best.tokens[common])
+            prefilled = len(new_run) - common
+            where = f"the prompt left cached chain #{best.chain}{cache.origin_words(origin)} at token {position}"
+            message = (
+                f"{where}: {texts.label(new_id)} instead of {texts.label(old_id)}; {prefilled} tokens after it "
+                f"were prefilled again{why}"
+            )
         block = event.hashes[index]
         notes.append(Diagnostic(code, "warning", message, cache.batches, Where(origin, best.chain, position, block)))
         if edit is not None:
             self._count_varying(best, position, new_run, common, differing_tokens(edit), origin, notes)
+
+    def _listed(self, code: str, notes: list[Diagnostic]) -> bool:
+        """Whether the cache's flood gate will list a note of `code` added to `notes` now (the batch's notes, admitted
+        in order when it is applied) rather than only count it. The texts are not asked for pieces in the words
+        skipped: `ensure` above learned what the judgement reads (a lazy TokenTexts would learn less)."""
+        gate = self.cache.gate
+        count = gate.counts.get(code, 0) + 1 + sum(1 for note in notes if note.code == code)
+        return gate.would_list(count)
 
     def _count_varying(self, cached: Block, position: int, tokens: array, common: int, put: int, origin, notes):
         miss = self._misses.setdefault((origin, cached.chain, position), _Miss())

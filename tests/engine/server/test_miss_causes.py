@@ -298,3 +298,34 @@ def test_tokens_held_twice_are_kept_as_an_independent_count_says():
             if len(by_tokens[tokens]) > 1:
                 expected[origin_] = expected.get(origin_, 0) + SIZE
         assert cache.duplicated() == expected, seq
+
+
+def test_a_flood_lists_the_same_notes_as_a_gate_that_lists_every_note():
+    """The words of a note the flood gate will only count are not built (rules._listed): what is listed must be what
+    gating every fully worded note gives, the doubling summaries included."""
+    from kvtui.engine.records.diagnostic_groups import FloodGate
+
+    def flood(cache: PrefixCache) -> None:
+        edited = []
+        for i in range(
+            140
+        ):  # a prompt, then the same one with another word at another place (swap, insertion, deletion)
+            held = [t + 1000 * i for t in PROMPT]
+            at = 9 + i % 6  # in the first block stored anew (a later one would be the same tokens, another hash)
+            edit = [[900 + i], [900 + i, 950 + i], []][i % 3]
+            prompt = [*held[:at], *edit, *held[at + 1 :]][:56]
+            apply(cache, i, float(i), stored(keys(f"p{i}-", 8), held))
+            edited.append(stored(keys(f"r{i}-", 7)[1:], prompt[SIZE:56], parent=f"p{i}-0"))
+        for n, start in enumerate(range(0, 140, 3)):  # three prompts a batch: a batch's notes are gated together
+            apply(cache, 140 + n, 200.0, *edited[start : start + 3])
+
+    gated = PrefixCache(TokenTexts())
+    flood(gated)
+    every = PrefixCache(TokenTexts())
+    every.gate = FloodGate(listed=10**9)
+    flood(every)
+    assert every.note_counts == gated.note_counts and every.note_counts["recomputed-prefix"] > 128
+    regate = FloodGate()
+    expected = [shown for note in every.notes if (shown := regate.admit(note)) is not None]
+    assert gated.notes == expected and len(expected) < len(every.notes)
+    assert all(note.message for note in gated.notes)
