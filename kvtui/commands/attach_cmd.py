@@ -107,12 +107,13 @@ def run_attach_headless(session, duration: float | None) -> int:
     session.on_note.append(lambda note: click.echo(f"kvtui: {note.severity} {note.code}: {note.message}"))
     session.on_problem.append(lambda problem: click.echo(f"kvtui: {problem.message}", err=True))
     endpoints = ", ".join(e.endpoint for e in session.endpoints)
-    click.echo(
-        f"kvtui: attached to {session.title}: KV events from {endpoints}; token texts from {session.text_source.where}",
-        err=True,
-    )
     try:
-        session.start(duration)
+        session.start(duration)  # returns once caught up: what the servers do from the line below on is seen live
+        click.echo(
+            f"kvtui: attached to {session.title}: KV events from {endpoints}; token texts from "
+            f"{session.text_source.where}",
+            err=True,
+        )
         while not done.is_set() and session.running:
             done.wait(0.2)
     finally:

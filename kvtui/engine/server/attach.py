@@ -40,6 +40,9 @@ from .server_trace import ServerTraceWriter
 from .subscriber import Problem, Subscriber
 
 METRICS_EVERY_S = 1.0
+CATCH_UP_WAIT_S = (
+    30.0  # start() waits this long at most for the catch-up through the replay socket (it goes on past it)
+)
 
 
 @dataclass
@@ -207,6 +210,7 @@ class AttachSession:
             self._threads.append(poller)
             poller.start()
         self.subscriber.connected.wait(5)
+        self.subscriber.caught_up.wait(CATCH_UP_WAIT_S)
 
     def _read(self, duration: float | None) -> None:
         try:

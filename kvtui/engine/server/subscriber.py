@@ -115,6 +115,9 @@ class Subscriber:
         self._catching_up = False  # the replay on attach is being applied
         self._requests: deque[tuple[tuple[str, ...], object]] = deque()  # (origins, identity) from other threads
         self.connected = threading.Event()
+        # set once what the replay socket held at attach time is applied: events after it are seen live (the front
+        # ends say "attached" from then on, so a request sent next is never taken for one made before kvtui came)
+        self.caught_up = threading.Event()
         self.viewer_waits = threading.Event()  # a frame is being read (reader_process.py): yield as for a viewer
 
     def _problem(self, origin: str, message: str, undecodable: bool = False, restart: bool = False) -> None:
@@ -157,6 +160,7 @@ class Subscriber:
                                 self._replay(endpoint, 0, None)
                             finally:
                                 self._catching_up = False
+            self.caught_up.set()
             end = None if duration is None else time.monotonic() + duration
             frozen_at = time.monotonic()
             while not self.stop.is_set() and (end is None or time.monotonic() < end):
@@ -179,6 +183,7 @@ class Subscriber:
                 if busy and (self.yield_s or self.viewer_waits.is_set()):  # more is queued: the thread that
                     time.sleep(self.yield_s or YIELD_S)  # reads frames gets the lock and the interpreter a moment
         finally:
+            self.caught_up.set()  # (a reader that failed: no one waits on it)
             for sub in self._sockets:
                 sub.disable_monitor()
                 sub.close(linger=0)

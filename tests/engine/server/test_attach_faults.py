@@ -162,3 +162,25 @@ def test_an_unreachable_http_side_is_one_outage_and_one_return(quick):
     assert len(lines) == 2 and f"{origin} answers again" in lines[1], lines
     stats = session.cache.stats(origin)
     assert stats.batches == 4 and stats.lost == 0 and stats.restarts == 0 and stats.held == 4
+
+
+def test_start_returns_once_what_came_before_attaching_is_applied():
+    """The front ends say "attached" when start() returns: by then the replay socket's batches are applied (marked
+    caught up), so a request a user sends next is seen live, never taken for one made before kvtui came."""
+    with LocalPublisher() as publisher:
+        server = FakeServer(publisher)
+        try:
+            publisher.publish(payload(0))
+            publisher.publish(payload(1))
+            options = AttachOptions(urls=[server.url], metrics=False)
+            session = AttachSession(options, connect(options))
+            session.start()
+            try:
+                origin = session.endpoints[0].origin
+                with session.cache.lock:
+                    assert session.cache.stats(origin).stored == 2  # both, before start() returned
+                    assert session.subscriber.caught_up.is_set()
+            finally:
+                session.stop()
+        finally:
+            server.close()
