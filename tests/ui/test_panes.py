@@ -704,3 +704,58 @@ def test_the_server_pane_shows_the_fleet_and_the_stream_integrity():
     row = next(line for line in text.splitlines() if line.startswith("h:1"))
     assert row.split()[-3:] == ["0", "1", "0"]  # unknown removed, dup hash, routed
     assert fleet_line(stats_view(PrefixCache(TokenTexts()))) == ""
+
+
+def test_the_server_table_fits_or_falls_back_to_lines_with_every_column():
+    """The width check, the table and the narrow lines read one column list: a fleet's origins, its routed and
+    integrity columns are measured and kept in the narrow form (they were dropped there, and the width check
+    left them out, so a 90-cell pane squeezed the table until the origins were cut to `localhost:8…`)."""
+    from rich.console import Console
+
+    from kvtui.engine.reading.token_texts import TokenTexts
+    from kvtui.engine.server.kv_events import BlocksStored, EventBatch
+    from kvtui.engine.server.prefix_cache import PrefixCache
+    from kvtui.engine.server.view import stats_view
+    from kvtui.widgets.server.server_stats import render_lines, render_table, table_width
+
+    cache = PrefixCache(TokenTexts())
+    prompt = tuple(range(100, 132))
+    cache.apply(EventBatch(0, 0.0, (BlocksStored(("a0", "a1"), None, prompt, 16),)), "localhost:8000")
+    cache.apply(EventBatch(0, 0.0, (BlocksStored(("b0", "b1"), None, prompt, 16),)), "localhost:8001")
+    view = stats_view(cache)
+    width = table_width(view)
+    headers = ("stored", "removed", "held", "capacity", "lost", "undecodable", "restored", "unknown", "dup hash")
+    assert width == len("localhost:8000") + sum(len(h) + 2 for h in (*headers, "routed"))  # each column, 2 between
+    console = Console(width=width, record=True)
+    console.print(render_table(view))
+    table = console.export_text()
+    assert "localhost:8000" in table and "localhost:8001" in table and "…" not in table  # nothing cut
+    lines = render_lines(view).plain.splitlines()
+    assert lines[1] == (
+        "localhost:8001: stored 2 · removed 0 · held 2 of ? · lost 0 · undecodable 0 · restored 0 · "
+        "unknown 0 · dup hash 0 · routed 32"
+    )
+
+
+def test_count_sparklines_start_at_zero():
+    """Counts and hit rates are drawn from zero (Textual's plot scales from the series' minimum: a lone 0 filled
+    the row and a constant 128 lay at the bottom)."""
+    from rich.color import Color
+    from rich.console import Console
+
+    from kvtui.widgets.shared.count_sparkline import ZeroBasedRenderable
+
+    def drawn(data, ceiling=None, height=1):
+        console = Console(width=8, record=True, color_system=None)
+        colors = {"min_color": Color.parse("green"), "max_color": Color.parse("red")}
+        console.print(ZeroBasedRenderable(data, ceiling=ceiling, width=8, height=height, **colors))
+        return console.export_text().rstrip("\n")
+
+    assert drawn([0]) == "▁" * 8
+    assert drawn([0, 0, 0]) == "▁" * 8
+    assert drawn([128]) == "█" * 8
+    assert drawn([128, 128]) == "█" * 8
+    assert drawn([0, 128]) == "▁" * 4 + "█" * 4
+    assert drawn([0.5], ceiling=1.0) == "▄" * 8  # half of 100 %: int(0.5 * 7) = 3, the fourth bar
+    assert drawn([1.0, 0.0], ceiling=1.0, height=2) == "████    \n████▁▁▁▁"
+    assert drawn(list(range(16))) == "▁▂▃▄▅▆▇█"  # 16 samples in 8 columns, each its bucket's maximum: 1, 3, ... 15

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Sparkline, Static
+from textual.widgets import Static
 
 from ...engine.server.fleet import per_interval
 from ...engine.server.view import StatsView
+from ..shared.count_sparkline import CountSparkline
 
 MAX_REPLICAS = 6  # rows drawn; more are counted on the last line
 
@@ -41,7 +42,7 @@ class FleetPlot(Vertical):
         & > Horizontal { height: 1; }
         & Static.fleet-name { width: auto; max-width: 24; }
         & Static.fleet-total { width: auto; }
-        & Sparkline { width: 1fr; height: 1; margin: 0 1; }
+        & CountSparkline { width: 1fr; height: 1; margin: 0 1; }
         & #fleet-more { height: auto; }
     }
     """
@@ -55,9 +56,9 @@ class FleetPlot(Vertical):
         for index in range(MAX_REPLICAS):
             with Horizontal(id=f"fleet-row-{index}"):
                 yield Static("", classes="fleet-name", markup=False)
-                yield Sparkline([], classes="fleet-waste")
+                yield CountSparkline([], classes="fleet-waste")
                 yield Static("", classes="fleet-total waste-total")
-                yield Sparkline([], classes="fleet-twice")
+                yield CountSparkline([], classes="fleet-twice")
                 yield Static("", classes="fleet-total twice-total")
         yield Static("", id="fleet-more")
 
@@ -72,9 +73,9 @@ class FleetPlot(Vertical):
                 continue
             origin, waste, twice, total = series[index]
             row.query_one(".fleet-name", Static).update(origin or "events")
-            row.query_one(".fleet-waste", Sparkline).data = waste
+            row.query_one(".fleet-waste", CountSparkline).data = waste
             row.query_one(".waste-total", Static).update(f"waste {total} ·")
-            row.query_one(".fleet-twice", Sparkline).data = twice
+            row.query_one(".fleet-twice", CountSparkline).data = twice
             row.query_one(".twice-total", Static).update(f"twice {twice[-1] if twice else 0}")
         more = len(series) - MAX_REPLICAS
         self.query_one("#fleet-more", Static).update(f"{more} more replicas (see the table)" if more > 0 else "")

@@ -10,10 +10,11 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Sparkline, Static
+from textual.widgets import Static
 
 from ...engine.server.metrics import MetricSample
-from ...engine.server.view import StatsView
+from ...engine.server.view import OriginCounts, StatsView
+from ..shared.count_sparkline import CountSparkline
 from ..shared.palette import Palette, role_style
 
 
@@ -26,69 +27,74 @@ def hit_rates(samples: tuple[MetricSample, ...]) -> list[float]:
     return [s.overall for s in samples if s.overall is not None]
 
 
-def render_table(view: StatsView, palette: Palette | None = None) -> Table:
-    """One row per publisher (the origin column only where there are several: the title names one)."""
-    table = Table(expand=True, show_edge=False, pad_edge=False, box=None, header_style="bold")
+def stat_columns(view: StatsView) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The column names and, per publisher, its cells: the one list the table, its width and the narrow lines
+    all read (the origin column only where there are several: the title names one). O(origins)."""
     several = len(view.origins) > 1
     restarted = any(stats.restarts for _, stats in view.origins)  # blocks gone with a restarted server: apart
     names = ("origin",) * several + ("stored", "removed", "held", "capacity", "lost", "undecodable", "restored")
     names += ("unknown", "dup hash")  # stream integrity: removals of blocks never stored, hashes stored while held
     names += ("routed",) * several  # tokens prefilled here while another replica held them
     names += ("restarts", "gone") * restarted
+    rows = []
+    for origin, stats in view.origins:
+        cells = (origin or "events",) * several
+        cells += (str(stats.stored), str(stats.removed), str(stats.held), str(stats.capacity or "?"))
+        cells += (str(stats.lost), str(stats.skipped), str(stats.restored))
+        cells += (str(stats.unknown_removed), str(stats.stored_again))
+        cells += (str(stats.routed_tokens),) * several
+        cells += (str(stats.restarts), str(stats.gone)) * restarted
+        rows.append(cells)
+    return names, rows
+
+
+def _cell_styles(stats: OriginCounts, palette: Palette | None) -> dict[str, str]:
+    """held near the capacity is a warning, a lost batch an error."""
+    styles = {}
+    if stats.capacity and stats.held > 0.9 * stats.capacity:
+        styles["held"] = role_style(palette, "warning")
+    if stats.lost:
+        styles["lost"] = role_style(palette, "error")
+    return styles
+
+
+def render_table(view: StatsView, palette: Palette | None = None) -> Table:
+    """One row per publisher."""
+    table = Table(expand=True, show_edge=False, pad_edge=False, box=None, header_style="bold")
+    names, rows = stat_columns(view)
     for name in names:
         table.add_column(name, justify="left" if name == "origin" else "right", no_wrap=True)
-    for origin, stats in view.origins:
-        held = Text(str(stats.held))
-        if stats.capacity and stats.held > 0.9 * stats.capacity:
-            held.stylize(role_style(palette, "warning"))
-        lost = Text(str(stats.lost), style=role_style(palette, "error") if stats.lost else "")
-        table.add_row(
-            *((origin or "events",) * several),
-            str(stats.stored),
-            str(stats.removed),
-            held,
-            str(stats.capacity) if stats.capacity else "?",
-            lost,
-            str(stats.skipped),
-            str(stats.restored),
-            str(stats.unknown_removed),
-            str(stats.stored_again),
-            *((str(stats.routed_tokens),) * several),
-            *((str(stats.restarts), str(stats.gone)) * restarted),
-        )
+    for (_, stats), cells in zip(view.origins, rows):
+        styles = _cell_styles(stats, palette)
+        table.add_row(*(Text(cell, style=styles.get(name, "")) for name, cell in zip(names, cells)))
     return table
 
 
-STAT_NAMES = ("stored", "removed", "held", "capacity", "lost", "undecodable", "restored")
-
-
 def table_width(view: StatsView) -> int:
-    """The cells the table needs: each column its widest header or value, and a space between. O(origins)."""
-    columns = [[name] for name in STAT_NAMES]
-    if len(view.origins) > 1:
-        columns.insert(0, ["origin", *(origin or "events" for origin, _ in view.origins)])
-    for _, stats in view.origins:
-        values = (stats.stored, stats.removed, stats.held, stats.capacity or "?", stats.lost, stats.skipped)
-        for column, value in zip(columns[-7:], (*values, stats.restored)):
-            column.append(str(value))
-    return sum(max(len(cell) for cell in column) + 1 for column in columns)
+    """The cells the table needs: each column its widest header or value, and two between (render_table's cell
+    padding, none at the edges). O(origins)."""
+    names, rows = stat_columns(view)
+    return sum(max(len(cell) for cell in column) for column in zip(names, *rows)) + 2 * (len(names) - 1)
 
 
 def render_lines(view: StatsView, palette: Palette | None = None) -> Text:
     """The table's facts for a pane too narrow for its columns (80x24): one wrapping line per publisher,
-    `stored 4 · removed 0 · held 4 of 364 · lost 0 · undecodable 0 · restored 0`, every number kept."""
+    `stored 4 · removed 0 · held 4 of 364 · lost 0 · ...`, every number kept."""
     text = Text()
-    for index, (origin, stats) in enumerate(view.origins):
+    names, rows = stat_columns(view)
+    for index, ((_, stats), cells) in enumerate(zip(view.origins, rows)):
         if index:
             text.append("\n")
-        if len(view.origins) > 1:
-            text.append(f"{origin or 'events'}: ", style="bold")
-        held_style = role_style(palette, "warning") if stats.capacity and stats.held > 0.9 * stats.capacity else ""
-        text.append(f"stored {stats.stored} · removed {stats.removed} · ")
-        text.append(f"held {stats.held}", style=held_style)
-        text.append(f" of {stats.capacity if stats.capacity else '?'} · ")
-        text.append(f"lost {stats.lost}", style=role_style(palette, "error") if stats.lost else "")
-        text.append(f" · undecodable {stats.skipped} · restored {stats.restored}")
+        styles = _cell_styles(stats, palette)
+        pairs = list(zip(names, cells))
+        if pairs and pairs[0][0] == "origin":
+            text.append(f"{pairs.pop(0)[1]}: ", style="bold")
+        for number, (name, cell) in enumerate(pairs):
+            if name == "capacity":  # read with the one before: `held 4 of 364`
+                text.append(f" of {cell}")
+                continue
+            text.append(" · " if number else "")
+            text.append(f"{name} {cell}", style=styles.get(name, ""))
     return text
 
 
@@ -141,7 +147,7 @@ class ServerStats(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="stats-table")
-        yield Sparkline([], id="stats-spark")
+        yield CountSparkline([], id="stats-spark", ceiling=1.0)  # hit rates: 0 to 100 %
         yield Static("hit rate: waiting for /metrics", id="stats-rate")
 
     def on_resize(self) -> None:
@@ -164,7 +170,7 @@ class ServerStats(Vertical):
             series = hit_rates(samples)
             if series:
                 break
-        self.query_one("#stats-spark", Sparkline).data = series
+        self.query_one("#stats-spark", CountSparkline).data = series
         self.query_one("#stats-rate", Static).update(rate_line(view) + fleet_line(view))
         held = sum(stats.held for _, stats in view.origins)
         capacity = sum(stats.capacity or 0 for _, stats in view.origins)
