@@ -164,11 +164,11 @@ def under_block(
 
 def under_block_diagnostic(finding: UnderBlock, count: int, step: int, at: str = "") -> Diagnostic:
     """`prefix-under-block` (info) for a request of a packed forward: said once, then at each doubling of `count`."""
-    state = "holds" if finding.alive else "held (it has finished)"
+    state = "live" if finding.alive else "finished"
     return Diagnostic(
         "prefix-under-block",
         "info",
-        f"request {finding.request_id} starts as request {finding.holder} does (which {state} it) and "
+        f"request {finding.request_id} starts as request {finding.holder} ({state}) does and "
         f"{under_block_words(finding.shared, finding.block_tokens, count)}" + at,
         step,
     )
