@@ -166,8 +166,10 @@ class RequestLanes:
                     if edit is not None:
                         edits.append(edit)
                         lane.recomputed += edit.count
-                    elif packed.prefix_sharing and request.held_before == 0 and not short_prompt(
-                        request.prompt_length, block_tokens
+                    elif (
+                        packed.prefix_sharing
+                        and request.held_before == 0
+                        and not short_prompt(request.prompt_length, block_tokens)
                     ):
                         found = under_block(request.request_id, lane.tokens, others, block_tokens)
                         if found is not None:

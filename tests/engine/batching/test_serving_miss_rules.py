@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvtui.engine.batching.checks import UnderBlock, under_block_diagnostic
 from kvtui.engine.batching.lanes import RequestLanes
 from kvtui.engine.batching.packed import PREFILL, PackedForward, PackedRequest
-from kvtui.engine.batching.checks import UnderBlock, under_block_diagnostic
 from kvtui.engine.reading.edits import REALIGN_SEARCH, edit_words, under_block_words
 from kvtui.engine.reading.introspect.paged import CacheGroup
 from kvtui.engine.reading.token_texts import TokenTexts
