@@ -19,6 +19,7 @@ from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import UndecodablePayload, decode_payload
 from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.report import summary_lines
+from kvtui.engine.server.server_trace import event_from_record, event_record
 
 SIZE = 64  # tokens per block (a hybrid model's would be larger still: the rule reads the events' block_size)
 SYSTEM = list(range(1000, 1040))  # a 40-token system prompt: under one block
@@ -255,6 +256,7 @@ def test_an_offload_tier_counts_its_repeated_announcements_and_unknown_media_are
 def test_a_store_naming_hashes_only_decodes_and_a_zero_block_size_with_tokens_does_not():
     (event,) = decode_payload(msgpack.packb([1.0, [placeholder([7, 8])]])).events
     assert (event.block_size, event.token_ids, event.medium, len(event.hashes)) == (0, (), "CPU", 2)
+    assert event_from_record(event_record(event)) == event  # a trace replays it as it came
     bad = dict(placeholder([7]), token_ids=[1, 2])
     with pytest.raises(UndecodablePayload, match="block_size is 0"):
         decode_payload(msgpack.packb([1.0, [bad]]))
