@@ -384,9 +384,9 @@ class PrefixCache:
             for group in groups:
                 block = self.blocks.get((origin, group, key))
                 if block is not None:
-                    if (block.media is not None or (word is not None and word != _word(block.medium))) and not (
-                        self._remove_medium(block, word, stats)
-                    ):
+                    if (
+                        block.media is not None or (word is not None and block.medium and word != _word(block.medium))
+                    ) and not self._remove_medium(block, word, stats):
                         break  # another medium holds it still (or this one never did): not evicted
                     self._drop(block)
                     stats.removed += 1
@@ -568,6 +568,8 @@ class PrefixCache:
         holds it now (drop it). A removal from a medium kvtui never saw it stored in is counted, not applied."""
         media = block.media
         if media is None:
+            if block.medium is None:  # its store named no medium: the server does not tell media apart
+                return True
             media = block.media = {_word(block.medium): 1}
         if word not in media:
             if word is not None:

@@ -260,3 +260,15 @@ def test_a_store_naming_hashes_only_decodes_and_a_zero_block_size_with_tokens_do
     bad = dict(placeholder([7]), token_ids=[1, 2])
     with pytest.raises(UndecodablePayload, match="block_size is 0"):
         decode_payload(msgpack.packb([1.0, [bad]]))
+
+
+def test_a_removal_from_a_medium_that_never_held_the_block_is_counted_and_a_server_naming_none_is_as_before():
+    server = Server()
+    server.send(0.0, stored("a", CHAIN))
+    server.send(1.0, removed([h("a", 0)], medium="CPU"))  # the CPU tier never announced it
+    stats = server.cache.stats(ORIGIN)
+    assert (stats.held, stats.unknown_removed, stats.removed) == (4, 1, 0)
+    plain = Server()  # stores naming no medium (SGLang's arrays may not): any removal removes
+    plain.send(0.0, stored("a", CHAIN, medium=None))
+    plain.send(1.0, removed([h("a", 0)], medium="GPU"))
+    assert (plain.cache.stats(ORIGIN).held, plain.cache.stats(ORIGIN).removed) == (3, 1)
