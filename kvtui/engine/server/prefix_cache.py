@@ -229,6 +229,9 @@ class PrefixCache:
         if not size:  # hashes only (an offload tier's store without its tokens): which medium holds them
             self._store_hashes(event, origin)
             return
+        units = self.rules.unit
+        if size < units.get((origin, event.group), size + 1):
+            units[(origin, event.group)] = size
         if (
             event.parent is None
             and event.hashes

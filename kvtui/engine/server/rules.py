@@ -28,8 +28,9 @@ cause, the first of these that holds; a prompt whose tokens were simply never se
 - `cache-churn`: blocks removed and stored again soon after: the cache is too small for the traffic.
 - `prefix-under-block` (info): a new chain from the prompt's start (nothing of it was found cached) whose first tokens
   a chain from a prompt's start held (any origin) or removed lately starts with too, at least UNDER_BLOCK_MIN of them
-  but fewer than one block: no block could match (reading/edits.py's judgement, a batching server's too). Counted
-  per origin: one note, then one per doubling.
+  but fewer than one block (the fewest tokens a store of that origin and group held: a server that also stores
+  partial blocks matches those): no block could match (reading/edits.py's judgement, a batching server's too).
+  Counted per origin: one note, then one per doubling.
 
 Each note is a Diagnostic whose `where` names the origin, the chain, the position and the block; a flood is bounded
 by the same FloodGate as every alarm list (records/diagnostic_groups.py). Cost per new chain: O(its tokens +
@@ -104,6 +105,8 @@ class ServerRules:
         self.hybrid: set[str] = set()  # origins that stored blocks of a Mamba group (their blocks match its state)
         self._under: dict[str, list[int]] = {}  # per origin: prefix-under-block prompts, the count at the last note
         self._under_last: tuple = ()  # the last one judged (a hybrid prefill stores one chain per group, one batch)
+        self.unit: dict[tuple[str, int], int] = {}  # per (origin, group), the fewest tokens a store's blocks held: a
+        # vLLM 0.32 hybrid server with a finer `prefix_match_unit` also stores partial blocks, and matches them
 
     def offloaded(
         self, origin: str, medium: str | None, tokens: int, position: int | None, first: Block, came: list, notes: list
@@ -217,7 +220,7 @@ class ServerRules:
         """A new chain from the prompt's start: did a chain from a prompt's start (held on any origin, or removed
         lately) begin with the same tokens, fewer than one block of them? Then no block could match. O(origins *
         SIBLINGS_CHECKED + remembered roots) blocks' first tokens."""
-        size = event.block_size
+        size = min(event.block_size, self.unit.get((origin, event.group), event.block_size))
         if size <= UNDER_BLOCK_MIN or not len(tokens):
             return
         best, shared = None, 0

@@ -169,6 +169,17 @@ def test_a_hybrid_models_two_groups_give_one_note_that_says_why_its_blocks_are_l
     assert "fewer than one block of 528 tokens" in note.message and "hybrid model" in note.message
 
 
+def test_a_server_that_stores_partial_blocks_matches_them_and_the_rule_reads_its_smaller_unit():
+    """vLLM 0.32 with a `prefix_match_unit` finer than a Mamba group's block stores partial blocks too (block_pool.py
+    cache_partial_block: block_size = the partial entry's tokens): a 40-token shared start fills one of 32."""
+    server = Server()
+    big = 128
+    server.send(0.0, stored("p", list(range(9000, 9032)), size=32))  # a partial entry of 32 tokens
+    server.send(1.0, stored("a", prompt(2000, length=big), size=big))
+    server.send(2.0, stored("b", prompt(3000, length=big), size=big))
+    assert server.codes() == []
+
+
 def test_a_flood_is_counted_one_note_then_one_per_doubling():
     server = Server()
     server.send(0.0, stored("a", prompt(2000)))
