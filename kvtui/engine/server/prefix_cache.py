@@ -149,6 +149,7 @@ class PrefixCache:
         self.fleet = FleetSeries()  # routing waste and tokens held twice, per origin, over time
         self._elsewhere: OrderedDict[tuple[str, int, str], dict[str | None, int]] = OrderedDict()  # hashes that
         # stores naming hashes only (no tokens) put in a medium, where kvtui holds no block for them
+        self._first_tier: dict[str, int] = {}  # per origin, the fastest tier it stored tokens on (where it prefills)
         self._gone_roots: OrderedDict[tuple[str, int, int], deque] = OrderedDict()  # (origin, group, 1st id) ->
         # the newest root blocks removed: (origin, chain, tokens, removed ts), for prefix-under-block
 
@@ -199,7 +200,7 @@ class PrefixCache:
                 self._store(event, origin, stats, batch.ts, notes)
                 stats.block_size = event.block_size or stats.block_size
                 # the first tier's stores (an offload tier's copies are no prefill): what /metrics counts
-                if not batch.caught_up and not TIERS.get(_word(event.medium), 2):
+                if not batch.caught_up and TIERS.get(_word(event.medium), 2) <= self._first_tier.get(origin, 3):
                     stats.live_tokens += len(event.hashes) * event.block_size
             elif isinstance(event, BlocksRemoved):
                 self._remove(event, origin, stats, batch.ts)
@@ -226,8 +227,12 @@ class PrefixCache:
             stats.unknown_medium += len(event.hashes)
         if event.kind == "mamba":
             self.rules.hybrid.add(origin)
-        if not size:  # hashes only (an offload tier's store without its tokens): which medium holds them
-            self._store_hashes(event, origin)
+        tier = TIERS.get(_word(event.medium), 2)
+        first = self._first_tier.get(origin, 3)
+        if size and tier < first:
+            self._first_tier[origin] = first = tier
+        if not size or tier > first:  # hashes only, or a copy on a slower tier than this origin prefills on (an
+            self._store_hashes(event, origin)  # offload: no prefill): which medium holds them
             return
         units = self.rules.unit
         if size < units.get((origin, event.group), size + 1):
@@ -591,8 +596,9 @@ class PrefixCache:
         return False
 
     def _store_hashes(self, event: BlocksStored, origin: str) -> None:
-        """A store naming hashes only: the held blocks are held in its medium too; other hashes are remembered as
-        held there (a later store of their tokens on a faster medium came back from it). O(its hashes)."""
+        """A store naming hashes only, or a copy on a slower tier: the held blocks are held in its medium too; other
+        hashes are remembered as held there, by hash only (a later store of their tokens on a faster medium came
+        back from it). O(its hashes)."""
         word = _word(event.medium)
         stats = self.stats(origin)
         for key in event.hashes:

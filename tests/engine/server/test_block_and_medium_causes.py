@@ -283,3 +283,18 @@ def test_a_removal_from_a_medium_that_never_held_the_block_is_counted_and_a_serv
     plain.send(0.0, stored("a", CHAIN, medium=None))
     plain.send(1.0, removed([h("a", 0)], medium="GPU"))
     assert (plain.cache.stats(ORIGIN).held, plain.cache.stats(ORIGIN).removed) == (3, 1)
+
+
+def test_a_self_describing_copy_after_the_gpu_let_go_is_no_prefill_and_a_server_on_one_unknown_medium_is_followed():
+    server = Server()
+    server.send(0.0, stored("a", CHAIN))
+    server.send(1.0, removed([h("a", i) for i in range(4)]))  # the GPU let them go first
+    assert server.send(1.5, stored("a", CHAIN, medium="CPU", group=0)) == []  # the tier's copy: no prefill, no note
+    stats = server.cache.stats(ORIGIN)
+    assert (stats.held, stats.requests, stats.live_tokens) == (0, 1, 4 * SIZE)
+    notes = server.send(3.0, stored("a", CHAIN))
+    assert [n.code for n in notes] == ["offloaded-prefix"]
+    other = Server()  # a server whose one medium kvtui does not know: its stores are its prefills
+    other.send(0.0, stored("a", CHAIN, medium="HBM"))
+    other.send(1.0, stored("b", CHAIN, medium="HBM"))  # the same tokens under another hash
+    assert other.cache.stats(ORIGIN).held == 8 and other.codes() == ["hash-mismatch"]
