@@ -7,7 +7,8 @@ sharing was off, or it missed (a prefix is matched only when a request is first 
 whole blocks). A prompt that leaves another request's tokens and where that request's text goes on after the
 edit computed the rest again too (`recomputed-prefix`, the one edit rule of reading/edits.py, as on an attached
 server). A prompt shorter than one block can share nothing (`short-prompt`, counted: one note, then one per
-doubling). The findings are plain values; the Diagnostic builders word them.
+doubling), nor can a start shared with a held prompt that is shorter than one block (`prefix-under-block`, the one
+judgement of reading/edits.py, counted the same way). The findings are plain values; the Diagnostic builders word them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..reading.diagnostics import RECOMPUTED_MIN
-from ..reading.edits import REALIGN_LENGTH, realigned
+from ..reading.edits import REALIGN_LENGTH, realigned, under_block_words, under_one_block
 from ..reading.prefixes import common_prefix
 from ..records.snapshot import Diagnostic, frozen
 from .packed import PackedForward, PackedRequest
@@ -129,6 +130,47 @@ def edited_prefix(
         count,
         tuple(int(t) for t in prompt[best : best + REALIGN_LENGTH]),
         tuple(int(t) for t in held_tokens[best : best + REALIGN_LENGTH]),
+    )
+
+
+@frozen
+class UnderBlock:
+    """A new prompt (of at least one block, none of it found cached) that shares its start with a held request's
+    tokens, fewer than one block of them: no block could match."""
+
+    request_id: str
+    holder: str  # the request whose tokens it shares the longest start with
+    alive: bool  # the holder is still live (False: it had finished)
+    shared: int  # tokens of that start
+    block_tokens: int
+
+
+def under_block(
+    request_id: str, prompt: Sequence[int], others: Iterable[tuple[str, Sequence[int], int, bool]], block_tokens: int
+) -> UnderBlock | None:
+    """The held request sharing the longest start with `prompt` (`others`: request id, its tokens, how many of them
+    its cache held, still live), where that start is under one block (reading/edits.under_one_block); else None."""
+    best, holder, alive = 0, "", True
+    for other_id, tokens, held, live in others:
+        if other_id == request_id or held <= best:
+            continue
+        same = min(common_prefix(prompt, tokens), held)
+        if same > best:
+            best, holder, alive = same, other_id, live
+    if not holder or not under_one_block(best, block_tokens):
+        return None
+    return UnderBlock(request_id, holder, alive, best, block_tokens)
+
+
+def under_block_diagnostic(finding: UnderBlock, count: int, step: int, at: str = "") -> Diagnostic:
+    """`prefix-under-block` (info) for a request of a packed forward: said once, then at each doubling of `count`."""
+    state = "live" if finding.alive else "finished"
+    return Diagnostic(
+        "prefix-under-block",
+        "info",
+        f"request {finding.request_id} starts as request {finding.holder} ({state}) does and "
+        f"{under_block_words(finding.shared, finding.block_tokens, count)}" + at,
+        step,
     )
 
 

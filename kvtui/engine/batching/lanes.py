@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 
 from ..reading.edits import short_prompt
 from ..records.snapshot import frozen
-from .checks import ConversationDrift, EditedPrefix, PrefixMiss, conversation_drift, edited_prefix, prefix_miss
+from .checks import (
+    ConversationDrift,
+    EditedPrefix,
+    PrefixMiss,
+    UnderBlock,
+    conversation_drift,
+    edited_prefix,
+    prefix_miss,
+    under_block,
+)
 from .packed import DECODE, PackedForward, PackedRequest, RequestBlocks
 
 WAITING = "waiting"
@@ -64,6 +73,7 @@ class LaneChanges:
     drifts: tuple[ConversationDrift, ...] = ()  # new requests that re-rendered a finished one's conversation
     edits: tuple[EditedPrefix, ...] = ()  # new prompts that left another request's tokens where its text goes on
     short: tuple[ShortPrompt, ...] = ()  # a short-prompt note due (the first, then one per doubling of the count)
+    under: tuple[tuple[UnderBlock, int], ...] = ()  # a prefix-under-block note due, with the count so far (the same)
 
 
 @frozen
@@ -99,6 +109,8 @@ class RequestLanes:
         self.keep_finished = keep_finished
         self.short_prompts = 0  # new prompts shorter than one block (with prefix sharing on): they share nothing
         self._short_noted = 0  # the count at the last short-prompt note (the next at twice it)
+        self.under_block = 0  # new prompts whose start shared with a held request is under one block: none reused
+        self._under_noted = 0
 
     def __contains__(self, request_id: object) -> bool:
         """read_packed_forward(known=lanes): prompts are read once, for the requests not seen yet."""
@@ -132,6 +144,7 @@ class RequestLanes:
         drifts = []
         edits = []
         short = []
+        under = []
         for request in packed.requests:
             lane = self.lanes.get(request.request_id)
             if lane is None:
@@ -153,6 +166,17 @@ class RequestLanes:
                     if edit is not None:
                         edits.append(edit)
                         lane.recomputed += edit.count
+                    elif (
+                        packed.prefix_sharing
+                        and request.held_before == 0
+                        and not short_prompt(request.prompt_length, block_tokens)
+                    ):
+                        found = under_block(request.request_id, lane.tokens, others, block_tokens)
+                        if found is not None:
+                            self.under_block += 1
+                            if self.under_block >= 2 * self._under_noted:
+                                self._under_noted = self.under_block
+                                under.append((found, self.under_block))
                 if request.is_prefill and packed.prefix_sharing and short_prompt(request.prompt_length, block_tokens):
                     self.short_prompts += 1
                     if self.short_prompts >= 2 * self._short_noted:
@@ -193,6 +217,7 @@ class RequestLanes:
             drifts=tuple(drifts),
             edits=tuple(edits),
             short=tuple(short),
+            under=tuple(under),
         )
 
     def _first_sight(self, lane: Lane, request: PackedRequest, step: int) -> None:

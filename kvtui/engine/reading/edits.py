@@ -9,7 +9,9 @@ REALIGN_MIN tokens, or to the end of what the cache holds (at least INSERT_PROBE
 pure insertion: a chat template's turn end after another question is no miss.
 Cost: O(REALIGN_SEARCH * INSERT_PROBE) per judged prompt, never O(tokens held).
 
-Also here: the one `short-prompt` judgement (a prompt too short to fill one cache block shares nothing).
+Also here: the one `short-prompt` judgement (a prompt too short to fill one cache block shares nothing) and the one
+`prefix-under-block` judgement (a prompt that shares a start with a held one, but less than one block of it, reuses
+none of it: hybrid attention + Mamba models' blocks are hundreds of tokens), with its words, for both kinds of origin.
 """
 
 from __future__ import annotations
@@ -97,6 +99,27 @@ def short_prompt(prompt_length: int, block_tokens: int) -> bool:
     """A prompt shorter than one block: a prefix cache stores and matches whole blocks only, so nothing of it can be
     reused by another request (a prompt of at least one block fills one, which a longer prompt can match)."""
     return block_tokens > 0 and 0 < prompt_length < block_tokens
+
+
+UNDER_BLOCK_MIN = 16  # shared tokens before prefix-under-block is said: what blocks of 16 (vLLM's default on a GPU)
+# would have shared; fewer is the start every chat template gives (and never a cause with blocks of 16 or fewer)
+
+
+def under_one_block(shared: int, block_tokens: int) -> bool:
+    """A prompt's start shared with a held prompt, at least UNDER_BLOCK_MIN tokens of it but fewer than one block: a
+    prefix cache stores and matches whole blocks only, so none of it could be reused (a shared start of at least one
+    block fills one that the other prompt can match)."""
+    return UNDER_BLOCK_MIN <= shared < block_tokens
+
+
+def under_block_words(shared: int, block_tokens: int, count: int) -> str:
+    """What prefix-under-block says after naming the two prompts (the same words for every kind of origin)."""
+    return (
+        f"shares its first {_count(shared)} with it, fewer than one block of {block_tokens} tokens: a prefix cache "
+        "stores and matches whole blocks, so none of them was reused and the prompt was computed from its first token "
+        f"({count} such prompt{'s' if count != 1 else ''} so far; smaller blocks, or a shared start of at least one "
+        "block, let prompts share)"
+    )
 
 
 def _count(count: int) -> str:

@@ -76,6 +76,13 @@ _ALL = (
         "prompts shorter than one cache block share nothing (a prefix cache stores and matches whole blocks): "
         "counted, one note then one per doubling",
     ),
+    _code(
+        "prefix-under-block",
+        "info",
+        "a prompt shares a start with a prompt the cache holds or held, but fewer tokens than one block (hybrid "
+        "attention + Mamba models' blocks are hundreds of tokens): none of it was reused; counted, one note then one "
+        "per doubling",
+    ),
     # a watched command's tree (kvtui watch -- COMMAND)
     _code("rank-desync", "error", "the ranks of a tensor-parallel run disagree at the same forward"),
     # silent cache bugs users report (reading/silent_rules.py)
@@ -103,6 +110,12 @@ _ALL = (
         "warning",
         "the tokens a server's events announced stored disagree with its own /metrics prefix-cache counters over a "
         "settled interval (both numbers)",
+    ),
+    _code(
+        "offloaded-prefix",
+        "info",
+        "a prefill stored on the server's first tier (GPU) blocks that its events say another medium held (CPU, "
+        "disk: offloaded): the medium, how many tokens (loaded back by an offloading connector, not lost)",
     ),
     _code(
         "held-elsewhere",

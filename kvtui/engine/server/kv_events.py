@@ -41,7 +41,7 @@ class BlocksStored:
     hashes: tuple[str, ...]
     parent: str | None  # the block before the first one (None: the chain starts here)
     token_ids: tuple[int, ...]
-    block_size: int
+    block_size: int  # 0: a store naming hashes only, no tokens (vLLM's offloading tiers without self-describing events)
     group: int = 0  # the KV cache group (one per attention kind in hybrid models)
     medium: str | None = None  # GPU / CPU / STORAGE where the server says
     lora: str | None = None
@@ -125,8 +125,8 @@ def _stored(fields: dict[str, Any]) -> BlocksStored:
     parent = fields.get("parent_block_hash")
     tokens = _ints(fields.get("token_ids"), "token_ids")
     size = fields.get("block_size")
-    if not isinstance(size, int) or size <= 0:
-        raise UndecodablePayload(f"block_size is {size!r}")
+    if not isinstance(size, int) or size < 0 or (size == 0 and tokens):  # 0 with no tokens: a store of hashes only
+        raise UndecodablePayload(f"block_size is {size!r}")  # (vLLM's offloading connector names the medium only)
     if len(tokens) < len(hashes) * size:
         raise UndecodablePayload(f"{len(hashes)} blocks of {size} tokens announced with {len(tokens)} token ids")
     lora = fields.get("lora_name") if fields.get("lora_name") is not None else fields.get("lora_id")

@@ -6,6 +6,12 @@ its BlockRemoved (or AllBlocksCleared); a chain is a root block and everything s
 blocks outnumber `max_blocks`, the oldest are let go and counted, so memory stays bounded at any event rate. The
 metrics over time are metrics.py's, the text report report.py's.
 
+A block may be held in several media at once (vLLM's `medium`: GPU, then CPU or disk tiers where an offloading
+connector copies it): it is held until every medium that stored it removed it, so a removal from the GPU of a block
+a CPU tier still holds is no eviction (`kept_elsewhere`), and a prefill that stores on the GPU blocks held only in a
+slower medium is `offloaded-prefix` (rules.py), not a miss. Stores that name hashes only (vLLM's offloading events
+without their `self_describing_kv_events` option: block_size 0, no tokens) say which medium holds a hash.
+
 Cost per event: O(blocks in it + siblings sharing its first token, capped); never O(blocks held).
 """
 
@@ -24,11 +30,15 @@ from .kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch
 from .metric_rules import MetricRules
 from .metrics import METRICS_KEPT, MetricSample, add_sample
 from .requests import RequestLog
-from .rules import CHURN_WINDOW_S, ServerRules, chain_content
+from .rules import CHURN_WINDOW_S, SIBLINGS_CHECKED, ServerRules, chain_content
 
 CAUGHT_UP = "(caught up: before kvtui attached)"  # the start of a note on a batch the replay socket gave on attach
 KNOWN_MEDIA = frozenset({"GPU", "CPU", "DISK", "STORAGE"})  # the `medium` words vLLM / SGLang / LMCache send
 MAX_BLOCKS = 200_000  # blocks kept (per view); the oldest beyond it are let go and counted
+# media by tier, fastest first: a block stored on a faster tier while held only on slower ones came back from them
+# (a medium kvtui does not know, or None where a server names none, counts as GPU's tier when None, else as a slow one)
+TIERS = {None: 0, "GPU": 0, "CPU": 1, "DISK": 2, "STORAGE": 2}
+GONE_ROOTS = 4096  # first tokens (per origin and group) whose removed root blocks are remembered (prefix-under-block)
 
 
 @dataclass(slots=True, eq=False)
@@ -54,6 +64,9 @@ class Block:
     lora: str | None = None
     extra: str = ""  # the extra keys its hash covers, as the event says
     noted: bool = False  # stored by a prefill a miss cause was noted on (its continuation raises none again)
+    media: dict[str | None, int] | None = None  # where it is held, by medium word (upper case) -> stores there (an
+    # offload tier's stores are reference counted, as vLLM asks; a first-tier store again is `stored_again`); None:
+    # held in `medium` only (most blocks: no dict)
 
     @property
     def start(self) -> int:
@@ -93,6 +106,8 @@ class OriginStats:
     caught_up: int = 0  # batches given by the replay socket when kvtui attached (before it watched)
     stored_again: int = 0  # blocks stored while held already (a hash stored again without a removal between)
     unknown_medium: int = 0  # blocks stored with a `medium` that is not GPU / CPU / DISK / STORAGE / none
+    kept_elsewhere: int = 0  # blocks removed from one medium while another still held them (offloaded: not evicted)
+    offloaded_back: int = 0  # blocks stored on a faster medium while held only on slower ones (offloaded-prefix)
     routed_tokens: int = 0  # tokens prefilled here while another replica held them (routing waste)
     live_tokens: int = 0  # tokens in the blocks its live batches announced stored (stored again included; not what
     # the replay socket gave on attach): what metric_rules cross-checks against /metrics
@@ -132,6 +147,11 @@ class PrefixCache:
         self.metrics: dict[str, deque[MetricSample]] = {}  # per server, the newest METRICS_KEPT samples
         self.requests = RequestLog()  # each prefill as one request's row: its hits and its misses
         self.fleet = FleetSeries()  # routing waste and tokens held twice, per origin, over time
+        self._elsewhere: OrderedDict[tuple[str, int, str], dict[str | None, int]] = OrderedDict()  # hashes that
+        # stores naming hashes only (no tokens) put in a medium, where kvtui holds no block for them
+        self._first_tier: dict[str, int] = {}  # per origin, the fastest tier it stored tokens on (where it prefills)
+        self._gone_roots: OrderedDict[tuple[str, int, int], deque] = OrderedDict()  # (origin, group, 1st id) ->
+        # the newest root blocks removed: (origin, chain, tokens, removed ts), for prefix-under-block
 
     def record_metrics(self, origin: str, ts: float, metrics, notes: list[Diagnostic] | None = None) -> MetricSample:
         """A poll of the server's /metrics (server_http.CacheMetrics): the hit rate over time comes from here
@@ -178,8 +198,9 @@ class PrefixCache:
         for event in batch.events:
             if isinstance(event, BlocksStored):
                 self._store(event, origin, stats, batch.ts, notes)
-                stats.block_size = event.block_size
-                if not batch.caught_up:
+                stats.block_size = event.block_size or stats.block_size
+                # the first tier's stores (an offload tier's copies are no prefill): what /metrics counts
+                if not batch.caught_up and TIERS.get(_word(event.medium), 2) <= self._first_tier.get(origin, 3):
                     stats.live_tokens += len(event.hashes) * event.block_size
             elif isinstance(event, BlocksRemoved):
                 self._remove(event, origin, stats, batch.ts)
@@ -204,6 +225,18 @@ class PrefixCache:
         stats.groups.add(event.group)
         if event.medium is not None and event.medium.upper() not in KNOWN_MEDIA:
             stats.unknown_medium += len(event.hashes)
+        if event.kind == "mamba":
+            self.rules.hybrid.add(origin)
+        tier = TIERS.get(_word(event.medium), 2)
+        first = self._first_tier.get(origin, 3)
+        if size and tier < first:
+            self._first_tier[origin] = first = tier
+        if not size or tier > first:  # hashes only, or a copy on a slower tier than this origin prefills on (an
+            self._store_hashes(event, origin)  # offload: no prefill): which medium holds them
+            return
+        units = self.rules.unit
+        if size < units.get((origin, event.group), size + 1):
+            units[(origin, event.group)] = size
         if (
             event.parent is None
             and event.hashes
@@ -220,15 +253,28 @@ class PrefixCache:
         new_blocks = 0
         blocks, group, by_content, removed_at = self.blocks, event.group, self.by_content, self._removed_at
         lora, extras = event.lora, len(event.extra)
+        word = _word(event.medium)
+        back: list[Block] = []  # blocks held only in slower media that this store put on a faster one (came back)
+        back_from: set[str | None] = set()  # the media they came back from
         for index, key in enumerate(event.hashes):
             tokens = ids[index * size : (index + 1) * size]
             ident = (origin, group, key)
             held = blocks.get(ident)
-            if held is not None:  # stored again without a removal kvtui saw: nothing new (counted)
+            if held is not None:  # stored again without a removal kvtui saw: nothing new (counted), or another medium
                 parent = held
-                stats.stored_again += 1
+                if held.media is None and _word(held.medium) == word:
+                    stats.stored_again += 1
+                else:
+                    came = self._add_medium(held, word, stats)
+                    if came:
+                        back.append(held)
+                        back_from.update(came)
                 continue
+            elsewhere = self._elsewhere.pop(ident, None) if self._elsewhere else None
             gone = removed_at.pop(ident, None) if removed_at else None
+            came_back = elsewhere is not None and _faster(word, elsewhere)
+            if elsewhere is not None:  # a medium held it (its store named the hash only): not evicted
+                gone = None
             if gone is not None and gone.how == "evicted" and ts - gone.removed_ts <= CHURN_WINDOW_S:
                 stats.restored += 1
             orphan = parent is None and index == 0 and event.parent is not None  # its parent came before kvtui
@@ -244,13 +290,15 @@ class PrefixCache:
                 if parent is not None and parent.children and not reported:
                     _count_hit(parent)  # another prompt went on from here before: this one reused it (a hit)
                 before = len(notes)
-                if not continuing:
+                if back or came_back:
+                    noted = True  # offloaded-prefix, said once the store's blocks are all counted
+                elif not continuing:
                     self.rules.classify_miss(event, index, parent, tokens, origin, content, gone, ts, notes, ids)
                     noted = len(notes) > before
                 if row is None:
                     row = self._prefill_row(event, origin, stats, parent, ts)
                 if noted and row.cause is None:
-                    row.cause = notes[before].code
+                    row.cause = notes[before].code if len(notes) > before else "offloaded-prefix"
             holders = by_content.get((group, content)) if content and not continuing else None
             if holders and (len(holders) > 1 or origin not in holders):
                 stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
@@ -261,12 +309,19 @@ class PrefixCache:
                 block.lora = lora
             if index < extras:
                 block.extra = event.extra[index]
+            if elsewhere is not None:
+                block.media = {word: 1, **{m: n for m, n in elsewhere.items() if m != word}}
+                if came_back:
+                    back.append(block)
+                    back_from.update(elsewhere)
             if content:
                 self._hold_content(block)
             parent = block
             new_blocks += 1
             stats.stored += 1
             stats.held += 1
+        if back and not continuing:
+            self._say_back(event, origin, stats, back, back_from, notes)
         if row is not None and parent is not None:  # the request's row: its new blocks, the last where it goes on
             row.new += new_blocks * size
             row.last = (origin, event.group, parent.key)
@@ -278,10 +333,13 @@ class PrefixCache:
         prompt's first block whose blocks are all held here already, in chain order. Read as that request's hits
         (a row, the blocks' hit counts), not as blocks stored again; whether it was one. O(its blocks)."""
         held: list[Block] = []
+        word = _word(event.medium)
         for key in event.hashes:
             block = self.blocks.get((origin, event.group, key))
             if block is None or (held and block.parent is not held[-1]):
                 return False
+            if (block.media is None and _word(block.medium) != word) or (block.media and word not in block.media):
+                return False  # held in another medium only: brought back (offloaded-prefix), not a report
             held.append(block)
         if not held:
             return False
@@ -329,16 +387,24 @@ class PrefixCache:
 
     def _remove(self, event: BlocksRemoved, origin: str, stats: OriginStats, ts: float) -> None:
         groups = (event.group,) if event.group is not None else tuple(sorted(stats.groups)) or (0,)
+        word = _word(event.medium)
         for key in event.hashes:
             for group in groups:
                 block = self.blocks.get((origin, group, key))
                 if block is not None:
+                    if (
+                        block.media is not None or (word is not None and block.medium and word != _word(block.medium))
+                    ) and not self._remove_medium(block, word, stats):
+                        break  # another medium holds it still (or this one never did): not evicted
                     self._drop(block)
                     stats.removed += 1
                     stats.held -= 1
                     self._removed_at[(origin, group, key)] = Gone(ts, block.stored_ts, block.hits, "evicted")
+                    self._remember_root(block, ts)
                     break
             else:
+                if self._elsewhere and self._remove_hash(origin, groups, key, word):
+                    continue
                 stats.unknown_removed += 1
                 if stats.let_go:  # most likely one kvtui let go: the server no longer holds it
                     stats.let_go -= 1
@@ -353,6 +419,9 @@ class PrefixCache:
                 block = self.blocks[ident]
                 self._drop(block)
                 self._removed_at[ident] = Gone(ts, block.stored_ts, block.hits, "cleared")
+                self._remember_root(block, ts)
+        for ident in [i for i in self._elsewhere if i[0] == origin]:
+            del self._elsewhere[ident]
         while len(self._removed_at) > self.max_blocks:
             self._removed_at.popitem(last=False)
         stats.held = stats.let_go = 0
@@ -367,6 +436,8 @@ class PrefixCache:
             self._drop(self.blocks[ident])
         for ident in [i for i in self._removed_at if i[0] == origin]:  # a new process's stores are not churn
             del self._removed_at[ident]
+        for ident in [i for i in self._elsewhere if i[0] == origin]:
+            del self._elsewhere[ident]
         self.requests.forget(origin)
         stats.restarts += 1
         stats.gone += gone
@@ -449,6 +520,124 @@ class PrefixCache:
     def origin_words(self, origin: str) -> str:
         return f" on {origin}" if origin and len(self.origins) > 1 else ""
 
+    def roots_starting(self, group: int, first: int) -> list[tuple]:
+        """The chains from a prompt's start whose first token is `first`, held on any origin (the newest
+        SIBLINGS_CHECKED of each) or removed lately: (origin, chain, tokens of its first block, removed ts or None).
+        O(origins + those)."""
+        found: list[tuple] = []
+        for origin in self.origins:
+            for block in (self._by_first.get((origin, group, None, first)) or ())[-SIBLINGS_CHECKED:]:
+                if not block.orphan and block.depth == 0:
+                    found.append((origin, block.chain, block.tokens, None))
+        for origin in self.origins:
+            found.extend(self._gone_roots.get((origin, group, first), ()))
+        return found
+
+    def _remember_root(self, block: Block, ts: float) -> None:
+        """A removed block from a prompt's start: its first tokens, for prefix-under-block (bounded: GONE_ROOTS
+        first tokens, the newest few roots each)."""
+        if block.orphan or block.depth or not block.content:
+            return
+        key = (block.origin, block.group, _first(block.tokens))
+        roots = self._gone_roots.get(key)
+        if roots is None:
+            roots = self._gone_roots[key] = deque(maxlen=4)
+            if len(self._gone_roots) > GONE_ROOTS:
+                self._gone_roots.popitem(last=False)
+        roots.append((block.origin, block.chain, block.tokens, ts))
+
+    # ---- media -----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _add_medium(block: Block, word: str | None, stats: OriginStats) -> tuple | None:
+        """A store in medium `word` of a block held already: the slower media it was held in only, where this store
+        put it on a faster one (it came back from them); else None."""
+        media = block.media
+        if media is None:
+            media = block.media = {_word(block.medium): 1}
+        count = media.get(word)
+        if count is not None:
+            if TIERS.get(word, 2):
+                media[word] = count + 1  # an offload tier announces a hash once per chunk that holds it: counted
+            else:
+                stats.stored_again += 1
+            return None
+        came = tuple(media)
+        back = _faster(word, media)
+        media[word] = 1
+        if back:
+            block.medium = word
+            return came
+        return None
+
+    @staticmethod
+    def _remove_medium(block: Block, word: str | None, stats: OriginStats) -> bool:
+        """A removal from medium `word` (None: the server names none: its fastest) of a block held: whether no medium
+        holds it now (drop it). A removal from a medium kvtui never saw it stored in is counted, not applied."""
+        media = block.media
+        if media is None:
+            if block.medium is None:  # its store named no medium: the server does not tell media apart
+                return True
+            media = block.media = {_word(block.medium): 1}
+        if word not in media:
+            if word is not None:
+                stats.unknown_removed += 1
+                return False
+            word = min(media, key=lambda m: TIERS.get(m, 2))
+        count = media[word] - 1
+        if count > 0 and TIERS.get(word, 2):
+            media[word] = count
+            return False
+        del media[word]
+        if not media:
+            return True
+        stats.kept_elsewhere += 1
+        block.medium = min(media, key=lambda m: TIERS.get(m, 2))  # where it is held now
+        return False
+
+    def _store_hashes(self, event: BlocksStored, origin: str) -> None:
+        """A store naming hashes only, or a copy on a slower tier: the held blocks are held in its medium too; other
+        hashes are remembered as held there, by hash only (a later store of their tokens on a faster medium came
+        back from it). O(its hashes)."""
+        word = _word(event.medium)
+        stats = self.stats(origin)
+        for key in event.hashes:
+            ident = (origin, event.group, key)
+            block = self.blocks.get(ident)
+            if block is not None:
+                self._add_medium(block, word, stats)
+                continue
+            media = self._elsewhere.get(ident)
+            if media is None:
+                media = self._elsewhere[ident] = {}
+                if len(self._elsewhere) > self.max_blocks:
+                    self._elsewhere.popitem(last=False)
+            media[word] = media.get(word, 0) + 1
+
+    def _remove_hash(self, origin: str, groups: tuple, key: str, word: str | None) -> bool:
+        """A removal of a hash held only as a store of hashes: whether it was one."""
+        for group in groups:
+            media = self._elsewhere.get((origin, group, key))
+            if media is not None:
+                at = word if word in media else next(iter(media))
+                media[at] -= 1
+                if media[at] <= 0:
+                    del media[at]
+                if not media:
+                    del self._elsewhere[(origin, group, key)]
+                return True
+        return False
+
+    def _say_back(self, event, origin: str, stats: OriginStats, back: list[Block], came: set, notes: list) -> None:
+        """offloaded-prefix for one store whose `back` blocks were held in slower media only (`came`): counted, and
+        the rule's note (rules.py)."""
+        stats.offloaded_back += len(back)
+        first = back[0]
+        position = first.start if first.content else None
+        tokens = sum(len(block.tokens) for block in back)
+        media = sorted(m or "an unnamed medium" for m in came)
+        self.rules.offloaded(origin, _word(event.medium), tokens, position, first, media, notes)
+
     # ---- reading ---------------------------------------------------------------------------------------
 
     def chain_blocks(self, chain: int) -> list[Block]:
@@ -485,6 +674,16 @@ def _content(parent: Block | None, tokens: array, start_unknown: bool) -> int:
     if start_unknown or (parent is not None and not parent.content):
         return 0
     return chain_content(parent.content if parent is not None else 1, tokens)
+
+
+def _faster(word: str | None, media) -> bool:
+    """Whether medium `word` is a faster tier than every one of `media`."""
+    return TIERS.get(word, 2) < min((TIERS.get(m, 2) for m in media), default=0)
+
+
+def _word(medium: str | None) -> str | None:
+    """A medium as kvtui compares it (servers differ in case: "cpu", "CPU")."""
+    return medium.upper() if medium else None
 
 
 def _first(tokens: array) -> int:

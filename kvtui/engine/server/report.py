@@ -20,6 +20,12 @@ def summary_lines(cache: PrefixCache) -> list[str]:
             f"{stats.stored_again}; unknown medium {stats.unknown_medium}"
             + (f"; caught up through replay {stats.caught_up} batches" if stats.caught_up else "")
             + (f"; restarts {stats.restarts} (blocks gone with them {stats.gone})" if stats.restarts else "")
+            + (
+                f"; removed from one medium while another held them {stats.kept_elsewhere}, stored back on a faster "
+                f"medium {stats.offloaded_back}"
+                if stats.kept_elsewhere or stats.offloaded_back
+                else ""
+            )
         )
         if stats.requests:
             lines.append(

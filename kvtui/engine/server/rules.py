@@ -3,6 +3,10 @@
 Every new chain (a prefill the server announced: the first new block of a BlockStored) gets at most one miss
 cause, the first of these that holds; a prompt whose tokens were simply never seen raises nothing.
 
+- `offloaded-prefix` (info): a store on a faster medium (GPU) of blocks the server's events say it held only in
+  slower ones (CPU, disk: an offloading connector's tiers), checked before the causes below: they were not lost
+  (an offloading connector loads them back rather than prefill them); which media, how many tokens. A removal from
+  one medium of a block another still holds is no eviction (prefix_cache.py), so `evicted-prefix` never names it.
 - `evicted-prefix` (info): the very block (same hash, same origin) was held before and removed (evicted, or the
   cache cleared): when, at what age, after how many later prefills continued it (inferred: a hit stores nothing).
 - `hash-mismatch` (warning): the same origin holds the same tokens from the prompt's start under another hash
@@ -22,6 +26,11 @@ cause, the first of these that holds; a prompt whose tokens were simply never se
 - `varying-start`: prompts that leave the same cached chain at the same token with different text there, over and
   over (a timestamp or request id before shared text makes every request miss).
 - `cache-churn`: blocks removed and stored again soon after: the cache is too small for the traffic.
+- `prefix-under-block` (info): a new chain from the prompt's start (nothing of it was found cached) whose first tokens
+  a chain from a prompt's start held (any origin) or removed lately starts with too, at least UNDER_BLOCK_MIN of them
+  but fewer than one block (the fewest tokens a store of that origin and group held: a server that also stores
+  partial blocks matches those): no block could match (reading/edits.py's judgement, a batching server's too).
+  Counted per origin: one note, then one per doubling.
 
 Each note is a Diagnostic whose `where` names the origin, the chain, the position and the block; a flood is bounded
 by the same FloodGate as every alarm list (records/diagnostic_groups.py). Cost per new chain: O(its tokens +
@@ -34,7 +43,15 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..reading.edits import REALIGN_LENGTH, differing_tokens, edit_words, realigned
+from ..reading.edits import (
+    REALIGN_LENGTH,
+    UNDER_BLOCK_MIN,
+    differing_tokens,
+    edit_words,
+    realigned,
+    under_block_words,
+    under_one_block,
+)
 from ..reading.prefixes import common_prefix, only_template_differs
 from ..reading.token_texts import TokenTexts
 from ..records.diagnostic_groups import FloodGate
@@ -60,6 +77,8 @@ class ChainIndex(Protocol):
 
     def origin_words(self, origin: str) -> str: ...
 
+    def roots_starting(self, group: int, first: int) -> list[Any]: ...
+
 
 SIBLINGS_CHECKED = 16  # cached chains compared per new chain: those sharing its first token, newest first
 CHURN_WINDOW_S = 60.0  # a block stored again within this time of its removal counts as churn
@@ -83,6 +102,30 @@ class ServerRules:
         self.cache = cache
         self._misses: dict[tuple[str, int, int], _Miss] = {}
         self._churn_noted = 0
+        self.hybrid: set[str] = set()  # origins that stored blocks of a Mamba group (their blocks match its state)
+        self._under: dict[str, list[int]] = {}  # per origin: prefix-under-block prompts, the count at the last note
+        self._under_last: tuple = ()  # the last one judged (a hybrid prefill stores one chain per group, one batch)
+        self.unit: dict[tuple[str, int], int] = {}  # per (origin, group), the fewest tokens a store's blocks held: a
+        # vLLM 0.32 hybrid server with a finer `prefix_match_unit` also stores partial blocks, and matches them
+
+    def offloaded(
+        self, origin: str, medium: str | None, tokens: int, position: int | None, first: Block, came: list, notes: list
+    ) -> None:
+        """offloaded-prefix: `tokens` from `position` stored on `medium` that the server held only in `came`."""
+        at = f"from token {position}" if position is not None else f"of chain #{first.chain}"
+        where = " and ".join(came)
+        notes.append(
+            Diagnostic(
+                "offloaded-prefix",
+                "info",
+                f"{tokens} tokens {at}{self.cache.origin_words(origin)} were stored on {medium or 'the first tier'} "
+                f"while the server held them on {where} only (offloaded there, as its events say): not a block the "
+                f"server had lost (an offloading connector loads them back from {where} rather than prefill them); "
+                "its first-tier cache had let them go",
+                self.cache.batches,
+                Where(origin, first.chain, position or 0, first.key),
+            )
+        )
 
     def check_churn(self, origin: str, stats: OriginStats, notes: list[Diagnostic]) -> None:
         if stats.restored >= CHURN_MIN and stats.restored >= 2 * self._churn_noted:
@@ -168,7 +211,50 @@ class ServerRules:
                 )
             )
             return
+        before = len(notes)
         self.check_left_chain(event, index, parent, tokens, origin, notes, ids)
+        if len(notes) == before and parent is None and event.parent is None:
+            self.check_under_block(event, tokens, origin, ts, notes)
+
+    def check_under_block(self, event: BlocksStored, tokens: array, origin: str, ts: float, notes: list) -> None:
+        """A new chain from the prompt's start: did a chain from a prompt's start (held on any origin, or removed
+        lately) begin with the same tokens, fewer than one block of them? Then no block could match. O(origins *
+        SIBLINGS_CHECKED + remembered roots) blocks' first tokens."""
+        size = min(event.block_size, self.unit.get((origin, event.group), event.block_size))
+        if size <= UNDER_BLOCK_MIN or not len(tokens):
+            return
+        best, shared = None, 0
+        for root in self.cache.roots_starting(event.group, int(tokens[0])):
+            same = common_prefix(root[2], tokens)
+            if same > shared:
+                best, shared = root, same
+        if best is None or not under_one_block(shared, size):
+            return
+        other, chain, _, removed_ts = best
+        judged = (origin, self.cache.batches, shared)
+        if judged == self._under_last:
+            return  # the same prefill's chain in another cache group
+        self._under_last = judged
+        counts = self._under.setdefault(origin, [0, 0])
+        counts[0] += 1
+        if counts[0] < 2 * counts[1]:
+            return
+        counts[1] = counts[0]
+        held = "held" if removed_ts is None else f"removed {max(0.0, ts - removed_ts):.1f} s before"
+        on = f" on {other}" if other != origin else ""
+        why = ""
+        if origin in self.hybrid:
+            why = " (blocks this large are a hybrid model's: its attention block is sized to the Mamba state's page)"
+        notes.append(
+            Diagnostic(
+                "prefix-under-block",
+                "info",
+                f"the prompt{self.cache.origin_words(origin)} starts as cached chain #{chain}{on} ({held}) does and "
+                f"{under_block_words(shared, size, counts[0])}{why}",
+                self.cache.batches,
+                Where(origin, chain, shared, event.hashes[0]),
+            )
+        )
 
     @staticmethod
     def _key_differs(held: Block, event: BlocksStored, index: int) -> str:

@@ -26,6 +26,7 @@ from ..batching.checks import (
     recomputed_prefix_diagnostic,
     requeued_diagnostic,
     short_prompt_diagnostic,
+    under_block_diagnostic,
 )
 from ..batching.lanes import Lane, LaneChanges, RequestLanes
 from ..batching.packed import PackedForward, PackedRequest, find_batch_processor, int_list, read_packed_forward
@@ -143,6 +144,8 @@ def build_packed(builder, call: Call, step: int, track, logits, forward_ms: floa
         found.append(
             short_prompt_diagnostic(short.request_id, short.prompt_length, short.block_tokens, short.count, step, at)
         )
+    for finding, count in run.changes.under if run.changes is not None else ():
+        found.append(under_block_diagnostic(finding, count, step, at))
     builder.watcher.recomputed_tokens += recomputed
     rows = _rows(builder, call, run, packed, logits, track.turn if track is not None else 0, step, found)
     first = packed.requests[0] if packed.requests else None

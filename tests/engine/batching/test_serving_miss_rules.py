@@ -1,5 +1,6 @@
 """The miss rules of an attached server on a watched batching server's requests: one edit rule (reading/edits.py)
-and one code, `recomputed-prefix`, whatever the edit; `short-prompt` for prompts shorter than one block, counted.
+and one code, `recomputed-prefix`, whatever the edit; `short-prompt` for prompts shorter than one block, counted;
+`prefix-under-block` for a start shared with a held request that is shorter than one block (the server's judgement).
 Judged on hand-built packed forwards (the lanes), against the server's rules on the same tokens, and on a real
 continuous-batching manager of a tiny model, watched."""
 
@@ -7,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from kvtui.engine.batching.checks import UnderBlock, under_block_diagnostic
 from kvtui.engine.batching.lanes import RequestLanes
 from kvtui.engine.batching.packed import PREFILL, PackedForward, PackedRequest
-from kvtui.engine.reading.edits import REALIGN_SEARCH, edit_words
+from kvtui.engine.reading.edits import REALIGN_SEARCH, edit_words, under_block_words
 from kvtui.engine.reading.introspect.paged import CacheGroup
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import BlocksStored, EventBatch
@@ -43,8 +45,8 @@ def prefill(request_id: str, prompt: list[int], held_before: int = 0) -> PackedR
     )
 
 
-def forward(*requests: PackedRequest, sharing: bool = True) -> PackedForward:
-    group = CacheGroup("full_attention", (0,), BLOCK, 64, 0, 64, 0, 0)
+def forward(*requests: PackedRequest, sharing: bool = True, block: int = BLOCK) -> PackedForward:
+    group = CacheGroup("full_attention", (0,), block, 64, 0, 64, 0, 0)
     ids = tuple(r.request_id for r in requests)
     return PackedForward(requests, (group,), sum(r.n for r in requests), sharing, sharing, ids, (), "allocators")
 
@@ -130,6 +132,42 @@ def test_short_prompts_are_counted_and_noted_once_per_doubling():
     assert off.observe(forward(prefill("x", [1, 2, 3]), sharing=False), 1).short == ()
 
 
+def test_a_shared_start_under_one_block_is_the_servers_judgement_counted_the_same_way():
+    big = 64
+    system = list(range(1000, 1040))  # 40 shared tokens, under one block of 64
+    lanes = RequestLanes()
+    lanes.observe(forward(prefill("a", system + list(range(2000, 2090))), block=big), 1)
+    found = []
+    for i in range(9):
+        found += lanes.observe(
+            forward(prefill(f"q{i}", system + list(range(3000 + 100 * i, 3090 + 100 * i))), block=big), i + 2
+        ).under
+    assert [(f.request_id, f.holder, f.shared, f.block_tokens, count) for f, count in found] == [
+        ("q0", "a", 40, 64, 1),
+        ("q1", "a", 40, 64, 2),
+        ("q3", "a", 40, 64, 4),
+        ("q7", "a", 40, 64, 8),
+    ]
+    none = RequestLanes()  # never seen, a template-sized start, a prompt under one block (short-prompt's), a match
+    none.observe(forward(prefill("a", system + list(range(2000, 2090))), block=big), 1)
+    quiet = [
+        prefill("never", list(range(5000, 5100))),
+        prefill("header", system[:10] + list(range(6000, 6100))),
+        prefill("short", system + [7000]),
+        prefill("matched", system + list(range(2000, 2030)) + list(range(8000, 8050)), held_before=64),
+    ]
+    changes = none.observe(forward(*quiet, block=big), 2)
+    assert changes.under == () and [s.request_id for s in changes.short] == ["short"]
+
+    cache = PrefixCache(TokenTexts())  # the same two prompts as a server's events: one rule, the same words
+    held, new = system + list(range(2000, 2088)), system + list(range(3000, 3088))
+    cache.apply(EventBatch(0, 0.0, (BlocksStored(("a0",), None, tuple(held[:big]), big),)))
+    (note,) = cache.apply(EventBatch(1, 1.0, (BlocksStored(("b0",), None, tuple(new[:big]), big),)))
+    assert note.code == "prefix-under-block" and under_block_words(40, 64, 1) in note.message
+    diagnostic = under_block_diagnostic(UnderBlock("q0", "a", False, 40, 64), 1, 2)
+    assert diagnostic.message == (f"request q0 starts as request a (finished) does and {under_block_words(40, 64, 1)}")
+
+
 @pytest.fixture(scope="module")
 def manager_run(tiny_dir):
     """Requests one after another on one watched manager with prefix sharing: a held prompt, the same with a
@@ -190,3 +228,47 @@ def test_a_watched_batching_server_names_a_reworded_sentence_and_a_short_prompt(
     )
     requests = {rid: view for (_, rid), view in watcher.requests.items()}
     assert requests["reworded"].recomputed >= same_tail
+
+
+def test_a_watched_batching_server_with_large_blocks_names_a_system_prompt_under_one_block(tiny_dir):
+    """A real continuous-batching manager (blocks of 64, prefix sharing on), watched: two prompts whose shared system
+    prompt is under one block share nothing, and the second says so; the cache shared none of it (its hit is 0)."""
+    if ContinuousBatchingConfig is None:
+        pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from kvtui.engine.watch.probe import Watcher
+
+    path = tiny_dir("llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    system = "You are a helpful teaching assistant. Answer briefly."
+    first = " ".join(f"Fact {n}: the sky was {n} shades of blue today." for n in range(8))
+    second = " ".join(f"Why do rivers number {n} bend west near old mills?" for n in range(8))  # another question
+    prompts = {
+        "first": list(tokenizer(f"{system} {first}")["input_ids"]),
+        "second": list(tokenizer(f"{system} {second}")["input_ids"]),
+    }
+    shared = next(i for i, (a, b) in enumerate(zip(*prompts.values())) if a != b)  # independently: where they part
+    assert 16 <= shared < 64 <= min(map(len, prompts.values()))
+    generation = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1)
+    config = ContinuousBatchingConfig(page_size=64, max_batch_tokens=256, num_blocks=16, allow_block_sharing=True)
+    watcher = Watcher(tokenizer=tokenizer)
+    watcher.attach(model)
+    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
+    manager.start()
+    try:
+        for rid, prompt in prompts.items():
+            manager.add_request(prompt, request_id=rid, max_new_tokens=2)
+            manager.get_result(request_id=rid, timeout=120)
+    finally:
+        manager.stop(block=True, timeout=60)
+        watcher.detach()
+    notes = [(d.code, d.message) for d in watcher.diagnostics]
+    assert [code for code, _ in notes] == ["prefix-under-block"], notes
+    assert notes[0][1].startswith(
+        f"request second starts as request first (finished) does and shares its first {shared} tokens"
+    )
+    assert "fewer than one block of 64 tokens" in notes[0][1]
+    requests = {rid: view for (_, rid), view in watcher.requests.items()}
+    assert requests["second"].prefix_hit == 0

@@ -4,15 +4,13 @@ on another replica, diverged at a token whatever the edit; no note for tokens ne
 
 from __future__ import annotations
 
-import threading
-import time
-
 from kvtui.engine.reading.edits import REALIGN_MIN, REALIGN_SEARCH
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch, encode_batch
 from kvtui.engine.server.prefix_cache import PrefixCache
-from kvtui.engine.server.subscriber import EventEndpoint, Subscriber
+from kvtui.engine.server.subscriber import EventEndpoint
 from local_publisher import LocalPublisher
+from waiting import following, wait_for
 
 SIZE = 8
 PROMPT = tuple(range(100, 164))  # 64 tokens: 8 blocks of 8
@@ -159,22 +157,11 @@ def test_two_publishers_followed_by_the_subscriber_name_each_other():
             EventEndpoint(first.endpoint, first.replay_endpoint, "kv-events", 0, "127.0.0.1:8001"),
             EventEndpoint(second.endpoint, second.replay_endpoint, "kv-events", 0, "127.0.0.1:8002"),
         ]
-        subscriber = Subscriber(endpoints, cache, on_problem=problems.append)
-        thread = threading.Thread(target=subscriber.run, daemon=True)
-        thread.start()
-        try:
-            assert subscriber.connected.wait(5)
-            assert first.wait_subscribed() and second.wait_subscribed()
+        with following(cache, endpoints, (first, second), problems):
             first.publish(encode_batch(EventBatch(0, 1.0, (stored(keys("a", 8), PROMPT),))))
-            deadline = time.monotonic() + 10
-            while cache.stats("127.0.0.1:8001").stored < 8 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            assert wait_for(lambda: cache.stats("127.0.0.1:8001").stored >= 8, 10)
             second.publish(encode_batch(EventBatch(0, 2.0, (stored(keys("b", 8), PROMPT),))))
-            while not cache.notes and time.monotonic() < deadline:
-                time.sleep(0.02)
-        finally:
-            subscriber.stop.set()
-            thread.join(5)
+            wait_for(lambda: cache.notes, 10)
     assert [n.code for n in cache.notes] == ["held-elsewhere"] and not problems
     assert "prefilled on 127.0.0.1:8002 while 127.0.0.1:8001 held them" in cache.notes[0].message
     assert cache.stats("127.0.0.1:8002").routed_tokens == 64
@@ -206,18 +193,9 @@ def test_notes_on_what_came_before_attaching_are_marked_caught_up():
         publisher.publish(encode_batch(EventBatch(0, 1.0, (stored(keys("a", 8), PROMPT),))))
         publisher.publish(encode_batch(EventBatch(1, 2.0, (stored(keys("b", 8), PROMPT, lora="x"),))))
         endpoint = EventEndpoint(publisher.endpoint, publisher.replay_endpoint, "kv-events", 0, "local")
-        subscriber = Subscriber([endpoint], cache, on_problem=problems.append)
-        thread = threading.Thread(target=subscriber.run, daemon=True)
-        thread.start()
-        try:
-            assert subscriber.connected.wait(5) and publisher.wait_subscribed()
+        with following(cache, [endpoint], [publisher], problems):
             publisher.publish(encode_batch(EventBatch(2, 3.0, (stored(keys("c", 8), PROMPT, lora="y"),))))
-            deadline = time.monotonic() + 10
-            while len(cache.notes) < 2 and time.monotonic() < deadline:
-                time.sleep(0.02)
-        finally:
-            subscriber.stop.set()
-            thread.join(5)
+            wait_for(lambda: len(cache.notes) >= 2, 10)
     assert [n.code for n in cache.notes] == ["hash-mismatch", "hash-mismatch"]
     before, after = (n.message for n in cache.notes)
     assert before.startswith("(caught up: before kvtui attached) ") and not after.startswith("(caught up")

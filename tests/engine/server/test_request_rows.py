@@ -6,17 +6,15 @@ prompts: the probe in the helper's report)."""
 
 from __future__ import annotations
 
-import threading
-
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import BlocksStored, EventBatch, decode_payload, encode_batch
 from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.report import summary_lines
 from kvtui.engine.server.server_trace import event_from_record, event_record
-from kvtui.engine.server.subscriber import EventEndpoint, Subscriber
+from kvtui.engine.server.subscriber import EventEndpoint
 from kvtui.engine.server.view import stats_view
 from local_publisher import LocalPublisher
-from waiting import wait_for
+from waiting import following, wait_for
 
 SIZE = 32
 SYSTEM = tuple(range(1000, 1096))  # 3 blocks the questions share
@@ -90,15 +88,8 @@ def test_the_session_goes_through_the_wire_and_the_trace():
     cache, problems = PrefixCache(TokenTexts()), []
     with LocalPublisher() as publisher:
         endpoint = EventEndpoint(publisher.endpoint, publisher.replay_endpoint, "kv-events", 0, "local")
-        subscriber = Subscriber([endpoint], cache, on_problem=problems.append)
-        thread = threading.Thread(target=subscriber.run, daemon=True)
-        thread.start()
-        try:
-            assert subscriber.connected.wait(5) and publisher.wait_subscribed()
+        with following(cache, [endpoint], [publisher], problems):
             publisher.publish(encode_batch(EventBatch(0, 1.0, (event,))))
             publisher.publish(encode_batch(EventBatch(1, 2.0, (stored(H, RENT, session="s-10"),))))
             assert wait_for(lambda: cache.stats("local").batches == 2)
-        finally:
-            subscriber.stop.set()
-            thread.join(5)
     assert facts(cache) == [("s-9", 0, False, 128, None), ("s-10", 128, True, 0, None)] and not problems
