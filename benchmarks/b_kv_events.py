@@ -140,7 +140,19 @@ async def drive_app(app, seconds: float, lags: list[float], after) -> dict:
         refreshes = screen.refreshes - before
         result = await asyncio.to_thread(after)
         result["refreshes"] = refreshes
+        # what the screen shows once all is applied or counted: its own last frame's numbers (events, lost)
+        want = result["stats"]
+        for _ in range(50):
+            shown = screen._stats
+            if shown is not None and (shown.events, _lost(shown)) == (want.events, _lost(want)):
+                break
+            await asyncio.sleep(0.1)
+        result["shown"] = None if shown is None else (shown.events, _lost(shown))
         return result
+
+
+def _lost(stats) -> int:
+    return sum(c.lost for _, c in stats.origins)
 
 
 def _peak_mb(pid: int | None) -> float:
@@ -273,6 +285,8 @@ def bench(
             for o, s in zip(origins, sent_payloads, strict=True)
         ),
         "events_applied": stats.events,
+        "events_shown": run["shown"][0] if run.get("shown") else None,  # in the screen's last frame
+        "lost_shown": run["shown"][1] if run.get("shown") else None,
         "accounted": all(
             low <= counts[o].batches + counts[o].lost <= high
             for o, low, high in zip(origins, sent_payloads, sent_after, strict=True)
