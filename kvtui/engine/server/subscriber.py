@@ -40,7 +40,9 @@ from .server_http import EventEndpoint
 REPLAY_WAIT_S = 1.0  # how long a replay answer may take before kvtui gives up on it (and counts the loss)
 RECEIVE_HWM = 20_000  # messages the SUB socket queues while kvtui is busy: ZeroMQ drops past it, and the
 # sequence numbers count what it dropped (lost), so memory stays bounded when a server outpaces the viewer
-COLLECT_EVERY_S = 60.0  # a full garbage collection this often (what is frozen between is only freed by refcounts)
+COLLECT_EVERY_S = 300.0  # a full garbage collection this often: what is frozen between is freed by refcounts only,
+# and cyclic garbage waits for this (none was found after 60,000 events of a fleet). It walks every block: about 1 s
+# over 200,000 (load 7), while the queues hold what comes meanwhile
 YIELD_S = 0.002  # ... then this long off the interpreter lock, so a saturated reader leaves the UI a share
 BATCH_BUDGET_S = 0.005  # at most this long applying queued messages before the lock is let go for the UI
 KNOWN_EVENTS = {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
