@@ -183,8 +183,8 @@ class Subscriber:
                         busy |= self._drain(sub)
                 if self.freeze_gc:
                     # what was applied is long-lived (blocks, index entries): frozen after every drain (O(1)), the
-                    # collector's passes walk only what the next drain makes. Frozen once a second, every pass walked
-                    # up to a second of blocks: 20-55 µs per event, a third of the reader's time at 20,000 events/s.
+                    # collector's passes walk only what the next drain makes. Frozen once a second, its passes walked
+                    # up to a second of blocks: 14-25 µs per event, a fifth of the reader's time (RESULTS.md, 10).
                     # Blocks hold no reference cycles once dropped (their links are cut): refcounting frees them.
                     gc.freeze()
                 if busy and (self.yield_s or self.viewer_waits.is_set()):  # more is queued: the thread that
