@@ -86,7 +86,15 @@ def notes_per_pass() -> Counter:
     return Counter(cache.note_counts)
 
 
-def publish(index: int, port_box, rate: float, seconds: float, ready, counts, passes, done) -> None:
+def _cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) a live process has used (or this one)."""
+    if pid is None:
+        return time.process_time()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def publish(index: int, port_box, rate: float, seconds: float, ready, counts, passes, done, cpu=None) -> None:
     """One publisher process (origin `index` of ORIGINS): bind, tell the port, wait for the viewer, publish its
     share of the traffic at `rate` events/s, then a heartbeat a second until `done`."""
     from local_publisher import LocalPublisher
@@ -98,7 +106,7 @@ def publish(index: int, port_box, rate: float, seconds: float, ready, counts, pa
         port_box.value = publisher.port
         ready.wait(120)
         time.sleep(0.5)
-        start, cycle, events = time.perf_counter(), 0, 0
+        start, cycle, events, cpu0 = time.perf_counter(), 0, 0, time.process_time()
         while (elapsed := time.perf_counter() - start) < seconds:
             if events > elapsed * rate:
                 time.sleep(0.001)
@@ -109,6 +117,8 @@ def publish(index: int, port_box, rate: float, seconds: float, ready, counts, pa
             events += per_pass
         passes.value = cycle
         counts.value = publisher.sent
+        if cpu is not None:
+            cpu.value = time.process_time() - cpu0  # what publishing cost
         while not done.wait(1.0) and os.getppid() == parent:  # heartbeats (as a live server's next batches):
             # their numbers reveal tail drops; until the bench says done, or is gone (killed: no orphan left)
             publisher.publish(msgpack.packb([time.time(), [], 0]))
@@ -130,7 +140,19 @@ async def drive_app(app, seconds: float, lags: list[float], after) -> dict:
         refreshes = screen.refreshes - before
         result = await asyncio.to_thread(after)
         result["refreshes"] = refreshes
+        # what the screen shows once all is applied or counted: its own last frame's numbers (events, lost)
+        want = result["stats"]
+        for _ in range(50):
+            shown = screen._stats
+            if shown is not None and (shown.events, _lost(shown)) == (want.events, _lost(want)):
+                break
+            await asyncio.sleep(0.1)
+        result["shown"] = None if shown is None else (shown.events, _lost(shown))
         return result
+
+
+def _lost(stats) -> int:
+    return sum(c.lost for _, c in stats.origins)
 
 
 def _peak_mb(pid: int | None) -> float:
@@ -156,9 +178,12 @@ def bench(
     context = multiprocessing.get_context("spawn")
     ready, done = context.Event(), context.Event()
     boxes = [(context.Value("i", 0), context.Value("q", 0), context.Value("q", 0)) for _ in range(ORIGINS)]
+    cpus = [context.Value("d", 0.0) for _ in range(ORIGINS)]
     publishers = [
-        context.Process(target=publish, args=(i, port, rate / ORIGINS, seconds, ready, sent, passes, done), daemon=True)
-        for i, (port, sent, passes) in enumerate(boxes)
+        context.Process(
+            target=publish, args=(i, port, rate / ORIGINS, seconds, ready, sent, passes, done, cpu), daemon=True
+        )
+        for i, ((port, sent, passes), cpu) in enumerate(zip(boxes, cpus, strict=True))
     ]
     for publisher in publishers:
         publisher.start()
@@ -189,6 +214,8 @@ def bench(
 
     session.start()
     time.sleep(0.5)
+    child = session._process.pid if isinstance(session, ReaderProcess) else None
+    cpu_at = (_cpu_s(child), _cpu_s()) if child is not None else (_cpu_s(), 0.0)
     ready.set()
     lags: list[float] = []
     started = time.perf_counter()
@@ -203,6 +230,9 @@ def bench(
     def after() -> dict:
         """What was applied while the publishers ran; then wait until every batch is applied or counted lost."""
         during = numbers().events
+        # CPU seconds while publishing: the reader's (the child's; in one process, the reader's and the screen's) and
+        # the screen's process (where the reader is a child): how much of a core each had
+        cpu = (_cpu_s(child) - cpu_at[0], _cpu_s() - cpu_at[1]) if child is not None else (_cpu_s() - cpu_at[0], 0.0)
         deadline = time.monotonic() + 120
         while True:
             # the publishers send a heartbeat a second until done: the counts sent are read on both sides of the
@@ -215,7 +245,14 @@ def bench(
             time.sleep(0.1)
         drained = time.perf_counter() - started
         peak = _peak_mb(session._process.pid if isinstance(session, ReaderProcess) else None)
-        return {"during": during, "stats": stats, "drained": drained, "peak": peak, "sent": (sent_before, sent_after)}
+        return {
+            "during": during,
+            "stats": stats,
+            "drained": drained,
+            "peak": peak,
+            "sent": (sent_before, sent_after),
+            "cpu": cpu,
+        }
 
     if reader != "alone":
         run = asyncio.run(drive_app(viewers.server(session=session), seconds + 1.0, lags, after))
@@ -248,6 +285,8 @@ def bench(
             for o, s in zip(origins, sent_payloads, strict=True)
         ),
         "events_applied": stats.events,
+        "events_shown": run["shown"][0] if run.get("shown") else None,  # in the screen's last frame
+        "lost_shown": run["shown"][1] if run.get("shown") else None,
         "accounted": all(
             low <= counts[o].batches + counts[o].lost <= high
             for o, low, high in zip(origins, sent_payloads, sent_after, strict=True)
@@ -269,6 +308,11 @@ def bench(
         "blocks_let_go": stats.let_go,
         "max_blocks": max_blocks,
         "peak_rss_mb": peak,
+        # cores used while publishing (CPU seconds / wall seconds): 1.0 is a whole core
+        "reader_cores": run["cpu"][0] / (seconds + 1.0),
+        "screen_cores": run["cpu"][1] / (seconds + 1.0) if reader == "process" else None,
+        "publisher_cores": sum(c.value for c in cpus) / seconds,
+        "reader_us_per_event": 1e6 * run["cpu"][0] / max(during, 1),
         "loadavg": Path("/proc/loadavg").read_text().split()[:3],
     }
 

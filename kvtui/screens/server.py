@@ -19,7 +19,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static, Tree
 
-from ..engine.server.view import CacheFrames, NodeRef
+from ..engine.server.view import Frames, NodeRef, frames_of
 from ..keys import SERVER_KEYS
 from ..widgets.server.block_detail import BlockDetail
 from ..widgets.server.cache_notes import MAX_SHOWN, CacheNotes
@@ -66,7 +66,9 @@ class ServerScreen(SourceScreen):
         self.server_run = run
         # the session's reads: over a pipe where its reader runs in a process of its own (reader_process.py)
         frames = getattr(session, "frames", None)
-        self.frames = frames if frames is not None else CacheFrames(session.cache if session is not None else run.cache)
+        self.frames: Frames = (
+            frames if frames is not None else frames_of(session.cache if session is not None else run.cache)
+        )
         self.paused = False
         self.tree_pane: PrefixTreePane | None = None  # set at mount
         self.selected: NodeRef | None = None

@@ -33,6 +33,7 @@ from .view import (
     NOTES_SHOWN,
     BlockInfo,
     Frame,
+    Frames,
     NodeRef,
     StatsView,
     TextsView,
@@ -73,8 +74,8 @@ class ReaderProcess:
         return title_of(self.servers, self.endpoints)
 
     @property
-    def frames(self) -> ReaderProcess:
-        return self
+    def frames(self) -> Frames:
+        return self  # (typed as the contract: mypy checks this class keeps view.Frames)
 
     def start(self, duration: float | None = None, wait: float = START_WAIT_S) -> None:
         """Start the child and wait until its reader has subscribed (raises what building the session raised)."""
@@ -99,7 +100,7 @@ class ReaderProcess:
             raise detail
         self._reading = True
 
-    # ---- the screen's reads (view.py's CacheFrames' three calls, the timeouts being the pipe's) ----------
+    # ---- the screen's reads (view.Frames, as CacheFrames answers them in-process; the timeouts the pipe's) ----------
 
     def read_frame(
         self,

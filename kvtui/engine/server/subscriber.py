@@ -40,7 +40,9 @@ from .server_http import EventEndpoint
 REPLAY_WAIT_S = 1.0  # how long a replay answer may take before kvtui gives up on it (and counts the loss)
 RECEIVE_HWM = 20_000  # messages the SUB socket queues while kvtui is busy: ZeroMQ drops past it, and the
 # sequence numbers count what it dropped (lost), so memory stays bounded when a server outpaces the viewer
-FREEZE_EVERY_S = 1.0
+COLLECT_EVERY_S = 300.0  # a full garbage collection this often: what is frozen between is freed by refcounts only,
+# and cyclic garbage waits for this (none was found after 60,000 events of a fleet). It walks every block: about 1 s
+# over 200,000 (load 7), while the queues hold what comes meanwhile
 YIELD_S = 0.002  # ... then this long off the interpreter lock, so a saturated reader leaves the UI a share
 BATCH_BUDGET_S = 0.005  # at most this long applying queued messages before the lock is let go for the UI
 KNOWN_EVENTS = {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
@@ -162,14 +164,13 @@ class Subscriber:
                                 self._catching_up = False
             self.caught_up.set()
             end = None if duration is None else time.monotonic() + duration
-            frozen_at = time.monotonic()
+            collected_at = time.monotonic()
             while not self.stop.is_set() and (end is None or time.monotonic() < end):
-                if self.freeze_gc and time.monotonic() - frozen_at > FREEZE_EVERY_S:
-                    # the blocks kept are many long-lived objects: a full collection walking them all stalled the
-                    # screen for up to 360 ms at 20,000 events/s; frozen, collections walk only what is new. Blocks
-                    # hold no reference cycles once dropped (their links are cut), so refcounting still frees them.
+                if self.freeze_gc and time.monotonic() - collected_at > COLLECT_EVERY_S:
+                    gc.unfreeze()  # cyclic garbage frozen since the last one (none is made per event: see below)
+                    gc.collect()
                     gc.freeze()
-                    frozen_at = time.monotonic()
+                    collected_at = time.monotonic()
                 ready = dict(poller.poll(100))
                 for monitor in self._monitors:  # a lost connection is known before what comes after it
                     if monitor in ready:
@@ -180,6 +181,12 @@ class Subscriber:
                 for sub in self._sockets:
                     if sub in ready:
                         busy |= self._drain(sub)
+                if self.freeze_gc:
+                    # what was applied is long-lived (blocks, index entries): frozen after every drain (O(1)), the
+                    # collector's passes walk only what the next drain makes. Frozen once a second, its passes walked
+                    # up to a second of blocks: 14-25 µs per event, a fifth of the reader's time (RESULTS.md, 10).
+                    # Blocks hold no reference cycles once dropped (their links are cut): refcounting frees them.
+                    gc.freeze()
                 if busy and (self.yield_s or self.viewer_waits.is_set()):  # more is queued: the thread that
                     time.sleep(self.yield_s or YIELD_S)  # reads frames gets the lock and the interpreter a moment
         finally:

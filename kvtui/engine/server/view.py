@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol
 
 from ..records.snapshot import Diagnostic, Where
 from .fleet import FleetSample, fleet_sample
@@ -469,6 +470,34 @@ def _texts(cache: PrefixCache, view: CacheView | None, info: BlockInfo | None) -
     return TextsView(MappingProxyType(pieces), frozenset(cache.texts.special))
 
 
+class Frames(Protocol):
+    """The screen's three reads of what a reader holds, whoever answers them: a PrefixCache in this process
+    (CacheFrames) or an AttachSession in a process of its own over a pipe (reader_process.ReaderProcess). One contract,
+    checked by mypy on both (`frames_of` below, ReaderProcess.frames); the timeouts are how long the screen waits."""
+
+    def read_frame(
+        self,
+        expanded: Iterable[int],
+        pinned: Iterable[int],
+        selected: NodeRef | None,
+        notes_from: int,
+        last: tuple | None,
+        timeout: float,
+        force: bool = False,
+        notes_max: int = NOTES_SHOWN,
+    ) -> Frame | None:
+        """What one refresh shows (view and info None where nothing changed since `last`); None: not in time."""
+        ...
+
+    def read_block_info(self, ref: NodeRef | None, timeout: float) -> tuple[BlockInfo | None, TextsView]:
+        """The selected block's detail (raises TimeoutError where it cannot be read in time)."""
+        ...
+
+    def read_note_target(self, note: Diagnostic, timeout: float) -> NodeRef | None:
+        """Where a note points now (raises TimeoutError where it cannot be read in time)."""
+        ...
+
+
 class CacheFrames:
     """The screen's reads of a PrefixCache in this process (a replayed trace, a session read on a thread); an
     AttachSession in a process of its own answers the same three calls over a pipe (reader_process.py)."""
@@ -476,11 +505,26 @@ class CacheFrames:
     def __init__(self, cache: PrefixCache):
         self.cache = cache
 
-    def read_frame(self, *args, **kwargs) -> Frame | None:
-        return read_frame(self.cache, *args, **kwargs)
+    def read_frame(
+        self,
+        expanded: Iterable[int],
+        pinned: Iterable[int],
+        selected: NodeRef | None,
+        notes_from: int,
+        last: tuple | None,
+        timeout: float,
+        force: bool = False,
+        notes_max: int = NOTES_SHOWN,
+    ) -> Frame | None:
+        return read_frame(self.cache, expanded, pinned, selected, notes_from, last, timeout, force, notes_max)
 
     def read_block_info(self, ref: NodeRef | None, timeout: float) -> tuple[BlockInfo | None, TextsView]:
         return read_block_info(self.cache, ref, timeout)
 
     def read_note_target(self, note: Diagnostic, timeout: float) -> NodeRef | None:
         return read_note_target(self.cache, note, timeout)
+
+
+def frames_of(cache: PrefixCache) -> Frames:
+    """The screen's reads of a cache in this process (typed as the contract: mypy checks CacheFrames keeps it)."""
+    return CacheFrames(cache)

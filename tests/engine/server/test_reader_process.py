@@ -163,3 +163,49 @@ def test_a_session_that_cannot_start_says_why(tmp_path):
     with pytest.raises(OSError, match="no such dir"):
         reader.start()
     assert not reader.running
+
+
+def test_the_reader_process_holds_what_an_in_process_reader_holds_on_the_same_stream():
+    """Many passes of new traffic from two origins, past the block cap (blocks let go), read by the TUI's reader
+    process, by an AttachSession on a thread, and folded into a PrefixCache in a plain loop here (no sockets): the
+    three give the same frame, numbers, tree, notes and request rows alike."""
+    from kvtui.engine.server.kv_events import decode_message
+    from kvtui.engine.server.prefix_cache import PrefixCache
+    from kvtui.engine.server.view import read_frame
+
+    passes = 12
+    streams = {
+        "local0": [p for k in range(passes) for p in recorded((2 * k + 1) << 20)],
+        "local1": [p for k in range(passes) for p in recorded((2 * k + 2) << 20)],
+    }
+    options = AttachOptions(max_blocks=50, metrics=False)  # below what a pass stores: blocks are let go
+    with LocalPublisher(replay=False) as one, LocalPublisher(replay=False) as two:
+        servers = servers_of([one, two])
+        reader = ReaderProcess(options, servers)
+        in_process = AttachSession(options, servers)
+        reader.start()
+        in_process.start()
+        reference = PrefixCache(max_blocks=50)
+        try:
+            assert one.wait_subscribed(2) and two.wait_subscribed(2)
+            want: dict[str, int] = {}
+            for publisher, origin in ((one, "local0"), (two, "local1")):  # one origin after the other: same order
+                for seq, payload in enumerate(streams[origin]):
+                    publisher.publish(payload)
+                    reference.apply(decode_message([b"", seq.to_bytes(8, "big"), payload]), origin)
+                want[origin] = len(streams[origin])
+                assert wait_for(lambda: batches_of(reader) == want), batches_of(reader)
+                assert wait_for(lambda: {o: s.batches for o, s in in_process.cache.origins.items()} == want)
+            expanded = {max(reference.tops)}
+            args = (expanded, set(), None, 0, None)
+            frame = reader.read_frame(*args, 0.02, force=True)
+            beside = read_frame(in_process.cache, *args, 1.0, force=True)  # (takes the cache's lock)
+            alone = read_frame(reference, *args, 1.0, force=True)
+        finally:
+            reader.stop()
+            in_process.stop()
+    assert frame is not None and beside is not None and alone is not None
+    assert sum(c.lost for _, c in frame.stats.origins) == 0
+    assert frame.stats.let_go > 0 and 0 < frame.stats.held <= 50 and frame.stats.codes
+    assert frame.view is not None and frame.view.chains[0].expanded and frame.view.chains[0].rows
+    assert frame == beside == alone
