@@ -759,3 +759,23 @@ def test_count_sparklines_start_at_zero():
     assert drawn([0.5], ceiling=1.0) == "▄" * 8  # half of 100 %: int(0.5 * 7) = 3, the fourth bar
     assert drawn([1.0, 0.0], ceiling=1.0, height=2) == "████    \n████▁▁▁▁"
     assert drawn(list(range(16))) == "▁▂▃▄▅▆▇█"  # 16 samples in 8 columns, each its bucket's maximum: 1, 3, ... 15
+
+
+def test_the_server_table_adds_the_media_columns_once_a_server_offloads_or_names_an_unknown_medium():
+    from kvtui.engine.reading.token_texts import TokenTexts
+    from kvtui.engine.server.kv_events import BlocksRemoved, BlocksStored, EventBatch
+    from kvtui.engine.server.prefix_cache import PrefixCache
+    from kvtui.engine.server.view import stats_view
+    from kvtui.widgets.server.server_stats import stat_columns
+
+    cache = PrefixCache(TokenTexts())
+    prompt = tuple(range(100, 132))
+    cache.apply(EventBatch(0, 0.0, (BlocksStored(("a0", "a1"), None, prompt, 16, medium="GPU"),)), "h:1")
+    assert "kept on a tier" not in stat_columns(stats_view(cache))[0]  # one medium: no columns for tiers
+    cache.apply(EventBatch(1, 1.0, (BlocksStored(("a0", "a1"), None, prompt, 16, medium="CPU"),)), "h:1")
+    cache.apply(EventBatch(2, 2.0, (BlocksRemoved(("a0", "a1"), medium="GPU"),)), "h:1")  # the CPU tier keeps them
+    cache.apply(EventBatch(3, 3.0, (BlocksStored(("a0", "a1"), None, prompt, 16, medium="GPU"),)), "h:1")  # back
+    cache.apply(EventBatch(4, 4.0, (BlocksStored(("n0",), None, tuple(range(16)), 16, medium="NVME"),)), "h:1")
+    names, (cells,) = stat_columns(stats_view(cache))
+    shown = dict(zip(names, cells))
+    assert (shown["unknown medium"], shown["kept on a tier"], shown["loaded back"]) == ("1", "2", "2")

@@ -299,6 +299,8 @@ class OriginCounts:
     reports: int = 0  # of them, those whose hits the server reported (kv_cache_report_mode full)
     reported_hits: int = 0
     inferred_hits: int = 0
+    kept_elsewhere: int = 0  # blocks removed from one medium while another held them (offloaded, not evicted)
+    offloaded_back: int = 0  # blocks stored on a faster medium while held only on slower ones
 
     @classmethod
     def of(cls, s: OriginStats) -> OriginCounts:
@@ -325,6 +327,8 @@ class OriginCounts:
             s.reports,
             s.reported_hits,
             s.inferred_hits,
+            s.kept_elsewhere,
+            s.offloaded_back,
         )
 
 

@@ -1,7 +1,8 @@
 """The attach screen's server numbers: per publisher the blocks stored, removed, held (of the capacity its
 metrics say), batches lost, events not decoded, blocks stored again soon after removal, and (once a publisher
 restarted) its restarts and the blocks gone with them; stream integrity (removals of blocks never stored, hashes
-stored while held); where several origins are followed, each one's routing waste and the fleet's totals; the
+stored while held, and once seen: blocks stored with a medium word kvtui does not know); once a server offloads,
+blocks removed from one medium while another tier kept them and blocks loaded back to a faster one; where several origins are followed, each one's routing waste and the fleet's totals; the
 prefix cache hit rate over time (a sparkline of /metrics polls), lately, while watched and over the server's life."""
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def stat_columns(view: StatsView) -> tuple[tuple[str, ...], list[tuple[str, ...]
     names += ("unknown", "dup hash")  # stream integrity: removals of blocks never stored, hashes stored while held
     names += ("routed",) * several  # tokens prefilled here while another replica held them
     names += ("restarts", "gone") * restarted
+    # shown once any origin has one: a medium word kvtui does not know, and blocks on other tiers (offloading)
+    odd_medium = any(stats.unknown_medium for _, stats in view.origins)
+    tiers = any(stats.kept_elsewhere or stats.offloaded_back for _, stats in view.origins)
+    names += ("unknown medium",) * odd_medium + ("kept on a tier", "loaded back") * tiers
     rows = []
     for origin, stats in view.origins:
         cells = (origin or "events",) * several
@@ -44,6 +49,8 @@ def stat_columns(view: StatsView) -> tuple[tuple[str, ...], list[tuple[str, ...]
         cells += (str(stats.unknown_removed), str(stats.stored_again))
         cells += (str(stats.routed_tokens),) * several
         cells += (str(stats.restarts), str(stats.gone)) * restarted
+        cells += (str(stats.unknown_medium),) * odd_medium
+        cells += (str(stats.kept_elsewhere), str(stats.offloaded_back)) * tiers
         rows.append(cells)
     return names, rows
 
