@@ -2,8 +2,9 @@
 metrics say), batches lost, events not decoded, blocks stored again soon after removal, and (once a publisher
 restarted) its restarts and the blocks gone with them; stream integrity (removals of blocks never stored, hashes
 stored while held, and once seen: blocks stored with a medium word kvtui does not know); once a server offloads,
-blocks removed from one medium while another tier kept them and blocks loaded back to a faster one; where several origins are followed, each one's routing waste and the fleet's totals; the
-prefix cache hit rate over time (a sparkline of /metrics polls), lately, while watched and over the server's life."""
+blocks removed from one medium while another tier kept them and blocks loaded back to a faster one; where
+several origins are followed, each one's routing waste and the fleet's totals; the prefix cache hit rate over
+time (a sparkline of /metrics polls), lately, while watched and over the server's life."""
 
 from __future__ import annotations
 
