@@ -84,6 +84,7 @@ SIBLINGS_CHECKED = 16  # cached chains compared per new chain: those sharing its
 CHURN_WINDOW_S = 60.0  # a block stored again within this time of its removal counts as churn
 CHURN_MIN = 8  # re-stores before the churn note
 VARYING_MIN = 2  # distinct texts at one cached chain's token before the varying-start note
+MISSES_KEPT = 4096  # places (origin, chain, token) where prompts left a cached chain, remembered for varying-start
 
 
 @dataclass
@@ -354,8 +355,15 @@ class ServerRules:
         return gate.would_list(count)
 
     def _count_varying(self, cached: Block, position: int, tokens: array, common: int, put: int, origin, notes):
-        miss = self._misses.setdefault((origin, cached.chain, position), _Miss())
+        key = (origin, cached.chain, position)
+        miss = self._misses.get(key)
+        if miss is None:
+            if len(self._misses) >= MISSES_KEPT:  # a long watch: the oldest place forgotten, memory stays bounded
+                del self._misses[next(iter(self._misses))]
+            miss = self._misses[key] = _Miss()
         miss.prompts += 1
+        if miss.noted:
+            return  # said once; its texts are no longer needed
         differing = put or 1  # what was put there, or the one token in place of another
         texts = self.cache.texts
         miss.texts.add(texts.text(tokens[common : common + differing]).strip())

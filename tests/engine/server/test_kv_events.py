@@ -272,3 +272,15 @@ def test_discover_reads_a_real_servers_event_sources():
     assert info.model == "smollm2" and info.root == "/m"
     assert endpoint.endpoint == "tcp://127.0.0.1:5557" and endpoint.replay == "tcp://127.0.0.1:5558"
     assert endpoint.topic == "kv-events" and endpoint.origin == f"127.0.0.1:{server.server_port}"
+
+
+def test_varying_start_remembers_a_bounded_number_of_places(monkeypatch):
+    """A long watch stays bounded: past MISSES_KEPT places the oldest is forgotten, and the recorded misses are
+    still named (the places they left are the newest)."""
+    from kvtui.engine.server import rules
+
+    monkeypatch.setattr(rules, "MISSES_KEPT", 1)
+    cache = apply_recorded("vllm-0.32-maps.msgpack")
+    assert list(cache.rules._misses) == [("server", 7, 4)]  # of 4 places, the newest
+    varying = [n for n in cache.notes if n.code == "varying-start"]
+    assert varying and "'Request 1f3a.', 'Time: 12:01.'" in varying[0].message
