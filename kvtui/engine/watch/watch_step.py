@@ -289,8 +289,10 @@ class StepBuilder:
                 positions = positions.reshape(-1, positions.shape[-1])[:, -call.n :] if call.n else positions
             call.handles["applied"] = reads.add(positions)
         if logits is not None and logits.dim() == 3:
-            pairs, ids = top_tensors(logits[:, -1], self.watcher.top_k)  # [batch, 2k] float32, [batch, k]
-            call.handles["top_pairs"], call.handles["top_ids"] = reads.add(pairs), reads.add(ids)
+            values, logprobs, ids = top_tensors(logits[:, -1], self.watcher.top_k)  # [batch, k] each
+            handles = call.handles
+            handles["top_values"], handles["top_logprobs"] = reads.add(values), reads.add(logprobs)
+            handles["top_ids"] = reads.add(ids)
         capture = call.probe.attention
         if capture is not None:  # the newest query's attention over the row the fed tokens extend
             rows = call.track.rows if call.track is not None else []
@@ -572,7 +574,10 @@ class StepBuilder:
         if "top_ids" not in call.handles or call.reads is None:
             return [()] * batch
         reads = call.reads
-        rows = top_rows_from(reads.rows(call.handles["top_pairs"]), reads.rows(call.handles["top_ids"]), self.piece)
+        handles = call.handles
+        rows = top_rows_from(
+            reads.rows(handles["top_values"]), reads.rows(handles["top_logprobs"]), reads.rows(handles["top_ids"]), self.piece
+        )
         return rows[:batch] + [()] * max(0, batch - len(rows))
 
 

@@ -20,6 +20,7 @@ import torch
 _INT = "int"  # int64 words as they are
 _PAIRS = "f32"  # float32 pairs viewed as int64 words
 _DOUBLE = "f64"  # float64 (any other float dtype converted) viewed as int64 words
+_INT64 = torch.int64
 
 
 class HostReads:
@@ -42,6 +43,11 @@ class HostReads:
             raise RuntimeError("these reads were resolved already: a tensor added now would never be read")
         flat = tensor.detach().reshape(-1)  # a view when contiguous
         dtype = flat.dtype
+        if dtype is _INT64 and not self._mixed and flat.device == self._device:  # ids, positions: the usual add
+            start, self._count = self._count, self._count + flat.numel()
+            self._words.append(flat)
+            self._meta.append((_INT, tuple(tensor.shape), start, self._count))
+            return len(self._meta) - 1
         if dtype == torch.int64:
             kind, words = _INT, flat
         elif not flat.is_floating_point() and not flat.is_complex():
