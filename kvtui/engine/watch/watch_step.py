@@ -575,9 +575,8 @@ class StepBuilder:
             return [()] * batch
         reads = call.reads
         handles = call.handles
-        rows = top_rows_from(
-            reads.rows(handles["top_values"]), reads.rows(handles["top_logprobs"]), reads.rows(handles["top_ids"]), self.piece
-        )
+        values, logprobs = reads.rows(handles["top_values"]), reads.rows(handles["top_logprobs"])
+        rows = top_rows_from(values, logprobs, reads.rows(handles["top_ids"]), self.piece)
         return rows[:batch] + [()] * max(0, batch - len(rows))
 
 
