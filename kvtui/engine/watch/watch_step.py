@@ -76,6 +76,7 @@ class Call:
     edits_at: int = 0  # where in `found` that alarm goes (what was said before it stays before it)
     mask_cached: torch.Tensor | None = None  # [batch, cached] columns of a 2-D mask, until `count_attended`
     attention: Any = None  # the step's attention reduced on the device, its values in `reads` (AttentionCapture.stage)
+    last_logits: torch.Tensor | None = None  # [1, vocab] float32 copy of the last position's logits (`prepare`)
 
     def take_reads(self) -> None:
         """Fill the call's values from its resolved transfer (what `read_call` left as handles)."""
@@ -289,7 +290,12 @@ class StepBuilder:
                 positions = positions.reshape(-1, positions.shape[-1])[:, -call.n :] if call.n else positions
             call.handles["applied"] = reads.add(positions)
         if logits is not None and logits.dim() == 3:
-            values, logprobs, ids = top_tensors(logits[:, -1], self.watcher.top_k)  # [batch, k] each
+            scores = logits[:, -1]  # [batch, vocab]
+            if scores.dtype != torch.float32:  # converted once: a copy, not the program's tensor
+                scores = scores.float()
+                if scores.shape[0] == 1:  # verify keeps it (of a batch, only row 0: copied after the forward)
+                    call.last_logits = scores.detach()
+            values, logprobs, ids = top_tensors(scores, self.watcher.top_k)  # [batch, k] each
             handles = call.handles
             handles["top_values"], handles["top_logprobs"] = reads.add(values), reads.add(logprobs)
             handles["top_ids"] = reads.add(ids)

@@ -353,6 +353,24 @@ def test_verify_between_forwards(tiny_model):
     assert {"cache-edited", "cache-mismatch"} <= {d.code for d in watcher.diagnostics}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_reads_the_logits_as_the_forward_returned_them(tiny_model, dtype):
+    """What verify compares is a copy of the forward's last logits (for a model in another dtype: the top-k's own
+    float32 copy): a program that edits its logits in place after the forward (a ban, a penalty) changes nothing."""
+    model, tokenizer = tiny_model("llama")
+    model = model.to(dtype)
+    with watch(model, tokenizer) as watcher:
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[5, 6, 7, 8]]), past_key_values=cache)
+            out = model(input_ids=torch.tensor([[9]]), past_key_values=cache)
+            expected = out.logits[0, -1].float().clone()
+            out.logits[:, -1, :] = -1e4  # the program bans everything, in place
+        assert torch.equal(watcher._last_logits, expected)
+        result = watcher.verify()
+    assert result["ok"] and result["tokens"] == 5, result
+
+
 def test_in_place_write_in_the_middle_is_caught_under_no_grad(tiny_model):
     """Outside inference mode the cache tensors count their in-place writes: any slot, any layer."""
     model, tokenizer = tiny_model("llama")
