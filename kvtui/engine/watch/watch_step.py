@@ -582,7 +582,8 @@ class StepBuilder:
         reads = call.reads
         handles = call.handles
         values, logprobs = reads.rows(handles["top_values"]), reads.rows(handles["top_logprobs"])
-        rows = top_rows_from(values, logprobs, reads.rows(handles["top_ids"]), self.piece)
+        # the texts in use (`use` set them), asked directly: a call fewer per token than self.piece
+        rows = top_rows_from(values, logprobs, reads.rows(handles["top_ids"]), self._texts.piece)
         return rows[:batch] + [()] * max(0, batch - len(rows))
 
 
