@@ -2,6 +2,7 @@
 (applied positions, cache length, per-layer shapes, top-k probabilities), alarms name the caller's
 line, and detaching leaves the model exactly as it was."""
 
+import copy
 import json
 from dataclasses import replace
 
@@ -357,8 +358,8 @@ def test_verify_between_forwards(tiny_model):
 def test_verify_reads_the_logits_as_the_forward_returned_them(tiny_model, dtype):
     """What verify compares is a copy of the forward's last logits (for a model in another dtype: the top-k's own
     float32 copy): a program that edits its logits in place after the forward (a ban, a penalty) changes nothing."""
-    model, tokenizer = tiny_model("llama")
-    model = model.to(dtype)
+    shared, tokenizer = tiny_model("llama")
+    model = copy.deepcopy(shared).to(dtype)  # the fixture's model is shared by the session's tests: left float32
     with watch(model, tokenizer) as watcher:
         cache = DynamicCache(config=model.config)
         with torch.inference_mode():
