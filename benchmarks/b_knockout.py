@@ -33,13 +33,14 @@ from kvtui.engine.watch import probe, watch_step
 
 def _no_top(scores, k):
     rows = scores.shape[0]  # nothing computed: the transfer carries no top-k and the step shows none
-    return torch.empty(rows, 0, device=scores.device), torch.empty(rows, 0, dtype=torch.long, device=scores.device)
+    empty = torch.empty(rows, 0, device=scores.device)
+    return empty, empty, torch.empty(rows, 0, dtype=torch.long, device=scores.device)
 
 
 # part -> (object, attribute, what it becomes when the part is off); None: the calibration row (A = B)
 PARTS = {
     "nothing (calibration: both sides the same)": None,
-    "top-k (topk, log_softmax, gather, cat, its share of the read, TopTokens)": (watch_step, "top_tensors", _no_top),
+    "top-k (topk, log_softmax, gather, its share of the read, TopTokens)": (watch_step, "top_tensors", _no_top),
     "fingerprint (end-slot copies; the next forward's check)": (introspect, "fingerprint", lambda cache: None),
     "layer infos (and their share of the record)": (introspect, "layer_infos", lambda cache, window=None: ()),
     "caller line (the stack walk)": (probe, "caller_and_generate", lambda skip: ("program.py:1", [])),

@@ -4,6 +4,9 @@ watched program (what the top-k pane shows). Shapes: scores [vocab] or [rows, vo
 from __future__ import annotations
 
 import math
+from collections import deque
+from dataclasses import fields
+from itertools import repeat
 
 import torch
 
@@ -37,27 +40,34 @@ def top_token_rows(scores: torch.Tensor, k: int, piece) -> list[tuple[TopToken, 
     return _top_rows(found, piece)
 
 
-def top_tensors(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """top_token_rows' device part, nothing read: (each row's k highest logits then their log-probabilities,
-    [rows, 2k] float32; their ids, [rows, k]). For a caller that reads them with its other tensors in one
-    transfer (`introspect.HostReads`); `top_rows_from` makes the TopTokens of what it read."""
+def top_tensors(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """top_token_rows' device part, nothing read: each row's k highest logits [rows, k] float32, their
+    log-probabilities [rows, k] float32 and their ids [rows, k]; three ops (topk, log_softmax, gather). For a
+    caller that reads them with its other tensors in one transfer (`introspect.HostReads`, which joins them:
+    no cat of their own); `top_rows_from` makes the TopTokens of what it read."""
     k = min(k, scores.shape[-1])
     if scores.dtype != torch.float32:
         scores = scores.float()
     values, ids = torch.topk(scores, k)  # [rows, k]
     logprobs = torch.log_softmax(scores, dim=-1).gather(-1, ids)  # [rows, k]
-    return torch.cat((values, logprobs), dim=-1), ids
+    return values, logprobs, ids
 
 
-def top_rows_from(pairs: list[list[float]], ids: list[list[int]], piece) -> list[tuple[TopToken, ...]]:
-    """The TopTokens of what top_tensors gave, read: pairs [rows][2k], ids [rows][k]."""
-    return _top_rows(((row[: len(i)], row[len(i) :], i) for row, i in zip(pairs, ids)), piece)
+def top_rows_from(
+    logits: list[list[float]], logprobs: list[list[float]], ids: list[list[int]], piece
+) -> list[tuple[TopToken, ...]]:
+    """The TopTokens of what top_tensors gave, read: logits, logprobs and ids [rows][k]."""
+    return _top_rows(zip(logits, logprobs, ids), piece)
 
 
 def _top_rows(found, piece) -> list[tuple[TopToken, ...]]:
     """(logits, log-probabilities, ids) per row -> its TopTokens."""
     out = []
     for logits, row_logprobs, row_ids in found:
+        fast = _fast_row(logits, row_logprobs, row_ids, piece)
+        if fast is not None:
+            out.append(fast)
+            continue
         tops = []
         for rank, (token_id, logit, logprob) in enumerate(zip(row_ids, logits, row_logprobs)):
             # a NaN (a broken model) fails the test: 0, never a NaN in the trace
@@ -66,6 +76,27 @@ def _top_rows(found, piece) -> list[tuple[TopToken, ...]]:
                 tops.append(TopToken(token_id, piece(token_id), _finite(logit), prob, rank + 1))
         out.append(tuple(tops))
     return out
+
+
+# TopToken's slots' setters, in field order (id, text, logit, prob, rank): the row's tokens are filled field by
+# field in C-level passes, as its __init__ fills them one by one (introspect's LayerInfos are built the same way)
+_TOP_SETTERS = [TopToken.__dict__[f.name].__set__ for f in fields(TopToken)]
+_ABOVE_NEG_INF, _ABOVE_FLOOR = (-math.inf).__lt__, (-1e30).__lt__
+
+
+def _fast_row(logits: list[float], logprobs: list[float], ids: list[int], piece) -> tuple[TopToken, ...] | None:
+    """A row whose every log-probability is finite with a probability above 0 and whose every logit is above the
+    floor (every row of a sane model): its TopTokens, the same as the loop in `_top_rows` makes; else None."""
+    if not (all(map(_ABOVE_NEG_INF, logprobs)) and all(map(_ABOVE_FLOOR, logits))):
+        return None  # a -inf, a NaN or a masked logit: the loop says what each one is
+    probs = list(map(math.exp, logprobs))
+    if not all(probs):  # a probability that underflows to 0: the loop drops it
+        return None
+    count = len(ids)
+    made = list(map(object.__new__, repeat(TopToken, count)))
+    for setter, column in zip(_TOP_SETTERS, (ids, map(piece, ids), logits, probs, range(1, count + 1))):
+        deque(map(setter, made, column), maxlen=0)
+    return tuple(made)
 
 
 def chosen_from_top(top: tuple[TopToken, ...], token_id: int) -> TopToken | None:

@@ -73,6 +73,9 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         if objects
         else (_layer_record, _top_record, _token_record)
     )
+    topk = [top_record(t) for t in s.topk]
+    # the same tuple (a watched step's, a greedy session's): its dicts once, when the record is only serialised
+    same = objects and s.topk_processed is s.topk
     return {
         "type": "step",
         "step": s.step,
@@ -85,8 +88,8 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         "cache_seq_length": s.cache_seq_length,
         "capacity": s.capacity,
         "layers": list(map(layer_record, s.layers)),  # no Python frame per layer but the record's own
-        "topk": [top_record(t) for t in s.topk],
-        "topk_processed": [top_record(t) for t in s.topk_processed],
+        "topk": topk,
+        "topk_processed": topk if same else [top_record(t) for t in s.topk_processed],
         "watched": [top_record(t) for t in s.watched],
         "chosen": None if s.chosen is None else {**_top_record(s.chosen), "forced": s.chosen_forced},
         "turn_done": s.turn_done,

@@ -496,7 +496,9 @@ class Watcher:
                 snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_probe = call.probe
-            if logits is not None and logits.dim() == 3:
+            if call.last_logits is not None:  # the top-k's float32 copy (a model in another dtype): row 0
+                self._last_logits = call.last_logits[0]
+            elif logits is not None and logits.dim() == 3:
                 last = logits[0, -1].detach()  # [vocab], for verify: a copy (the program may edit its logits)
                 self._last_logits = last.clone() if last.dtype == torch.float32 else last.float()
             self.diagnostics.extend(snapshot.diagnostics)

@@ -76,6 +76,7 @@ class Call:
     edits_at: int = 0  # where in `found` that alarm goes (what was said before it stays before it)
     mask_cached: torch.Tensor | None = None  # [batch, cached] columns of a 2-D mask, until `count_attended`
     attention: Any = None  # the step's attention reduced on the device, its values in `reads` (AttentionCapture.stage)
+    last_logits: torch.Tensor | None = None  # [1, vocab] float32 copy of the last position's logits (`prepare`)
 
     def take_reads(self) -> None:
         """Fill the call's values from its resolved transfer (what `read_call` left as handles)."""
@@ -289,8 +290,15 @@ class StepBuilder:
                 positions = positions.reshape(-1, positions.shape[-1])[:, -call.n :] if call.n else positions
             call.handles["applied"] = reads.add(positions)
         if logits is not None and logits.dim() == 3:
-            pairs, ids = top_tensors(logits[:, -1], self.watcher.top_k)  # [batch, 2k] float32, [batch, k]
-            call.handles["top_pairs"], call.handles["top_ids"] = reads.add(pairs), reads.add(ids)
+            scores = logits[:, -1]  # [batch, vocab]
+            if scores.dtype != torch.float32:  # converted once: a copy, not the program's tensor
+                scores = scores.float()
+                if scores.shape[0] == 1:  # verify keeps it (of a batch, only row 0: copied after the forward)
+                    call.last_logits = scores.detach()
+            values, logprobs, ids = top_tensors(scores, self.watcher.top_k)  # [batch, k] each
+            handles = call.handles
+            handles["top_values"], handles["top_logprobs"] = reads.add(values), reads.add(logprobs)
+            handles["top_ids"] = reads.add(ids)
         capture = call.probe.attention
         if capture is not None:  # the newest query's attention over the row the fed tokens extend
             rows = call.track.rows if call.track is not None else []
@@ -572,7 +580,10 @@ class StepBuilder:
         if "top_ids" not in call.handles or call.reads is None:
             return [()] * batch
         reads = call.reads
-        rows = top_rows_from(reads.rows(call.handles["top_pairs"]), reads.rows(call.handles["top_ids"]), self.piece)
+        handles = call.handles
+        values, logprobs = reads.rows(handles["top_values"]), reads.rows(handles["top_logprobs"])
+        # the texts in use (`use` set them), asked directly: a call fewer per token than self.piece
+        rows = top_rows_from(values, logprobs, reads.rows(handles["top_ids"]), self._texts.piece)
         return rows[:batch] + [()] * max(0, batch - len(rows))
 
 

@@ -209,6 +209,40 @@ def test_the_cache_fingerprint_sees_what_the_program_did(mode):
         assert check(lambda: cache.reset()) is not None
 
 
+@pytest.mark.parametrize("filled", [1, 2, 7])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "mixed"])
+def test_the_end_slot_views_are_slots_0_and_last(filled, layout):
+    """The fingerprint's end-slot views (as_strided when every K and V shares one shape and stride, indexed
+    otherwise) hold slots 0 and filled-1 of each tensor, for any slot count and memory layout, and an in-place
+    edit of either slot is named."""
+    config = LlamaConfig(
+        num_hidden_layers=3, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, vocab_size=64
+    )
+
+    def tensor(layer: int) -> torch.Tensor:
+        made = torch.randn(1, 2, filled, 8)
+        if layout == "transposed" or (layout == "mixed" and layer == 1):  # same values, another stride
+            made = made.transpose(2, 3).contiguous().transpose(2, 3)
+        return made
+
+    with torch.inference_mode():
+        cache = DynamicCache(config=config)
+        for layer in range(3):
+            cache.update(tensor(layer), tensor(layer), layer)
+        fingerprint = introspect.fingerprint(cache)
+        tensors = [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]
+        slots = [0] if filled == 1 else [0, filled - 1]
+        assert len(fingerprint.views) == 6
+        assert [index for index, _ in fingerprint.views] == [0, 1, 2, 0, 1, 2]  # each view's layer
+        for (_, view), held in zip(fingerprint.views, tensors):
+            assert torch.equal(view, held[:, :, slots]) and view.data_ptr() >= held.data_ptr()  # a view, no copy
+        assert introspect.changed(fingerprint, cache) is None
+        for slot, layer in ((0, 2), (filled - 1, 0)):
+            before = introspect.fingerprint(cache)
+            cache.layers[layer].values[:, :, slot] += 1.0
+            assert introspect.changed(before, cache) == f"K/V values edited in place in 1 of 3 layers ({layer})"
+
+
 def _written(snapshot) -> dict:
     return json.loads(record_line(snapshot))
 

@@ -2,6 +2,7 @@
 (applied positions, cache length, per-layer shapes, top-k probabilities), alarms name the caller's
 line, and detaching leaves the model exactly as it was."""
 
+import copy
 import json
 from dataclasses import replace
 
@@ -351,6 +352,24 @@ def test_verify_between_forwards(tiny_model):
     assert good["ok"] and good["tokens"] == 5 and good["max_abs_diff"] < 1e-4
     assert not bad["ok"] and bad["tokens"] == 6
     assert {"cache-edited", "cache-mismatch"} <= {d.code for d in watcher.diagnostics}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_reads_the_logits_as_the_forward_returned_them(tiny_model, dtype):
+    """What verify compares is a copy of the forward's last logits (for a model in another dtype: the top-k's own
+    float32 copy): a program that edits its logits in place after the forward (a ban, a penalty) changes nothing."""
+    shared, tokenizer = tiny_model("llama")
+    model = copy.deepcopy(shared).to(dtype)  # the fixture's model is shared by the session's tests: left float32
+    with watch(model, tokenizer) as watcher:
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[5, 6, 7, 8]]), past_key_values=cache)
+            out = model(input_ids=torch.tensor([[9]]), past_key_values=cache)
+            expected = out.logits[0, -1].float().clone()
+            out.logits[:, -1, :] = -1e4  # the program bans everything, in place
+        assert torch.equal(watcher._last_logits, expected)
+        result = watcher.verify()
+    assert result["ok"] and result["tokens"] == 5, result
 
 
 def test_in_place_write_in_the_middle_is_caught_under_no_grad(tiny_model):

@@ -16,6 +16,7 @@ from .transfer import HostReads
 
 _KEYS, _VALUES, _VERSION = attrgetter("keys"), attrgetter("values"), attrgetter("_version")
 _IS_INFERENCE, _SLOTS = methodcaller("is_inference"), methodcaller("size", -2)
+_SHAPE, _STRIDE, _AS_STRIDED = attrgetter("shape"), methodcaller("stride"), torch.Tensor.as_strided
 _LAYER, _VIEW = itemgetter(0), itemgetter(1)  # of a (layer index, view) entry
 
 
@@ -109,12 +110,26 @@ def _plain_fingerprint(layers: list) -> Fingerprint | None:
     if any(map(_IS_INFERENCE, keys)) or any(map(_IS_INFERENCE, values)):
         versions = None
         if filled > 0:  # slots 0 and filled-1 of every K, then of every V (views, no copy)
-            ends = (slice(None), slice(None), slice(0, filled, max(1, filled - 1)))
-            views = list(zip(chain(range(count), range(count)), map(getitem, chain(keys, values), repeat(ends))))
+            views = list(zip(chain(range(count), range(count)), _end_slots(keys, values, filled)))
     else:  # autograd's counters of in-place writes: free to read
         versions = (list(map(_VERSION, keys)), list(map(_VERSION, values)))
     entries = list(zip(layers, keys, values, repeat(None), zip(*versions) if versions else repeat(None)))
     return Fingerprint(entries, views, _stack(views), (layers, keys, values, versions))
+
+
+def _end_slots(keys: list, values: list, filled: int):
+    """Views of slots 0 and filled-1 of every K, then every V ([batch, heads, 2 or 1, head_dim] each, no copy): when
+    all share one shape and one stride (the usual case) each is one `as_strided` call, a third of the host time of
+    an indexing view (the index's parsing, a slice per dimension); else each is indexed."""
+    tensors = list(chain(keys, values))
+    shapes, strides = set(map(_SHAPE, tensors)), set(map(_STRIDE, tensors))
+    if len(shapes) == 1 and len(strides) == 1:
+        (batch, heads, _, width), (s0, s1, s2, s3) = shapes.pop(), strides.pop()
+        step = max(1, filled - 1)  # the index below: slice(0, filled, step) takes 1 slot (filled 1) or 2
+        size, stride = (batch, heads, 1 if filled == 1 else 2, width), (s0, s1, s2 * step, s3)
+        return map(_AS_STRIDED, tensors, repeat(size), repeat(stride))
+    ends = (slice(None), slice(None), slice(0, filled, max(1, filled - 1)))
+    return map(getitem, tensors, repeat(ends))
 
 
 def _plain_same(plain: tuple, layers: list) -> bool:

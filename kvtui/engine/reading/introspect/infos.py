@@ -31,14 +31,14 @@ from .layers import (
 
 def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...]:
     """One LayerInfo per cache layer, from shapes and counters only."""
-    reader = CountReader(cache)
-    cache_len = reader.length()
     offloading = bool(getattr(cache, "offloading", False))
-    only_non_sliding = bool(getattr(cache, "only_non_sliding", False))
     if not offloading:
         uniform = uniform_infos(cache.layers)
-        if uniform is not None:
+        if uniform is not None:  # the cache's length is not asked: its layers' shapes tell it
             return uniform
+    reader = CountReader(cache)
+    cache_len = reader.length()
+    only_non_sliding = bool(getattr(cache, "only_non_sliding", False))
     infos = []
     for index, layer in enumerate(cache.layers):
         kind = kind_of(layer)

@@ -20,6 +20,7 @@ import torch
 _INT = "int"  # int64 words as they are
 _PAIRS = "f32"  # float32 pairs viewed as int64 words
 _DOUBLE = "f64"  # float64 (any other float dtype converted) viewed as int64 words
+_INT64 = torch.int64
 
 
 class HostReads:
@@ -40,18 +41,22 @@ class HostReads:
         """Register `tensor` (any shape; ints, bools or floats); returns its handle. Nothing is read yet."""
         if self._host is not None:
             raise RuntimeError("these reads were resolved already: a tensor added now would never be read")
-        flat = tensor.detach().reshape(-1)  # a view when contiguous
-        dtype = flat.dtype
-        if dtype == torch.int64:
-            kind, words = _INT, flat
-        elif not flat.is_floating_point() and not flat.is_complex():
-            kind, words = _INT, flat.to(torch.int64)
-        elif (
-            dtype == torch.float32 and flat.numel() % 2 == 0 and flat.is_contiguous() and flat.storage_offset() % 2 == 0
-        ):
-            kind, words = _PAIRS, flat.view(torch.int64)  # [numel / 2]: a view, no kernel
+        dtype = tensor.dtype
+        if dtype is _INT64:  # ids, positions, counts (never requiring grad): as they are, flattened when not 1-D
+            kind, words = _INT, tensor if tensor.dim() == 1 else tensor.reshape(-1)  # a view when contiguous
         else:
-            kind, words = _DOUBLE, flat.to(torch.float64).view(torch.int64)
+            flat = tensor.detach().reshape(-1)  # a view when contiguous
+            if not flat.is_floating_point() and not flat.is_complex():
+                kind, words = _INT, flat.to(torch.int64)
+            elif (
+                dtype == torch.float32
+                and flat.numel() % 2 == 0
+                and flat.is_contiguous()
+                and flat.storage_offset() % 2 == 0
+            ):
+                kind, words = _PAIRS, flat.view(torch.int64)  # [numel / 2]: a view, no kernel
+            else:
+                kind, words = _DOUBLE, flat.to(torch.float64).view(torch.int64)
         if words.device != self._device:
             self._mixed, self._device = self._device is not None or self._mixed, words.device
         start, self._count = self._count, self._count + words.numel()
