@@ -381,6 +381,7 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
         "plain_us": [],  # µs a token of each loop
         "floor_us": [],
         "watched_us": [],
+        "untraced_us": [],  # watched with no trace written: what the record costs is watched_us - untraced_us
     }
 
     def steps(step, count=n):
@@ -407,10 +408,16 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
             finally:
                 floor_hook.remove()
 
+        def run_untraced():
+            with probe.watch(model, tokenizer):
+                loop = UserLoop(model, tokenizer)
+                return _timed(steps(loop.step))
+
         if repeat % 2:  # watched and floor alternate which goes first
             floor, watched = run_floor(), run_watched()
         else:
             watched, floor = run_watched(), run_floor()
+        untraced = run_untraced()
         chat = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=10**9))
         chat.stop_ids = frozenset()
         rec = recorder.Recorder(chat, trace_dir / f"engine{repeat}.jsonl")
@@ -428,7 +435,12 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
             ratios["floor_over_plain"].append(floor[0] / plain[0])
             ratios["watched_over_floor"].append(watched[0] / floor[0])
             ratios["watched_over_floor_cpu"].append(watched[1] / floor[1])
-            for name, run in (("plain_us", plain), ("floor_us", floor), ("watched_us", watched)):
+            for name, run in (
+                ("plain_us", plain),
+                ("floor_us", floor),
+                ("watched_us", watched),
+                ("untraced_us", untraced),
+            ):
                 ratios[name].append(run[0] / n * 1e6)
             log(
                 f"  repeat {repeat}: watched/plain {ratios['watched_over_plain'][-1]:.3f} (CPU "
@@ -675,7 +687,8 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
             f"floor/plain {_r['floor_over_plain']['median']:.3f}; "
             f"watched/floor {_r['watched_over_floor']['median']:.3f} ({_r['watched_over_floor']['min']:.3f}–"
             f"{_r['watched_over_floor']['max']:.3f}); µs a token: plain {_r['plain_us']['median']:.0f}, floor "
-            f"{_r['floor_us']['median']:.0f}, watched {_r['watched_us']['median']:.0f}; CPU time: watched/floor "
+            f"{_r['floor_us']['median']:.0f}, watched {_r['watched_us']['median']:.0f}, "
+            f"watched with no trace {_r['untraced_us']['median']:.0f}; CPU time: watched/floor "
             f"{_r['watched_over_floor_cpu']['median']:.3f} ({_r['watched_over_floor_cpu']['min']:.3f}–"
             f"{_r['watched_over_floor_cpu']['max']:.3f})"
         )
@@ -693,5 +706,5 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
         f"{r['floor_over_plain']['median']:.3f}; watched/floor {r['watched_over_floor']['median']:.3f} "
         f"({r['watched_over_floor']['min']:.3f}–{r['watched_over_floor']['max']:.3f}); µs a token: "
         f"plain {r['plain_us']['median']:.0f}, floor {r['floor_us']['median']:.0f}, "
-        f"watched {r['watched_us']['median']:.0f}"
+        f"watched {r['watched_us']['median']:.0f}, watched with no trace {r['untraced_us']['median']:.0f}"
     )
