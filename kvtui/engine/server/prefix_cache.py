@@ -252,12 +252,15 @@ class PrefixCache:
         row = None
         new_blocks = 0
         blocks, group, by_content, removed_at = self.blocks, event.group, self.by_content, self._removed_at
+        elsewhere_held = self._elsewhere
         lora, extras = event.lora, len(event.extra)
         word = _word(event.medium)
         back: list[Block] = []  # blocks held only in slower media that this store put on a faster one (came back)
         back_from: set[str | None] = set()  # the media they came back from
+        at = 0  # where this block's tokens start in `ids`
         for index, key in enumerate(event.hashes):
-            tokens = ids[index * size : (index + 1) * size]
+            tokens = ids[at : at + size]
+            at += size
             ident = (origin, group, key)
             held = blocks.get(ident)
             if held is not None:  # stored again without a removal kvtui saw: nothing new (counted), or another medium
@@ -270,15 +273,20 @@ class PrefixCache:
                         back.append(held)
                         back_from.update(came)
                 continue
-            elsewhere = self._elsewhere.pop(ident, None) if self._elsewhere else None
+            elsewhere = elsewhere_held.pop(ident, None) if elsewhere_held else None
             gone = removed_at.pop(ident, None) if removed_at else None
             came_back = elsewhere is not None and _faster(word, elsewhere)
             if elsewhere is not None:  # a medium held it (its store named the hash only): not evicted
                 gone = None
             if gone is not None and gone.how == "evicted" and ts - gone.removed_ts <= CHURN_WINDOW_S:
                 stats.restored += 1
-            orphan = parent is None and index == 0 and event.parent is not None  # its parent came before kvtui
-            content = _content(parent, tokens, orphan or (parent is None and index > 0))
+            if parent is None:
+                orphan = index == 0 and event.parent is not None  # its parent came before kvtui
+                # (the start unknown: an orphan, or a block after one kvtui let go within this store)
+                content = 0 if orphan or index > 0 else chain_content(1, tokens)
+            else:
+                orphan = False
+                content = chain_content(parent.content, tokens) if parent.content else 0
             if first_new:
                 first_new = False
                 # blocks stored after a leaf a miss was noted on: that request decoding on (or its next turn), not
@@ -299,9 +307,10 @@ class PrefixCache:
                     row = self._prefill_row(event, origin, stats, parent, ts)
                 if noted and row.cause is None:
                     row.cause = notes[before].code if len(notes) > before else "offloaded-prefix"
-            holders = by_content.get((group, content)) if content and not continuing else None
-            if holders and (len(holders) > 1 or origin not in holders):
-                stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
+            if content and not continuing:
+                holders = by_content.get((group, content))
+                if holders and (len(holders) > 1 or origin not in holders):
+                    stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             block = self._new_block(key, origin, parent, tokens, event, ts, orphan)
             block.content = content
             block.noted = noted or continuing
@@ -318,8 +327,8 @@ class PrefixCache:
                 self._hold_content(block)
             parent = block
             new_blocks += 1
-            stats.stored += 1
-            stats.held += 1
+        stats.stored += new_blocks
+        stats.held += new_blocks
         if back and not continuing:
             self._say_back(event, origin, stats, back, back_from, notes)
         if row is not None and parent is not None:  # the request's row: its new blocks, the last where it goes on
@@ -666,14 +675,6 @@ def _count_hit(block: Block) -> None:
         node.hits += 1
         node = node.parent
         steps += 1
-
-
-def _content(parent: Block | None, tokens: array, start_unknown: bool) -> int:
-    """kvtui's hash of a prompt's tokens from its start through this block, whatever hash the server uses (0 where
-    the start is unknown: its parent came before kvtui attached, or was let go)."""
-    if start_unknown or (parent is not None and not parent.content):
-        return 0
-    return chain_content(parent.content if parent is not None else 1, tokens)
 
 
 def _faster(word: str | None, media) -> bool:

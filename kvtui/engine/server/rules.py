@@ -52,7 +52,7 @@ from ..reading.edits import (
     under_block_words,
     under_one_block,
 )
-from ..reading.prefixes import common_prefix, only_template_differs
+from ..reading.prefixes import common_prefix, longest_prefix, only_template_differs
 from ..reading.token_texts import TokenTexts
 from ..records.diagnostic_groups import FloodGate
 from ..records.snapshot import Diagnostic, Where
@@ -297,12 +297,10 @@ class ServerRules:
         new_run = ids[start_at:] if ids is not None else array("l", event.token_ids[start_at:])
         siblings = cache.siblings(origin, event.group, parent, int(tokens[0]))
         best, common = None, 0
-        for sibling in (siblings or [])[-SIBLINGS_CHECKED:]:  # the oldest of equals wins: the chain others came from
-            shared = common_prefix(sibling.tokens, tokens)
-            if shared > common:
-                best, common = sibling, shared
-                if shared == len(tokens):
-                    break
+        if siblings:  # the oldest of equals wins: the chain others came from
+            checked = siblings[-SIBLINGS_CHECKED:]
+            found, common = longest_prefix([sibling.tokens for sibling in checked], tokens)
+            best = checked[found] if found >= 0 else None
         if best is not None and common >= len(tokens):
             return  # same tokens, another hash (hash-mismatch where kvtui knows the prompt's start)
         edit = None
