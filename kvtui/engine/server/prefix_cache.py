@@ -253,7 +253,7 @@ class PrefixCache:
         new_blocks = 0
         blocks, group, by_content, removed_at = self.blocks, event.group, self.by_content, self._removed_at
         elsewhere_held = self._elsewhere
-        lora, extras = event.lora, len(event.extra)
+        extras = len(event.extra)
         word = _word(event.medium)
         back: list[Block] = []  # blocks held only in slower media that this store put on a faster one (came back)
         back_from: set[str | None] = set()  # the media they came back from
@@ -307,24 +307,21 @@ class PrefixCache:
                     row = self._prefill_row(event, origin, stats, parent, ts)
                 if noted and row.cause is None:
                     row.cause = notes[before].code if len(notes) > before else "offloaded-prefix"
-            if content and not continuing:
-                holders = by_content.get((group, content))
-                if holders and (len(holders) > 1 or origin not in holders):
-                    stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
-            block = self._new_block(key, origin, parent, tokens, event, ts, orphan)
-            block.content = content
-            block.noted = noted or continuing
-            if lora is not None:
-                block.lora = lora
-            if index < extras:
-                block.extra = event.extra[index]
+            holders = by_content.get((group, content)) if content else None
+            if holders and not continuing and (len(holders) > 1 or origin not in holders):
+                stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
+            extra = event.extra[index] if index < extras else ""
+            block = self._new_block(key, origin, parent, tokens, event, ts, orphan, content, noted or continuing, extra)
             if elsewhere is not None:
                 block.media = {word: 1, **{m: n for m, n in elsewhere.items() if m != word}}
                 if came_back:
                     back.append(block)
                     back_from.update(elsewhere)
             if content:
-                self._hold_content(block)
+                if holders is None:  # the first to hold these tokens (most blocks): held by this origin alone
+                    by_content[(group, content)] = {origin: [block]}
+                else:
+                    self._hold_content(block)
             parent = block
             new_blocks += 1
         stats.stored += new_blocks
@@ -373,20 +370,24 @@ class PrefixCache:
         stats.inferred_hits += hit or 0
         return self.requests.prefill(origin, event.group, event.session, hit, 0, ts)
 
-    def _new_block(self, key, origin, parent, tokens, event, ts, orphan) -> Block:
+    def _new_block(self, key, origin, parent, tokens, event, ts, orphan, content, noted, extra) -> Block:
         group = event.group
+        sibling_key = (origin, group, parent.key if parent is not None else None, tokens[0] if tokens else -1)
         if parent is None:
             self.chains += 1
             chain = self.chains
-            block = Block(key, origin, None, tokens, group, event.medium, chain, 0, self.batches, ts, orphan=orphan)
+            block = Block(
+                key, origin, None, tokens, group, event.medium, chain, 0, self.batches, ts, [], orphan, sibling_key,
+                content, 0, event.lora, extra, noted,
+            )  # fmt: skip
             self.tops.setdefault(chain, []).append(block)
         else:
             block = Block(
-                key, origin, parent, tokens, group, event.medium, parent.chain, parent.depth + 1, self.batches, ts
-            )
+                key, origin, parent, tokens, group, event.medium, parent.chain, parent.depth + 1, self.batches, ts, [],
+                False, sibling_key, content, 0, event.lora, extra, noted,
+            )  # fmt: skip
             parent.children.append(block)
         self.blocks[(origin, group, key)] = block
-        sibling_key = block.sibling_key = (origin, group, parent.key if parent else None, _first(tokens))
         siblings = self._by_first.get(sibling_key)
         if siblings is None:
             self._by_first[sibling_key] = [block]

@@ -316,9 +316,17 @@ class ServerRules:
         code, why = "recomputed-prefix", ""
         a0, b0 = int(cached_run[common]), int(new_run[common])
         texts.ensure((a0, b0))
-        if a0 in texts.special or b0 in texts.special or not texts.piece(a0).strip() or not texts.piece(b0).strip():
+        # a special token or whitespace at the difference: the only case only_template_differs reads further
+        template_like = (
+            a0 in texts.special or b0 in texts.special or not texts.piece(a0).strip() or not texts.piece(b0).strip()
+        )
+        if template_like:
             texts.ensure([*cached_run[common:], *new_run[common:]])  # the judgement reads the texts from there on
-        if edit is None and only_template_differs(cached_run[common:], new_run[common:], texts.special, texts.piece):
+        if (
+            edit is None
+            and template_like
+            and only_template_differs(cached_run[common:], new_run[common:], texts.special, texts.piece)
+        ):
             code = "template-drift"
             why = " (only the chat template's tokens differ: render every request's template the same way)"
         else:
@@ -352,12 +360,17 @@ class ServerRules:
         return gate.would_list(count)
 
     def _count_varying(self, cached: Block, position: int, tokens: array, common: int, put: int, origin, notes):
-        miss = self._misses.setdefault((origin, cached.chain, position), _Miss())
+        key = (origin, cached.chain, position)
+        miss = self._misses.get(key)
+        if miss is None:
+            miss = self._misses[key] = _Miss()
         miss.prompts += 1
+        if miss.noted:
+            return  # said once: the texts are read only until it is (not built again for every later prompt)
         differing = put or 1  # what was put there, or the one token in place of another
         texts = self.cache.texts
         miss.texts.add(texts.text(tokens[common : common + differing]).strip())
-        if len(miss.texts) >= VARYING_MIN and not miss.noted:
+        if len(miss.texts) >= VARYING_MIN:
             miss.noted = True
             cached_text = texts.text(cached.tokens[common : common + 1])
             examples = f"{cached_text!r} cached; " + ", ".join(repr(t) for t in sorted(miss.texts)[:3])
