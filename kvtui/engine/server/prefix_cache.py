@@ -246,7 +246,9 @@ class PrefixCache:
             return
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])
-        ids = array("l", event.token_ids)  # once per event: each block's tokens are a slice of it (C)
+        ids = event.ids  # once per event (the decoder's, or made here): each block's tokens are a slice of it (C)
+        if ids is None:
+            ids = array("l", event.token_ids)
         first_new = True
         continuing = noted = False
         row = None
@@ -458,21 +460,31 @@ class PrefixCache:
     def _drop(self, block: Block) -> None:
         """Forget one block; its children stay as the tops of its chain (orphans: their parent went)."""
         del self.blocks[(block.origin, block.group, block.key)]
-        tops = self.tops.get(block.chain)
+        all_tops, chain = self.tops, block.chain
+        tops = all_tops.get(chain)
         if block.parent is not None:
             block.parent.children.remove(block)
-        elif tops is not None and block in tops:
-            tops.remove(block)
-        for child in block.children:
-            child.parent, child.orphan = None, True
-            self.tops.setdefault(block.chain, []).append(child)
-        if not self.tops.get(block.chain, True):
-            del self.tops[block.chain]
+        elif tops is not None:
+            try:  # (found by identity: Block compares so)
+                tops.remove(block)
+            except ValueError:
+                pass
+        if block.children:
+            if tops is None:
+                tops = all_tops[chain] = []
+            for child in block.children:
+                child.parent, child.orphan = None, True
+                tops.append(child)
+        if tops is not None and not tops:
+            del all_tops[chain]
         if block.content:
             self._release_content(block)
         siblings = self._by_first.get(block.sibling_key)
-        if siblings is not None and block in siblings:
-            siblings.remove(block)
+        if siblings is not None:
+            try:
+                siblings.remove(block)
+            except ValueError:
+                return
             if not siblings:
                 del self._by_first[block.sibling_key]
 
@@ -514,10 +526,13 @@ class PrefixCache:
     def _release_content(self, block: Block) -> None:
         holders = self.by_content.get((block.group, block.content))
         mine = holders.get(block.origin) if holders is not None else None
-        if holders is None or mine is None or block not in mine:
+        if holders is None or mine is None:
+            return
+        try:
+            mine.remove(block)
+        except ValueError:
             return
         several = len(holders) >= 2
-        mine.remove(block)
         if not mine:
             del holders[block.origin]
         if several:
