@@ -457,9 +457,11 @@ class PrefixCache:
         stats.last_seq = -1
         return gone
 
-    def _drop(self, block: Block) -> None:
-        """Forget one block; its children stay as the tops of its chain (orphans: their parent went)."""
-        del self.blocks[(block.origin, block.group, block.key)]
+    def _drop(self, block: Block, indexed: bool = True) -> None:
+        """Forget one block; its children stay as the tops of its chain (orphans: their parent went). `indexed`
+        False: the caller has taken it out of self.blocks already."""
+        if indexed:
+            del self.blocks[(block.origin, block.group, block.key)]
         all_tops, chain = self.tops, block.chain
         tops = all_tops.get(chain)
         if block.parent is not None:
@@ -489,9 +491,10 @@ class PrefixCache:
                 del self._by_first[block.sibling_key]
 
     def _let_go_oldest(self) -> None:
-        while len(self.blocks) > self.max_blocks:
-            block = next(iter(self.blocks.values()))
-            self._drop(block)
+        blocks = self.blocks
+        while len(blocks) > self.max_blocks:
+            block = blocks.popitem(last=False)[1]  # the oldest
+            self._drop(block, indexed=False)
             self.let_go += 1
             self.stats(block.origin).let_go += 1  # still held by the server: `held` keeps counting it
 
