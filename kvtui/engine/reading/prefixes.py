@@ -14,7 +14,8 @@ _NON_NEGATIVE = bytes(range(128))  # a signed item's top byte below 0x80: the it
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many first ids `a` and `b` share; an unknown id (< 0: embeds, a token kvtui never saw) matches nothing.
-    Two sequences of one type (lists, tuples, arrays) are compared in slices (C) in a bisection, not id by id."""
+    Two arrays of one typecode are compared as one XOR of their bytes as ints; two other sequences of one type (lists,
+    tuples) in slices (C) in a bisection; never id by id in Python."""
     n = min(len(a), len(b))
     if type(a) is array and type(b) is array and a.typecode == b.typecode and _LITTLE:
         # the first differing byte of the two as bytes is the lowest set bit of their XOR as little-endian ints (C:
