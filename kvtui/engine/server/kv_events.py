@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from dataclasses import field
 from typing import Any
 
 import msgpack
@@ -51,6 +52,8 @@ class BlocksStored:
     session: str | None = None  # the session of the request that stored (or reused) them, where its client gave one
     # (vLLM 0.32's session_id: the request's `session_id`, its X-Session-ID header or vllm_xargs.session_id)
     type: str = STORED
+    ids: array | None = field(default=None, compare=False, repr=False)  # token_ids as array('l'), where the decoder
+    # made one (its check that they are ints): the index slices each block's tokens from it, and need not build it again
 
 
 @frozen
@@ -102,14 +105,18 @@ def _keys(values: Any) -> tuple[str, ...]:
     return tuple(map(block_key, values))
 
 
-def _ints(values: Any, what: str) -> tuple[int, ...]:
+_LONGS = "l" if array("l").itemsize == 8 else "q"  # 64-bit ints; "l", as the index keeps tokens, where it is 64-bit
+
+
+def _ints(values: Any, what: str) -> tuple[tuple[int, ...], array]:
+    """The ids as a tuple, and as the array of 64-bit ints that checked them."""
     if not isinstance(values, (list, tuple)):
         raise UndecodablePayload(f"{what} is not a list of ints")
     try:
-        array("q", values)  # checks every item is an int in C (a Python loop costs more than the rest of a batch)
+        ids = array(_LONGS, values)  # checks every item is an int in C (a Python loop costs more than a batch's rest)
     except (TypeError, OverflowError):
         raise UndecodablePayload(f"{what} is not a list of ints") from None
-    return tuple(values)
+    return tuple(values), ids
 
 
 def _text(value: Any) -> str | None:
@@ -123,7 +130,7 @@ def _text(value: Any) -> str | None:
 def _stored(fields: dict[str, Any]) -> BlocksStored:
     hashes = _keys(fields.get("block_hashes"))
     parent = fields.get("parent_block_hash")
-    tokens = _ints(fields.get("token_ids"), "token_ids")
+    tokens, ids = _ints(fields.get("token_ids"), "token_ids")
     size = fields.get("block_size")
     if not isinstance(size, int) or size < 0 or (size == 0 and tokens):  # 0 with no tokens: a store of hashes only
         raise UndecodablePayload(f"block_size is {size!r}")  # (vLLM's offloading connector names the medium only)
@@ -142,12 +149,13 @@ def _stored(fields: dict[str, Any]) -> BlocksStored:
         kind=_text(fields.get("kv_cache_spec_kind")),
         extra=_extra_keys(fields.get("extra_keys"), len(hashes)),
         session=_text(fields.get("session_id")),
+        ids=ids if ids.typecode == "l" else None,
     )
 
 
 def _extra_keys(values: Any, blocks: int) -> tuple[str, ...]:
     """vLLM's extra_keys (one entry per block, None or a list of values) as text per block; () where absent."""
-    if not isinstance(values, (list, tuple)) or not any(v for v in values):
+    if not isinstance(values, (list, tuple)) or not any(values):
         return ()
     return tuple("" if not v else repr(tuple(v) if isinstance(v, list) else v) for v in values[:blocks])
 

@@ -246,18 +246,23 @@ class PrefixCache:
             return
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         self.texts.ensure(event.token_ids[: len(event.hashes) * size])
-        ids = array("l", event.token_ids)  # once per event: each block's tokens are a slice of it (C)
+        ids = event.ids  # once per event (the decoder's, or made here): each block's tokens are a slice of it (C)
+        if ids is None:
+            ids = array("l", event.token_ids)
         first_new = True
         continuing = noted = False
         row = None
         new_blocks = 0
         blocks, group, by_content, removed_at = self.blocks, event.group, self.by_content, self._removed_at
-        lora, extras = event.lora, len(event.extra)
+        elsewhere_held = self._elsewhere
+        extras = len(event.extra)
         word = _word(event.medium)
         back: list[Block] = []  # blocks held only in slower media that this store put on a faster one (came back)
         back_from: set[str | None] = set()  # the media they came back from
+        at = 0  # where this block's tokens start in `ids`
         for index, key in enumerate(event.hashes):
-            tokens = ids[index * size : (index + 1) * size]
+            tokens = ids[at : at + size]
+            at += size
             ident = (origin, group, key)
             held = blocks.get(ident)
             if held is not None:  # stored again without a removal kvtui saw: nothing new (counted), or another medium
@@ -270,15 +275,20 @@ class PrefixCache:
                         back.append(held)
                         back_from.update(came)
                 continue
-            elsewhere = self._elsewhere.pop(ident, None) if self._elsewhere else None
+            elsewhere = elsewhere_held.pop(ident, None) if elsewhere_held else None
             gone = removed_at.pop(ident, None) if removed_at else None
             came_back = elsewhere is not None and _faster(word, elsewhere)
             if elsewhere is not None:  # a medium held it (its store named the hash only): not evicted
                 gone = None
             if gone is not None and gone.how == "evicted" and ts - gone.removed_ts <= CHURN_WINDOW_S:
                 stats.restored += 1
-            orphan = parent is None and index == 0 and event.parent is not None  # its parent came before kvtui
-            content = _content(parent, tokens, orphan or (parent is None and index > 0))
+            if parent is None:
+                orphan = index == 0 and event.parent is not None  # its parent came before kvtui
+                # (the start unknown: an orphan, or a block after one kvtui let go within this store)
+                content = 0 if orphan or index > 0 else chain_content(1, tokens)
+            else:
+                orphan = False
+                content = chain_content(parent.content, tokens) if parent.content else 0
             if first_new:
                 first_new = False
                 # blocks stored after a leaf a miss was noted on: that request decoding on (or its next turn), not
@@ -299,27 +309,25 @@ class PrefixCache:
                     row = self._prefill_row(event, origin, stats, parent, ts)
                 if noted and row.cause is None:
                     row.cause = notes[before].code if len(notes) > before else "offloaded-prefix"
-            holders = by_content.get((group, content)) if content and not continuing else None
-            if holders and (len(holders) > 1 or origin not in holders):
+            holders = by_content.get((group, content)) if content else None
+            if holders and not continuing and (len(holders) > 1 or origin not in holders):
                 stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
-            block = self._new_block(key, origin, parent, tokens, event, ts, orphan)
-            block.content = content
-            block.noted = noted or continuing
-            if lora is not None:
-                block.lora = lora
-            if index < extras:
-                block.extra = event.extra[index]
+            extra = event.extra[index] if index < extras else ""
+            block = self._new_block(key, origin, parent, tokens, event, ts, orphan, content, noted or continuing, extra)
             if elsewhere is not None:
                 block.media = {word: 1, **{m: n for m, n in elsewhere.items() if m != word}}
                 if came_back:
                     back.append(block)
                     back_from.update(elsewhere)
             if content:
-                self._hold_content(block)
+                if holders is None:  # the first to hold these tokens (most blocks): held by this origin alone
+                    by_content[(group, content)] = {origin: [block]}
+                else:
+                    self._hold_content(block)
             parent = block
             new_blocks += 1
-            stats.stored += 1
-            stats.held += 1
+        stats.stored += new_blocks
+        stats.held += new_blocks
         if back and not continuing:
             self._say_back(event, origin, stats, back, back_from, notes)
         if row is not None and parent is not None:  # the request's row: its new blocks, the last where it goes on
@@ -364,20 +372,24 @@ class PrefixCache:
         stats.inferred_hits += hit or 0
         return self.requests.prefill(origin, event.group, event.session, hit, 0, ts)
 
-    def _new_block(self, key, origin, parent, tokens, event, ts, orphan) -> Block:
+    def _new_block(self, key, origin, parent, tokens, event, ts, orphan, content, noted, extra) -> Block:
         group = event.group
+        sibling_key = (origin, group, parent.key if parent is not None else None, tokens[0] if tokens else -1)
         if parent is None:
             self.chains += 1
             chain = self.chains
-            block = Block(key, origin, None, tokens, group, event.medium, chain, 0, self.batches, ts, orphan=orphan)
+            block = Block(
+                key, origin, None, tokens, group, event.medium, chain, 0, self.batches, ts, [], orphan, sibling_key,
+                content, 0, event.lora, extra, noted,
+            )  # fmt: skip
             self.tops.setdefault(chain, []).append(block)
         else:
             block = Block(
-                key, origin, parent, tokens, group, event.medium, parent.chain, parent.depth + 1, self.batches, ts
-            )
+                key, origin, parent, tokens, group, event.medium, parent.chain, parent.depth + 1, self.batches, ts, [],
+                False, sibling_key, content, 0, event.lora, extra, noted,
+            )  # fmt: skip
             parent.children.append(block)
         self.blocks[(origin, group, key)] = block
-        sibling_key = block.sibling_key = (origin, group, parent.key if parent else None, _first(tokens))
         siblings = self._by_first.get(sibling_key)
         if siblings is None:
             self._by_first[sibling_key] = [block]
@@ -445,31 +457,44 @@ class PrefixCache:
         stats.last_seq = -1
         return gone
 
-    def _drop(self, block: Block) -> None:
-        """Forget one block; its children stay as the tops of its chain (orphans: their parent went)."""
-        del self.blocks[(block.origin, block.group, block.key)]
-        tops = self.tops.get(block.chain)
+    def _drop(self, block: Block, indexed: bool = True) -> None:
+        """Forget one block; its children stay as the tops of its chain (orphans: their parent went). `indexed`
+        False: the caller has taken it out of self.blocks already."""
+        if indexed:
+            del self.blocks[(block.origin, block.group, block.key)]
+        all_tops, chain = self.tops, block.chain
+        tops = all_tops.get(chain)
         if block.parent is not None:
             block.parent.children.remove(block)
-        elif tops is not None and block in tops:
-            tops.remove(block)
-        for child in block.children:
-            child.parent, child.orphan = None, True
-            self.tops.setdefault(block.chain, []).append(child)
-        if not self.tops.get(block.chain, True):
-            del self.tops[block.chain]
+        elif tops is not None:
+            try:  # (found by identity: Block compares so)
+                tops.remove(block)
+            except ValueError:
+                pass
+        if block.children:
+            if tops is None:
+                tops = all_tops[chain] = []
+            for child in block.children:
+                child.parent, child.orphan = None, True
+                tops.append(child)
+        if tops is not None and not tops:
+            del all_tops[chain]
         if block.content:
             self._release_content(block)
         siblings = self._by_first.get(block.sibling_key)
-        if siblings is not None and block in siblings:
-            siblings.remove(block)
+        if siblings is not None:
+            try:
+                siblings.remove(block)
+            except ValueError:
+                return
             if not siblings:
                 del self._by_first[block.sibling_key]
 
     def _let_go_oldest(self) -> None:
-        while len(self.blocks) > self.max_blocks:
-            block = next(iter(self.blocks.values()))
-            self._drop(block)
+        blocks = self.blocks
+        while len(blocks) > self.max_blocks:
+            block = blocks.popitem(last=False)[1]  # the oldest
+            self._drop(block, indexed=False)
             self.let_go += 1
             self.stats(block.origin).let_go += 1  # still held by the server: `held` keeps counting it
 
@@ -504,10 +529,13 @@ class PrefixCache:
     def _release_content(self, block: Block) -> None:
         holders = self.by_content.get((block.group, block.content))
         mine = holders.get(block.origin) if holders is not None else None
-        if holders is None or mine is None or block not in mine:
+        if holders is None or mine is None:
+            return
+        try:
+            mine.remove(block)
+        except ValueError:
             return
         several = len(holders) >= 2
-        mine.remove(block)
         if not mine:
             del holders[block.origin]
         if several:
@@ -666,14 +694,6 @@ def _count_hit(block: Block) -> None:
         node.hits += 1
         node = node.parent
         steps += 1
-
-
-def _content(parent: Block | None, tokens: array, start_unknown: bool) -> int:
-    """kvtui's hash of a prompt's tokens from its start through this block, whatever hash the server uses (0 where
-    the start is unknown: its parent came before kvtui attached, or was let go)."""
-    if start_unknown or (parent is not None and not parent.content):
-        return 0
-    return chain_content(parent.content if parent is not None else 1, tokens)
 
 
 def _faster(word: str | None, media) -> bool:

@@ -52,7 +52,7 @@ from ..reading.edits import (
     under_block_words,
     under_one_block,
 )
-from ..reading.prefixes import common_prefix, only_template_differs
+from ..reading.prefixes import common_prefix, longest_prefix, only_template_differs
 from ..reading.token_texts import TokenTexts
 from ..records.diagnostic_groups import FloodGate
 from ..records.snapshot import Diagnostic, Where
@@ -298,12 +298,10 @@ class ServerRules:
         new_run = ids[start_at:] if ids is not None else array("l", event.token_ids[start_at:])
         siblings = cache.siblings(origin, event.group, parent, int(tokens[0]))
         best, common = None, 0
-        for sibling in (siblings or [])[-SIBLINGS_CHECKED:]:  # the oldest of equals wins: the chain others came from
-            shared = common_prefix(sibling.tokens, tokens)
-            if shared > common:
-                best, common = sibling, shared
-                if shared == len(tokens):
-                    break
+        if siblings:  # the oldest of equals wins: the chain others came from
+            checked = siblings[-SIBLINGS_CHECKED:]
+            found, common = longest_prefix([sibling.tokens for sibling in checked], tokens)
+            best = checked[found] if found >= 0 else None
         if best is not None and common >= len(tokens):
             return  # same tokens, another hash (hash-mismatch where kvtui knows the prompt's start)
         edit = None
@@ -319,9 +317,17 @@ class ServerRules:
         code, why = "recomputed-prefix", ""
         a0, b0 = int(cached_run[common]), int(new_run[common])
         texts.ensure((a0, b0))
-        if a0 in texts.special or b0 in texts.special or not texts.piece(a0).strip() or not texts.piece(b0).strip():
+        # a special token or whitespace at the difference: the only case only_template_differs reads further
+        template_like = (
+            a0 in texts.special or b0 in texts.special or not texts.piece(a0).strip() or not texts.piece(b0).strip()
+        )
+        if template_like:
             texts.ensure([*cached_run[common:], *new_run[common:]])  # the judgement reads the texts from there on
-        if edit is None and only_template_differs(cached_run[common:], new_run[common:], texts.special, texts.piece):
+        if (
+            edit is None
+            and template_like
+            and only_template_differs(cached_run[common:], new_run[common:], texts.special, texts.piece)
+        ):
             code = "template-drift"
             why = " (only the chat template's tokens differ: render every request's template the same way)"
         else:
@@ -367,7 +373,7 @@ class ServerRules:
         differing = put or 1  # what was put there, or the one token in place of another
         texts = self.cache.texts
         miss.texts.add(texts.text(tokens[common : common + differing]).strip())
-        if len(miss.texts) >= VARYING_MIN and not miss.noted:
+        if len(miss.texts) >= VARYING_MIN:
             miss.noted = True
             cached_text = texts.text(cached.tokens[common : common + 1])
             examples = f"{cached_text!r} cached; " + ", ".join(repr(t) for t in sorted(miss.texts)[:3])
