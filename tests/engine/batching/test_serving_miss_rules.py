@@ -168,15 +168,38 @@ def test_a_shared_start_under_one_block_is_the_servers_judgement_counted_the_sam
     assert diagnostic.message == (f"request q0 starts as request a (finished) does and {under_block_words(40, 64, 1)}")
 
 
+def run_watched_manager(model, tokenizer, prompts: dict[str, list[int]], page_size: int, num_blocks: int):
+    """The prompts one after another (2 greedy tokens each) on a watched continuous-batching manager with prefix
+    sharing on; the Watcher, detached, with what it saw."""
+    from transformers import GenerationConfig
+
+    from kvtui.engine.watch.probe import Watcher
+
+    generation = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1)
+    config = ContinuousBatchingConfig(
+        page_size=page_size, max_batch_tokens=256, num_blocks=num_blocks, allow_block_sharing=True
+    )
+    watcher = Watcher(tokenizer=tokenizer)
+    watcher.attach(model)
+    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
+    manager.start()
+    try:
+        for rid, prompt in prompts.items():
+            manager.add_request(prompt, request_id=rid, max_new_tokens=2)
+            manager.get_result(request_id=rid, timeout=120)
+    finally:
+        manager.stop(block=True, timeout=60)
+        watcher.detach()
+    return watcher
+
+
 @pytest.fixture(scope="module")
 def manager_run(tiny_dir):
     """Requests one after another on one watched manager with prefix sharing: a held prompt, the same with a
     sentence reworded to another length, a short prompt, one that fills a block, another question."""
     if ContinuousBatchingConfig is None:
         pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    from kvtui.engine.watch.probe import Watcher
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = tiny_dir("llama")
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -193,20 +216,7 @@ def manager_run(tiny_dir):
         "one-block": ids("Tell me, in a few plain words, what a key value cache keeps for the model."),
         "other": ids(f"You are a helpful teaching assistant. {rules} Question: why do positions matter?"),
     }
-    generation = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1)
-    config = ContinuousBatchingConfig(page_size=16, max_batch_tokens=256, num_blocks=64, allow_block_sharing=True)
-    watcher = Watcher(tokenizer=tokenizer)
-    watcher.attach(model)
-    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
-    manager.start()
-    try:
-        for rid, prompt in prompts.items():
-            manager.add_request(prompt, request_id=rid, max_new_tokens=2)
-            manager.get_result(request_id=rid, timeout=120)
-    finally:
-        manager.stop(block=True, timeout=60)
-        watcher.detach()
-    return tokenizer, prompts, watcher
+    return tokenizer, prompts, run_watched_manager(model, tokenizer, prompts, page_size=16, num_blocks=64)
 
 
 def test_a_watched_batching_server_names_a_reworded_sentence_and_a_short_prompt(manager_run):
@@ -235,9 +245,7 @@ def test_a_watched_batching_server_with_large_blocks_names_a_system_prompt_under
     prompt is under one block share nothing, and the second says so; the cache shared none of it (its hit is 0)."""
     if ContinuousBatchingConfig is None:
         pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    from kvtui.engine.watch.probe import Watcher
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = tiny_dir("llama")
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -251,19 +259,7 @@ def test_a_watched_batching_server_with_large_blocks_names_a_system_prompt_under
     }
     shared = next(i for i, (a, b) in enumerate(zip(*prompts.values())) if a != b)  # independently: where they part
     assert 16 <= shared < 64 <= min(map(len, prompts.values()))
-    generation = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1)
-    config = ContinuousBatchingConfig(page_size=64, max_batch_tokens=256, num_blocks=16, allow_block_sharing=True)
-    watcher = Watcher(tokenizer=tokenizer)
-    watcher.attach(model)
-    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
-    manager.start()
-    try:
-        for rid, prompt in prompts.items():
-            manager.add_request(prompt, request_id=rid, max_new_tokens=2)
-            manager.get_result(request_id=rid, timeout=120)
-    finally:
-        manager.stop(block=True, timeout=60)
-        watcher.detach()
+    watcher = run_watched_manager(model, tokenizer, prompts, page_size=64, num_blocks=16)
     notes = [(d.code, d.message) for d in watcher.diagnostics]
     assert [code for code, _ in notes] == ["prefix-under-block"], notes
     assert notes[0][1].startswith(
