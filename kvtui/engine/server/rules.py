@@ -106,6 +106,7 @@ class ServerRules:
         self.hybrid: set[str] = set()  # origins that stored blocks of a Mamba group (their blocks match its state)
         self._under: dict[str, list[int]] = {}  # per origin: prefix-under-block prompts, the count at the last note
         self._under_last: tuple = ()  # the last one judged (a hybrid prefill stores one chain per group, one batch)
+        self._noted_last: tuple = ()  # the last chain a miss note was raised on: (origin, batch, position, content)
         self.unit: dict[tuple[str, int], int] = {}  # per (origin, group), the fewest tokens a store's blocks held: a
         # vLLM 0.32 hybrid server with a finer `prefix_match_unit` also stores partial blocks, and matches them
 
@@ -158,7 +159,30 @@ class ServerRules:
     ) -> None:
         """The first new block of a chain: why the server prefilled it (one cause, or none for unseen tokens).
         `ids`: the event's token ids as an array, where the caller has made one (the chain's tokens are sliced from
-        it)."""
+        it). A hybrid model's prefill stores one chain per KV cache group in one batch, the same tokens at the same
+        place: once one of them is noted, the others are the same miss and are not noted again."""
+        start = parent.depth + 1 if parent is not None else 0
+        judged = (origin, self.cache.batches, start * event.block_size, content)  # content: the tokens, not the hash
+        if content and judged == self._noted_last:
+            return
+        before = len(notes)
+        self._classify(event, index, parent, tokens, origin, content, gone, ts, notes, ids)
+        if len(notes) > before:
+            self._noted_last = judged
+
+    def _classify(
+        self,
+        event: BlocksStored,
+        index: int,
+        parent: Block | None,
+        tokens: array,
+        origin: str,
+        content: int,
+        gone: Any,
+        ts: float,
+        notes: list,
+        ids: array | None,
+    ) -> None:
         size = event.block_size
         start = parent.depth + 1 if parent is not None else 0
         position = start * size

@@ -298,3 +298,30 @@ def test_a_self_describing_copy_after_the_gpu_let_go_is_no_prefill_and_a_server_
     other.send(0.0, stored("a", CHAIN, medium="HBM"))
     other.send(1.0, stored("b", CHAIN, medium="HBM"))  # the same tokens under another hash
     assert other.cache.stats(ORIGIN).held == 8 and other.codes() == ["hash-mismatch"]
+
+
+@pytest.mark.parametrize("cause", ["recomputed-prefix", "evicted-prefix"])
+def test_a_hybrid_prefill_stored_once_per_group_is_one_miss_not_one_per_group(cause):
+    """Every cause, not only the block size: a hybrid model's one prefill (a chain per KV cache group, one batch, the
+    same tokens) is one note; each group alone would raise it (checked on a one-group server first)."""
+    big = 128
+    held = list(range(5000, 5000 + 3 * big))
+    edited = held[:3] + [9] + held[4:]  # one token in place of another: the cached text goes on after it
+
+    def run(groups: int) -> list[str]:
+        server = Server()
+        server.send(0.0, *(stored(f"a{g}", held, group=g, size=big) for g in range(groups)))
+        if cause == "recomputed-prefix":
+            notes = server.send(1.0, *(stored(f"b{g}", edited, group=g, size=big) for g in range(groups)))
+        else:
+            server.send(2.0, *(removed([h(f"a{g}", i) for i in range(3)], group=g) for g in range(groups)))
+            notes = server.send(3.0, *(stored(f"a{g}", held, group=g, size=big) for g in range(groups)))
+        return [note.code for note in notes]
+
+    assert run(1) == [cause]
+    assert run(2) == [cause]
+    two = Server()  # two prefills in one batch (two requests), one group: two notes, each its own
+    other = [t + 1000 for t in held]
+    two.send(0.0, stored("a", held, size=big), stored("c", other, size=big))
+    notes = two.send(1.0, stored("b", edited, size=big), stored("d", other[:5] + [9] + other[6:], size=big))
+    assert [n.code for n in notes] == ["recomputed-prefix", "recomputed-prefix"]
