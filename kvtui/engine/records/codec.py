@@ -284,6 +284,8 @@ def _row_record(r: RowView, top_record=_top_record, token_record=_token_record) 
     }
     if r.request_id is not None:  # a request of a packed forward (absent otherwise: older traces unchanged)
         record["request_id"] = r.request_id
+    if r.shared_prefix:
+        record["shared_prefix"] = [token_record(t) for t in r.buffer[: r.shared_prefix]]
     return record
 
 
@@ -387,6 +389,7 @@ def _row(record: dict, buffer: TokenBuffer) -> RowView:
         topk=tuple(_top(t) for t in record["topk"]),
         buffer=buffer,
         request_id=record.get("request_id"),
+        shared_prefix=len(record.get("shared_prefix") or ()),
     )
 
 

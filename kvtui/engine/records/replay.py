@@ -60,13 +60,18 @@ class SnapshotBuilder:
             raise TraceError(f"{path}: step line {number}: a field is missing or malformed ({exc!r})") from None
 
     def _request_rows(self, record: dict) -> tuple[RowView, ...]:
-        """A packed forward's rows, each request's buffer rebuilt from what it was fed (a prefix it found held
-        in shared blocks was fed by another request: its tokens are not repeated in the trace)."""
+        """A packed forward's rows, each request's buffer rebuilt from what it was fed, after the prefix a prefix
+        match shared with it (fed by another request: the trace carries it once, on the request's first row;
+        a trace without it shows those positions as unknown tokens)."""
         views = []
         for view in record.get("rows") or ():
             key = (record.get("cache_id"), view.get("request_id"))
             row_fed = [from_record(BufferToken, t) for t in view["fed"]]
-            items = self._requests.get(key, [])
+            items = self._requests.get(key)
+            if items is None:
+                items = [from_record(BufferToken, t) for t in view.get("shared_prefix") or ()]
+                held = view["buffer_length"] - len(row_fed)
+                items += [unknown_token(i) for i in range(len(items), held)]
             self._requests[key] = items = _extend(items, view["buffer_length"], row_fed)
             views.append(from_record(RowView, view, buffer=TokenBuffer(items)))
         return tuple(views)

@@ -204,6 +204,9 @@ class RowView:
     topk: tuple[TopToken, ...]
     buffer: TokenBuffer = field(compare=False)
     request_id: str | None = None  # a continuous-batching forward: the request this row is (a lane)
+    # its buffer's first tokens that a prefix match shared on the request's first forward (another request fed
+    # them): the trace carries them once, there, so a replay or a viewer rebuilds the whole buffer
+    shared_prefix: int = 0
 
 
 @frozen

@@ -197,8 +197,10 @@ def _rows(
     rows = []
     for i, request in enumerate(packed.requests):
         items = run.buffers.get(request.request_id)
+        shared = 0
         if items is None:
             items = run.buffers[request.request_id] = _held_prefix(builder, run, request, special, turn)
+            shared = len(items)
         elif len(items) > request.held_before:  # requeued and prefilled again: a new list, views stay valid
             items = run.buffers[request.request_id] = items[: request.held_before]
         fed = [
@@ -231,6 +233,7 @@ def _rows(
                 topk=tops[i],
                 buffer=TokenBuffer(items),
                 request_id=request.request_id,
+                shared_prefix=shared,
             )
         )
     _forget_finished(run)

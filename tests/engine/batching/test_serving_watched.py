@@ -87,9 +87,64 @@ def test_the_trace_carries_requests_and_replays_them(watched):
         again = builder.add(record)
         assert again.requests == snapshot.requests and again.paged == snapshot.paged
         assert [r.request_id for r in again.rows] == [r.request_id for r in snapshot.rows]
+        assert [_tokens(r.buffer) for r in again.rows] == [_tokens(r.buffer) for r in snapshot.rows]
         assert (
             from_record(StepSnapshot, record, buffer=snapshot.buffer, rows=snapshot.rows).requests == snapshot.requests
         )
+
+
+def _tokens(buffer) -> list[tuple[int, int, str]]:
+    return [(t.position, t.id, t.piece) for t in buffer]
+
+
+def test_a_prefix_shared_at_first_sight_is_in_the_trace_once(tiny_dir):
+    """A request whose first forward starts past blocks another request fed (a prefix hit on a serving manager):
+    its buffer holds the shared tokens live, and the trace carries them once, so a replay (or a viewer fed the
+    records) shows the same buffer; a trace written without them shows unknown tokens at those positions."""
+    if ContinuousBatchingConfig is None:
+        pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from kvtui.engine.records.replay import SnapshotBuilder
+
+    path = tiny_dir("llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    system = " ".join(f"Rule {n}: answer in plain words." for n in range(6))
+    prompts = {rid: list(tokenizer(f"{system} {q}")["input_ids"]) for rid, q in (("a", "What?"), ("b", "Why not?"))}
+    generation = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1)
+    config = ContinuousBatchingConfig(page_size=16, max_batch_tokens=256, num_blocks=64, allow_block_sharing=True)
+    snapshots: list[StepSnapshot] = []
+    watcher = Watcher(tokenizer=tokenizer, on_snapshot=snapshots.append)
+    watcher.attach(model)
+    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
+    manager.start()
+    try:
+        for rid, prompt in prompts.items():
+            manager.add_request(prompt, request_id=rid, max_new_tokens=2)
+            manager.get_result(request_id=rid, timeout=120)
+    finally:
+        manager.stop(block=True, timeout=60)
+        watcher.detach()
+    first_b = next(s for s in snapshots if s.rows[0].request_id == "b")
+    row = first_b.rows[0]
+    shared = row.positions[0]  # its first forward starts past the blocks request a fed
+    assert shared >= 16 and row.shared_prefix == shared
+    assert [t.id for t in row.buffer] == prompts["b"][: len(row.buffer)]  # live: the whole prompt, in order
+
+    replayed, older = SnapshotBuilder(), SnapshotBuilder()
+    for snapshot in snapshots:
+        record = step_record(snapshot)
+        again = replayed.add(record)
+        assert [_tokens(r.buffer) for r in again.rows] == [_tokens(r.buffer) for r in snapshot.rows]
+        for view in record["rows"]:
+            view.pop("shared_prefix", None)
+        before = older.add(record)  # a trace written before the shared prefix was recorded
+        for live, old in zip(snapshot.rows, before.rows):
+            assert [t.position for t in old.buffer] == [t.position for t in live.buffer]
+            assert all(t.origin == "unknown" for t in old.buffer[: live.shared_prefix])
+    records = [step_record(s) for s in snapshots]
+    assert sum(len(v.get("shared_prefix", ())) for r in records for v in r["rows"]) == shared  # once
 
 
 def test_a_real_per_request_position_error_still_fires(tiny_dir, monkeypatch):
