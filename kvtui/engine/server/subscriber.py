@@ -3,8 +3,10 @@
 Read-only: kvtui only subscribes, and asks a publisher's replay socket (ROUTER; kvtui's DEALER sends the first
 sequence number wanted as 8 big-endian bytes) for what it missed. On attach it catches up through replay where
 the server has one; a gap in the sequence numbers is asked for again, and what replay no longer holds is
-counted as lost (PrefixCache.apply counts it from the numbers). A payload that does not decode is reported in
-one line, skipped and counted. Every event is applied or counted: never silently lost.
+counted as lost (PrefixCache.apply counts it from the numbers). Batches dropped at the end of a burst show no gap
+until the next one: a publisher quiet for TAIL_CHECK_S is asked once for what followed the last batch applied. A
+payload that does not decode is reported in one line, skipped and counted. Every event is applied or counted:
+never silently lost.
 
 Publishers restart (a crash, a process manager, a rolling deploy): each origin's batches belong to an epoch, one
 per publisher process. A new epoch begins when
@@ -37,6 +39,7 @@ from .kv_events import EventBatch, UndecodablePayload, decode_message
 from .prefix_cache import PrefixCache
 from .server_http import EventEndpoint
 
+TAIL_CHECK_S = 0.5  # an origin quiet this long after a live batch: its replay socket is asked what followed it
 REPLAY_WAIT_S = 1.0  # how long a replay answer may take before kvtui gives up on it (and counts the loss)
 RECEIVE_HWM = 20_000  # messages the SUB socket queues while kvtui is busy: ZeroMQ drops past it, and the
 # sequence numbers count what it dropped (lost), so memory stays bounded when a server outpaces the viewer
@@ -74,6 +77,8 @@ class _Epoch:
     identity_restarts: int = 0  # the origin's restarts when that identity was read
     replay_silent: bool = False  # its replay socket did not answer (said once until it answers again)
     unknown_types: set[str] = field(default_factory=set)  # event types said once
+    live_at: float = 0.0  # when its last live batch came (monotonic)
+    tail_checked: bool = True  # replay was asked what followed its last live batch
 
 
 def _digest(frames: list[bytes]) -> int:
@@ -181,6 +186,8 @@ class Subscriber:
                 for sub in self._sockets:
                     if sub in ready:
                         busy |= self._drain(sub)
+                if not busy:
+                    self._check_tails()
                 if self.freeze_gc:
                     # what was applied is long-lived (blocks, index entries): frozen after every drain (O(1)), the
                     # collector's passes walk only what the next drain makes. Frozen once a second, its passes walked
@@ -287,6 +294,7 @@ class Subscriber:
         if stats.last_seq == batch.seq:
             state.last_digest = digest
         if live:
+            state.live_at, state.tail_checked = time.monotonic(), False
             if state.replayed and batch.seq > state.replayed_top:
                 state.replayed.clear()  # live has passed what replay gave: no more copies can come
         else:
@@ -294,6 +302,29 @@ class Subscriber:
             state.replayed_top = max(state.replayed_top, batch.seq)
         if self.on_batch is not None:
             self.on_batch(origin, batch, notes)
+
+    def _check_tails(self) -> None:
+        """Batches ZeroMQ dropped at the end of a burst (past RECEIVE_HWM) leave no gap until the next batch comes,
+        which an idle server never sends: once an origin is quiet for TAIL_CHECK_S after a live batch, its replay
+        socket is asked, once, for anything after the last batch applied, and that is applied (counted replayed).
+        O(origins) per idle poll; the question is asked off the cache's lock."""
+        now = time.monotonic()
+        for endpoint in self.endpoints:
+            state = self._epoch(endpoint.origin)
+            if state.tail_checked or now - state.live_at < TAIL_CHECK_S:
+                continue
+            state.tail_checked = True
+            last = self.cache.stats(endpoint.origin).last_seq
+            if not endpoint.replay or not state.connected or state.check is not None or last < 0:
+                continue  # nothing to ask, or the link's own check decides (its return)
+            answer = self._ask(endpoint, last + 1, quiet=True)
+            if answer:
+                stats = self.cache.stats(endpoint.origin)
+                with self.cache.lock:
+                    for seq, frames in answer:
+                        if seq > stats.last_seq:
+                            self.replayed += 1
+                            self._receive(endpoint, frames, live=False)
 
     def _new_epoch(self, endpoint: EventEndpoint, why: str) -> None:
         """The origin's publisher is a new one: the old one's blocks are gone, its sequence followed anew."""

@@ -51,6 +51,28 @@ def test_catch_up_and_a_gap_are_filled_through_replay():
     assert not problems
 
 
+def test_batches_dropped_at_the_end_of_a_burst_come_through_replay_once_the_server_is_quiet():
+    """No later batch shows a gap at the end of a burst (an idle server sends none): the quiet origin's replay
+    socket is asked once what followed the last batch applied."""
+    cache, problems, batches = PrefixCache(TokenTexts()), [], []
+    with LocalPublisher() as publisher:
+        subscriber, thread = start(publisher, cache, problems, batches)
+        publisher.publish(payload(0))
+        assert wait_for(lambda: 0 in batches)
+        publisher.publish(payload(1))
+        publisher.publish(payload(2), live=False)  # dropped live, and nothing comes after them
+        publisher.publish(payload(3), live=False)
+        assert wait_for(lambda: 3 in batches)
+        publisher.publish(payload(4))  # live again: no batch twice
+        assert wait_for(lambda: 4 in batches)
+        subscriber.stop.set()
+        thread.join(5)
+    assert batches == [0, 1, 2, 3, 4]
+    stats = cache.stats("local")
+    assert stats.stored == 5 and stats.lost == 0 and subscriber.replayed == 2 and subscriber.duplicates == 0
+    assert not problems
+
+
 def test_a_gap_without_replay_is_counted_as_lost():
     cache, problems, batches = PrefixCache(TokenTexts()), [], []
     with LocalPublisher(replay=False) as publisher:
