@@ -63,7 +63,7 @@ class TokenTexts:
     def pieces_of(self, ids: list[int]) -> list[str]:
         """`piece` of each id, in order: the known ones found by one C-level pass over the ids (a step's top-k:
         no Python call per id), any unknown one through `piece` as before."""
-        found = list(map(self.pieces.get, ids))
+        found: list = list(map(self.pieces.get, ids))  # str, or None where unknown
         if None in found:
             return [self.piece(i) if text is None else text for i, text in zip(ids, found)]
         return found
