@@ -278,6 +278,58 @@ class FloorHook:
         os.close(self.fd)
 
 
+class OpsFloorHook(FloorHook):
+    """The floor plus the device work a watched step promises, and nothing else of kvtui's: the edit check before
+    the forward (the end slots of every K/V stacked, compared, counted: stack, ne, sum), after it the next check's
+    copy of the end slots (stack), the last logits' copy for verify (clone), the top-k (topk, log_softmax,
+    gather) and all of it joined and read in one transfer (cat, one `tolist`); one line written, padded to the
+    length of a watched step's line. What a watched step would cost if its Python cost nothing: the lowest
+    watched / floor any rewrite of kvtui's Python can reach while it keeps these ops."""
+
+    def __init__(self, model, path: Path, line_bytes: int):
+        super().__init__(model, path)
+        self.previous: torch.Tensor | None = None  # [2 * layers, batch, heads, 2, head_dim] end slots, copied
+        self.differs: torch.Tensor | None = None
+        self.line_bytes = line_bytes
+
+    @staticmethod
+    def _ends(cache) -> list[torch.Tensor]:
+        tensors = [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]
+        filled = tensors[0].shape[-2]
+        return [t[:, :, 0 : filled : max(1, filled - 1)] for t in tensors]  # views, no copy
+
+    def before(self, module, args, kwargs):
+        cache = kwargs["past_key_values"]
+        self.fed = kwargs["input_ids"]
+        self.length = cache.get_seq_length()
+        self.differs = None
+        if self.previous is not None:
+            now = torch.stack(self._ends(cache))
+            self.differs = (now != self.previous).reshape(now.shape[0], -1).sum(dim=1)  # [2 * layers]
+
+    def after(self, module, args, kwargs, output):
+        import os
+
+        import orjson
+
+        cache = kwargs["past_key_values"]
+        last = output.logits[:, -1]  # [batch, vocab]
+        values, ids = torch.topk(last, 10)
+        logprobs = torch.log_softmax(last, -1).gather(-1, ids)
+        self.kept = output.logits[0, -1].clone()  # verify's copy
+        self.previous = torch.stack(self._ends(cache))
+        words = [self.fed.reshape(-1), values.reshape(-1).view(torch.int64), logprobs.reshape(-1).view(torch.int64)]
+        words += [ids.reshape(-1)] + ([self.differs] if self.differs is not None else [])
+        host = torch.cat(words).tolist()
+        record = {
+            "host": host,
+            "cache_length": [self.length, cache.get_seq_length()],
+            "layers": [{"index": i, "k_shape": tuple(layer.keys.shape)} for i, layer in enumerate(cache.layers)],
+        }
+        line = orjson.dumps(record)
+        os.write(self.fd, line + b" " * max(0, self.line_bytes - len(line)) + b"\n")
+
+
 def _pairs(first, second, n: int) -> tuple[list[float], list[float]]:
     """Per-step wall times of two step functions advanced in alternation (order flipped every step)."""
     a, b = [], []
@@ -382,7 +434,10 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
         "floor_us": [],
         "watched_us": [],
         "untraced_us": [],  # watched with no trace written: what the record costs is watched_us - untraced_us
+        "ops_floor_us": [],  # OpsFloorHook: the floor plus the ops a watched step issues, no kvtui Python
+        "ops_floor_over_floor": [],
     }
+    line_bytes = [0]  # a watched step's line (repeat 0's trace), the ops floor's line length
 
     def steps(step, count=n):
         def run():
@@ -418,6 +473,15 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
         else:
             watched, floor = run_watched(), run_floor()
         untraced = run_untraced()
+        if not line_bytes[0]:
+            lines = (trace_dir / f"ratio{repeat}.jsonl").read_bytes().splitlines()
+            line_bytes[0] = max(len(line) for line in lines[-20:])
+        ops_hook = OpsFloorHook(model, trace_dir / f"ops{repeat}.jsonl", line_bytes[0])
+        try:
+            ops_loop = UserLoop(model, tokenizer)
+            ops_floor = _timed(steps(ops_loop.step))
+        finally:
+            ops_hook.remove()
         chat = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=10**9))
         chat.stop_ids = frozenset()
         rec = recorder.Recorder(chat, trace_dir / f"engine{repeat}.jsonl")
@@ -435,11 +499,13 @@ def python_bound_ratios(model, tokenizer, n: int, repeats: int, trace_dir: Path)
             ratios["floor_over_plain"].append(floor[0] / plain[0])
             ratios["watched_over_floor"].append(watched[0] / floor[0])
             ratios["watched_over_floor_cpu"].append(watched[1] / floor[1])
+            ratios["ops_floor_over_floor"].append(ops_floor[0] / floor[0])
             for name, run in (
                 ("plain_us", plain),
                 ("floor_us", floor),
                 ("watched_us", watched),
                 ("untraced_us", untraced),
+                ("ops_floor_us", ops_floor),
             ):
                 ratios[name].append(run[0] / n * 1e6)
             log(
@@ -688,7 +754,9 @@ if __name__ == "__main__":  # section 6 alone: python benchmarks/b_step_cost.py 
             f"watched/floor {_r['watched_over_floor']['median']:.3f} ({_r['watched_over_floor']['min']:.3f}–"
             f"{_r['watched_over_floor']['max']:.3f}); µs a token: plain {_r['plain_us']['median']:.0f}, floor "
             f"{_r['floor_us']['median']:.0f}, watched {_r['watched_us']['median']:.0f}, "
-            f"watched with no trace {_r['untraced_us']['median']:.0f}; CPU time: watched/floor "
+            f"watched with no trace {_r['untraced_us']['median']:.0f}, ops floor {_r['ops_floor_us']['median']:.0f} "
+            f"(ops floor/floor {_r['ops_floor_over_floor']['median']:.3f}: the least watched/floor with these ops); "
+            f"CPU time: watched/floor "
             f"{_r['watched_over_floor_cpu']['median']:.3f} ({_r['watched_over_floor_cpu']['min']:.3f}–"
             f"{_r['watched_over_floor_cpu']['max']:.3f})"
         )

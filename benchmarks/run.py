@@ -583,6 +583,13 @@ def step_cost_report(r: dict) -> list[str]:
             if "watched_over_floor" in ratios
             else ""
         )
+        + (
+            f" The ops floor (the floor plus the device ops a watched step issues and its one transfer, none of "
+            f"kvtui's Python) / floor: {fmt_stat(ratios['ops_floor_over_floor'], 3)}, the least watched / floor a "
+            "rewrite of kvtui's Python can reach with these ops."
+            if "ops_floor_over_floor" in ratios
+            else ""
+        )
         + " Before/after of this issue's change, measured side by side: `benchmarks/STEP-COST.md`.",
         *(
             [

@@ -60,6 +60,14 @@ class TokenTexts:
             text = self.pieces.get(token_id, f"#{token_id}")
         return text
 
+    def pieces_of(self, ids: list[int]) -> list[str]:
+        """`piece` of each id, in order: the known ones found by one C-level pass over the ids (a step's top-k:
+        no Python call per id), any unknown one through `piece` as before."""
+        found: list = list(map(self.pieces.get, ids))  # str, or None where unknown
+        if None in found:
+            return [self.piece(i) if text is None else text for i, text in zip(ids, found)]
+        return found
+
     def label(self, token_id: int) -> str:
         """`'piece' (id N)`, escaped; a piece that is part of a multi-byte character shows its raw token."""
         text = self._labels.get(token_id)

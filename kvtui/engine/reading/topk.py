@@ -54,17 +54,18 @@ def top_tensors(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def top_rows_from(
-    logits: list[list[float]], logprobs: list[list[float]], ids: list[list[int]], piece
+    logits: list[list[float]], logprobs: list[list[float]], ids: list[list[int]], piece, pieces=None
 ) -> list[tuple[TopToken, ...]]:
-    """The TopTokens of what top_tensors gave, read: logits, logprobs and ids [rows][k]."""
-    return _top_rows(zip(logits, logprobs, ids), piece)
+    """The TopTokens of what top_tensors gave, read: logits, logprobs and ids [rows][k]. `pieces(ids)`: the
+    pieces of a row's ids at once (TokenTexts.pieces_of), the same as `piece` of each."""
+    return _top_rows(zip(logits, logprobs, ids), piece, pieces)
 
 
-def _top_rows(found, piece) -> list[tuple[TopToken, ...]]:
+def _top_rows(found, piece, pieces=None) -> list[tuple[TopToken, ...]]:
     """(logits, log-probabilities, ids) per row -> its TopTokens."""
     out = []
     for logits, row_logprobs, row_ids in found:
-        fast = _fast_row(logits, row_logprobs, row_ids, piece)
+        fast = _fast_row(logits, row_logprobs, row_ids, piece, pieces)
         if fast is not None:
             out.append(fast)
             continue
@@ -84,7 +85,9 @@ _TOP_SETTERS = [TopToken.__dict__[f.name].__set__ for f in fields(TopToken)]
 _ABOVE_NEG_INF, _ABOVE_FLOOR = (-math.inf).__lt__, (-1e30).__lt__
 
 
-def _fast_row(logits: list[float], logprobs: list[float], ids: list[int], piece) -> tuple[TopToken, ...] | None:
+def _fast_row(
+    logits: list[float], logprobs: list[float], ids: list[int], piece, pieces=None
+) -> tuple[TopToken, ...] | None:
     """A row whose every log-probability is finite with a probability above 0 and whose every logit is above the
     floor (every row of a sane model): its TopTokens, the same as the loop in `_top_rows` makes; else None."""
     if not (all(map(_ABOVE_NEG_INF, logprobs)) and all(map(_ABOVE_FLOOR, logits))):
@@ -94,7 +97,8 @@ def _fast_row(logits: list[float], logprobs: list[float], ids: list[int], piece)
         return None
     count = len(ids)
     made = list(map(object.__new__, repeat(TopToken, count)))
-    for setter, column in zip(_TOP_SETTERS, (ids, map(piece, ids), logits, probs, range(1, count + 1))):
+    texts = pieces(ids) if pieces else map(piece, ids)
+    for setter, column in zip(_TOP_SETTERS, (ids, texts, logits, probs, range(1, count + 1))):
         deque(map(setter, made, column), maxlen=0)
     return tuple(made)
 

@@ -122,8 +122,8 @@ class Call:
 def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     """What a forward was called with: shapes now (metadata), values registered in the step's one transfer
     (`Call.take_reads` fills them once it is resolved)."""
-    values = dict(zip(probe.positional, args))  # what bind_partial would give, at a tenth of its cost
-    values.update(kwargs)
+    # what bind_partial would give, at a tenth of its cost (only read: a call by keywords reads its own dict)
+    values = {**dict(zip(probe.positional, args)), **kwargs} if args else kwargs
     reads = introspect.HostReads()
     handles: dict[str, int] = {}
     mask_cached = None
@@ -419,11 +419,12 @@ class StepBuilder:
             ids = call.input_ids[row] if call.input_ids is not None else [-1] * call.n
             mask = masks[row]
             before = rows[row][-1] if rows[row] else None
+            pieces = self._texts.pieces_of(ids)  # the known ones in one pass
             fed = [
                 BufferToken(
                     position=applied[row][i],
                     id=ids[i],
-                    piece=self.piece(ids[i]),
+                    piece=pieces[i],
                     special=ids[i] in special,
                     turn=turn,
                     origin="pad" if not mask[i] else "tokenizer-added" if (row == 0 and i in added) else "fed",
@@ -582,8 +583,9 @@ class StepBuilder:
         reads = call.reads
         handles = call.handles
         values, logprobs = reads.rows(handles["top_values"]), reads.rows(handles["top_logprobs"])
-        # the texts in use (`use` set them), asked directly: a call fewer per token than self.piece
-        rows = top_rows_from(values, logprobs, reads.rows(handles["top_ids"]), self._texts.piece)
+        # the texts in use (`use` set them), asked directly: the known pieces in one pass, no call per token
+        texts = self._texts
+        rows = top_rows_from(values, logprobs, reads.rows(handles["top_ids"]), texts.piece, texts.pieces_of)
         return rows[:batch] + [()] * max(0, batch - len(rows))
 
 
