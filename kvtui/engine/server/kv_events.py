@@ -21,6 +21,7 @@ kvtui does not know, a map-encoded batch, a malformed payload) is decoded by the
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import field
@@ -310,7 +311,11 @@ def _no_ext(code: int, data: memoryview) -> Any:
     raise _NotTyped  # msgpack and msgspec give extension types as different objects: the generic reader's
 
 
-_TYPED = (msgspec.msgpack.Decoder(_BatchMaps, ext_hook=_no_ext), msgspec.msgpack.Decoder(_BatchArrays, ext_hook=_no_ext))
+_TYPED = (
+    msgspec.msgpack.Decoder(_BatchMaps, ext_hook=_no_ext),
+    msgspec.msgpack.Decoder(_BatchArrays, ext_hook=_no_ext),
+)
+_pack = struct.pack
 _PLAIN = (str, int, float, bytes, bool, type(None))  # extra keys' values both readers give as the same objects
 
 
@@ -331,6 +336,19 @@ def _plain_extra(values: Any) -> bool:
     return True
 
 
+_HEX16 = "%016x".__mod__  # block_key of an int hash in [0, 2**64) (all msgspec gives is below 2**64)
+
+
+def _typed_keys(values: list) -> tuple[str, ...]:
+    """block_key of each hash; ints that are all >= 0 (vLLM's uint64: the usual list) in one C map."""
+    try:
+        if min(values, default=0) >= 0:  # (bytes among them: TypeError)
+            return tuple(map(_HEX16, values))
+    except TypeError:
+        pass
+    return tuple(map(block_key, values))
+
+
 def _from_typed(batch: _BatchMaps | _BatchArrays, seq: int) -> EventBatch:
     """The EventBatch _decode_generic gives for the same payload; _NotTyped where a value would read otherwise
     there (an error it words, a field kept as another type)."""
@@ -339,10 +357,13 @@ def _from_typed(batch: _BatchMaps | _BatchArrays, seq: int) -> EventBatch:
         kind = type(raw)
         if kind is _StoredMap or kind is _StoredArray:
             size, values = raw.block_size, raw.token_ids
-            hashes = tuple(map(block_key, raw.block_hashes))
+            hashes = _typed_keys(raw.block_hashes)
             if size < 0 or (size == 0 and values) or len(values) < len(hashes) * size:
                 raise _NotTyped  # refused, in _decode_generic's words
-            ids = array(_LONGS, values)  # (an id past 64 bits: OverflowError, the generic reader's refusal)
+            try:  # the ids packed in C, then taken as the array's bytes: twice as quick as array(list)
+                ids = array(_LONGS, _pack(f"{len(values)}q", *values))
+            except struct.error:  # an id past 64 bits: the generic reader's refusal
+                raise _NotTyped from None
             parent = raw.parent_block_hash
             lora = raw.lora_name if raw.lora_name is not None else raw.lora_id
             if kind is _StoredMap:
@@ -373,9 +394,9 @@ def _from_typed(batch: _BatchMaps | _BatchArrays, seq: int) -> EventBatch:
                 )
             )
         elif kind is _RemovedMap:
-            events.append(BlocksRemoved(tuple(map(block_key, raw.block_hashes)), raw.group_idx, raw.medium))
+            events.append(BlocksRemoved(_typed_keys(raw.block_hashes), raw.group_idx, raw.medium))
         elif kind is _RemovedArray:
-            events.append(BlocksRemoved(tuple(map(block_key, raw.block_hashes)), None, raw.medium))
+            events.append(BlocksRemoved(_typed_keys(raw.block_hashes), None, raw.medium))
         else:
             events.append(AllCleared())
     rank = batch.data_parallel_rank

@@ -90,7 +90,9 @@ def stored(draw, arrays: bool):
     tokens = draw(
         mostly(
             st.lists(st.integers(0, 50_000), min_size=blocks * per, max_size=blocks * per + 2),
-            st.one_of(st.lists(st.one_of(st.integers(-(2**64), 2**64), st.booleans(), st.none()), max_size=6), small),
+            st.one_of(
+                st.lists(st.one_of(st.integers(-(2**63), 2**64 - 1), st.booleans(), st.none()), max_size=6), small
+            ),
         )
     )
     fields = {
