@@ -255,6 +255,7 @@ class PrefixCache:
         new_blocks = 0
         blocks, group, by_content, removed_at = self.blocks, event.group, self.by_content, self._removed_at
         elsewhere_held = self._elsewhere
+        tops, by_first, batches, medium, lora = self.tops, self._by_first, self.batches, event.medium, event.lora
         extras = len(event.extra)
         word = _word(event.medium)
         back: list[Block] = []  # blocks held only in slower media that this store put on a faster one (came back)
@@ -313,7 +314,27 @@ class PrefixCache:
             if holders and not continuing and (len(holders) > 1 or origin not in holders):
                 stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             extra = event.extra[index] if index < extras else ""
-            block = self._new_block(key, origin, parent, tokens, event, ts, orphan, content, noted or continuing, extra)
+            # the block, built here rather than in a helper (a call per block, and its index key built twice)
+            sibling_key = (origin, group, parent.key if parent is not None else None, tokens[0] if tokens else -1)
+            if parent is None:
+                self.chains += 1
+                block = Block(
+                    key, origin, None, tokens, group, medium, self.chains, 0, batches, ts, [], orphan, sibling_key,
+                    content, 0, lora, extra, noted or continuing,
+                )  # fmt: skip
+                tops.setdefault(self.chains, []).append(block)
+            else:
+                block = Block(
+                    key, origin, parent, tokens, group, medium, parent.chain, parent.depth + 1, batches, ts, [], False,
+                    sibling_key, content, 0, lora, extra, noted or continuing,
+                )  # fmt: skip
+                parent.children.append(block)
+            blocks[ident] = block
+            siblings = by_first.get(sibling_key)
+            if siblings is None:
+                by_first[sibling_key] = [block]
+            else:
+                siblings.append(block)
             if elsewhere is not None:
                 block.media = {word: 1, **{m: n for m, n in elsewhere.items() if m != word}}
                 if came_back:
@@ -371,31 +392,6 @@ class PrefixCache:
         stats.requests += 1
         stats.inferred_hits += hit or 0
         return self.requests.prefill(origin, event.group, event.session, hit, 0, ts)
-
-    def _new_block(self, key, origin, parent, tokens, event, ts, orphan, content, noted, extra) -> Block:
-        group = event.group
-        sibling_key = (origin, group, parent.key if parent is not None else None, tokens[0] if tokens else -1)
-        if parent is None:
-            self.chains += 1
-            chain = self.chains
-            block = Block(
-                key, origin, None, tokens, group, event.medium, chain, 0, self.batches, ts, [], orphan, sibling_key,
-                content, 0, event.lora, extra, noted,
-            )  # fmt: skip
-            self.tops.setdefault(chain, []).append(block)
-        else:
-            block = Block(
-                key, origin, parent, tokens, group, event.medium, parent.chain, parent.depth + 1, self.batches, ts, [],
-                False, sibling_key, content, 0, event.lora, extra, noted,
-            )  # fmt: skip
-            parent.children.append(block)
-        self.blocks[(origin, group, key)] = block
-        siblings = self._by_first.get(sibling_key)
-        if siblings is None:
-            self._by_first[sibling_key] = [block]
-        else:
-            siblings.append(block)
-        return block
 
     def _remove(self, event: BlocksRemoved, origin: str, stats: OriginStats, ts: float) -> None:
         groups = (event.group,) if event.group is not None else tuple(sorted(stats.groups)) or (0,)
