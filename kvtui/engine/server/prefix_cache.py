@@ -487,10 +487,50 @@ class PrefixCache:
                 del self._by_first[block.sibling_key]
 
     def _let_go_oldest(self) -> None:
-        blocks = self.blocks
-        while len(blocks) > self.max_blocks:
+        """The oldest blocks past max_blocks, let go: at the cap a busy server's viewer lets one go per block stored,
+        so this is _drop written out for it (no calls per block; a chain's only top, a content held by one block and
+        a sibling list of one, the usual case, are deleted without a search)."""
+        blocks, limit = self.blocks, self.max_blocks
+        if len(blocks) <= limit:
+            return
+        all_tops, by_content, by_first = self.tops, self.by_content, self._by_first
+        while len(blocks) > limit:
             block = blocks.popitem(last=False)[1]  # the oldest
-            self._drop(block, indexed=False)
+            chain, parent = block.chain, block.parent
+            tops = all_tops.get(chain)
+            if parent is not None:
+                parent.children.remove(block)
+            elif tops is not None:
+                try:  # (found by identity: Block compares so)
+                    tops.remove(block)
+                except ValueError:
+                    pass
+            children = block.children
+            if children:
+                if tops is None:
+                    tops = all_tops[chain] = []
+                for child in children:
+                    child.parent, child.orphan = None, True
+                    tops.append(child)
+            if tops is not None and not tops:
+                del all_tops[chain]
+            if block.content:
+                key = (block.group, block.content)
+                holders = by_content.get(key)
+                mine = holders.get(block.origin) if holders is not None and len(holders) == 1 else None
+                if mine is not None and len(mine) == 1 and mine[0] is block:
+                    del by_content[key]  # held by this block alone: nothing was counted twice
+                else:
+                    self._release_content(block)
+            sibling_key = block.sibling_key
+            siblings = by_first.get(sibling_key)
+            if siblings is not None:
+                if len(siblings) == 1 and siblings[0] is block:
+                    del by_first[sibling_key]
+                elif block in siblings:
+                    siblings.remove(block)
+                    if not siblings:
+                        del by_first[sibling_key]
             self.let_go += 1
             self.stats(block.origin).let_go += 1  # still held by the server: `held` keeps counting it
 

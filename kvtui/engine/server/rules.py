@@ -220,7 +220,7 @@ class ServerRules:
                 )
             )
             return
-        elsewhere = next((blocks for name, blocks in holders.items() if name != origin), None)
+        elsewhere = next((blocks for name, blocks in holders.items() if name != origin), None) if holders else None
         if elsewhere:
             other = elsewhere[0]
             held = self._held_run(event, index, content, other.origin)
