@@ -57,16 +57,11 @@ def dump(cache) -> list[str]:
     for ident, block in cache.blocks.items():
         fields = ", ".join(f"{name}={show(getattr(block, name))}" for name in SLOTS)
         out.append(f"block {show(ident)} parent={show(block.parent)} children={show(block.children)} {fields}")
-    for name in (
-        "tops",
-        "by_content",
-        "_by_first",
-        "_removed_at",
-        "_elsewhere",
-        "_first_tier",
-        "_gone_roots",
-        "_twice",
-    ):
+    # the indexes as their readers see them (a version may keep one block in place of a list or map of one)
+    out.append(f"by_content {show({key: cache.holders(*key) for key in cache.by_content})}")
+    one = {key: [v] if type(v).__name__ == "Block" else v for key, v in cache._by_first.items()}
+    out.append(f"_by_first {show(one)}")
+    for name in ("tops", "_removed_at", "_elsewhere", "_first_tier", "_gone_roots", "_twice"):
         out.append(f"{name} {show(getattr(cache, name))}")
     out.append(f"requests {show(vars(cache.requests))}")
     out.append(f"fleet {show(vars(cache.fleet))}")

@@ -137,11 +137,14 @@ class PrefixCache:
         self.batches = 0
         self.let_go = 0  # blocks dropped past max_blocks (still held by the server: not "removed")
         self.chains = 0
-        self._by_first: dict[tuple[str, int, str | None, int], list[Block]] = {}  # (origin, group, parent, 1st id)
+        # (origin, group, parent, 1st id) -> the blocks there: one Block where it is the only one (most: no list per
+        # block), else a list (siblings() gives a list either way)
+        self._by_first: dict[tuple[str, int, str | None, int], Block | list[Block]] = {}
         self._removed_at: OrderedDict[tuple[str, int, str], Gone] = OrderedDict()  # for churn and the evicted cause
         # (group, content) -> per origin, the blocks holding those tokens from the prompt's start (O(1) to ask whether
         # another origin holds them, however many hashes one origin holds them under)
-        self.by_content: dict[tuple[int, int], dict[str, list[Block]]] = {}
+        # where one block alone holds them (most), the Block itself (no map and list per block); holders() gives the map
+        self.by_content: dict[tuple[int, int], Block | dict[str, list[Block]]] = {}
         self._twice: dict[str, int] = {}  # per origin, tokens it holds that another origin holds too (kept as blocks
         # come and go: O(replicas) per block, never a walk of the index)
         self.metrics: dict[str, deque[MetricSample]] = {}  # per server, the newest METRICS_KEPT samples
@@ -311,7 +314,11 @@ class PrefixCache:
                 if noted and row.cause is None:
                     row.cause = notes[before].code if len(notes) > before else "offloaded-prefix"
             holders = by_content.get((group, content)) if content else None
-            if holders and not continuing and (len(holders) > 1 or origin not in holders):
+            if (
+                holders is not None
+                and not continuing
+                and (holders.origin != origin if type(holders) is Block else len(holders) > 1 or origin not in holders)
+            ):
                 stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             extra = event.extra[index] if index < extras else ""
             # the block, built here rather than in a helper (a call per block, and its index key built twice)
@@ -332,7 +339,9 @@ class PrefixCache:
             blocks[ident] = block
             siblings = by_first.get(sibling_key)
             if siblings is None:
-                by_first[sibling_key] = [block]
+                by_first[sibling_key] = block
+            elif type(siblings) is Block:
+                by_first[sibling_key] = [siblings, block]
             else:
                 siblings.append(block)
             if elsewhere is not None:
@@ -341,8 +350,8 @@ class PrefixCache:
                     back.append(block)
                     back_from.update(elsewhere)
             if content:
-                if holders is None:  # the first to hold these tokens (most blocks): held by this origin alone
-                    by_content[(group, content)] = {origin: [block]}
+                if holders is None:  # the first to hold these tokens (most blocks): held by this block alone
+                    by_content[(group, content)] = block
                 else:
                     self._hold_content(block)
             parent = block
@@ -478,7 +487,9 @@ class PrefixCache:
         if block.content:
             self._release_content(block)
         siblings = self._by_first.get(block.sibling_key)
-        if siblings is not None:
+        if siblings is block:
+            del self._by_first[block.sibling_key]
+        elif type(siblings) is list:
             try:
                 siblings.remove(block)
             except ValueError:
@@ -516,18 +527,16 @@ class PrefixCache:
                 del all_tops[chain]
             if block.content:
                 key = (block.group, block.content)
-                holders = by_content.get(key)
-                mine = holders.get(block.origin) if holders is not None and len(holders) == 1 else None
-                if mine is not None and len(mine) == 1 and mine[0] is block:
+                if by_content.get(key) is block:
                     del by_content[key]  # held by this block alone: nothing was counted twice
                 else:
                     self._release_content(block)
             sibling_key = block.sibling_key
             siblings = by_first.get(sibling_key)
             if siblings is not None:
-                if len(siblings) == 1 and siblings[0] is block:
+                if siblings is block:
                     del by_first[sibling_key]
-                elif block in siblings:
+                elif type(siblings) is list and block in siblings:
                     siblings.remove(block)
                     if not siblings:
                         del by_first[sibling_key]
@@ -536,7 +545,8 @@ class PrefixCache:
 
     def siblings(self, origin: str, group: int, parent: Block | None, first: int) -> list[Block] | None:
         """The held blocks under `parent` whose first token is `first`, oldest first (None: none)."""
-        return self._by_first.get((origin, group, parent.key if parent else None, first))
+        found = self._by_first.get((origin, group, parent.key if parent else None, first))
+        return [found] if type(found) is Block else found
 
     def children(self, parent: Block | None) -> list[Block]:
         """The held blocks stored right after `parent` (a miss at a block boundary is looked for among them)."""
@@ -544,7 +554,10 @@ class PrefixCache:
 
     def holders(self, group: int, content: int) -> dict[str, list[Block]]:
         """The held blocks (any origin) whose tokens from the prompt's start equal those `content` stands for."""
-        return self.by_content.get((group, content), {}) if content else {}
+        found = self.by_content.get((group, content)) if content else None
+        if found is None:
+            return {}
+        return {found.origin: [found]} if type(found) is Block else found
 
     def duplicated(self) -> dict[str, int]:
         """Per origin, the tokens it holds that another origin holds too (memory spent more than once)."""
@@ -555,7 +568,13 @@ class PrefixCache:
             self._twice[block.origin] = self._twice.get(block.origin, 0) + sign * len(block.tokens)
 
     def _hold_content(self, block: Block) -> None:
-        holders = self.by_content.setdefault((block.group, block.content), {})
+        key = (block.group, block.content)
+        holders = self.by_content.get(key)
+        if holders is None:  # the first to hold them: by this block alone
+            self.by_content[key] = block
+            return
+        if type(holders) is Block:  # a second block: the map of every holder, by origin
+            holders = self.by_content[key] = {holders.origin: [holders]}
         if len(holders) >= 2 or (holders and block.origin not in holders):  # another origin holds them: spent twice
             self._count_twice((block,), 1)
             if len(holders) == 1:  # ... and so, from now, are the blocks of the one origin that held them alone
@@ -564,6 +583,10 @@ class PrefixCache:
 
     def _release_content(self, block: Block) -> None:
         holders = self.by_content.get((block.group, block.content))
+        if type(holders) is Block:
+            if holders is block:
+                del self.by_content[(block.group, block.content)]
+            return
         mine = holders.get(block.origin) if holders is not None else None
         if holders is None or mine is None:
             return
@@ -590,7 +613,7 @@ class PrefixCache:
         O(origins + those)."""
         found: list[tuple] = []
         for origin in self.origins:
-            for block in (self._by_first.get((origin, group, None, first)) or ())[-SIBLINGS_CHECKED:]:
+            for block in (self.siblings(origin, group, None, first) or ())[-SIBLINGS_CHECKED:]:
                 if not block.orphan and block.depth == 0:
                     found.append((origin, block.chain, block.tokens, None))
         for origin in self.origins:
