@@ -354,8 +354,7 @@ def _from_typed(batch: _BatchMaps | _BatchArrays, seq: int) -> EventBatch:
     there (an error it words, a field kept as another type)."""
     events: list[Event] = []
     for raw in batch.events:
-        kind = type(raw)
-        if kind is _StoredMap or kind is _StoredArray:
+        if isinstance(raw, (_StoredMap, _StoredArray)):
             size, values = raw.block_size, raw.token_ids
             hashes = _typed_keys(raw.block_hashes)
             if size < 0 or (size == 0 and values) or len(values) < len(hashes) * size:
@@ -366,7 +365,7 @@ def _from_typed(batch: _BatchMaps | _BatchArrays, seq: int) -> EventBatch:
                 raise _NotTyped from None
             parent = raw.parent_block_hash
             lora = raw.lora_name if raw.lora_name is not None else raw.lora_id
-            if kind is _StoredMap:
+            if isinstance(raw, _StoredMap):
                 extra_keys, group = raw.extra_keys, raw.group_idx
                 if extra_keys is None or (type(extra_keys) is list and not any(extra_keys)):
                     extra: tuple[str, ...] = ()  # (vLLM sends None per block where no key is hashed in)
@@ -393,9 +392,9 @@ def _from_typed(batch: _BatchMaps | _BatchArrays, seq: int) -> EventBatch:
                     ids if ids.typecode == "l" else None,
                 )
             )
-        elif kind is _RemovedMap:
+        elif isinstance(raw, _RemovedMap):
             events.append(BlocksRemoved(_typed_keys(raw.block_hashes), raw.group_idx, raw.medium))
-        elif kind is _RemovedArray:
+        elif isinstance(raw, _RemovedArray):
             events.append(BlocksRemoved(_typed_keys(raw.block_hashes), None, raw.medium))
         else:
             events.append(AllCleared())

@@ -317,7 +317,11 @@ class PrefixCache:
             if (
                 holders is not None
                 and not continuing
-                and (holders.origin != origin if type(holders) is Block else len(holders) > 1 or origin not in holders)
+                and (
+                    holders.origin != origin
+                    if isinstance(holders, Block)
+                    else len(holders) > 1 or origin not in holders
+                )
             ):
                 stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             extra = event.extra[index] if index < extras else ""
@@ -340,7 +344,7 @@ class PrefixCache:
             siblings = by_first.get(sibling_key)
             if siblings is None:
                 by_first[sibling_key] = block
-            elif type(siblings) is Block:
+            elif isinstance(siblings, Block):
                 by_first[sibling_key] = [siblings, block]
             else:
                 siblings.append(block)
@@ -546,7 +550,7 @@ class PrefixCache:
     def siblings(self, origin: str, group: int, parent: Block | None, first: int) -> list[Block] | None:
         """The held blocks under `parent` whose first token is `first`, oldest first (None: none)."""
         found = self._by_first.get((origin, group, parent.key if parent else None, first))
-        return [found] if type(found) is Block else found
+        return [found] if isinstance(found, Block) else found
 
     def children(self, parent: Block | None) -> list[Block]:
         """The held blocks stored right after `parent` (a miss at a block boundary is looked for among them)."""
@@ -557,7 +561,7 @@ class PrefixCache:
         found = self.by_content.get((group, content)) if content else None
         if found is None:
             return {}
-        return {found.origin: [found]} if type(found) is Block else found
+        return {found.origin: [found]} if isinstance(found, Block) else found
 
     def duplicated(self) -> dict[str, int]:
         """Per origin, the tokens it holds that another origin holds too (memory spent more than once)."""
@@ -573,7 +577,7 @@ class PrefixCache:
         if holders is None:  # the first to hold them: by this block alone
             self.by_content[key] = block
             return
-        if type(holders) is Block:  # a second block: the map of every holder, by origin
+        if isinstance(holders, Block):  # a second block: the map of every holder, by origin
             holders = self.by_content[key] = {holders.origin: [holders]}
         if len(holders) >= 2 or (holders and block.origin not in holders):  # another origin holds them: spent twice
             self._count_twice((block,), 1)
@@ -583,7 +587,7 @@ class PrefixCache:
 
     def _release_content(self, block: Block) -> None:
         holders = self.by_content.get((block.group, block.content))
-        if type(holders) is Block:
+        if isinstance(holders, Block):
             if holders is block:
                 del self.by_content[(block.group, block.content)]
             return
