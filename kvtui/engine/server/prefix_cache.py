@@ -248,7 +248,8 @@ class PrefixCache:
         ):
             return
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
-        self.texts.ensure(event.token_ids[: len(event.hashes) * size])
+        count, token_ids = len(event.hashes) * size, event.token_ids
+        self.texts.ensure(token_ids if len(token_ids) == count else token_ids[:count])  # (a copy only where needed)
         ids = event.ids  # once per event (the decoder's, or made here): each block's tokens are a slice of it (C)
         if ids is None:
             ids = array("l", event.token_ids)
