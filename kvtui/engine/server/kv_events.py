@@ -315,7 +315,7 @@ _TYPED = (
     msgspec.msgpack.Decoder(_BatchMaps, ext_hook=_no_ext),
     msgspec.msgpack.Decoder(_BatchArrays, ext_hook=_no_ext),
 )
-_pack = struct.pack
+_PACKERS: dict[int, Any] = {}  # ids per event -> the Struct's pack for that many 64-bit ints
 _PLAIN = (str, int, float, bytes, bool, type(None))  # extra keys' values both readers give as the same objects
 
 
@@ -359,8 +359,13 @@ def _from_typed(batch: _BatchMaps | _BatchArrays, seq: int) -> EventBatch:
             hashes = _typed_keys(raw.block_hashes)
             if size < 0 or (size == 0 and values) or len(values) < len(hashes) * size:
                 raise _NotTyped  # refused, in _decode_generic's words
+            pack = _PACKERS.get(len(values))
+            if pack is None:
+                if len(_PACKERS) >= 1024:  # (a few lengths in practice: blocks of one size)
+                    _PACKERS.clear()
+                pack = _PACKERS[len(values)] = struct.Struct(f"{len(values)}q").pack
             try:  # the ids packed in C, then taken as the array's bytes: twice as quick as array(list)
-                ids = array(_LONGS, _pack(f"{len(values)}q", *values))
+                ids = array(_LONGS, pack(*values))
             except struct.error:  # an id past 64 bits: the generic reader's refusal
                 raise _NotTyped from None
             parent = raw.parent_block_hash

@@ -509,7 +509,7 @@ class PrefixCache:
         blocks, limit = self.blocks, self.max_blocks
         if len(blocks) <= limit:
             return
-        all_tops, by_content, by_first = self.tops, self.by_content, self._by_first
+        all_tops, by_content, by_first, origins = self.tops, self.by_content, self._by_first, self.origins
         while len(blocks) > limit:
             block = blocks.popitem(last=False)[1]  # the oldest
             chain, parent = block.chain, block.parent
@@ -546,7 +546,9 @@ class PrefixCache:
                     if not siblings:
                         del by_first[sibling_key]
             self.let_go += 1
-            self.stats(block.origin).let_go += 1  # still held by the server: `held` keeps counting it
+            stats = origins.get(block.origin)
+            (stats if stats is not None else self.stats(block.origin)).let_go += 1  # still held by the server: `held`
+            # keeps counting it
 
     def siblings(self, origin: str, group: int, parent: Block | None, first: int) -> list[Block] | None:
         """The held blocks under `parent` whose first token is `first`, oldest first (None: none)."""
