@@ -13,10 +13,11 @@ Only newly stored full blocks are announced: a prefix hit stores nothing. Block 
 bytes depending on the server's settings; kvtui keys them as hex text, the same for both.
 
 Decoding is typed first: msgspec reads a payload of either encoding straight into structs shaped as vLLM's own
-(`vllm/distributed/kv_events.py`), checking each field's type in C, about a third of the cost of msgpack's generic
-objects read field by field. What that fast path does not take exactly (another type in a field, an event type
-kvtui does not know, a map-encoded batch, a malformed payload) is decoded by the generic reader as before
-(`_decode_generic`), so every payload decodes, or is refused with the same words, exactly as it did.
+(`vllm/distributed/kv_events.py`), checking each field's type in C (the whole decode 8 µs a message of
+b_kv_events' traffic, 10.5 with msgpack's generic objects read field by field). What that fast path does not take
+exactly (another type in a field, an event type kvtui does not know, a map-encoded batch, an extension type, a
+malformed payload) is decoded by the generic reader as before (`_decode_generic`), so every payload decodes, or is
+refused with the same words, exactly as it did.
 """
 
 from __future__ import annotations

@@ -194,3 +194,17 @@ def test_ordinary_events_take_the_typed_path():
     stored_event = decode_payload(msgpack.packb([1.5, [vllm], 0])).events[0]
     assert stored_event.extra == ("('sql', ['mm0', 3], b'\\x00')", "")
     assert stored_event.hashes == ("ffffffffffffffff", "0102") and stored_event.lora == "sql"
+
+
+@pytest.mark.parametrize("value", [msgpack.ExtType(5, b"ab"), msgpack.Timestamp(5)])
+def test_extension_types_decode_as_the_generic_reader(value):
+    """msgspec and msgpack give extension types (and timestamps) as other objects: such payloads go the generic way,
+    in an event's extra keys and as the batch's time alike."""
+    stored = {"type": "BlockStored", "block_hashes": [1], "token_ids": [1, 2], "block_size": 2}
+    for batch in ([1.0, [stored | {"extra_keys": [[value]]}], 0], [value, [stored], 0]):
+        payload = msgpack.packb(batch)
+        assert not typed_takes(payload)
+        assert outcome(decode_payload, payload) == outcome(_decode_generic, payload)
+    assert decode_payload(msgpack.packb([1.0, [stored | {"extra_keys": [[value]]}], 0])).events[0].extra == (
+        f"({value!r},)",
+    )
