@@ -546,9 +546,8 @@ class PrefixCache:
                     if not siblings:
                         del by_first[sibling_key]
             self.let_go += 1
-            stats = origins.get(block.origin)
-            (stats if stats is not None else self.stats(block.origin)).let_go += 1  # still held by the server: `held`
-            # keeps counting it
+            stats = origins.get(block.origin) or self.stats(block.origin)
+            stats.let_go += 1  # still held by the server: `held` keeps counting it
 
     def siblings(self, origin: str, group: int, parent: Block | None, first: int) -> list[Block] | None:
         """The held blocks under `parent` whose first token is `first`, oldest first (None: none)."""
