@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
 
-from .prefixes import common_prefix
+from .prefixes import _has_negative
 
 INSERT_PROBE = 6  # held tokens looked for after the difference (text put before shared text)
 REALIGN_SEARCH = 64  # ... within this many tokens of it, on either side (the edit's length bound)
@@ -63,9 +63,22 @@ def realigned(cached: Sequence[int], tokens: Sequence[int], common: int) -> tupl
 
 
 def _goes_on(cached: array, tokens: array, common: int, left: int, put: int) -> bool:
-    """The held text goes on after the edit for REALIGN_MIN tokens, or (a swap or an insertion) to its end."""
-    run = common_prefix(cached[common + left :], tokens[common + put :])
-    return run >= REALIGN_MIN or ((left == 0 or (left == 1 and put >= 1)) and common + left + run == len(cached))
+    """The held text goes on after the edit for REALIGN_MIN tokens, or (a swap or an insertion) to its end: the
+    common run of the two after it (an unknown id matches nothing) asked as two comparisons of slices (C), not
+    counted token by token."""
+    held, fresh = cached[common + left :], tokens[common + put :]
+    if len(held) >= REALIGN_MIN and held[:REALIGN_MIN] == fresh[:REALIGN_MIN]:
+        if not _has_negative(held, REALIGN_MIN):
+            return True  # the run is REALIGN_MIN or more
+    if not (left == 0 or (left == 1 and put >= 1)):
+        return False
+    n = len(held)  # ... or it runs to the end of what the cache holds: `held` is the start of `fresh`, all known
+    return (
+        common + left + n == len(cached)
+        and n <= len(fresh)
+        and held == fresh[:n]
+        and not (n and _has_negative(held, n))
+    )
 
 
 def edit_words(cached: Sequence[int], tokens: Sequence[int], common: int, edit: tuple[int, int], text: Callable) -> str:

@@ -45,12 +45,17 @@ def longest_prefix(candidates: Sequence[Sequence[int]], tokens: array) -> tuple[
     """The first of `candidates` sharing the most first ids with `tokens` (the oldest of equals), and how many:
     (its index, common_prefix(it, tokens)); (-1, 0) where none shares one. Where `tokens` holds no unknown id (< 0),
     none of what a candidate shares with it is one: each candidate of its type and length then costs one XOR of the
-    two as ints (C), not a call of common_prefix."""
+    two as ints (C), not a call of common_prefix. A candidate that differs at the best one's first differing id
+    cannot share more (one item compared): it is passed over."""
     best, common, n = -1, 0, len(tokens)
-    fast = type(tokens) is array and _LITTLE and not (n and _has_negative(tokens, n))
+    if not n:
+        return best, common
+    fast = type(tokens) is array and _LITTLE and not _has_negative(tokens, n)
     if fast:
         mine, code, bits = int.from_bytes(tokens.tobytes(), "little"), tokens.typecode, 8 * tokens.itemsize
     for index, other in enumerate(candidates):
+        if len(other) <= common or other[common] != tokens[common]:
+            continue  # it shares `common` ids at most: the best so far is as long, and older
         if fast and type(other) is array and len(other) == n and other.typecode == code:
             differ = int.from_bytes(other.tobytes(), "little") ^ mine
             shared = ((differ & -differ).bit_length() - 1) // bits if differ else n

@@ -137,11 +137,14 @@ class PrefixCache:
         self.batches = 0
         self.let_go = 0  # blocks dropped past max_blocks (still held by the server: not "removed")
         self.chains = 0
-        self._by_first: dict[tuple[str, int, str | None, int], list[Block]] = {}  # (origin, group, parent, 1st id)
+        # (origin, group, parent, 1st id) -> the blocks there: one Block where it is the only one (most: no list per
+        # block), else a list (siblings() gives a list either way)
+        self._by_first: dict[tuple[str, int, str | None, int], Block | list[Block]] = {}
         self._removed_at: OrderedDict[tuple[str, int, str], Gone] = OrderedDict()  # for churn and the evicted cause
         # (group, content) -> per origin, the blocks holding those tokens from the prompt's start (O(1) to ask whether
         # another origin holds them, however many hashes one origin holds them under)
-        self.by_content: dict[tuple[int, int], dict[str, list[Block]]] = {}
+        # where one block alone holds them (most), the Block itself (no map and list per block); holders() gives the map
+        self.by_content: dict[tuple[int, int], Block | dict[str, list[Block]]] = {}
         self._twice: dict[str, int] = {}  # per origin, tokens it holds that another origin holds too (kept as blocks
         # come and go: O(replicas) per block, never a walk of the index)
         self.metrics: dict[str, deque[MetricSample]] = {}  # per server, the newest METRICS_KEPT samples
@@ -245,7 +248,8 @@ class PrefixCache:
         ):
             return
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
-        self.texts.ensure(event.token_ids[: len(event.hashes) * size])
+        count, token_ids = len(event.hashes) * size, event.token_ids
+        self.texts.ensure(token_ids if len(token_ids) == count else token_ids[:count])  # (a copy only where needed)
         ids = event.ids  # once per event (the decoder's, or made here): each block's tokens are a slice of it (C)
         if ids is None:
             ids = array("l", event.token_ids)
@@ -255,6 +259,7 @@ class PrefixCache:
         new_blocks = 0
         blocks, group, by_content, removed_at = self.blocks, event.group, self.by_content, self._removed_at
         elsewhere_held = self._elsewhere
+        tops, by_first, batches, medium, lora = self.tops, self._by_first, self.batches, event.medium, event.lora
         extras = len(event.extra)
         word = _word(event.medium)
         back: list[Block] = []  # blocks held only in slower media that this store put on a faster one (came back)
@@ -310,18 +315,48 @@ class PrefixCache:
                 if noted and row.cause is None:
                     row.cause = notes[before].code if len(notes) > before else "offloaded-prefix"
             holders = by_content.get((group, content)) if content else None
-            if holders and not continuing and (len(holders) > 1 or origin not in holders):
+            if (
+                holders is not None
+                and not continuing
+                and (
+                    holders.origin != origin
+                    if isinstance(holders, Block)
+                    else len(holders) > 1 or origin not in holders
+                )
+            ):
                 stats.routed_tokens += len(tokens)  # another replica held these very tokens: routing waste
             extra = event.extra[index] if index < extras else ""
-            block = self._new_block(key, origin, parent, tokens, event, ts, orphan, content, noted or continuing, extra)
+            # the block, built here rather than in a helper (a call per block, and its index key built twice)
+            sibling_key = (origin, group, parent.key if parent is not None else None, tokens[0] if tokens else -1)
+            if parent is None:
+                self.chains += 1
+                block = Block(
+                    key, origin, None, tokens, group, medium, self.chains, 0, batches, ts, [], orphan, sibling_key,
+                    content, 0, lora, extra, noted or continuing,
+                )  # fmt: skip
+                tops.setdefault(self.chains, []).append(block)
+            else:
+                block = Block(
+                    key, origin, parent, tokens, group, medium, parent.chain, parent.depth + 1, batches, ts, [], False,
+                    sibling_key, content, 0, lora, extra, noted or continuing,
+                )  # fmt: skip
+                parent.children.append(block)
+            blocks[ident] = block
+            siblings = by_first.get(sibling_key)
+            if siblings is None:
+                by_first[sibling_key] = block
+            elif isinstance(siblings, Block):
+                by_first[sibling_key] = [siblings, block]
+            else:
+                siblings.append(block)
             if elsewhere is not None:
                 block.media = {word: 1, **{m: n for m, n in elsewhere.items() if m != word}}
                 if came_back:
                     back.append(block)
                     back_from.update(elsewhere)
             if content:
-                if holders is None:  # the first to hold these tokens (most blocks): held by this origin alone
-                    by_content[(group, content)] = {origin: [block]}
+                if holders is None:  # the first to hold these tokens (most blocks): held by this block alone
+                    by_content[(group, content)] = block
                 else:
                     self._hold_content(block)
             parent = block
@@ -371,31 +406,6 @@ class PrefixCache:
         stats.requests += 1
         stats.inferred_hits += hit or 0
         return self.requests.prefill(origin, event.group, event.session, hit, 0, ts)
-
-    def _new_block(self, key, origin, parent, tokens, event, ts, orphan, content, noted, extra) -> Block:
-        group = event.group
-        sibling_key = (origin, group, parent.key if parent is not None else None, tokens[0] if tokens else -1)
-        if parent is None:
-            self.chains += 1
-            chain = self.chains
-            block = Block(
-                key, origin, None, tokens, group, event.medium, chain, 0, self.batches, ts, [], orphan, sibling_key,
-                content, 0, event.lora, extra, noted,
-            )  # fmt: skip
-            self.tops.setdefault(chain, []).append(block)
-        else:
-            block = Block(
-                key, origin, parent, tokens, group, event.medium, parent.chain, parent.depth + 1, self.batches, ts, [],
-                False, sibling_key, content, 0, event.lora, extra, noted,
-            )  # fmt: skip
-            parent.children.append(block)
-        self.blocks[(origin, group, key)] = block
-        siblings = self._by_first.get(sibling_key)
-        if siblings is None:
-            self._by_first[sibling_key] = [block]
-        else:
-            siblings.append(block)
-        return block
 
     def _remove(self, event: BlocksRemoved, origin: str, stats: OriginStats, ts: float) -> None:
         groups = (event.group,) if event.group is not None else tuple(sorted(stats.groups)) or (0,)
@@ -482,7 +492,9 @@ class PrefixCache:
         if block.content:
             self._release_content(block)
         siblings = self._by_first.get(block.sibling_key)
-        if siblings is not None:
+        if siblings is block:
+            del self._by_first[block.sibling_key]
+        elif type(siblings) is list:
             try:
                 siblings.remove(block)
             except ValueError:
@@ -491,16 +503,56 @@ class PrefixCache:
                 del self._by_first[block.sibling_key]
 
     def _let_go_oldest(self) -> None:
-        blocks = self.blocks
-        while len(blocks) > self.max_blocks:
+        """The oldest blocks past max_blocks, let go: at the cap a busy server's viewer lets one go per block stored,
+        so this is _drop written out for it (no calls per block; a chain's only top, a content held by one block and
+        a sibling list of one, the usual case, are deleted without a search)."""
+        blocks, limit = self.blocks, self.max_blocks
+        if len(blocks) <= limit:
+            return
+        all_tops, by_content, by_first, origins = self.tops, self.by_content, self._by_first, self.origins
+        while len(blocks) > limit:
             block = blocks.popitem(last=False)[1]  # the oldest
-            self._drop(block, indexed=False)
+            chain, parent = block.chain, block.parent
+            tops = all_tops.get(chain)
+            if parent is not None:
+                parent.children.remove(block)
+            elif tops is not None:
+                try:  # (found by identity: Block compares so)
+                    tops.remove(block)
+                except ValueError:
+                    pass
+            children = block.children
+            if children:
+                if tops is None:
+                    tops = all_tops[chain] = []
+                for child in children:
+                    child.parent, child.orphan = None, True
+                    tops.append(child)
+            if tops is not None and not tops:
+                del all_tops[chain]
+            if block.content:
+                key = (block.group, block.content)
+                if by_content.get(key) is block:
+                    del by_content[key]  # held by this block alone: nothing was counted twice
+                else:
+                    self._release_content(block)
+            sibling_key = block.sibling_key
+            siblings = by_first.get(sibling_key)
+            if siblings is not None:
+                if siblings is block:
+                    del by_first[sibling_key]
+                elif type(siblings) is list and block in siblings:
+                    siblings.remove(block)
+                    if not siblings:
+                        del by_first[sibling_key]
             self.let_go += 1
-            self.stats(block.origin).let_go += 1  # still held by the server: `held` keeps counting it
+            stats = origins.get(block.origin) or self.stats(block.origin)
+            stats.let_go += 1  # still held by the server: `held` keeps counting it
 
     def siblings(self, origin: str, group: int, parent: Block | None, first: int) -> list[Block] | None:
         """The held blocks under `parent` whose first token is `first`, oldest first (None: none)."""
-        return self._by_first.get((origin, group, parent.key if parent else None, first))
+        found = self._by_first.get((origin, group, parent.key if parent else None, first))
+        return [found] if isinstance(found, Block) else found
 
     def children(self, parent: Block | None) -> list[Block]:
         """The held blocks stored right after `parent` (a miss at a block boundary is looked for among them)."""
@@ -508,7 +560,10 @@ class PrefixCache:
 
     def holders(self, group: int, content: int) -> dict[str, list[Block]]:
         """The held blocks (any origin) whose tokens from the prompt's start equal those `content` stands for."""
-        return self.by_content.get((group, content), {}) if content else {}
+        found = self.by_content.get((group, content)) if content else None
+        if found is None:
+            return {}
+        return {found.origin: [found]} if isinstance(found, Block) else found
 
     def duplicated(self) -> dict[str, int]:
         """Per origin, the tokens it holds that another origin holds too (memory spent more than once)."""
@@ -519,7 +574,13 @@ class PrefixCache:
             self._twice[block.origin] = self._twice.get(block.origin, 0) + sign * len(block.tokens)
 
     def _hold_content(self, block: Block) -> None:
-        holders = self.by_content.setdefault((block.group, block.content), {})
+        key = (block.group, block.content)
+        holders = self.by_content.get(key)
+        if holders is None:  # the first to hold them: by this block alone
+            self.by_content[key] = block
+            return
+        if isinstance(holders, Block):  # a second block: the map of every holder, by origin
+            holders = self.by_content[key] = {holders.origin: [holders]}
         if len(holders) >= 2 or (holders and block.origin not in holders):  # another origin holds them: spent twice
             self._count_twice((block,), 1)
             if len(holders) == 1:  # ... and so, from now, are the blocks of the one origin that held them alone
@@ -528,6 +589,10 @@ class PrefixCache:
 
     def _release_content(self, block: Block) -> None:
         holders = self.by_content.get((block.group, block.content))
+        if isinstance(holders, Block):
+            if holders is block:
+                del self.by_content[(block.group, block.content)]
+            return
         mine = holders.get(block.origin) if holders is not None else None
         if holders is None or mine is None:
             return
@@ -554,7 +619,7 @@ class PrefixCache:
         O(origins + those)."""
         found: list[tuple] = []
         for origin in self.origins:
-            for block in (self._by_first.get((origin, group, None, first)) or ())[-SIBLINGS_CHECKED:]:
+            for block in (self.siblings(origin, group, None, first) or ())[-SIBLINGS_CHECKED:]:
                 if not block.orphan and block.depth == 0:
                     found.append((origin, block.chain, block.tokens, None))
         for origin in self.origins:

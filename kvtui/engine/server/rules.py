@@ -40,6 +40,7 @@ SIBLINGS_CHECKED siblings); never O(blocks held).
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -101,7 +102,8 @@ class ServerRules:
 
     def __init__(self, cache: ChainIndex):
         self.cache = cache
-        self._misses: dict[tuple[str, int, int], _Miss] = {}
+        # (an OrderedDict: the oldest is let go in O(1); a dict's first key after many deletions is found by a scan)
+        self._misses: OrderedDict[tuple[str, int, int], _Miss] = OrderedDict()
         self._churn_noted = 0
         self.hybrid: set[str] = set()  # origins that stored blocks of a Mamba group (their blocks match its state)
         self._under: dict[str, list[int]] = {}  # per origin: prefix-under-block prompts, the count at the last note
@@ -220,7 +222,7 @@ class ServerRules:
                 )
             )
             return
-        elsewhere = next((blocks for name, blocks in holders.items() if name != origin), None)
+        elsewhere = next((blocks for name, blocks in holders.items() if name != origin), None) if holders else None
         if elsewhere:
             other = elsewhere[0]
             held = self._held_run(event, index, content, other.origin)
@@ -389,7 +391,7 @@ class ServerRules:
         miss = self._misses.get(key)
         if miss is None:
             if len(self._misses) >= MISSES_KEPT:  # a long watch: the oldest place forgotten, memory stays bounded
-                del self._misses[next(iter(self._misses))]
+                self._misses.popitem(last=False)
             miss = self._misses[key] = _Miss()
         miss.prompts += 1
         if miss.noted:

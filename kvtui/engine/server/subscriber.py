@@ -50,6 +50,7 @@ YIELD_S = 0.002  # ... then this long off the interpreter lock, so a saturated r
 BATCH_BUDGET_S = 0.005  # at most this long applying queued messages before the lock is let go for the UI
 KNOWN_EVENTS = {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
 LINK_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+_RCVMORE = int(zmq.RCVMORE)
 
 
 @dataclass
@@ -248,12 +249,16 @@ class Subscriber:
         """Apply what is queued, for at most BATCH_BUDGET_S; whether more may be waiting."""
         endpoint = self._sockets[sub]
         until = time.monotonic() + BATCH_BUDGET_S
+        # recv_multipart written out with the option as an int (its getsockopt(RCVMORE) converts the enum per frame)
+        recv, more, noblock = sub.recv, sub.get, int(zmq.NOBLOCK)
         with self.cache.lock:
             while time.monotonic() < until:
                 try:
-                    frames = sub.recv_multipart(zmq.NOBLOCK)
+                    frames = [recv(noblock)]
                 except zmq.Again:
                     return False
+                while more(_RCVMORE):  # the rest of a multipart message has come with its first frame
+                    frames.append(recv(noblock))
                 self._receive(endpoint, frames, live=True)
         return True
 
