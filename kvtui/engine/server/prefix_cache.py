@@ -363,6 +363,12 @@ class PrefixCache:
             new_blocks += 1
         stats.stored += new_blocks
         stats.held += new_blocks
+        if row is None and back and parent is not None:  # every block came back from a slower tier: still a request
+            where = (origin, event.group, event.parent) if event.parent is not None else None
+            row = self.requests.going_on(origin, event.group, event.session, where)
+            if row is None:
+                row = self._prefill_row(event, origin, stats, parent, ts)  # its hit: through the last block back
+                row.cause = "offloaded-prefix"
         if back and not continuing:
             self._say_back(event, origin, stats, back, back_from, notes)
         if row is not None and parent is not None:  # the request's row: its new blocks, the last where it goes on

@@ -3,7 +3,7 @@ new (its misses) and the miss cause a rule named (rules.py).
 
 By default vLLM announces only new full blocks. A request's hits are then inferred from its chain: the blocks
 before its first new one were held, so the server used them again. A request whose whole prompt hit stores
-nothing and is not seen at all.
+nothing and is not seen at all (unless its blocks came back from a slower tier: stored again, one row, new 0).
 
 A request sent with `"vllm_xargs": {"kv_cache_report_mode": "full"}` makes vLLM 0.32 announce its reused blocks
 as well, when it is scheduled (`KVCacheManager.get_computed_blocks`). The announcement is a BlockStored from the

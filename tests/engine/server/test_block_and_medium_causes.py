@@ -215,6 +215,12 @@ def test_blocks_loaded_back_from_the_cpu_tier_are_named_not_evicted(describing):
     assert "256 tokens from token 0 were stored on GPU while the server held them on CPU only" in note.message
     assert (stats.stored_again, stats.reports, stats.offloaded_back) == (0, 0, 4)
     assert stats.live_tokens == 2 * 4 * SIZE  # the GPU's stores only: what /metrics counts (the CPU copy is none)
+    # the request whose whole prompt came back is a row too: its prompt found held (on the CPU), none computed new
+    newest = server.cache.requests.newest(2)
+    assert stats.requests == 2 and [(r.hit, r.new, r.cause) for r in newest] == [
+        (4 * SIZE, 0, "offloaded-prefix"),
+        (0, 4 * SIZE, None),
+    ]
     (line,) = [line for line in summary_lines(server.cache) if "another held them" in line]
     assert "removed from one medium while another held them 4, stored back on a faster medium 4" in line
     server.send(4.0, removed([h("a", i) for i in range(4)], medium="CPU", group=0))
