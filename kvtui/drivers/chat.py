@@ -288,7 +288,10 @@ class ChatDriver(Driver):
         if record.get("done"):
             self.pending = max(0, self.pending - 1)
         if self.session is not None and record:
+            before = self.session.sampler
             self.session.update(record)
+            if self.session.sampler != before:  # `o`: the status line names the sampler
+                self.app.describe_model(self.session.description)
 
     def pause(self) -> None:
         if self.source is not None:

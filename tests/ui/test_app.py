@@ -271,6 +271,10 @@ async def test_help_sampler_and_pane_toggles(tiny_loaded):
         assert (
             app.view.session.sampler.temperature == 0.8 and app.view.session.sampler.top_k == 5
         )  # the engine's answer
+        # the status line names the sampler now in use, beside the step's numbers (it kept the one the
+        # engine started with: "greedy" after T=0.8)
+        line = app.query_one(StatusBar).model_text
+        assert "T=0.8 top-k=5" in line and "greedy" not in line and "tok/s" in line, line
         await pilot.press("space")
         await wait_idle(pilot, app)
         # top-k 5 after the processors: at most 5 tokens keep probability
