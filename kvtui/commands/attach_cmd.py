@@ -64,9 +64,8 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
     for name, endpoint in (("--events", events), ("--replay-events", replay)):
         problem = _endpoint_problem(endpoint)
         if problem is not None:  # else the subscriber waits on it for ever, saying nothing
-            click.echo(
-                f"kvtui: error: {name} {endpoint!r} is not a ZeroMQ endpoint ({problem}): give tcp://HOST:PORT", err=True
-            )
+            said = f"kvtui: error: {name} {endpoint!r} is not a ZeroMQ endpoint ({problem}): give tcp://HOST:PORT"
+            click.echo(said, err=True)
             sys.exit(2)
     options = AttachOptions(
         urls=list(urls),
