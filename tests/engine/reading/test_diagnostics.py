@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from kvtui.engine import CacheOverflowError, ChatSession, SessionConfig, SessionError
+from kvtui.engine.records.replay import transcript
 
 DRIFT_TEMPLATE = (  # like templates that stamp the date or a counter into the system header: earlier turns re-render
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if loop.first %}[{{ messages|length }} messages] {% endif %}"
@@ -189,8 +190,13 @@ def test_rewind_into_an_earlier_turn_then_chat_again(tiny_model):
     session.rewind_to(len(first.buffer))  # back to the end of the first prefill
     assert session.cache_length == len(first.buffer) == session.cursor
     assert [m["role"] for m in session.messages] == ["user", "assistant"]
+    assert session.turn == 1  # back in the first turn (it said 2, and tagged the tokens fed next turn 2)
     session.generate()
+    assert {t.turn for t in session.buffer} == {1}
+    # the chat a replay rebuilds from the buffer is the session's own: one reply, not split at the rewind
+    assert [m["role"] for m in transcript(session.buffer)] == [m["role"] for m in session.messages]
     session.send("Hello!")
+    assert session.turn == 2 and session.buffer[-1].turn == 2
     assert session.verify().ok
     assert session.cursor == session.cache_length
     with pytest.raises(SessionError):
