@@ -134,6 +134,10 @@ def test_static_cache_warns_then_refuses_overflow_and_recovers(tiny_model):
     session.step()
     assert session.verify().ok
     assert session.cache_length == capacity - 2
+    # a message too long for what is left is refused before any forward: no turn began (it counted one)
+    with pytest.raises(CacheOverflowError):
+        session.send("And m? " * 20)
+    assert session.turn == 1 and [m["role"] for m in session.messages] == ["user", "assistant"]
 
 
 def test_sliding_eviction_is_reported_and_rewind_past_the_window_recomputes(tiny_model):
