@@ -61,6 +61,12 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
 
     if (replay or dp_ranks > 1 or topic) and not events:
         raise click.BadParameter("--replay-events, --dp-ranks and --topic go with --events", param_hint="--events")
+    for name, endpoint in (("--events", events), ("--replay-events", replay)):
+        problem = _endpoint_problem(endpoint)
+        if problem is not None:  # else the subscriber waits on it for ever, saying nothing
+            said = f"kvtui: error: {name} {endpoint!r} is not a ZeroMQ endpoint ({problem}): give tcp://HOST:PORT"
+            click.echo(said, err=True)
+            sys.exit(2)
     options = AttachOptions(
         urls=list(urls),
         events=events,
@@ -93,6 +99,24 @@ def attach(urls, events, replay, dp_ranks, topic, tokenizer, headless, trace_pat
         viewers.server(session=session, theme_name=theme).run()  # quit stops the session (never the server)
     finally:
         session.stop()  # also after a crash of the screen: at once when quit stopped it
+
+
+def _endpoint_problem(endpoint: str | None) -> str | None:
+    """What ZeroMQ says of `endpoint` (a throwaway socket's connect: it checks the form, reaches nothing), or None."""
+    if endpoint is None:
+        return None
+    import zmq
+
+    context = zmq.Context()
+    socket = context.socket(zmq.SUB)
+    try:
+        socket.connect(endpoint)
+    except zmq.ZMQError as error:
+        return str(error.strerror).split(" (addr=")[0]  # the address is said beside it
+    finally:
+        socket.close(linger=0)
+        context.term()
+    return None
 
 
 def run_attach_headless(session, duration: float | None) -> int:

@@ -22,6 +22,7 @@ from ..engine.records.codec import from_record, to_record
 from ..engine.records.snapshot import Diagnostic, StepSnapshot, VerifyResult
 from ..messages import Call, SessionState, SnapshotReady
 from ..options import AppConfig
+from ..widgets.step.chat_pane import ChatPane
 from ..widgets.step.layers_pane import LayersPane
 from ..widgets.step.sampler_modal import SamplerModal
 from .base import Driver, ui_cpu
@@ -84,6 +85,7 @@ class ChatDriver(Driver):
         self.dead: str | None = None  # why the engine process ended, until R restarts it
         self.queued: str | None = None  # a message sent before the model was ready: sent once it is
         self.pending = 0  # commands sent to the engine and not answered yet
+        self.sends: deque[str] = deque()  # the texts of the sends not answered yet, in order
         # step records -> snapshots; kept across engine restarts (the buffer goes on)
         self._builder: SnapshotBuilder | None = None
         self._quitting = False
@@ -218,6 +220,7 @@ class ChatDriver(Driver):
     def _exited(self, error: str) -> None:
         self.dead = error
         self.pending = 0
+        self.sends.clear()
         self.app.show_status(f"✗ engine stopped: {error} · R restarts it")
         self.app.report_error(
             f"engine process: {error}",
@@ -267,6 +270,7 @@ class ChatDriver(Driver):
         run = not app.step_mode
         if action == "send":
             self.meter.sent("prefill", self._ui_cpu_now())
+            self.sends.append(argument)
             argument = {"text": argument, "run": run}
         elif action == "force":
             argument = {"id": argument, "run": run}
@@ -287,8 +291,16 @@ class ChatDriver(Driver):
             self.meter.verified(verify)
         if record.get("done"):
             self.pending = max(0, self.pending - 1)
+        if record.get("done") == "send" and self.sends:
+            text = self.sends.popleft()
+            chat_input = self.app.query_one(ChatPane).input
+            if (record.get("severity") == "error" or record.get("error")) and not chat_input.value:
+                chat_input.value = text  # refused (a full static cache): the message is kept to edit or send again
         if self.session is not None and record:
+            before = self.session.sampler
             self.session.update(record)
+            if self.session.sampler != before:  # `o`: the status line names the sampler
+                self.app.describe_model(self.session.description)
 
     def pause(self) -> None:
         if self.source is not None:

@@ -229,6 +229,10 @@ class StepScreen(StepKeys):
     def describe_model(self, text: str, *, status: str | None = None) -> None:
         """What the status line says of the source beside each step's numbers: shown now (or `status`)."""
         self.model_text = text
+        if status is None and self.latest is not None:  # beside the shown step's numbers, as each paint does
+            recent = list(self._recent_ms)
+            self.query_one(StatusBar).show(self.latest, text, 1000 * len(recent) / sum(recent) if recent else None)
+            return
         self.show_status(text if status is None else status)
 
     def show_status(self, text: str) -> None:

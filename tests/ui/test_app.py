@@ -271,6 +271,10 @@ async def test_help_sampler_and_pane_toggles(tiny_loaded):
         assert (
             app.view.session.sampler.temperature == 0.8 and app.view.session.sampler.top_k == 5
         )  # the engine's answer
+        # the status line names the sampler now in use, beside the step's numbers (it kept the one the
+        # engine started with: "greedy" after T=0.8)
+        line = app.query_one(StatusBar).model_text
+        assert "T=0.8 top-k=5" in line and "greedy" not in line and "tok/s" in line, line
         await pilot.press("space")
         await wait_idle(pilot, app)
         # top-k 5 after the processors: at most 5 tokens keep probability
@@ -345,3 +349,20 @@ def test_only_plain_decode_snapshots_are_coalesced():
     assert message("decode").can_replace(newer)
     assert not message("prefill").can_replace(newer)
     assert not message("decode", (Diagnostic("sliding-eviction", "info", "m", 1),)).can_replace(newer)
+
+
+async def test_a_message_the_static_cache_refuses_stays_in_the_input(tiny_loaded):
+    # the prefill is refused before any forward (static-capacity); the input was cleared on Enter and the
+    # message lost: it comes back to be shortened or sent after a reset
+    app = make_app(tiny_loaded("qwen2"), cache="static", max_cache_len=24)
+    long = ("Tell me everything about k, m and every other variable we have defined. " * 3).strip()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.view.session is not None, timeout=60, what="the model")
+        chat_input = app.query_one("#message", Input)
+        chat_input.focus()
+        chat_input.value = long
+        await pilot.press("enter")
+        await wait_idle(pilot, app)
+        await wait_for(pilot, lambda: chat_input.value == long, what="the refused message back in the input")
+        assert "static-capacity" in {d.code for d in app.view.diagnostics}
+        assert app.view.session.turn == 0 and app.view.latest is None  # nothing was fed

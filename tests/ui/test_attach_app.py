@@ -368,3 +368,17 @@ async def test_help_lists_the_keys_and_refreshes_go_on_under_it():
         await pilot.press("escape")
         await pilot.pause(0.05)
         assert not isinstance(app.screen, HelpScreen)
+
+
+def test_attach_refuses_an_events_endpoint_zeromq_cannot_use_in_one_line():
+    # it subscribed to 'notaurl' and waited for ever, saying nothing; a well-formed endpoint with no publisher
+    # behind it is not refused (it may start later: ZeroMQ connects when it does)
+    for args, name in (
+        (["--events", "notaurl"], "--events 'notaurl'"),
+        (["--events", "tcp://127.0.0.1"], "--events 'tcp://127.0.0.1'"),  # no port
+        (["--events", "tcp://127.0.0.1:5557", "--replay-events", "http://x:1"], "--replay-events 'http://x:1'"),
+    ):
+        result = CliRunner().invoke(main, ["attach", *args, "--headless", "--duration", "5"])
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"kvtui: error: {name} is not a ZeroMQ endpoint"), lines

@@ -90,8 +90,10 @@ class CacheEdits:
             self.pending, self._logits = None, None
             self._messages = [m for m in self._messages if m.role == "system"]
             self._turn_open = False
+            self._turn = 0
             return None
         last = self._tokens[length - 1]
+        self._turn = last.turn  # the turn the cut lies in: the tokens fed next belong to it, the next send follows it
         self._truncate(length - 1)
         kept = [m for m in self._messages if m.start < length]
         if not kept or kept[-1].role != "assistant":

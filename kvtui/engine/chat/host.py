@@ -301,14 +301,15 @@ class EngineHost:
         capacity = f" {session.capacity}" if session.capacity else ""
         decode, every = config.decode_threads, torch.get_num_threads()
         threads = f" · decode on {decode} of {every} threads" if decode and decode != every else ""
+        head = f"{loaded.source} · {type(loaded.model).__name__} · {loaded.device} · {loaded.dtype} · "
+        head += f"{session.config.cache}{capacity} cache"
         self.pipe.send(
             {
                 "type": "ready",
                 "pid": os.getpid(),
-                "description": (
-                    f"{loaded.source} · {type(loaded.model).__name__} · {loaded.device} · {loaded.dtype} · "
-                    f"{session.config.cache}{capacity} cache · {session.config.sampler.describe()}{threads}"
-                ),
+                "description": f"{head} · {session.config.sampler.describe()}{threads}",
+                # the parts around the sampler: the app says a sampler changed with `o` (remote.py)
+                "description_parts": [head, threads],
                 "query_heads": query,
                 "kv_heads": kv,
                 **self._facts(),

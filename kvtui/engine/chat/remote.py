@@ -15,7 +15,8 @@ from .settings import SamplerSettings
 class RemoteSession:
     def __init__(self, ready: dict):
         self.pid: int = ready.get("pid", 0)
-        self.description: str = ready.get("description", "")
+        self._description: str = ready.get("description", "")
+        self._description_parts: list[str] | None = ready.get("description_parts")
         self.query_heads = ready.get("query_heads")
         self.kv_heads = ready.get("kv_heads")
         self.steps = self.turn = self.cache_length = 0
@@ -24,6 +25,14 @@ class RemoteSession:
         self.buffer = TokenBuffer([])  # the latest step's buffer, as the step records rebuilt it
         self.restorable: dict = {}  # what a restarted engine needs besides the tokens (session.restorable())
         self.update(ready)
+
+    @property
+    def description(self) -> str:
+        """The status line's model text, naming the sampler in use now (`o` changes it after `ready`)."""
+        if self._description_parts is None:
+            return self._description
+        head, tail = self._description_parts
+        return f"{head} · {self.sampler.describe()}{tail}"
 
     def update(self, record: dict) -> None:
         for key in ("steps", "turn", "cache_length", "capacity", "restorable"):

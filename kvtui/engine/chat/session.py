@@ -457,7 +457,7 @@ class ChatSession(CacheEdits):
         user_start = next(
             (self._primed + i for i in range(common, len(rendered)) if rendered[i][1] == "user"), self._primed + common
         )
-        snapshot = self._prefill(fed, drift)
+        snapshot = self._refusable_prefill(fed, drift)
         self._messages.append(Message("user", text, user_start))
         self._messages.append(Message("assistant", "", len(self._tokens)))
         return snapshot
@@ -471,9 +471,17 @@ class ChatSession(CacheEdits):
         fed = [
             self._buffer_token(token_id, origin, base + i, self._turn) for i, (token_id, origin) in enumerate(rendered)
         ]
-        snapshot = self._prefill(fed, [])
+        snapshot = self._refusable_prefill(fed, [])
         self._messages.append(Message("assistant", "", len(self._tokens)))
         return snapshot
+
+    def _refusable_prefill(self, fed: list[BufferToken], extra: list[Diagnostic]) -> StepSnapshot:
+        """A send's prefill; refused before any forward (a full static cache), the turn it counted did not begin."""
+        try:
+            return self._prefill(fed, extra)
+        except CacheOverflowError:
+            self._turn -= 1
+            raise
 
     def _prefill(self, fed: list[BufferToken], extra: list[Diagnostic]) -> StepSnapshot:
         self._new_in_turn = 0

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from kvtui.engine import CacheOverflowError, ChatSession, SessionConfig, SessionError
+from kvtui.engine.records.replay import transcript
 
 DRIFT_TEMPLATE = (  # like templates that stamp the date or a counter into the system header: earlier turns re-render
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if loop.first %}[{{ messages|length }} messages] {% endif %}"
@@ -133,6 +134,10 @@ def test_static_cache_warns_then_refuses_overflow_and_recovers(tiny_model):
     session.step()
     assert session.verify().ok
     assert session.cache_length == capacity - 2
+    # a message too long for what is left is refused before any forward: no turn began (it counted one)
+    with pytest.raises(CacheOverflowError):
+        session.send("And m? " * 20)
+    assert session.turn == 1 and [m["role"] for m in session.messages] == ["user", "assistant"]
 
 
 def test_sliding_eviction_is_reported_and_rewind_past_the_window_recomputes(tiny_model):
@@ -189,8 +194,13 @@ def test_rewind_into_an_earlier_turn_then_chat_again(tiny_model):
     session.rewind_to(len(first.buffer))  # back to the end of the first prefill
     assert session.cache_length == len(first.buffer) == session.cursor
     assert [m["role"] for m in session.messages] == ["user", "assistant"]
+    assert session.turn == 1  # back in the first turn (it said 2, and tagged the tokens fed next turn 2)
     session.generate()
+    assert {t.turn for t in session.buffer} == {1}
+    # the chat a replay rebuilds from the buffer is the session's own: one reply, not split at the rewind
+    assert [m["role"] for m in transcript(session.buffer)] == [m["role"] for m in session.messages]
     session.send("Hello!")
+    assert session.turn == 2 and session.buffer[-1].turn == 2
     assert session.verify().ok
     assert session.cursor == session.cache_length
     with pytest.raises(SessionError):
