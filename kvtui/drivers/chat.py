@@ -85,7 +85,10 @@ class ChatDriver(Driver):
         self.dead: str | None = None  # why the engine process ended, until R restarts it
         self.queued: str | None = None  # a message sent before the model was ready: sent once it is
         self.pending = 0  # commands sent to the engine and not answered yet
-        self.sends: deque[str] = deque()  # the texts of the sends not answered yet, in order
+        # the texts of the sends not answered yet, in order (None: a script's turn, never put back in the input: the
+        # next Enter sends the script's next turn, as --headless goes on to it, so both write the same trace)
+        self.sends: deque[str | None] = deque()
+        self._script_send = False  # the next send is the script's turn next_turn() gave
         # step records -> snapshots; kept across engine restarts (the buffer goes on)
         self._builder: SnapshotBuilder | None = None
         self._quitting = False
@@ -254,6 +257,7 @@ class ChatDriver(Driver):
 
     def command(self, action: str, argument: Any = None) -> None:
         app = self.app
+        scripted, self._script_send = self._script_send, False
         if self.session is None and action == "send" and not self.load_failed and self.dead is None:
             replaced = " (replaces the one queued before)" if self.queued is not None else ""
             self.queued = argument
@@ -270,7 +274,7 @@ class ChatDriver(Driver):
         run = not app.step_mode
         if action == "send":
             self.meter.sent("prefill", self._ui_cpu_now())
-            self.sends.append(argument)
+            self.sends.append(None if scripted else argument)
             argument = {"text": argument, "run": run}
         elif action == "force":
             argument = {"id": argument, "run": run}
@@ -294,7 +298,8 @@ class ChatDriver(Driver):
         if record.get("done") == "send" and self.sends:
             text = self.sends.popleft()
             chat_input = self.app.query_one(ChatPane).input
-            if (record.get("severity") == "error" or record.get("error")) and not chat_input.value:
+            refused = record.get("severity") == "error" or record.get("error")
+            if text is not None and refused and not chat_input.value:
                 chat_input.value = text  # refused (a full static cache): the message is kept to edit or send again
         if self.session is not None and record:
             before = self.session.sampler
@@ -317,7 +322,10 @@ class ChatDriver(Driver):
         return self.meter.text(snapshot)
 
     def next_turn(self) -> str | None:
-        return self.script_turns.pop(0) if self.script_turns else None
+        if not self.script_turns:
+            return None
+        self._script_send = True
+        return self.script_turns.pop(0)
 
     def input_placeholder(self) -> str:
         if self.script_turns:
