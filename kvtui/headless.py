@@ -62,8 +62,8 @@ def run_script(
     table = _turn_table(session, model_source, verbose)
     shown = (lambda s: printable(s, newlines=True)) if verbose else one_line
     try:
-        for number, text in enumerate(script.turns, start=1):
-            table.add_row(*_run_turn(session, number, text, shown))
+        for text in script.turns:
+            table.add_row(*_run_turn(session, text, shown))
     finally:
         session.on_snapshot.remove(export_at_step)
         recorder.close()
@@ -144,14 +144,14 @@ def _turn_table(session: ChatSession, model_source: str, verbose: bool) -> Table
     return table
 
 
-def _run_turn(session: ChatSession, number: int, text: str, shown: Callable[[str], str]) -> tuple[str, ...]:
+def _run_turn(session: ChatSession, text: str, shown: Callable[[str], str]) -> tuple[str, ...]:
     """Send one user turn and generate the reply; its row of the summary table (a refusal in red)."""
     before_diag, before_len = len(session.diagnostics), session.cache_length
     started, fed, generated = time.perf_counter(), 0, 0
-    error = None
+    error, turn = None, "-"  # a send refused before its prefill (a full static cache) starts no turn
     try:
         prefill = session.send(text)
-        fed = len(prefill.input_ids)
+        turn, fed = str(session.turn), len(prefill.input_ids)
         last = session.generate()
         generated = (last.step - prefill.step) if last else 0
     except SessionError as exc:
@@ -160,7 +160,7 @@ def _run_turn(session: ChatSession, number: int, text: str, shown: Callable[[str
     reply = session.messages[-1]["content"] if session.messages and session.messages[-1]["role"] == "assistant" else ""
     codes = ", ".join(sorted({d.code for d in session.diagnostics[before_diag:]}))
     return (
-        str(number),
+        turn,
         escape(shown(text)),
         escape(shown(reply)) if not error else f"[red]{escape(shown(error))}[/]",
         str(fed),

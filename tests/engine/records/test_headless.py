@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ STEP_KEYS = {
     "diagnostics",
     "ms",
 }
+ROOT = Path(__file__).resolve().parents[3]
 LAYER_KEYS = {"index", "kind", "k_shape", "v_shape", "dtype", "device", "bytes", "filled", "capacity"}
 
 
@@ -94,6 +96,14 @@ def test_static_overflow_is_reported_headless(tiny_dir, tmp_path):
     )
     assert run.returncode == 1
     assert "static cache overflow refused: capacity 40" in " ".join(run.stdout.split())
+
+
+def test_a_turn_refused_before_its_prefill_starts_no_turn_in_the_summary(tmp_path):
+    """The sample's first message does not fit the static cache at all (refused before any forward): its row has
+    no turn number, and the next message, which does start, is turn 1 (as the trace and the TUI number it)."""
+    run = kvtui("--headless", "--script", ROOT / "samples" / "static-overflow.json", "--decode-threads", "1")
+    rows = [line.split("│")[1].strip() for line in run.stdout.splitlines() if line.startswith("│")]
+    assert rows == ["-", "1"], run.stdout
 
 
 def test_clear_errors_for_bad_input(tmp_path):
