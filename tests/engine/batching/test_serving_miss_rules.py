@@ -7,6 +7,7 @@ continuous-batching manager of a tiny model, watched."""
 from __future__ import annotations
 
 import pytest
+from serving_runs import run_watched_manager
 
 from kvtui.engine.batching.checks import UnderBlock, under_block_diagnostic
 from kvtui.engine.batching.lanes import RequestLanes
@@ -166,31 +167,6 @@ def test_a_shared_start_under_one_block_is_the_servers_judgement_counted_the_sam
     assert note.code == "prefix-under-block" and under_block_words(40, 64, 1) in note.message
     diagnostic = under_block_diagnostic(UnderBlock("q0", "a", False, 40, 64), 1, 2)
     assert diagnostic.message == (f"request q0 starts as request a (finished) does and {under_block_words(40, 64, 1)}")
-
-
-def run_watched_manager(model, tokenizer, prompts: dict[str, list[int]], page_size: int, num_blocks: int):
-    """The prompts one after another (2 greedy tokens each) on a watched continuous-batching manager with prefix
-    sharing on; the Watcher, detached, with what it saw."""
-    from transformers import GenerationConfig
-
-    from kvtui.engine.watch.probe import Watcher
-
-    generation = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1)
-    config = ContinuousBatchingConfig(
-        page_size=page_size, max_batch_tokens=256, num_blocks=num_blocks, allow_block_sharing=True
-    )
-    watcher = Watcher(tokenizer=tokenizer)
-    watcher.attach(model)
-    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
-    manager.start()
-    try:
-        for rid, prompt in prompts.items():
-            manager.add_request(prompt, request_id=rid, max_new_tokens=2)
-            manager.get_result(request_id=rid, timeout=120)
-    finally:
-        manager.stop(block=True, timeout=60)
-        watcher.detach()
-    return watcher
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from serving_runs import run_watched_manager
 
 from kvtui.engine.records.codec import from_record, step_record
 from kvtui.engine.records.snapshot import StepSnapshot
@@ -103,7 +104,7 @@ def test_a_prefix_shared_at_first_sight_is_in_the_trace_once(tiny_dir):
     records) shows the same buffer; a trace written without them shows unknown tokens at those positions."""
     if ContinuousBatchingConfig is None:
         pytest.skip("continuous batching runs on CPU from transformers 5.x (4.57 sizes its cache from GPU memory)")
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from kvtui.engine.records.replay import SnapshotBuilder
 
@@ -112,20 +113,8 @@ def test_a_prefix_shared_at_first_sight_is_in_the_trace_once(tiny_dir):
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
     system = " ".join(f"Rule {n}: answer in plain words." for n in range(6))
     prompts = {rid: list(tokenizer(f"{system} {q}")["input_ids"]) for rid, q in (("a", "What?"), ("b", "Why not?"))}
-    generation = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1)
-    config = ContinuousBatchingConfig(page_size=16, max_batch_tokens=256, num_blocks=64, allow_block_sharing=True)
     snapshots: list[StepSnapshot] = []
-    watcher = Watcher(tokenizer=tokenizer, on_snapshot=snapshots.append)
-    watcher.attach(model)
-    manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
-    manager.start()
-    try:
-        for rid, prompt in prompts.items():
-            manager.add_request(prompt, request_id=rid, max_new_tokens=2)
-            manager.get_result(request_id=rid, timeout=120)
-    finally:
-        manager.stop(block=True, timeout=60)
-        watcher.detach()
+    run_watched_manager(model, tokenizer, prompts, page_size=16, num_blocks=64, on_snapshot=snapshots.append)
     first_b = next(s for s in snapshots if s.rows[0].request_id == "b")
     row = first_b.rows[0]
     shared = row.positions[0]  # its first forward starts past the blocks request a fed
