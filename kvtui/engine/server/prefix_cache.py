@@ -509,51 +509,12 @@ class PrefixCache:
                 del self._by_first[block.sibling_key]
 
     def _let_go_oldest(self) -> None:
-        """The oldest blocks past max_blocks, let go: at the cap a busy server's viewer lets one go per block stored,
-        so this is _drop written out for it (no calls per block; a chain's only top, a content held by one block and
-        a sibling list of one, the usual case, are deleted without a search)."""
         blocks, limit = self.blocks, self.max_blocks
-        if len(blocks) <= limit:
-            return
-        all_tops, by_content, by_first, origins = self.tops, self.by_content, self._by_first, self.origins
         while len(blocks) > limit:
             block = blocks.popitem(last=False)[1]  # the oldest
-            chain, parent = block.chain, block.parent
-            tops = all_tops.get(chain)
-            if parent is not None:
-                parent.children.remove(block)
-            elif tops is not None:
-                try:  # (found by identity: Block compares so)
-                    tops.remove(block)
-                except ValueError:
-                    pass
-            children = block.children
-            if children:
-                if tops is None:
-                    tops = all_tops[chain] = []
-                for child in children:
-                    child.parent, child.orphan = None, True
-                    tops.append(child)
-            if tops is not None and not tops:
-                del all_tops[chain]
-            if block.content:
-                key = (block.group, block.content)
-                if by_content.get(key) is block:
-                    del by_content[key]  # held by this block alone: nothing was counted twice
-                else:
-                    self._release_content(block)
-            sibling_key = block.sibling_key
-            siblings = by_first.get(sibling_key)
-            if siblings is not None:
-                if siblings is block:
-                    del by_first[sibling_key]
-                elif type(siblings) is list and block in siblings:
-                    siblings.remove(block)
-                    if not siblings:
-                        del by_first[sibling_key]
+            self._drop(block, indexed=False)
             self.let_go += 1
-            stats = origins.get(block.origin) or self.stats(block.origin)
-            stats.let_go += 1  # still held by the server: `held` keeps counting it
+            self.stats(block.origin).let_go += 1  # still held by the server: `held` keeps counting it
 
     def siblings(self, origin: str, group: int, parent: Block | None, first: int) -> list[Block] | None:
         """The held blocks under `parent` whose first token is `first`, oldest first (None: none)."""
