@@ -230,8 +230,7 @@ class StepScreen(StepKeys):
         """What the status line says of the source beside each step's numbers: shown now (or `status`)."""
         self.model_text = text
         if status is None and self.latest is not None:  # beside the shown step's numbers, as each paint does
-            recent = list(self._recent_ms)
-            self.query_one(StatusBar).show(self.latest, text, 1000 * len(recent) / sum(recent) if recent else None)
+            self._show_step_status(self.latest)
             return
         self.show_status(text if status is None else status)
 
@@ -325,6 +324,10 @@ class StepScreen(StepKeys):
             self._show(snapshot)
         self._show_chat()
         self.show_diagnostics()
+        self._show_step_status(snapshot)
+
+    def _show_step_status(self, snapshot: StepSnapshot) -> None:
+        """The status line: the source's text beside the step's numbers and the recent steps' rate."""
         recent = list(self._recent_ms)  # one C call: the engine reader thread appends
         speed = 1000 * len(recent) / sum(recent) if recent else None
         self.query_one(StatusBar).show(snapshot, self.model_text, speed)
