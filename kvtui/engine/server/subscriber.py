@@ -324,12 +324,8 @@ class Subscriber:
                 continue  # nothing to ask, or the link's own check decides (its return)
             answer = self._ask(endpoint, last + 1, quiet=True)
             if answer:
-                stats = self.cache.stats(endpoint.origin)
                 with self.cache.lock:
-                    for seq, frames in answer:
-                        if seq > stats.last_seq:
-                            self.replayed += 1
-                            self._receive(endpoint, frames, live=False)
+                    self._apply_replayed(endpoint, answer, None)
 
     def _new_epoch(self, endpoint: EventEndpoint, why: str) -> None:
         """The origin's publisher is a new one: the old one's blocks are gone, its sequence followed anew."""
@@ -375,19 +371,13 @@ class Subscriber:
         state.check = None
         if answer and answer[0][0] == last:
             if _digest(answer[0][1]) == state.last_digest:  # the same process: what it sent meanwhile fills the gap
-                for seq, frames in answer[1:]:
-                    if upto is None or seq < upto:
-                        self.replayed += 1
-                        self._receive(endpoint, frames, live=False)
+                self._apply_replayed(endpoint, answer[1:], upto)
                 return
             why = why_restarted or f"its replay socket holds another batch {last}"
         elif not answer:
             why = why_restarted or f"its replay socket holds nothing from batch {last} on"
         elif why_restarted is None:  # it no longer holds batch `last` (past its buffer): the same, with a gap
-            for seq, frames in answer:
-                if upto is None or seq < upto:
-                    self.replayed += 1
-                    self._receive(endpoint, frames, live=False)
+            self._apply_replayed(endpoint, answer, upto)
             return
         else:
             why = why_restarted
@@ -450,8 +440,11 @@ class Subscriber:
 
     def _replay(self, endpoint: EventEndpoint, start: int, stop: int | None) -> None:
         """Ask the replay socket for batches from `start` (up to `stop`, exclusive) and apply them in order."""
-        for seq, frames in self._ask(endpoint, start) or ():
-            if stop is not None and seq >= stop:
-                continue
-            self.replayed += 1
-            self._receive(endpoint, frames, live=False)
+        self._apply_replayed(endpoint, self._ask(endpoint, start) or (), stop)
+
+    def _apply_replayed(self, endpoint: EventEndpoint, answer, stop: int | None) -> None:
+        """Apply what a replay socket gave (`(seq, frames)` in order), up to `stop` (exclusive; None: all)."""
+        for seq, frames in answer:
+            if stop is None or seq < stop:
+                self.replayed += 1
+                self._receive(endpoint, frames, live=False)
