@@ -219,7 +219,11 @@ def check_layers(
     nears full (`reserve` slots, or a tenth)."""
     found = []
     # the common case (nothing evicted) in one C-level pass: no Python per layer on every step
-    evicting = [layer for layer in layers if layer.held_from > 0] if max(map(_HELD_FROM, layers), default=0) > 0 else []
+    evicting = (
+        [layer for layer in layers if layer.held_from > 0 and layer.held is None]  # a press's eviction: cache-evicted
+        if max(map(_HELD_FROM, layers), default=0) > 0
+        else []
+    )
     key = None
     if evicting:
         key = "on"
@@ -312,8 +316,10 @@ def check_row_positions(
     masks: Sequence[Sequence[int]],
     attended_before: Sequence[int],
     at: str,
+    because: str = "",
 ) -> list[Diagnostic]:
-    """Applied positions must continue what each row has attended to so far (left pads excluded)."""
+    """Applied positions must continue what each row has attended to so far (left pads excluded); `because` says
+    where that count comes from when it is not the cache's length (a compressed cache)."""
     key, message = None, ""
     for row, (positions, mask, real) in enumerate(zip(applied, masks, attended_before)):
         for i, position in enumerate(positions):
@@ -324,7 +330,7 @@ def check_row_positions(
                 where = f"row {row} token {i}" if len(applied) > 1 else f"token {i}"
                 message = (
                     f"{where} was applied at position {position} but {real} attended tokens precede it "
-                    f"(offset {position - real:+d}): RoPE sees the wrong distances"
+                    f"(offset {position - real:+d}): RoPE sees the wrong distances{because}"
                 )
                 break
             real += 1

@@ -213,7 +213,8 @@ _TOKEN_FIELDS_AS_IS = _fields_as_is(BufferToken)
 
 _LAYER_FIELDS = tuple(f.name for f in fields(LayerInfo))
 _LAYER_VALUES = operator.attrgetter(*_LAYER_FIELDS)
-_TUPLE_FIELDS = ("k_shape", "v_shape", "states")  # the fields that hold tuples (lists in a record)
+# the fields that hold tuples (lists in a record)
+_TUPLE_FIELDS = ("k_shape", "v_shape", "states", "held", "held_heads")
 
 
 def _plain(value):
@@ -434,6 +435,10 @@ def _extra_layer_fields(record: dict) -> dict:
     ):
         if key in record:
             out[key] = record[key]
+    if record.get("held") is not None:  # a compressed cache's held runs (older traces: absent)
+        out["held"] = tuple(tuple(run) for run in record["held"])
+    if record.get("held_heads") is not None:
+        out["held_heads"] = tuple(tuple(tuple(run) for run in head) for head in record["held_heads"])
     return out
 
 

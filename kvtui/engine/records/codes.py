@@ -59,6 +59,13 @@ _ALL = (
         "the cache changed between two forwards without a forward",
         ("info", "warning"),
     ),
+    _code(
+        "cache-evicted",
+        "info for an eviction, error for a layer left empty or K and V kept from different tokens",
+        "a press or the program evicted positions from the cache (inside a forward or between two): what each "
+        "layer still holds",
+        ("info", "error"),
+    ),
     _code("ignored-argument", "warning", "an argument this transformers version ignores was passed"),
     _code("padding-side", "warning", "a batch row ends with pads (right padding on a decoder-only model)"),
     _code("stale-cache", "warning", "a cache holds tokens that are not a prefix of the prompt it continues"),

@@ -160,6 +160,10 @@ class LayerInfo:
     residual: int = 0  # quantized layers: newest tokens still held in full precision
     residual_capacity: int | None = None  # tokens the full-precision window takes before it is quantized
     offloaded: bool = False  # the cache moves this layer off its compute device between uses
+    # a compressed cache (a press evicted some): the logical positions it holds, as half-open runs [(start, stop)];
+    # per KV head where heads hold different ones. None: the contiguous run held_from..seen
+    held: tuple[tuple[int, int], ...] | None = None
+    held_heads: tuple[tuple[tuple[int, int], ...], ...] | None = None
 
 
 @frozen

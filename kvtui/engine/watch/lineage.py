@@ -12,10 +12,12 @@ Nothing here is stored on the cache: tracks live in a registry keyed by the cach
 from __future__ import annotations
 
 from collections import deque
+from copy import deepcopy
 from dataclasses import dataclass, field
 
 from ..reading.alarms import Alarms
 from ..reading.introspect import Fingerprint
+from ..reading.introspect.held import Held
 from ..records.snapshot import BufferToken, unknown_token
 from .patches import Registry
 
@@ -40,6 +42,7 @@ class CacheTrack:
     fingerprint: Fingerprint | None = None  # after its last forward or edit; spent at the next check
     # after a forward with a 2-D mask: ((its columns, the cache's length after it), attended tokens per row)
     attended: tuple[tuple[int, int], list] | None = None
+    held: Held | None = None  # a compressed cache: the positions each layer and head holds (evictions.py)
 
     def release(self) -> None:
         """Drop the fingerprint's views of the cache's storage (the cache died, or kvtui detached)."""
@@ -123,6 +126,7 @@ class Lineage:
             unknown=parent.unknown,
             capacity=parent.capacity,
             turn=parent.turn,
+            held=deepcopy(parent.held),
         )
         return self._add(copy, track)
 

@@ -279,3 +279,22 @@ def thread_start_wrapper(where: Callable[[], str]):
 
 def started_at(thread: threading.Thread) -> str | None:
     return _THREAD_STARTS.get(thread)
+
+
+def update_wrapper(lookup: Callable[[object], object]):
+    """A cache's `update(key_states, value_states, layer_idx, ...)`: for a registered cache, the K/V the layer
+    returns (its whole K/V after the write, before anything inside the forward changes it) are kept by reference
+    in the registered dict (layer index -> (K, V)); no copy, nothing stored on the cache."""
+
+    def make(original):
+        @functools.wraps(original)
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            out = original(self, key_states, value_states, layer_idx, *args, **kwargs)
+            written = lookup(self)
+            if written is not None and not compiling():
+                written[layer_idx] = out
+            return out
+
+        return update
+
+    return make

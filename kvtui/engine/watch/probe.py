@@ -41,6 +41,7 @@ from ..reading.diagnostics import check_refed, check_stale_prompt
 from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
 from ..records.codec import diagnostic_record, to_record, verify_record
 from ..records.snapshot import Diagnostic, RequestView, StepSnapshot
+from . import evictions
 from .auto_attach import AutoAttach, run_watched
 from .callers import caller_and_generate, caller_line, inside_transformers, library_dirs, thread_caller
 from .hooks import MODELS, STATE, Probe, WatchRefused
@@ -318,6 +319,7 @@ class Watcher:
                 track.rows = [list(r) for r in track.rows for _ in range(int(args[0]))]
             elif name == "reset":
                 track.rows = [[] for _ in track.rows]
+            track.held = None  # its own method: held positions are followed only through forwards and slicing
             track.truncate(after)
             track.fingerprint = introspect.fingerprint(cache)
             if not internal:  # generate's own bookkeeping (beam reordering, assisted crops) is followed, not said
@@ -344,10 +346,17 @@ class Watcher:
         if before is None:
             return
         reads = call.reads if call.reads is not None else introspect.HostReads()
+        entries = before.layers  # (layer, K, V, ...) after the last forward: references, kept past the release
         change, call.pending_edit = introspect.check_edits(before, cache, reads)
         call.edits_at = len(call.found)
         if change is not None:
-            self._edit_found(call, track, change)
+            evicted = evictions.between(self, call, track, [entry[1:3] for entry in entries], cache)
+            if evicted is not None:  # said as an eviction, the buffer kept (not cut to the cache's slots)
+                call.found.insert(call.edits_at, evicted)
+            else:
+                if "emptied" in change:
+                    track.held = None
+                self._edit_found(call, track, change)
 
     def _edit_found(self, call: Call, track: CacheTrack, change: str) -> None:
         track.truncate(call.cache_length_before)
@@ -419,6 +428,9 @@ class Watcher:
                 else:
                     self._check_edits(call, track, call.cache)
                 call.track = track
+                if track.held is not None:  # a compressed cache: positions continue what its kept keys encode
+                    call.expected_start = track.held.expected_next(call.cache_length_before)
+                evictions.begin(call, track)
             call.count_attended()
             return call
 
@@ -453,6 +465,7 @@ class Watcher:
             if call.probe.attention is not None and (output is None or call.packed is not None):
                 call.probe.attention.clear()  # paged attention is not covered (reading/attention.py PAGED_NOTE)
             if output is None:  # the forward raised: what it would have been is still worth an alarm
+                evictions.end(call)
                 self._read_call(call)
                 self._diagnose(
                     list(call.found)
@@ -493,6 +506,7 @@ class Watcher:
             else:
                 if call.cache is not None and call.track is not None:
                     call.found += written_without_use_cache(call, self.steps)
+                call.found += evictions.after_forward(self, call, track, cache, self.steps)
                 snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_probe = call.probe

@@ -17,6 +17,9 @@ def mask_against_cache(call: Call, step: int) -> list[Diagnostic]:
     if "Static" in type(call.cache).__name__:
         return []
     name = call.track.name if call.track is not None else type(call.cache).__name__
+    held = call.track.held if call.track is not None else None
+    if held is not None and call.mask_length == held.fed_total + call.n:
+        return []  # a compressed cache: a mask over every token fed (generate's) is as right as one over its slots
     found = check_mask_length(step, name, call.mask_length, call.cache_length_before, call.n, f" [{call.caller}]")
     if found:  # the mask's ones count nothing true: positions are checked against the cache's own length
         call.real_before = [call.cache_length_before] * call.batch

@@ -26,6 +26,7 @@ from ..reading.diagnostics import (
     check_row_positions,
     recomputed_prefix,
 )
+from ..reading.introspect.held import held_infos
 from ..reading.silent_rules import (
     check_window_positions,
     counted_under_padding,
@@ -77,6 +78,8 @@ class Call:
     mask_cached: torch.Tensor | None = None  # [batch, cached] columns of a 2-D mask, until `count_attended`
     attention: Any = None  # the step's attention reduced on the device, its values in `reads` (AttentionCapture.stage)
     last_logits: torch.Tensor | None = None  # [1, vocab] float32 copy of the last position's logits (`prepare`)
+    capturing: bool = False  # what its layers write is kept (evictions.begin): it may compress the cache
+    expected_start: int | None = None  # a compressed cache: the position its kept keys continue (else its length)
 
     def take_reads(self) -> None:
         """Fill the call's values from its resolved transfer (what `read_call` left as handles)."""
@@ -268,7 +271,7 @@ class StepBuilder:
             self.watcher.steps + 1,
             cache_position=call.requested_cache_position,
             accepts_cache_position=call.probe.accepts_cache_position,
-            cache_len=call.cache_length_before,
+            cache_len=call.cache_length_before if call.expected_start is None else call.expected_start,
             n=call.n,
             capacity=capacity,
             at=f" [{call.caller}]",
@@ -464,6 +467,14 @@ class StepBuilder:
             note_right_padding(self._alarms(call), bool(padded))
             found += padded
         attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
+        because = ""
+        if call.expected_start is not None and call.track is not None and call.track.held is not None:
+            # a compressed cache: the kept keys encode where they were fed (or their slots, re-rotated)
+            attended_before = [call.expected_start] * call.batch
+            because = (
+                f"; {call.track.name} held {call.cache_length_before} slots after {call.track.held.cause}, and its "
+                f"kept keys continue at position {call.expected_start}"
+            )
         # the repeat state is kept either way; a stale cache's gap is said by stale-cache
         if positions_stuck_at_window(
             applied, attended_before, call.probe.window
@@ -472,7 +483,7 @@ class StepBuilder:
                 self._alarms(call), step, applied[0][0], attended_before[0], call.probe.window, at
             )
         else:
-            gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at)
+            gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at, because)
         if not stale:
             found += counted_under_padding(self._alarms(call), gaps)
 
@@ -483,6 +494,9 @@ class StepBuilder:
         layers: tuple[LayerInfo, ...] = (
             introspect.layer_infos(cache, call.probe.window) if cache is not None and hasattr(cache, "layers") else ()
         )
+        held = call.track.held if call.track is not None and cache is call.cache else None
+        if held is not None:  # a compressed cache: which positions each layer holds, not a prefix
+            layers = held_infos(layers, held)
         # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
         # and check_request names it before the forward; here only sliding eviction is said
         found += [

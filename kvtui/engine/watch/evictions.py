@@ -1,0 +1,215 @@
+"""Compressed caches in a watched program: which positions each layer (and KV head) still holds after a press
+inside a forward (kvpress's hooks) or the program's own slicing between forwards, read from the cache's tensors
+(`introspect.held`), and said as what it is: an eviction (info), a cut of the tail, or a press that broke the
+cache (a layer left empty, K and V kept from different tokens: errors).
+
+Cost: nothing on a forward of a cache that only grows. A prefill (and every forward of a cache already
+compressed) keeps references to what each layer's `update` returned (the class patch lives only for that
+forward); a layer whose K/V is no longer that tensor was changed inside the forward, and is matched.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import torch
+
+from ..reading.introspect.held import Held, LayerKept, count, ranges, ranges_text, read_kept
+from ..reading.introspect.layers import is_linear, is_quantized, kind_of
+from ..records.snapshot import Diagnostic
+from .patches import PATCHES, Registry, defining_class, update_wrapper
+
+CAPTURES: Registry[dict] = Registry()  # cache -> {layer index: (K, V) its update returned}, during one forward
+
+
+def _compressible(cache) -> bool:
+    """A cache of full-attention layers holding K/V only (kvpress's caches; layers made lazily count too)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return False
+    return all(kind_of(layer) == "full" and not is_linear(layer) and not is_quantized(layer) for layer in layers)
+
+
+def begin(call, track) -> None:
+    """Before a forward: keep what its layers write when it may compress (a prefill, or a compressed cache)."""
+    cache = call.cache
+    if cache is None or track is None or (call.n <= 1 and track.held is None) or not _compressible(cache):
+        return
+    owner = defining_class(type(cache), "update")
+    if owner is None:
+        return
+    PATCHES.acquire(call, owner, "update", update_wrapper(CAPTURES.get))
+    CAPTURES.add(cache, {})
+    call.capturing = True
+
+
+def end(call) -> dict | None:
+    """The forward returned or raised: the patch goes, and what its layers wrote comes back."""
+    if not call.capturing:
+        return None
+    call.capturing = False
+    written = CAPTURES.get(call.cache)
+    CAPTURES.discard(call.cache)
+    PATCHES.release(call)
+    return written
+
+
+def _inv_freq(probe) -> torch.Tensor | None:
+    for ref in getattr(probe, "_position_modules", ()):
+        module = ref()
+        inv_freq = getattr(module, "inv_freq", None)
+        if isinstance(inv_freq, torch.Tensor):
+            return inv_freq
+    return None
+
+
+def _press_name(model) -> str | None:
+    """The object whose forward hook sits on an attention module (a kvpress press), by its class name."""
+    if model is None:
+        return None
+    for module in model.modules():
+        for hook in getattr(module, "_forward_hooks", {}).values():
+            owner = getattr(hook, "__self__", None)
+            if owner is not None and not isinstance(owner, torch.nn.Module):
+                return type(owner).__name__
+    return None
+
+
+def after_forward(watcher, call, track, cache, step: int) -> list[Diagnostic]:
+    """After a forward: a layer changed inside it (a press) gets its held positions read; a compressed cache
+    that only grew counts the fed tokens."""
+    written = end(call)
+    if track is None or cache is not call.cache:
+        return []
+    held = track.held
+    layers = list(getattr(cache, "layers", ()))
+    if not written or len(written) != len(layers):
+        if held is not None:
+            held.fed(call.n)
+        return []
+    changed = [i for i, layer in enumerate(layers) if getattr(layer, "keys", None) is not written[i][0]]
+    if not changed:
+        if held is not None:
+            held.fed(call.n)
+        return []
+    logical = held.logical + held.appended if held is not None else written[0][0].shape[-2] - call.n
+    fed = list(range(logical, logical + call.n))
+    sources = []
+    for i in range(len(layers)):
+        keys, values = written[i]
+        heads = keys.shape[1]
+        before = held.positions(i) if held is not None else [list(range(keys.shape[-2] - call.n))] * heads
+        sources.append((keys, values, [h + fed for h in before]))
+    now = [(layer.keys, layer.values) for layer in layers]
+    kept = read_kept(sources, now, _inv_freq(call.probe))
+    who = _press_name(call.probe.model) or "the forward"
+    track.held = _held(kept, logical + call.n, f"{who} at step {step}", rerotated=held is not None and held.rerotated)
+    return _said(kept, sources, who, f"kept {{kept}} of {logical + call.n} context tokens", step, f" [{call.caller}]")
+
+
+def between(watcher, call, track, layers_before: list, cache) -> Diagnostic | None:
+    """Before a forward: the program shrank the cache since the last one (slicing `layer.keys`, kvpress's pipeline
+    dropping an answer). An eviction (not a cut of the tail of an uncompressed cache, which `check_edits` says as a
+    crop) is read here, said and returned; None leaves the change to `check_edits`."""
+    layers = list(getattr(cache, "layers", ()))
+    if len(layers) != len(layers_before) or not layers_before:
+        return None
+    pairs = []
+    for (old_k, old_v), layer in zip(layers_before, layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (old_k, old_v, keys, values)):
+            return None
+        if keys.shape[-2] > old_k.shape[-2]:
+            return None  # grew outside a forward: check_edits says it
+        pairs.append((old_k, old_v, keys, values))
+    if all(keys.shape[-2] == old_k.shape[-2] for old_k, _, keys, _ in pairs):
+        return None  # same length: replaced or edited in place, check_edits' business
+    held = track.held
+    sources = []
+    for i, (old_k, old_v, _, _) in enumerate(pairs):
+        heads = old_k.shape[1]
+        sources.append(
+            (old_k, old_v, held.positions(i) if held is not None else [list(range(old_k.shape[-2]))] * heads)
+        )
+    kept = read_kept(sources, [(k, v) for _, _, k, v in pairs], _inv_freq(call.probe))
+    all_kept = [p for layer in kept for head in layer.positions for p in head if p >= 0]
+    all_source = {p for _, _, positions in sources for head in positions for p in head}
+    dropped = all_source - set(all_kept)
+    logical = held.logical + held.appended if held is not None else max(all_source, default=-1) + 1
+    tail_cut = bool(dropped) and max(all_kept, default=-1) < min(dropped)
+    in_order = all(head == list(range(len(head))) for layer in kept for head in layer.positions) and not any(
+        layer.rerotated or layer.merged or layer.split or layer.unplaced for layer in kept
+    )
+    if held is None and tail_cut and in_order:
+        return None  # a crop of a cache that held what was fed: check_edits says "cropped"
+    if tail_cut:  # the tail went (an answer dropped): the buffer ends where the kept ones do
+        logical = min(dropped)
+        track.truncate(logical)
+    rerotated = held is not None and held.rerotated
+    track.held = _held(
+        kept, logical, f"the eviction noticed at step {watcher.steps + 1} [{call.caller}]", rerotated=rerotated
+    )
+    where = f" (noticed at [{call.caller}])"
+    said = _said(kept, sources, f"{track.name}: the program", "kept {kept}", watcher.steps + 1, where, tail_cut)
+    return said[0] if said else None
+
+
+def _held(kept: list[LayerKept], logical: int, cause: str, rerotated: bool) -> Held | None:
+    slots = [layer.positions for layer in kept]
+    if all(head == list(range(logical)) for layer in slots for head in layer):
+        return None  # everything fed is held, in order: a plain cache again
+    rerotated = rerotated or any(layer.rerotated_to_slots for layer in kept)
+    return Held(slots=slots, logical=logical, rerotated=rerotated, cause=cause)
+
+
+def _said(
+    kept: list[LayerKept], sources: list, who: str, verb: str, step: int, at: str, tail_cut: bool = False
+) -> list[Diagnostic]:
+    """The eviction in words: one info line (what every layer kept, or the layers that differ), or the error a
+    broken press earns (a layer left empty, K and V from different tokens)."""
+    empty = [i for i, layer in enumerate(kept) if not any(layer.positions) or not layer.positions[0]]
+    split = [(i, layer.split) for i, layer in enumerate(kept) if layer.split]
+    if empty:
+        shown = ", ".join(map(str, empty[:6]))
+        return [Diagnostic("cache-evicted", "error", f"{who} left {len(empty)} layer(s) empty ({shown}){at}", step)]
+    if split:
+        i, n = split[0]
+        return [
+            Diagnostic(
+                "cache-evicted",
+                "error",
+                f"{who} kept different tokens for K and V in {n} slots of layer {i}"
+                + (f" (and {len(split) - 1} more layers)" if len(split) > 1 else "")
+                + at,
+                step,
+            )
+        ]
+    runs = [ranges(chain.from_iterable(layer.positions)) for layer in kept]
+    source_count = len({p for head in sources[0][2] for p in head})
+    dropped = source_count - count(runs[0])
+    if all(r == runs[0] for r in runs):
+        verb_text = verb.format(kept=count(runs[0]))
+        text = (
+            f"{who} cut the tail: every layer holds {ranges_text(runs[0])}"
+            if tail_cut
+            else f"{who} evicted {dropped} tokens from every layer, {verb_text}: {ranges_text(runs[0])}"
+        )
+    else:
+        sizes = sorted({count(r) for r in runs})
+        text = (
+            f"{who} evicted per layer: layers keep {sizes[0]}–{sizes[-1]} tokens "
+            f"(layer 0 {verb.format(kept=count(runs[0]))}: {ranges_text(runs[0])})"
+        )
+    per_head = [i for i, layer in enumerate(kept) if len({tuple(sorted(h)) for h in layer.positions}) > 1]
+    if per_head:
+        text += f"; heads keep different positions in {len(per_head)} of {len(kept)} layers"
+    rerotated = sum(layer.rerotated for layer in kept)
+    if rerotated:
+        to_slots = all(layer.rerotated_to_slots for layer in kept if layer.rerotated)
+        text += f"; {rerotated} kept keys re-rotated " + (
+            "to their slots' positions (0..held-1)" if to_slots else "(to positions kvtui could not read)"
+        )
+    merged = sum(layer.merged for layer in kept)
+    if merged:
+        text += f"; {merged} kept values changed (merged)"
+    return [Diagnostic("cache-evicted", "info", text + at, step)]
