@@ -86,6 +86,8 @@ def after_forward(watcher, call, track, cache, step: int) -> list[Diagnostic]:
     if not written or len(written) != len(layers):
         if held is not None:
             held.fed(call.n)
+        elif written is None and call.cache_length_before + call.n > _slots(cache) >= 0:
+            return _unread(call, track, layers, step)
         return []
     changed = [i for i, layer in enumerate(layers) if getattr(layer, "keys", None) is not written[i][0]]
     if not changed:
@@ -105,6 +107,27 @@ def after_forward(watcher, call, track, cache, step: int) -> list[Diagnostic]:
     who = _press_name(call.probe.model) or "the forward"
     track.held = _held(kept, logical + call.n, f"{who} at step {step}", rerotated=held is not None and held.rerotated)
     return _said(kept, sources, who, f"kept {{kept}} of {logical + call.n} context tokens", step, f" [{call.caller}]")
+
+
+def _slots(cache) -> int:
+    try:
+        return int(cache.get_seq_length())
+    except (AttributeError, TypeError, RuntimeError, IndexError):
+        return -1
+
+
+def _unread(call, track, layers: list, step: int) -> list[Diagnostic]:
+    """A cache that shrank inside a forward kvtui did not expect to compress it (a decoding-time press's first
+    round): which positions it kept cannot be read now; from its next forward on, every change is read."""
+    fed = call.cache_length_before + call.n
+    slots = [[[-1] * layer.keys.shape[-2]] * layer.keys.shape[1] for layer in layers if hasattr(layer, "keys")]
+    who = _press_name(call.probe.model) or "the forward"
+    track.held = Held(slots=slots, logical=fed, rerotated=False, cause=f"{who} at step {step}")
+    text = (
+        f"{who} shrank {track.name} inside a decoding forward: {fed} fed tokens, {_slots(call.cache)} slots held; "
+        f"which positions it kept is not known for this first round (kvtui reads them from the next one on)"
+    )
+    return [Diagnostic("cache-evicted", "info", f"{text} [{call.caller}]", step)]
 
 
 def between(watcher, call, track, layers_before: list, cache) -> Diagnostic | None:
@@ -187,7 +210,15 @@ def _said(
     runs = [ranges(chain.from_iterable(layer.positions)) for layer in kept]
     source_count = len({p for head in sources[0][2] for p in head})
     dropped = source_count - count(runs[0])
-    if all(r == runs[0] for r in runs):
+    slot_counts = {len(layer.positions[0]) for layer in kept}
+    heads_differ = any(len({tuple(sorted(h)) for h in layer.positions}) > 1 for layer in kept)
+    if heads_differ and len(slot_counts) == 1 and not tail_cut:  # a per-head press (ScorerPress's top-k per head)
+        per_head = slot_counts.pop()
+        text = (
+            f"{who} {verb.format(kept=per_head)} per KV head in every layer, each head its own ones "
+            f"(layer 0's heads together hold {count(runs[0])}: {ranges_text(runs[0])})"
+        )
+    elif all(r == runs[0] for r in runs):
         verb_text = verb.format(kept=count(runs[0]))
         text = (
             f"{who} cut the tail: every layer holds {ranges_text(runs[0])}"
@@ -200,9 +231,9 @@ def _said(
             f"{who} evicted per layer: layers keep {sizes[0]}–{sizes[-1]} tokens "
             f"(layer 0 {verb.format(kept=count(runs[0]))}: {ranges_text(runs[0])})"
         )
-    per_head = [i for i, layer in enumerate(kept) if len({tuple(sorted(h)) for h in layer.positions}) > 1]
-    if per_head:
-        text += f"; heads keep different positions in {len(per_head)} of {len(kept)} layers"
+    differing = [i for i, layer in enumerate(kept) if len({tuple(sorted(h)) for h in layer.positions}) > 1]
+    if differing and "per KV head" not in text:
+        text += f"; heads keep different positions in {len(differing)} of {len(kept)} layers"
     rerotated = sum(layer.rerotated for layer in kept)
     if rerotated:
         to_slots = all(layer.rerotated_to_slots for layer in kept if layer.rerotated)

@@ -89,6 +89,14 @@ class Probe:
         self.positional = tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
         MODELS.add(model, self)
         PATCHES.acquire(watcher, type(model), "__call__", call_wrapper(MODELS.get, before_forward, after_forward))
+        # its decoder without the LM head, called directly (kvpress's pipeline prefills with `model.model`): a
+        # step of this model with no logits; inside the model's own forward it is nested, so not a step
+        self._inner: weakref.ref | None = None
+        inner = getattr(model, "model", None)
+        if isinstance(inner, torch.nn.Module) and inner is not model and hasattr(inner, "layers"):
+            self._inner = weakref.ref(inner)
+            MODELS.add(inner, self)
+            PATCHES.acquire(watcher, type(inner), "__call__", call_wrapper(MODELS.get, before_forward, after_forward))
         owner = defining_class(type(model), "generate")
         if owner is not None:
             GENERATE_CODES.add(inspect.unwrap(owner.__dict__["generate"]).__code__)
@@ -125,10 +133,10 @@ class Probe:
     def detach(self) -> None:
         if self.attention is not None:
             self.attention.detach()
-        for ref in (self._model, *self._position_modules):
+        for ref in (self._model, *((self._inner,) if self._inner else ()), *self._position_modules):
             held = ref()
             if held is not None:  # a collected one's entry is dead already
-                (MODELS if ref is self._model else POSITIONS).discard(held)
+                (MODELS if ref in (self._model, self._inner) else POSITIONS).discard(held)
 
 
 def before_forward(probe: Probe, module, args, kwargs):
