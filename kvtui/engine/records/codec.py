@@ -421,7 +421,7 @@ _PAGED_FIELDS = tuple(f.name for f in fields(PagedGroupView))
 
 def _extra_layer_fields(record: dict) -> dict:
     """The LayerInfo fields added after trace schema 1 came out; absent in older traces (defaults then)."""
-    out = {}
+    out: dict = {}
     if record.get("states"):
         out["states"] = tuple((str(name), tuple(shape)) for name, shape in record["states"])
     for key in (

@@ -137,10 +137,16 @@ def between(watcher, call, track, layers_before: list, cache) -> Diagnostic | No
     layers = list(getattr(cache, "layers", ()))
     if len(layers) != len(layers_before) or not layers_before:
         return None
-    pairs = []
+    pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for (old_k, old_v), layer in zip(layers_before, layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (old_k, old_v, keys, values)):
+        if not (
+            isinstance(old_k, torch.Tensor)
+            and isinstance(old_v, torch.Tensor)
+            and isinstance(keys, torch.Tensor)
+            and isinstance(values, torch.Tensor)
+            and old_k.dim() == old_v.dim() == keys.dim() == values.dim() == 4
+        ):
             return None
         if keys.shape[-2] > old_k.shape[-2]:
             return None  # grew outside a forward: check_edits says it

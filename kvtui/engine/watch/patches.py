@@ -281,7 +281,7 @@ def started_at(thread: threading.Thread) -> str | None:
     return _THREAD_STARTS.get(thread)
 
 
-def update_wrapper(lookup: Callable[[object], object]):
+def update_wrapper(lookup: Callable[[object], dict | None]):
     """A cache's `update(key_states, value_states, layer_idx, ...)`: for a registered cache, the K/V the layer
     returns (its whole K/V after the write, before anything inside the forward changes it) are kept by reference
     in the registered dict (layer index -> (K, V)); no copy, nothing stored on the cache."""

@@ -98,12 +98,12 @@ def read_kept(
             parts.append(_rerotated_to_slots(src_k, keys, in_k, in_v, inv_freq).reshape(1))
         sizes.append(in_k.numel())
         found.append(torch.cat(parts))
-    host = torch.cat(found).tolist() if found else []  # the one transfer
+    host: list[int] = torch.cat(found).tolist() if found else []  # the one transfer
     kept: list[LayerKept] = []
     at = 0
     for (_, _, positions), (keys, _), size in zip(sources, layers, sizes):
         heads, slots = keys.shape[1], keys.shape[2]
-        in_k, v_same, in_v = host[at : at + size], host[at + size : at + 2 * size], host[at + 2 * size : at + 3 * size]
+        k_at, v_ok, v_at = host[at : at + size], host[at + size : at + 2 * size], host[at + 2 * size : at + 3 * size]
         at += 3 * size
         checked = False
         if inv_freq is not None:
@@ -114,10 +114,10 @@ def read_kept(
             source, out = positions[head], layer.positions[head]
             for slot in range(slots):
                 i = head * slots + slot
-                k, v = in_k[i], in_v[i]
+                k, v = k_at[i], v_at[i]
                 if k >= 0:
                     out[slot] = source[k]
-                    if not v_same[i]:
+                    if not v_ok[i]:
                         if v >= 0:  # V is another token's
                             layer.split += 1
                         else:
