@@ -59,9 +59,13 @@ class Forwards(threading.local):
 
     @property
     def current(self) -> Call | None:
-        return self.stack[-1] if self.stack else None
+        top = self.stack[-1] if self.stack else None
+        if top is INSIDE and len(self.stack) > 1:  # the model's own decoder inside its forward: the outer call's
+            return self.stack[-2]
+        return None if top is INSIDE else top
 
 
+INSIDE: Any = object()  # on the stack for a watched model's decoder called inside that model's own forward
 STATE = Forwards()
 MODELS: Registry[Probe] = Registry()  # watched model -> its Probe
 POSITIONS: Registry[tuple[Probe, str]] = Registry()  # position module -> (its Probe, "rotary" | "embedding")
@@ -141,7 +145,9 @@ class Probe:
 
 def before_forward(probe: Probe, module, args, kwargs):
     if STATE.stack:  # a nested call (a model inside a watched forward): the outer one is the step
-        STATE.stack.append(None)
+        outer = STATE.stack[-1]
+        inside = outer is not None and outer is not INSIDE and outer.probe is probe
+        STATE.stack.append(INSIDE if inside else None)  # its own decoder: the outer call still reads positions
         return None
     watcher = probe.watcher
     try:
@@ -158,7 +164,7 @@ def before_forward(probe: Probe, module, args, kwargs):
 
 def after_forward(probe: Probe, token, output) -> None:
     call = STATE.stack.pop() if STATE.stack else None
-    if call is None:
+    if call is None or call is INSIDE:
         return
     try:
         probe.watcher.finish_forward(call, output)
