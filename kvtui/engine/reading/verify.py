@@ -32,6 +32,15 @@ def recompute_last_logits(
     return fresh, (clock() - started) * 1000
 
 
+def compression_cost(cached: torch.Tensor, fresh: torch.Tensor) -> tuple[float, bool]:
+    """What a compressed cache costs one step: KL(full ‖ compressed) of the next-token distributions, in nats, and
+    whether both pick the same top-1 ([vocab] logits each; `fresh` from the uncompressed recompute)."""
+    full = torch.log_softmax(fresh.float(), -1)
+    compressed = torch.log_softmax(cached.float().to(full.device), -1)
+    kl = float((full.exp() * (full - compressed)).sum())
+    return max(kl, 0.0), int(fresh.argmax()) == int(cached.argmax())
+
+
 def mismatch_alarm(result: VerifyResult, what: str, step: int, bound: str = "", tail: str = "") -> Diagnostic:
     """The `cache-mismatch` error of a failed verify; `what` names the logits ("cached logits", "the
     program's cached logits (DynamicCache#1)"); `bound` says which tolerance, `tail` what else explains it."""

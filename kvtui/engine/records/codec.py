@@ -200,21 +200,26 @@ def _watch_record(s: StepSnapshot, top_record, token_record) -> dict:
 # ---- values to dicts ----------------------------------------------------------------------------------
 
 
-def _fields_as_is(cls: type):
-    """A function: instance -> {field: value} in field order, values as they are (tuples stay tuples)."""
-    names = [f.name for f in fields(cls)]
-    source = "lambda o: {" + ", ".join(f"{name!r}: o.{name}" for name in names) + "}"
-    return eval(source)  # noqa: S307  (generated from the class's own field names, as dataclasses does)
+def _fields_as_is(cls: type, when_set: tuple[str, ...] = ()):
+    """A function: instance -> {field: value} in field order, values as they are (tuples stay tuples); the fields
+    in `when_set` only when the first of them is not None (absent from the records of the usual case)."""
+    names = [f.name for f in fields(cls) if f.name not in when_set]
+    source = "lambda o: {" + ", ".join(f"{name!r}: o.{name}" for name in names)
+    if when_set:
+        extra = ", ".join(f"{name!r}: o.{name}" for name in when_set)
+        source += f", **({{{extra}}} if o.{when_set[0]} is not None else {{}})"
+    return eval(source + "}")  # noqa: S307  (generated from the class's own field names, as dataclasses does)
 
 
-_LAYER_FIELDS_AS_IS = _fields_as_is(LayerInfo)
+# a compressed cache's held runs: written only for a layer that has them (traces of the usual case unchanged)
+_HELD_FIELDS = ("held", "held_heads")
+_LAYER_FIELDS_AS_IS = _fields_as_is(LayerInfo, _HELD_FIELDS)
 _TOP_FIELDS_AS_IS = _fields_as_is(TopToken)
 _TOKEN_FIELDS_AS_IS = _fields_as_is(BufferToken)
 
-_LAYER_FIELDS = tuple(f.name for f in fields(LayerInfo))
+_LAYER_FIELDS = tuple(f.name for f in fields(LayerInfo) if f.name not in _HELD_FIELDS)
 _LAYER_VALUES = operator.attrgetter(*_LAYER_FIELDS)
-# the fields that hold tuples (lists in a record)
-_TUPLE_FIELDS = ("k_shape", "v_shape", "states", "held", "held_heads")
+_TUPLE_FIELDS = ("k_shape", "v_shape", "states")  # the fields that hold tuples (lists in a record)
 
 
 def _plain(value):
@@ -230,6 +235,8 @@ def _layer_record(layer: LayerInfo) -> dict:
     record = dict(zip(_LAYER_FIELDS, _LAYER_VALUES(layer)))  # every field, read in one call
     for name in _TUPLE_FIELDS:
         record[name] = _plain(record[name])
+    if layer.held is not None:
+        record["held"], record["held_heads"] = _plain(layer.held), _plain(layer.held_heads)
     return record
 
 
@@ -271,6 +278,11 @@ def _verify_record(v: VerifyResult) -> dict:
         "tokens": v.tokens,
         "ok": v.ok,
         "ms": v.ms,
+        **(
+            {"compressed_kl": v.compressed_kl, "compressed_top1": v.compressed_top1}
+            if v.compressed_kl is not None
+            else {}
+        ),
     }
 
 
@@ -379,6 +391,8 @@ def _verify(record: dict) -> VerifyResult:
         tokens=record["tokens"],
         ok=record["ok"],
         ms=record["ms"],
+        compressed_kl=record.get("compressed_kl"),
+        compressed_top1=record.get("compressed_top1"),
     )
 
 

@@ -66,6 +66,12 @@ _ALL = (
         "layer still holds",
         ("info", "error"),
     ),
+    _code(
+        "compression-cost",
+        "info",
+        "verify of a compressed cache: what the eviction cost the next-token distribution against the uncompressed "
+        "recompute (top-1 agreement, KL divergence), per verify and over the run",
+    ),
     _code("ignored-argument", "warning", "an argument this transformers version ignores was passed"),
     _code("padding-side", "warning", "a batch row ends with pads (right padding on a decoder-only model)"),
     _code("stale-cache", "warning", "a cache holds tokens that are not a prefix of the prompt it continues"),

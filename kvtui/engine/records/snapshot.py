@@ -165,6 +165,17 @@ class LayerInfo:
     held: tuple[tuple[int, int], ...] | None = None
     held_heads: tuple[tuple[tuple[int, int], ...], ...] | None = None
 
+    def holds(self, position: int) -> bool:
+        """Whether this layer still holds the K/V of the token at `position` (a place in the token buffer)."""
+        if self.held is None:
+            return position >= self.held_from
+        return any(start <= position < stop for start, stop in self.held)
+
+    @property
+    def kept_fraction(self) -> float:
+        """Slots held over tokens fed (1.0 for a layer that evicted nothing)."""
+        return min(1.0, self.filled / self.seen) if self.seen else 1.0
+
 
 @frozen
 class TopToken:
@@ -375,3 +386,7 @@ class VerifyResult:
     tokens: int  # how many tokens were recomputed
     ok: bool
     ms: float
+    # a compressed cache (a press evicted positions): what the compression cost, not a mismatch. KL(full ‖
+    # compressed) of the next-token distributions in nats, and whether both pick the same top-1; None otherwise
+    compressed_kl: float | None = None
+    compressed_top1: bool | None = None

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -37,21 +36,21 @@ import torch
 
 from ..batching.packed import cache_argument, is_packed_forward
 from ..reading import introspect
-from ..reading.diagnostics import check_refed, check_stale_prompt
-from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
-from ..records.codec import diagnostic_record, to_record, verify_record
+from ..reading.diagnostics import check_refed
+from ..records.codec import diagnostic_record
 from ..records.snapshot import Diagnostic, RequestView, StepSnapshot
-from . import evictions
+from . import cache_edits, evictions
 from .auto_attach import AutoAttach, run_watched
-from .callers import caller_and_generate, caller_line, inside_transformers, library_dirs, thread_caller
-from .hooks import MODELS, STATE, Probe, WatchRefused
+from .callers import caller_and_generate, caller_line, library_dirs, thread_caller
+from .hooks import Probe, WatchRefused
 from .lineage import CacheTrack, Lineage
 from .packed_step import PackedReader, build_packed
 from .patches import PATCHES, acquire_copy_patches, defining_class, edit_wrapper, thread_start_wrapper
 from .silent_positions import mask_against_cache
 from .silent_sizes import static_size_ignored
-from .silent_writes import edit_changed_nothing, written_without_use_cache
+from .silent_writes import written_without_use_cache
 from .tokenizers import TOKENIZERS
+from .verify_watched import verify_watched
 from .watch_step import Call, StepBuilder, read_call
 
 if TYPE_CHECKING:
@@ -123,6 +122,7 @@ class Watcher:
         self.recomputed_tokens = 0  # tokens prefills re-encoded that another cache held (recomputed-prefix)
         self.requeued_tokens = 0  # tokens computed again by requests sent back to waiting (request-requeued)
         self.recomputed_ms = 0.0
+        self.compression_costs: list[tuple[float, bool]] = []  # verifies of compressed caches: (KL, top-1 agrees)
         self.builder = StepBuilder(self)
         self.packed = PackedReader()  # continuous-batching runs: every request a lane
         self.requests: dict[tuple[str | None, str], RequestView] = {}  # (cache, request) -> its latest view
@@ -303,108 +303,6 @@ class Watcher:
             self._patch_cache_class(type(copy))
             self.emit(track.record())
 
-    def _edited(self, track: CacheTrack, cache, name: str, args, run):
-        internal = inside_transformers()
-        before = introspect.seq_length(cache)
-        result = run()
-        with self.lock:
-            after = introspect.seq_length(cache)
-            if name == "reorder_cache" and args:
-                order = args[0].tolist() if isinstance(args[0], torch.Tensor) else list(args[0])
-                track.rows = [list(track.rows[i]) if i < len(track.rows) else [] for i in order]
-            elif name == "batch_select_indices" and args:
-                order = args[0].tolist() if isinstance(args[0], torch.Tensor) else list(args[0])
-                track.rows = [list(track.rows[i]) for i in order if i < len(track.rows)]
-            elif name == "batch_repeat_interleave" and args:
-                track.rows = [list(r) for r in track.rows for _ in range(int(args[0]))]
-            elif name == "reset":
-                track.rows = [[] for _ in track.rows]
-            track.held = None  # its own method: held positions are followed only through forwards and slicing
-            track.truncate(after)
-            track.fingerprint = introspect.fingerprint(cache)
-            if not internal:  # generate's own bookkeeping (beam reordering, assisted crops) is followed, not said
-                shown = ", ".join(_short_arg(a) for a in args)
-                call = f"{track.name}.{name}({shown}) at [{caller_line(self._skip or library_dirs())}]"
-                self._diagnose(
-                    edit_changed_nothing(self.steps, call, name, args, before, after)
-                    or [
-                        Diagnostic(
-                            "cache-edited",
-                            "info",  # the program called the cache's own method: said, not blamed
-                            f"{call}: {before} -> {after} tokens outside a forward",
-                            self.steps,
-                        )
-                    ]
-                )
-        return result
-
-    def _check_edits(self, call: Call, track: CacheTrack, cache) -> None:
-        """Compare the cache with its fingerprint after the last forward: a change means an edit outside one.
-        Shapes and tensors are compared now (on the host); the values of inference tensors in the step's one
-        transfer (`_edit_found`, once it is resolved)."""
-        before, track.fingerprint = track.fingerprint, None  # spent: the forward makes the next one
-        if before is None:
-            return
-        reads = call.reads if call.reads is not None else introspect.HostReads()
-        entries = before.layers  # (layer, K, V, ...) after the last forward: references, kept past the release
-        change, call.pending_edit = introspect.check_edits(before, cache, reads)
-        call.edits_at = len(call.found)
-        if change is not None:
-            evicted = evictions.between(self, call, track, [entry[1:3] for entry in entries], cache)
-            if evicted is not None:  # said as an eviction, the buffer kept (not cut to the cache's slots)
-                call.found.insert(call.edits_at, evicted)
-            else:
-                if "emptied" in change:
-                    track.held = None
-                self._edit_found(call, track, change)
-
-    def _edit_found(self, call: Call, track: CacheTrack, change: str) -> None:
-        track.truncate(call.cache_length_before)
-        call.found.insert(
-            call.edits_at,
-            Diagnostic(
-                "cache-edited",
-                "warning",
-                f"{track.name} changed since the last forward without a forward: {change} (noticed at [{call.caller}])",
-                self.steps + 1,
-            ),
-        )
-
-    # ---- generate() ------------------------------------------------------------------------------
-
-    def _generate(self, call: Call, frames: list) -> None:
-        """The forward runs inside generate(): name a draft model, and at generate's first forward check the
-        cache against the whole prompt (generate feeds only the prompt tokens past the cache's length,
-        whatever the cache holds)."""
-        for frame in frames:
-            assistant = frame.f_locals.get("assistant_model")
-            helper = MODELS.get(assistant) if assistant is not None else None
-            if helper is not None and helper.watcher is self:
-                helper.role = "draft"
-        prompt = frames[0].f_locals.get("input_ids")
-        track = call.track
-        if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or track is None:
-            return
-        # generate()'s first forward: a prompt tensor this generate() frame has not run a forward for yet (a weak
-        # reference: the program's tensor lives exactly as long as without kvtui)
-        seen = STATE.prompts.get(id(frames[0]))
-        first = seen is None or seen() is not prompt
-        live = {id(frame) for frame in frames}  # generate() calls that returned are forgotten
-        STATE.prompts = {key: ref for key, ref in STATE.prompts.items() if key in live}
-        STATE.prompts[id(frames[0])] = weakref.ref(prompt)
-        if not first or not call.cache_length_before:
-            return
-        length = prompt.shape[-1]
-        call.found += check_stale_prompt(
-            self.steps + 1,
-            track.name,
-            track.ids(),
-            prompt[0].tolist(),
-            self.label,
-            f" [{call.caller}]",
-            fed_from=length - call.n,
-        )
-
     # ---- the forward -----------------------------------------------------------------------------
 
     def begin_forward(self, probe: Probe, args, kwargs) -> Call:
@@ -426,7 +324,7 @@ class Watcher:
                     )
                     track = self._new_track(call.cache, probe, call.cache_length_before, call.batch, made)
                 else:
-                    self._check_edits(call, track, call.cache)
+                    cache_edits.check_edits(self, call, track, call.cache)
                 call.track = track
                 if track.held is not None:  # a compressed cache: positions continue what its kept keys encode
                     call.expected_start = track.held.expected_next(call.cache_length_before)
@@ -446,14 +344,14 @@ class Watcher:
             change = call.pending_edit.describe(call.reads)
             call.pending_edit = None
             if change is not None:
-                self._edit_found(call, track, change)
+                cache_edits.edit_found(self, call, track, change)
         if call.cache is not None and track is not None:
             if not generating:  # generate() builds its own mask: a stale cache there is stale-cache's
                 call.found += mask_against_cache(call, self.steps + 1)
             if track.made == "generate" and call.cache_length_before == 0 and generating:
                 call.found += static_size_ignored(call, generating[0], self.steps + 1)
             if generating:
-                self._generate(call, generating)
+                cache_edits.generate_started(self, call, generating)
             if call.n > 1 and call.input_ids is not None and not any(d.code == "stale-cache" for d in call.found):
                 call.found += check_refed(
                     self.steps + 1, track.name, track.ids(), call.input_ids[0], f" [{call.caller}]"
@@ -529,36 +427,10 @@ class Watcher:
     # ---- verify ----------------------------------------------------------------------------------
 
     def verify(self) -> dict:
-        """Compare the last forward's logits (row 0) with one no-cache forward over what its cache row
-        holds (attended tokens, positions 0..n-1), judged as kvtui's own session judges. Runs in the
-        program's thread, between two forwards. Refuses (ValueError) what it cannot check."""
-        snapshot, logits, probe = self.last, self._last_logits, self._last_probe  # set together, by a forward
-        if snapshot is None or logits is None or probe is None:
-            raise ValueError("nothing to verify yet: the program has not run a forward")
-        unknown = snapshot.cache_unknown
-        if unknown:
-            raise ValueError(
-                f"cannot check {snapshot.cache_id}: its first {unknown} tokens were written before kvtui saw it "
-                f"(made before attaching, loaded or copied from an unwatched cache), so a recompute has nothing "
-                f"to start from; the {len(snapshot.buffer) - unknown} tokens after them were fed while watched"
-            )
-        tokens = [t.id for t in snapshot.buffer if t.origin != "pad" and t.id >= 0]
-        model = probe.model
-        if model is None:
-            raise ValueError(f"cannot check {snapshot.cache_id}: the program has let go of its model ({probe.name})")
-        STATE.stack.append(None)  # kvtui's own forward, not one of the program's: no step, never held by the gate
-        try:
-            fresh, ms = recompute_last_logits(model, tokens)
-        finally:
-            STATE.stack.pop()
-        dtype = str(model.dtype).removeprefix("torch.")
-        quant_bits = next((layer.quant_bits for layer in snapshot.layers if layer.quant_bits), None)
-        result = judge_recompute(logits, fresh, dtype, self.top_k, len(tokens), ms, quant_bits)
-        if not result.ok:
-            self._diagnose([mismatch_alarm(result, f"the program's cached logits ({snapshot.cache_id})", self.steps)])
-        if self.recorder is not None:
-            self.recorder.record(verify_record(result, self.steps))
-        return to_record(result)
+        """Compare the last forward's logits with one no-cache forward over what its cache was fed
+        (`verify_watched.py`); on a compressed cache, what the compression cost. Refuses (ValueError) what it
+        cannot check."""
+        return verify_watched(self, self.last, self._last_logits, self._last_probe)
 
     # ---- tokenizers --------------------------------------------------------------------------------
 
@@ -587,15 +459,9 @@ def _passed_to_generate(cache, frame) -> bool:
     return any(value is cache for value in arguments.values())
 
 
-def _short_arg(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"tensor{list(value.shape)}" if value.numel() > 8 else str(value.tolist())
-    return repr(value)
-
-
 def _edited(handler, cache, name: str, args, run):
     watcher, track = handler
-    return watcher._edited(track, cache, name, args, run)
+    return cache_edits.edited(watcher, track, cache, name, args, run)
 
 
 def _copied(handler, original, copy, how: str) -> None:

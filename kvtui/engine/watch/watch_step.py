@@ -21,24 +21,16 @@ from ..reading.diagnostics import (
     check_attention,
     check_drift,
     check_feed,
-    check_padding_side,
     check_request,
-    check_row_positions,
     recomputed_prefix,
-)
-from ..reading.introspect.held import held_infos
-from ..reading.silent_rules import (
-    check_window_positions,
-    counted_under_padding,
-    note_right_padding,
-    positions_stuck_at_window,
 )
 from ..reading.token_texts import TokenTexts, tokenizer_texts
 from ..reading.tokens import special_token_ids
 from ..reading.topk import top_rows_from, top_tensors, watched_tokens
-from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, RowView, StepSnapshot, TokenBuffer, TopToken
+from ..records.snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, TopToken
 from .lineage import CacheTrack
 from .patches import Registry
+from .step_checks import check_positions, checked_layers
 
 
 @dataclass
@@ -323,8 +315,9 @@ class StepBuilder:
         rows, turn = self._cache_rows(call, track)
         masks = call.mask_new if call.mask_new is not None else [[1] * call.n] * call.batch  # [batch][n]
         fed_ids = self._feed(call, step, rows, turn, applied, masks, found, stale, at)
-        self._check_positions(call, step, applied, masks, found, stale, at)
-        layers = self._check_layers(call, step, cache, cache_len, found)
+        found += check_positions(self._alarms(call), call, step, applied, masks, stale, at)
+        layers, said = checked_layers(self._alarms(call), call, step, cache, cache_len)
+        found += said
         recomputed = self._count_waste(call, step, cache, track, forward_ms, found, at)
         top_rows = self._top(call, logits, call.batch)
         buffers = [TokenBuffer(r) for r in rows]
@@ -451,59 +444,6 @@ class StepBuilder:
             fed_ids.append(ids)
         return fed_ids
 
-    def _check_positions(
-        self,
-        call: Call,
-        step: int,
-        applied: list[list[int]],
-        masks: list[list[int]],
-        found: list[Diagnostic],
-        stale: bool,
-        at: str,
-    ) -> None:
-        """A prefill's padding side, and each row's applied positions against what its cache attended."""
-        if call.n > 1:
-            padded = check_padding_side(step, masks, at)
-            note_right_padding(self._alarms(call), bool(padded))
-            found += padded
-        attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
-        because = ""
-        if call.expected_start is not None and call.track is not None and call.track.held is not None:
-            # a compressed cache: the kept keys encode where they were fed (or their slots, re-rotated)
-            attended_before = [call.expected_start] * call.batch
-            because = (
-                f"; {call.track.name} held {call.cache_length_before} slots after {call.track.held.cause}, and its "
-                f"kept keys continue at position {call.expected_start}"
-            )
-        # the repeat state is kept either way; a stale cache's gap is said by stale-cache
-        if positions_stuck_at_window(
-            applied, attended_before, call.probe.window
-        ):  # one cause: a sliding layer's length
-            gaps = check_window_positions(
-                self._alarms(call), step, applied[0][0], attended_before[0], call.probe.window, at
-            )
-        else:
-            gaps = check_row_positions(self._alarms(call), step, applied, masks, attended_before, at, because)
-        if not stale:
-            found += counted_under_padding(self._alarms(call), gaps)
-
-    def _check_layers(
-        self, call: Call, step: int, cache, cache_len: int, found: list[Diagnostic]
-    ) -> tuple[LayerInfo, ...]:
-        """The cache's per-layer infos, and the sliding eviction they show."""
-        layers: tuple[LayerInfo, ...] = (
-            introspect.layer_infos(cache, call.probe.window) if cache is not None and hasattr(cache, "layers") else ()
-        )
-        held = call.track.held if call.track is not None and cache is call.cache else None
-        if held is not None:  # a compressed cache: which positions each layer holds, not a prefix
-            layers = held_infos(layers, held)
-        # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
-        # and check_request names it before the forward; here only sliding eviction is said
-        found += [
-            _at(d, call.caller) for d in self._alarms(call).check_layers(step, layers, None, cache_len, reserve=1)
-        ]
-        return layers
-
     def _count_waste(
         self,
         call: Call,
@@ -601,7 +541,3 @@ class StepBuilder:
         texts = self._texts
         rows = top_rows_from(values, logprobs, reads.rows(handles["top_ids"]), texts.piece, texts.pieces_of)
         return rows[:batch] + [()] * max(0, batch - len(rows))
-
-
-def _at(d: Diagnostic, caller: str) -> Diagnostic:
-    return Diagnostic(d.code, d.severity, f"{d.message} [{caller}]", d.step)

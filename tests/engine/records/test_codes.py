@@ -27,7 +27,9 @@ PRODUCERS = {
     "chat/edits.py": "state-rewind",  # kvtui's own chat
     "chat/render.py": "template-drift",
     "chat/session.py": "static-capacity",
-    "watch/probe.py": "cache-edited",  # watched programs
+    "watch/cache_edits.py": "cache-edited",  # watched programs: edits between forwards
+    "watch/evictions.py": "cache-evicted",  # compressed caches
+    "watch/verify_watched.py": "compression-cost",  # verify of a compressed cache
     "batching/checks.py": "request-requeued",  # a packed batch
     "server/rules.py": "varying-start",  # a server's prefix cache
 }

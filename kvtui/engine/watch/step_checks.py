@@ -1,0 +1,64 @@
+"""A watched step's position and layer checks (StepBuilder.build calls them in its order): each row's applied
+positions against what its cache attended (or, on a compressed cache, where its kept keys continue), and the
+layers' infos with the sliding eviction they show."""
+
+from __future__ import annotations
+
+from ..reading import introspect
+from ..reading.diagnostics import check_padding_side, check_row_positions
+from ..reading.introspect.held import held_infos
+from ..reading.silent_rules import (
+    check_window_positions,
+    counted_under_padding,
+    note_right_padding,
+    positions_stuck_at_window,
+)
+from ..records.snapshot import Diagnostic, LayerInfo
+
+
+def check_positions(
+    alarms, call, step: int, applied: list[list[int]], masks: list[list[int]], stale: bool, at: str
+) -> list[Diagnostic]:
+    """A prefill's padding side, and each row's applied positions against what its cache attended (`call`: the
+    forward's watch_step.Call, which imports this module)."""
+    found: list[Diagnostic] = []
+    if call.n > 1:
+        padded = check_padding_side(step, masks, at)
+        note_right_padding(alarms, bool(padded))
+        found += padded
+    attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
+    because = ""
+    track = call.track
+    if call.expected_start is not None and track is not None and track.held is not None:
+        # a compressed cache: the kept keys encode where they were fed (or their slots, re-rotated)
+        attended_before = [call.expected_start] * call.batch
+        because = (
+            f"; {track.name} held {call.cache_length_before} slots after {track.held.cause}, and its kept keys "
+            f"continue at position {call.expected_start}"
+        )
+    # the repeat state is kept either way; a stale cache's gap is said by stale-cache
+    if positions_stuck_at_window(applied, attended_before, call.probe.window):  # one cause: a sliding layer's length
+        gaps = check_window_positions(alarms, step, applied[0][0], attended_before[0], call.probe.window, at)
+    else:
+        gaps = check_row_positions(alarms, step, applied, masks, attended_before, at, because)
+    if not stale:
+        found += counted_under_padding(alarms, gaps)
+    return found
+
+
+def checked_layers(alarms, call, step: int, cache, cache_len: int) -> tuple[tuple[LayerInfo, ...], list]:
+    """The cache's per-layer infos (a compressed cache's with the positions each layer holds), and the sliding
+    eviction they show."""
+    layers: tuple[LayerInfo, ...] = (
+        introspect.layer_infos(cache, call.probe.window) if cache is not None and hasattr(cache, "layers") else ()
+    )
+    held = call.track.held if call.track is not None and cache is call.cache else None
+    if held is not None:  # a compressed cache: which positions each layer holds, not a prefix
+        layers = held_infos(layers, held)
+    # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
+    # and check_request names it before the forward; here only sliding eviction is said
+    return layers, [at_caller(d, call.caller) for d in alarms.check_layers(step, layers, None, cache_len, reserve=1)]
+
+
+def at_caller(d: Diagnostic, caller: str) -> Diagnostic:
+    return Diagnostic(d.code, d.severity, f"{d.message} [{caller}]", d.step)

@@ -1,0 +1,63 @@
+"""Verify for a watched program: the last forward's logits (row 0) against one no-cache forward over what its cache
+row was fed (attended tokens, positions 0..n-1), judged as kvtui's own session judges. On a compressed cache the
+two differ by design (the press dropped what the recompute sees), so verify reports what the compression cost
+(`compression-cost`: top-1 agreement and KL divergence, this step and over the run), never a mismatch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..reading.verify import compression_cost, judge_recompute, mismatch_alarm, recompute_last_logits
+from ..records.codec import to_record, verify_record
+from ..records.snapshot import Diagnostic
+from .hooks import STATE
+
+
+def verify_watched(watcher, snapshot, logits, probe) -> dict:
+    """Runs in the program's thread, between two forwards. Refuses (ValueError) what it cannot check."""
+    if snapshot is None or logits is None or probe is None:
+        raise ValueError("nothing to verify yet: the program has not run a forward")
+    unknown = snapshot.cache_unknown
+    if unknown:
+        raise ValueError(
+            f"cannot check {snapshot.cache_id}: its first {unknown} tokens were written before kvtui saw it "
+            f"(made before attaching, loaded or copied from an unwatched cache), so a recompute has nothing "
+            f"to start from; the {len(snapshot.buffer) - unknown} tokens after them were fed while watched"
+        )
+    tokens = [t.id for t in snapshot.buffer if t.origin != "pad" and t.id >= 0]
+    model = probe.model
+    if model is None:
+        raise ValueError(f"cannot check {snapshot.cache_id}: the program has let go of its model ({probe.name})")
+    STATE.stack.append(None)  # kvtui's own forward, not one of the program's: no step, never held by the gate
+    try:
+        fresh, ms = recompute_last_logits(model, tokens)
+    finally:
+        STATE.stack.pop()
+    dtype = str(model.dtype).removeprefix("torch.")
+    quant_bits = next((layer.quant_bits for layer in snapshot.layers if layer.quant_bits), None)
+    result = judge_recompute(logits, fresh, dtype, watcher.top_k, len(tokens), ms, quant_bits)
+    if any(layer.held is not None for layer in snapshot.layers):
+        kl, top1 = compression_cost(logits, fresh)
+        result = replace(result, ok=True, compressed_kl=kl, compressed_top1=top1)
+        watcher.compression_costs.append((kl, top1))
+        watcher._diagnose([_cost_note(watcher.compression_costs, snapshot, len(tokens), watcher.steps)])
+    elif not result.ok:
+        watcher._diagnose([mismatch_alarm(result, f"the program's cached logits ({snapshot.cache_id})", watcher.steps)])
+    if watcher.recorder is not None:
+        watcher.recorder.record(verify_record(result, watcher.steps))
+    return to_record(result)
+
+
+def _cost_note(costs: list[tuple[float, bool]], snapshot, tokens: int, step: int) -> Diagnostic:
+    kl, top1 = costs[-1]
+    held = max((layer.filled for layer in snapshot.layers), default=0)
+    agree = sum(1 for _, same in costs if same)
+    mean = sum(k for k, _ in costs) / len(costs)
+    return Diagnostic(
+        "compression-cost",
+        "info",
+        f"{snapshot.cache_id} holds at most {held} of {tokens} fed tokens per layer: against the uncompressed "
+        f"recompute the next token {'agrees' if top1 else 'differs'} (top-1), KL(full ‖ compressed) {kl:.4g} nats; "
+        f"over the run {agree}/{len(costs)} verifies agree on top-1, mean KL {mean:.4g}",
+        step,
+    )
