@@ -42,7 +42,9 @@ class ProgramOutput(Vertical):
     DEFAULT_CSS = """
     ProgramOutput { height: 1fr; border: round $foreground 25%; border-title-color: $text-muted; }
     ProgramOutput > .program-output--echo { color: $accent; text-style: bold; }
-    ProgramOutput > WrappedLog { height: 1fr; scrollbar-size-vertical: 1; }
+    ProgramOutput > WrappedLog {
+        height: 1fr; background: transparent; overflow-x: hidden; overflow-y: auto; scrollbar-size-vertical: 1;
+    }
     ProgramOutput > #pending { height: auto; max-height: 50%; }
     """
 
