@@ -208,7 +208,7 @@ class Driver:
 
     def input_placeholder(self) -> str:
         """What the chat's input line says while empty."""
-        return "Type a message, Enter to send"
+        return "Enter or i: type a message (Enter sends it)"
 
     def find_step(self, step: int) -> StepSnapshot | None:
         return None

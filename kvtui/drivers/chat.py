@@ -295,6 +295,8 @@ class ChatDriver(Driver):
             self.meter.verified(verify)
         if record.get("done"):
             self.pending = max(0, self.pending - 1)
+        if record.get("done") == "reset" and not record.get("error"):
+            self.meter = ReuseMeter()  # its prefill and verify timings were the old conversation's
         if record.get("done") == "send" and self.sends:
             text = self.sends.popleft()
             chat_input = self.app.query_one(ChatPane).input
@@ -316,7 +318,14 @@ class ChatDriver(Driver):
 
     def title(self) -> tuple[str, str]:
         mode = "step mode" if self.app.step_mode else "run mode"
-        return mode, f"{self.app.title} · {mode}"
+        latest = self.app.latest
+        if self.busy:
+            state = f"{mode} · running"
+        elif latest is not None and not latest.turn_done:  # p mid-turn, or stepping: r or space goes on
+            state = f"{mode} · paused"
+        else:
+            state = mode
+        return state, f"{self.app.title} · {mode}"
 
     def reuse_text(self, snapshot: StepSnapshot) -> str:
         return self.meter.text(snapshot)

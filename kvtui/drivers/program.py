@@ -202,7 +202,7 @@ interrupts it, Esc gives the keys back). n shows the next batch row; M one model
         return program_step_text(snapshot, self.row, self.replay.recomputed_through(len(self.replay) - 1))
 
     def title(self) -> tuple[str, str]:
-        state = "ended" if self.ended is not None else "paused" if self.paused else "running"
+        state = f"ended · exit {self.ended}" if self.ended is not None else "paused" if self.paused else "running"
         return state, f"kvtui · watch · {self.label} · {state}"
 
     def find_step(self, step: int) -> StepSnapshot | None:

@@ -103,7 +103,14 @@ playing. With --follow the steps another process appends arrive as it writes the
         self.app.notify(f"{error}\nfollowing stopped: the steps read so far stay here", severity="error", timeout=15)
 
     def title(self) -> tuple[str, str]:
-        return ("replay · following" if self.follow else "replay"), f"kvtui · replay · {self.trace_path.name}"
+        if self._player is not None:
+            state = "replay · playing"
+        elif self.follow and self.at_end:
+            state = "replay · following"
+        else:  # stepped back (following waits for the end again), or a finished recording
+            where = "end" if self.at_end else f"step {self.position + 1} of {len(self.replay)}"
+            state = f"replay · {'following paused' if self.follow else where}"
+        return state, f"kvtui · replay · {self.trace_path.name}"
 
     def _goto(self, index: int, quiet: bool = False) -> None:
         """Show recorded step `index`; `quiet`: without the notes of what happened right after it."""
@@ -157,6 +164,7 @@ playing. With --follow the steps another process appends arrive as it writes the
         elif action == "run":
             if self._player is None:
                 self._player = self.app.set_interval(PLAY_INTERVAL, self._advance)
+                self.app.update_title()
         else:  # only a note: a SessionState here would clear the panes the recording fills
             self.app.notify(f"replay is read-only: '{action}' needs a live model", severity="warning")
 
@@ -173,6 +181,7 @@ playing. With --follow the steps another process appends arrive as it writes the
         if self._player is not None:
             self._player.stop()
             self._player = None
+            self.app.update_title()  # no longer playing
 
     def pause(self) -> None:
         self._stop_player()

@@ -51,6 +51,14 @@ A server trace replayed: the prefix cache its recorded events rebuild (it does n
 """
 
 
+def model_name(model: str | None) -> str:
+    """A model as the title names it: a local directory by its name (the trace header keeps the whole path),
+    a hub id as it is."""
+    if not model:
+        return "?"
+    return Path(model).name if model.startswith(("/", "~", "./")) else model
+
+
 class ServerScreen(SourceScreen):
     CSS_PATH = "server.tcss"
     BINDINGS = SERVER_KEYS
@@ -90,7 +98,7 @@ class ServerScreen(SourceScreen):
             return f"kvtui attach · {self.session.title}"
         servers = self.server_run.servers
         names = ", ".join(
-            f"{s.get('model') or '?'} at {s['url']}" if s.get("url") else str(s.get("model") or "?") for s in servers
+            f"{model_name(s.get('model'))}" + (f" at {s['url']}" if s.get("url") else "") for s in servers
         )
         return f"kvtui replay · {Path(self.server_run.path).name}" + (f" · {names}" if names else "")
 
@@ -172,7 +180,14 @@ class ServerScreen(SourceScreen):
 
     def _show_status(self) -> None:
         stats = self._stats
-        parts = ["live" if self.session is not None else "replay"]
+        # the state first, in the status line's badge: at any width (the parts after it may be cut)
+        state = "live" if self.session is not None else "replay"
+        if self.paused:
+            state += " · paused"
+        if self.session is not None and getattr(self.session, "error", None) is not None:
+            state += " · reader stopped"
+        self.status_line.set_state(state)
+        parts: list[str] = []
         unreachable = getattr(self.session, "unreachable", None)  # a server away: said until it answers
         for outage in unreachable() if unreachable is not None else ():
             parts.append(f"UNREACHABLE since {outage.since_text}: {outage.name}")
@@ -197,7 +212,7 @@ class ServerScreen(SourceScreen):
         if problems:
             parts.append(f"last: {problems[-1]}")
         if self.paused:
-            parts.append("PAUSED (p resumes; the reader goes on)")
+            parts.append("p resumes; the reader goes on")
         elif self.skipped >= BEHIND_AFTER:
             parts.append(f"view behind: the reader held the cache for {self.skipped} refreshes")
         if self.session is not None and getattr(self.session, "error", None) is not None:

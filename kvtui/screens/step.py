@@ -177,7 +177,8 @@ class StepScreen(StepKeys):
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self._apply_layout())
         self.query_one(TokenBufferPane).empty_text = self.driver.EMPTY
         self._apply_layout()
-        self.query_one(ChatPane).input.focus()
+        # the panes hold the keys at start-up (q quits, ? helps); Enter or i moves to the input
+        self.query_one(TokenBufferPane).focus()
         self.update_title()
         self.driver.start()
 
@@ -325,6 +326,7 @@ class StepScreen(StepKeys):
         self._show_chat()
         self.show_diagnostics()
         self._show_step_status(snapshot)
+        self.update_title()  # running, paused, ended: the state may change with any step
 
     def _show_step_status(self, snapshot: StepSnapshot) -> None:
         """The status line: the source's text beside the step's numbers and the recent steps' rate."""
@@ -345,11 +347,14 @@ class StepScreen(StepKeys):
             )
         self._show_chat()
         self.show_diagnostics()
+        self.update_title()
         if message.note:
             self.notify(message.note, severity=message.severity, timeout=6 if message.severity != "error" else 12)
-        if not self.messages:
+        if not self.messages:  # reset (or rewound to nothing): no step's numbers or reuse stay on screen
             self.latest = None
             self._show(None)
+            self._show_chat()
+            self.query_one(StatusBar).show(None, self.model_text, None)
 
     def _show(self, snapshot: StepSnapshot | None) -> None:
         step = snapshot
@@ -385,8 +390,7 @@ class StepScreen(StepKeys):
         chat = self.query_one(ChatPane)
         chat.show_messages(self.messages)
         snapshot = self.latest
-        if snapshot is not None:
-            chat.show_reuse(self.driver.reuse_text(snapshot))
+        chat.show_reuse((self.driver.reuse_text(snapshot) if snapshot is not None else None) or "")
 
     def show_diagnostics(self, diagnostics: tuple[Diagnostic, ...] | None = None) -> None:
         """The source's alarms so far (None: those the app holds) with the app's own, in the diagnostics pane
@@ -407,10 +411,12 @@ class StepScreen(StepKeys):
         self.update_title()
 
     def update_title(self) -> None:
-        """The sub-title and the chat pane's border title again, from the driver's `title()`."""
+        """The sub-title, the status line's state badge and the chat pane's border title again, from the
+        driver's `title()`: the state (mode, paused, following, ended) is always on screen, at any width."""
         self.sub_title, border = self.driver.title()
         try:
             self.query_one(ChatPane).border_title = border
+            self.query_one(StatusBar).set_state(self.sub_title)
         except NoMatches:  # not composed yet: on_mount sets it
             pass
 

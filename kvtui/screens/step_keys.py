@@ -37,9 +37,12 @@ class StepKeys(SourceScreen):
         self.show_next_script_turn()
 
     def action_next_script_turn(self) -> None:
-        """Enter outside the input (the cache pane has the focus after a send): the script's next turn."""
+        """Enter outside the input (the cache pane has the focus after a send): the script's next turn; with no
+        script, to the input (where a source takes typed text)."""
         text = self.driver.next_turn()
         if text is None:
+            if self.unavailable("focus_input") is None:
+                self.action_focus_input()
             return
         self.pinned_step = None
         self.driver.command("send", text)

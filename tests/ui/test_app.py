@@ -273,7 +273,7 @@ async def test_help_sampler_and_pane_toggles(tiny_loaded):
         )  # the engine's answer
         # the status line names the sampler now in use, beside the step's numbers (it kept the one the
         # engine started with: "greedy" after T=0.8)
-        line = app.query_one(StatusBar).model_text
+        line = str(app.query_one(StatusBar).query_one("#status-text").content)  # the line as shown
         assert "T=0.8 top-k=5" in line and "greedy" not in line and "tok/s" in line, line
         await pilot.press("space")
         await wait_idle(pilot, app)

@@ -145,7 +145,7 @@ async def test_the_tree_shows_the_chains_with_their_text_and_a_block_its_detail(
         assert app.view.selected == NodeRef(1, (ORIGIN, 0, A2))
         detail = shown(app.query_one(BlockDetail).query_one("#block-detail-body"))
         assert A2 in detail and f"parent {A1}" in detail
-        assert "#1 · depth 1 · tokens 4..8 (4)" in detail and "2 children" in detail
+        assert "tokens 4..8 (4) · #1 · depth 1" in detail and "2 children" in detail
         assert " are a baker." in detail and "stored at batch 1" in detail
         assert "recomputed-prefix" in detail  # the note that left chain #1 points at its chain
 
@@ -277,7 +277,7 @@ async def test_pause_holds_the_view_and_resume_catches_up():
         await pilot.pause(0.1)
         tree = app.query_one(PrefixTreePane)
         await pilot.press("p")
-        assert app.view.paused and "PAUSED" in shown(app.query_one("#status #status-text"))
+        assert app.view.paused and "live · paused" in shown(app.query_one("#status #status-state"))
         with cache.lock:
             cache.apply(batch(4, stored([f"{0xC1:016x}"], [0, 1, 2, 9])), ORIGIN)
         await pilot.pause(0.4)
@@ -285,7 +285,8 @@ async def test_pause_holds_the_view_and_resume_catches_up():
         await pilot.press("p")
         await pilot.pause(0.1)
         assert not app.view.paused and [n.data.chain for n in tree.root.children] == [3, 2, 1]
-        assert "live · batches 5" in shown(app.query_one("#status #status-text"))
+        assert "batches 5" in shown(app.query_one("#status #status-text"))
+        assert shown(app.query_one("#status #status-state")).strip() == "live"
 
 
 async def test_the_recorded_server_trace_replays():

@@ -46,6 +46,7 @@ async def one_turn(pilot):
     await wait_for(pilot, lambda: app.view.session is not None, what="the model to load")
     chat_input = app.query_one("#message", Input)
     chat_input.cursor_blink = False
+    chat_input.focus()  # the panes hold the keys at start-up
     chat_input.value = "What is k?"
     await pilot.press("enter")
     await wait_for(pilot, lambda: app.view.latest is not None and app.view.latest.turn_done, what="the turn")

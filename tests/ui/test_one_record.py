@@ -72,7 +72,7 @@ async def test_tui_and_headless_write_the_same_trace(sample, tmp_path, monkeypat
     async with app.run_test(size=(140, 45)) as pilot:
         await wait_for(pilot, lambda: app.view.session is not None, 600, "the model to load")
         for number in range(turns):
-            await pilot.press("enter")  # the script's next turn, wherever the focus is (first: the input)
+            await pilot.press("enter")  # the script's next turn, wherever the focus is (first: the cache pane)
             # the script's turn taken and sent (a turn the engine refuses, as a full static cache does, starts none)
             left = turns - number - 1
             await wait_for(pilot, lambda left=left: len(app.view.driver.script_turns) == left, 120, "the turn sent")

@@ -18,6 +18,7 @@ async def test_a_message_sent_before_the_model_is_ready_is_sent_when_it_is(tiny_
     )  # the engine waits for the gate file
     async with app.run_test(size=(140, 45)) as pilot:
         box = app.query_one("#message", Input)
+        box.focus()  # the panes hold the keys at start-up
         box.value = "What is k?"
         await pilot.press("enter")
         await pilot.pause(0.2)

@@ -20,6 +20,7 @@ from kvtui.engine.chat.session import ChatSession, SessionConfig
 from kvtui.engine.records.codec import buffer_record, to_record
 from kvtui.engine.records.stream import format_command
 from kvtui.engine.records.trace import TraceWriter, header_record
+from kvtui.widgets.shared.status_bar import StatusBar
 from kvtui.widgets.step.token_buffer import TokenBufferPane
 from pilot_helpers import wait_for
 
@@ -295,10 +296,11 @@ def program_trace(tmp_path_factory):
 
 @pytest.mark.parametrize("which", ["chat", "watched", "program"])
 async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace, watched_trace, program_trace, which):
-    """kvtui replay T (played to its end) and kvtui replay --follow T (caught up): the same SVG."""
+    """kvtui replay T (played to its end) and kvtui replay --follow T (caught up): the same SVG but for the
+    status line's state badge, which says which of the two it is."""
     path = {"chat": trace, "watched": watched_trace, "program": program_trace}[which]
     steps = sum(1 for r in trace_records(path) if r["type"] == "step")
-    screens = []
+    screens, states = [], []
     for follow in (False, True):
         app = viewers.replay(path, follow=follow)
         async with app.run_test(size=SIZE) as pilot:
@@ -313,6 +315,8 @@ async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace,
             )
             await settled(app, pilot)
             app.clear_notifications()
+            states.append(str(app.query_one("#status-state").content))
+            app.query_one(StatusBar).set_state("")  # the one difference, by design: compared below
             await pilot.pause(0.2)
             screens.append(app.export_screenshot())
             reuse = app.query_one("#reuse").content.plain
@@ -324,6 +328,7 @@ async def test_replay_and_follow_of_a_finished_trace_draw_the_same_screen(trace,
                 assert held["content"] == "".join(t.piece for t in app.view.latest.buffer)
             else:
                 assert app.view.messages, "no transcript"
+    assert states == ["replay · end", "replay · following"]
     assert screens[0] == screens[1]
 
 

@@ -99,7 +99,7 @@ async def test_chat_through_the_input_line(tiny_dir):
         assert app.view.driver.ended == 0
         await wait_for(pilot, lambda: "bye" in output.lines, 10, "its last line")
         assert program_input.disabled and "closed" in program_input.placeholder
-        assert app.view.sub_title == "ended"
+        assert app.view.sub_title == "ended · exit 0"
         await pilot.press("q")
     assert await wait_gone(pid)
 

@@ -301,15 +301,16 @@ class EngineHost:
         capacity = f" {session.capacity}" if session.capacity else ""
         decode, every = config.decode_threads, torch.get_num_threads()
         threads = f" · decode on {decode} of {every} threads" if decode and decode != every else ""
-        head = f"{loaded.source} · {type(loaded.model).__name__} · {loaded.device} · {loaded.dtype} · "
-        head += f"{session.config.cache}{capacity} cache"
+        # most telling first: a narrow status line drops the parts at the end (the class, the threads)
+        head = f"{loaded.source} · {loaded.device} · {loaded.dtype} · {session.config.cache}{capacity} cache"
+        tail = f" · {type(loaded.model).__name__}{threads}"
         self.pipe.send(
             {
                 "type": "ready",
                 "pid": os.getpid(),
-                "description": f"{head} · {session.config.sampler.describe()}{threads}",
+                "description": f"{head} · {session.config.sampler.describe()}{tail}",
                 # the parts around the sampler: the app says a sampler changed with `o` (remote.py)
-                "description_parts": [head, threads],
+                "description_parts": [head, tail],
                 "query_heads": query,
                 "kv_heads": kv,
                 **self._facts(),

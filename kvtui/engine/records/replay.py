@@ -179,8 +179,9 @@ class Replay:
     def describe(self) -> str:
         h = self.header
         return (
-            f"replay · {h.get('model', '?')} · {h.get('model_class', '?')} · {h.get('device', '?')} · "
-            f"{h.get('dtype', '?')} · {h.get('cache', '?')} cache · transformers {h.get('transformers', '?')}"
+            # most telling first: a narrow status line drops the parts at the end
+            f"replay · {h.get('model', '?')} · {h.get('device', '?')} · {h.get('dtype', '?')} · "
+            f"{h.get('cache', '?')} cache · {h.get('model_class', '?')} · transformers {h.get('transformers', '?')}"
             + (f" · tensor parallel over {h['tensor_parallel']} ranks" if h.get("tensor_parallel") else "")
         )
 

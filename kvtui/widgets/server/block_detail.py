@@ -26,12 +26,13 @@ def render_detail(info: BlockInfo | None, texts: TextsView, palette: Palette | N
     fields.add_column(style=role_style(palette, "muted"), no_wrap=True)
     fields.add_column()
     parent = info.parent or ("gone (an orphan: its parent was removed or came before kvtui)" if info.orphan else "-")
-    fields.add_row("hash", Text(info.key, style=role_style(palette, "info", "bold")))
-    fields.add_row("parent", parent)
+    # the token range first: a short pane (80x24) shows only the first rows
     fields.add_row(
         "chain",
-        f"#{info.chain} · depth {info.depth} · tokens {info.start}..{info.end} ({info.token_count})",
+        f"tokens {info.start}..{info.end} ({info.token_count}) · #{info.chain} · depth {info.depth}",
     )
+    fields.add_row("hash", Text(info.key, style=role_style(palette, "info", "bold")))
+    fields.add_row("parent", parent)
     medium = f"medium {info.medium} (as the server says)" if info.medium else "medium not said"
     fields.add_row(
         "held",
@@ -72,5 +73,7 @@ class BlockDetail(VerticalScroll):
 
     def show(self, info: BlockInfo | None, texts: TextsView, palette: Palette | None = None, gone: str = "") -> None:
         self.info = info
-        self.border_title = "block" if info is None else f"block {info.key[:8]} · chain #{info.chain}"
+        self.border_title = (
+            "block" if info is None else f"block {info.key[:8]} · tokens {info.start}..{info.end} · chain #{info.chain}"
+        )
         self.query_one("#block-detail-body", Static).update(render_detail(info, texts, palette, gone))

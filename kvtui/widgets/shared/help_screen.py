@@ -1,6 +1,6 @@
 """The help screen, one class for every screen: the keys of the screen under it as they are bound now (its
 `active_bindings`: the screen's, its source's, the focused pane's), keys written as people write them (`?`,
-`F1`), a key the source cannot honour dimmed with the reason, then that screen's notes on its source."""
+`F1`), a key the source cannot honour dimmed with the reason, then that screen's notes on its source (Markdown)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Markdown, Static
 
 from ...keys import key_label
 
@@ -85,5 +85,5 @@ class HelpScreen(ModalScreen):
         notes = getattr(screen, "help_notes", lambda: "")()
         with VerticalScroll():
             yield Static(table)
-            if notes:
-                yield Static(notes.strip(), markup=False)
+            if notes:  # kvtui's own prose, written as Markdown (`K=V 3×125×64` is code): rendered, not raw
+                yield Markdown(notes.strip())

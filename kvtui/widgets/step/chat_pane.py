@@ -23,10 +23,14 @@ def program_step_text(snapshot, row: int = 0, recomputed: int = 0) -> str:
         asked = f" · asked cache_position {snapshot.requested_cache_position[0]}.."
     elif snapshot.requested_positions:
         asked = f" · asked position_ids {snapshot.requested_positions[0]}.."
-    who = f" · {snapshot.model}" if snapshot.model else ""
-    thread = f" · {snapshot.thread}" if snapshot.thread and snapshot.thread not in (snapshot.caller or "") else ""
+    # the program's own names (its file, thread, model, cache) escaped here: the line breaks are kvtui's
+    who = f" · {printable(snapshot.model)}" if snapshot.model else ""
+    thread = (
+        f" · {printable(snapshot.thread)}" if snapshot.thread and snapshot.thread not in (snapshot.caller or "") else ""
+    )
+    lineage = printable(snapshot.lineage) if snapshot.lineage else "no cache"
     text = (
-        f"step {snapshot.step} at {snapshot.caller}{thread}{who} · {snapshot.lineage or 'no cache'} "
+        f"step {snapshot.step} at {printable(snapshot.caller)}{thread}{who} · {lineage} "
         f"{snapshot.cache_length_before}→{snapshot.cache_seq_length}{asked}{rows}"
     )
     if snapshot.phase == "prefill" and snapshot.cache_length_before is not None:
@@ -62,7 +66,7 @@ class ChatPane(Vertical):
     def compose(self) -> ComposeResult:
         yield VerticalScroll(id="transcript")
         yield LiveText("", id="reuse")
-        yield Input(placeholder="Type a message, Enter to send", id="message")
+        yield Input(placeholder="Enter or i: type a message (Enter sends it)", id="message")
 
     @property
     def input(self) -> Input:
@@ -96,7 +100,8 @@ class ChatPane(Vertical):
             transcript.scroll_end(animate=False)
 
     def show_reuse(self, text: str) -> None:
-        self.query_one("#reuse", LiveText).show_text(Text(printable(text)))
+        """kvtui's own line (a source's names in it escaped by whoever wrote it): its line breaks are kept."""
+        self.query_one("#reuse", LiveText).show_text(Text(printable(text, newlines=True)))
 
     @staticmethod
     def _message_text(role: str, content: str, streaming: bool = False) -> Text:

@@ -43,6 +43,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 COMPACT_COLUMN = ("kv", "K·V")
 # what a narrow pane keeps, most important first (indices into COLUMNS + COMPACT_COLUMN)
 PRIORITY = (0, 9, 1, 3, 2, 4, 7, 8)
+# the labels a narrow pane writes shorter: "filled/cap" is wider than its values ("43/∞") and cost the column
+NARROW_LABELS = {"filled": "fill"}
 
 _KIND_ROLES = {"full": "primary", "sliding": "accent", "static": "success", "static-sliding": "warning"}
 
@@ -349,7 +351,8 @@ class LayersPane(ThemedPane, Vertical):
         full = fit_columns(labels[: len(COLUMNS)], [c[: len(COLUMNS)] for c in cells], range(len(COLUMNS)), width - 1)
         if len(full) == len(COLUMNS):
             return full
-        return fit_columns(labels, cells, PRIORITY, width - 1)
+        narrow = [NARROW_LABELS.get(key, label) for key, label in (*COLUMNS, COMPACT_COLUMN)]
+        return fit_columns(narrow, cells, PRIORITY, width - 1)
 
     def _refresh_table(self, force: bool = False) -> None:
         new_rows = [
@@ -363,8 +366,10 @@ class LayersPane(ThemedPane, Vertical):
         table = self.table
         if shown != self._shown_columns:
             table.clear(columns=True)
+            narrow = len(COLUMNS) in shown  # the compact K·V column: the narrow labels
             for i in shown:
-                table.add_column(all_columns[i][1], key=all_columns[i][0])
+                key, label = all_columns[i]
+                table.add_column(NARROW_LABELS.get(key, label) if narrow else label, key=key)
             self._shown_columns, self._rows, force = shown, [], True
         new_rows = [row._replace(cells=tuple(row.cells[i] for i in shown)) for row in new_rows]
         decoding = self._snapshot is not None and self._snapshot.phase == "decode"

@@ -35,9 +35,10 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("blocks", "blocks"),
     ("shared", "shared"),
 )
-# what a narrow pane keeps, most important first (the waste, hit and recomputed, before the phase, which the
-# status mostly says); at 80x24 request, status, phase, fed/held, hit and recomputed fit
-PRIORITY = (0, 1, 3, 6, 5, 2, 4, 8, 7)
+# what a narrow pane keeps, most important first (the waste, hit and recomputed, and the blocks each request
+# holds, before the phase, which the status mostly says); at 80x24 request, status, fed/held, hit, recomputed
+# and blocks fit
+PRIORITY = (0, 1, 3, 6, 5, 7, 2, 4, 8)
 STATUS_ROLES = {
     "waiting": "muted",
     "prefilling": "primary",
