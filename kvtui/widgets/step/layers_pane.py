@@ -57,7 +57,16 @@ def format_filled(filled: int, capacity: int | None) -> str:
     return f"{filled}/{'∞' if capacity is None else capacity}"
 
 
+def held_text(runs: tuple[tuple[int, int], ...], limit: int = 3) -> str:
+    """((0, 4), (170, 195)) -> '0–3, 170–194' (inclusive); more runs than `limit`: '+N runs'."""
+    parts = [f"{a}" if b == a + 1 else f"{a}–{b - 1}" for a, b in runs[:limit]]
+    return ", ".join(parts) + (f" +{len(runs) - limit} runs" if len(runs) > limit else "")
+
+
 def format_window(layer: LayerInfo) -> str:
+    if layer.held is not None:  # a compressed cache: which positions it still holds
+        heads = f" ({len(layer.held_heads)} heads differ)" if layer.held_heads else ""
+        return f"holds {held_text(layer.held)}{heads}"
     if layer.window is None:
         return "-"
     return f"{layer.window} from {layer.held_from}" if layer.held_from > 0 else str(layer.window)
@@ -109,16 +118,16 @@ def shape_summary(snapshot: StepSnapshot | None) -> str:
 def layer_cells(layer: LayerInfo, palette: Palette | None = None) -> tuple[Text, ...]:
     """The cells of one layer's row, in COLUMNS order (Text, never markup: pieces stay literal)."""
     full = layer.capacity is not None and layer.filled >= layer.capacity
-    evicted = layer.held_from > 0
+    evicted = layer.held_from > 0 or layer.held is not None
     k_text, v_text = state_cells(layer)
     return (
         Text(str(layer.index), justify="right"),
         Text(format_kind(layer), style=role_style(palette, _KIND_ROLES.get(layer.kind, "accent"))),
         Text(format_bytes(layer.bytes), justify="right"),
         Text(
-            format_filled(layer.filled, layer.capacity),
+            format_filled(layer.filled, layer.capacity) if layer.held is None else f"{layer.filled} of {layer.seen}",
             justify="right",
-            style=role_style(palette, "warning") if full else "",
+            style=role_style(palette, "warning") if full else role_style(palette, "accent") if layer.held else "",
         ),
         Text(format_window(layer), style=role_style(palette, "accent") if evicted else ""),
         Text(k_text),
@@ -193,11 +202,32 @@ def render_totals(
     if heads:
         text.append(" · ")
         text.append(heads)
+    if any(layer.held is not None for layer in layers):
+        text.append("\n")
+        text.append_text(kept_strip(layers, palette))
     if snapshot.tensor_parallel and len(layers[0].k_shape) == 4:  # this rank's layers are one shard of them
         ranks, each = snapshot.tensor_parallel, layers[0].k_shape[1]
         text.append(
             f" in all: {ranks} ranks × {each} each (this rank's layers below)", style=role_style(palette, "muted")
         )
+    return text
+
+
+_LEVELS = "▁▂▃▄▅▆▇█"
+
+
+def kept_strip(layers: tuple[LayerInfo, ...], palette: Palette | None = None) -> Text:
+    """A compressed cache: one cell per layer, its height the fraction of fed tokens the layer still holds (per KV
+    head: its slots), then the range: 'kept ▄▄▃▅ 41–52% of 98 fed · heads differ in 2 layers'."""
+    fractions = [layer.kept_fraction for layer in layers]
+    text = Text("kept ", style=role_style(palette, "muted"))
+    text.append("".join(_LEVELS[min(7, int(f * 8))] for f in fractions), style=role_style(palette, "accent"))
+    low, high = min(fractions), max(fractions)
+    span = f"{low:.0%}" if round(low, 2) == round(high, 2) else f"{low:.0%}–{high:.0%}"
+    text.append(f" {span} of {max(layer.seen for layer in layers)} fed", style=role_style(palette, "muted"))
+    differ = sum(1 for layer in layers if layer.held_heads)
+    if differ:
+        text.append(f" · heads differ in {differ} layers", style=role_style(palette, "muted"))
     return text
 
 
