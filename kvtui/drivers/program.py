@@ -166,6 +166,12 @@ interrupts it, Esc gives the keys back). n shows the next batch row; M one model
                 severity="warning",
                 timeout=8,
             )
+        elif kind == "verify" and record.get("compressed_kl") is not None:  # a compressed cache: its cost
+            app.notify(
+                f"the program's compressed cache against the uncompressed recompute of {record['tokens']} tokens: "
+                f"top-1 {'agrees' if record['compressed_top1'] else 'differs'}, KL {record['compressed_kl']:.4g} nats",
+                timeout=10,
+            )
         elif kind == "verify":
             verdict = "matches" if record["ok"] else "DIFFERS FROM"
             app.notify(

@@ -24,7 +24,7 @@ from kvpress import (
 from transformers import AutoModelForCausalLM
 
 from kvtui.engine.chat.loader import tiny_model_dir
-from kvtui.engine.watch.probe import watch
+from kvtui.engine.watch.probe import Gate, watch
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "kvpress_corpus"
@@ -118,3 +118,25 @@ def test_kvpress_program_prints_the_same_watched_and_raises_no_false_alarm(progr
     assert watched.stdout == plain.stdout
     codes = set(re.findall(r'"code": ?"([a-z-]+)"', trace.read_text()))
     assert codes == {"cache-evicted"}, watched.stderr[-3000:]
+
+
+def test_verify_between_two_forwards_of_a_press_reports_its_cost(model):
+    """Verify in the middle of generate() under a press: kvtui's recompute runs without the press's hooks (set
+    aside and put back), reports the compression's cost (not a mismatch), and the program's tokens are unchanged."""
+    ids = _prompt(model)
+    with torch.no_grad(), KnormPress(compression_ratio=0.5)(model):
+        plain = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+    results = []
+
+    class VerifyAtStep3(Gate):
+        def after_step(self, watcher, snapshot):
+            if snapshot.step == 3:
+                results.append(watcher.verify())
+
+    with watch(model, gate=VerifyAtStep3()) as watcher, torch.no_grad(), KnormPress(compression_ratio=0.5)(model):
+        watched = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+        hooks = sum(len(m._forward_hooks) for m in model.modules())
+    assert torch.equal(plain, watched)
+    assert hooks == model.config.num_hidden_layers  # the press's hooks are back where they were
+    assert len(results) == 1 and results[0]["ok"] and results[0]["compressed_kl"] > 0
+    assert {d.code for d in watcher.diagnostics} == {"cache-evicted", "compression-cost"}

@@ -21,6 +21,6 @@ model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
 ids = tokenizer(" ".join(["the quick brown fox jumps over the lazy dog"] * 4), return_tensors="pt")["input_ids"]
 press = KnormPress(compression_ratio=0.5)
 with torch.no_grad(), press(model):
-    out = model.generate(ids, max_new_tokens=5, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(ids, max_new_tokens=6, min_new_tokens=6, do_sample=False, return_dict_in_generate=True)
 print("prompt:", ids.shape[-1], "tokens:", out.sequences[0, ids.shape[-1] :].tolist())
 print("cache length:", int(out.past_key_values.get_seq_length()))

@@ -5,6 +5,7 @@ two differ by design (the press dropped what the recompute sees), so verify repo
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 
 from ..reading.verify import compression_cost, judge_recompute, mismatch_alarm, recompute_last_logits
@@ -30,7 +31,8 @@ def verify_watched(watcher, snapshot, logits, probe) -> dict:
         raise ValueError(f"cannot check {snapshot.cache_id}: the program has let go of its model ({probe.name})")
     STATE.stack.append(None)  # kvtui's own forward, not one of the program's: no step, never held by the gate
     try:
-        fresh, ms = recompute_last_logits(model, tokens)
+        with _hooks_set_aside(model):
+            fresh, ms = recompute_last_logits(model, tokens)
     finally:
         STATE.stack.pop()
     dtype = str(model.dtype).removeprefix("torch.")
@@ -46,6 +48,26 @@ def verify_watched(watcher, snapshot, logits, probe) -> dict:
     if watcher.recorder is not None:
         watcher.recorder.record(verify_record(result, watcher.steps))
     return to_record(result)
+
+
+@contextmanager
+def _hooks_set_aside(model):
+    """The model as it computes without the forward hooks the program registered (a kvpress press compresses, and
+    reads a cache the recompute does not have): each module's hook dicts emptied for kvtui's one forward and
+    refilled with the same entries in the same order (their handles stay valid). The program is held between two
+    of its forwards in this thread, so nothing of it runs meanwhile."""
+    held = []
+    for module in model.modules():
+        for hooks in (module._forward_hooks, module._forward_pre_hooks):
+            if hooks:
+                held.append((hooks, list(hooks.items())))
+                hooks.clear()
+    try:
+        yield
+    finally:
+        for hooks, items in held:
+            hooks.clear()
+            hooks.update(items)
 
 
 def _cost_note(costs: list[tuple[float, bool]], snapshot, tokens: int, step: int) -> Diagnostic:

@@ -37,6 +37,11 @@ def kind_summary(snapshot: StepSnapshot) -> str | None:
     None when every layer holds the same number of tokens (nothing to explain).
     """
     layers = snapshot.layers
+    fed = fed_count(snapshot)
+    if fed is not None:  # compressed: slots held against tokens fed
+        filled = sorted({layer.filled for layer in layers})
+        held = str(filled[0]) if len(filled) == 1 else f"{filled[0]}-{filled[-1]}"
+        return f"{held} slots of {fed} fed (compressed)"
     if not layers or len({layer.filled for layer in layers}) <= 1:
         return None
     kinds: dict[str, list] = {}
@@ -66,8 +71,18 @@ def capacity_bar(used: int, capacity: int, width: int = 20) -> str:
     return bar + "░" * (width - len(bar))
 
 
+def fed_count(snapshot: StepSnapshot) -> int | None:
+    """A compressed cache (a press evicted positions): the tokens fed into it, which its slots no longer count."""
+    held = [layer.seen for layer in snapshot.layers if layer.held is not None]
+    return max(held) if held else None
+
+
 def has_alarm(snapshot: StepSnapshot | None) -> bool:
-    return snapshot is not None and not snapshot.uncached and snapshot.cursor != snapshot.cache_seq_length
+    if snapshot is None or snapshot.uncached:
+        return False
+    # a compressed cache's next position continues what its kept keys encode: the tokens fed (kept as written)
+    # or its slots (re-rotated); the engine's position rule tells which, here either is not the cursor's alarm
+    return snapshot.cursor not in (snapshot.cache_seq_length, fed_count(snapshot))
 
 
 def describe_token(token: BufferToken) -> str:
@@ -151,7 +166,8 @@ def render_cursor(
     if alarm:
         text.append("\n")
         text.append(
-            f"ALARM cursor {snapshot.cursor} ≠ cache length {snapshot.cache_seq_length}",
+            f"ALARM cursor {snapshot.cursor} ≠ cache length {snapshot.cache_seq_length}"
+            + (f" or {fed_count(snapshot)} fed" if fed_count(snapshot) is not None else ""),
             style=role_style(palette, "error", "bold reverse"),
         )
     return text
