@@ -32,8 +32,8 @@ def _compressible(cache) -> bool:
 
 def begin(call, track) -> None:
     """Before a forward: keep what its layers write when it may compress (a prefill, or a compressed cache)."""
-    cache = call.cache
-    if cache is None or track is None or (call.n <= 1 and track.held is None) or not _compressible(cache):
+    cache = call.cache  # the caller checked: a prefill, or a compressed cache
+    if cache is None or not _compressible(cache):
         return
     owner = defining_class(type(cache), "update")
     if owner is None:
@@ -86,8 +86,6 @@ def after_forward(watcher, call, track, cache, step: int) -> list[Diagnostic]:
     if not written or len(written) != len(layers):
         if held is not None:
             held.fed(call.n)
-        elif written is None and call.cache_length_before + call.n > _slots(cache) >= 0:
-            return _unread(call, track, layers, step)
         return []
     changed = [i for i, layer in enumerate(layers) if getattr(layer, "keys", None) is not written[i][0]]
     if not changed:
@@ -109,22 +107,19 @@ def after_forward(watcher, call, track, cache, step: int) -> list[Diagnostic]:
     return _said(kept, sources, who, f"kept {{kept}} of {logical + call.n} context tokens", step, f" [{call.caller}]")
 
 
-def _slots(cache) -> int:
-    try:
-        return int(cache.get_seq_length())
-    except (AttributeError, TypeError, RuntimeError, IndexError):
-        return -1
-
-
-def _unread(call, track, layers: list, step: int) -> list[Diagnostic]:
+def unread(call, track, cache, cache_len: int, step: int) -> list[Diagnostic]:
     """A cache that shrank inside a forward kvtui did not expect to compress it (a decoding-time press's first
-    round): which positions it kept cannot be read now; from its next forward on, every change is read."""
+    round; `cache_len` below what it held before): which positions it kept cannot be read now; from its next
+    forward on, every change is read."""
+    if not _compressible(cache):
+        return []
+    layers = list(cache.layers)
     fed = call.cache_length_before + call.n
     slots = [[[-1] * layer.keys.shape[-2]] * layer.keys.shape[1] for layer in layers if hasattr(layer, "keys")]
     who = _press_name(call.probe.model) or "the forward"
     track.held = Held(slots=slots, logical=fed, rerotated=False, cause=f"{who} at step {step}")
     text = (
-        f"{who} shrank {track.name} inside a decoding forward: {fed} fed tokens, {_slots(call.cache)} slots held; "
+        f"{who} shrank {track.name} inside a decoding forward: {fed} fed tokens, {cache_len} slots held; "
         f"which positions it kept is not known for this first round (kvtui reads them from the next one on)"
     )
     return [Diagnostic("cache-evicted", "info", f"{text} [{call.caller}]", step)]

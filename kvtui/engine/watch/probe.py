@@ -328,7 +328,9 @@ class Watcher:
                 call.track = track
                 if track.held is not None:  # a compressed cache: positions continue what its kept keys encode
                     call.expected_start = track.held.expected_next(call.cache_length_before)
-                evictions.begin(call, track)
+                    evictions.begin(call, track)
+                elif call.n > 1:  # a prefill may compress (a press's hook)
+                    evictions.begin(call, track)
             call.count_attended()
             return call
 
@@ -404,7 +406,8 @@ class Watcher:
             else:
                 if call.cache is not None and call.track is not None:
                     call.found += written_without_use_cache(call, self.steps)
-                call.found += evictions.after_forward(self, call, track, cache, self.steps)
+                if call.capturing or (track is not None and track.held is not None):
+                    call.found += evictions.after_forward(self, call, track, cache, self.steps)
                 snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_probe = call.probe

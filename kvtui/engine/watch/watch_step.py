@@ -28,6 +28,7 @@ from ..reading.token_texts import TokenTexts, tokenizer_texts
 from ..reading.tokens import special_token_ids
 from ..reading.topk import top_rows_from, top_tensors, watched_tokens
 from ..records.snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, TopToken
+from . import evictions
 from .lineage import CacheTrack
 from .patches import Registry
 from .step_checks import check_positions, checked_layers
@@ -311,6 +312,8 @@ class StepBuilder:
         applied = self._applied(call)  # [batch][n]
         cache_len = introspect.seq_length(cache) if cache is not None else 0
         found = list(call.found)
+        if cache_len < call.cache_length_before and track is not None and track.held is None and cache is call.cache:
+            found += evictions.unread(call, track, cache, cache_len, step)  # a shrink no capture was set for
         stale = any(d.code == "stale-cache" for d in found)  # its drift and position gap are the same cause
         rows, turn = self._cache_rows(call, track)
         masks = call.mask_new if call.mask_new is not None else [[1] * call.n] * call.batch  # [batch][n]
