@@ -9,7 +9,9 @@ import json
 import pytest
 
 from kvtui.engine import ChatSession, SessionConfig
+from kvtui.engine.reading.export import export_cache, load_cache
 from kvtui.engine.reading.token_texts import tokenizer_texts
+from kvtui.engine.records.diff import token_pieces
 from kvtui.engine.records.recorder import Recorder
 from kvtui.engine.records.replay import Replay, transcript
 from kvtui.engine.records.token_bytes import bytes_record, learn_bytes, run_text
@@ -108,6 +110,14 @@ def test_a_replayed_chat_equals_the_live_one_character_for_character(tiny_model,
     tokens = buffer_line["tokens"]
     assert run_text([(t["id"], t["piece"]) for t in tokens], table) == tok.decode(
         [t["id"] for t in tokens], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
+    # diff names tokens by their bytes where a piece is no character: never U+FFFD
+    named = token_pieces(read_trace(path))
+    assert named and not any("\ufffd" in text for text in named.values())
+    # an exported cache rebuilds the text it holds the same way
+    exported = load_cache(export_cache(session, tmp_path / "cache.safetensors"))
+    assert exported.text() == tok.decode(
+        exported.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
     )
 
 
