@@ -145,7 +145,10 @@ def _character_of(buffer: Sequence[BufferToken], index: int, table) -> str:
     lead = max((i for i, byte in enumerate(before) if byte & 0xC0 != 0x80), default=None)
     if lead is None:
         return ""
-    joined = before[lead:] + data
+    after = b"".join(
+        table.get(t.id, t.piece.encode()) for t in (buffer[i] for i in range(index + 1, min(len(buffer), index + 4)))
+    )
+    joined = before[lead:] + data + after  # the character may end on a later token too
     character = joined[: char_length(joined[0])]
     return f" of {character.decode()!r}" if valid_utf8(character) and character else ""
 

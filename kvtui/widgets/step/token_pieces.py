@@ -109,3 +109,16 @@ def completed_by(first: int, piece: str, then: int, then_piece: str, table: Mapp
     both = data + table.get(then, then_piece.encode())
     text = both.decode("utf-8", errors="replace")
     return None if "\ufffd" in text else text
+
+
+def open_character(buffer: Sequence[BufferToken], table: Mapping[int, bytes]) -> bytes:
+    """The bytes of a character the buffer ends inside of (a token that begins it, the next not fed yet), or
+    b"". Reads at most MAX_CHAR - 1 tokens."""
+    count = len(buffer)
+    tail = b"".join(table.get(t.id, t.piece.encode()) for t in (buffer[i] for i in range(max(0, count - 3), count)))
+    lead = max((i for i, byte in enumerate(tail) if byte & 0xC0 != 0x80), default=None)
+    if lead is None:
+        return b""
+    size = char_length(tail[lead])
+    begun = tail[lead:]
+    return begun if size > len(begun) else b""
