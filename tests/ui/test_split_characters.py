@@ -143,3 +143,26 @@ async def test_a_replayed_chinese_and_emoji_chat_shows_no_replacement_character(
         await pilot.pause(0.2)
         assert "⟨" in pane.describe() and " of '" in pane.describe()
         app.save_screenshot(filename="replay-80x24-selected.svg", path=str(SHOTS))
+
+
+@pytest.mark.parametrize("select", [False, True])
+async def test_a_resize_from_120_to_80_columns_keeps_the_cursor_in_view(replayed_chat, select):
+    path, _ = replayed_chat
+    app = viewers.replay(path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.view.latest is not None, what="the first recorded step")
+        await pilot.press("r")
+        last = len(app.view.driver.replay) - 1
+        await wait_for(pilot, lambda: app.view.driver.position == last, timeout=30, what="the last step")
+        pane = app.query_one(TokenBufferPane)
+        count = len(pane.snapshot.buffer)
+        if select:  # a selected token near the end: it stays in view, as the cursor does
+            pane.select(count - 2)
+        await pilot.pause(0.2)
+        assert count - 1 in pane.visible_range()
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.5)
+        shown = pane.visible_range()
+        assert count - 1 in shown, (shown, count)
+        text = screen_text(app)
+        assert f"next pos {pane.snapshot.cursor}" in text or CONTINUED in text

@@ -268,7 +268,10 @@ class TokenBufferPane(ScrollView, can_focus=True):
 
     def on_resize(self, event: events.Resize) -> None:
         old, old_height = self._grid, self._height
-        at_end = old.width == 0 or self.scroll_offset.y >= old.rows - old_height
+        # the cursor's row (the last) was in view: Textual may already have clamped the offset to the new height
+        # under the old row count (a taller, narrower pane), so both heights count
+        height = max(old_height, self.scrollable_content_region.height)
+        at_end = old.width == 0 or self.scroll_offset.y + height >= old.rows
         self._relayout()
         if self._selected is not None:
             self._scroll_to_index(self._selected)
