@@ -166,3 +166,29 @@ async def test_a_resize_from_120_to_80_columns_keeps_the_cursor_in_view(replayed
         assert count - 1 in shown, (shown, count)
         text = screen_text(app)
         assert f"next pos {pane.snapshot.cursor}" in text or CONTINUED in text
+
+
+def test_the_topk_header_always_shows_the_chosen_token(tiny_model, make_snapshot_for):
+    _, tok = tiny_model("qwen2")
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    texts = tokenizer_texts(tok)
+    top = (TopToken(end, texts.piece(end), 5.0, 0.42, 1), TopToken(11, texts.piece(11), 4.0, 0.3, 2))
+    tokens, table = _buffer(tok, "hi")
+    snapshot = make_snapshot_for(tokens, top, table)
+    for width in (18, 22, 30, 80):  # the top-k pane's header at 80 columns is about 20 cells
+        header = render_header(snapshot, "raw", width=width)
+        shown = header.copy()
+        shown.truncate(width, overflow="ellipsis")  # what the pane draws
+        assert "▶ '<|im_end|>'" in shown.plain, (width, shown.plain)
+        if width >= 20:  # the mode stays where there is room (first in the whole header, last in the short one)
+            assert shown.plain.startswith("raw ·") or shown.plain.endswith(" raw"), (width, shown.plain)
+
+
+async def test_a_replayed_chat_in_a_notebook_shows_no_replacement_character(replayed_chat):
+    from kvtui.engine.records.replay import Replay
+    from kvtui.engine.records.trace import read_trace
+    from kvtui.notebook import html
+
+    path, _ = replayed_chat
+    shown = html(Replay(read_trace(path)), strip_limit=None)
+    assert "\ufffd" not in shown and CONTINUED in shown and "你" in shown

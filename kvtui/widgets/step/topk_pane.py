@@ -209,7 +209,9 @@ def topk_rows(
     return rows
 
 
-def render_header(snapshot: StepSnapshot | None, mode: Mode = "processed", palette: Palette | None = None) -> Text:
+def render_header(
+    snapshot: StepSnapshot | None, mode: Mode = "processed", palette: Palette | None = None, width: int | None = None
+) -> Text:
     """'processed (t: raw) · chosen ▶ ' the' 262 42.1% (forced)'."""
     # what matters first (the mode, the chosen token), so a narrow pane cuts the hints, never the token
     text = Text(no_wrap=True, overflow="ellipsis")
@@ -233,6 +235,15 @@ def render_header(snapshot: StepSnapshot | None, mode: Mode = "processed", palet
     if snapshot.watched:
         text.append(f" · {WATCHED_MARK} watched {len(snapshot.watched)}", style=role_style(palette, "muted"))
     text.append(f" · t: {'raw' if mode == 'processed' else 'processed'}", style=role_style(palette, "muted"))
+    if width is not None and text.cell_len > width and chosen is not None:
+        # a narrow pane (80 columns): the chosen token whole, then the mode (its probability is in its row); a cut
+        # takes the end, never the token
+        short = Text(no_wrap=True, overflow="ellipsis")
+        short.append(f"{CHOSEN_MARK} '{body}'", style=role_style(palette, "accent", "bold"))
+        if snapshot.chosen_forced:
+            short.append(" forced", style=role_style(palette, "warning", "bold"))
+        short.append(f" {'proc' if mode == 'processed' else mode}", style=role_style(palette, "accent"))
+        return short
     return text
 
 
@@ -382,7 +393,8 @@ class TopKPane(ThemedPane, Vertical):
         # (no widen_only): a step looks the same whether replay played through it or opened at it.
         update_rows(table, self._rows, new_rows, [all_columns[i][0] for i in shown], force=force, cursor=cursor)
         self._rows = new_rows
-        self.query_one("#topk-header", LiveText).show_text(render_header(self._snapshot, self._mode, self._palette))
+        header = render_header(self._snapshot, self._mode, self._palette, width - 2 if width > 0 else None)
+        self.query_one("#topk-header", LiveText).show_text(header)
 
     @on(DataTable.RowSelected, "#topk-table")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
