@@ -13,8 +13,8 @@ from .diagnostics import token_text
 class TokenTexts:
     """`resolve(ids) -> {id: piece}` decodes what is missing (in one call per batch of ids): by `ensure` only (a
     server's `/detokenize`: never from a widget), or also on a `piece` of an unknown id (`lazy`: a local
-    tokenizer). `raw(id)` gives a token's raw form where a piece is part of a multi-byte character. `bytes_of(id,
-    piece)`: a token's exact bytes; those its piece does not spell are kept in `token_bytes` (append-only: a
+    tokenizer). `raw(id)` gives a token's raw form where a piece is part of a multi-byte character. `bytes_of({id:
+    piece})`: the bytes of those new ids whose piece does not spell them, kept in `token_bytes` (append-only: a
     snapshot shares it, records/token_bytes.py)."""
 
     def __init__(
@@ -23,7 +23,7 @@ class TokenTexts:
         special: Iterable[int] = (),
         raw: Callable[[int], str | None] | None = None,
         lazy: bool = False,
-        bytes_of: Callable[[int, str], bytes | None] | None = None,
+        bytes_of: Callable[[dict[int, str]], dict[int, bytes]] | None = None,
     ):
         self.pieces: dict[int, str] = {}
         self.token_bytes: dict[int, bytes] = {}  # id -> bytes where the decoded piece is not the token's bytes
@@ -49,10 +49,7 @@ class TokenTexts:
         if missing:
             found = self._resolve(missing)
             if self._bytes_of is not None:  # once per id, as it is decoded: never on the way of a known one
-                for token_id, piece in found.items():
-                    exact = self._bytes_of(token_id, piece)
-                    if exact is not None and exact != piece.encode():
-                        self.token_bytes[token_id] = exact
+                self.token_bytes.update(self._bytes_of(found))
             self.pieces.update(found)
             self.fresh.update(found)
             self.special.update(getattr(self._resolve, "special", ()))  # a source that learns them as it goes

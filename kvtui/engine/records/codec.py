@@ -12,6 +12,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import fields
+from itertools import chain
 from typing import Any, TypeVar
 
 from .codes import current_code
@@ -32,6 +33,7 @@ from .snapshot import (
 from .token_bytes import TokenBytes, bytes_record, learn_bytes
 
 _T = TypeVar("_T")
+_ID = operator.attrgetter("id")
 
 
 def to_record(value) -> dict:
@@ -110,11 +112,11 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
 def _step_bytes(s: StepSnapshot) -> dict:
     """The step line's `"bytes"`: the bytes of the tokens it names (fed, top-k, watched, chosen, rows) whose
     piece is not their bytes, so that a reader rebuilds any text exactly from the lines it has read."""
-    ids = [*s.input_ids, *(t.id for tops in (s.topk, s.topk_processed, s.watched) for t in tops)]
+    ids = [*s.input_ids, *map(_ID, chain(s.topk, s.topk_processed, s.watched))]  # ids read in C: no line each
     if s.chosen is not None:
         ids.append(s.chosen.id)
     for row in s.rows or ():
-        ids += [*row.input_ids, *(t.id for t in row.topk)]
+        ids += [*row.input_ids, *map(_ID, row.topk)]
     found = bytes_record(ids, s.token_bytes)
     return {"bytes": found} if found else {}
 

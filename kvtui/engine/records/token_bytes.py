@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
+from itertools import compress, repeat
 
 TokenBytes = Mapping[int, bytes]  # id -> its bytes, for the ids whose decoded piece is not exact
 _FALLBACK_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -51,17 +52,17 @@ def decoder_kind(tokenizer) -> str:
     return "text"
 
 
-def tokenizer_bytes(tokenizer) -> Callable[[int, str], bytes | None]:
-    """`bytes_of(id, piece)`: the exact bytes of one token of this tokenizer (special and added tokens: their
-    text), or None where only the decoded piece is known. Called once per id (TokenTexts keeps the answer)."""
+def tokenizer_bytes(tokenizer) -> Callable[[dict[int, str]], dict[int, bytes]]:
+    """`inexact(found)`: of the ids just decoded (`{id: piece}`), those whose piece is not their bytes, with their
+    bytes (special and added tokens: their text, never listed). Called once per batch of new ids (TokenTexts
+    keeps the answer): for a byte-level vocab only the pieces holding U+FFFD are looked at, found in C, so
+    learning whole-character tokens costs no Python line per id (benchmarks/b_work.py counts them)."""
     kind = decoder_kind(tokenizer) if tokenizer is not None else "text"
     added = set(getattr(tokenizer, "added_tokens_decoder", None) or ()) | set(
         getattr(tokenizer, "all_special_ids", None) or ()
     )
 
-    def bytes_of(token_id: int, piece: str) -> bytes | None:
-        if kind == "text" or token_id in added:
-            return None
+    def exact_bytes(token_id: int) -> bytes | None:
         try:
             raw = tokenizer.convert_ids_to_tokens(token_id)
         except Exception:  # noqa: BLE001  an id the tokenizer does not have: its piece is all there is
@@ -75,7 +76,20 @@ def tokenizer_bytes(tokenizer) -> Callable[[int, str], bytes | None]:
         fallback = _FALLBACK_BYTE.fullmatch(raw)
         return bytes([int(fallback.group(1), 16)]) if fallback else raw.replace("\u2581", " ").encode()
 
-    return bytes_of
+    def inexact(found: dict[int, str]) -> dict[int, bytes]:
+        if kind == "text":
+            return {}
+        ids: Iterable[int] = found
+        if kind == "byte-level":  # a byte-level piece is its bytes unless they are no whole character (U+FFFD)
+            ids = compress(found, map(str.__contains__, found.values(), repeat("\ufffd")))
+        out = {}
+        for token_id in ids:
+            exact = None if token_id in added else exact_bytes(token_id)
+            if exact is not None and exact != found[token_id].encode():
+                out[token_id] = exact
+        return out
+
+    return inexact
 
 
 def token_bytes(token_id: int, piece: str, table: TokenBytes) -> bytes:
@@ -110,7 +124,8 @@ def hex_bytes(data: bytes) -> str:
 
 def bytes_record(ids: Iterable[int], table: TokenBytes) -> dict[str, str]:
     """The trace's `"bytes"` field: `{"id": "hex"}` for the given ids whose piece is not exact (empty: none)."""
-    return {str(i): table[i].hex() for i in set(ids).intersection(table)}
+    found = set(ids).intersection(table)
+    return dict(zip(map(str, found), map(bytes.hex, map(table.__getitem__, found))))  # in C: no line per id
 
 
 def learn_bytes(record: Mapping | None, table: dict[int, bytes]) -> None:
