@@ -153,3 +153,23 @@ def test_a_trace_written_before_the_bytes_field_still_reads(tiny_model, tmp_path
     user = transcript(last.buffer, last.token_bytes)[0]["content"]
     assert user == "".join(t.piece for t in last.buffer if t.origin == "user")  # what older kvtui showed
     assert "\ufffd" in user
+
+
+@pytest.mark.parametrize("arch, kwargs", [("qwen2", {}), ("llama", {"byte_fallback": True})])
+def test_a_watched_program_s_trace_rebuilds_its_text(tiny_model, tmp_path, arch, kwargs):
+    """A program watched by the probe (its own forwards on its own cache): the text its cache holds, rebuilt from
+    the trace, is the tokenizer's decode of the ids it fed."""
+    import torch
+
+    from kvtui.engine.watch.probe import watch
+
+    model, tok = tiny_model(arch, **kwargs)
+    path = tmp_path / "watched.jsonl"
+    ids = tok("你好，世界 👩🏽‍💻 déjà vu", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with watch(model, tok, trace=path), torch.inference_mode():
+        model(input_ids=ids, use_cache=True)
+    last = Replay(read_trace(path)).snapshots[-1]
+    assert last.buffer.ids() == ids[0].tolist()
+    truth = tok.decode(ids[0], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    assert run_text([(t.id, t.piece) for t in last.buffer], last.token_bytes) == truth
+    assert any("\ufffd" in t.piece for t in last.buffer)  # split characters: the bytes were needed
