@@ -4,6 +4,7 @@ and on a replayed chat's screen at 80×24. The truth is the tokenizer's decode o
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from test_layout import screen_text
 
 PROMPT = "你好，世界 👩🏽‍💻 café"
 REPLY = "再见，朋友 👨‍👩‍👧 déjà vu"
-SHOTS = Path("/tmp/kvtui-split-characters")  # the screenshots a person looks at (not asserted on)
+# the screenshots a person looks at (not asserted on): in the test's tmp_path, or where KVTUI_SCREENSHOTS says
+SHOTS_DIR = os.environ.get("KVTUI_SCREENSHOTS")
 
 
 def _buffer(tok, text: str) -> tuple[list[BufferToken], dict[int, bytes]]:
@@ -117,10 +119,11 @@ def replayed_chat(tiny_model, tmp_path):
     return path, session
 
 
-async def test_a_replayed_chinese_and_emoji_chat_shows_no_replacement_character(replayed_chat):
+async def test_a_replayed_chinese_and_emoji_chat_shows_no_replacement_character(replayed_chat, tmp_path):
     path, session = replayed_chat
     app = viewers.replay(path)
-    SHOTS.mkdir(exist_ok=True)
+    shots = Path(SHOTS_DIR or tmp_path)
+    shots.mkdir(exist_ok=True, parents=True)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.view.latest is not None, what="the first recorded step")
         await pilot.press("r")  # play to the end
@@ -128,7 +131,7 @@ async def test_a_replayed_chinese_and_emoji_chat_shows_no_replacement_character(
         await wait_for(pilot, lambda: app.view.driver.position == last, timeout=30, what="the last step")
         await pilot.pause(0.3)
         text = screen_text(app)
-        app.save_screenshot(filename="replay-80x24.svg", path=str(SHOTS))
+        app.save_screenshot(filename="replay-80x24.svg", path=str(shots))
         assert "\ufffd" not in text, text
         pane = app.query_one(TokenBufferPane)
         shown = piece_labels(pane.snapshot.buffer, 0, len(pane.snapshot.buffer), pane.snapshot.token_bytes)
@@ -142,7 +145,7 @@ async def test_a_replayed_chinese_and_emoji_chat_shows_no_replacement_character(
         pane.select(index)
         await pilot.pause(0.2)
         assert "⟨" in pane.describe() and " of '" in pane.describe()
-        app.save_screenshot(filename="replay-80x24-selected.svg", path=str(SHOTS))
+        app.save_screenshot(filename="replay-80x24-selected.svg", path=str(shots))
 
 
 @pytest.mark.parametrize("select", [False, True])
