@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .engine.records.token_bytes import learn_bytes, token_bytes
+
 STRATEGIES = ("none", "dynamic", "static", "static+compile")
 ENGINE_OVERHEAD = 600 * 2**20  # what an engine process holds besides the weights (torch, transformers, buffers)
 EDGE = 5  # decode steps averaged for "ms per token at the start / end of the context"
@@ -148,7 +150,8 @@ class Lane:
     points: list[Point] = field(default_factory=list)
     chosen: list[int] = field(default_factory=list)  # the token chosen at every step, in order
     turns: list[list[int]] = field(default_factory=list)  # the ids each turn generated
-    reply: list[str] = field(default_factory=list)  # the pieces the current turn generated (for display)
+    reply: list[bytes] = field(default_factory=list)  # the bytes of the tokens the current turn generated
+    token_bytes: dict[int, bytes] = field(default_factory=dict)  # learned from the step records' "bytes"
     cache_bytes: int = 0
     cache_length: int = 0
     context: int = 0
@@ -158,6 +161,11 @@ class Lane:
     error: str | None = None
     source: object = None  # the EngineSource
     records: object = None  # its record iterator
+
+    @property
+    def reply_text(self) -> str:
+        """The current turn's reply, decoded once from its bytes (a split character comes back whole)."""
+        return b"".join(self.reply).decode("utf-8", errors="replace")
 
     @property
     def decode(self) -> list[Point]:
@@ -304,7 +312,10 @@ class Comparison:
         lane.chosen.append(chosen)
         if record.get("phase") == "decode" and lane.turns:
             lane.turns[-1].extend(record["input_ids"][-fed:])
-            lane.reply.extend(t.get("piece", "") for t in record.get("fed") or [])
+            learn_bytes(record.get("bytes"), lane.token_bytes)
+            lane.reply.extend(
+                token_bytes(t.get("id", -1), t.get("piece", ""), lane.token_bytes) for t in record.get("fed") or []
+            )
         lane.turn_done = bool(record.get("turn_done"))
         lane.cache_bytes = sum(layer.get("bytes", 0) for layer in record.get("layers") or [])
         lane.cache_length = record.get("cache_seq_length", 0)

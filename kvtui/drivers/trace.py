@@ -11,6 +11,7 @@ from textual.worker import get_current_worker
 
 from ..engine.records.replay import Replay, describe_event, transcript
 from ..engine.records.snapshot import StepSnapshot
+from ..engine.records.token_bytes import run_text
 from ..engine.records.trace import Trace, TraceError, read_trace
 from ..messages import Call, SnapshotReady
 from ..widgets.shared.status_bar import HISTORY
@@ -138,9 +139,10 @@ playing. With --follow the steps another process appends arrive as it writes the
         """A chat's transcript; for a watched program (whose output the trace does not hold) the text its
         cache holds at this step, which is what its next forward attends to."""
         if self.replay.header.get("mode") != "watch":
-            return transcript(snapshot.buffer)
+            return transcript(snapshot.buffer, snapshot.token_bytes)
         name = snapshot.lineage or "no cache"
-        return [{"role": f"{name} holds", "content": "".join(token.piece for token in snapshot.buffer)}]
+        held = run_text(((t.id, t.piece) for t in snapshot.buffer), snapshot.token_bytes)
+        return [{"role": f"{name} holds", "content": held}]
 
     def reuse_text(self, snapshot: StepSnapshot) -> str:
         if self.replay.header.get("mode") == "watch":  # a watched program's trace: where each forward came from

@@ -438,7 +438,7 @@ def test_topk_rows_raw_and_forced():
     assert chosen[0].startswith("▶") and chosen[2] == "'[b]x' (forced)"
     assert chosen[6] == "·"  # not in the processed top-k
     header = render_header(snap, "raw").plain
-    assert "raw" in header and "▶ '[b]x' 44" in header and "(forced)" in header
+    assert "raw" in header and "▶ '[b]x'" in header and "id 44" in header and "(forced)" in header
     assert "processed" in render_header(make_snapshot()).plain
 
 

@@ -177,6 +177,11 @@ class ChatSession(CacheEdits):
     def piece(self, token_id: int) -> str:
         return self._texts.piece(token_id)
 
+    @property
+    def token_bytes(self) -> dict[int, bytes]:
+        """id -> bytes of the tokens whose decoded piece is not their bytes (records/token_bytes.py)."""
+        return self._texts.token_bytes
+
     def _special_ids(self) -> SpecialIds:
         tok, eos = self.tokenizer, set()
         gen = getattr(self.model, "generation_config", None)
@@ -412,6 +417,7 @@ class ChatSession(CacheEdits):
             compile_ms=compile_ms,
             recompiles=self.recompiles,
             uncached=self.cache is None,
+            token_bytes=self._texts.token_bytes,
         )
         self.last = snapshot
         self._emit("step", snapshot)

@@ -36,13 +36,15 @@ def build_tiny(
     layers: int | None = None,
     seed: int = 0,
     template: str | None = None,
+    byte_fallback: bool = False,
 ) -> Path:
     """Build a tiny random ``arch`` model plus tokenizer into ``out_dir`` and return its path.
 
     ``bos``/``eos``: whether plain ``tokenizer(text)`` adds BOS/EOS (``bos=None``: the
     family's own behaviour). ``sliding_window``/``layers``: override the arch defaults;
     a window is only accepted by archs with sliding-window attention (mistral, gemma3).
-    ``template``: replace the built-in Jinja chat template.
+    ``template``: replace the built-in Jinja chat template. ``byte_fallback``: a SentencePiece-style tokenizer
+    (`<0xE4>` byte tokens for characters outside its vocab) instead of the byte-level BPE.
     """
     spec = SPECS.get(arch)
     if spec is None:
@@ -67,6 +69,7 @@ def build_tiny(
         add_bos=spec.default_bos if bos is None else bos,
         add_eos=eos,
         template=spec.template if template is None else NAMED_TEMPLATES.get(template, template),
+        byte_fallback=byte_fallback,
     )
     save_tokenizer(tok, out)
     window = spec.default_window if sliding_window is None else sliding_window

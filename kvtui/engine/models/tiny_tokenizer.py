@@ -51,12 +51,14 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(spec: ArchSpec, *, add_bos: bool, add_eos: bool, template: str):
+def build_tokenizer(spec: ArchSpec, *, add_bos: bool, add_eos: bool, template: str, byte_fallback: bool = False):
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
-    if spec.pretokenize_regex is None:
+    if byte_fallback:
+        backend = _byte_fallback_backend(spec)
+    elif spec.pretokenize_regex is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
         backend.normalizer = normalizers.NFC()
@@ -66,14 +68,15 @@ def build_tokenizer(spec: ArchSpec, *, add_bos: bool, add_eos: bool, template: s
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TARGET,
-        special_tokens=list(spec.specials),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # any byte stays encodable
-        show_progress=False,
-    )
-    backend.train_from_iterator(CORPUS, trainer=trainer)
+    if not byte_fallback:
+        backend.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB_TARGET,
+            special_tokens=list(spec.specials),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # any byte stays encodable
+            show_progress=False,
+        )
+        backend.train_from_iterator(CORPUS, trainer=trainer)
     backend.post_processor = _post_processor(backend, spec, add_bos=add_bos, add_eos=add_eos)
 
     tok = PreTrainedTokenizerFast(
@@ -91,6 +94,38 @@ def build_tokenizer(spec: ArchSpec, *, add_bos: bool, add_eos: bool, template: s
     )
     tok.chat_template = template
     return tok
+
+
+def _byte_fallback_backend(spec: ArchSpec):
+    """A SentencePiece-style BPE (Llama 2, Mistral, Gemma): '▁' for a space, and a character outside the trained
+    vocab written as its UTF-8 bytes, one `<0xE4>` token each (byte fallback). Trained on the corpus (its
+    characters only: 你, é outside it become bytes), then rebuilt with the 256 byte tokens in the model's vocab,
+    where byte fallback looks for them. Its decoder keeps the first space (no Strip): decode() is the bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    def metaspace():
+        return pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+
+    trained = Tokenizer(models.BPE(unk_token=spec.unk or spec.specials[0]))
+    trained.pre_tokenizer = metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_TARGET - 256, special_tokens=list(spec.specials), show_progress=False
+    )
+    trained.train_from_iterator(CORPUS, trainer=trainer)
+    model = json.loads(trained.to_str())["model"]
+    vocab = {t: i for i, t in enumerate(spec.specials)}
+    for byte in range(256):
+        vocab[f"<0x{byte:02X}>"] = len(vocab)
+    for token in sorted(model["vocab"], key=model["vocab"].get):
+        vocab.setdefault(token, len(vocab))
+    merges: list[tuple[str, str]] = [
+        (m.split(" ")[0], m.split(" ")[1]) if isinstance(m, str) else (m[0], m[1]) for m in model["merges"]
+    ]
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=spec.unk, byte_fallback=True))
+    backend.add_special_tokens(list(spec.specials))
+    backend.pre_tokenizer = metaspace()
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return backend
 
 
 def _post_processor(backend, spec: ArchSpec, *, add_bos: bool, add_eos: bool):

@@ -9,7 +9,8 @@ File layout (schema "kvtui-cache-1"):
   `schema`, `kvtui`, `transformers`, `torch`, `model_class`, `model`, `dtype`, `device`, `cache`,
   `capacity`, `step`, `cursor`, `cache_seq_length`, `layers` (per layer: index, kind, filled,
   seen, held_from, window, capacity, slots, k_shape, v_shape), `tokens` (the token buffer: position,
-  id, piece, special, origin, turn) and `positions`.
+  id, piece, special, origin, turn), `positions` and `bytes` (`{"id": "hex"}`: the bytes of the tokens whose
+  piece is not their bytes, a character split across tokens; `CacheExport.text()` rebuilds the text with them).
 
 Export copies (contiguous CPU tensors); inspection never does. The file is written to a temporary
 file in the same directory and moved into place with `os.replace`, so a reader never sees a partial
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from ..records.codec import to_record
+from ..records.token_bytes import bytes_record, learn_bytes, run_text
 from . import introspect
 
 SCHEMA = "kvtui-cache-1"
@@ -53,6 +55,12 @@ class CacheExport:
     @property
     def positions(self) -> list[int]:
         return list(self.meta.get("positions") or [t["position"] for t in self.tokens])
+
+    def text(self) -> str:
+        """The text the cache holds, rebuilt from its tokens' bytes (an export without `bytes`: its pieces)."""
+        table: dict[int, bytes] = {}
+        learn_bytes(self.meta.get("bytes"), table)
+        return run_text(((t["id"], t["piece"]) for t in self.tokens), table)
 
 
 def export_cache(session, path: str | os.PathLike) -> Path:
@@ -139,6 +147,7 @@ def _metadata(session, layers: list[dict]) -> dict[str, str]:
         "layers": layers,
         "tokens": tokens,
         "positions": [t["position"] for t in tokens],
+        "bytes": bytes_record((t.id for t in buffer), getattr(session, "token_bytes", None) or {}),
     }
     return {key: json.dumps(value, ensure_ascii=False, allow_nan=False) for key, value in values.items()}
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from ..records.token_bytes import hex_bytes, tokenizer_bytes
 from .diagnostics import token_text
 
 
 class TokenTexts:
     """`resolve(ids) -> {id: piece}` decodes what is missing (in one call per batch of ids): by `ensure` only (a
     server's `/detokenize`: never from a widget), or also on a `piece` of an unknown id (`lazy`: a local
-    tokenizer). `raw(id)` gives a token's raw form where a piece is part of a multi-byte character."""
+    tokenizer). `raw(id)` gives a token's raw form where a piece is part of a multi-byte character. `bytes_of({id:
+    piece})`: the bytes of those new ids whose piece does not spell them, kept in `token_bytes` (append-only: a
+    snapshot shares it, records/token_bytes.py)."""
 
     def __init__(
         self,
@@ -20,8 +23,11 @@ class TokenTexts:
         special: Iterable[int] = (),
         raw: Callable[[int], str | None] | None = None,
         lazy: bool = False,
+        bytes_of: Callable[[dict[int, str]], dict[int, bytes]] | None = None,
     ):
         self.pieces: dict[int, str] = {}
+        self.token_bytes: dict[int, bytes] = {}  # id -> bytes where the decoded piece is not the token's bytes
+        self._bytes_of = bytes_of
         self.special: set[int] = set(special)
         self.fresh: dict[int, str] = {}  # learned since the last take_fresh() (the trace writes them)
         self._labels: dict[int, str] = {}
@@ -42,6 +48,8 @@ class TokenTexts:
         missing = sorted(i for i in set(ids).difference(self.pieces) if i >= 0)
         if missing:
             found = self._resolve(missing)
+            if self._bytes_of is not None:  # once per id, as it is decoded: never on the way of a known one
+                self.token_bytes.update(self._bytes_of(found))
             self.pieces.update(found)
             self.fresh.update(found)
             self.special.update(getattr(self._resolve, "special", ()))  # a source that learns them as it goes
@@ -69,11 +77,14 @@ class TokenTexts:
         return found
 
     def label(self, token_id: int) -> str:
-        """`'piece' (id N)`, escaped; a piece that is part of a multi-byte character shows its raw token."""
+        """`'piece' (id N)`, escaped; a piece that is part of a multi-byte character shows its bytes."""
         text = self._labels.get(token_id)
         if text is None:
             piece = self.piece(token_id)
-            raw = self._raw(token_id) if self._raw is not None and "\ufffd" in piece else None
+            raw = None
+            if "\ufffd" in piece:  # part of a character: its bytes where known, else its raw vocab token
+                exact = self.token_bytes.get(token_id)
+                raw = hex_bytes(exact) if exact is not None else self._raw(token_id) if self._raw else None
             text = token_text(piece, token_id, raw)
             if token_id in self.pieces:  # a label of a piece not known yet is not kept
                 self._labels[token_id] = text
@@ -104,4 +115,4 @@ def tokenizer_texts(tokenizer) -> TokenTexts:
             return None
         return found if isinstance(found, str) else None
 
-    return TokenTexts(resolve, raw=raw, lazy=True)
+    return TokenTexts(resolve, raw=raw, lazy=True, bytes_of=tokenizer_bytes(tokenizer))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import fields
+from itertools import chain
 from typing import Any, TypeVar
 
 from .codes import current_code
@@ -29,8 +30,10 @@ from .snapshot import (
     VerifyResult,
     Where,
 )
+from .token_bytes import TokenBytes, bytes_record, learn_bytes
 
 _T = TypeVar("_T")
+_ID = operator.attrgetter("id")
 
 
 def to_record(value) -> dict:
@@ -47,9 +50,10 @@ def from_record(kind: type[_T], record: dict, **context: Any) -> _T:
 # ---- the trace's lines ------------------------------------------------------------------------------
 
 
-def buffer_record(buffer: Sequence[BufferToken]) -> dict:
-    """The trace's `buffer` line, written after each turn."""
-    return {"type": "buffer", "tokens": [_token_record(t) for t in buffer]}
+def buffer_record(buffer: Sequence[BufferToken], token_bytes: TokenBytes | None = None) -> dict:
+    """The trace's `buffer` line, written after each turn (`bytes`: its pieces that are not their bytes)."""
+    found = bytes_record((t.id for t in buffer), token_bytes) if token_bytes else {}
+    return {"type": "buffer", "tokens": [_token_record(t) for t in buffer], **({"bytes": found} if found else {})}
 
 
 def diagnostic_record(d: Diagnostic, step: int | None = None) -> dict:
@@ -101,7 +105,20 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         **({"compile": {"compile_ms": s.compile_ms, "recompiles": s.recompiles}} if s.compiled else {}),
         **({"uncached": True} if s.uncached else {}),
         **({"tensor_parallel": s.tensor_parallel} if s.tensor_parallel else {}),
+        **(_step_bytes(s) if s.token_bytes else {}),  # none for a text all of whose pieces are whole characters
     }
+
+
+def _step_bytes(s: StepSnapshot) -> dict:
+    """The step line's `"bytes"`: the bytes of the tokens it names (fed, top-k, watched, chosen, rows) whose
+    piece is not their bytes, so that a reader rebuilds any text exactly from the lines it has read."""
+    ids = [*s.input_ids, *map(_ID, chain(s.topk, s.topk_processed, s.watched))]  # ids read in C: no line each
+    if s.chosen is not None:
+        ids.append(s.chosen.id)
+    for row in s.rows or ():
+        ids += [*row.input_ids, *map(_ID, row.topk)]
+    found = bytes_record(ids, s.token_bytes)
+    return {"bytes": found} if found else {}
 
 
 def _pairs(entries) -> list:
@@ -474,10 +491,19 @@ def _layer(layer: dict) -> LayerInfo:
     )
 
 
-def _step(record: dict, buffer: TokenBuffer, rows: tuple[RowView, ...] | None = None) -> StepSnapshot:
+def _step(
+    record: dict,
+    buffer: TokenBuffer,
+    rows: tuple[RowView, ...] | None = None,
+    token_bytes: dict[int, bytes] | None = None,
+) -> StepSnapshot:
     """A step line's snapshot; `buffer` holds the tokens its cache held after it (the reader rebuilds it
-    from each step's fed tokens), `rows` a watched batch's rows (rebuilt the same way)."""
+    from each step's fed tokens), `rows` a watched batch's rows (rebuilt the same way); `token_bytes`: the
+    reader's table of token bytes, which learns the line's `"bytes"` and is shared by its snapshots."""
     step = record["step"]
+    if token_bytes is None:
+        token_bytes = {}
+    learn_bytes(record.get("bytes"), token_bytes)
     attention = record.get("attention")
     ms = record.get("ms") or {}
     return StepSnapshot(
@@ -506,6 +532,7 @@ def _step(record: dict, buffer: TokenBuffer, rows: tuple[RowView, ...] | None = 
         recompiles=(record.get("compile") or {}).get("recompiles", 0),
         uncached=bool(record.get("uncached")),
         tensor_parallel=record.get("tensor_parallel"),
+        token_bytes=token_bytes,
         **_watch_fields(record, rows),
     )
 

@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .replay import describe_event
+from .token_bytes import hex_bytes, learn_bytes, valid_utf8
 from .trace import Trace
 
 # Header fields whose difference is worth a note (never a divergence), in report order.
@@ -296,7 +297,7 @@ def first_difference(a: list, b: list) -> int | None:
 
 
 def token_pieces(trace: Trace) -> dict[int, str]:
-    """id -> text, from the buffers and the top-k lists (step records carry ids only)."""
+    """id -> text, from the buffers and the top-k lists (step records carry ids only), and their bytes."""
     out: dict[int, str] = {}
     for buffer in trace.buffers:
         for token in buffer.get("tokens", []):
@@ -309,6 +310,11 @@ def token_pieces(trace: Trace) -> dict[int, str]:
         chosen = step.get("chosen")
         if chosen and "text" in chosen:
             out.setdefault(chosen.get("id"), chosen["text"])
+    # a piece of a split character is named by its bytes (`⟨e4 bd⟩`), not by the U+FFFD its piece decodes to
+    exact: dict[int, bytes] = {}
+    for record in (*trace.buffers, *trace.steps):
+        learn_bytes(record.get("bytes"), exact)
+    out.update({i: data.decode() if valid_utf8(data) else hex_bytes(data) for i, data in exact.items()})
     return out
 
 

@@ -61,7 +61,7 @@ class Recorder:
         elif kind == "verify":
             self._write(verify_record(payload, session.steps))
         elif kind == "turn-end":
-            self._write(buffer_record(session.buffer))
+            self._write(buffer_record(session.buffer, session.token_bytes))
         else:  # rewind, force, sampler, watch, reset, export: what happened, at which step
             self._write({"type": kind, "step": session.steps, **payload})
 

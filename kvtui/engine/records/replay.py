@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .codec import from_record
 from .snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, unknown_token
+from .token_bytes import TokenBytes
 from .trace import Trace, TraceError
 
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "forced": "assistant"}
@@ -24,6 +25,7 @@ class SnapshotBuilder:
         self._caches: dict[str, list[BufferToken]] = {}  # a watched program's caches, by cache_id
         self._row_items: list[list[BufferToken]] = []
         self._requests: dict[tuple, list[BufferToken]] = {}  # a packed forward's requests, by (cache_id, request)
+        self.token_bytes: dict[int, bytes] = {}  # learned from the lines' "bytes", shared by every snapshot
         self.count = 0
 
     def add(self, record: dict) -> StepSnapshot:
@@ -39,7 +41,7 @@ class SnapshotBuilder:
             if record.get("requests") is not None:  # a packed forward: its rows are requests, row 0 the step's
                 packed = self._request_rows(record)
                 lead = packed[0].buffer if packed else TokenBuffer([])
-                return from_record(StepSnapshot, record, buffer=lead, rows=packed)
+                return from_record(StepSnapshot, record, buffer=lead, rows=packed, token_bytes=self.token_bytes)
             items = self._cache_items(record)
             self._items = _extend(items, record.get("buffer_length", len(items) + len(fed)), fed)
             if record.get("cache_id"):
@@ -55,7 +57,9 @@ class SnapshotBuilder:
                     self._row_items[index] = _extend(self._row_items[index], view["buffer_length"], row_fed)
                     views.append(from_record(RowView, view, buffer=TokenBuffer(self._row_items[index])))
                 rows = tuple(views)
-            return from_record(StepSnapshot, record, buffer=TokenBuffer(self._items), rows=rows)
+            return from_record(
+                StepSnapshot, record, buffer=TokenBuffer(self._items), rows=rows, token_bytes=self.token_bytes
+            )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise TraceError(f"{path}: step line {number}: a field is missing or malformed ({exc!r})") from None
 
@@ -186,18 +190,23 @@ class Replay:
         )
 
 
-def transcript(buffer) -> list[dict]:
-    """The chat as recorded: runs of tokens by role (template markup left out)."""
+def transcript(buffer, token_bytes: TokenBytes | None = None) -> list[dict]:
+    """The chat as recorded: runs of tokens by role (template markup left out), each run's text rebuilt from its
+    tokens' bytes (`token_bytes`: where a piece is not its token's bytes), so a split character comes back whole."""
+    table = token_bytes or {}
     messages: list[dict] = []
     for token in buffer:
         role = ROLES.get(token.origin)
         if role is None:
             continue
+        data = table.get(token.id)
+        if data is None:
+            data = token.piece.encode()
         if messages and messages[-1]["role"] == role and messages[-1]["turn"] == token.turn:
-            messages[-1]["content"] += token.piece
+            messages[-1]["content"] += data
         else:
-            messages.append({"role": role, "content": token.piece, "turn": token.turn})
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+            messages.append({"role": role, "content": data, "turn": token.turn})
+    return [{"role": m["role"], "content": m["content"].decode("utf-8", errors="replace")} for m in messages]
 
 
 def describe_event(event: dict) -> str:

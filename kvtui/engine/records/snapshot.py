@@ -6,7 +6,7 @@ can cross threads, be coalesced, be written to JSON and compared in tests.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -360,6 +360,9 @@ class StepSnapshot:
     # tensor parallelism (torchrun): this rank's layers hold one shard of each layer's KV heads, of this many
     # ranks' (merged by the viewer from every rank's records, written to the trace by tree.merge); None: whole
     tensor_parallel: int | None = None
+    # id -> bytes of the tokens whose decoded piece is not their bytes (part of a character split across tokens):
+    # the source's whole table, shared and append-only (records/token_bytes.py); the record writes its own ids'
+    token_bytes: Mapping[int, bytes] = field(default_factory=dict)
     # its trace line once serialised (trace.record_line), shared by the trace file and a viewer's pipe
     line: list = field(default_factory=list, init=False, compare=False, repr=False)
 

@@ -180,6 +180,7 @@ def build_packed(builder, call: Call, step: int, track, logits, forward_ms: floa
         thread=call.thread,
         recomputed=recomputed,
         requests=_request_views(run, packed),
+        token_bytes=builder.token_bytes,
         paged=tuple(
             PagedGroupView(g.name, len(g.layers), g.block_tokens, g.total, g.used, g.free, g.shared, g.cached)
             for g in packed.groups

@@ -211,6 +211,11 @@ class StepBuilder:
     def piece(self, token_id: int) -> str:
         return self._texts.piece(token_id)
 
+    @property
+    def token_bytes(self) -> dict[int, bytes]:
+        """The bytes of the pieces that are not their token's bytes (records/token_bytes.py), of this tokenizer."""
+        return self._texts.token_bytes
+
     def label(self, token_id: int) -> str:
         """`'piece' (id N)`, escaped, a partial UTF-8 piece shown as its raw token."""
         return self._texts.label(token_id)
@@ -377,6 +382,7 @@ class StepBuilder:
             attention=seen.layers if seen is not None else None,
             attention_layer=seen.detail.layer if seen is not None else None,
             attention_detail=seen.detail if seen is not None else None,
+            token_bytes=self._texts.token_bytes,
         )
 
     # the steps of build(), in its order: each one that raises alarms appends them to build's `found`

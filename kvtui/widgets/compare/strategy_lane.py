@@ -42,7 +42,7 @@ def render_lane(lane, palette: Palette | None = None, reply_tail: int = 400) -> 
         text.append(f"{lane.compile_ms / 1000:.1f} s", style=role_style(palette, "accent", "bold"))
         text.append(f" · {lane.recompiles} recompiles", style=muted)
     text.append("\n")
-    reply = "".join(lane.reply)
+    reply = lane.reply_text
     text.append(token_text(reply[-reply_tail:]) if reply else "…", style=role_style(palette, "success"))
     return text
 

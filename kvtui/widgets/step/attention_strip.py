@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from kvtui.engine.records.snapshot import StepSnapshot
-from kvtui.fmt import token_text
 from kvtui.widgets.shared.live_text import LiveText
 from kvtui.widgets.shared.palette import role_style
+from kvtui.widgets.step.token_pieces import piece_labels
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 SHOWN = ("sink", "system", "pad", "this turn")  # the strip's lines, where the step holds them
@@ -60,7 +60,8 @@ def render_strip(snapshot: StepSnapshot, layer: int | None, head: int | None, wi
     text.append(what, style=role_style(palette, "muted"))
     buffer = snapshot.buffer
     for position, weight in entries[:4]:
-        piece = token_text(buffer[position].piece) if 0 <= position < len(buffer) else "?"
+        inside = 0 <= position < len(buffer)  # a piece of a split character as the buffer shows it (token_pieces.py)
+        piece = piece_labels(buffer, position, position + 1, snapshot.token_bytes)[0] if inside else "?"
         text.append(f" · #{position} {piece} {weight:.0%}")
     text.truncate(width, overflow="ellipsis")  # one line: the strip keeps its height at 80 columns
     detail = snapshot.attention_detail

@@ -6,13 +6,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.text import Text
 
 from kvtui.engine.records.snapshot import BufferToken, StepSnapshot
-from kvtui.fmt import token_text
 from kvtui.widgets.shared.live_text import LiveText
 from kvtui.widgets.shared.palette import Palette, ThemedPane, role_style
 from kvtui.widgets.step.layers_pane import shape_summary
+from kvtui.widgets.step.token_pieces import token_label
 
 # ---------------------------------------------------------------------------------------------
 # pure rendering
@@ -85,9 +87,11 @@ def has_alarm(snapshot: StepSnapshot | None) -> bool:
     return snapshot.cursor not in (snapshot.cache_seq_length, fed_count(snapshot))
 
 
-def describe_token(token: BufferToken) -> str:
-    """The whole piece, id, position and origin: "pos 0 · id 1 · '<|im_start|>' · template · special"."""
-    parts = [f"pos {token.position}", f"id {token.id}", f"'{token_text(token.piece)}'", token.origin]
+def describe_token(token: BufferToken, token_bytes: Mapping[int, bytes] | None = None) -> str:
+    """The whole piece, id, position and origin: "pos 0 · id 1 · '<|im_start|>' · template · special"; a piece
+    that is no character on its own is its bytes: "'⟨e4 bd⟩'" (`token_bytes`: the snapshot's)."""
+    label = token_label(token.id, token.piece, token_bytes or {})
+    parts = [f"pos {token.position}", f"id {token.id}", f"'{label}'", token.origin]
     if token.special:
         parts.append("special")
     return " · ".join(parts)
@@ -156,7 +160,7 @@ def render_cursor(
 
     if selected is not None:
         text.append("selected ", style=role_style(palette, "muted"))
-        text.append(describe_token(selected), style="bold" if selected.special else "")
+        text.append(describe_token(selected, snapshot.token_bytes), style="bold" if selected.special else "")
         text.append("\n")
 
     text.append("fed ", style=role_style(palette, "muted"))

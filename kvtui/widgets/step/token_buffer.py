@@ -23,13 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import ClassVar
 
-from rich.cells import cell_len, set_cell_size
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
@@ -38,87 +36,32 @@ from textual.reactive import Reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ...engine.records.snapshot import ORIGINS, BufferToken, LayerInfo, StepSnapshot, TopToken
+from ...engine.records.snapshot import ORIGINS, BufferToken, LayerInfo, StepSnapshot
 from ...fmt import token_text as display_piece
+from .token_grid import (
+    BUFFER_CSS,
+    CURSOR_GLYPH,
+    EMPTY_TEXT,
+    ORIGIN_STYLES,
+    SPECIAL_CELL,
+    SPECIAL_STYLE,
+    Grid,
+    buffer_snapshot,
+    buffer_title,
+    compute_grid,
+    describe_token,
+    fit,
+    pending_label,
+    render_strip,
+)
+from .token_pieces import piece_labels
 
-EMPTY_TEXT = "cache empty — send a message"
-CURSOR_GLYPH = "▌"
-ELLIPSIS = "…"
+__all__ = ["ORIGIN_STYLES", "SPECIAL_STYLE", "TokenBufferPane", "display_piece", "fit", "render_strip"]
+
 SEPARATOR = "│"
 MIN_CELL, MAX_CELL = 4, 25  # cell width incl. separator: a piece shows at most 24 cells
-SPECIAL_CELL = 33  # the grid widens up to this for a special token, so `<|start_header_id|>` is never cut
 SCAN_NEW = 1024  # newest tokens a show() looks at for special-token widths (the rest: when they are drawn)
 ATTENTION_LEVELS = 8  # attention weights are quantized so shaded styles stay cacheable
-
-
-@lru_cache(maxsize=16384)
-def fit(text: str, width: int) -> str:
-    """`text` padded or truncated (with `…`) to exactly `width` cells."""
-    if width <= 0:
-        return ""
-    length = cell_len(text)
-    if length <= width:
-        return text + " " * (width - length)
-    return set_cell_size(text, width - 1) + ELLIPSIS
-
-
-# The origins' colours as palette roles, for renderers outside Textual (the notebook view): the same roles the
-# pane's CSS gives them ($text-primary for user, $text-success for assistant, $text-error for tokenizer-added...).
-ORIGIN_STYLES = {
-    "template": ("muted", ""),
-    "system": ("info", "italic"),
-    "user": ("primary", ""),
-    "assistant": ("success", ""),
-    "forced": ("warning", "underline"),
-    "tokenizer-added": ("error", "bold"),
-    "primed": ("error", "italic"),
-    "fed": ("primary", ""),
-    "pad": ("muted", "italic"),
-    "unknown": ("muted", "italic"),
-}
-SPECIAL_STYLE = "bold reverse"  # a special token stands out as a block of its origin's colour
-
-
-def render_strip(snapshot: StepSnapshot | None, palette=None, limit: int | None = None) -> Text:
-    """The buffer as one wrapping Rich Text, for renderers outside Textual: each token as `position piece`,
-    coloured by origin, specials in reverse, the positions of the last forward's tokens in bold, then the
-    cursor and the pending token after `▌`. `limit`: only the last `limit` tokens (the
-    count of the ones left out is said first). O(limit)."""
-    from ..shared.palette import role_style
-
-    text = Text(overflow="fold")
-    if snapshot is None or len(snapshot.buffer) == 0:
-        text.append(EMPTY_TEXT, style="italic")
-        return text
-    buffer = snapshot.buffer
-    count = len(buffer)
-    first = 0 if limit is None or count <= limit else count - limit
-    if first:
-        text.append(f"… {first} earlier tokens … ", style=role_style(palette, "muted", "italic"))
-    last_forward = count - len(snapshot.input_ids)
-    for index in range(first, count):
-        token = buffer[index]
-        role, extra = ORIGIN_STYLES.get(token.origin, ("muted", ""))
-        style = role_style(palette, role, f"{extra} {SPECIAL_STYLE}".strip() if token.special else extra)
-        text.append(f"{token.position}", style=role_style(palette, "muted", "bold" if index >= last_forward else "dim"))
-        text.append("\u00a0")  # the position stays with its piece when the line wraps
-        text.append(display_piece(token.piece), style=style)
-        text.append(" ")
-    pending = "" if snapshot.chosen is None else display_piece(snapshot.chosen.text)
-    text.append(f"{CURSOR_GLYPH}{snapshot.cursor}\u00a0{pending}", style=role_style(palette, "accent", "bold"))
-    return text
-
-
-@dataclass(frozen=True, slots=True)
-class _Grid:
-    width: int  # content width the grid was computed for
-    digits: int  # gutter digits
-    gutter: int  # gutter cells (digits + 1 space)
-    cell: int  # cells per token incl. separator
-    cols: int  # tokens per row
-    count: int  # tokens in the buffer
-    slots: int  # count + the ghost cursor cell (0 when there is nothing to show)
-    rows: int
 
 
 class TokenBufferPane(ScrollView, can_focus=True):
@@ -137,49 +80,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
         "token-buffer--attention",
     }
 
-    DEFAULT_CSS = """
-    TokenBufferPane {
-        height: 1fr;
-        overflow-x: hidden;
-        overflow-y: scroll;
-        background: $surface;
-        color: $foreground;
-        border: round $foreground 25%;
-        border-title-color: $text-muted;
-        border-subtitle-color: $text-accent;
-        border-subtitle-align: left;
-        &:focus { border: round $accent; }
-
-        & > .token-buffer--gutter { color: $foreground 55%; background: $panel; }
-        & > .token-buffer--separator { color: $foreground 18%; }
-        & > .token-buffer--empty { color: $foreground 60%; text-style: italic; }
-
-        & > .token-buffer--template { color: $foreground 70%; }
-        & > .token-buffer--system { color: $text-secondary; }
-        & > .token-buffer--user { color: $text-primary; }
-        & > .token-buffer--assistant { color: $text-success; }
-        & > .token-buffer--forced { color: $text-warning; text-style: underline; }
-        & > .token-buffer--tokenizer-added { color: $text-error; }
-        & > .token-buffer--primed { color: $text-error 55%; text-style: italic; }
-        & > .token-buffer--unknown { color: $text-disabled; text-style: italic; }
-        & > .token-buffer--special { background: $accent 22%; text-style: bold; }
-
-        & > .token-buffer--last-forward { background: $foreground 15%; }
-        & > .token-buffer--evicted { color: $text-disabled; text-style: strike; }
-        & > .token-buffer--cursor { color: $text-accent; background: $accent 35%; text-style: bold; }
-        & > .token-buffer--attention { background: $warning; }
-        & > .token-buffer--selected {
-            background: $block-cursor-blurred-background;
-            color: $block-cursor-blurred-foreground;
-            text-style: $block-cursor-blurred-text-style;
-        }
-        &:focus > .token-buffer--selected {
-            background: $block-cursor-background;
-            color: $block-cursor-foreground;
-            text-style: $block-cursor-text-style;
-        }
-    }
-    """
+    DEFAULT_CSS = BUFFER_CSS
 
     # A new row of tokens changes this pane's scroll range and nothing else: its region is set by the panes
     # around it and its vertical scrollbar is always shown. Widget's virtual_size asks for a screen-wide layout
@@ -324,31 +225,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
         layers: tuple[LayerInfo, ...] = (),
     ) -> None:
         """Convenience for callers without a StepSnapshot (e.g. a trace viewer)."""
-        if cursor is None:
-            cursor = buffer[-1].position + 1 if len(buffer) else 0
-        chosen = None if pending_text is None else TopToken(id=-1, text=pending_text, logit=0.0, prob=0.0)
-        self.show(
-            StepSnapshot(
-                step=0,
-                phase="decode",
-                turn=0,
-                input_ids=(0,) * last_forward_count,
-                positions=(),
-                cursor=cursor,
-                cache_seq_length=len(buffer),
-                capacity=None,
-                layers=layers,
-                topk=(),
-                topk_processed=(),
-                watched=(),
-                chosen=chosen,
-                chosen_forced=False,
-                diagnostics=(),
-                forward_ms=0.0,
-                snapshot_ms=0.0,
-                buffer=buffer,  # type: ignore[arg-type]
-            )
-        )
+        self.show(buffer_snapshot(buffer, cursor, last_forward_count, pending_text, layers))
 
     def select(self, index: int | None) -> None:
         """Select buffer index `index` (clamped), scroll it into view and post `Selected`."""
@@ -363,22 +240,8 @@ class TokenBufferPane(ScrollView, can_focus=True):
 
     def describe(self, index: int | None = None) -> str:
         """One line about a token: `pos 123 · id 4567 · '<|im_start|>' · template · turn 2 · special`."""
-        if index is None:
-            index = self._selected
         snapshot = self._snapshot
-        if snapshot is None or index is None or not 0 <= index < len(snapshot.buffer):
-            return ""
-        token = snapshot.buffer[index]
-        piece = token.piece if len(token.piece) <= 40 else token.piece[:39] + ELLIPSIS
-        parts = [f"pos {token.position}", f"id {token.id}", repr(piece), token.origin, f"turn {token.turn}"]
-        if token.special:
-            parts.append("special")
-        if index >= self._last_forward_start(snapshot):
-            parts.append("last forward")
-        layer = self._layer(snapshot)
-        if layer is not None and index < layer.held_from:
-            parts.append(f"evicted from layer {layer.index}")
-        return " · ".join(parts)
+        return describe_token(snapshot, self._selected if index is None else index, snapshot and self._layer(snapshot))
 
     def visible_range(self) -> range:
         """Buffer indices on screen (for tests and for a later attention fetch)."""
@@ -389,19 +252,8 @@ class TokenBufferPane(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------------ layout
 
-    def _compute_grid(self, width: int) -> _Grid:
-        snapshot = self._snapshot
-        count = 0 if snapshot is None else len(snapshot.buffer)
-        largest = max(count, 0 if snapshot is None else snapshot.cursor)
-        if count:
-            largest = max(largest, snapshot.buffer[-1].position)  # type: ignore[union-attr]
-        digits = max(4, len(str(largest)))
-        gutter = digits + 1
-        cell = max(self._cell_width, min(SPECIAL_CELL, self._special_width + 1))
-        cols = max(1, (width - gutter) // cell)
-        slots = count + 1 if count else 0
-        rows = max(1, -(-slots // cols))
-        return _Grid(width, digits, gutter, cell, cols, count, slots, rows)
+    def _compute_grid(self, width: int) -> Grid:
+        return compute_grid(self._snapshot, width, self._cell_width, self._special_width)
 
     def _relayout(self) -> None:
         width = self.scrollable_content_region.width
@@ -416,7 +268,10 @@ class TokenBufferPane(ScrollView, can_focus=True):
 
     def on_resize(self, event: events.Resize) -> None:
         old, old_height = self._grid, self._height
-        at_end = old.width == 0 or self.scroll_offset.y >= old.rows - old_height
+        # the cursor's row (the last) was in view: Textual may already have clamped the offset to the new height
+        # under the old row count (a taller, narrower pane), so both heights count
+        height = max(old_height, self.scrollable_content_region.height)
+        at_end = old.width == 0 or self.scroll_offset.y + height >= old.rows
         self._relayout()
         if self._selected is not None:
             self._scroll_to_index(self._selected)
@@ -482,7 +337,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
             self.call_later(self._relayout)
         return self._render_row(self.scroll_offset.y + y, grid)
 
-    def _render_row(self, row: int, grid: _Grid) -> Strip:
+    def _render_row(self, row: int, grid: Grid) -> Strip:
         width = grid.width
         base = self._style(())
         snapshot = self._snapshot
@@ -507,6 +362,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
         attention_len = len(attention) if attention is not None else 0
 
         tokens = [buffer[i] for i in range(first, stop)]
+        labels = piece_labels(buffer, first, stop, snapshot.token_bytes)
         wider = max((cell_len(display_piece(t.piece)) for t in tokens if t.special), default=0)
         if wider > self._special_width and grid.cell < SPECIAL_CELL:  # a special token the scan did not see
             self._special_width = wider
@@ -527,10 +383,10 @@ class TokenBufferPane(ScrollView, can_focus=True):
             if index < attention_len:
                 weight = attention[index]  # type: ignore[index]
                 shade = max(0, min(ATTENTION_LEVELS, round(weight * ATTENTION_LEVELS)))
-            segments.append(Segment(fit(display_piece(token.piece), piece_width), self._style(tuple(names), shade)))
+            segments.append(Segment(fit(labels[index - first], piece_width), self._style(tuple(names), shade)))
             segments.append(separator)
         if first <= grid.count < first + grid.cols:  # the ghost cell: where the next token goes
-            pending = "" if snapshot.chosen is None else display_piece(snapshot.chosen.text)
+            pending = pending_label(snapshot)
             segments.append(Segment(fit(CURSOR_GLYPH + pending, piece_width), self._style(("token-buffer--cursor",))))
         return Strip(segments).adjust_cell_length(width, base)
 
@@ -561,19 +417,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
         self.border_subtitle = self.describe()
         if self.auto_title:
             snapshot = self._snapshot
-            if snapshot is None:
-                self.border_title = "cache"
-            else:
-                which = f" {snapshot.lineage}" if snapshot.cache_parent or snapshot.cache_unknown else ""
-                title = f"cache{which} · {len(snapshot.buffer)} tokens · next pos {snapshot.cursor}"
-                if snapshot.uncached:  # --cache none: the buffer is the context the step re-read, nothing is cached
-                    title = f"context (no cache) · {len(snapshot.buffer)} tokens re-read · next pos {snapshot.cursor}"
-                layer = self._layer(snapshot)
-                if layer is not None:
-                    title += f" · layer {layer.index} {layer.kind}"
-                    if layer.held_from:
-                        title += f" holds from {layer.held_from}"
-                self.border_title = title
+            self.border_title = buffer_title(snapshot, self._layer(snapshot) if snapshot is not None else None)
 
     def _move_to(self, index: int) -> None:
         if self._grid.count:

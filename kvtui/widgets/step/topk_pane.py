@@ -8,6 +8,7 @@ then shows the processed probability). `f` or enter on a row posts `TopKPane.For
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 from rich.text import Text
@@ -23,6 +24,7 @@ from kvtui.fmt import token_text
 from kvtui.widgets.shared.live_text import LiveText
 from kvtui.widgets.shared.palette import Palette, ThemedPane, role_style
 from kvtui.widgets.shared.table_rows import fit_columns, update_rows
+from kvtui.widgets.step.token_pieces import open_character, token_label
 
 Mode = Literal["processed", "raw"]
 MODES: tuple[Mode, Mode] = ("processed", "raw")
@@ -52,10 +54,47 @@ def columns(mode: Mode) -> tuple[tuple[str, str], ...]:
 
 def format_piece(text: str, width: int = PIECE_WIDTH) -> str:
     """The token's text as every pane shows it (fmt.token_text), quoted and cut to `width`."""
-    body = token_text(text)
-    if len(body) > width:
-        body = body[: width - 1] + "…"
-    return f"'{body}'"
+    return f"'{cut(token_text(text), width)}'"
+
+
+def cut(body: str, width: int, middle: bool = False) -> str:
+    """`body` in at most `width` characters: its end cut to `…`, or (`middle`) its middle, keeping its end."""
+    if len(body) <= width:
+        return body
+    if not middle or width < 4:
+        return body[: max(1, width - 1)] + "…"
+    head = width // 2
+    return body[:head] + "…" + body[len(body) - (width - 1 - head) :]
+
+
+def abbreviate(bodies: list[str], width: int) -> list[str]:
+    """The labels cut to `width` so that different ones stay different: the end cut where that keeps them
+    apart, else the middle (' comm…' twice becomes ' co…and' and ' co…ent'), else wider, up to PIECE_WIDTH."""
+    distinct = len(set(bodies))
+    for size in range(width, max(width, PIECE_WIDTH) + 1):
+        for middle in (False, True):
+            shown = [cut(b, size, middle) for b in bodies]
+            if len(set(shown)) == distinct:
+                return shown
+    return [cut(b, PIECE_WIDTH) for b in bodies]
+
+
+def candidate_bodies(snapshot: StepSnapshot, tokens: Sequence[TopToken]) -> list[str]:
+    """Each candidate as the buffer would show it: a piece of a character as its bytes (`⟨e4 bd⟩`); where the
+    cache ends inside a character that a candidate completes, what it becomes (`⟨bd a0⟩→你`). O(k)."""
+    table = snapshot.token_bytes
+    if not table:
+        return [token_text(t.text) for t in tokens]
+    begun = open_character(snapshot.buffer, table)
+    bodies = []
+    for token in tokens:
+        body = token_label(token.id, token.text, table)
+        if begun:
+            whole = (begun + table.get(token.id, token.text.encode())).decode("utf-8", errors="replace")
+            if "\ufffd" not in whole:
+                body += f"→{token_text(whole)}"
+        bodies.append(body)
+    return bodies
 
 
 def format_prob(p: float) -> str:
@@ -97,11 +136,11 @@ def _cells(
     watched_row: bool,
     is_watched: bool,
     palette: Palette | None,
-    piece_width: int = PIECE_WIDTH,
+    body: str,
 ) -> tuple[Text, ...]:
     bold = "bold" if chosen else ""
     mark = (CHOSEN_MARK if chosen else " ") + (WATCHED_MARK if is_watched else " ")
-    piece = format_piece(token.text, piece_width)
+    piece = f"'{body}'"
     if chosen and forced:
         piece += " (forced)"
     bar_role = "accent" if chosen else "muted" if watched_row else "primary"
@@ -137,6 +176,7 @@ def topk_rows(
     watched_ids = {t.id for t in snapshot.watched}
     chosen_id = None if snapshot.chosen is None else snapshot.chosen.id
     forced = snapshot.chosen_forced
+    bodies = abbreviate(candidate_bodies(snapshot, [*shown, *snapshot.watched]), piece_width)
     rows = []
     for i, token in enumerate(shown):
         rank = token.rank or i + 1
@@ -149,7 +189,7 @@ def topk_rows(
             watched_row=False,
             is_watched=token.id in watched_ids,
             palette=palette,
-            piece_width=piece_width,
+            body=bodies[i],
         )
         rows.append(TopKRow(f"top-{i}", token, False, cells))
     # Watched tokens are measured on the processed distribution; their rank is their own.
@@ -163,17 +203,19 @@ def topk_rows(
             watched_row=True,
             is_watched=True,
             palette=palette,
-            piece_width=piece_width,
+            body=bodies[len(shown) + i],
         )
         rows.append(TopKRow(f"watch-{i}", token, True, cells))
     return rows
 
 
-def render_header(snapshot: StepSnapshot | None, mode: Mode = "processed", palette: Palette | None = None) -> Text:
+def render_header(
+    snapshot: StepSnapshot | None, mode: Mode = "processed", palette: Palette | None = None, width: int | None = None
+) -> Text:
     """'processed (t: raw) · chosen ▶ ' the' 262 42.1% (forced)'."""
+    # what matters first (the mode, the chosen token), so a narrow pane cuts the hints, never the token
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(mode, style=role_style(palette, "accent", "bold"))
-    text.append(f" (t: {'raw' if mode == 'processed' else 'processed'})", style=role_style(palette, "muted"))
     if snapshot is None:
         text.append(" · no step yet", style=role_style(palette, "muted"))
         return text
@@ -181,17 +223,27 @@ def render_header(snapshot: StepSnapshot | None, mode: Mode = "processed", palet
     if chosen is None:
         text.append(" · nothing chosen", style=role_style(palette, "muted"))
     else:
-        text.append(" · chosen ", style=role_style(palette, "muted"))
-        text.append(
-            f"{CHOSEN_MARK} {format_piece(chosen.text)} {chosen.id}", style=role_style(palette, "accent", "bold")
-        )
+        text.append(" · ", style=role_style(palette, "muted"))
+        body = cut(candidate_bodies(snapshot, [chosen])[0], PIECE_WIDTH)
+        text.append(f"{CHOSEN_MARK} '{body}'", style=role_style(palette, "accent", "bold"))
         text.append(f" {format_prob(chosen.prob)}")
-        if chosen.rank:
-            text.append(f" rank {chosen.rank}", style=role_style(palette, "muted"))
         if snapshot.chosen_forced:
             text.append(" (forced)", style=role_style(palette, "warning", "bold"))
+        text.append(f" id {chosen.id}", style=role_style(palette, "muted"))
+        if chosen.rank:
+            text.append(f" rank {chosen.rank}", style=role_style(palette, "muted"))
     if snapshot.watched:
         text.append(f" · {WATCHED_MARK} watched {len(snapshot.watched)}", style=role_style(palette, "muted"))
+    text.append(f" · t: {'raw' if mode == 'processed' else 'processed'}", style=role_style(palette, "muted"))
+    if width is not None and text.cell_len > width and chosen is not None:
+        # a narrow pane (80 columns): the chosen token whole, then the mode (its probability is in its row); a cut
+        # takes the end, never the token
+        short = Text(no_wrap=True, overflow="ellipsis")
+        short.append(f"{CHOSEN_MARK} '{body}'", style=role_style(palette, "accent", "bold"))
+        if snapshot.chosen_forced:
+            short.append(" forced", style=role_style(palette, "warning", "bold"))
+        short.append(f" {'proc' if mode == 'processed' else mode}", style=role_style(palette, "accent"))
+        return short
     return text
 
 
@@ -341,7 +393,8 @@ class TopKPane(ThemedPane, Vertical):
         # (no widen_only): a step looks the same whether replay played through it or opened at it.
         update_rows(table, self._rows, new_rows, [all_columns[i][0] for i in shown], force=force, cursor=cursor)
         self._rows = new_rows
-        self.query_one("#topk-header", LiveText).show_text(render_header(self._snapshot, self._mode, self._palette))
+        header = render_header(self._snapshot, self._mode, self._palette, width - 2 if width > 0 else None)
+        self.query_one("#topk-header", LiveText).show_text(header)
 
     @on(DataTable.RowSelected, "#topk-table")
     def _row_selected(self, event: DataTable.RowSelected) -> None:

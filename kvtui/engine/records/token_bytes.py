@@ -1,0 +1,134 @@
+"""A token is bytes: what each id is as bytes, and the text of a run of tokens rebuilt from them.
+
+Byte-level BPE (GPT-2, SmolLM2, Llama 3, Qwen) and SentencePiece's byte fallback split one character (CJK, an
+emoji, an accented letter) across tokens; each piece decoded alone is U+FFFD. The decoded piece stays the
+display text of a token; where it is not the token's exact bytes (`piece.encode() != bytes`), the bytes are kept
+beside it in a table `{id: bytes}` (a snapshot's `token_bytes`, a trace's `"bytes"` field), so that the text of
+any run of tokens is `run_text(...)`: the bytes joined, then decoded once. Nothing here imports a tokenizer
+library: a tokenizer is read through the methods transformers' tokenizers have.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from itertools import compress, repeat
+
+TokenBytes = Mapping[int, bytes]  # id -> its bytes, for the ids whose decoded piece is not exact
+_FALLBACK_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode, inverted: the printable character a byte-level vocab writes for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+BYTE_OF_CHAR = _byte_level_table()
+
+
+def decoder_kind(tokenizer) -> str:
+    """How the tokenizer's vocab spells bytes: "byte-level" (GPT-2's table), "byte-fallback" (SentencePiece:
+    `<0xE4>` pieces, '▁' for a space) or "text" (the decoded piece is all there is). Read once per tokenizer
+    from its backend's decoder."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    try:
+        decoder = json.loads(backend.to_str()).get("decoder") if backend is not None else None
+    except Exception:  # noqa: BLE001  a backend that cannot describe itself: text only
+        decoder = None
+    found = json.dumps(decoder or {})
+    if '"ByteLevel"' in found:
+        return "byte-level"
+    if '"ByteFallback"' in found:
+        return "byte-fallback"
+    return "text"
+
+
+def tokenizer_bytes(tokenizer) -> Callable[[dict[int, str]], dict[int, bytes]]:
+    """`inexact(found)`: of the ids just decoded (`{id: piece}`), those whose piece is not their bytes, with their
+    bytes (special and added tokens: their text, never listed). Called once per batch of new ids (TokenTexts
+    keeps the answer): for a byte-level vocab only the pieces holding U+FFFD are looked at, found in C, so
+    learning whole-character tokens costs no Python line per id (benchmarks/b_work.py counts them)."""
+    kind = decoder_kind(tokenizer) if tokenizer is not None else "text"
+    added = set(getattr(tokenizer, "added_tokens_decoder", None) or ()) | set(
+        getattr(tokenizer, "all_special_ids", None) or ()
+    )
+
+    def exact_bytes(token_id: int) -> bytes | None:
+        try:
+            raw = tokenizer.convert_ids_to_tokens(token_id)
+        except Exception:  # noqa: BLE001  an id the tokenizer does not have: its piece is all there is
+            return None
+        if not isinstance(raw, str):
+            return None
+        if kind == "byte-level":
+            if not all(c in BYTE_OF_CHAR for c in raw):
+                return None  # not spelled in the byte table (a token added to the vocab): its piece is its text
+            return bytes(BYTE_OF_CHAR[c] for c in raw)
+        fallback = _FALLBACK_BYTE.fullmatch(raw)
+        return bytes([int(fallback.group(1), 16)]) if fallback else raw.replace("\u2581", " ").encode()
+
+    def inexact(found: dict[int, str]) -> dict[int, bytes]:
+        if kind == "text":
+            return {}
+        ids: Iterable[int] = found
+        if kind == "byte-level":  # a byte-level piece is its bytes unless they are no whole character (U+FFFD)
+            ids = compress(found, map(str.__contains__, found.values(), repeat("\ufffd")))
+        out = {}
+        for token_id in ids:
+            exact = None if token_id in added else exact_bytes(token_id)
+            if exact is not None and exact != found[token_id].encode():
+                out[token_id] = exact
+        return out
+
+    return inexact
+
+
+def token_bytes(token_id: int, piece: str, table: TokenBytes) -> bytes:
+    """One token's bytes: from the table where its piece is not exact, else its piece's UTF-8."""
+    found = table.get(token_id)
+    return found if found is not None else piece.encode()
+
+
+def run_bytes(tokens: Iterable[tuple[int, str]], table: TokenBytes) -> bytes:
+    """The bytes of a run of (id, piece) tokens, in order."""
+    return b"".join(token_bytes(i, piece, table) for i, piece in tokens)
+
+
+def run_text(tokens: Iterable[tuple[int, str]], table: TokenBytes) -> str:
+    """The text of a run of (id, piece) tokens: their bytes joined, decoded once (a character split across
+    tokens comes back whole; bytes that never complete a character stay U+FFFD, as tokenizer.decode gives)."""
+    return run_bytes(tokens, table).decode("utf-8", errors="replace")
+
+
+def valid_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def hex_bytes(data: bytes) -> str:
+    """`⟨e4 bd⟩`: bytes as a person reads them, for a token that is no character on its own."""
+    return "⟨" + data.hex(" ") + "⟩"
+
+
+def bytes_record(ids: Iterable[int], table: TokenBytes) -> dict[str, str]:
+    """The trace's `"bytes"` field: `{"id": "hex"}` for the given ids whose piece is not exact (empty: none)."""
+    found = set(ids).intersection(table)
+    return dict(zip(map(str, found), map(bytes.hex, map(table.__getitem__, found))))  # in C: no line per id
+
+
+def learn_bytes(record: Mapping | None, table: dict[int, bytes]) -> None:
+    """Add a record's `"bytes"` field (absent in traces written before it) to a reader's table."""
+    if record:
+        table.update({int(k): bytes.fromhex(v) for k, v in record.items()})
