@@ -93,3 +93,10 @@ def token_text(piece: str) -> str:
     if unicodedata.combining(text[0]) or unicodedata.category(text[0]) in ("Mn", "Me"):
         text = "◌" + text  # a lone combining mark would otherwise fuse with the separator
     return text
+
+
+def runs_text(runs: tuple[tuple[int, int], ...], limit: int = 3) -> str:
+    """Half-open runs of positions as a person counts them: ((0, 4), (170, 195)) -> '0–3, 170–194'; more runs than
+    `limit`: '+N runs'."""
+    parts = [f"{a}" if b == a + 1 else f"{a}–{b - 1}" for a, b in runs[:limit]]
+    return ", ".join(parts) + (f" +{len(runs) - limit} runs" if len(runs) > limit else "")

@@ -19,6 +19,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from kvtui.engine.records.snapshot import LayerInfo, PagedGroupView, StepSnapshot
+from kvtui.fmt import runs_text
 from kvtui.fmt import size as format_bytes
 from kvtui.widgets.shared.live_text import LiveText
 from kvtui.widgets.shared.palette import Palette, ThemedPane, role_style
@@ -57,16 +58,10 @@ def format_filled(filled: int, capacity: int | None) -> str:
     return f"{filled}/{'∞' if capacity is None else capacity}"
 
 
-def held_text(runs: tuple[tuple[int, int], ...], limit: int = 3) -> str:
-    """((0, 4), (170, 195)) -> '0–3, 170–194' (inclusive); more runs than `limit`: '+N runs'."""
-    parts = [f"{a}" if b == a + 1 else f"{a}–{b - 1}" for a, b in runs[:limit]]
-    return ", ".join(parts) + (f" +{len(runs) - limit} runs" if len(runs) > limit else "")
-
-
 def format_window(layer: LayerInfo) -> str:
     if layer.held is not None:  # a compressed cache: which positions it still holds
         heads = f" ({len(layer.held_heads)} heads differ)" if layer.held_heads else ""
-        return f"holds {held_text(layer.held)}{heads}"
+        return f"holds {runs_text(layer.held)}{heads}"
     if layer.window is None:
         return "-"
     return f"{layer.window} from {layer.held_from}" if layer.held_from > 0 else str(layer.window)

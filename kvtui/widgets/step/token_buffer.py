@@ -357,6 +357,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
         lf_start = self._last_forward_start(snapshot)
         layer = self._layer(snapshot)
         evicted_before = layer.held_from if layer is not None else 0
+        held = layer if layer is not None and layer.held is not None else None  # a compressed cache's layer
         selected = self._selected
         attention = self._attention
         attention_len = len(attention) if attention is not None else 0
@@ -375,7 +376,7 @@ class TokenBufferPane(ScrollView, can_focus=True):
                 names.append("token-buffer--special")
             if index >= lf_start:
                 names.append("token-buffer--last-forward")
-            if index < evicted_before:
+            if index < evicted_before if held is None else not held.holds(index):
                 names.append("token-buffer--evicted")
             if index == selected:
                 names.append("token-buffer--selected")

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ...engine.records.snapshot import BufferToken, LayerInfo, StepSnapshot, TopToken
 from ...engine.records.token_bytes import valid_utf8
+from ...fmt import runs_text
 from .token_pieces import bytes_note, char_length, piece_labels, token_label
 
 EMPTY_TEXT = "cache empty — send a message"
@@ -131,7 +132,7 @@ def describe_token(snapshot: StepSnapshot | None, index: int | None, layer: Laye
         parts.append("special")
     if index >= len(snapshot.buffer) - len(snapshot.input_ids):
         parts.append("last forward")
-    if layer is not None and index < layer.held_from:
+    if layer is not None and not layer.holds(index):
         parts.append(f"evicted from layer {layer.index}")
     return " · ".join(parts)
 
@@ -163,7 +164,9 @@ def buffer_title(snapshot: StepSnapshot | None, layer: LayerInfo | None) -> str:
         title = f"context (no cache) · {len(snapshot.buffer)} tokens re-read · next pos {snapshot.cursor}"
     if layer is not None:
         title += f" · layer {layer.index} {layer.kind}"
-        if layer.held_from:
+        if layer.held is not None:  # a compressed cache: what this layer still holds
+            title += f" holds {layer.filled} of {layer.seen}: {runs_text(layer.held)}"
+        elif layer.held_from:
             title += f" holds from {layer.held_from}"
     return title
 
