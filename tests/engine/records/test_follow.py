@@ -8,6 +8,7 @@ import threading
 import time
 
 from kvtui.engine.records.follow import FOLLOW, REWRITTEN, WAITING, FollowSource
+from kvtui.engine.records.trace import TraceError
 
 POLL = 0.01
 
@@ -33,7 +34,7 @@ class Follower:
         try:
             for record in FollowSource(path, poll=POLL).records(stop=self.stop):
                 self.got.put(record)
-        except Exception as exc:  # the test sees it as what came next
+        except TraceError as exc:  # the test sees it as what came next
             self.got.put({"type": "error", "error": str(exc)})
 
     def __next__(self) -> dict:
