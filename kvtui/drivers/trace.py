@@ -103,6 +103,7 @@ playing. With --follow the steps another process appends arrive as it writes the
             self.app.post_message(Call(self._follow_failed, (str(exc),)))
 
     def _waiting(self, message: str) -> None:
+        self.app.describe_model(message)  # the status line: not "loading model…", there is no model
         self.app.query_one(ChatPane).input.placeholder = f"{message} (the program has not created it yet)"
         self.app.notify(f"{message}: its steps show as the program writes them", timeout=10)
 
