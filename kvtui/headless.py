@@ -149,13 +149,15 @@ def _run_turn(session: ChatSession, text: str, shown: Callable[[str], str]) -> t
     before_diag, before_len = len(session.diagnostics), session.cache_length
     started, fed, generated = time.perf_counter(), 0, 0
     error, turn = None, "-"  # a send refused before its prefill (a full static cache) starts no turn
+    prefill = None
     try:
         prefill = session.send(text)
         turn, fed = str(session.turn), len(prefill.input_ids)
-        last = session.generate()
-        generated = (last.step - prefill.step) if last else 0
+        session.generate()
     except SessionError as exc:
         error = str(exc)
+    if prefill is not None:  # the steps made after the prefill, a turn cut short (a full static cache) included
+        generated = session.steps - prefill.step
     elapsed = time.perf_counter() - started
     reply = session.messages[-1]["content"] if session.messages and session.messages[-1]["role"] == "assistant" else ""
     codes = ", ".join(sorted({d.code for d in session.diagnostics[before_diag:]}))

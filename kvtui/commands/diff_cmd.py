@@ -1,7 +1,8 @@
 """`kvtui diff A.jsonl B.jsonl`: the first step where two traces diverge, as a readable report.
 
-Exit status: 0 when the traces agree, 1 when they diverge (the report names the step and field),
-2 when a trace cannot be read (one line on stderr naming the file and line).
+Exit status: 0 when the traces agree (a different cache strategy is a note), 1 when they diverge (the report
+names the step and field), 2 when a trace cannot be read (one line on stderr naming the file and line). A trace
+whose last line a crash cut short is read as `kvtui replay` reads it, and the report says where it ends.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..engine.records.diff import DiffResult, diff_traces, first_difference, token_pieces
+from ..engine.records.diff import DiffResult, diff_traces, first_difference, raw_logit, token_pieces
 from ..engine.records.trace import Trace, TraceError, read_trace
 from ..fmt import positions, printable
 
@@ -34,17 +35,18 @@ TOP_SHOWN = 5
 def diff(trace_a: Path, trace_b: Path, tie_tolerance: float) -> None:
     """Compare two traces and report the first step where they diverge.
 
-    Compared in step order: fed input_ids, positions, the chosen token, the top-k order (near-ties
-    aside) and the cache fill. Cache kind and capacity, versions, dtype and device are notes only.
-    Exit 0 when they agree, 1 when they diverge, 2 when a trace cannot be read.
+    Compared in step order: fed input_ids, positions, the chosen token, the raw top-k order (near-ties
+    aside), and the cache fill when both ran the same cache strategy. A different cache strategy, kind or
+    capacity, versions, dtype and device are notes only. A trace cut short by a crash is read up to its
+    last whole line. Exit 0 when they agree, 1 when they diverge, 2 when a trace cannot be read.
     """
     from ..engine.server.server_trace import is_server_trace
 
     if is_server_trace(trace_a) or is_server_trace(trace_b):
         sys.exit(_diff_servers(trace_a, trace_b))
     try:
-        # strict: a diff of a trace cut mid-line would silently compare fewer steps
-        a, b = read_trace(trace_a, strict=True), read_trace(trace_b, strict=True)
+        # as replay reads it: a last line cut mid-write by a crash is dropped (the report says where it ends)
+        a, b = read_trace(trace_a), read_trace(trace_b)
     except TraceError as exc:
         click.echo(f"kvtui: error: {' '.join(str(exc).split())}", err=True)  # one line, on stderr
         sys.exit(2)
@@ -93,8 +95,11 @@ def print_report(console: Console, a: Trace, b: Trace, result: DiffResult, tie_t
     if result.logit_gap is not None:
         facts.append(f"max |logit difference| over the shared top-k there: {result.logit_gap:.3g}")
     ca, cb = result.chosen_logits
+    pa, pb = result.chosen_processed
     if ca is not None or cb is not None:
-        facts.append(f"chosen token's logit: A {_num(ca)}, B {_num(cb)}")
+        facts.append(f"chosen token's raw logit: A {_num(ca)}, B {_num(cb)}")
+    if (pa, pb) != (ca, cb) and (pa is not None or pb is not None):  # a sampler's processors changed them
+        facts.append(f"after the sampler's processors: A {_num(pa)}, B {_num(pb)}")
     console.print("  " + "; ".join(facts), soft_wrap=True, highlight=False)
     table = _step_table(a, b, result.step)
     if table is not None:
@@ -145,11 +150,13 @@ def _step_table(a: Trace, b: Trace, step: int | None) -> Table | None:
         ("phase · turn", lambda s: f"{s.get('phase')} · {s.get('turn')}"),
         ("fed", lambda s: _fed(s.get("input_ids") or [], at, pieces)),
         ("positions", lambda s: positions(s.get("positions") or [])),
-        ("chosen", lambda s: _top(s.get("chosen"))),
-        ("top-k", lambda s: "\n".join(_top(t) for t in (s.get("topk") or [])[:TOP_SHOWN])),
+        ("chosen", _chosen),
+        ("top-k (raw)", lambda s: _tops(s.get("topk"))),
         ("cache length", lambda s: str(s.get("cache_seq_length"))),
         ("filled per layer", lambda s: " ".join(str(layer.get("filled")) for layer in s.get("layers") or [])),
     ]
+    if any(_processors_changed(s) for s in (sa, sb) if s is not None):  # the list the sampler chose from
+        rows.insert(5, ("top-k (processed)", lambda s: _tops(s.get("topk_processed"))))
     for name, show in rows:
         va = show(sa) if sa is not None else "(no such step)"
         vb = show(sb) if sb is not None else "(no such step)"
@@ -184,6 +191,32 @@ def _top(record: dict | None) -> str:
         return "-"
     forced = " forced" if record.get("forced") else ""
     return f"{record.get('text')!r} id {record.get('id')} logit {_num(record.get('logit'))}{forced}"
+
+
+def _tops(records: list | None) -> str:
+    return "\n".join(_top(t) for t in (records or [])[:TOP_SHOWN])
+
+
+def _chosen(step: dict) -> str:
+    """The chosen token with its raw logit, as the raw top-k beside it shows logits; its processed logit
+    (what the sampler chose by) after it where the two differ."""
+    record = step.get("chosen")
+    if not record:
+        return "-"
+    raw = raw_logit(step, record.get("id"))
+    text = f"{record.get('text')!r} id {record.get('id')} "
+    text += f"logit {_num(raw)}" if raw is not None else "not in the raw top-k"
+    processed = record.get("logit")
+    if processed is not None and processed != raw:
+        text += f" (processed {_num(processed)})"
+    return text + (" forced" if record.get("forced") else "")
+
+
+def _processors_changed(step: dict) -> bool:
+    processed = step.get("topk_processed")
+    return processed is not None and [(t.get("id"), t.get("logit")) for t in processed] != [
+        (t.get("id"), t.get("logit")) for t in step.get("topk") or []
+    ]
 
 
 def _num(value) -> str:

@@ -15,7 +15,12 @@ from . import check_theme as _check_theme
 @click.command("replay")
 @click.argument("trace_path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--theme", default=DEFAULT_THEME, show_default=True)
-@click.option("--follow", is_flag=True, help="Keep reading: show steps as another process appends them.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Keep reading: show steps as another process appends them (waits for a file not created yet; starts "
+    "again from the top when the program rewrites it).",
+)
 @click.option(
     "--print",
     "print_only",
@@ -34,8 +39,6 @@ def replay(trace_path, theme, follow, print_only):
     if print_only:
         _bad_input(f"{trace_path}: --print is for server traces (kvtui attach --trace); this is a step trace")
     _check_theme(theme)
-    if follow and not trace_path.is_file():
-        raise click.BadParameter(f"{trace_path}: no such trace file (yet)", param_hint="TRACE_PATH")
     try:
         from .. import viewers
 

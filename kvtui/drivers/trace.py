@@ -81,18 +81,39 @@ playing. With --follow the steps another process appends arrive as it writes the
         ).input.placeholder = f"replaying {self.trace_path.name}: {len(self.replay)} steps (space/u to step, r to play)"
 
     def _follow(self) -> None:
-        """(worker thread) Read the trace as it grows (records/follow.py); the UI shows what arrived."""
-        from ..engine.records.follow import FollowSource
+        """(worker thread) Read the trace as it grows (records/follow.py); the UI shows what arrived. A rewritten
+        trace (the program run again) is read into a fresh Replay, which the UI takes over (_restarted)."""
+        from ..engine.records.follow import FOLLOW, REWRITTEN, FollowSource
 
         worker = get_current_worker()
+        replay = self.replay
         try:
             for record in FollowSource(self.trace_path).records(stop=worker.cancelled_event):
-                self.replay.add_record(record)
+                if record.get("type") == FOLLOW:
+                    if record.get("what") == REWRITTEN:
+                        replay = Replay(Trace(self.trace_path, {}))
+                        self.app.post_message(Call(self._restarted, (replay, record["message"])))
+                    else:  # waiting for the file
+                        self.app.post_message(Call(self._waiting, (record["message"],)))
+                    continue
+                replay.add_record(record)
                 if not self._appended:
                     self._appended = True
                     self.app.post_message(Call(self._appended_records))
         except TraceError as exc:
             self.app.post_message(Call(self._follow_failed, (str(exc),)))
+
+    def _waiting(self, message: str) -> None:
+        self.app.describe_model(message)  # the status line: not "loading model…", there is no model
+        self.app.query_one(ChatPane).input.placeholder = f"{message} (the program has not created it yet)"
+        self.app.notify(f"{message}: its steps show as the program writes them", timeout=10)
+
+    def _restarted(self, replay: Replay, message: str) -> None:
+        """The trace was rewritten: the steps read from here on are the new run's, from its first step."""
+        self._stop_player()
+        self.replay, self.position, self.at_end = replay, -1, True
+        self.app.notify(message, severity="warning", timeout=10)
+        self._appended_records()
 
     def _appended_records(self) -> None:
         self._appended = False  # first: records read from here on post another

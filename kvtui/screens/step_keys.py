@@ -120,6 +120,8 @@ class StepKeys(SourceScreen):
     @on(LayersPane.LayerSelected)
     def layer_selected(self, message: LayersPane.LayerSelected) -> None:
         self.query_one(TokenBufferPane).selected_layer = message.index
+        if message.initial:  # the table's first row, which no one chose: the attention view stays on all layers
+            return
         self.driver.attention(message.index)
         shown = self.query_one(TokenBufferPane).snapshot
         if shown is not None and shown.attention is not None:
@@ -151,7 +153,16 @@ class StepKeys(SourceScreen):
             self.notify("pick a layer first ([ / ])", severity="warning")
             return
         if detail.layer != layer:
-            self.notify(f"the heads of layer {layer} arrive with the next step", timeout=3)
+            if getattr(self.driver, "replay", None) is not None:  # a recording: no step will bring them
+                why = f"this recording kept the heads of layer {detail.layer} only"
+            elif snapshot.turn_done and not self.engine_busy:  # no step comes until the next message
+                why = (
+                    f"this step kept the heads of layer {detail.layer}; layer {layer}'s are kept from the next "
+                    "forward (the turn is over: send a message)"
+                )
+            else:
+                why = f"the heads of layer {layer} arrive with the next step"
+            self.notify(why, timeout=5)
             return
         choices: list[int | None] = [None, *range(len(detail.heads))]
         at = choices.index(head) if head in choices else 0

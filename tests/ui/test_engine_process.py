@@ -190,6 +190,7 @@ async def test_attention_of_the_layer_selected_in_the_layers_pane(tiny_dir):
     async with app.run_test(size=SIZE) as pilot:
         await start(pilot, app)
         snapshot = app.view.latest
+        assert app.view.attention_view == (None, None)  # opens on all layers: the table's first row is no choice
         last = len(snapshot.layers) - 1
         assert len(snapshot.attention) == len(snapshot.layers) and snapshot.attention_layer == last
         assert all(len(entries) >= min(8, len(snapshot.buffer)) for entries in snapshot.attention)
@@ -210,6 +211,18 @@ async def test_attention_of_the_layer_selected_in_the_layers_pane(tiny_dir):
         await pilot.pause(0.1)
         assert app.view.attention_view == (None, None)
         assert "all 2 layers" in str(app.query_one(AttentionStrip).render())
+        app.view.action_run()  # the rest of the turn: no step comes after it
+        await wait_for(pilot, lambda: app.view.latest.turn_done and not app.view.engine_busy, 60, "the turn's end")
+        await wait_idle(pilot, app)
+        assert app.view.latest.attention_detail.layer == 0
+        await pilot.press("right_square_bracket", "right_square_bracket")  # layer 1, whose heads were not kept
+        await pilot.pause(0.1)
+        assert app.view.attention_view == (1, None)
+        await pilot.press("right_curly_bracket")
+        await pilot.pause(0.1)
+        said = [str(n.message) for n in app._notifications]
+        assert any("the turn is over" in m and "kept the heads of layer 0" in m for m in said), said
+        assert not any("arrive with the next step" in m for m in said)
 
 
 async def test_a_loaded_model_that_does_not_pickle_is_handed_over_with_save_pretrained(tiny_dir):

@@ -1,9 +1,9 @@
 """Compare two traces step by step and report the first step where they diverge.
 
 Two runs of the same chat should feed the same tokens at the same positions, choose the same next
-token, rank the same top-k and fill the cache by the same amount, whatever cache kind or library
-version produced them. `diff_traces` walks both traces in step order and stops at the first step
-where one of these differs, checked in this order:
+token and rank the same top-k, whatever cache strategy or library version produced them: that is what a
+run decided. `diff_traces` walks both traces in step order and stops at the first step where one of
+these differs, checked in this order:
 
 1. `input_ids`   the tokens the forward fed
 2. `positions`   the position ids they were fed with
@@ -12,11 +12,16 @@ where one of these differs, checked in this order:
                  `tie_tolerance` in either trace) are not a divergence
 5. `cache_seq_length`, then `layers` (each layer's `filled`; `seen` when the two layers are of
                  different kinds, e.g. dynamic `sliding` vs `static-sliding`, which hold a different
-                 number of slots by design)
+                 number of slots by design) -- only when both traces ran the same cache strategy (the
+                 header's `cache`). Strategies differ in their caches by design (`none` keeps no cache at
+                 all): the first such difference is a note, and the decisions above are what is compared.
 
-Differences that do not change what the model computes -- the cache kind and capacity, the slots a
-static layer preallocates, library versions, dtype, device, model path -- are reported as notes.
-A trace with fewer steps diverges at its first missing step ("trace B ends at step N").
+Differences that do not change what the model computes -- the cache strategy, kind and capacity, the
+slots a static layer preallocates, library versions, dtype, device, model path -- are reported as notes.
+A trace with fewer steps diverges at its first missing step ("trace B ends at step N"); a trace whose
+last line a crash cut short is read as `kvtui replay` reads it (that line dropped) and a note says so.
+Logits are shown raw (before the sampler's processors), the chosen token's as well; the processed
+logit is named as such where it differs.
 
 Pure Python over the records of `kvtui.engine.records.trace.read_trace`: no torch, no UI library.
 """
@@ -67,17 +72,21 @@ class DiffResult:
     # dataclasses.field: the class's own `field` (the name of what differs) hides the bare name here
     notes: list[str] = dataclasses.field(default_factory=list)  # differences that are not a divergence
     steps_compared: int = 0  # steps found equal before the divergence (all of them when they agree)
-    # The chosen token's logit in each trace at the divergence step (None when absent).
+    # The chosen token's raw logit (from the raw top-k) in each trace at the divergence step (None when the
+    # raw top-k does not hold it), and its logit after the sampler's processors (the step's `chosen`).
     chosen_logits: tuple[float | None, float | None] = (None, None)
+    chosen_processed: tuple[float | None, float | None] = (None, None)
 
 
 def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
     """The first step where traces `a` and `b` diverge (see the module docstring for the order)."""
     if tie_tolerance < 0:
         raise ValueError(f"tie_tolerance must be >= 0, got {tie_tolerance}")
-    notes = _header_notes(a.header, b.header)
+    notes = _header_notes(a.header, b.header) + _cut_short_notes(a, "A") + _cut_short_notes(b, "B")
     pieces = token_pieces(a) | token_pieces(b)
     layer_notes = _LayerNotes()
+    same_strategy = a.header.get("cache") == b.header.get("cache")
+    cache_note: str | None = None  # strategies differ: the first step whose cache differs, said once
     max_gap: float | None = None
     compared = 0
     renumbered = False
@@ -94,19 +103,29 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
         gap = _logit_gap(sa, sb)
         if attention_note is None:
             attention_note = _attention_note(step, sa, sb)
-        found = _compare_step(sa, sb, tie_tolerance, pieces, layer_notes)
+        found = _compare_decisions(sa, sb, tie_tolerance, pieces)
+        if found is None:
+            cache = _compare_cache(sa, sb, layer_notes)
+            if same_strategy:
+                found = cache
+            elif cache is not None and cache_note is None:
+                cache_note = _strategy_note(a.header.get("cache"), b.header.get("cache"), step, cache[1])
         if first_event is not None and first_event[0] < step:  # what happened before this step comes first
             event_step, field_name, detail = first_event
             return DiffResult(False, event_step, field_name, detail, None, notes + layer_notes.render(), compared)
         if found is not None:
             field_name, detail = found
+            notes += [cache_note] if cache_note else []
             notes += [attention_note] if attention_note else []
             notes += layer_notes.render()
             notes += _verify_notes(a, "A") + _verify_notes(b, "B")
-            return DiffResult(False, step, field_name, detail, gap, notes, compared, _chosen_logits(sa, sb))
+            return DiffResult(
+                False, step, field_name, detail, gap, notes, compared, _chosen_logits(sa, sb), _chosen_processed(sa, sb)
+            )
         if gap is not None:
             max_gap = gap if max_gap is None else max(max_gap, gap)
         compared += 1
+    notes += [cache_note] if cache_note else []
     notes += [attention_note] if attention_note else []
     notes += layer_notes.render()
     notes += _verify_notes(a, "A") + _verify_notes(b, "B")
@@ -116,6 +135,8 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
         missing = longer.steps[len(shorter.steps)]
         other = "A" if name == "B" else "B"
         ends = f"trace {name} ends at step {last}" if shorter.steps else f"trace {name} has no steps"
+        if shorter.truncated:
+            ends += " (a crash cut its next line short)"
         detail = (
             f"{ends}; trace {other} goes on to step {longer.steps[-1].get('step', len(longer.steps))} "
             f"({len(longer.steps) - len(shorter.steps)} more)"
@@ -132,12 +153,28 @@ def diff_traces(a: Trace, b: Trace, tie_tolerance: float = 1e-3) -> DiffResult:
     return DiffResult(True, None, None, detail, max_gap, notes, compared)
 
 
+def _strategy_note(strategy_a, strategy_b, step: int, detail: str) -> str:
+    return (
+        f"cache strategy differs: {strategy_a} in A, {strategy_b} in B; their caches differ by design "
+        f"(from step {step}: {detail}), so diff compares what each run decided: tokens, positions, logits"
+    )
+
+
+def _cut_short_notes(trace: Trace, name: str) -> list[str]:
+    """A trace a crash cut mid-line, read as replay reads it: where it ends."""
+    if not trace.truncated:
+        return []
+    last = trace.steps[-1].get("step", len(trace.steps)) if trace.steps else None
+    ends = f"it ends at step {last}" if last is not None else "it holds no step"
+    where = f"line {trace.truncated_line}" if trace.truncated_line is not None else "its last line"
+    return [f"trace {name} was cut short by a crash ({where} unfinished, dropped as replay drops it): {ends}"]
+
+
 # ---- one step ----------------------------------------------------------------------------------
 
 
-def _compare_step(
-    sa: dict, sb: dict, tol: float, pieces: dict[int, str], layer_notes: _LayerNotes
-) -> tuple[str, str] | None:
+def _compare_decisions(sa: dict, sb: dict, tol: float, pieces: dict[int, str]) -> tuple[str, str] | None:
+    """What the run decided: the tokens fed, their positions, the chosen token, the raw top-k."""
     ids_a, ids_b = list(sa.get("input_ids") or []), list(sb.get("input_ids") or [])
     if ids_a != ids_b:
         return "input_ids", _sequence_detail("fed tokens", ids_a, ids_b, pieces)
@@ -148,12 +185,17 @@ def _compare_step(
     id_a, id_b = (ca or {}).get("id"), (cb or {}).get("id")
     if id_a != id_b:
         return "chosen", (
-            f"the next token differs: A chose {_token(id_a, ca, pieces)}"
-            f"{_forced(ca)}, B chose {_token(id_b, cb, pieces)}{_forced(cb)}"
+            f"the next token differs: A chose {_token(id_a, sa, pieces)}"
+            f"{_forced(ca)}, B chose {_token(id_b, sb, pieces)}{_forced(cb)}"
         )
     topk = _compare_topk(sa.get("topk") or [], sb.get("topk") or [], tol, pieces)
     if topk is not None:
         return "topk", topk
+    return None
+
+
+def _compare_cache(sa: dict, sb: dict, layer_notes: _LayerNotes) -> tuple[str, str] | None:
+    """What the cache holds after the step: a divergence only between traces of one cache strategy."""
     la, lb = sa.get("cache_seq_length"), sb.get("cache_seq_length")
     if la != lb:
         return "cache_seq_length", f"the cache holds {la} tokens in A, {lb} in B"
@@ -269,11 +311,12 @@ def _sequence_detail(what: str, a: list, b: list, pieces: dict[int, str] | None)
     return text
 
 
-def _token(token_id, record, pieces) -> str:
+def _token(token_id, step: dict, pieces) -> str:
+    """The chosen token with its raw logit, the kind the top-k lists show."""
     if token_id is None:
         return "nothing"
-    logit = (record or {}).get("logit")
-    return _piece(token_id, pieces) + (f" (logit {_fmt(logit)})" if logit is not None else "")
+    logit = raw_logit(step, token_id)
+    return _piece(token_id, pieces) + (f" (raw logit {_fmt(logit)})" if logit is not None else "")
 
 
 def _forced(record) -> str:
@@ -326,7 +369,17 @@ def _logit_gap(sa: dict, sb: dict) -> float | None:
     return max((abs(la[i] - lb[i]) for i in common), default=None)
 
 
+def raw_logit(step: dict, token_id) -> float | None:
+    """A token's raw logit (before the sampler's processors) at `step`: from its raw top-k, None when the
+    list does not hold it. (The step's `chosen` carries the processed logit.)"""
+    return next((t.get("logit") for t in step.get("topk") or [] if t.get("id") == token_id), None)
+
+
 def _chosen_logits(sa: dict, sb: dict) -> tuple[float | None, float | None]:
+    return tuple(raw_logit(s, (s.get("chosen") or {}).get("id")) for s in (sa, sb))  # type: ignore[return-value]
+
+
+def _chosen_processed(sa: dict, sb: dict) -> tuple[float | None, float | None]:
     return (sa.get("chosen") or {}).get("logit"), (sb.get("chosen") or {}).get("logit")
 
 

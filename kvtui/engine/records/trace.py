@@ -284,6 +284,7 @@ class Trace:
     buffers: list[dict] = field(default_factory=list)  # one per turn, in order
     events: list[dict] = field(default_factory=list)  # other record types, kept as they are
     truncated: bool = False  # the writer was interrupted mid-line: that last line was dropped
+    truncated_line: int | None = None  # the number of that dropped line
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
@@ -355,6 +356,7 @@ def read_trace(path: str | os.PathLike, *, strict: bool = False) -> Trace:
                 f"{path}:{exc.number}: the header line is cut short (the recording was interrupted before it started)"
             ) from None
         trace.truncated = True
+        trace.truncated_line = exc.number
     if trace is None:
         raise TraceError(f"{path}: empty trace (no header)")
     return trace

@@ -109,8 +109,8 @@ class OriginStats:
     kept_elsewhere: int = 0  # blocks removed from one medium while another still held them (offloaded: not evicted)
     offloaded_back: int = 0  # blocks stored on a faster medium while held only on slower ones (offloaded-prefix)
     routed_tokens: int = 0  # tokens prefilled here while another replica held them (routing waste)
-    live_tokens: int = 0  # tokens in the blocks its live batches announced stored (stored again included; not what
-    # the replay socket gave on attach): what metric_rules cross-checks against /metrics
+    live_tokens: int = 0  # tokens in the blocks its live batches announced stored (stored again included; not a
+    # report's re-announced blocks, a hit; not what the replay socket gave on attach): what metric_rules cross-checks
     block_size: int = 0  # tokens per block, as its events say
     requests: int = 0  # prefills seen (requests.py's rows: a request that stored or reported blocks)
     reports: int = 0  # requests whose reused blocks the server reported (kv_cache_report_mode full)
@@ -200,10 +200,15 @@ class PrefixCache:
         notes: list[Diagnostic] = []
         for event in batch.events:
             if isinstance(event, BlocksStored):
-                self._store(event, origin, stats, batch.ts, notes)
+                reported = self._store(event, origin, stats, batch.ts, notes)
                 stats.block_size = event.block_size or stats.block_size
-                # the first tier's stores (an offload tier's copies are no prefill): what /metrics counts
-                if not batch.caught_up and TIERS.get(_word(event.medium), 2) <= self._first_tier.get(origin, 3):
+                # the first tier's stores (an offload tier's copies are no prefill): what /metrics counts. A report's
+                # re-announced blocks are that request's hit, not tokens stored (its row counts them so too)
+                if (
+                    not reported
+                    and not batch.caught_up
+                    and TIERS.get(_word(event.medium), 2) <= self._first_tier.get(origin, 3)
+                ):
                     stats.live_tokens += len(event.hashes) * event.block_size
             elif isinstance(event, BlocksRemoved):
                 self._remove(event, origin, stats, batch.ts)
@@ -223,7 +228,9 @@ class PrefixCache:
         """Batches the subscriber knows it missed and could not replay."""
         self.stats(origin).lost += batches
 
-    def _store(self, event: BlocksStored, origin: str, stats: OriginStats, ts: float, notes: list) -> None:
+    def _store(self, event: BlocksStored, origin: str, stats: OriginStats, ts: float, notes: list) -> bool:
+        """Fold one store in; True when it was a report of a request's reused blocks (kv_cache_report_mode full),
+        which stores nothing."""
         size = event.block_size
         stats.groups.add(event.group)
         if event.medium is not None and event.medium.upper() not in KNOWN_MEDIA:
@@ -236,7 +243,7 @@ class PrefixCache:
             self._first_tier[origin] = first = tier
         if not size or tier > first:  # hashes only, or a copy on a slower tier than this origin prefills on (an
             self._store_hashes(event, origin)  # offload: no prefill): which medium holds them
-            return
+            return False
         units = self.rules.unit
         if size < units.get((origin, event.group), size + 1):
             units[(origin, event.group)] = size
@@ -246,7 +253,7 @@ class PrefixCache:
             and (origin, event.group, event.hashes[0]) in self.blocks  # (a fresh prefill stops here: one lookup)
             and self._reuse_report(event, origin, stats, ts)
         ):
-            return
+            return True
         parent = self.blocks.get((origin, event.group, event.parent)) if event.parent is not None else None
         count, token_ids = len(event.hashes) * size, event.token_ids
         self.texts.ensure(token_ids if len(token_ids) == count else token_ids[:count])  # (a copy only where needed)
@@ -376,6 +383,7 @@ class PrefixCache:
             row.last = (origin, event.group, parent.key)
             row.chain = row.chain or parent.chain
         self.rules.check_churn(origin, stats, notes)
+        return False
 
     def _reuse_report(self, event: BlocksStored, origin: str, stats: OriginStats, ts: float) -> bool:
         """vLLM's report of a request's reused blocks (its client sent kv_cache_report_mode full): a store from the

@@ -299,11 +299,13 @@ class LayersPane(ThemedPane, Vertical):
     """
 
     class LayerSelected(Message):
-        """The user moved the row cursor to (or pressed enter on) a layer."""
+        """The user moved the row cursor to (or pressed enter on) a layer; `initial`: the cursor's first row when
+        the table first filled, which no one chose."""
 
-        def __init__(self, index: int) -> None:
+        def __init__(self, index: int, initial: bool = False) -> None:
             super().__init__()
             self.index = index
+            self.initial = initial
 
     def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
@@ -429,9 +431,10 @@ class LayersPane(ThemedPane, Vertical):
         # then yields one consistent selection instead of a flicker through row 0.
         current = self._current_layer()
         changed = current != self._selected
+        initial = self._selected is None
         self._selected = current
         if post and current is not None and (changed or always):
-            self.post_message(self.LayerSelected(current))
+            self.post_message(self.LayerSelected(current, initial=initial and not always))
 
     @on(DataTable.RowHighlighted, "#layers-table")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -30,6 +30,7 @@ def traces(tiny_dir, tiny_model, tmp_path_factory):
         "a": [],
         "a2": [],
         "static": ["--cache", "static", "--max-cache-len", "512"],
+        "none": ["--cache", "none"],
     }
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tiny runs side by side
     procs = {}
@@ -93,8 +94,8 @@ def run_in_process(tiny_model, model_dir, script_path, trace_path):
     return trace_path
 
 
-def run_diff(*args):
-    result = CliRunner().invoke(diff_command, [str(a) for a in args])
+def run_diff(*args, columns: int = 80):
+    result = CliRunner().invoke(diff_command, [str(a) for a in args], env={"COLUMNS": str(columns)})
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -146,16 +147,81 @@ def test_a_different_second_turn_diverges_at_its_prefill(traces):
     assert f"diverge at step {turn2}" in flat(out) and "input_ids" in out
 
 
-def test_a_trace_truncated_mid_line_is_unreadable(traces, tmp_path):
+def test_a_trace_cut_mid_line_by_a_crash_is_read_as_replay_reads_it(traces, tmp_path):
     lines = traces["a"].read_text().splitlines(keepends=True)
+    assert [json.loads(line)["type"] for line in lines[:4]] == ["header"] + ["step"] * 3
     cut = tmp_path / "cut.jsonl"
-    cut.write_text("".join(lines[:4]) + lines[4][: len(lines[4]) // 2])
+    cut.write_text("".join(lines[:4]) + lines[4][: len(lines[4]) // 2])  # a crash in the middle of line 5
+    replayed = read_trace(cut)  # what `kvtui replay` reads
+    assert replayed.truncated and [s["step"] for s in replayed.steps] == [1, 2, 3]
+    result = diff_traces(read_trace(traces["a"]), replayed)
+    assert not result.agree and result.field == "steps" and result.step == 4 and result.steps_compared == 3
+    assert "trace B ends at step 3 (a crash cut its next line short)" in result.detail
+    assert "trace B was cut short by a crash (line 5 unfinished, dropped as replay drops it): it ends at step 3" in (
+        result.notes
+    )
     code, out, err = run_diff(traces["a"], cut)
-    assert code == 2 and out == ""
-    assert f"{cut}:5" in err and "truncated" in err
-    assert len(err.strip().splitlines()) == 1
+    assert code == 1, out + err
+    assert "cut short by a crash (line 5 unfinished" in flat(out) and "trace B ends at step 3" in flat(out)
+    # the same trace against itself cut: the steps both hold agree, and the cut one says where it ends
+    code, out, _ = run_diff(cut, cut)
+    assert code == 0 and "it ends at step 3" in flat(out)
     code, _, err = run_diff(tmp_path / "missing.jsonl", traces["a"])
     assert code == 2 and "no such trace file" in err
+
+
+def test_no_cache_and_a_dynamic_cache_decide_the_same_and_the_strategy_is_a_note(traces):
+    """--cache none holds no cache at all; the decisions (tokens, positions, chosen, top-k) must agree with a
+    dynamic cache's, and the difference of caches is a note: exit 0."""
+    n, d = read_trace(traces["none"]), read_trace(traces["a"])
+    # the independent truth: what each run fed and chose, read straight from the records
+    assert [s["cache_seq_length"] for s in n.steps][0] != [s["cache_seq_length"] for s in d.steps][0]
+    assert [(s["input_ids"], s["positions"], s["chosen"]["id"]) for s in n.steps] == [
+        (s["input_ids"], s["positions"], s["chosen"]["id"]) for s in d.steps
+    ]
+    result = diff_traces(n, d)
+    assert result.agree, result.detail
+    assert result.steps_compared == len(d.steps)
+    assert any(note.startswith("cache strategy differs: none in A, dynamic in B") for note in result.notes)
+    code, out, _ = run_diff(traces["none"], traces["a"])
+    assert code == 0 and "cache strategy differs" in flat(out) and "agree" in out
+
+
+def test_the_cache_fill_still_diverges_between_traces_of_one_strategy(traces):
+    a = read_trace(traces["a"])
+    b = copy.deepcopy(a)
+    b.steps[2]["cache_seq_length"] += 1
+    result = diff_traces(a, b)
+    assert not result.agree and result.field == "cache_seq_length" and result.step == a.steps[2]["step"]
+
+
+def test_the_chosen_token_is_shown_with_its_raw_logit_beside_the_raw_topk(traces, tmp_path):
+    """A sampler's processors (here a temperature of 0.5) change the logits the chosen token was picked by;
+    the report shows raw logits in both the chosen row and the top-k, and names the processed one."""
+    trace = read_trace(traces["a"])
+    a = copy.deepcopy(trace)
+    for step in a.steps:
+        step["topk_processed"] = [{**t, "logit": t["logit"] / 0.5} for t in step["topk"]]
+        step["chosen"] = {**step["chosen"], "logit": step["chosen"]["logit"] / 0.5}
+    b = copy.deepcopy(a)
+    at = 3
+    top = b.steps[at]["topk"]
+    b.steps[at]["chosen"] = {**top[1], "logit": top[1]["logit"] / 0.5, "forced": False}  # B chose rank 2
+    result = diff_traces(a, b)
+    assert result.field == "chosen" and result.step == a.steps[at]["step"]
+    raw_a, raw_b = a.steps[at]["topk"][0]["logit"], top[1]["logit"]
+    assert result.chosen_logits == (raw_a, raw_b)
+    assert result.chosen_processed == (raw_a / 0.5, raw_b / 0.5)
+    pa, pb = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for path, t in ((pa, a), (pb, b)):
+        path.write_text("".join(json.dumps(r) + "\n" for r in [t.header, *t.steps]))
+    code, out, _ = run_diff(pa, pb, columns=240)  # wide: each table cell on one line
+    assert code == 1
+    text = flat(out)
+    assert f"chosen token's raw logit: A {raw_a:.6g}, B {raw_b:.6g}" in text
+    assert f"after the sampler's processors: A {raw_a / 0.5:.6g}, B {raw_b / 0.5:.6g}" in text
+    assert f"id {top[1]['id']} logit {raw_b:.6g} (processed {raw_b / 0.5:.6g})" in text  # B's chosen row
+    assert "top-k (raw)" in text and "top-k (processed)" in text
 
 
 def test_a_trace_cut_at_a_line_ends_early(traces, tmp_path):

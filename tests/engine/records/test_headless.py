@@ -98,6 +98,34 @@ def test_static_overflow_is_reported_headless(tiny_dir, tmp_path):
     assert "static cache overflow refused: capacity 40" in " ".join(run.stdout.split())
 
 
+def test_new_counts_the_steps_of_a_turn_a_full_static_cache_cut_short(tiny_dir, tmp_path):
+    """The first turn fills the static cache mid-reply (refused there): its row's `new` is the decode steps it made,
+    as its trace records them, not 0."""
+    script = tmp_path / "turns.txt"
+    script.write_text("What is k?\nAnd m?\n")
+    trace = tmp_path / "run.jsonl"
+    run = subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", tiny_dir("qwen2"), "--headless", "--script", script, "--cache", "static"]
+        + ["--max-cache-len", "40", "--max-new-tokens", "20", "--trace", trace],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert run.returncode == 1 and "static cache overflow refused" in run.stdout
+    decodes = [s for s in read_trace(trace).steps if s["turn"] == 1 and s["phase"] == "decode"]
+    assert decodes, "the first turn made decode steps before the cache was full"
+    rows = [
+        [cell.strip() for cell in line.split("│")[1:-1]] for line in run.stdout.splitlines() if line.startswith("│")
+    ]
+    header = [
+        cell.strip() for cell in next(li for li in run.stdout.splitlines() if li.startswith("┃")).split("┃")[1:-1]
+    ]
+    first = dict(zip(header, rows[0]))
+    assert first["turn"] == "1" and "overflow refused" in first["model"]
+    assert first["new"] == str(len(decodes)), run.stdout
+
+
 def test_a_turn_refused_before_its_prefill_starts_no_turn_in_the_summary(tmp_path):
     """The sample's first message does not fit the static cache at all (refused before any forward): its row has
     no turn number, and the next message, which does start, is turn 1 (as the trace and the TUI number it)."""

@@ -97,6 +97,32 @@ def test_events_that_agree_with_the_counters_raise_nothing_and_are_counted_as_co
     assert (checked.compared, checked.disagreed) == (1, 0)
 
 
+def test_blocks_a_report_re_announces_are_hits_for_the_cross_check_too():
+    """Two requests share a three-block system prompt, sent with kv_cache_report_mode full: vLLM re-announces the
+    second one's reused blocks (a BlockStored of the held hashes from the prompt's first block). They are its hit,
+    as the request rows count them, not tokens stored: the cross-check against /metrics raises nothing."""
+    fake = server()
+    settle(fake)
+    shared = 3 * BLOCK
+    system = tuple(range(10_000, 10_000 + shared))
+    keys = ("sys0", "sys1", "sys2")
+    tail = 10  # each request's own text after the system prompt: less than a block
+    for number in range(2):
+        fake.queries += shared + tail
+        fake.hits += shared if number else 0
+        fake.generated += 4
+        fake.prompts.append(shared + tail)
+        # the first request stores the system prompt's blocks; the second's report re-announces the same ones
+        batch = EventBatch(fake.seq, fake.ts, (BlocksStored(keys, None, system, BLOCK),))
+        fake.cache.apply(batch, ORIGIN)
+        fake.seq += 1
+    stats = fake.cache.stats(ORIGIN)
+    assert (stats.reports, stats.reported_hits) == (1, shared)  # the request rows' count: a hit of 48 tokens
+    assert settle(fake) == [] and fake.cache.notes == []
+    checked = fake.cache.metric_rules.servers[ORIGIN]
+    assert (checked.compared, checked.disagreed) == (1, 0)
+
+
 def test_missing_events_are_a_note_with_both_numbers():
     fake = server()
     settle(fake)
