@@ -301,7 +301,9 @@ class StepBuilder:
             handles["top_values"], handles["top_logprobs"] = reads.add(values), reads.add(logprobs)
             handles["top_ids"] = reads.add(ids)
         capture = call.probe.attention
-        if capture is not None:  # the newest query's attention over the row the fed tokens extend
+        if capture is not None and call.expected_start is not None:
+            capture.clear()  # a compressed cache: its key slots are not the buffer's positions (not mapped yet)
+        elif capture is not None:  # the newest query's attention over the row the fed tokens extend
             rows = call.track.rows if call.track is not None else []
             known = TokenBuffer(rows[0]) if rows else TokenBuffer([])
             specials = self.specials()[0]
@@ -331,7 +333,7 @@ class StepBuilder:
         buffers = [TokenBuffer(r) for r in rows]
         row_views = self._row_views(call, fed_ids, applied, top_rows, buffers) if call.batch > 1 else None
         seen = None
-        if call.probe.attention is not None and buffers:
+        if call.probe.attention is not None and buffers and call.expected_start is None:
             ids = self.specials()[0]
             capture = call.probe.attention
             seen = (

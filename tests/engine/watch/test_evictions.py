@@ -172,3 +172,18 @@ def test_verify_of_a_compressed_cache_reports_its_cost(tiny_model):
     assert (
         note.severity == "info" and "over the run 1/1 verifies agree" in note.message if top1 else "0/1" in note.message
     )
+
+
+def test_attention_is_not_mapped_onto_a_compressed_cache(tiny_model):
+    """Key slots of a compressed cache are not buffer positions: its decode steps carry no attention (rather than
+    attention drawn on the wrong tokens); the prefill before the eviction carries it."""
+    model, _ = tiny_model("llama")
+    ids = _prompt(model, 32)
+    snapshots = []
+    cache = DynamicCache()
+    with watch(model, on_snapshot=snapshots.append, attention=True), torch.no_grad():
+        out = model(input_ids=ids, past_key_values=cache)
+        _keep(cache, list(range(4)) + list(range(20, 32)))
+        _decode(model, cache, out, 2, lambda step: 32 + step)
+    assert snapshots[0].attention is not None
+    assert [s.attention for s in snapshots[1:]] == [None, None]
