@@ -342,8 +342,12 @@ def _source() -> str:
 
 
 def _card() -> str:
-    """The GPU as nvidia-smi names it (driver, memory), else torch's name, else the device."""
+    """The GPU as nvidia-smi names it (driver, memory), else torch's name; the device when it is not CUDA (a smoke
+    run on the CPU of a machine that has a GPU names the CPU, what it ran on)."""
     import subprocess
+
+    if DEVICE != "cuda":
+        return f"{DEVICE} (no GPU)"
 
     try:
         line = (
