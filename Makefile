@@ -63,6 +63,8 @@ demo: $(STAMP)
 # failed. Two xdist workers for the 5.x suite and one for 4.57's on this 2-core machine: the runs fill each
 # other's idle time.
 XDIST ?= -n 2 --dist loadgroup
+# when make started (read once, as make parses): make test's last line is its wall time, installs and lint included
+MAKE_STARTED := $(shell date +%s)
 COMPAT_XDIST ?=
 COMPAT_LOG ?= $(COMPAT)/last-test.log
 test: $(STAMP) $(COMPAT)/.kvtui-installed $(VLLM_ENV)/.kvtui-installed browser lint
@@ -73,7 +75,9 @@ test: $(STAMP) $(COMPAT)/.kvtui-installed $(VLLM_ENV)/.kvtui-installed browser l
 	echo "---- transformers 5.x (.venv): whole suite done in $$(( $$(date +%s) - started )) s"; \
 	wait $$compat || rc=1; \
 	echo "---- transformers 4.57 (.venv-compat): $(COMPAT_TESTS), done $$(( $$(date +%s) - started )) s after the start"; \
-	cat $(COMPAT_LOG); exit $$rc
+	cat $(COMPAT_LOG); \
+	echo "---- make test: wall time $$(( $$(date +%s) - $(MAKE_STARTED) )) s from make's start (installs, lint, both suites)"; \
+	exit $$rc
 
 # Lint (run by make test before the suite; every check runs, make fails if one found something): ruff's rules
 # and its format, the import-linter contracts of the package's layers, mypy on the engine (pyproject.toml

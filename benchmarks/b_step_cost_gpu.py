@@ -64,6 +64,7 @@ from kvtui.engine.watch import probe
 MAX_LEN = 1024  # static cache length: prompt + warm-ups + every timed token fit
 DEVICE = "cuda"  # --device cpu: a smoke test of this script on a machine without CUDA
 SMOKE_LAYERS = 0  # --smoke: every model cut to this many layers (0: the real shapes); a check that it runs
+SMOKE_BACKEND = "eager"  # --smoke: torch.compile's backend (dynamo traces the forward; no inductor code generation)
 
 
 def _sync_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -310,8 +311,9 @@ def build(row: str, tokenizer_dir: Path, tmp: Path):
             eos_token_id=smol.get("eos_token_id"),
             tie_word_embeddings=False,
         )
-        if SMOKE_LAYERS:  # and narrower: two 8B-wide models do not fit a small CPU machine's memory
-            config.num_hidden_layers, config.intermediate_size = SMOKE_LAYERS, 4096
+        if SMOKE_LAYERS:  # and narrower (the same 4:1 query:KV heads): two 8B-wide models are minutes on a CPU
+            config.num_hidden_layers, config.intermediate_size, config.hidden_size = SMOKE_LAYERS, 512, 256
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim = 8, 2, 32
         model = _random_llama(config, torch.bfloat16)
         plain_model = _random_llama(config, torch.bfloat16)  # a second instance: the probe watches the first
         label = f"8B-class (Llama-3-8B shape{', narrowed' if SMOKE_LAYERS else ''}), {config.num_hidden_layers} layers"
@@ -319,7 +321,8 @@ def build(row: str, tokenizer_dir: Path, tmp: Path):
     raise SystemExit(f"unknown row {row!r}")
 
 
-CARRY = Path(__file__).resolve().parent / ".gpu"  # ignored by git; carried to the GPU machine
+CARRY = Path(os.environ.get("KVTUI_GPU_CARRY") or Path(__file__).resolve().parent / ".gpu")  # ignored by git;
+# carried to the GPU machine (KVTUI_GPU_CARRY: elsewhere, as the suite's smoke test prepares it in a temporary dir)
 
 
 def _source() -> str:
@@ -339,8 +342,12 @@ def _source() -> str:
 
 
 def _card() -> str:
-    """The GPU as nvidia-smi names it (driver, memory), else torch's name, else the device."""
+    """The GPU as nvidia-smi names it (driver, memory), else torch's name; the device when it is not CUDA (a smoke
+    run on the CPU of a machine that has a GPU names the CPU, what it ran on)."""
     import subprocess
+
+    if DEVICE != "cuda":
+        return f"{DEVICE} (no GPU)"
 
     try:
         line = (
@@ -373,8 +380,8 @@ def markdown(result: dict, command: str) -> str:
     ]
     if smoke:
         lines += [
-            f"A check that the script runs end to end: device {DEVICE}, models cut to {SMOKE_LAYERS} layers, a few "
-            "steps. Its numbers mean nothing.",
+            f"A check that the script runs end to end: device {DEVICE}, models cut to {SMOKE_LAYERS} layers (the "
+            f"8B-class narrowed), a few steps, torch.compile with backend {SMOKE_BACKEND!r}. Its numbers mean nothing.",
             "",
         ]
     lines += [
@@ -447,6 +454,18 @@ def prepare() -> None:
     log(f"wrote {CARRY}: tokenizer from {source}, transformers {transformers.__version__} ({size:.0f} MiB)")
 
 
+def _smoke_compile() -> None:
+    """--smoke: every torch.compile of this process (the script's and the chat session's) with SMOKE_BACKEND, so
+    the compiled row's code paths run on a CPU in seconds; inductor's code generation is the GPU run's."""
+    real = torch.compile
+
+    def compile_smoke(model=None, **kwargs):
+        kwargs.pop("mode", None)
+        return real(model, backend=SMOKE_BACKEND, **kwargs)
+
+    torch.compile = compile_smoke
+
+
 def main() -> None:
     global DEVICE, COMPILE_MODE, SMOKE_LAYERS
     parser = argparse.ArgumentParser()
@@ -472,6 +491,7 @@ def main() -> None:
         return
     if args.smoke:
         args.device, args.n, args.tokens, args.repeats, SMOKE_LAYERS = "cpu", 3, 3, 1, 2
+        _smoke_compile()
     DEVICE, COMPILE_MODE = args.device, args.compile_mode
     command = os.environ.get("KVTUI_GPU_COMMAND") or " ".join(
         ["python", "benchmarks/b_step_cost_gpu.py", *sys.argv[1:]]
@@ -532,6 +552,7 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=1))
     write_markdown(result, command, args.md_dir)
     print("\n".join(table(result)))
+    failed = [label for label, r in result["ratios"].items() if "error" in r]
     for label, r in result["ratios"].items():
         if "error" in r:
             print(f"{label}: {r['error']}")
@@ -546,6 +567,8 @@ def main() -> None:
                 f"{r['watched_us']['median'] - r['plain_us']['median']:.0f} µs a token, the floor "
                 f"{r['floor_us']['median'] - r['plain_us']['median']:.0f}"
             )
+    if failed:  # every row ran and was written; the exit status says some failed
+        raise SystemExit(f"b_step_cost_gpu: {len(failed)} row(s) failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@
 # benchmarks/ without $OUT): gpu_step_cost.json (raw), gpu_step_cost.log, gpu_step_cost.md (this run as a GPU.md
 # section: the card, versions, commit, command, every number) and GPU.md (benchmarks/GPU.md with that section added:
 # copy it over the checkout's). Rows are written as each finishes.
-# KVTUI_GPU_SMOKE=1: a check that all of it runs, on the CPU (models cut to 2 layers, a few steps), written to
-# $OUT or a temporary directory (never over benchmarks/).
+# KVTUI_GPU_SMOKE=1: a check that all of it runs, on the CPU (models cut to 2 layers, the 8B-class narrowed, a few
+# steps, torch.compile's backend "eager"), written to $OUT or a temporary directory (never over benchmarks/); make test
+# runs it (tests/test_gpu_script.py). It exits non-zero when a row failed (the other rows still run and are written).
 # With the device tool: run(command="bash benchmarks/gpu_step_cost.sh", carry=["benchmarks/.gpu"], timeout_s=560);
 # on an H100 the rows tiny, smol and 8b take about 5 minutes together, smol-compile what its compiles take.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-carry="$here/benchmarks/.gpu"
+carry="${KVTUI_GPU_CARRY:-$here/benchmarks/.gpu}"  # KVTUI_GPU_CARRY: prepared elsewhere (the suite's smoke test)
 [ -f "$carry/transformers.tar.gz" ] || { echo "no $carry/transformers.tar.gz: run 'python benchmarks/b_step_cost_gpu.py --prepare' first" >&2; exit 2; }
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
