@@ -13,14 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from kvpress import (
-    ExpectedAttentionPress,
-    KeyRerotationPress,
-    KnormPress,
-    PyramidKVPress,
-    SnapKVPress,
-    StreamingLLMPress,
-)
 from transformers import AutoModelForCausalLM
 
 from kvtui.engine.chat.loader import tiny_model_dir
@@ -29,13 +21,15 @@ from kvtui.engine.watch.probe import Gate, watch
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "kvpress_corpus"
 
+# kvpress is imported by the tests, not at collection: its import wraps every attention function of transformers
+# for the whole process (kvpress.attention_patch), which the engine tests collected beside it must not see
 PRESSES = {
-    "knorm": lambda: KnormPress(compression_ratio=0.5),
-    "snapkv": lambda: SnapKVPress(compression_ratio=0.5, window_size=8),
-    "streaming": lambda: StreamingLLMPress(compression_ratio=0.5, n_sink=4),
-    "expected-attention": lambda: ExpectedAttentionPress(compression_ratio=0.5, n_future_positions=4),
-    "pyramidkv": lambda: PyramidKVPress(compression_ratio=0.5, window_size=4),
-    "rerotation": lambda: KeyRerotationPress(press=KnormPress(compression_ratio=0.5)),
+    "knorm": lambda kp: kp.KnormPress(compression_ratio=0.5),
+    "snapkv": lambda kp: kp.SnapKVPress(compression_ratio=0.5, window_size=8),
+    "streaming": lambda kp: kp.StreamingLLMPress(compression_ratio=0.5, n_sink=4),
+    "expected-attention": lambda kp: kp.ExpectedAttentionPress(compression_ratio=0.5, n_future_positions=4),
+    "pyramidkv": lambda kp: kp.PyramidKVPress(compression_ratio=0.5, window_size=4),
+    "rerotation": lambda kp: kp.KeyRerotationPress(press=kp.KnormPress(compression_ratio=0.5)),
 }
 
 
@@ -70,10 +64,12 @@ def _kept_by_press(press) -> dict[int, list[set[int]]]:
 
 @pytest.mark.parametrize("name", list(PRESSES))
 def test_held_positions_equal_what_the_press_kept(model, name):
+    import kvpress
+
     ids = _prompt(model)
-    with torch.no_grad(), PRESSES[name]()(model):
+    with torch.no_grad(), PRESSES[name](kvpress)(model):
         plain = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
-    press = PRESSES[name]()
+    press = PRESSES[name](kvpress)
     kept = _kept_by_press(press)
     snapshots = []
     with watch(model, on_snapshot=snapshots.append) as watcher, torch.no_grad(), press(model):
@@ -123,6 +119,8 @@ def test_kvpress_program_prints_the_same_watched_and_raises_no_false_alarm(progr
 def test_verify_between_two_forwards_of_a_press_reports_its_cost(model):
     """Verify in the middle of generate() under a press: kvtui's recompute runs without the press's hooks (set
     aside and put back), reports the compression's cost (not a mismatch), and the program's tokens are unchanged."""
+    from kvpress import KnormPress
+
     ids = _prompt(model)
     with torch.no_grad(), KnormPress(compression_ratio=0.5)(model):
         plain = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
