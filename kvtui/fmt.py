@@ -95,8 +95,15 @@ def token_text(piece: str) -> str:
     return text
 
 
-def runs_text(runs: tuple[tuple[int, int], ...], limit: int = 3) -> str:
-    """Half-open runs of positions as a person counts them: ((0, 4), (170, 195)) -> '0–3, 170–194'; more runs than
-    `limit`: '+N runs'."""
+def runs_text(runs: tuple[tuple[int, int], ...], limit: int = 3, *, sentence: bool = False) -> str:
+    """Half-open runs of positions as a person counts them: ((0, 4), (170, 195)) -> '0–3, 170–194', more runs than
+    `limit` as '+N runs' (a pane's cell); `sentence`: '0–3 and 170–194', '... and N more runs' (an alarm's text)."""
     parts = [f"{a}" if b == a + 1 else f"{a}–{b - 1}" for a, b in runs[:limit]]
-    return ", ".join(parts) + (f" +{len(runs) - limit} runs" if len(runs) > limit else "")
+    more = len(runs) - limit
+    if not sentence:
+        return ", ".join(parts) + (f" +{more} runs" if more > 0 else "")
+    if more > 0:
+        parts.append(f"{more} more runs")
+    if len(parts) < 2:
+        return parts[0] if parts else "nothing"
+    return ", ".join(parts[:-1]) + " and " + parts[-1]

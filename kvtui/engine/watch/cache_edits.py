@@ -71,8 +71,6 @@ def check_edits(watcher, call: Call, track: CacheTrack, cache) -> None:
         if evicted is not None:  # said as an eviction, the buffer kept (not cut to the cache's slots)
             call.found.insert(call.edits_at, evicted)
         else:
-            if "emptied" in change:
-                track.held = None
             edit_found(watcher, call, track, change)
 
 

@@ -14,7 +14,8 @@ from itertools import chain
 
 import torch
 
-from ..reading.introspect.held import Held, LayerKept, count, ranges, ranges_text, read_kept
+from ...fmt import runs_text
+from ..reading.introspect.held import Held, LayerKept, count, ranges, read_kept
 from ..reading.introspect.layers import is_linear, is_quantized, kind_of
 from ..records.snapshot import Diagnostic
 from .patches import PATCHES, Registry, defining_class, update_wrapper
@@ -83,16 +84,15 @@ def after_forward(watcher, call, track, cache, step: int) -> list[Diagnostic]:
         return []
     held = track.held
     layers = list(getattr(cache, "layers", ()))
-    if not written or len(written) != len(layers):
+    if (
+        not written
+        or len(written) != len(layers)
+        or all(getattr(layer, "keys", None) is written[i][0] for i, layer in enumerate(layers))
+    ):  # nothing changed inside the forward: a compressed cache holds what it held, and the fed tokens
         if held is not None:
             held.fed(call.n)
         return []
-    changed = [i for i, layer in enumerate(layers) if getattr(layer, "keys", None) is not written[i][0]]
-    if not changed:
-        if held is not None:
-            held.fed(call.n)
-        return []
-    logical = held.logical + held.appended if held is not None else written[0][0].shape[-2] - call.n
+    logical = held.fed_total if held is not None else written[0][0].shape[-2] - call.n
     fed = list(range(logical, logical + call.n))
     sources = []
     for i in range(len(layers)):
@@ -148,6 +148,9 @@ def between(watcher, call, track, layers_before: list, cache) -> Diagnostic | No
         pairs.append((old_k, old_v, keys, values))
     if all(keys.shape[-2] == old_k.shape[-2] for old_k, _, keys, _ in pairs):
         return None  # same length: replaced or edited in place, check_edits' business
+    if all(keys.shape[-2] == 0 for _, _, keys, _ in pairs):
+        track.held = None  # emptied: a reset, which check_edits says (not a press that left every layer empty)
+        return None
     held = track.held
     sources = []
     for i, (old_k, old_v, _, _) in enumerate(pairs):
@@ -159,7 +162,7 @@ def between(watcher, call, track, layers_before: list, cache) -> Diagnostic | No
     all_kept = [p for layer in kept for head in layer.positions for p in head if p >= 0]
     all_source = {p for _, _, positions in sources for head in positions for p in head}
     dropped = all_source - set(all_kept)
-    logical = held.logical + held.appended if held is not None else max(all_source, default=-1) + 1
+    logical = held.fed_total if held is not None else max(all_source, default=-1) + 1
     tail_cut = bool(dropped) and max(all_kept, default=-1) < min(dropped)
     in_order = all(head == list(range(len(head))) for layer in kept for head in layer.positions) and not any(
         layer.rerotated or layer.merged or layer.split or layer.unplaced for layer in kept
@@ -191,7 +194,7 @@ def _said(
 ) -> list[Diagnostic]:
     """The eviction in words: one info line (what every layer kept, or the layers that differ), or the error a
     broken press earns (a layer left empty, K and V from different tokens)."""
-    empty = [i for i, layer in enumerate(kept) if not any(layer.positions) or not layer.positions[0]]
+    empty = [i for i, layer in enumerate(kept) if not layer.positions or not layer.positions[0]]
     split = [(i, layer.split) for i, layer in enumerate(kept) if layer.split]
     if empty:
         shown = ", ".join(map(str, empty[:6]))
@@ -217,20 +220,20 @@ def _said(
         per_head = slot_counts.pop()
         text = (
             f"{who} {verb.format(kept=per_head)} per KV head in every layer, each head its own ones "
-            f"(layer 0's heads together hold {count(runs[0])}: {ranges_text(runs[0])})"
+            f"(layer 0's heads together hold {count(runs[0])}: {runs_text(runs[0], 4, sentence=True)})"
         )
     elif all(r == runs[0] for r in runs):
         verb_text = verb.format(kept=count(runs[0]))
         text = (
-            f"{who} cut the tail: every layer holds {ranges_text(runs[0])}"
+            f"{who} cut the tail: every layer holds {runs_text(runs[0], 4, sentence=True)}"
             if tail_cut
-            else f"{who} evicted {dropped} tokens from every layer, {verb_text}: {ranges_text(runs[0])}"
+            else f"{who} evicted {dropped} tokens from every layer, {verb_text}: {runs_text(runs[0], 4, sentence=True)}"
         )
     else:
         sizes = sorted({count(r) for r in runs})
         text = (
             f"{who} evicted per layer: layers keep {sizes[0]}–{sizes[-1]} tokens "
-            f"(layer 0 {verb.format(kept=count(runs[0]))}: {ranges_text(runs[0])})"
+            f"(layer 0 {verb.format(kept=count(runs[0]))}: {runs_text(runs[0], 4, sentence=True)})"
         )
     differing = [i for i, layer in enumerate(kept) if len({tuple(sorted(h)) for h in layer.positions}) > 1]
     if differing and "per KV head" not in text:

@@ -187,3 +187,21 @@ def test_attention_is_not_mapped_onto_a_compressed_cache(tiny_model):
         _decode(model, cache, out, 2, lambda step: 32 + step)
     assert snapshots[0].attention is not None
     assert [s.attention for s in snapshots[1:]] == [None, None]
+
+
+def test_emptying_a_compressed_cache_is_a_reset_not_a_broken_press(tiny_model):
+    model, _ = tiny_model("llama")
+    ids = _prompt(model, 32)
+    cache = DynamicCache()
+    with watch(model) as watcher, torch.no_grad():
+        out = model(input_ids=ids, past_key_values=cache)
+        _keep(cache, list(range(4)) + list(range(20, 32)))
+        _decode(model, cache, out, 1, lambda step: 32 + step)
+        for layer in cache.layers:  # the program starts over on the same cache
+            layer.keys, layer.values = layer.keys[:, :, :0], layer.values[:, :, :0]
+        model(input_ids=ids[:, :8], past_key_values=cache)
+    assert [(d.code, d.severity) for d in watcher.diagnostics] == [
+        ("cache-evicted", "info"),
+        ("cache-edited", "warning"),
+    ]
+    assert "emptied" in watcher.diagnostics[1].message

@@ -162,14 +162,6 @@ def ranges(positions) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in out)
 
 
-def ranges_text(runs: tuple[tuple[int, int], ...], limit: int = 4) -> str:
-    """((0, 4), (315, 339)) -> '0–3 and 315–338' (inclusive, as a person counts)."""
-    parts = [f"{a}" if b == a + 1 else f"{a}–{b - 1}" for a, b in runs[:limit]]
-    if len(runs) > limit:
-        parts.append(f"{len(runs) - limit} more runs")
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1] if parts else "nothing"
-
-
 def count(runs: tuple[tuple[int, int], ...]) -> int:
     return sum(b - a for a, b in runs)
 
