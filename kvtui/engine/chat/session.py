@@ -18,7 +18,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 
 import torch
 
@@ -33,6 +32,7 @@ from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_log
 from ..records.listeners import Listeners
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 from .edits import CacheEdits
+from .forward_speed import CompiledDecode, forward_threads, graph_count
 from .render import render_chat, rendered_prefix, tokenize
 from .sampling import Sampler, SamplerSettings
 from .session_types import CacheOverflowError, Message, SessionConfig, SessionError
@@ -95,11 +95,7 @@ class ChatSession(CacheEdits):
             raise SessionError(refusal)
         self._new_cache()
         self.capacity = introspect.static_capacity(self.cache) if self.cache is not None else None
-        self._compiled: Callable | None = (
-            None  # torch.compile(model.forward) for one-token decode steps, built on first use
-        )
-        self.compiles = 0  # graphs compiled so far (the first one included): more than one means recompiles
-        self.compile_ms_total = 0.0
+        self._compiled = CompiledDecode(model, self.device)  # --compile: one-token decode steps, built on first use
         self.diagnostics: list[Diagnostic] = []
         self.last: StepSnapshot | None = None
         self.steps = 0
@@ -245,25 +241,19 @@ class ChatSession(CacheEdits):
             else self._full_forward_kwargs(self._tokens + fed)
         )
         compiled = self.config.compile and len(fed) == 1 and not self.config.attention
-        graphs_before = _graph_count() if compiled else 0
+        graphs_before = graph_count() if compiled else 0
         started = self._clock()
         try:
-            with torch.inference_mode(), self._threads(kwargs["input_ids"].shape[1]):
+            with torch.inference_mode(), forward_threads(kwargs["input_ids"].shape[1], self.config.decode_threads):
                 out = (
-                    self._decode_forward()(**kwargs) if compiled else self.model(**kwargs)
+                    self._compiled.forward()(**kwargs) if compiled else self.model(**kwargs)
                 )  # updates self.cache in place
         except BaseException:
             self._restore(cache_len)
             raise
         logits = out.logits[0, -1].float()  # [vocab]
         forward_ms = (self._clock() - started) * 1000
-        compile_ms = None
-        if compiled:
-            new_graphs = _graph_count() - graphs_before
-            if new_graphs:  # this step compiled: its time is compile time, not a slow step
-                self.compiles += new_graphs
-                self.compile_ms_total += forward_ms
-                compile_ms = forward_ms
+        compile_ms = self._compiled.compile_ms(graphs_before, forward_ms) if compiled else None
 
         snap_started = self._clock()
         self.steps = step
@@ -280,35 +270,18 @@ class ChatSession(CacheEdits):
         self.pending_forced = False
         return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw, top)
 
-    def _decode_forward(self):
-        """model.forward under torch.compile, the way transformers documents it for a static cache
-        (fixed shapes: one token, a preallocated cache). "reduce-overhead" adds CUDA graphs on a GPU;
-        on CPU the default mode (inductor, C++ codegen) is used."""
-        if self._compiled is None:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._compiled = torch.compile(self.model.forward, mode=mode, fullgraph=False, dynamic=False)
-        return self._compiled
+    # --compile: what torch.compile built (headless prints it, the snapshot carries recompiles)
+    @property
+    def compiles(self) -> int:
+        return self._compiled.compiles
+
+    @property
+    def compile_ms_total(self) -> float:
+        return self._compiled.compile_ms_total
 
     @property
     def recompiles(self) -> int:
-        return max(0, self.compiles - 1)
-
-    @contextmanager
-    def _threads(self, tokens: int):
-        """A one-token forward on `decode_threads` (a viewer sharing the cores keeps one of them), then torch's
-        threads back as they were; any other forward on them as they are. Decode is bound by memory and Python,
-        and an OpenMP team that loses a core to another process waits for it at every op; a prefill is bound
-        by compute and uses every thread. (Switching costs well under a microsecond.)"""
-        before = torch.get_num_threads()
-        wanted = self.config.decode_threads if tokens == 1 and self.config.decode_threads else before
-        if wanted == before:
-            yield
-            return
-        torch.set_num_threads(wanted)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
+        return self._compiled.recompiles
 
     def _cached_forward_kwargs(self, tokens: list[BufferToken], cache_len: int) -> dict:
         """Arguments of a forward that writes `tokens` into self.cache after `cache_len` cached ones."""
@@ -593,8 +566,9 @@ class ChatSession(CacheEdits):
         chat = self._tokens[self._primed :]
         if self._logits is None or not chat:
             raise SessionError("nothing to verify: send a message first")
+        threads = forward_threads(len(chat), self.config.decode_threads)
         fresh, ms = recompute_last_logits(
-            self.model, [t.id for t in chat], self._accepts_logits_to_keep, self._threads(len(chat)), self._clock
+            self.model, [t.id for t in chat], self._accepts_logits_to_keep, threads, self._clock
         )
         quantized = self.config.cache == "quantized"
         result = judge_recompute(
@@ -615,13 +589,6 @@ class ChatSession(CacheEdits):
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-
-
-def _graph_count() -> int:
-    """Graphs torch.compile has built in this process (dynamo's own counter)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def _replace(config: SessionConfig, **changes) -> SessionConfig:
