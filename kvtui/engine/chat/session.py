@@ -24,7 +24,7 @@ import torch
 from ..reading import introspect
 from ..reading.alarms import Alarms
 from ..reading.attention import AttentionCapture, AttentionStep
-from ..reading.diagnostics import SpecialIds, check_attention, check_feed
+from ..reading.diagnostics import check_attention, check_feed
 from ..reading.token_texts import tokenizer_texts
 from ..reading.tokens import special_token_ids
 from ..reading.topk import chosen_from_top, top_tokens, watched_tokens
@@ -33,7 +33,7 @@ from ..records.listeners import Listeners
 from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 from .edits import CacheEdits
 from .forward_speed import CompiledDecode, forward_threads, graph_count
-from .render import render_chat, rendered_prefix, tokenize
+from .render import render_chat, rendered_prefix, special_ids, tokenize
 from .sampling import Sampler, SamplerSettings
 from .session_types import CacheOverflowError, Message, SessionConfig, SessionError
 
@@ -67,7 +67,7 @@ class ChatSession(CacheEdits):
         self.dtype = str(model.dtype).removeprefix("torch.")
         self.sampler = Sampler(self.config.sampler, self.device)
         self._special_set = special_token_ids(tokenizer)
-        self.special = self._special_ids()
+        self.special = special_ids(model, tokenizer, self._special_set, chat=self.config.mode == "chat")
         self.stop_ids = self.special.eos
         self._texts = tokenizer_texts(tokenizer)  # the one token-text cache (reading/token_texts.py)
         # Read once per forward; plain attribute swaps, so the UI may set them from its thread.
@@ -177,36 +177,6 @@ class ChatSession(CacheEdits):
     def token_bytes(self) -> dict[int, bytes]:
         """id -> bytes of the tokens whose decoded piece is not their bytes (records/token_bytes.py)."""
         return self._texts.token_bytes
-
-    def _special_ids(self) -> SpecialIds:
-        tok, eos = self.tokenizer, set()
-        gen = getattr(self.model, "generation_config", None)
-        for source in (getattr(gen, "eos_token_id", None), tok.eos_token_id):
-            if isinstance(source, int):
-                eos.add(source)
-            elif source:
-                eos.update(int(i) for i in source)
-        eot = self._end_of_turn_id()
-        if eot is not None:
-            eos.add(eot)
-        return SpecialIds(bos=tok.bos_token_id, eos=frozenset(eos), pad=tok.pad_token_id)
-
-    def _end_of_turn_id(self) -> int | None:
-        """The first special token the template writes after an assistant's words (e.g. <|im_end|>)."""
-        if self.config.mode != "chat":
-            return None
-        marker = "kvtuimarker"
-        try:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
-            )
-        except Exception:  # noqa: BLE001  templates that insist on other roles: no extra stop token
-            return None
-        tail = text[text.rfind(marker) + len(marker) :]
-        for token_id in self.tokenizer(tail, add_special_tokens=False)["input_ids"]:
-            if token_id in self._special_set:
-                return token_id
-        return None
 
     def _stops(self, token_id: int) -> bool:
         return token_id in self.stop_ids
