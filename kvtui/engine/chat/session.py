@@ -23,24 +23,24 @@ import torch
 
 from ..reading import introspect
 from ..reading.alarms import Alarms
-from ..reading.attention import AttentionCapture, AttentionStep
-from ..reading.diagnostics import check_attention, check_feed
+from ..reading.attention import AttentionCapture
+from ..reading.diagnostics import check_feed
 from ..reading.token_texts import tokenizer_texts
 from ..reading.tokens import special_token_ids
-from ..reading.topk import chosen_from_top, top_tokens, watched_tokens
 from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
 from ..records.listeners import Listeners
-from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
+from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 from .edits import CacheEdits
 from .forward_speed import CompiledDecode, forward_threads, graph_count
 from .render import render_chat, rendered_prefix, special_ids, tokenize
 from .sampling import Sampler, SamplerSettings
 from .session_types import CacheOverflowError, Message, SessionConfig, SessionError
+from .step_snapshot import StepSnapshots
 
 __all__ = ["CacheOverflowError", "ChatSession", "SessionConfig", "SessionError"]
 
 
-class ChatSession(CacheEdits):
+class ChatSession(StepSnapshots, CacheEdits):
     def __init__(
         self,
         model,
@@ -231,13 +231,8 @@ class ChatSession(CacheEdits):
         self._next_position = positions[-1] + 1
         attention = self._newest_attention() if self._attention is not None else None
         self._logits = logits
-        scores = self.sampler.process(self._history(), logits)
-        k = self.config.top_k_shown
-        top = top_tokens(scores, k, self.piece)
-        top_raw = top if scores is logits else top_tokens(logits, k, self.piece)  # no processors: the same
+        scores, top_raw, top = self._choose_next(logits)
         self._new_in_turn += phase == "decode"
-        self.pending = self._make_pending(scores, self.sampler.choose(scores, top), top)
-        self.pending_forced = False
         return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw, top)
 
     # --compile: what torch.compile built (headless prints it, the snapshot carries recompiles)
@@ -277,97 +272,6 @@ class ChatSession(CacheEdits):
         if self._accepts_logits_to_keep:
             kwargs["logits_to_keep"] = 1
         return kwargs
-
-    def _history(self) -> torch.Tensor:
-        if not self.sampler.needs_history:
-            return self._no_history
-        return torch.tensor([[t.id for t in self._tokens]], device=self.device)  # [1, n]: O(cache), opt-in
-
-    def _make_pending(self, scores: torch.Tensor, token_id: int, top: tuple[TopToken, ...] = ()) -> TopToken:
-        known = chosen_from_top(top, token_id)  # a greedy or likely choice: no vocab-sized work
-        if known is not None:
-            return known
-        probs = torch.softmax(scores, dim=-1)
-        prob = probs[token_id]
-        return TopToken(
-            id=token_id,
-            text=self.piece(token_id),
-            logit=float(scores[token_id]),
-            prob=float(prob),
-            rank=int((probs > prob).sum()) + 1,
-        )
-
-    def _newest_attention(self) -> AttentionStep | None:
-        """Every layer's attention of the newest query, over the buffer's positions (one transfer)."""
-        capture = self._attention
-        assert capture is not None
-        layer = self.attention_layer
-        capture.head_layer = layer % capture.num_layers if capture.num_layers and layer < 0 else layer
-        return capture.take(self.buffer, self._turn, self.special.pad, self.special.pad_is_distinct)
-
-    def close_attention(self) -> None:
-        """Give transformers' attention functions back (the session's model is no longer captured)."""
-        if self._attention is not None:
-            self._attention.detach()
-
-    def _snapshot(
-        self, phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw, top
-    ) -> StepSnapshot:
-        layers: tuple[LayerInfo, ...]
-        if self.cache is None:  # --cache none: nothing is cached, there are no layers to read or check
-            layers, cache_len = (), 0
-        else:
-            layers = introspect.layer_infos(self.cache, self._window)
-            cache_len = self.cache_length
-            found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
-            found += self._alarms.check_layers(self.steps, layers, self.capacity, cache_len, reserve=1)
-        if attention is not None:
-            detail = attention.detail
-            found += check_attention(
-                self.steps,
-                attention.pads,
-                detail.regions,
-                detail.shares,
-                self._attention_memory,
-                "",
-                len(self._tokens) - 1,
-            )
-        self._record(found, in_step=True)
-        snapshot = StepSnapshot(
-            step=self.steps,
-            phase=phase,
-            turn=self._turn,
-            input_ids=tuple(t.id for t in fed),
-            positions=tuple(t.position for t in fed),
-            cursor=self._next_position,
-            cache_seq_length=cache_len,
-            capacity=self.capacity,
-            layers=layers,
-            topk=top_raw,
-            topk_processed=top,
-            watched=watched_tokens(scores, self.watch_ids, self.piece),
-            chosen=self.pending,
-            chosen_forced=self.pending_forced,
-            diagnostics=tuple(found),
-            forward_ms=forward_ms,
-            snapshot_ms=(self._clock() - snap_started) * 1000,
-            buffer=self.buffer,
-            turn_done=self._turn_done_after(),
-            attention=attention.layers if attention else None,
-            attention_layer=attention.detail.layer if attention else None,
-            attention_detail=attention.detail if attention else None,
-            compiled=self.config.compile,
-            compile_ms=compile_ms,
-            recompiles=self.recompiles,
-            uncached=self.cache is None,
-            token_bytes=self._texts.token_bytes,
-        )
-        self.last = snapshot
-        self._emit("step", snapshot)
-        self._on_snapshot(snapshot)
-        if snapshot.turn_done:
-            self.record_turn_end()
-        return snapshot
 
     def _turn_done_after(self) -> bool:
         return self.pending is not None and (
