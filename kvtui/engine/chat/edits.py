@@ -2,7 +2,8 @@
 repaired to match (crop when every layer still holds the tokens, else recompute from the token buffer).
 
 `CacheEdits` is a mixin of `ChatSession` (session.py): these are the session's own methods, kept apart from
-the chat loop, so the session is still the ONE place that calls the model with kvtui's cache.
+the chat loop, so the session is still the ONE place that calls the model with kvtui's cache (with turns.py and
+step_snapshot.py, its other mixins, which leave the cache to this file and session.py).
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """The chat session (send, step, generate, verify): the ONE place that calls the model with kvtui's cache.
 
-With its edits (rewind, force, reset, restore: the mixin `CacheEdits` in edits.py, the same session's
-methods), it is the only code that feeds past_key_values and moves the cursor.
+Its methods are spread over mixins of `ChatSession`, the same session's methods: turns.py (send renders the
+chat and prefills only what the cache lacks; the transcript; when a turn ends), step_snapshot.py (after each
+forward: the next token chosen, the step's checks, its frozen `StepSnapshot`), edits.py (rewind, force, reset,
+restore). This file and edits.py are the only code that feeds past_key_values, writes the cache and moves the
+cursor; forward_speed.py only wraps the forward (torch.compile, threads); render.py turns a chat into tokens.
 
-The decode loop is small typed steps (gpt-fast style): `send` renders the chat and prefills only the
-new suffix, `step` feeds the pending token and samples the next, `generate` repeats `step`. Every
-forward yields a frozen `StepSnapshot` built from shapes and counters, never from K/V copies.
-Turning a chat into tokens is render.py. `on_snapshot` and `on_event` take several subscribers
+The decode loop is small typed steps (gpt-fast style): `send` prefills, `step` feeds the pending token and
+samples the next, `generate` repeats `step`. Every forward yields a frozen `StepSnapshot` built from shapes and
+counters, never from K/V copies. `on_snapshot` and `on_event` take several subscribers
 (`session.on_snapshot.add(fn)`).
 
 Shapes: input_ids / position_ids [1, n]; logits [1, 1, vocab] (logits_to_keep=1);
@@ -32,15 +34,16 @@ from ..records.listeners import Listeners
 from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 from .edits import CacheEdits
 from .forward_speed import CompiledDecode, forward_threads, graph_count
-from .render import render_chat, rendered_prefix, special_ids, tokenize
+from .render import special_ids
 from .sampling import Sampler, SamplerSettings
 from .session_types import CacheOverflowError, Message, SessionConfig, SessionError
 from .step_snapshot import StepSnapshots
+from .turns import ChatTurns
 
 __all__ = ["CacheOverflowError", "ChatSession", "SessionConfig", "SessionError"]
 
 
-class ChatSession(StepSnapshots, CacheEdits):
+class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
     def __init__(
         self,
         model,
@@ -151,25 +154,6 @@ class ChatSession(StepSnapshots, CacheEdits):
     def cache_length(self) -> int:
         return 0 if self.cache is None else introspect.seq_length(self.cache)
 
-    @property
-    def turn(self) -> int:
-        return self._turn
-
-    @property
-    def turn_open(self) -> bool:
-        return self._turn_open
-
-    @property
-    def turn_done(self) -> bool:
-        return self.pending is None or self._turn_done_after()
-
-    @property
-    def messages(self) -> list[dict]:
-        out = [{"role": m.role, "content": m.content} for m in self._messages]
-        if out and out[-1]["role"] == "assistant" and self._turn_open:
-            out[-1]["content"] = self._reply_text()
-        return out
-
     def piece(self, token_id: int) -> str:
         return self._texts.piece(token_id)
 
@@ -177,13 +161,6 @@ class ChatSession(StepSnapshots, CacheEdits):
     def token_bytes(self) -> dict[int, bytes]:
         """id -> bytes of the tokens whose decoded piece is not their bytes (records/token_bytes.py)."""
         return self._texts.token_bytes
-
-    def _stops(self, token_id: int) -> bool:
-        return token_id in self.stop_ids
-
-    def _reply_text(self) -> str:
-        start = self._messages[-1].start
-        return self.tokenizer.decode([t.id for t in self._tokens[start:]], skip_special_tokens=True)
 
     # ---- the forward -----------------------------------------------------------------------------
 
@@ -273,11 +250,6 @@ class ChatSession(StepSnapshots, CacheEdits):
             kwargs["logits_to_keep"] = 1
         return kwargs
 
-    def _turn_done_after(self) -> bool:
-        return self.pending is not None and (
-            self._stops(self.pending.id) or self._new_in_turn >= self.config.max_new_tokens
-        )
-
     def _record(self, found, in_step: bool = False) -> None:
         self.diagnostics.extend(found)
         if found and not in_step:  # raised outside a forward: a record of their own
@@ -286,73 +258,7 @@ class ChatSession(StepSnapshots, CacheEdits):
     def _emit(self, kind: str, payload) -> None:
         self._on_event(kind, payload)
 
-    # ---- turns -----------------------------------------------------------------------------------
-
-    def send(self, text: str) -> StepSnapshot:
-        """Add a user message (chat) or prompt text (completion) and prefill what the cache lacks."""
-        if self.config.prime_pad and not self._tokens:
-            self._prime()
-        if self.config.mode == "completion":
-            return self._send_completion(text)
-        self._close_turn()
-        messages = self.messages + [{"role": "user", "content": text}]
-        rendered = render_chat(self.tokenizer, messages, self.config.chat_tokenize)
-        common, drift = rendered_prefix(self._tokens[self._primed :], rendered, self.piece, self.steps + 1)
-        if common == len(rendered):  # nothing new: re-feed the last token to get fresh logits
-            common -= 1
-        self._turn += 1
-        self._truncate(self._primed + common)
-        fed = [
-            self._buffer_token(token_id, origin, i, self._turn)
-            for i, (token_id, origin) in enumerate(rendered[common:], start=common)
-        ]
-        # the user message starts at its first own token; the header before it ends the previous message
-        user_start = next(
-            (self._primed + i for i in range(common, len(rendered)) if rendered[i][1] == "user"), self._primed + common
-        )
-        snapshot = self._refusable_prefill(fed, drift)
-        self._messages.append(Message("user", text, user_start))
-        self._messages.append(Message("assistant", "", len(self._tokens)))
-        return snapshot
-
-    def _send_completion(self, text: str) -> StepSnapshot:
-        self._close_turn()
-        self._turn += 1
-        first = not self._tokens[self._primed :]
-        rendered = tokenize(self.tokenizer, text, add_special=first)
-        base = len(self._tokens) - self._primed
-        fed = [
-            self._buffer_token(token_id, origin, base + i, self._turn) for i, (token_id, origin) in enumerate(rendered)
-        ]
-        snapshot = self._refusable_prefill(fed, [])
-        self._messages.append(Message("assistant", "", len(self._tokens)))
-        return snapshot
-
-    def _refusable_prefill(self, fed: list[BufferToken], extra: list[Diagnostic]) -> StepSnapshot:
-        """A send's prefill; refused before any forward (a full static cache), the turn it counted did not begin."""
-        try:
-            return self._prefill(fed, extra)
-        except CacheOverflowError:
-            self._turn -= 1
-            raise
-
-    def _prefill(self, fed: list[BufferToken], extra: list[Diagnostic]) -> StepSnapshot:
-        self._new_in_turn = 0
-        self._turn_open = True
-        self._turn_recorded = False
-        return self._forward(fed, "prefill", extra)
-
-    def _close_turn(self) -> None:
-        self._close_turn_text()
-        self.record_turn_end()  # a turn cut short (a refusal, a pause) still gets its buffer line
-        self._turn_open = False
-        self.pending = None
-
-    def record_turn_end(self) -> None:
-        """Tell the recorder the turn is over (once per turn): it writes the buffer line."""
-        if self._turn_open and not self._turn_recorded:
-            self._turn_recorded = True
-            self._emit("turn-end", None)
+    # ---- tokens fed --------------------------------------------------------------------------------
 
     def _buffer_token(self, token_id: int, origin: str, position: int, turn: int) -> BufferToken:
         return BufferToken(
@@ -399,10 +305,6 @@ class ChatSession(StepSnapshots, CacheEdits):
         if self.turn_done:
             self._close_turn_text()
         return last
-
-    def _close_turn_text(self) -> None:
-        if self._messages and self._messages[-1].role == "assistant":
-            self._messages[-1].content = self._reply_text()
 
     def set_sampler(self, settings: SamplerSettings) -> None:
         self.sampler = Sampler(settings, self.device)
