@@ -122,6 +122,8 @@ class StepSnapshots:
     def _snapshot(
         self, phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw, top
     ) -> StepSnapshot:
+        """The step's checks on the cache's counters and the attention, recorded; its frozen snapshot, sent to the
+        recorder ("step") and the listeners. `scores` [vocab]: the processed logits the watched tokens are read in."""
         layers: tuple[LayerInfo, ...]
         if self.cache is None:  # --cache none: nothing is cached, there are no layers to read or check
             layers, cache_len = (), 0
