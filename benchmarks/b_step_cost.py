@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -150,18 +151,25 @@ def probe_parts(clock: PartClock) -> None:
     clock.wrap(trace.TraceWriter, "write", "writing/sending")
 
 
+def _session_owner(name: str) -> type:
+    """The class of ChatSession's MRO that defines `name`: the session or one of its mixins (step_snapshot.py,
+    turns.py since issue 53; session.py before, for --compare)."""
+    return next((c for c in ChatSession.__mro__ if name in c.__dict__), ChatSession)
+
+
 def session_parts(clock: PartClock) -> None:
-    clock.wrap(ChatSession, "_cached_forward_kwargs", "feed & kwargs")
-    clock.wrap(ChatSession, "_buffer_token", "feed & kwargs")
+    snapshots = sys.modules[_session_owner("_snapshot").__module__]  # the module that calls top_tokens
+    clock.wrap(_session_owner("_cached_forward_kwargs"), "_cached_forward_kwargs", "feed & kwargs")
+    clock.wrap(_session_owner("_buffer_token"), "_buffer_token", "feed & kwargs")
     clock.wrap(session, "check_feed", "diagnostics")
     clock.wrap(alarms.Alarms, "check_positions", "diagnostics")
     clock.wrap(alarms.Alarms, "check_cursor", "diagnostics")
     clock.wrap(alarms.Alarms, "check_layers", "diagnostics")
-    clock.wrap(session, "top_tokens", "top-k")
-    clock.wrap(session, "watched_tokens", "top-k")
-    clock.wrap(ChatSession, "_make_pending", "choose")
+    clock.wrap(snapshots, "top_tokens", "top-k")
+    clock.wrap(snapshots, "watched_tokens", "top-k")
+    clock.wrap(_session_owner("_make_pending"), "_make_pending", "choose")
     clock.wrap(introspect, "layer_infos", "layer infos")
-    clock.wrap(ChatSession, "_snapshot", "step building")
+    clock.wrap(_session_owner("_snapshot"), "_snapshot", "step building")
     clock.wrap(codec, "step_record", "record building")
     _serialising(clock)
     clock.wrap(trace.TraceWriter, "write", "writing/sending")

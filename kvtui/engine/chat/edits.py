@@ -2,18 +2,19 @@
 repaired to match (crop when every layer still holds the tokens, else recompute from the token buffer).
 
 `CacheEdits` is a mixin of `ChatSession` (session.py): these are the session's own methods, kept apart from
-the chat loop, so the session is still the ONE place that calls the model with kvtui's cache.
+the chat loop, so the session is still the ONE place that calls the model with kvtui's cache (with turns.py and
+step_snapshot.py, its other mixins, which leave the cache to this file and session.py).
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..reading import introspect
 from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TopToken
+from .forward_speed import forward_threads
 from .sampling import Sampler
 from .session_types import Message, SessionConfig, SessionError
 
@@ -46,7 +47,6 @@ class CacheEdits:
         def _clear(self) -> None: ...
         def _emit(self, kind: str, payload) -> None: ...
         def _record(self, found, in_step: bool = False) -> None: ...
-        def _threads(self, tokens: int) -> AbstractContextManager[None]: ...
         def _cached_forward_kwargs(self, tokens: list[BufferToken], cache_len: int) -> dict: ...
         def _history(self) -> torch.Tensor: ...
         def _make_pending(self, scores: torch.Tensor, token_id: int, top: tuple[TopToken, ...] = ()) -> TopToken: ...
@@ -172,7 +172,7 @@ class CacheEdits:
         self._tokens = list(tokens)
         if not tokens or self.cache is None:
             return
-        with torch.inference_mode(), self._threads(len(tokens)):
+        with torch.inference_mode(), forward_threads(len(tokens), self.config.decode_threads):
             self.model(**self._cached_forward_kwargs(tokens, 0))
 
     def _restore(self, length: int) -> None:

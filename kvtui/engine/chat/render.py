@@ -1,5 +1,5 @@
-"""Rendering a chat into the (id, origin) tokens the model will see, and comparing them with the tokens the
-cache already holds (template drift).
+"""Rendering a chat into the (id, origin) tokens the model will see, comparing them with the tokens the
+cache already holds (template drift), and the ids that end a reply (what the template writes after one).
 
 Origins say who wrote each token: "system" | "user" | "assistant" (a message's own words), "template"
 (what the chat template adds around them), "tokenizer-added" (BOS/EOS the tokenizer adds to plain text).
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..reading.diagnostics import SpecialIds
 from ..reading.prefixes import common_prefix
 from ..reading.tokens import find_sub
 from ..records.snapshot import BufferToken, Diagnostic
@@ -76,6 +77,38 @@ def rendered_prefix(
         step,
     )
     return common, [drift]
+
+
+def special_ids(model, tokenizer, special: frozenset[int], chat: bool) -> SpecialIds:
+    """BOS, PAD and every id that ends a reply: the generation config's and the tokenizer's EOS, and in chat
+    mode the template's end-of-turn token."""
+    eos = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            eos.add(source)
+        elif source:
+            eos.update(int(i) for i in source)
+    eot = end_of_turn_id(tokenizer, special) if chat else None
+    if eot is not None:
+        eos.add(eot)
+    return SpecialIds(bos=tokenizer.bos_token_id, eos=frozenset(eos), pad=tokenizer.pad_token_id)
+
+
+def end_of_turn_id(tokenizer, special: frozenset[int]) -> int | None:
+    """The first special token the template writes after an assistant's words (e.g. <|im_end|>)."""
+    marker = "kvtuimarker"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
+        )
+    except Exception:  # noqa: BLE001  templates that insist on other roles: no extra stop token
+        return None
+    tail = text[text.rfind(marker) + len(marker) :]
+    for token_id in tokenizer(tail, add_special_tokens=False)["input_ids"]:
+        if token_id in special:
+            return token_id
+    return None
 
 
 def _content_spans(text: str, messages: list[dict] | None) -> list[tuple[int, int, str]]:

@@ -1,12 +1,14 @@
 """The chat session (send, step, generate, verify): the ONE place that calls the model with kvtui's cache.
 
-With its edits (rewind, force, reset, restore: the mixin `CacheEdits` in edits.py, the same session's
-methods), it is the only code that feeds past_key_values and moves the cursor.
+Its methods are spread over mixins of `ChatSession`, the same session's methods: turns.py (send renders the
+chat and prefills only what the cache lacks; the transcript; when a turn ends), step_snapshot.py (after each
+forward: the next token chosen, the step's checks, its frozen `StepSnapshot`), edits.py (rewind, force, reset,
+restore). This file and edits.py are the only code that feeds past_key_values, writes the cache and moves the
+cursor; forward_speed.py only wraps the forward (torch.compile, threads); render.py turns a chat into tokens.
 
-The decode loop is small typed steps (gpt-fast style): `send` renders the chat and prefills only the
-new suffix, `step` feeds the pending token and samples the next, `generate` repeats `step`. Every
-forward yields a frozen `StepSnapshot` built from shapes and counters, never from K/V copies.
-Turning a chat into tokens is render.py. `on_snapshot` and `on_event` take several subscribers
+The decode loop is small typed steps (gpt-fast style): `send` prefills, `step` feeds the pending token and
+samples the next, `generate` repeats `step`. Every forward yields a frozen `StepSnapshot` built from shapes and
+counters, never from K/V copies. `on_snapshot` and `on_event` take several subscribers
 (`session.on_snapshot.add(fn)`).
 
 Shapes: input_ids / position_ids [1, n]; logits [1, 1, vocab] (logits_to_keep=1);
@@ -18,29 +20,30 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 
 import torch
 
 from ..reading import introspect
 from ..reading.alarms import Alarms
-from ..reading.attention import AttentionCapture, AttentionStep
-from ..reading.diagnostics import SpecialIds, check_attention, check_feed
+from ..reading.attention import AttentionCapture
+from ..reading.diagnostics import check_feed
 from ..reading.token_texts import tokenizer_texts
 from ..reading.tokens import special_token_ids
-from ..reading.topk import chosen_from_top, top_tokens, watched_tokens
 from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
 from ..records.listeners import Listeners
-from ..records.snapshot import BufferToken, Diagnostic, LayerInfo, StepSnapshot, TokenBuffer, TopToken, VerifyResult
+from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 from .edits import CacheEdits
-from .render import render_chat, rendered_prefix, tokenize
+from .forward_speed import CompiledDecode, forward_threads, graph_count
+from .render import special_ids
 from .sampling import Sampler, SamplerSettings
 from .session_types import CacheOverflowError, Message, SessionConfig, SessionError
+from .step_snapshot import StepSnapshots
+from .turns import ChatTurns
 
 __all__ = ["CacheOverflowError", "ChatSession", "SessionConfig", "SessionError"]
 
 
-class ChatSession(CacheEdits):
+class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
     def __init__(
         self,
         model,
@@ -67,7 +70,7 @@ class ChatSession(CacheEdits):
         self.dtype = str(model.dtype).removeprefix("torch.")
         self.sampler = Sampler(self.config.sampler, self.device)
         self._special_set = special_token_ids(tokenizer)
-        self.special = self._special_ids()
+        self.special = special_ids(model, tokenizer, self._special_set, chat=self.config.mode == "chat")
         self.stop_ids = self.special.eos
         self._texts = tokenizer_texts(tokenizer)  # the one token-text cache (reading/token_texts.py)
         # Read once per forward; plain attribute swaps, so the UI may set them from its thread.
@@ -95,11 +98,7 @@ class ChatSession(CacheEdits):
             raise SessionError(refusal)
         self._new_cache()
         self.capacity = introspect.static_capacity(self.cache) if self.cache is not None else None
-        self._compiled: Callable | None = (
-            None  # torch.compile(model.forward) for one-token decode steps, built on first use
-        )
-        self.compiles = 0  # graphs compiled so far (the first one included): more than one means recompiles
-        self.compile_ms_total = 0.0
+        self._compiled = CompiledDecode(model, self.device)  # --compile: one-token decode steps, built on first use
         self.diagnostics: list[Diagnostic] = []
         self.last: StepSnapshot | None = None
         self.steps = 0
@@ -155,25 +154,6 @@ class ChatSession(CacheEdits):
     def cache_length(self) -> int:
         return 0 if self.cache is None else introspect.seq_length(self.cache)
 
-    @property
-    def turn(self) -> int:
-        return self._turn
-
-    @property
-    def turn_open(self) -> bool:
-        return self._turn_open
-
-    @property
-    def turn_done(self) -> bool:
-        return self.pending is None or self._turn_done_after()
-
-    @property
-    def messages(self) -> list[dict]:
-        out = [{"role": m.role, "content": m.content} for m in self._messages]
-        if out and out[-1]["role"] == "assistant" and self._turn_open:
-            out[-1]["content"] = self._reply_text()
-        return out
-
     def piece(self, token_id: int) -> str:
         return self._texts.piece(token_id)
 
@@ -181,43 +161,6 @@ class ChatSession(CacheEdits):
     def token_bytes(self) -> dict[int, bytes]:
         """id -> bytes of the tokens whose decoded piece is not their bytes (records/token_bytes.py)."""
         return self._texts.token_bytes
-
-    def _special_ids(self) -> SpecialIds:
-        tok, eos = self.tokenizer, set()
-        gen = getattr(self.model, "generation_config", None)
-        for source in (getattr(gen, "eos_token_id", None), tok.eos_token_id):
-            if isinstance(source, int):
-                eos.add(source)
-            elif source:
-                eos.update(int(i) for i in source)
-        eot = self._end_of_turn_id()
-        if eot is not None:
-            eos.add(eot)
-        return SpecialIds(bos=tok.bos_token_id, eos=frozenset(eos), pad=tok.pad_token_id)
-
-    def _end_of_turn_id(self) -> int | None:
-        """The first special token the template writes after an assistant's words (e.g. <|im_end|>)."""
-        if self.config.mode != "chat":
-            return None
-        marker = "kvtuimarker"
-        try:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
-            )
-        except Exception:  # noqa: BLE001  templates that insist on other roles: no extra stop token
-            return None
-        tail = text[text.rfind(marker) + len(marker) :]
-        for token_id in self.tokenizer(tail, add_special_tokens=False)["input_ids"]:
-            if token_id in self._special_set:
-                return token_id
-        return None
-
-    def _stops(self, token_id: int) -> bool:
-        return token_id in self.stop_ids
-
-    def _reply_text(self) -> str:
-        start = self._messages[-1].start
-        return self.tokenizer.decode([t.id for t in self._tokens[start:]], skip_special_tokens=True)
 
     # ---- the forward -----------------------------------------------------------------------------
 
@@ -245,25 +188,19 @@ class ChatSession(CacheEdits):
             else self._full_forward_kwargs(self._tokens + fed)
         )
         compiled = self.config.compile and len(fed) == 1 and not self.config.attention
-        graphs_before = _graph_count() if compiled else 0
+        graphs_before = graph_count() if compiled else 0
         started = self._clock()
         try:
-            with torch.inference_mode(), self._threads(kwargs["input_ids"].shape[1]):
+            with torch.inference_mode(), forward_threads(kwargs["input_ids"].shape[1], self.config.decode_threads):
                 out = (
-                    self._decode_forward()(**kwargs) if compiled else self.model(**kwargs)
+                    self._compiled.forward()(**kwargs) if compiled else self.model(**kwargs)
                 )  # updates self.cache in place
         except BaseException:
             self._restore(cache_len)
             raise
         logits = out.logits[0, -1].float()  # [vocab]
         forward_ms = (self._clock() - started) * 1000
-        compile_ms = None
-        if compiled:
-            new_graphs = _graph_count() - graphs_before
-            if new_graphs:  # this step compiled: its time is compile time, not a slow step
-                self.compiles += new_graphs
-                self.compile_ms_total += forward_ms
-                compile_ms = forward_ms
+        compile_ms = self._compiled.compile_ms(graphs_before, forward_ms) if compiled else None
 
         snap_started = self._clock()
         self.steps = step
@@ -271,44 +208,22 @@ class ChatSession(CacheEdits):
         self._next_position = positions[-1] + 1
         attention = self._newest_attention() if self._attention is not None else None
         self._logits = logits
-        scores = self.sampler.process(self._history(), logits)
-        k = self.config.top_k_shown
-        top = top_tokens(scores, k, self.piece)
-        top_raw = top if scores is logits else top_tokens(logits, k, self.piece)  # no processors: the same
+        scores, top_raw, top = self._choose_next(logits)
         self._new_in_turn += phase == "decode"
-        self.pending = self._make_pending(scores, self.sampler.choose(scores, top), top)
-        self.pending_forced = False
         return self._snapshot(phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw, top)
 
-    def _decode_forward(self):
-        """model.forward under torch.compile, the way transformers documents it for a static cache
-        (fixed shapes: one token, a preallocated cache). "reduce-overhead" adds CUDA graphs on a GPU;
-        on CPU the default mode (inductor, C++ codegen) is used."""
-        if self._compiled is None:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._compiled = torch.compile(self.model.forward, mode=mode, fullgraph=False, dynamic=False)
-        return self._compiled
+    # --compile: what torch.compile built (headless prints it, the snapshot carries recompiles)
+    @property
+    def compiles(self) -> int:
+        return self._compiled.compiles
+
+    @property
+    def compile_ms_total(self) -> float:
+        return self._compiled.compile_ms_total
 
     @property
     def recompiles(self) -> int:
-        return max(0, self.compiles - 1)
-
-    @contextmanager
-    def _threads(self, tokens: int):
-        """A one-token forward on `decode_threads` (a viewer sharing the cores keeps one of them), then torch's
-        threads back as they were; any other forward on them as they are. Decode is bound by memory and Python,
-        and an OpenMP team that loses a core to another process waits for it at every op; a prefill is bound
-        by compute and uses every thread. (Switching costs well under a microsecond.)"""
-        before = torch.get_num_threads()
-        wanted = self.config.decode_threads if tokens == 1 and self.config.decode_threads else before
-        if wanted == before:
-            yield
-            return
-        torch.set_num_threads(wanted)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
+        return self._compiled.recompiles
 
     def _cached_forward_kwargs(self, tokens: list[BufferToken], cache_len: int) -> dict:
         """Arguments of a forward that writes `tokens` into self.cache after `cache_len` cached ones."""
@@ -335,102 +250,6 @@ class ChatSession(CacheEdits):
             kwargs["logits_to_keep"] = 1
         return kwargs
 
-    def _history(self) -> torch.Tensor:
-        if not self.sampler.needs_history:
-            return self._no_history
-        return torch.tensor([[t.id for t in self._tokens]], device=self.device)  # [1, n]: O(cache), opt-in
-
-    def _make_pending(self, scores: torch.Tensor, token_id: int, top: tuple[TopToken, ...] = ()) -> TopToken:
-        known = chosen_from_top(top, token_id)  # a greedy or likely choice: no vocab-sized work
-        if known is not None:
-            return known
-        probs = torch.softmax(scores, dim=-1)
-        prob = probs[token_id]
-        return TopToken(
-            id=token_id,
-            text=self.piece(token_id),
-            logit=float(scores[token_id]),
-            prob=float(prob),
-            rank=int((probs > prob).sum()) + 1,
-        )
-
-    def _newest_attention(self) -> AttentionStep | None:
-        """Every layer's attention of the newest query, over the buffer's positions (one transfer)."""
-        capture = self._attention
-        assert capture is not None
-        layer = self.attention_layer
-        capture.head_layer = layer % capture.num_layers if capture.num_layers and layer < 0 else layer
-        return capture.take(self.buffer, self._turn, self.special.pad, self.special.pad_is_distinct)
-
-    def close_attention(self) -> None:
-        """Give transformers' attention functions back (the session's model is no longer captured)."""
-        if self._attention is not None:
-            self._attention.detach()
-
-    def _snapshot(
-        self, phase, fed, scores, found, forward_ms, snap_started, attention, compile_ms, top_raw, top
-    ) -> StepSnapshot:
-        layers: tuple[LayerInfo, ...]
-        if self.cache is None:  # --cache none: nothing is cached, there are no layers to read or check
-            layers, cache_len = (), 0
-        else:
-            layers = introspect.layer_infos(self.cache, self._window)
-            cache_len = self.cache_length
-            found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
-            found += self._alarms.check_layers(self.steps, layers, self.capacity, cache_len, reserve=1)
-        if attention is not None:
-            detail = attention.detail
-            found += check_attention(
-                self.steps,
-                attention.pads,
-                detail.regions,
-                detail.shares,
-                self._attention_memory,
-                "",
-                len(self._tokens) - 1,
-            )
-        self._record(found, in_step=True)
-        snapshot = StepSnapshot(
-            step=self.steps,
-            phase=phase,
-            turn=self._turn,
-            input_ids=tuple(t.id for t in fed),
-            positions=tuple(t.position for t in fed),
-            cursor=self._next_position,
-            cache_seq_length=cache_len,
-            capacity=self.capacity,
-            layers=layers,
-            topk=top_raw,
-            topk_processed=top,
-            watched=watched_tokens(scores, self.watch_ids, self.piece),
-            chosen=self.pending,
-            chosen_forced=self.pending_forced,
-            diagnostics=tuple(found),
-            forward_ms=forward_ms,
-            snapshot_ms=(self._clock() - snap_started) * 1000,
-            buffer=self.buffer,
-            turn_done=self._turn_done_after(),
-            attention=attention.layers if attention else None,
-            attention_layer=attention.detail.layer if attention else None,
-            attention_detail=attention.detail if attention else None,
-            compiled=self.config.compile,
-            compile_ms=compile_ms,
-            recompiles=self.recompiles,
-            uncached=self.cache is None,
-            token_bytes=self._texts.token_bytes,
-        )
-        self.last = snapshot
-        self._emit("step", snapshot)
-        self._on_snapshot(snapshot)
-        if snapshot.turn_done:
-            self.record_turn_end()
-        return snapshot
-
-    def _turn_done_after(self) -> bool:
-        return self.pending is not None and (
-            self._stops(self.pending.id) or self._new_in_turn >= self.config.max_new_tokens
-        )
-
     def _record(self, found, in_step: bool = False) -> None:
         self.diagnostics.extend(found)
         if found and not in_step:  # raised outside a forward: a record of their own
@@ -439,73 +258,7 @@ class ChatSession(CacheEdits):
     def _emit(self, kind: str, payload) -> None:
         self._on_event(kind, payload)
 
-    # ---- turns -----------------------------------------------------------------------------------
-
-    def send(self, text: str) -> StepSnapshot:
-        """Add a user message (chat) or prompt text (completion) and prefill what the cache lacks."""
-        if self.config.prime_pad and not self._tokens:
-            self._prime()
-        if self.config.mode == "completion":
-            return self._send_completion(text)
-        self._close_turn()
-        messages = self.messages + [{"role": "user", "content": text}]
-        rendered = render_chat(self.tokenizer, messages, self.config.chat_tokenize)
-        common, drift = rendered_prefix(self._tokens[self._primed :], rendered, self.piece, self.steps + 1)
-        if common == len(rendered):  # nothing new: re-feed the last token to get fresh logits
-            common -= 1
-        self._turn += 1
-        self._truncate(self._primed + common)
-        fed = [
-            self._buffer_token(token_id, origin, i, self._turn)
-            for i, (token_id, origin) in enumerate(rendered[common:], start=common)
-        ]
-        # the user message starts at its first own token; the header before it ends the previous message
-        user_start = next(
-            (self._primed + i for i in range(common, len(rendered)) if rendered[i][1] == "user"), self._primed + common
-        )
-        snapshot = self._refusable_prefill(fed, drift)
-        self._messages.append(Message("user", text, user_start))
-        self._messages.append(Message("assistant", "", len(self._tokens)))
-        return snapshot
-
-    def _send_completion(self, text: str) -> StepSnapshot:
-        self._close_turn()
-        self._turn += 1
-        first = not self._tokens[self._primed :]
-        rendered = tokenize(self.tokenizer, text, add_special=first)
-        base = len(self._tokens) - self._primed
-        fed = [
-            self._buffer_token(token_id, origin, base + i, self._turn) for i, (token_id, origin) in enumerate(rendered)
-        ]
-        snapshot = self._refusable_prefill(fed, [])
-        self._messages.append(Message("assistant", "", len(self._tokens)))
-        return snapshot
-
-    def _refusable_prefill(self, fed: list[BufferToken], extra: list[Diagnostic]) -> StepSnapshot:
-        """A send's prefill; refused before any forward (a full static cache), the turn it counted did not begin."""
-        try:
-            return self._prefill(fed, extra)
-        except CacheOverflowError:
-            self._turn -= 1
-            raise
-
-    def _prefill(self, fed: list[BufferToken], extra: list[Diagnostic]) -> StepSnapshot:
-        self._new_in_turn = 0
-        self._turn_open = True
-        self._turn_recorded = False
-        return self._forward(fed, "prefill", extra)
-
-    def _close_turn(self) -> None:
-        self._close_turn_text()
-        self.record_turn_end()  # a turn cut short (a refusal, a pause) still gets its buffer line
-        self._turn_open = False
-        self.pending = None
-
-    def record_turn_end(self) -> None:
-        """Tell the recorder the turn is over (once per turn): it writes the buffer line."""
-        if self._turn_open and not self._turn_recorded:
-            self._turn_recorded = True
-            self._emit("turn-end", None)
+    # ---- tokens fed --------------------------------------------------------------------------------
 
     def _buffer_token(self, token_id: int, origin: str, position: int, turn: int) -> BufferToken:
         return BufferToken(
@@ -553,10 +306,6 @@ class ChatSession(CacheEdits):
             self._close_turn_text()
         return last
 
-    def _close_turn_text(self) -> None:
-        if self._messages and self._messages[-1].role == "assistant":
-            self._messages[-1].content = self._reply_text()
-
     def set_sampler(self, settings: SamplerSettings) -> None:
         self.sampler = Sampler(settings, self.device)
         self.config = _replace(self.config, sampler=settings)
@@ -593,8 +342,9 @@ class ChatSession(CacheEdits):
         chat = self._tokens[self._primed :]
         if self._logits is None or not chat:
             raise SessionError("nothing to verify: send a message first")
+        threads = forward_threads(len(chat), self.config.decode_threads)
         fresh, ms = recompute_last_logits(
-            self.model, [t.id for t in chat], self._accepts_logits_to_keep, self._threads(len(chat)), self._clock
+            self.model, [t.id for t in chat], self._accepts_logits_to_keep, threads, self._clock
         )
         quantized = self.config.cache == "quantized"
         result = judge_recompute(
@@ -615,13 +365,6 @@ class ChatSession(CacheEdits):
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-
-
-def _graph_count() -> int:
-    """Graphs torch.compile has built in this process (dynamo's own counter)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def _replace(config: SessionConfig, **changes) -> SessionConfig:

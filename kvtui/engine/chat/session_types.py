@@ -1,7 +1,8 @@
 """The chat session's plain values: what it is asked to be (SessionConfig), a message's place in the token
 buffer (Message), and the refusals it raises (SessionError, CacheOverflowError).
 
-Shared by the chat loop (session.py) and its edits (edits.py); import them from kvtui.engine.chat.session.
+Shared by the chat loop (session.py) and its mixins (edits.py, turns.py, step_snapshot.py); import them from
+kvtui.engine.chat.session.
 """
 
 from __future__ import annotations
