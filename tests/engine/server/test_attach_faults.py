@@ -18,6 +18,8 @@ from kvtui.engine.server.kv_events import BlocksStored, EventBatch, encode_batch
 from local_publisher import LocalPublisher
 from waiting import wait_for
 
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
+
 
 class FakeServer:
     """A vLLM-like HTTP side: /v1/models, /kv_event_sources (the local publisher), /metrics, /detokenize; each can

@@ -21,6 +21,8 @@ from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.report import summary_lines
 from kvtui.engine.server.server_trace import event_from_record, event_record
 
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
+
 SIZE = 64  # tokens per block (a hybrid model's would be larger still: the rule reads the events' block_size)
 SYSTEM = list(range(1000, 1040))  # a 40-token system prompt: under one block
 ORIGIN = "127.0.0.1:8000"

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.fleet import FLEET_EVERY_S
 from kvtui.engine.server.kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch
 from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.view import stats_view
+
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
 
 SIZE = 8
 ORIGINS = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from kvtui.engine.server import kv_events
 from kvtui.engine.server.kv_events import UndecodablePayload, _decode_generic, decode_payload
 
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
+
 DATA = Path(__file__).resolve().parents[2] / "data" / "kv_events"
 
 

@@ -25,6 +25,8 @@ from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.report import summary_lines
 from kvtui.engine.server.server_http import parse_metrics
 
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
+
 DATA = Path(__file__).resolve().parents[2] / "data" / "kv_events"
 
 

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import BlocksStored, EventBatch
 from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.server_http import CacheMetrics, parse_metrics
 from kvtui.engine.server.server_trace import ServerTraceWriter, load_server_trace
+
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
 
 ORIGIN = "127.0.0.1:8000"
 BLOCK = 16

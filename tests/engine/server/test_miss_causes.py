@@ -4,6 +4,8 @@ on another replica, diverged at a token whatever the edit; no note for tokens ne
 
 from __future__ import annotations
 
+import pytest
+
 from kvtui.engine.reading.edits import REALIGN_MIN, REALIGN_SEARCH
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch, encode_batch
@@ -11,6 +13,8 @@ from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.subscriber import EventEndpoint
 from local_publisher import LocalPublisher
 from waiting import following, wait_for
+
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
 
 SIZE = 8
 PROMPT = tuple(range(100, 164))  # 64 tokens: 8 blocks of 8

@@ -18,6 +18,8 @@ from kvtui.engine.server.server_http import EventEndpoint, ServerInfo
 from kvtui.engine.server.server_trace import load_server_trace, read_records
 from local_publisher import LocalPublisher
 
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
+
 RECORDED = Path(__file__).resolve().parents[2] / "data" / "kv_events" / "vllm-0.32-maps.msgpack"
 
 

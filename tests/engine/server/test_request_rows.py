@@ -6,6 +6,8 @@ prompts: the probe in the helper's report)."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import BlocksStored, EventBatch, decode_payload, encode_batch
 from kvtui.engine.server.prefix_cache import PrefixCache
@@ -15,6 +17,8 @@ from kvtui.engine.server.subscriber import EventEndpoint
 from kvtui.engine.server.view import stats_view
 from local_publisher import LocalPublisher
 from waiting import following, wait_for
+
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
 
 SIZE = 32
 SYSTEM = tuple(range(1000, 1096))  # 3 blocks the questions share

@@ -23,6 +23,8 @@ from kvtui.engine.server.server_trace import (
     load_server_trace,
 )
 
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
+
 DATA = Path(__file__).resolve().parents[2] / "data" / "kv_events"
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import BlocksStored, EventBatch, encode_batch
 from kvtui.engine.server.prefix_cache import PrefixCache
@@ -12,6 +14,8 @@ from kvtui.engine.server.server_http import EventEndpoint
 from kvtui.engine.server.subscriber import Subscriber
 from local_publisher import LocalPublisher
 from waiting import wait_for
+
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
 
 
 def payload(i: int) -> bytes:

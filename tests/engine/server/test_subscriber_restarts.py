@@ -10,6 +10,7 @@ import threading
 import time
 
 import msgpack
+import pytest
 
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.attach import AttachOptions, AttachSession, connect
@@ -20,6 +21,8 @@ from kvtui.engine.server.server_trace import load_server_trace
 from kvtui.engine.server.subscriber import Subscriber
 from local_publisher import LocalPublisher
 from waiting import wait_for
+
+pytestmark = pytest.mark.version_free("a server's events, HTTP and traces, read by kvtui alone: no transformers code")
 
 ORIGIN = "local"
 
