@@ -1,8 +1,9 @@
 """The one place that knows transformers' cache internals, and how they differ between versions.
 
 Everything here reads `.shape`, `.dtype`, counters and class names: O(layers), no K/V copies.
-`truncate` also writes those internals (static caches have no `crop`), but only `session.py` calls it:
-the session stays the one place that decides when the cache changes. The rest of kvtui imports this
+`truncate` also writes those internals (static caches have no `crop`), but only kvtui's own chat calls it
+(`chat/edits.py`, the session's mixin that applies its rewinds and re-prefills): kvtui's own cache changes there
+and in `session.py`'s forwards, nowhere else. The rest of kvtui imports this
 package (`introspect.layer_infos(cache)`); its modules, by job:
 
 - layers:       what one layer is and holds (its kind, token counters, storage bytes)
