@@ -22,11 +22,9 @@ Per poll O(origins of the server + histogram buckets); never O(blocks held).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..records.snapshot import Diagnostic, Where
-
-OriginStats = Any  # prefix_cache.OriginStats (that module imports this one)
+from .blocks import OriginStats
 
 
 @dataclass

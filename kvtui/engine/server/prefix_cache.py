@@ -20,107 +20,27 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from ..reading.token_texts import TokenTexts
 from ..records.diagnostic_groups import FloodGate
 from ..records.snapshot import Diagnostic
+from .blocks import Block, Gone, OriginStats, count_hit, first_token
+from .content_holders import ContentHolders
 from .fleet import FleetSeries
 from .kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch
+from .media import KNOWN_MEDIA, TIERS, HashOnlyMedia, add_medium, faster, medium_word, remove_medium
 from .metric_rules import MetricRules
 from .metrics import METRICS_KEPT, MetricSample, add_sample
 from .requests import RequestLog
 from .rules import CHURN_WINDOW_S, SIBLINGS_CHECKED, ServerRules, chain_content
 
 CAUGHT_UP = "(caught up: before kvtui attached)"  # the start of a note on a batch the replay socket gave on attach
-KNOWN_MEDIA = frozenset({"GPU", "CPU", "DISK", "STORAGE"})  # the `medium` words vLLM / SGLang / LMCache send
 MAX_BLOCKS = 200_000  # blocks kept (per view); the oldest beyond it are let go and counted
-# media by tier, fastest first: a block stored on a faster tier while held only on slower ones came back from them
-# (a medium kvtui does not know, or None where a server names none, counts as GPU's tier when None, else as a slow one)
-TIERS = {None: 0, "GPU": 0, "CPU": 1, "DISK": 2, "STORAGE": 2}
 GONE_ROOTS = 4096  # first tokens (per origin and group) whose removed root blocks are remembered (prefix-under-block)
 
 
-@dataclass(slots=True, eq=False)
-class Block:
-    """One block the server holds (kvtui's object, mutable: its children grow)."""
-
-    key: str  # its hash, as kv_events.block_key writes it
-    origin: str
-    parent: Block | None
-    tokens: array  # array('l'): this block's token ids
-    group: int
-    medium: str | None
-    chain: int  # the number of its chain (its root's)
-    depth: int  # its index in the chain (blocks before it); a block whose parent kvtui never saw starts at 0
-    stored_batch: int
-    stored_ts: float
-    children: list[Block] = field(default_factory=list)
-    orphan: bool = False  # its parent was announced before kvtui attached, or let go
-    sibling_key: tuple = ()  # where PrefixCache indexes it among its siblings (origin, group, parent, 1st id)
-    content: int = 0  # kvtui's hash of the tokens from the prompt's start through this block (0: its start unknown)
-    hits: int = 0  # later prefills that went on from this block or one after it where another already had (inferred:
-    # a hit stores nothing; a store after a leaf is taken for the same request decoding on, so this is a floor)
-    lora: str | None = None
-    extra: str = ""  # the extra keys its hash covers, as the event says
-    noted: bool = False  # stored by a prefill a miss cause was noted on (its continuation raises none again)
-    media: dict[str | None, int] | None = None  # where it is held, by medium word (upper case) -> stores there (an
-    # offload tier's stores are reference counted, as vLLM asks; a first-tier store again is `stored_again`); None:
-    # held in `medium` only (most blocks: no dict)
-
-    @property
-    def start(self) -> int:
-        """The position of its first token in the prompt (where its depth is known)."""
-        return self.depth * len(self.tokens)
-
-
-@dataclass(slots=True)
-class Gone:
-    """A block the server removed or cleared: what the evicted cause reads when its tokens come back."""
-
-    removed_ts: float
-    stored_ts: float
-    hits: int
-    how: str  # "evicted" (BlockRemoved) or "cleared" (AllBlocksCleared)
-
-
-@dataclass
-class OriginStats:
-    """Per publisher (a server, or one data-parallel rank of it)."""
-
-    batches: int = 0
-    events: int = 0
-    stored: int = 0  # blocks stored
-    removed: int = 0  # blocks removed (by BlockRemoved)
-    cleared: int = 0  # AllBlocksCleared events
-    held: int = 0  # blocks held now
-    last_seq: int = -1
-    lost: int = 0  # batches missing from the sequence (not recovered by replay)
-    skipped: int = 0  # events of unknown types
-    unknown_removed: int = 0  # removals of blocks kvtui never saw stored (attached late, or let go)
-    let_go: int = 0  # blocks let go past max_blocks that the server may still hold (counted in `held`)
-    restored: int = 0  # blocks stored again within CHURN_WINDOW_S of their removal
-    capacity: int | None = None  # blocks the server can hold (its metrics), where known
-    restarts: int = 0  # times its publisher came back as a new one (a new epoch: the sequence starts anew)
-    gone: int = 0  # blocks it held when it restarted: gone with the old process, no longer counted in `held`
-    caught_up: int = 0  # batches given by the replay socket when kvtui attached (before it watched)
-    stored_again: int = 0  # blocks stored while held already (a hash stored again without a removal between)
-    unknown_medium: int = 0  # blocks stored with a `medium` that is not GPU / CPU / DISK / STORAGE / none
-    kept_elsewhere: int = 0  # blocks removed from one medium while another still held them (offloaded: not evicted)
-    offloaded_back: int = 0  # blocks stored on a faster medium while held only on slower ones (offloaded-prefix)
-    routed_tokens: int = 0  # tokens prefilled here while another replica held them (routing waste)
-    live_tokens: int = 0  # tokens in the blocks its live batches announced stored (stored again included; not a
-    # report's re-announced blocks, a hit; not what the replay socket gave on attach): what metric_rules cross-checks
-    block_size: int = 0  # tokens per block, as its events say
-    requests: int = 0  # prefills seen (requests.py's rows: a request that stored or reported blocks)
-    reports: int = 0  # requests whose reused blocks the server reported (kv_cache_report_mode full)
-    reported_hits: int = 0  # tokens found cached, as those reports say
-    inferred_hits: int = 0  # tokens found cached, inferred from the chains of the prefills not reported
-    groups: set[int] = field(default_factory=set)  # the cache groups it stored blocks in (where a removal that
-    # names no group, as SGLang's, is looked for: O(groups), not a walk of every block)
-
-
-class PrefixCache:
+class PrefixCache(ContentHolders, HashOnlyMedia):
     """What the events of one or several publishers (origins) say their prefix caches hold."""
 
     def __init__(self, texts: TokenTexts | None = None, max_blocks: int = MAX_BLOCKS):
@@ -207,7 +127,7 @@ class PrefixCache:
                 if (
                     not reported
                     and not batch.caught_up
-                    and TIERS.get(_word(event.medium), 2) <= self._first_tier.get(origin, 3)
+                    and TIERS.get(medium_word(event.medium), 2) <= self._first_tier.get(origin, 3)
                 ):
                     stats.live_tokens += len(event.hashes) * event.block_size
             elif isinstance(event, BlocksRemoved):
@@ -237,12 +157,12 @@ class PrefixCache:
             stats.unknown_medium += len(event.hashes)
         if event.kind == "mamba":
             self.rules.hybrid.add(origin)
-        tier = TIERS.get(_word(event.medium), 2)
+        tier = TIERS.get(medium_word(event.medium), 2)
         first = self._first_tier.get(origin, 3)
         if size and tier < first:
             self._first_tier[origin] = first = tier
         if not size or tier > first:  # hashes only, or a copy on a slower tier than this origin prefills on (an
-            self._store_hashes(event, origin)  # offload: no prefill): which medium holds them
+            self._store_hashes(event, origin, stats)  # offload: no prefill): which medium holds them
             return False
         units = self.rules.unit
         if size < units.get((origin, event.group), size + 1):
@@ -268,7 +188,7 @@ class PrefixCache:
         elsewhere_held = self._elsewhere
         tops, by_first, batches, medium, lora = self.tops, self._by_first, self.batches, event.medium, event.lora
         extras = len(event.extra)
-        word = _word(event.medium)
+        word = medium_word(event.medium)
         back: list[Block] = []  # blocks held only in slower media that this store put on a faster one (came back)
         back_from: set[str | None] = set()  # the media they came back from
         at = 0  # where this block's tokens start in `ids`
@@ -279,17 +199,17 @@ class PrefixCache:
             held = blocks.get(ident)
             if held is not None:  # stored again without a removal kvtui saw: nothing new (counted), or another medium
                 parent = held
-                if held.media is None and _word(held.medium) == word:
+                if held.media is None and medium_word(held.medium) == word:
                     stats.stored_again += 1
                 else:
-                    came = self._add_medium(held, word, stats)
+                    came = add_medium(held, word, stats)
                     if came:
                         back.append(held)
                         back_from.update(came)
                 continue
             elsewhere = elsewhere_held.pop(ident, None) if elsewhere_held else None
             gone = removed_at.pop(ident, None) if removed_at else None
-            came_back = elsewhere is not None and _faster(word, elsewhere)
+            came_back = elsewhere is not None and faster(word, elsewhere)
             if elsewhere is not None:  # a medium held it (its store named the hash only): not evicted
                 gone = None
             if gone is not None and gone.how == "evicted" and ts - gone.removed_ts <= CHURN_WINDOW_S:
@@ -310,7 +230,7 @@ class PrefixCache:
                 row = self.requests.going_on(origin, event.group, event.session, where)
                 reported = row is not None and row.reported and not row.new  # the report counted its hit
                 if parent is not None and parent.children and not reported:
-                    _count_hit(parent)  # another prompt went on from here before: this one reused it (a hit)
+                    count_hit(parent)  # another prompt went on from here before: this one reused it (a hit)
                 before = len(notes)
                 if back or came_back:
                     noted = True  # offloaded-prefix, said once the store's blocks are all counted
@@ -390,12 +310,12 @@ class PrefixCache:
         prompt's first block whose blocks are all held here already, in chain order. Read as that request's hits
         (a row, the blocks' hit counts), not as blocks stored again; whether it was one. O(its blocks)."""
         held: list[Block] = []
-        word = _word(event.medium)
+        word = medium_word(event.medium)
         for key in event.hashes:
             block = self.blocks.get((origin, event.group, key))
             if block is None or (held and block.parent is not held[-1]):
                 return False
-            if (block.media is None and _word(block.medium) != word) or (block.media and word not in block.media):
+            if (block.media is None and medium_word(block.medium) != word) or (block.media and word not in block.media):
                 return False  # held in another medium only: brought back (offloaded-prefix), not a report
             held.append(block)
         if not held:
@@ -405,7 +325,7 @@ class PrefixCache:
         stats.reports += 1
         stats.reported_hits += tokens
         last = held[-1]
-        _count_hit(last)
+        count_hit(last)
         ident = (origin, event.group, last.key)
         self.requests.reported(origin, event.group, event.session, tokens, ident, last.chain, ts)
         return True
@@ -423,14 +343,15 @@ class PrefixCache:
 
     def _remove(self, event: BlocksRemoved, origin: str, stats: OriginStats, ts: float) -> None:
         groups = (event.group,) if event.group is not None else tuple(sorted(stats.groups)) or (0,)
-        word = _word(event.medium)
+        word = medium_word(event.medium)
         for key in event.hashes:
             for group in groups:
                 block = self.blocks.get((origin, group, key))
                 if block is not None:
                     if (
-                        block.media is not None or (word is not None and block.medium and word != _word(block.medium))
-                    ) and not self._remove_medium(block, word, stats):
+                        block.media is not None
+                        or (word is not None and block.medium and word != medium_word(block.medium))
+                    ) and not remove_medium(block, word, stats):
                         break  # another medium holds it still (or this one never did): not evicted
                     self._drop(block)
                     stats.removed += 1
@@ -533,58 +454,6 @@ class PrefixCache:
         """The held blocks stored right after `parent` (a miss at a block boundary is looked for among them)."""
         return parent.children if parent is not None else []
 
-    def holders(self, group: int, content: int) -> dict[str, list[Block]]:
-        """The held blocks (any origin) whose tokens from the prompt's start equal those `content` stands for."""
-        found = self.by_content.get((group, content)) if content else None
-        if found is None:
-            return {}
-        return {found.origin: [found]} if isinstance(found, Block) else found
-
-    def duplicated(self) -> dict[str, int]:
-        """Per origin, the tokens it holds that another origin holds too (memory spent more than once)."""
-        return {origin: tokens for origin, tokens in self._twice.items() if tokens}
-
-    def _count_twice(self, blocks, sign: int) -> None:
-        for block in blocks:
-            self._twice[block.origin] = self._twice.get(block.origin, 0) + sign * len(block.tokens)
-
-    def _hold_content(self, block: Block) -> None:
-        key = (block.group, block.content)
-        holders = self.by_content.get(key)
-        if holders is None:  # the first to hold them: by this block alone
-            self.by_content[key] = block
-            return
-        if isinstance(holders, Block):  # a second block: the map of every holder, by origin
-            holders = self.by_content[key] = {holders.origin: [holders]}
-        if len(holders) >= 2 or (holders and block.origin not in holders):  # another origin holds them: spent twice
-            self._count_twice((block,), 1)
-            if len(holders) == 1:  # ... and so, from now, are the blocks of the one origin that held them alone
-                self._count_twice(next(iter(holders.values())), 1)
-        holders.setdefault(block.origin, []).append(block)
-
-    def _release_content(self, block: Block) -> None:
-        holders = self.by_content.get((block.group, block.content))
-        if isinstance(holders, Block):
-            if holders is block:
-                del self.by_content[(block.group, block.content)]
-            return
-        mine = holders.get(block.origin) if holders is not None else None
-        if holders is None or mine is None:
-            return
-        try:
-            mine.remove(block)
-        except ValueError:
-            return
-        several = len(holders) >= 2
-        if not mine:
-            del holders[block.origin]
-        if several:
-            self._count_twice((block,), -1)
-            if len(holders) == 1:  # the origin left holds them alone again
-                self._count_twice(next(iter(holders.values())), -1)
-        if not holders:
-            del self.by_content[(block.group, block.content)]
-
     def origin_words(self, origin: str) -> str:
         return f" on {origin}" if origin and len(self.origins) > 1 else ""
 
@@ -606,105 +475,13 @@ class PrefixCache:
         first tokens, the newest few roots each)."""
         if block.orphan or block.depth or not block.content:
             return
-        key = (block.origin, block.group, _first(block.tokens))
+        key = (block.origin, block.group, first_token(block.tokens))
         roots = self._gone_roots.get(key)
         if roots is None:
             roots = self._gone_roots[key] = deque(maxlen=4)
             if len(self._gone_roots) > GONE_ROOTS:
                 self._gone_roots.popitem(last=False)
         roots.append((block.origin, block.chain, block.tokens, ts))
-
-    # ---- media -----------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _add_medium(block: Block, word: str | None, stats: OriginStats) -> tuple | None:
-        """A store in medium `word` of a block held already: the slower media it was held in only, where this store
-        put it on a faster one (it came back from them); else None."""
-        media = block.media
-        if media is None:
-            media = block.media = {_word(block.medium): 1}
-        count = media.get(word)
-        if count is not None:
-            if TIERS.get(word, 2):
-                media[word] = count + 1  # an offload tier announces a hash once per chunk that holds it: counted
-            else:
-                stats.stored_again += 1
-            return None
-        came = tuple(media)
-        back = _faster(word, media)
-        media[word] = 1
-        if back:
-            block.medium = word
-            return came
-        return None
-
-    @staticmethod
-    def _remove_medium(block: Block, word: str | None, stats: OriginStats) -> bool:
-        """A removal from medium `word` (None: the server names none: its fastest) of a block held: whether no medium
-        holds it now (drop it). A removal from a medium kvtui never saw it stored in is counted, not applied."""
-        media = block.media
-        if media is None:
-            if block.medium is None:  # its store named no medium: the server does not tell media apart
-                return True
-            media = block.media = {_word(block.medium): 1}
-        if word not in media:
-            if word is not None:
-                stats.unknown_removed += 1
-                return False
-            word = min(media, key=lambda m: TIERS.get(m, 2))
-        count = media[word] - 1
-        if count > 0 and TIERS.get(word, 2):
-            media[word] = count
-            return False
-        del media[word]
-        if not media:
-            return True
-        stats.kept_elsewhere += 1
-        block.medium = min(media, key=lambda m: TIERS.get(m, 2))  # where it is held now
-        return False
-
-    def _store_hashes(self, event: BlocksStored, origin: str) -> None:
-        """A store naming hashes only, or a copy on a slower tier: the held blocks are held in its medium too; other
-        hashes are remembered as held there, by hash only (a later store of their tokens on a faster medium came
-        back from it). O(its hashes)."""
-        word = _word(event.medium)
-        stats = self.stats(origin)
-        for key in event.hashes:
-            ident = (origin, event.group, key)
-            block = self.blocks.get(ident)
-            if block is not None:
-                self._add_medium(block, word, stats)
-                continue
-            media = self._elsewhere.get(ident)
-            if media is None:
-                media = self._elsewhere[ident] = {}
-                if len(self._elsewhere) > self.max_blocks:
-                    self._elsewhere.popitem(last=False)
-            media[word] = media.get(word, 0) + 1
-
-    def _remove_hash(self, origin: str, groups: tuple, key: str, word: str | None) -> bool:
-        """A removal of a hash held only as a store of hashes: whether it was one."""
-        for group in groups:
-            media = self._elsewhere.get((origin, group, key))
-            if media is not None:
-                at = word if word in media else next(iter(media))
-                media[at] -= 1
-                if media[at] <= 0:
-                    del media[at]
-                if not media:
-                    del self._elsewhere[(origin, group, key)]
-                return True
-        return False
-
-    def _say_back(self, event, origin: str, stats: OriginStats, back: list[Block], came: set, notes: list) -> None:
-        """offloaded-prefix for one store whose `back` blocks were held in slower media only (`came`): counted, and
-        the rule's note (rules.py)."""
-        stats.offloaded_back += len(back)
-        first = back[0]
-        position = first.start if first.content else None
-        tokens = sum(len(block.tokens) for block in back)
-        media = sorted(m or "an unnamed medium" for m in came)
-        self.rules.offloaded(origin, _word(event.medium), tokens, position, first, media, notes)
 
     # ---- reading ---------------------------------------------------------------------------------------
 
@@ -721,30 +498,3 @@ class PrefixCache:
     @property
     def held(self) -> int:
         return len(self.blocks)
-
-
-HIT_DEPTH = 256  # blocks up a chain a continuation is counted as a hit on (the cost of one store stays bounded)
-
-
-def _count_hit(block: Block) -> None:
-    """A prefill continued `block`: it and the blocks before it (up to HIT_DEPTH) were hits."""
-    steps = 0
-    node: Block | None = block
-    while node is not None and steps < HIT_DEPTH:
-        node.hits += 1
-        node = node.parent
-        steps += 1
-
-
-def _faster(word: str | None, media) -> bool:
-    """Whether medium `word` is a faster tier than every one of `media`."""
-    return TIERS.get(word, 2) < min((TIERS.get(m, 2) for m in media), default=0)
-
-
-def _word(medium: str | None) -> str | None:
-    """A medium as kvtui compares it (servers differ in case: "cpu", "CPU")."""
-    return medium.upper() if medium else None
-
-
-def _first(tokens: array) -> int:
-    return int(tokens[0]) if len(tokens) else -1

@@ -57,10 +57,8 @@ from ..reading.prefixes import common_prefix, longest_prefix, only_template_diff
 from ..reading.token_texts import TokenTexts
 from ..records.diagnostic_groups import FloodGate
 from ..records.snapshot import Diagnostic, Where
+from .blocks import Block, OriginStats
 from .kv_events import BlocksStored
-
-Block = Any  # prefix_cache.Block (that module imports this one)
-OriginStats = Any  # prefix_cache.OriginStats
 
 
 class ChainIndex(Protocol):

@@ -16,9 +16,10 @@ from types import MappingProxyType
 from typing import Protocol
 
 from ..records.snapshot import Diagnostic, Where
+from .blocks import Block, OriginStats
 from .fleet import FleetSample, fleet_sample
 from .metrics import MetricSample, watched_rate
-from .prefix_cache import Block, OriginStats, PrefixCache
+from .prefix_cache import PrefixCache
 from .requests import RequestFacts
 
 MAX_CHAINS = 200  # chains shown, newest first (chains the user selected are kept on top of these)
