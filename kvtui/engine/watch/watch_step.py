@@ -27,13 +27,14 @@ from ..reading.diagnostics import (
 from ..reading.token_texts import TokenTexts, tokenizer_texts
 from ..reading.tokens import special_token_ids
 from ..reading.topk import top_rows_from, top_tensors, watched_tokens
-from ..records.snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, TopToken
+from ..records.snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, TopToken, fast_init
 from . import evictions
 from .lineage import CacheTrack
 from .patches import Registry
 from .step_checks import check_positions, checked_layers
 
 
+@fast_init  # made on every forward: its ~35 fields filled in one call, not one line each
 @dataclass
 class Call:
     """One top-level forward in flight (between the probe's before and after)."""
