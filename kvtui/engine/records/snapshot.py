@@ -70,7 +70,8 @@ def _bulk_init(made: Any, setters: list | None, names: tuple[str, ...] = ()):
     """The generated __init__ of a dataclass: its parameters as the dataclass's (defaults, factories), its body
     one C-level fill of every field in field order (`setters`: the slots' member descriptors' __set__; None: the
     instance's __dict__ updated with `names`), then __post_init__ if the class has one."""
-    params, body, values, cells = [], [], [], {}
+    params, body, values = [], [], []
+    cells: dict[str, Any] = {}
     for f in fields(made):
         if not f.init:
             cells[f"_make_{f.name}"] = f.default_factory
