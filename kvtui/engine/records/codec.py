@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, TypeVar
 
 from .codes import current_code
@@ -72,10 +72,10 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
     they are (one generated dict display each), the bytes orjson writes for the dataclass itself, at
     half its cost (orjson reads a slotted dataclass field by field: ~0.7 µs a TopToken, the display
     ~0.3)."""
-    layer_record, top_record, token_record = (
-        (_LAYER_FIELDS_AS_IS, _TOP_FIELDS_AS_IS, _TOKEN_FIELDS_AS_IS)
+    layers, top_record, token_record = (
+        (_layers_as_is, _TOP_FIELDS_AS_IS, _TOKEN_FIELDS_AS_IS)
         if objects
-        else (_layer_record, _top_record, _token_record)
+        else (_layer_records, _top_record, _token_record)
     )
     topk = [top_record(t) for t in s.topk]
     # the same tuple (a watched step's, a greedy session's): its dicts once, when the record is only serialised
@@ -91,7 +91,7 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         "cursor": s.cursor,
         "cache_seq_length": s.cache_seq_length,
         "capacity": s.capacity,
-        "layers": list(map(layer_record, s.layers)),  # no Python frame per layer but the record's own
+        "layers": layers(s.layers),
         "topk": topk,
         "topk_processed": topk if same else [top_record(t) for t in s.topk_processed],
         "watched": [top_record(t) for t in s.watched],
@@ -237,6 +237,21 @@ _TOKEN_FIELDS_AS_IS = _fields_as_is(BufferToken)
 _LAYER_FIELDS = tuple(f.name for f in fields(LayerInfo) if f.name not in _HELD_FIELDS)
 _LAYER_VALUES = operator.attrgetter(*_LAYER_FIELDS)
 _TUPLE_FIELDS = ("k_shape", "v_shape", "states")  # the fields that hold tuples (lists in a record)
+
+
+_HELD = operator.attrgetter("held")
+
+
+def _layers_as_is(layers: tuple[LayerInfo, ...]) -> list[dict]:
+    """Every layer's record, values as they are (for orjson): built by C-level maps, no Python line per layer,
+    when no layer holds compressed runs (the usual case), else one generated dict display each."""
+    if list(map(_HELD, layers)).count(None) == len(layers):  # the same dicts as _LAYER_FIELDS_AS_IS makes
+        return list(map(dict, map(zip, repeat(_LAYER_FIELDS), map(_LAYER_VALUES, layers))))
+    return list(map(_LAYER_FIELDS_AS_IS, layers))
+
+
+def _layer_records(layers: tuple[LayerInfo, ...]) -> list[dict]:
+    return list(map(_layer_record, layers))
 
 
 def _plain(value):
