@@ -314,8 +314,8 @@ class StepBuilder:
         self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float
     ) -> StepSnapshot:
         """The step's snapshot: what was fed (each cache row extended), the alarms in this order (the call's
-        own, the feed's, positions', layers', waste), top-k, then the snapshot's fields."""
-        self.use(call.probe)
+        own, the feed's, positions', layers', waste), top-k, then the snapshot's fields. The caller made the
+        forward's model the one in `use` (the probe's finish_forward, before `prepare`)."""
         at = f" [{call.caller}]"
         applied = self._applied(call)  # [batch][n]
         cache_len = introspect.seq_length(cache) if cache is not None else 0
