@@ -292,6 +292,10 @@ def check_request(
 ) -> list[Diagnostic]:
     """What the caller asked for: an argument this version ignores, its own cursor against the cache's,
     and a static cache this forward is about to overflow. State-like: each fires when it starts or changes."""
+    if cache_position is None and capacity is None:  # nothing asked, nothing static (most forwards): no argument is
+        alarms.active.pop("ignored-argument", None)  # ignored and the cursor is the cache's own: both states end
+        alarms.active.pop("cursor-mismatch", None)
+        return []
     found = alarms.transition(
         "ignored-argument",
         at if cache_position is not None and not accepts_cache_position else None,
