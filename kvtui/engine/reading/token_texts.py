@@ -92,7 +92,8 @@ class TokenTexts:
             if self._lazy:  # the unknown ones decoded at once, in the order met (a `piece` each decoded one)
                 self._learn(list(filter(_non_negative, dict.fromkeys(compress(ids, map(_is_none, found))))))
                 found = list(map(self.pieces.get, ids))
-            return [_unknown(i) if text is None else text for i, text in zip(ids, found)]
+            if None in found:  # an id no tokenizer decoded
+                return [_unknown(i) if text is None else text for i, text in zip(ids, found)]
         return found
 
     def label(self, token_id: int) -> str:
@@ -118,7 +119,14 @@ def tokenizer_texts(tokenizer) -> TokenTexts:
     `piece` (skip_special_tokens=False), a multi-byte character's part labelled by its raw token; an id the
     tokenizer cannot decode is shown by its number."""
 
+    decode_one = partial(tokenizer.decode, skip_special_tokens=False) if tokenizer is not None else None
+
     def resolve(ids: list[int]) -> dict[int, str]:
+        if decode_one is not None:
+            try:  # each id decoded alone, by C-level maps (no Python line per id)
+                return dict(zip(ids, map(decode_one, map(list, zip(ids)))))
+            except Exception:  # noqa: BLE001  an id the tokenizer cannot decode: each one on its own, below
+                pass
         out = {}
         for token_id in ids:
             try:
