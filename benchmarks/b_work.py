@@ -8,7 +8,7 @@ frames. A watched hand-written greedy loop (DynamicCache, inference mode, a trac
 On a GPU the host work is what a watched step costs: ~80 lines per layer per step were ~1.4 ms on a 30-layer
 model on an H100 (issue 43). What grows with the layer count is what this counts.
 
-Usage: python benchmarks/b_work.py [--layers 3,32] [--steps 20] [--json OUT]
+Usage: python benchmarks/b_work.py [--layers 3,32] [--steps 20] [--json OUT] [--verbose] [--top N]
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def _model(layers: int, tmp: Path):
     return loaded.model, loaded.tokenizer
 
 
-def count(layers: int, steps: int, tmp: Path, context: int = 0) -> dict:
+def count(layers: int, steps: int, tmp: Path, context: int = 0, top: int = 12) -> dict:
     """Per decode step of a watched greedy loop (a trace written): kvtui's lines, ops and device reads.
     `context`: tokens fed after the prompt (one more prefill) before the counted steps."""
     from kvtui.engine.watch import probe
@@ -170,7 +170,7 @@ def count(layers: int, steps: int, tmp: Path, context: int = 0) -> dict:
         assert watcher.steps == steps + 5 + (1 if context else 0), watcher.steps
         length = loop.cache.get_seq_length()
         errors = list(watcher.errors)
-    top = lines.by_file.most_common(12)
+    busiest = lines.by_file.most_common(top)
     return {
         "layers": layers,
         "steps": steps,
@@ -181,21 +181,21 @@ def count(layers: int, steps: int, tmp: Path, context: int = 0) -> dict:
         "reads_per_step": sum(reads.reads.values()) / steps,
         "reads": {name: n / steps for name, n in sorted(reads.reads.items())},
         "top_functions": [
-            {"where": f"{os.path.relpath(f, KVTUI_DIR)}:{fn}", "lines_per_step": n / steps} for (f, fn), n in top
+            {"where": f"{os.path.relpath(f, KVTUI_DIR)}:{fn}", "lines_per_step": n / steps} for (f, fn), n in busiest
         ],
         "errors": errors,
     }
 
 
-def bench(layer_counts=(3, 32), steps: int = 20, context: int = 3000) -> dict:
+def bench(layer_counts=(3, 32), steps: int = 20, context: int = 3000, top: int = 12) -> dict:
     """The rows by layer count; then the first layer count again after `context` more cached tokens (the work
     must not grow with the context either)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory(prefix="kvtui-work-") as tmp:
-            rows = [count(n, steps, Path(tmp)) for n in layer_counts]
-            long = count(layer_counts[0], steps, Path(tmp), context) if context else None
+            rows = [count(n, steps, Path(tmp), top=top) for n in layer_counts]
+            long = count(layer_counts[0], steps, Path(tmp), context, top) if context else None
     finally:
         torch.set_num_threads(threads)
     out: dict = {"rows": rows}
@@ -247,8 +247,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=3000, help="a row with this many more cached tokens (0: none)")
     parser.add_argument("--json", help="write the raw numbers here")
     parser.add_argument("--verbose", action="store_true", help="the ops, reads and busiest functions per row")
+    parser.add_argument("--top", type=int, default=12, help="how many of the busiest functions (with --verbose)")
     args = parser.parse_args()
-    result = bench(tuple(int(n) for n in args.layers.split(",")), args.steps, args.context)
+    result = bench(tuple(int(n) for n in args.layers.split(",")), args.steps, args.context, args.top)
     log(describe(result))
     print("\n".join(table(result)))
     if args.verbose:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 from ..records.codes import CODES as REGISTRY
@@ -28,6 +29,11 @@ class SpecialIds:
     bos: int | None
     eos: frozenset[int]  # every id that ends generation (tokenizer, generation config, end of turn)
     pad: int | None
+
+    @cached_property
+    def notable(self) -> frozenset[int]:
+        """The ids a fed token must be one of for check_feed to say anything of it (BOS, pad, the ends)."""
+        return frozenset(i for i in (self.bos, self.pad) if i is not None) | self.eos
 
     @property
     def pad_is_distinct(self) -> bool:
@@ -45,6 +51,10 @@ def token_text(piece: str, token_id: int, raw: str | None = None) -> str:
     return f"{piece!r} (id {token_id})"
 
 
+_ID, _ORIGIN = operator.attrgetter("id"), operator.attrgetter("origin")
+_NOTABLE_ORIGINS = frozenset(("tokenizer-added", "primed"))  # the origins check_feed speaks of whatever the id
+
+
 def check_feed(
     step: int,
     fed: Sequence[BufferToken],
@@ -59,6 +69,8 @@ def check_feed(
     """Alarms about the tokens one forward is about to write (before: the token already cached last), for
     kvtui's own chat and a watched program alike. `prompt_end`: the forward feeds a whole prompt (a
     watched prefill), so an end token as its last token ends the text. `label(t)` names a token."""
+    if ids.notable.isdisjoint(map(_ID, fed)) and _NOTABLE_ORIGINS.isdisjoint(map(_ORIGIN, fed)):
+        return []  # no BOS, pad or end id, nothing the tokenizer added or primed (most feeds): nothing to say
     label = label or (lambda t: token_text(piece(t.id), t.id))
     attended = [t for t in fed if t.origin != "pad"]
     found = _tokenizer_added(step, attended, before, ids, label, at)
@@ -280,6 +292,10 @@ def check_request(
 ) -> list[Diagnostic]:
     """What the caller asked for: an argument this version ignores, its own cursor against the cache's,
     and a static cache this forward is about to overflow. State-like: each fires when it starts or changes."""
+    if cache_position is None and capacity is None:  # nothing asked, nothing static (most forwards): no argument is
+        alarms.active.pop("ignored-argument", None)  # ignored and the cursor is the cache's own: both states end
+        alarms.active.pop("cursor-mismatch", None)
+        return []
     found = alarms.transition(
         "ignored-argument",
         at if cache_position is not None and not accepts_cache_position else None,
@@ -320,6 +336,11 @@ def check_row_positions(
 ) -> list[Diagnostic]:
     """Applied positions must continue what each row has attended to so far (left pads excluded); `because` says
     where that count comes from when it is not the cache's length (a compressed cache)."""
+    if all(map(all, masks)) and list(map(list, applied)) == list(
+        map(list, map(range, attended_before, map(operator.add, attended_before, map(len, applied))))
+    ):  # every token attended, each row continuing its count (most forwards): told by C-level passes, no gap
+        alarms.active.pop("position-gap", None)
+        return []
     key, message = None, ""
     for row, (positions, mask, real) in enumerate(zip(applied, masks, attended_before)):
         for i, position in enumerate(positions):

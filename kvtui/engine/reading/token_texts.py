@@ -5,9 +5,20 @@ tokenizer."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
+from itertools import compress
+from operator import is_, le
 
 from ..records.token_bytes import hex_bytes, tokenizer_bytes
 from .diagnostics import token_text
+
+_is_none = partial(is_, None)
+_non_negative = partial(le, 0)  # 0 <= id
+
+
+def _unknown(token_id: int) -> str:
+    """What an id no tokenizer decoded shows: `<embeds>` (-1: fed as inputs_embeds), `?` (-2: not known), `#N`."""
+    return "<embeds>" if token_id == -1 else "?" if token_id < 0 else f"#{token_id}"
 
 
 class TokenTexts:
@@ -47,6 +58,11 @@ class TokenTexts:
         # server, where nearly all are known
         missing = sorted(i for i in set(ids).difference(self.pieces) if i >= 0)
         if missing:
+            self._learn(missing)
+
+    def _learn(self, missing: list[int]) -> None:
+        """Decode these ids (none known yet, none negative), in this order, and keep what they are."""
+        if missing and self._resolve is not None:
             found = self._resolve(missing)
             if self._bytes_of is not None:  # once per id, as it is decoded: never on the way of a known one
                 self.token_bytes.update(self._bytes_of(found))
@@ -61,11 +77,11 @@ class TokenTexts:
     def piece(self, token_id: int) -> str:
         text = self.pieces.get(token_id)
         if text is None:
-            if token_id < 0:
-                return "<embeds>" if token_id == -1 else "?"
-            if self._lazy:
+            if token_id >= 0 and self._lazy:
                 self.ensure((token_id,))
-            text = self.pieces.get(token_id, f"#{token_id}")
+                text = self.pieces.get(token_id)
+            if text is None:
+                return _unknown(token_id)
         return text
 
     def pieces_of(self, ids: list[int]) -> list[str]:
@@ -73,7 +89,11 @@ class TokenTexts:
         no Python call per id), any unknown one through `piece` as before."""
         found: list = list(map(self.pieces.get, ids))  # str, or None where unknown
         if None in found:
-            return [self.piece(i) if text is None else text for i, text in zip(ids, found)]
+            if self._lazy:  # the unknown ones decoded at once, in the order met (a `piece` each decoded one)
+                self._learn(list(filter(_non_negative, dict.fromkeys(compress(ids, map(_is_none, found))))))
+                found = list(map(self.pieces.get, ids))
+            if None in found:  # an id no tokenizer decoded
+                return [_unknown(i) if text is None else text for i, text in zip(ids, found)]
         return found
 
     def label(self, token_id: int) -> str:
@@ -99,7 +119,14 @@ def tokenizer_texts(tokenizer) -> TokenTexts:
     `piece` (skip_special_tokens=False), a multi-byte character's part labelled by its raw token; an id the
     tokenizer cannot decode is shown by its number."""
 
+    decode_one = partial(tokenizer.decode, skip_special_tokens=False) if tokenizer is not None else None
+
     def resolve(ids: list[int]) -> dict[int, str]:
+        if decode_one is not None:
+            try:  # each id decoded alone, by C-level maps (no Python line per id)
+                return dict(zip(ids, map(decode_one, map(list, zip(ids)))))
+            except Exception:  # noqa: BLE001  an id the tokenizer cannot decode: each one on its own, below
+                pass
         out = {}
         for token_id in ids:
             try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import fields
-from itertools import repeat
+from itertools import chain, repeat
 
 import torch
 
@@ -96,8 +96,8 @@ def _fast_row(
     count = len(ids)
     made = list(map(object.__new__, repeat(TopToken, count)))
     texts = pieces(ids) if pieces else map(piece, ids)
-    for setter, column in zip(_TOP_SETTERS, (ids, texts, logits, probs, range(1, count + 1))):
-        deque(map(setter, made, column), maxlen=0)
+    columns = (ids, texts, logits, probs, range(1, count + 1))  # setter(token, value) for every field, in C:
+    deque(chain.from_iterable(map(map, _TOP_SETTERS, repeat(made), columns)), maxlen=0)
     return tuple(made)
 
 

@@ -10,9 +10,9 @@ a record value field by field, so a field added to a value type is written and r
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, TypeVar
 
 from .codes import current_code
@@ -67,17 +67,12 @@ def verify_record(result: VerifyResult, step: int) -> dict:
 
 
 def step_record(s: StepSnapshot, objects: bool = False) -> dict:
-    """The trace's `step` line (see README, trace schema 1). `objects`: for orjson, which writes a tuple
-    as the list it is in the record: layers, top tokens and fed tokens become dicts of their fields as
-    they are (one generated dict display each), the bytes orjson writes for the dataclass itself, at
-    half its cost (orjson reads a slotted dataclass field by field: ~0.7 µs a TopToken, the display
-    ~0.3)."""
-    layer_record, top_record, token_record = (
-        (_LAYER_FIELDS_AS_IS, _TOP_FIELDS_AS_IS, _TOKEN_FIELDS_AS_IS)
-        if objects
-        else (_layer_record, _top_record, _token_record)
-    )
-    topk = [top_record(t) for t in s.topk]
+    """The trace's `step` line (see README, trace schema 1). Top tokens and fed tokens become dicts of their
+    fields (C-level maps: no Python line per token). `objects`: for orjson, which writes a tuple as the list it
+    is in the record: layers become dicts of their fields as they are, the bytes orjson writes for the dataclass
+    itself, at half its cost (orjson reads a slotted dataclass field by field), and the raw and processed top-k
+    share one list when they are one tuple."""
+    topk = _top_records(s.topk)
     # the same tuple (a watched step's, a greedy session's): its dicts once, when the record is only serialised
     same = objects and s.topk_processed is s.topk
     return {
@@ -87,21 +82,21 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         "turn": s.turn,
         "input_ids": list(s.input_ids),
         "positions": list(s.positions),
-        "fed": [token_record(t) for t in s.buffer[len(s.buffer) - len(s.input_ids) :]],
+        "fed": _token_records(s.buffer[len(s.buffer) - len(s.input_ids) :]),
         "cursor": s.cursor,
         "cache_seq_length": s.cache_seq_length,
         "capacity": s.capacity,
-        "layers": list(map(layer_record, s.layers)),  # no Python frame per layer but the record's own
+        "layers": _layers_as_is(s.layers) if objects else list(map(_layer_record, s.layers)),
         "topk": topk,
-        "topk_processed": topk if same else [top_record(t) for t in s.topk_processed],
-        "watched": [top_record(t) for t in s.watched],
+        "topk_processed": topk if same else _top_records(s.topk_processed),
+        "watched": _top_records(s.watched),
         "chosen": None if s.chosen is None else {**_top_record(s.chosen), "forced": s.chosen_forced},
         "turn_done": s.turn_done,
         "diagnostics": [_alarm_record(d) for d in s.diagnostics],  # the step's number is the line's
         "ms": {"forward": round(s.forward_ms, 3), "snapshot": round(s.snapshot_ms, 3)},
         "buffer_length": len(s.buffer),
         **({"attention": attention_record(s)} if s.attention is not None else {}),
-        **(_watch_record(s, top_record, token_record) if s.source != "session" else {}),
+        **(_watch_record(s) if s.source != "session" else {}),
         **({"compile": {"compile_ms": s.compile_ms, "recompiles": s.recompiles}} if s.compiled else {}),
         **({"uncached": True} if s.uncached else {}),
         **({"tensor_parallel": s.tensor_parallel} if s.tensor_parallel else {}),
@@ -182,7 +177,7 @@ def sharded_step_record(record: dict, ranks: int) -> dict:
     return {**record, "tensor_parallel": ranks}
 
 
-def _watch_record(s: StepSnapshot, top_record, token_record) -> dict:
+def _watch_record(s: StepSnapshot) -> dict:
     """A watched program's step: what the caller asked for, which cache, its lineage, every batch row."""
     record: dict[str, Any] = {
         "source": s.source,
@@ -206,7 +201,7 @@ def _watch_record(s: StepSnapshot, top_record, token_record) -> dict:
         "recomputed": s.recomputed,
     }
     if s.rows:
-        record["rows"] = [_row_record(r, top_record, token_record) for r in s.rows]
+        record["rows"] = [_row_record(r) for r in s.rows]
     if s.requests is not None:  # a continuous-batching forward: its requests and the paged cache's groups
         record["requests"] = [_request_record(r) for r in s.requests]
     if s.paged is not None:
@@ -231,12 +226,21 @@ def _fields_as_is(cls: type, when_set: tuple[str, ...] = ()):
 # a compressed cache's held runs: written only for a layer that has them (traces of the usual case unchanged)
 _HELD_FIELDS = ("held", "held_heads")
 _LAYER_FIELDS_AS_IS = _fields_as_is(LayerInfo, _HELD_FIELDS)
-_TOP_FIELDS_AS_IS = _fields_as_is(TopToken)
-_TOKEN_FIELDS_AS_IS = _fields_as_is(BufferToken)
 
 _LAYER_FIELDS = tuple(f.name for f in fields(LayerInfo) if f.name not in _HELD_FIELDS)
 _LAYER_VALUES = operator.attrgetter(*_LAYER_FIELDS)
 _TUPLE_FIELDS = ("k_shape", "v_shape", "states")  # the fields that hold tuples (lists in a record)
+
+
+_HELD = operator.attrgetter("held")
+
+
+def _layers_as_is(layers: tuple[LayerInfo, ...]) -> list[dict]:
+    """Every layer's record, values as they are (for orjson): built by C-level maps, no Python line per layer,
+    when no layer holds compressed runs (the usual case), else one generated dict display each."""
+    if list(map(_HELD, layers)).count(None) == len(layers):  # the same dicts as _LAYER_FIELDS_AS_IS makes
+        return list(map(dict, map(zip, repeat(_LAYER_FIELDS), map(_LAYER_VALUES, layers))))
+    return list(map(_LAYER_FIELDS_AS_IS, layers))
 
 
 def _plain(value):
@@ -257,6 +261,14 @@ def _layer_record(layer: LayerInfo) -> dict:
     return record
 
 
+def _records_of(cls: type) -> Callable[[Iterable], list[dict]]:
+    """A function: instances of a record class whose fields are all plain values -> their dicts (its fields in
+    order, as `_top_record` / `_token_record` make one), built by C-level maps: no Python line per instance."""
+    names = tuple(f.name for f in fields(cls))
+    values = operator.attrgetter(*names)
+    return lambda items: list(map(dict, map(zip, repeat(names), map(values, items))))
+
+
 def _top_record(t: TopToken) -> dict:
     return {"id": t.id, "text": t.text, "logit": t.logit, "prob": t.prob, "rank": t.rank}
 
@@ -270,6 +282,10 @@ def _token_record(t: BufferToken) -> dict:
         "origin": t.origin,
         "turn": t.turn,
     }
+
+
+_top_records = _records_of(TopToken)  # [_top_record(t) for t in tops], in C
+_token_records = _records_of(BufferToken)  # [_token_record(t) for t in tokens], in C
 
 
 def _alarm_record(d: Diagnostic) -> dict:
@@ -303,19 +319,19 @@ def _verify_record(v: VerifyResult) -> dict:
     }
 
 
-def _row_record(r: RowView, top_record=_top_record, token_record=_token_record) -> dict:
+def _row_record(r: RowView) -> dict:
     record = {
         "row": r.row,
         "input_ids": list(r.input_ids),
         "positions": list(r.positions),
-        "fed": [token_record(t) for t in r.buffer[len(r.buffer) - len(r.input_ids) :]],
+        "fed": _token_records(r.buffer[len(r.buffer) - len(r.input_ids) :]),
         "buffer_length": len(r.buffer),
-        "topk": [top_record(t) for t in r.topk],
+        "topk": _top_records(r.topk),
     }
     if r.request_id is not None:  # a request of a packed forward (absent otherwise: older traces unchanged)
         record["request_id"] = r.request_id
     if r.shared_prefix:
-        record["shared_prefix"] = [token_record(t) for t in r.buffer[: r.shared_prefix]]
+        record["shared_prefix"] = _token_records(r.buffer[: r.shared_prefix])
     return record
 
 

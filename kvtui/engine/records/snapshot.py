@@ -6,8 +6,10 @@ can cross threads, be coalesced, be written to JSON and compared in tests.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .codes import check_code
@@ -42,19 +44,38 @@ SEVERITIES = ("info", "warning", "error")
 # type checkers read a class under @frozen as the frozen dataclass it is (nothing at run time)
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def frozen(cls: type[_T]) -> type[_T]:
-    """`@dataclass(frozen=True, slots=True)` with an __init__ that fills each slot through its descriptor.
+    """`@dataclass(frozen=True, slots=True)` with an __init__ that fills every slot through its descriptor in one
+    C-level pass.
 
     The generated frozen __init__ calls object.__setattr__ once per field (~7 µs for a LayerInfo, paid
-    per layer per step; ~20 µs for a StepSnapshot); this one costs about half and builds the same object:
-    same fields, defaults and factories, and assigning to it afterwards still raises FrozenInstanceError."""
+    per layer per step; ~20 µs for a StepSnapshot, one Python line per field); this one sets every field by its
+    slot's member descriptor from C (map, chain: no Python line per field) and builds the same object: same
+    fields, defaults and factories, and assigning to it afterwards still raises FrozenInstanceError."""
     made: Any = dataclass(frozen=True, slots=True)(cls)  # a new class (slots): its __init__ is replaced below
-    params, body, cells = [], [], {}
+    made.__init__ = _bulk_init(made, [made.__dict__[f.name].__set__ for f in fields(made)])
+    return made
+
+
+def fast_init(cls: type[_T]) -> type[_T]:
+    """A (mutable, unslotted) dataclass whose __init__ fills the instance's __dict__ in one call, not one
+    assignment per field: the same attributes, defaults and factories as the dataclass's own __init__ (for a
+    record made on every step with many fields, most of them defaults)."""
+    made: Any = cls
+    names = tuple(f.name for f in fields(made))
+    made.__init__ = _bulk_init(made, None, names)
+    return made
+
+
+def _bulk_init(made: Any, setters: list | None, names: tuple[str, ...] = ()):
+    """The generated __init__ of a dataclass: its parameters as the dataclass's (defaults, factories), its body
+    one C-level fill of every field in field order (`setters`: the slots' member descriptors' __set__; None: the
+    instance's __dict__ updated with `names`), then __post_init__ if the class has one."""
+    params, body, values = [], [], []
+    cells: dict[str, Any] = {}
     for f in fields(made):
-        setter = f"_set_{f.name}"
-        cells[setter] = made.__dict__[f.name].__set__  # the slot's member descriptor
         if not f.init:
             cells[f"_make_{f.name}"] = f.default_factory
-            body.append(f"    {setter}(self, _make_{f.name}())")
+            values.append(f"_make_{f.name}()")
             continue
         if f.default is not MISSING:
             cells[f"_default_{f.name}"] = f.default
@@ -65,22 +86,28 @@ def frozen(cls: type[_T]) -> type[_T]:
             body.append(f"    if {f.name} is _MISSING: {f.name} = _make_{f.name}()")
         else:
             params.append(f.name)
-        body.append(f"    {setter}(self, {f.name})")
+        values.append(f.name)
+    row = f"({', '.join(values)},)" if values else "()"
+    if setters is not None:  # setter_i(self, value_i) for every field, run by C (map, chain, a deque that keeps none)
+        cells.update(_SETTERS=setters, _deque=deque, _chain=chain.from_iterable, _map=map, _repeat=repeat, _zip=zip)
+        body.append(f"    _deque(_chain(_map(_map, _SETTERS, _repeat((self,)), _zip({row}))), maxlen=0)")
+    else:
+        cells.update(_NAMES=names, _zip=zip)
+        body.append(f"    self.__dict__.update(_zip(_NAMES, {row}))")
     if hasattr(made, "__post_init__"):  # a check of the values (Diagnostic: a registered code)
         body.append("    self.__post_init__()")
     cells["_MISSING"] = MISSING
     source = (
         f"def make({', '.join(cells)}):\n"
         f"  def __init__(self, {', '.join(params)}):\n"
-        + "\n".join("  " + line for line in body or ["    pass"])
+        + "\n".join("  " + line for line in body)
         + "\n  return __init__\n"
     )
     namespace: dict = {}
     exec(source, {}, namespace)  # noqa: S102  (generated from the class's own fields, as dataclasses does)
     init = namespace["make"](**cells)
     init.__qualname__ = f"{made.__qualname__}.__init__"
-    made.__init__ = init
-    return made
+    return init
 
 
 @frozen

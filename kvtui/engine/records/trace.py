@@ -140,7 +140,7 @@ class LineWriter:
             return
         if not self._open or self._forked:
             return
-        data = b"".join(record_line(item) for item in items)
+        data = record_line(items[0]) if len(items) == 1 else b"".join(map(record_line, items))
         if self._queue is not None:
             self._queue.put(data)
             return

@@ -50,16 +50,30 @@ def caller_and_generate(skip: tuple[str, ...]) -> tuple[str, list]:
     generate() is read from its frame, not wrapped: a wrapper would become the caller that its warnings
     (stacklevel) point at, and the program's stderr would change."""
     frames = []
+    library = _LIBRARY_CODES.setdefault(skip, set())
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
+        while frame is not None and frame.f_code in library:  # frames met before: two lines each
+            if frame.f_code in GENERATE_CODES:
+                frames.append(frame)
+            frame = frame.f_back
+        if frame is None:
+            break
         code = frame.f_code
-        if code in GENERATE_CODES:
-            frames.append(frame)
         name = code.co_filename
         if not name.startswith(skip) and not name.startswith("<frozen"):
             return f"{_short_path(name)}:{frame.f_lineno}{_fixture(code, frame.f_globals)}", frames
+        if len(library) >= _LIBRARY_KEPT:  # code made at run time (exec, compiled graphs) never grows it unbounded
+            library.clear()
+        library.add(code)  # torch's, transformers', kvtui's: looked at again from the set above
+        if code in GENERATE_CODES:
+            frames.append(frame)
         frame = frame.f_back
     return "?", frames
+
+
+_LIBRARY_CODES: dict[tuple[str, ...], set] = {}  # per tuple of library folders: code objects of frames in them
+_LIBRARY_KEPT = 4096
 
 
 _FIXTURES: dict = {}  # code object -> " in fixture NAME" or ""

@@ -28,11 +28,12 @@ _MISSING = object()
 V = TypeVar("V")  # a Registry's values
 
 
-def compiling() -> bool:
-    try:
-        return torch.compiler.is_compiling()
-    except AttributeError:  # older torch
-        return False
+def _not_compiling() -> bool:  # older torch: no torch.compiler
+    return False
+
+
+# whether torch.compile is tracing the caller: torch's own function, called directly (no frame of kvtui's per patch)
+compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _not_compiling
 
 
 class ClassPatches:
@@ -106,9 +107,7 @@ class Registry(Generic[V]):
 
     def get(self, obj) -> V | None:
         entry = self._items.get(id(obj))
-        if entry is None or entry[0]() is not obj:
-            return None
-        return entry[1]
+        return entry[1] if entry is not None and entry[0]() is obj else None
 
     def discard(self, obj) -> None:
         entry = self._items.get(id(obj))

@@ -27,13 +27,14 @@ from ..reading.diagnostics import (
 from ..reading.token_texts import TokenTexts, tokenizer_texts
 from ..reading.tokens import special_token_ids
 from ..reading.topk import top_rows_from, top_tensors, watched_tokens
-from ..records.snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, TopToken
+from ..records.snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, TopToken, fast_init
 from . import evictions
 from .lineage import CacheTrack
 from .patches import Registry
 from .step_checks import check_positions, checked_layers
 
 
+@fast_init  # made on every forward: its ~35 fields filled in one call, not one line each
 @dataclass
 class Call:
     """One top-level forward in flight (between the probe's before and after)."""
@@ -313,8 +314,8 @@ class StepBuilder:
         self, call: Call, step: int, cache, track, logits, forward_ms: float, snap_started: float
     ) -> StepSnapshot:
         """The step's snapshot: what was fed (each cache row extended), the alarms in this order (the call's
-        own, the feed's, positions', layers', waste), top-k, then the snapshot's fields."""
-        self.use(call.probe)
+        own, the feed's, positions', layers', waste), top-k, then the snapshot's fields. The caller made the
+        forward's model the one in `use` (the probe's finish_forward, before `prepare`)."""
         at = f" [{call.caller}]"
         applied = self._applied(call)  # [batch][n]
         cache_len = introspect.seq_length(cache) if cache is not None else 0

@@ -14,6 +14,8 @@ values arrive in the same transfer.
 from __future__ import annotations
 
 import struct
+from itertools import accumulate, chain
+from operator import attrgetter, itemgetter, methodcaller
 
 import torch
 
@@ -27,54 +29,40 @@ class HostReads:
     """Tensors to bring to the host at once (`add`), then their values (`resolve`, `flat`, `rows`)."""
 
     def __init__(self):
-        self._words: list[torch.Tensor] = []  # [m] int64 each, on its tensor's device
-        self._meta: list[tuple[str, tuple[int, ...], int, int]] = []  # (encoding, shape, first word, end)
-        self._count = 0  # words added so far
-        self._device: torch.device | None = None  # the device of every tensor added (None: none yet)
-        self._mixed = False  # tensors on several devices: one transfer per device
+        # (encoding, shape, its int64 words [m] on its tensor's device) per handle; once resolved, (encoding,
+        # shape, first word, end) per handle
+        self._parts: list[tuple] = []
         self._host: list[int] | None = None  # every word, in the order added, once resolved
 
     def __len__(self) -> int:
-        return len(self._meta)
+        return len(self._parts)
 
     def add(self, tensor: torch.Tensor) -> int:
-        """Register `tensor` (any shape; ints, bools or floats); returns its handle. Nothing is read yet."""
+        """Register `tensor` (any shape; ints, bools or floats); returns its handle. Nothing is read yet (its words'
+        offsets and devices are worked out at `resolve`, for every tensor at once)."""
         if self._host is not None:
             raise RuntimeError("these reads were resolved already: a tensor added now would never be read")
-        dtype = tensor.dtype
-        if dtype is _INT64:  # ids, positions, counts (never requiring grad): as they are, flattened when not 1-D
-            kind, words = _INT, tensor if tensor.dim() == 1 else tensor.reshape(-1)  # a view when contiguous
+        if tensor.dtype is _INT64:  # ids, positions, counts (never requiring grad): as they are, flattened when not 1-D
+            self._parts.append((_INT, tensor.shape, tensor if tensor.dim() == 1 else tensor.reshape(-1)))  # a view
         else:
-            flat = tensor.detach().reshape(-1)  # a view when contiguous
-            if not flat.is_floating_point() and not flat.is_complex():
-                kind, words = _INT, flat.to(torch.int64)
-            elif (
-                dtype == torch.float32
-                and flat.numel() % 2 == 0
-                and flat.is_contiguous()
-                and flat.storage_offset() % 2 == 0
-            ):
-                kind, words = _PAIRS, flat.view(torch.int64)  # [numel / 2]: a view, no kernel
-            else:
-                kind, words = _DOUBLE, flat.to(torch.float64).view(torch.int64)
-        if words.device != self._device:
-            self._mixed, self._device = self._device is not None or self._mixed, words.device
-        start, self._count = self._count, self._count + words.numel()
-        self._words.append(words)
-        self._meta.append((kind, tuple(tensor.shape), start, self._count))
-        return len(self._meta) - 1
+            self._parts.append(_words(tensor))
+        return len(self._parts) - 1
 
     def resolve(self) -> None:
         """The one transfer (one per device when tensors live on several): reads every added tensor."""
         if self._host is not None:
             return
-        words, self._words = self._words, []  # let go of the device tensors
+        parts = self._parts
+        words = list(map(_WORDS, parts))  # let go of the device tensors below: only their places are kept
+        ends = list(accumulate(map(_NUMEL, words)))
+        self._parts = list(zip(map(_KIND, parts), map(_SHAPE, parts), chain((0,), ends), ends))
+        devices = set(map(_DEVICE, words))
         if not words:
             self._host = []
-        elif not self._mixed:
+        elif len(devices) == 1:
             self._host = (words[0] if len(words) == 1 else torch.cat(words)).tolist()  # [every word]
         else:
-            host: list[int] = [0] * self._count
+            host: list[int] = [0] * ends[-1]
             by_device: dict[torch.device, list[int]] = {}
             for handle, part in enumerate(words):
                 by_device.setdefault(part.device, []).append(handle)
@@ -82,7 +70,7 @@ class HostReads:
                 values = torch.cat([words[h] for h in handles]).tolist()
                 at = 0
                 for h in handles:
-                    first, end = self._meta[h][2], self._meta[h][3]
+                    first, end = self._parts[h][2], self._parts[h][3]
                     host[first:end] = values[at : at + end - first]
                     at += end - first
             self._host = host
@@ -92,19 +80,40 @@ class HostReads:
         if self._host is None:
             self.resolve()
         assert self._host is not None
-        kind, _, first, end = self._meta[handle]
+        kind, _, first, end = self._parts[handle]
         return self._host[first:end] if kind == _INT else _decode(kind, self._host[first:end])
 
     def rows(self, handle: int) -> list[list]:
         """A tensor's values as rows of its last dimension ([rows][last]; a 0-d or 1-d tensor is one row)."""
-        values = self.flat(handle)
-        shape = self._meta[handle][1]
+        if self._host is None:
+            self.resolve()
+        kind, shape, first, end = self._parts[handle]  # as `flat`, without a call of it per read
+        values = self._host[first:end] if kind == _INT else _decode(kind, self._host[first:end])  # type: ignore[index]
         width = shape[-1] if shape else 1
         if width == 0:
             return [[] for _ in range(_rows_of(shape))]
         if width == len(values):
             return [values]
         return [values[i : i + width] for i in range(0, len(values), width)]
+
+
+_KIND, _SHAPE, _WORDS = itemgetter(0), itemgetter(1), itemgetter(2)  # of a part
+_NUMEL, _DEVICE = methodcaller("numel"), attrgetter("device")
+
+
+def _words(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], torch.Tensor]:
+    """A tensor that is not int64 as (encoding, shape, int64 words [m])."""
+    flat = tensor.detach().reshape(-1)  # a view when contiguous
+    if not flat.is_floating_point() and not flat.is_complex():
+        return _INT, tensor.shape, flat.to(torch.int64)
+    if (
+        tensor.dtype == torch.float32
+        and flat.numel() % 2 == 0
+        and flat.is_contiguous()
+        and flat.storage_offset() % 2 == 0
+    ):
+        return _PAIRS, tensor.shape, flat.view(torch.int64)  # [numel / 2]: a view, no kernel
+    return _DOUBLE, tensor.shape, flat.to(torch.float64).view(torch.int64)
 
 
 def _rows_of(shape: tuple[int, ...]) -> int:
