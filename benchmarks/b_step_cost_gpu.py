@@ -444,7 +444,7 @@ def prepare() -> None:
             shutil.copy(source / name, tokenizer / name)
     package = Path(transformers.__file__).parent
     info = next(package.parent.glob(f"transformers-{transformers.__version__}.dist-info"), None)
-    with tarfile.open(CARRY / "transformers.tar.gz", "w:gz") as tar:
+    with tarfile.open(CARRY / "transformers.tar.gz", "w:gz", compresslevel=1) as tar:  # 1 s, not 25 s; 14 MiB, not 11
         skip = lambda t: None if "__pycache__" in t.name else t  # noqa: E731
         tar.add(package, arcname="transformers", filter=skip)
         if info is not None:

@@ -90,3 +90,13 @@ def tp_loop_with():
         return source[: found.start()] + inserted + source[found.start() :]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def plain_python():
+    """Pre-imported Pythons (tests/plain_python.py) for the runs of plain-vs-watched tests."""
+    from plain_python import PlainPythons
+
+    python = PlainPythons()
+    yield python
+    python.close()

@@ -103,9 +103,9 @@ def _model_of(program: Path) -> str:
 
 
 @pytest.mark.parametrize("program", sorted(CORPUS.glob("*.py")), ids=lambda p: p.stem)
-def test_kvpress_program_prints_the_same_watched_and_raises_no_false_alarm(program, tmp_path):
+def test_kvpress_program_prints_the_same_watched_and_raises_no_false_alarm(program, tmp_path, plain_python):
     directory = str(tiny_model_dir(_model_of(program)))
-    plain = subprocess.run([sys.executable, str(program), directory], capture_output=True, text=True, cwd=ROOT)
+    plain = plain_python.run([program, directory], cwd=ROOT)  # forked from a pre-imported Python (not kvpress)
     trace = tmp_path / "run.jsonl"
     command = [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(trace), str(program)]
     watched = subprocess.run([*command, directory], capture_output=True, text=True, cwd=ROOT, timeout=600)

@@ -69,30 +69,30 @@ def test_pytest_collects_no_corpus_program():
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[f"{p.parent.name}/{p.stem}" for p in PROGRAMS])
-def test_watched_program_prints_and_exits_as_plain(program, tmp_path):
+def test_watched_program_prints_and_exits_as_plain(program, tmp_path, plain_python):
     """...and raises exactly the alarms its header names, read from the trace of the same watched run (one
-    watched run serves both checks: the suite starts each program twice, not three times)."""
+    watched run serves both checks: the suite starts each program twice, not three times).
+
+    Both runs fork from a Python that imported torch and transformers once (tests/plain_python.py: 8 s of CPU
+    a start here), except the samples' watched runs: those stay real `python -m kvtui.cli watch` processes, so
+    the interpreter's own start and end under kvtui are tested here too (and in test_watch_programs, test_tree)."""
     directory = str(model_dir(header(program, "kvtui-model")))
     trace = tmp_path / "run.jsonl"
-    stdin = stdin_of(program)  # an interactive program gets the same lines in both runs (else EOF)
-    plain = subprocess.Popen(
-        [sys.executable, str(program), directory],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    watched = subprocess.Popen(
-        [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(trace), str(program), directory],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    plain_out, plain_err = plain.communicate(stdin or "", timeout=600)
-    watched_out, watched_err = watched.communicate(stdin or "", timeout=600)
+    stdin = stdin_of(program) or ""  # an interactive program gets the same lines in both runs (else EOF)
+    watch = ["kvtui.cli", "watch", "--headless", "--trace", str(trace), str(program), directory]
+    plain_run = plain_python.start([str(program), directory], cwd=ROOT, stdin=stdin)
+    if program.parent == CORPUS:
+        watched = plain_python.run(watch, cwd=ROOT, stdin=stdin, module=True)
+        watched_out, watched_err = watched.stdout, watched.stderr
+    else:
+        process = subprocess.Popen(
+            [sys.executable, "-m", *watch], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, cwd=ROOT,
+        )  # fmt: skip
+        watched_out, watched_err = process.communicate(stdin, timeout=600)
+        watched = process
+    plain = plain_run.wait()
+    plain_out, plain_err = plain.stdout, plain.stderr
     if program.stem != "static_overflow":  # the one sample that dies by design (IndexError)
         # 0, or what the program's header says it exits with on this transformers (a feature-tested header)
         assert plain.returncode == expected_exit(program), plain_err[-2000:]

@@ -24,14 +24,9 @@ def watch(*args):
     )
 
 
-def test_primed_pads_raise_attended_pads_with_their_share(tmp_path):
+def test_primed_pads_raise_attended_pads_with_their_share(tmp_path, plain_python):
     trace = tmp_path / "primed.jsonl"
-    plain = subprocess.run(
-        [sys.executable, str(PROGRAMS / "primed_pads.py"), str(model_dir("embedded"))],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    plain = plain_python.run([PROGRAMS / "primed_pads.py", model_dir("embedded")], cwd=ROOT)
     result = watch("--trace", trace, PROGRAMS / "primed_pads.py", model_dir("embedded"))
     assert result.stdout == plain.stdout  # the program prints exactly what it prints unwatched
     line = next(line for line in result.stderr.splitlines() if "attended-pads" in line)
