@@ -92,11 +92,9 @@ def tp_loop_with():
     return make
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def plain_python():
     """Pre-imported Pythons (tests/plain_python.py) for the runs of plain-vs-watched tests."""
-    from plain_python import PlainPythons
+    from plain_python import pythons
 
-    python = PlainPythons()
-    yield python
-    python.close()
+    return pythons()

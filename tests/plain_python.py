@@ -13,8 +13,12 @@ difference between this emulation and a real interpreter could only make a test 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,48 +38,14 @@ PRELOAD = (
 
 
 @dataclass
-class Completed:
+class Completed:  # what subprocess.run returns, as far as the tests read it
     returncode: int
     stdout: str
     stderr: str
 
 
-class PlainPythons:
-    """Pre-imported Pythons, as many as runs at once (a test's plain and watched runs side by side)."""
-
-    def __init__(self) -> None:
-        self.idle: list[PlainPython] = []
-        self.all: list[PlainPython] = []
-
-    def start(self, argv: list, cwd: Path, stdin: str = "", module: bool = False) -> Run:
-        if not self.idle:
-            self.all.append(PlainPython())
-            self.idle.append(self.all[-1])
-        python = self.idle.pop()
-        return Run(self, python.start(argv, cwd, stdin, module))
-
-    def run(self, argv: list, cwd: Path, stdin: str = "", module: bool = False) -> Completed:
-        return self.start(argv, cwd, stdin, module).wait()
-
-    def close(self) -> None:
-        for python in self.all:
-            python.close()
-
-
-@dataclass
-class Run:
-    pool: PlainPythons
-    python: PlainPython
-
-    def wait(self) -> Completed:
-        try:
-            return self.python.wait()
-        finally:
-            self.pool.idle.append(self.python)
-
-
 class PlainPython:
-    """One pre-imported Python that runs programs as `python PROGRAM ARGS` would, one at a time."""
+    """One pre-imported Python that runs programs as `python [-m] ARGV...` would, one at a time."""
 
     def __init__(self) -> None:
         self.process = subprocess.Popen(
@@ -85,39 +55,113 @@ class PlainPython:
             stderr=subprocess.DEVNULL,
             text=True,
         )
-        self.pending: tuple[Path, Path] | None = None
+        self.folder: Path | None = None
+        self.pid = 0
 
-    def start(self, argv: list, cwd: Path, stdin: str = "", module: bool = False) -> PlainPython:
-        """Begin `python ARGV...` (`python -m ARGV...` with module): returns at once, `wait` collects it."""
-        assert self.pending is None, "one run at a time"
-        folder = Path(tempfile.mkdtemp(prefix="plain-"))
-        (folder / "stdin").write_text(stdin)
-        request = {"argv": [str(a) for a in argv], "cwd": str(cwd), "folder": str(folder), "module": module}
+    def start(self, argv: list, cwd: Path | str, stdin: str, module: bool, env: dict | None) -> None:
+        assert self.folder is None, "one run at a time"
+        self.folder = Path(tempfile.mkdtemp(prefix="plain-"))
+        (self.folder / "stdin").write_text(stdin)
+        request = {"argv": [str(a) for a in argv], "cwd": str(cwd), "folder": str(self.folder), "module": module}
+        # as subprocess does: the child's environment is this process's now (or the one given)
+        request["env"] = {str(k): str(v) for k, v in (os.environ if env is None else env).items()}
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
-        self.pending = (folder, cwd)
-        return self
+        self.pid = json.loads(self._line())["pid"]
 
-    def wait(self) -> Completed:
-        assert self.pending is not None
-        folder, _ = self.pending
-        self.pending = None
-        line = self.process.stdout.readline()  # the child's exit status, when it has ended
-        if not line:
-            raise RuntimeError(f"the pre-imported Python ended (exit {self.process.poll()})")
-        code = json.loads(line)["returncode"]
+    def wait(self, timeout: float | None) -> Completed:
+        assert self.folder is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:  # as subprocess.run's timeout: the child killed, then TimeoutExpired
+            os.kill(self.pid, signal.SIGKILL)
+        code = json.loads(self._line())["returncode"]
+        folder, self.folder = self.folder, None
         out, err = ((folder / name).read_text(errors="replace") for name in ("stdout", "stderr"))
-        for name in ("stdin", "stdout", "stderr"):
-            (folder / name).unlink()
-        folder.rmdir()
+        shutil.rmtree(folder)
+        if not ready:
+            raise subprocess.TimeoutExpired(str(folder), timeout or 0, out, err)
         return Completed(code, out, err)
 
-    def run(self, argv: list, cwd: Path, stdin: str = "", module: bool = False) -> Completed:
-        return self.start(argv, cwd, stdin, module).wait()
+    def _line(self) -> str:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the pre-imported Python ended (exit {self.process.poll()})")
+        return line
 
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait(30)
+
+
+class PlainPythons:
+    """As many pre-imported Pythons as runs at once (a test's plain and watched runs side by side)."""
+
+    def __init__(self) -> None:
+        self.idle: list[PlainPython] = []
+        self.all: list[PlainPython] = []
+
+    def start(
+        self, argv: list, cwd: Path | str = ".", stdin: str = "", module: bool = False, env: dict | None = None
+    ) -> Run:
+        """Begin `python ARGV...` (`python -m ARGV...` with module): returns at once, `wait` collects it. `env`:
+        the child's whole environment, else this process's (a variable torch or transformers read at import keeps
+        its value from when the pre-imported Python started)."""
+        if not self.idle:
+            self.all.append(PlainPython())
+            self.idle.append(self.all[-1])
+        python = self.idle.pop()
+        try:
+            python.start(argv, cwd, stdin, module, env)
+        except BaseException:
+            self.idle.append(python)
+            raise
+        return Run(self, python)
+
+    def run(
+        self,
+        argv: list,
+        cwd: Path | str = ".",
+        stdin: str = "",
+        module: bool = False,
+        env: dict | None = None,
+        timeout: float | None = None,
+    ) -> Completed:
+        return self.start(argv, cwd, stdin, module, env).wait(timeout)
+
+    def close(self) -> None:
+        for python in self.all:
+            python.close()
+        self.all.clear()
+        self.idle.clear()
+
+
+@dataclass
+class Run:
+    pool: PlainPythons
+    python: PlainPython
+
+    def wait(self, timeout: float | None = None) -> Completed:
+        try:
+            return self.python.wait(timeout)
+        finally:
+            self.pool.idle.append(self.python)
+
+
+_POOL: PlainPythons | None = None
+
+
+def pythons() -> PlainPythons:
+    """This test process's pool (started on first use, closed at its exit)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = PlainPythons()
+        atexit.register(_POOL.close)
+    return _POOL
+
+
+def run_kvtui(*args, cwd: Path | str = ".", stdin: str = "", env: dict | None = None, timeout: float = 600):
+    """`python -m kvtui.cli ARGS...` from a pre-imported Python."""
+    return pythons().run(["kvtui.cli", *args], cwd=cwd, stdin=stdin, module=True, env=env, timeout=timeout)
 
 
 # ---- the pre-imported side ----------------------------------------------------------------------------------
@@ -152,6 +196,12 @@ def _child(request: dict) -> None:
         os.dup2(opened, fd)
         os.close(opened)
     sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115 - the zygote's read ahead on fd 0
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if request["env"].get("OMP_NUM_THREADS", "").isdigit():  # OpenMP read it when torch loaded: as a start would
+        import torch
+
+        torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
     os.chdir(request["cwd"])
     program, *args = request["argv"]
     sys.argv = [program, *args]
@@ -185,6 +235,7 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             _child(request)
+        os.write(1, (json.dumps({"pid": pid}) + "\n").encode())
         _, status = os.waitpid(pid, 0)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         os.write(1, (json.dumps({"returncode": code}) + "\n").encode())

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from plain_python import run_kvtui
 
 from kvtui.engine.chat.script import ScriptError, load_script
 from kvtui.fmt import one_line, positions, printable, size
@@ -16,8 +17,12 @@ from kvtui.fmt import one_line, positions, printable, size
 ESC_TEXT = "clear\x1b[2Jred\x1b[31m bidi\u202eevil\x07bell"
 
 
-def kvtui(*args, columns=80, timeout=300):
+def kvtui(*args, columns=80, timeout=300, preimported=False):
+    """The CLI in a fresh Python; `preimported`: forked from one that imported torch and transformers once
+    (tests/plain_python.py), where only what kvtui prints to stdout is checked (8 s of imports less a run)."""
     env = {**os.environ, "COLUMNS": str(columns), "OMP_NUM_THREADS": "1"}
+    if preimported:
+        return run_kvtui(*args, env=env, timeout=timeout)
     return subprocess.run(
         [sys.executable, "-m", "kvtui.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
     )
@@ -84,14 +89,14 @@ def escaped_run(tmp_path_factory):
 
 def test_headless_summary_escapes_and_is_one_line_per_turn(escaped_run):
     script, tmp = escaped_run
-    run = kvtui("tiny:qwen2", "--headless", "--script", script, "--trace", tmp / "a.jsonl", columns=80)
+    run = kvtui("tiny:qwen2", "--headless", "--script", script, "--trace", tmp / "a.jsonl", preimported=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "\x1b" not in run.stdout and "\u202e" not in run.stdout and "\x07" not in run.stdout
     assert "\\x1b[2J" in run.stdout
     rows = [line for line in run.stdout.splitlines() if line.startswith("│") and line.split("│")[1].strip().isdigit()]
     assert [line.split("│")[1].strip() for line in rows] == ["1", "2", "3"], run.stdout  # one line per turn
     assert "…" in run.stdout
-    verbose = kvtui("tiny:qwen2", "--headless", "--script", script, "--verbose", columns=80)
+    verbose = kvtui("tiny:qwen2", "--headless", "--script", script, "--verbose", preimported=True)
     assert verbose.returncode == 0 and "\x1b" not in verbose.stdout
     assert len(verbose.stdout.splitlines()) > len(run.stdout.splitlines()) + 3  # replies whole, wrapped
 
@@ -100,11 +105,14 @@ def test_diff_escapes_what_the_traces_hold(escaped_run):
     script, tmp = escaped_run
     a, b = tmp / "d1.jsonl", tmp / "d2.jsonl"
     for path, extra in ((a, []), (b, ["--system", "Be brief."])):
-        assert kvtui("tiny:qwen2", "--headless", "--script", script, "--trace", path, *extra).returncode == 0
+        assert (
+            kvtui("tiny:qwen2", "--headless", "--script", script, "--trace", path, *extra, preimported=True).returncode
+            == 0
+        )
     header = json.loads(a.read_text().splitlines()[0])
     lines = a.read_text().splitlines()
     header["model"] = "evil\x1b[2J\u202emodel"
     a.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
-    run = kvtui("diff", a, b, columns=120)
+    run = kvtui("diff", a, b, columns=120, preimported=True)
     assert run.returncode == 1, run.stdout + run.stderr
     assert "\x1b" not in run.stdout and "\u202e" not in run.stdout and "\\x1b[2J" in run.stdout

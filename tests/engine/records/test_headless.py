@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from plain_python import run_kvtui
 
 from kvtui.engine.chat.script import ScriptError, load_script
 from kvtui.engine.records.trace import TraceError, read_trace
@@ -31,6 +32,12 @@ LAYER_KEYS = {"index", "kind", "k_shape", "v_shape", "dtype", "device", "bytes",
 
 
 def kvtui(*args, timeout=300):
+    """The CLI from a pre-imported Python (tests/plain_python.py): what it prints and writes, without 8 s of
+    imports a run. A check of the interpreter's own output (a one-line error, no warning) uses real_kvtui."""
+    return run_kvtui(*args, timeout=timeout)
+
+
+def real_kvtui(*args, timeout=300):
     return subprocess.run(
         [sys.executable, "-m", "kvtui.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
     )
@@ -104,11 +111,9 @@ def test_new_counts_the_steps_of_a_turn_a_full_static_cache_cut_short(tiny_dir, 
     script = tmp_path / "turns.txt"
     script.write_text("What is k?\nAnd m?\n")
     trace = tmp_path / "run.jsonl"
-    run = subprocess.run(
-        [sys.executable, "-m", "kvtui.cli", tiny_dir("qwen2"), "--headless", "--script", script, "--cache", "static"]
-        + ["--max-cache-len", "40", "--max-new-tokens", "20", "--trace", trace],
-        capture_output=True,
-        text=True,
+    run = run_kvtui(
+        *[tiny_dir("qwen2"), "--headless", "--script", script, "--cache", "static"],
+        *["--max-cache-len", "40", "--max-new-tokens", "20", "--trace", trace],
         timeout=300,
         env={**os.environ, "COLUMNS": "200"},
     )
@@ -135,13 +140,13 @@ def test_a_turn_refused_before_its_prefill_starts_no_turn_in_the_summary(tmp_pat
 
 
 def test_clear_errors_for_bad_input(tmp_path):
-    missing = kvtui(tmp_path / "nope", "--headless", "--script", tmp_path / "x.json")
+    missing = real_kvtui(tmp_path / "nope", "--headless", "--script", tmp_path / "x.json")
     assert missing.returncode != 0 and "no such script file" in missing.stderr
     script = tmp_path / "s.json"
     script.write_text('{"turns": ["hi"]}')
-    run = kvtui(tmp_path / "no-model-here", "--headless", "--script", script)
+    run = real_kvtui(tmp_path / "no-model-here", "--headless", "--script", script)
     assert run.returncode == 2 and "does not exist" in run.stderr and len(run.stderr.strip().splitlines()) == 1
-    no_script = kvtui("--headless")
+    no_script = real_kvtui("--headless")
     assert no_script.returncode == 2 and "--headless needs --script" in no_script.stderr
 
 

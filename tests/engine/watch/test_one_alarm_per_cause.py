@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
+from plain_python import run_kvtui
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from kvtui.engine.records.diagnostic_groups import group_diagnostics
@@ -28,9 +27,9 @@ TRUE_CAUSE = "repeat the cache's own start: the model sees them twice"
 
 def test_assisted_decoding_on_a_copied_prefix_cache_is_one_stale_cache_group(tmp_path):
     trace = tmp_path / "run.jsonl"
-    command = [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(trace), str(PROGRAM)]
+    command = ["watch", "--headless", "--trace", str(trace), str(PROGRAM)]
     directory = str(model_dir(header(PROGRAM, "kvtui-model")))
-    result = subprocess.run([*command, directory], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    result = run_kvtui(*command, directory, cwd=ROOT)  # a pre-imported Python (tests/plain_python.py)
     assert result.returncode == 0, result.stderr[-3000:]
     found = [
         Diagnostic(d["code"], d["severity"], d["message"], record["step"])

@@ -7,12 +7,11 @@ is feature-tested (program_headers), so the expectations hold on 4.57 and 5.x al
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from plain_python import run_kvtui
 from transformers import DynamicCache
 
 from kvtui.engine.reading.silent_rules import check_edit_changed_nothing
@@ -35,8 +34,8 @@ def watched_alarms(program: Path, tmp_path) -> list[Diagnostic]:
     """Every alarm of one watched run of `program` (`kvtui watch --headless --trace`), read from its trace."""
     trace = tmp_path / "run.jsonl"
     directory = str(model_dir(header(program, "kvtui-model")))
-    command = [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(trace), str(program)]
-    result = subprocess.run([*command, directory], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    command = ["watch", "--headless", "--trace", str(trace), str(program)]
+    result = run_kvtui(*command, directory, cwd=ROOT)  # a pre-imported Python (tests/plain_python.py)
     assert result.returncode == 0, result.stderr[-3000:]
     found = []
     for record in map(json.loads, trace.read_text().splitlines()):

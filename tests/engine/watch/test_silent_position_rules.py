@@ -7,9 +7,9 @@ Both bugs are silent alike on 4.57 and 5.x (measured): no feature test decides h
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from plain_python import run_kvtui
 
 from kvtui.engine.reading.silent_rules import check_mask_length, positions_stuck_at_window
 from kvtui.engine.records.diagnostic_groups import group_diagnostics
@@ -30,8 +30,8 @@ def watched_run(program: Path, tmp_path) -> tuple[list[Diagnostic], str]:
     """One watched run of `program`: its alarms (as watched_alarms) and what the program printed."""
     trace = tmp_path / "run.jsonl"
     directory = str(model_dir(header(program, "kvtui-model")))
-    command = [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--trace", str(trace), str(program)]
-    result = subprocess.run([*command, directory], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    command = ["watch", "--headless", "--trace", str(trace), str(program)]
+    result = run_kvtui(*command, directory, cwd=ROOT)  # a pre-imported Python (tests/plain_python.py)
     assert result.returncode in (0, 1) and "program exit code 0" in result.stderr, result.stderr[-3000:]
     found = []
     for record in map(json.loads, trace.read_text().splitlines()):
