@@ -187,6 +187,53 @@ def count(layers: int, steps: int, tmp: Path, context: int = 0, top: int = 12) -
     }
 
 
+def _counted(step, steps: int, top: int) -> dict:
+    """Run `step()` `steps` times under the three counters: per step, kvtui's lines, ops and device reads."""
+    lines, reads = LineCounter(), ReadCounter()
+    reads.start()
+    try:
+        with OpCounter() as ops:
+            lines.start()
+            try:
+                for _ in range(steps):
+                    step()
+            finally:
+                lines.stop()
+    finally:
+        reads.stop()
+    return {
+        "lines_per_step": lines.lines / steps,
+        "ops_per_step": sum(ops.ops.values()) / steps,
+        "reads_per_step": sum(reads.reads.values()) / steps,
+        "ops": {name: n / steps for name, n in sorted(ops.ops.items())},
+        "reads": {name: n / steps for name, n in sorted(reads.reads.items())},
+        "top_functions": [
+            {"where": f"{os.path.relpath(f, KVTUI_DIR)}:{fn}", "lines_per_step": n / steps}
+            for (f, fn), n in lines.by_file.most_common(top)
+        ],
+    }
+
+
+def count_session(layers: int, steps: int, tmp: Path, top: int = 12) -> dict:
+    """Per decode step of kvtui's own chat (`ChatSession.step`, greedy, its trace written by the one Recorder as
+    `--headless` writes it, no verify): the same counters as a watched step, on the same model."""
+    from kvtui.engine.chat.session import ChatSession
+    from kvtui.engine.chat.session_types import SessionConfig
+    from kvtui.engine.records.recorder import Recorder
+
+    model, tokenizer = _model(layers, tmp)
+    session = ChatSession(model, tokenizer, SessionConfig(max_new_tokens=steps + 10))  # no end token: never stops
+    recorder = Recorder(session, tmp / f"session-{layers}.jsonl", model_source="tiny", model_path=str(tmp))
+    try:
+        session.send("What is k?")  # the prefill
+        for _ in range(4):  # warm, as the watched loop
+            session.step()
+        row = _counted(session.step, steps, top)
+    finally:
+        recorder.close()
+    return {"layers": layers, "steps": steps, "cached_tokens": session.cache_length, **row}
+
+
 def bench(layer_counts=(3, 32), steps: int = 20, context: int = 3000, top: int = 12) -> dict:
     """The rows by layer count; then the first layer count again after `context` more cached tokens (the work
     must not grow with the context either)."""
@@ -196,9 +243,10 @@ def bench(layer_counts=(3, 32), steps: int = 20, context: int = 3000, top: int =
         with tempfile.TemporaryDirectory(prefix="kvtui-work-") as tmp:
             rows = [count(n, steps, Path(tmp), top=top) for n in layer_counts]
             long = count(layer_counts[0], steps, Path(tmp), context, top) if context else None
+            sessions = [count_session(n, steps, Path(tmp), top) for n in layer_counts]
     finally:
         torch.set_num_threads(threads)
-    out: dict = {"rows": rows}
+    out: dict = {"rows": rows, "session_rows": sessions}
     if len(rows) >= 2:
         out["lines_ratio"] = rows[-1]["lines_per_step"] / rows[0]["lines_per_step"]
     if long is not None:
@@ -215,6 +263,13 @@ def describe(result: dict) -> str:
     )
     if "lines_ratio" in result:
         text += f" (lines {rows[-1]['layers']}/{rows[0]['layers']} layers: {result['lines_ratio']:.2f}x)"
+    sessions = result.get("session_rows") or []
+    if sessions:
+        text += "; kvtui's own chat (ChatSession.step): " + ", ".join(
+            f"{r['layers']} layers {r['lines_per_step']:.0f} lines, {r['ops_per_step']:.1f} ops, "
+            f"{r['reads_per_step']:.1f} reads"
+            for r in sessions
+        )
     long = result.get("long_context")
     if long:
         text += (
@@ -237,6 +292,20 @@ def table(result: dict) -> list[str]:
         + " | ".join(f"{r['reads_per_step']:.1f}" for r in rows)
         + " |",
     ]
+    sessions = result.get("session_rows") or []
+    if sessions:
+        lines += [
+            "",
+            "| per decode step, kvtui's own chat (ChatSession.step, trace written) | "
+            + " | ".join(f"{r['layers']} layers, {r['cached_tokens']} cached" for r in sessions)
+            + " |",
+            "|---|" + "---|" * len(sessions),
+            "| lines of kvtui's Python (every thread) | "
+            + " | ".join(f"{r['lines_per_step']:.0f}" for r in sessions)
+            + " |",
+            "| tensor ops (non-view) | " + " | ".join(f"{r['ops_per_step']:.1f}" for r in sessions) + " |",
+            "| device reads | " + " | ".join(f"{r['reads_per_step']:.1f}" for r in sessions) + " |",
+        ]
     return lines
 
 
@@ -255,6 +324,10 @@ def main() -> None:
     if args.verbose:
         for row in result["rows"] + ([result["long_context"]] if result.get("long_context") else []):
             print(f"\n{row['layers']} layers: ops {row['ops']}, reads {row['reads']}, errors {row['errors']}")
+            for entry in row["top_functions"]:
+                print(f"  {entry['lines_per_step']:7.1f}  {entry['where']}")
+        for row in result.get("session_rows") or []:
+            print(f"\nkvtui's own chat, {row['layers']} layers: ops {row['ops']}, reads {row['reads']}")
             for entry in row["top_functions"]:
                 print(f"  {entry['lines_per_step']:7.1f}  {entry['where']}")
     if args.json:

@@ -2,12 +2,12 @@
 
 import copy
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 from click.testing import CliRunner
+from plain_python import run_kvtui
 
 from kvtui.commands.diff_cmd import diff as diff_command
 from kvtui.engine.records.diff import diff_traces
@@ -19,8 +19,9 @@ OTHER_TURNS = ["What is k?", "And x equal to 7?"]  # the second turn differs
 
 @pytest.fixture(scope="module")
 def traces(tiny_dir, tiny_model, tmp_path_factory):
-    """Headless runs of a tiny qwen2: name -> trace path. Three through the CLI, side by side (each costs
-    a few seconds, mostly imports), and the different chat through the same runner in this process."""
+    """Headless runs of a tiny qwen2: name -> trace path. Four through the CLI (forked from a Python that imported
+    torch and transformers once: tests/plain_python.py), and the different chat through the same runner in this
+    process."""
     model = tiny_dir("qwen2")
     root = tmp_path_factory.mktemp("diff")
     same, other = root / "chat.json", root / "other.json"
@@ -32,37 +33,12 @@ def traces(tiny_dir, tiny_model, tmp_path_factory):
         "static": ["--cache", "static", "--max-cache-len", "512"],
         "none": ["--cache", "none"],
     }
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tiny runs side by side
-    procs = {}
-    for name, extra in runs.items():
-        out = root / f"{name}.jsonl"
-        procs[name] = (
-            out,
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kvtui.cli",
-                    str(model),
-                    "--headless",
-                    "--script",
-                    str(same),
-                    "--trace",
-                    str(out),
-                    "--max-new-tokens",
-                    "5",
-                    *extra,
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=env,
-            ),
-        )
     paths = {"other": run_in_process(tiny_model, model, other, root / "other.jsonl")}
-    for name, (out, proc) in procs.items():
-        output, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, output
+    for name, extra in runs.items():  # one after another, each forked from the pre-imported Python
+        out = root / f"{name}.jsonl"
+        args = [model, "--headless", "--script", same, "--trace", out, "--max-new-tokens", "5", *extra]
+        run = run_kvtui(*args, timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
         paths[name] = out
     return paths
 
