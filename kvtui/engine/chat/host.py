@@ -303,6 +303,8 @@ class EngineHost:
         threads = f" · decode on {decode} of {every} threads" if decode and decode != every else ""
         # most telling first: a narrow status line drops the parts at the end (the class, the threads)
         head = f"{loaded.source} · {loaded.device} · {loaded.dtype} · {session.config.cache}{capacity} cache"
+        if session.config.press:
+            head += f" · press {session.config.press}"
         tail = f" · {type(loaded.model).__name__}{threads}"
         self.pipe.send(
             {
