@@ -79,11 +79,9 @@ def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, 
     except (CompareError, ScriptError) as exc:
         _fail(str(exc))
     if any(s.startswith("press:") for s in strategies):
-        import importlib.util
+        from ..engine.chat.press_spec import INSTALL, kvpress_installed
 
-        from ..engine.chat.press_spec import INSTALL
-
-        if importlib.util.find_spec("kvpress") is None:
+        if not kvpress_installed():
             _fail(f"--caches {caches}: a press:SPEC lane needs kvpress, which is not installed here: {INSTALL}")
     if not headless:  # a screen opens: its theme is checked first (one check, options.py)
         from . import check_theme

@@ -21,7 +21,7 @@ import torch
 from ..reading.evictions import eviction_notes, held_from_kept
 from ..reading.introspect.held import Held, read_kept
 from ..records.snapshot import Diagnostic
-from .press_spec import INSTALL, PressSpec, parse_press
+from .press_spec import INSTALL, PressSpec, kvpress_installed, parse_press
 from .session_types import SessionError
 
 MIN_PREFILL = 2  # a prefill of fewer tokens is not compressed (nothing to choose from)
@@ -29,6 +29,8 @@ MIN_PREFILL = 2  # a prefill of fewer tokens is not compressed (nothing to choos
 
 def kvpress_module():
     """kvpress, imported; a SessionError that says how to install it where it is not importable."""
+    if not kvpress_installed():
+        raise SessionError(f"--press needs kvpress, which is not installed here: {INSTALL}")
     try:
         import kvpress
     except ImportError as exc:

@@ -36,6 +36,15 @@ INSTALL = (
 )
 
 
+def kvpress_installed() -> bool:
+    """Whether kvpress can be imported, without importing it (its import patches transformers' attention functions):
+    a real package, not a folder of that name on the path (a namespace package has no origin)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("kvpress")
+    return spec is not None and spec.origin is not None
+
+
 class PressSpecError(ValueError):
     """A --press spec that does not parse: one line naming the grammar."""
 
