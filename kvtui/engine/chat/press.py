@@ -60,14 +60,14 @@ class SessionPress:
         if n < MIN_PREFILL:
             return False
         if spec.kind == "streaming":
-            keep = spec.sinks + spec.window
+            keep = (spec.sinks or 0) + (spec.window or 0)
             if n <= keep:
                 return False
             press.compression_ratio = (n - keep - 0.5) / n  # kvpress keeps int(n * (1 - ratio)) = keep
         elif spec.kind in ("snapkv", "tova"):
             press.window_size = max(1, min(64, n // 4))  # kvpress asserts the prompt is longer than its window
         elif spec.kind == "pyramid":  # its budgets need window <= kept / beta (kvpress asserts it)
-            press.window_size = max(1, min(64, int(n * (1 - spec.ratio) / press.beta)))
+            press.window_size = max(1, min(64, int(n * (1 - (spec.ratio or 0.0)) / press.beta)))
         return True
 
     @contextmanager

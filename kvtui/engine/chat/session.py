@@ -114,6 +114,7 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
     def _make_press(self) -> SessionPress:
         """--press: refused where the press and kvtui's reading of it cannot both be right (one line each)."""
         spec = self.config.press
+        assert spec is not None
         why = None
         if self.config.cache != "dynamic":
             why = f"--cache {self.config.cache}: a press shortens dynamic layers only (use --cache dynamic)"
