@@ -226,3 +226,25 @@ def test_headless_press_and_compare_beside_a_full_cache(tmp_path):
     assert cost and int(cost[1]) < int(cost[2]), out
     assert ("tokens identical: yes" in out) == (compare.returncode == 0)
     assert (tmp_path / "compare-press-knorm-0.5.jsonl").exists()
+
+
+def test_the_panes_show_what_the_chat_cache_holds(llama):
+    """The step screen's pure render functions on the chat's own snapshot: slots held of tokens fed, the held runs,
+    and the buffer greys exactly what layer 0 no longer holds (streaming: the middle)."""
+    from kvtui.widgets.step.cursor_pane import kind_summary
+    from kvtui.widgets.step.layers_pane import kept_strip, layer_cells
+    from kvtui.widgets.step.token_grid import buffer_title
+
+    session = _session(llama, press="streaming:4+16", max_new_tokens=2)
+    session.send(PROMPT)
+    session.generate()
+    snapshot = session.last
+    n = session.held.logical
+    fed = len(snapshot.buffer)
+    layer = snapshot.layers[0]
+    cells = [c.plain for c in layer_cells(layer)]
+    assert f"{20 + fed - n} of {fed}" in cells and f"holds 0–3, {n - 16}–{fed - 1}" in cells, cells
+    assert f"of {fed} fed" in kept_strip(snapshot.layers).plain
+    assert kind_summary(snapshot) == f"{20 + fed - n} slots of {fed} fed (compressed)"
+    assert buffer_title(snapshot, layer).endswith(f"holds {20 + fed - n} of {fed}: 0–3, {n - 16}–{fed - 1}")
+    assert [i for i in range(fed) if not layer.holds(i)] == list(range(4, n - 16))
