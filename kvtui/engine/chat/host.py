@@ -367,6 +367,14 @@ class EngineHost:
             return f"forced {token.text!r} (id {token.id}, rank {token.rank})", "information", None
         elif word == "verify":
             result = session.verify()
+            if result.compressed_kl is not None:  # --press: what the compression cost, not a match
+                return (
+                    f"compressed cache (--press {session.config.press}) against the uncompressed recompute of "
+                    f"{result.tokens} tokens: top-1 {'agrees' if result.compressed_top1 else 'differs'}, "
+                    f"KL(full ‖ compressed) {result.compressed_kl:.4g} nats · {result.ms:.0f} ms",
+                    "information",
+                    result,
+                )
             verdict = "matches" if result.ok else "DIFFERS FROM"
             return (
                 f"cache {verdict} a full recompute of {result.tokens} tokens: max |diff| {result.max_abs_diff:.2e} "
