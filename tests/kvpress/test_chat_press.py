@@ -248,3 +248,19 @@ def test_the_panes_show_what_the_chat_cache_holds(llama):
     assert kind_summary(snapshot) == f"{20 + fed - n} slots of {fed} fed (compressed)"
     assert buffer_title(snapshot, layer).endswith(f"holds {20 + fed - n} of {fed}: 0–3, {n - 16}–{fed - 1}")
     assert [i for i in range(fed) if not layer.holds(i)] == list(range(4, n - 16))
+
+
+def test_a_restarted_engine_restores_the_press_prefill_then_the_rest(llama):
+    """restore() (what a restarted engine process runs): the press's prefill replayed, then what followed it, so
+    the new cache holds what the old one held and gives the same logits."""
+    session = _session(llama)
+    session.send(PROMPT)
+    session.generate()
+    session.send(" and then")
+    tokens, state = list(session.buffer), session.restorable()
+    assert state["press_at"] == session.held.logical < len(tokens)
+    fresh = _session(llama)
+    fresh.restore(tokens, state)
+    assert fresh.held.slots == session.held.slots and fresh.held.fed_total == session.held.fed_total
+    assert fresh.cache_length == session.cache_length and fresh.cursor == session.cursor
+    assert torch.allclose(fresh.last_logits, session.last_logits, atol=1e-5)
