@@ -4,7 +4,9 @@ advanced in lockstep (one forward at a time, in turn) so they never compete for 
 No Textual and no Rich here: the CLI prints the table, the compare app draws it; both read `Lane`s.
 
 Strategies: none (no cache object: every step a full forward over the whole context), dynamic
-(DynamicCache), static (StaticCache), static+compile (StaticCache and torch.compile'd decode steps).
+(DynamicCache), static (StaticCache), static+compile (StaticCache and torch.compile'd decode steps), press:SPEC
+(a DynamicCache whose first prefill a kvpress press compresses, `--press SPEC`: after each turn the lane verifies,
+and its cost, top-1 agreement and KL against the uncompressed recompute, is kept).
 Each lane is a real engine process (kvtui/engine/chat/host.py) speaking
 engine/records/stream.py's protocol: `send` prefills a
 turn, `step` feeds one token; each answers with its step record(s) and a `state` record.
@@ -33,12 +35,25 @@ class CompareError(ValueError):
 
 
 def parse_strategies(text: str) -> tuple[str, ...]:
+    from .engine.chat.press_spec import PressSpecError, parse_press
+
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     if not names:
-        raise CompareError("--caches needs at least one strategy: " + ", ".join(STRATEGIES))
+        raise CompareError("--caches needs at least one strategy: " + ", ".join(STRATEGIES) + ", press:SPEC")
+    parsed = []
     for name in names:
-        if name not in STRATEGIES:
-            raise CompareError(f"unknown cache strategy {name!r} in --caches: use {', '.join(STRATEGIES)}")
+        if name.startswith("press:"):
+            try:
+                name = "press:" + parse_press(name.removeprefix("press:")).text
+            except PressSpecError as exc:
+                raise CompareError(f"--caches {name}: {exc}") from None
+        elif name not in STRATEGIES:
+            raise CompareError(
+                f"unknown cache strategy {name!r} in --caches: use {', '.join(STRATEGIES)} or press:SPEC (e.g. "
+                f"press:knorm:0.5)"
+            )
+        parsed.append(name)
+    names = tuple(parsed)
     if len(set(names)) != len(names):
         raise CompareError(f"--caches names a strategy twice: {text}")
     return names
@@ -124,13 +139,15 @@ def lane_options(strategy: str, base: dict) -> dict:
     from .options import DEFAULT_OPTIONS
 
     options = {**DEFAULT_OPTIONS, **base}
-    options["cache"] = "static" if strategy.startswith("static") else strategy
+    press = strategy.removeprefix("press:") if strategy.startswith("press:") else None
+    options["cache"] = "static" if strategy.startswith("static") else "dynamic" if press else strategy
     options["compile_decode"] = strategy == "static+compile"
+    options["press"] = press
     return options
 
 
 def trace_name(strategy: str) -> str:
-    return f"compare-{strategy.replace('+', '-')}.jsonl"
+    return f"compare-{strategy.replace('+', '-').replace(':', '-')}.jsonl"
 
 
 @dataclass
@@ -158,6 +175,8 @@ class Lane:
     compile_ms: float = 0.0
     recompiles: int = 0
     turn_done: bool = True
+    held: int = 0  # press lanes: the most slots a layer holds (of `context` fed)
+    costs: list[tuple[float, bool]] = field(default_factory=list)  # press lanes: each turn's verify (KL, top-1 agrees)
     error: str | None = None
     source: object = None  # the EngineSource
     records: object = None  # its record iterator
@@ -166,6 +185,23 @@ class Lane:
     def reply_text(self) -> str:
         """The current turn's reply, decoded once from its bytes (a split character comes back whole)."""
         return b"".join(self.reply).decode("utf-8", errors="replace")
+
+    @property
+    def press(self) -> bool:
+        return self.strategy.startswith("press:")
+
+    def cost_line(self) -> str | None:
+        """A press lane's cost in words (None for other lanes, or before its first verify)."""
+        if not self.press or not self.costs:
+            return None
+        agree = sum(1 for _, same in self.costs if same)
+        kls = ", ".join(f"{kl:.4g}" for kl, _ in self.costs)
+        mean = sum(kl for kl, _ in self.costs) / len(self.costs)
+        return (
+            f"{self.strategy}: holds at most {self.held} of {self.context} tokens fed per layer; against the "
+            f"uncompressed recompute after each turn, top-1 agrees {agree}/{len(self.costs)}, KL(full ‖ compressed) "
+            f"{kls} nats (mean {mean:.4g})"
+        )
 
     @property
     def decode(self) -> list[Point]:
@@ -275,6 +311,9 @@ class Comparison:
                         self._do(lane, "step")
             if self.stopped:
                 return
+            for lane in self.lanes:  # what the press cost this turn: one uncompressed recompute (verify)
+                if lane.press and not lane.error:
+                    self._do(lane, "verify")
 
     def _do(self, lane: Lane, word: str, argument=None) -> None:
         lane.source.command(word, argument)
@@ -284,6 +323,9 @@ class Comparison:
                 self._step(lane, record)
                 self.on_update(self, lane)
             elif kind == "state" and record.get("done") == word:
+                verify = record.get("verify") or {}
+                if verify.get("compressed_kl") is not None:
+                    lane.costs.append((float(verify["compressed_kl"]), bool(verify.get("compressed_top1"))))
                 if record.get("error") or record.get("severity") == "error":
                     lane.error = record.get("error") or record.get("note")
                     self.on_update(self, lane)
@@ -319,6 +361,7 @@ class Comparison:
         lane.turn_done = bool(record.get("turn_done"))
         lane.cache_bytes = sum(layer.get("bytes", 0) for layer in record.get("layers") or [])
         lane.cache_length = record.get("cache_seq_length", 0)
+        lane.held = max((layer.get("filled", 0) for layer in record.get("layers") or []), default=0)
         lane.context = length
 
     # ---- verdicts ---------------------------------------------------------------------------------------

@@ -128,7 +128,8 @@ def _turn_table(session: ChatSession, model_source: str, verbose: bool) -> Table
     table = Table(
         title=escape(
             f"kvtui · {printable(model_source or 'model')} · {session.config.cache} cache · "
-            f"{session.config.sampler.describe()}"
+            + (f"press {session.config.press} · " if session.config.press else "")
+            + f"{session.config.sampler.describe()}"
         ),
         expand=True,
     )

@@ -74,7 +74,28 @@ def _cache_options() -> list:
             default=None,
             help=f"Static cache capacity in tokens (default {STATIC_DEFAULT_CAPACITY} with --cache static).",
         ),
+        click.option(
+            "--press",
+            default=None,
+            callback=_check_press,
+            metavar="SPEC",
+            help="Compress the chat's first prefill with a kvpress press (needs kvpress, which pins transformers<5.3): "
+            "knorm:RATIO, snapkv:RATIO, pyramid:RATIO, expected:RATIO, tova:RATIO (RATIO: the fraction evicted) or "
+            "streaming:SINKS+WINDOW.",
+        ),
     ]
+
+
+def _check_press(ctx, param, value):
+    """--press SPEC parsed once, at the command line: a spec that does not parse is a click error naming the grammar."""
+    if value is None:
+        return None
+    from .engine.chat.press_spec import PressSpecError, parse_press
+
+    try:
+        return parse_press(value).text
+    except PressSpecError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
 def _sampler_options() -> list:
@@ -230,6 +251,7 @@ SESSION_KEYS = (
     "cache_backend",
     "compile_decode",
     "max_cache_len",
+    "press",
     "max_new_tokens",
     "temperature",
     "top_k",

@@ -26,7 +26,8 @@ def _fail(message: str) -> None:
     "--caches",
     default="none,dynamic,static",
     show_default=True,
-    help="Comma-separated strategies: none, dynamic, static, static+compile.",
+    help="Comma-separated strategies: none, dynamic, static, static+compile, press:SPEC (a kvpress press on a "
+    "dynamic cache, as --press SPEC: e.g. dynamic,press:knorm:0.5; needs kvpress).",
 )
 @click.option(
     "--script",
@@ -77,6 +78,11 @@ def compare(model, caches, script_path, max_new_tokens, max_cache_len, threads, 
         script = load_script(script_path)
     except (CompareError, ScriptError) as exc:
         _fail(str(exc))
+    if any(s.startswith("press:") for s in strategies):
+        from ..engine.chat.press_spec import INSTALL, kvpress_installed
+
+        if not kvpress_installed():
+            _fail(f"--caches {caches}: a press:SPEC lane needs kvpress, which is not installed here: {INSTALL}")
     if not headless:  # a screen opens: its theme is checked first (one check, options.py)
         from . import check_theme
 
@@ -132,6 +138,9 @@ def _headless(model, strategies, options, trace_dir, script) -> int:
     for line in table_lines(comparison):
         click.echo(line)
     for lane in comparison.lanes:
+        cost = lane.cost_line()
+        if cost:
+            click.echo(cost)
         if lane.error:
             click.echo(f"{lane.strategy}: error: {lane.error}")
     difference = comparison.first_difference()

@@ -93,6 +93,11 @@ def run(
 def _check_features(model, options: dict) -> None:
     """What the installed transformers lacks is refused in one line before any screen: a quantized cache
     backend its QuantizedCache does not know, a hybrid whose state its DynamicCache does not keep."""
+    if options.get("press"):
+        from ..engine.chat.press_spec import INSTALL, kvpress_installed
+
+        if not kvpress_installed():
+            _bad_input(f"--press {options['press']} needs kvpress, which is not installed here: {INSTALL}")
     if options.get("cache") == "quantized":
         from ..engine.reading.introspect import quant_backend_refusal
 

@@ -52,6 +52,7 @@ def session_config(options: dict, tokenizer=None):
         prime_pad=options["prime_pad"],
         attention=bool(options.get("attention")),
         decode_threads=options.get("decode_threads"),
+        press=options.get("press") or None,
     )
 
 

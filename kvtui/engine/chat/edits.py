@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..reading import introspect
+from ..reading.introspect.held import Held
 from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TopToken
 from .forward_speed import forward_threads
 from .sampling import Sampler
@@ -38,6 +39,8 @@ class CacheEdits:
     _turn_recorded: bool
     _new_in_turn: int
     _logits: torch.Tensor | None
+    _held: Held | None  # a compressed cache's held positions (--press)
+    _press: Any  # chat/press.py SessionPress, or None
 
     if TYPE_CHECKING:  # the chat loop's steps (session.py)
 
@@ -94,14 +97,26 @@ class CacheEdits:
             return None
         last = self._tokens[length - 1]
         self._turn = last.turn  # the turn the cut lies in: the tokens fed next belong to it, the next send follows it
-        self._truncate(length - 1)
+        refeed = [last]
+        if self._held is not None and length - 1 < self._held.logical:
+            # the cut lies inside the prefill a press compressed: the dropped tokens are gone, so the kept context is
+            # prefilled again from an empty cache under the press (what a fresh chat of these tokens holds)
+            refeed = self._tokens[self._primed : length]
+            self._note_rewind(
+                "cache-edited",
+                f"rewind to {length}: inside the {self._held.logical}-token prefill --press compressed; "
+                f"prefilling those {len(refeed)} tokens again under the press",
+            )
+            self._truncate(self._primed)
+        else:
+            self._truncate(length - 1)
         kept = [m for m in self._messages if m.start < length]
         if not kept or kept[-1].role != "assistant":
             kept.append(Message("assistant", "", length))  # generation continues from the cut
         self._messages = kept
         self._turn_open = True
-        self._new_in_turn = len(self._tokens) + 1 - kept[-1].start
-        return self._forward([last], "rewind")
+        self._new_in_turn = len(self._tokens) + len(refeed) - kept[-1].start
+        return self._forward(refeed, "rewind")
 
     def reset(self) -> None:
         """Empty the cache and the chat (the system prompt stays)."""
@@ -115,7 +130,10 @@ class CacheEdits:
             return
         kept = self._tokens[:length]  # a new list: views handed out earlier stay valid
         blocker = "none" if self.cache is None else introspect.truncate_blocker(self.cache, length)
-        if blocker == "none":  # --cache none: the context is the token list, nothing else to cut
+        if self._held is not None:  # a compressed cache: its slots are not the buffer's positions
+            self._cut_compressed(length)
+            self._tokens = kept
+        elif blocker == "none":  # --cache none: the context is the token list, nothing else to cut
             self._tokens = kept
         elif blocker is None:
             recorded = introspect.records_past(self.cache)
@@ -144,6 +162,28 @@ class CacheEdits:
         self._next_position = kept[-1].position + 1 if kept else 0
         self.pending = None
 
+    def _cut_compressed(self, length: int) -> None:
+        """Cut a compressed cache to the first `length` buffer tokens: every layer drops the same newest slots (the
+        tokens fed after the press's prefill, which every layer appended), or the cache empties. Refused (nothing
+        changed) inside the compressed prefill: what the press dropped cannot be cut back to."""
+        held = self._held
+        assert held is not None and self.cache is not None
+        if length <= self._primed:
+            self._new_cache()
+            return
+        if length < held.logical:
+            raise SessionError(
+                f"cannot cut the cache to {length} tokens: the first {held.logical} were compressed by --press "
+                f"({held.cause}), so no slot ends there; rewind to {held.logical} or later, or to 0"
+            )
+        remove = held.fed_total - length
+        if remove <= 0:
+            return
+        with torch.inference_mode():
+            for layer in self.cache.layers:
+                layer.crop(-remove)  # negative: remove n slots, the newest (4.5x and 5.x alike)
+        held.appended -= remove
+
     def _note_rewind(self, code: str, message: str) -> None:
         """How a rewind cut the cache (an info alarm of its own, outside a forward)."""
         self._record([Diagnostic(code, "info", message, self.steps)])
@@ -152,6 +192,7 @@ class CacheEdits:
 
     def _new_cache(self) -> None:
         # A fresh object rather than cache.reset(): 4.x resets dynamic layers by zeroing, then appends after the zeros.
+        self._held = None
         if self.config.cache == "none":
             self.cache = None
             return
@@ -175,9 +216,20 @@ class CacheEdits:
         with torch.inference_mode(), forward_threads(len(tokens), self.config.decode_threads):
             self.model(**self._cached_forward_kwargs(tokens, 0))
 
-    def _restore(self, length: int) -> None:
-        """After a failed forward, bring the cache back to `length` tokens (some layers may have been written)."""
+    def _restore(self, length: int, lengths: list[int] | None = None) -> None:
+        """After a failed forward, bring the cache back to `length` tokens (some layers may have been written);
+        a compressed cache's layers each to their own `lengths` (a press gives layers different lengths)."""
         if self.cache is None:  # --cache none: a failed forward changed nothing
+            return
+        if length == 0 and self._press is not None:  # a press's prefill failed (maybe halfway): start it over
+            self._new_cache()
+            return
+        if lengths is not None:
+            with torch.inference_mode():
+                for layer, before in zip(self.cache.layers, lengths):
+                    extra = layer.keys.shape[-2] - before
+                    if extra > 0:
+                        layer.crop(-extra)
             return
         try:
             # a linear layer's state was changed in place by the failed forward: only a recompute undoes it
@@ -198,6 +250,7 @@ class CacheEdits:
             "messages": [{"role": m.role, "content": m.content, "start": m.start} for m in self._messages],
             "turn": self._turn,
             "steps": self.steps,
+            "press_at": self._held.logical if self._held is not None else None,  # the tokens the press's prefill took
         }
 
     def restore(self, tokens: list[BufferToken], state: dict) -> StepSnapshot | None:
@@ -217,4 +270,8 @@ class CacheEdits:
         self._turn_open = last is not None and last.role == "assistant"
         self._turn_recorded = False
         self._new_in_turn = len(tokens) - last.start if last is not None and self._turn_open else 0
+        press_at = state.get("press_at")
+        if self._press is not None and press_at and press_at < len(tokens):  # the press's prefill, then the rest
+            self._forward(list(tokens[:press_at]), "restore")
+            return self._forward(list(tokens[press_at:]), "restore")
         return self._forward(list(tokens), "restore")

@@ -303,6 +303,8 @@ class EngineHost:
         threads = f" · decode on {decode} of {every} threads" if decode and decode != every else ""
         # most telling first: a narrow status line drops the parts at the end (the class, the threads)
         head = f"{loaded.source} · {loaded.device} · {loaded.dtype} · {session.config.cache}{capacity} cache"
+        if session.config.press:
+            head += f" · press {session.config.press}"
         tail = f" · {type(loaded.model).__name__}{threads}"
         self.pipe.send(
             {
@@ -365,6 +367,14 @@ class EngineHost:
             return f"forced {token.text!r} (id {token.id}, rank {token.rank})", "information", None
         elif word == "verify":
             result = session.verify()
+            if result.compressed_kl is not None:  # --press: what the compression cost, not a match
+                return (
+                    f"compressed cache (--press {session.config.press}) against the uncompressed recompute of "
+                    f"{result.tokens} tokens: top-1 {'agrees' if result.compressed_top1 else 'differs'}, "
+                    f"KL(full ‖ compressed) {result.compressed_kl:.4g} nats · {result.ms:.0f} ms",
+                    "information",
+                    result,
+                )
             verdict = "matches" if result.ok else "DIFFERS FROM"
             return (
                 f"cache {verdict} a full recompute of {result.tokens} tokens: max |diff| {result.max_abs_diff:.2e} "

@@ -20,6 +20,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import replace
 
 import torch
 
@@ -27,16 +29,18 @@ from ..reading import introspect
 from ..reading.alarms import Alarms
 from ..reading.attention import AttentionCapture
 from ..reading.diagnostics import check_feed
+from ..reading.introspect.held import Held
 from ..reading.token_texts import tokenizer_texts
 from ..reading.tokens import special_token_ids
-from ..reading.verify import judge_recompute, mismatch_alarm, recompute_last_logits
+from ..reading.verify import compression_cost, cost_note, judge_recompute, mismatch_alarm, recompute_last_logits
 from ..records.listeners import Listeners
 from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 from .edits import CacheEdits
 from .forward_speed import CompiledDecode, forward_threads, graph_count
+from .press import SessionPress
 from .render import special_ids
 from .sampling import Sampler, SamplerSettings
-from .session_types import CacheOverflowError, Message, SessionConfig, SessionError
+from .session_types import CacheOverflowError, Message, PressError, SessionConfig, SessionError
 from .step_snapshot import StepSnapshots
 from .turns import ChatTurns
 
@@ -96,6 +100,9 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
         refusal = introspect.hybrid_refusal(model.config)  # a feature test of this transformers' DynamicCache
         if refusal:
             raise SessionError(refusal)
+        self._press = self._make_press() if self.config.press else None
+        self._held: Held | None = None  # what a compressed cache holds (set by the press's prefill, chat/press.py)
+        self.compression_costs: list[tuple[float, bool]] = []  # verifies of a compressed cache: (KL, top-1 agrees)
         self._new_cache()
         self.capacity = introspect.static_capacity(self.cache) if self.cache is not None else None
         self._compiled = CompiledDecode(model, self.device)  # --compile: one-token decode steps, built on first use
@@ -103,6 +110,33 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
         self.last: StepSnapshot | None = None
         self.steps = 0
         self._clear()
+
+    def _make_press(self) -> SessionPress:
+        """--press: refused where the press and kvtui's reading of it cannot both be right (one line each)."""
+        spec = self.config.press
+        assert spec is not None
+        why = None
+        if self.config.cache != "dynamic":
+            why = f"--cache {self.config.cache}: a press shortens dynamic layers only (use --cache dynamic)"
+        elif self._window is not None:
+            why = "this model has sliding-window layers, which kvpress does not compress alike (full attention only)"
+        elif self.config.attention:
+            why = "--attention maps key slots to buffer positions one to one, which a compressed cache breaks"
+        elif self.config.prime_pad:
+            why = "--prime-pad's pad pass would be the prefill the press compresses"
+        if why:
+            raise SessionError(f"--press {spec} cannot run here: {why}")
+        return SessionPress(spec, self.model)
+
+    @property
+    def press(self) -> str | None:
+        """The press's spec and class (`knorm:0.5 KnormPress(compression_ratio=0.5)`), or None."""
+        return f"{self._press.spec.text} {self._press.spec.describe()}" if self._press is not None else None
+
+    @property
+    def held(self) -> Held | None:
+        """A compressed cache's held positions (per layer, per KV head), or None while it holds what was fed."""
+        return self._held
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -180,7 +214,11 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
             step, fed, self._tokens[-1] if self._tokens else None, self.special, self.piece
         )
         positions = [t.position for t in fed]
-        found += self._alarms.check_positions(step, positions, cache_len)
+        # a compressed cache: the kept keys encode the positions they were fed at, so the next one is the logical count
+        expected = self._held.expected_next(cache_len) if self._held is not None else cache_len
+        found += self._alarms.check_positions(step, positions, expected)
+        press = self._press is not None and self.cache is not None and cache_len == 0 and self._press.prepare(len(fed))
+        lengths = [layer.keys.shape[-2] for layer in self.cache.layers] if self._held is not None else None
 
         kwargs = (
             self._cached_forward_kwargs(fed, cache_len)
@@ -190,14 +228,27 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
         compiled = self.config.compile and len(fed) == 1 and not self.config.attention
         graphs_before = graph_count() if compiled else 0
         started = self._clock()
+        applied = self._press.applied(self.model, self.cache) if press and self._press is not None else nullcontext({})
         try:
-            with torch.inference_mode(), forward_threads(kwargs["input_ids"].shape[1], self.config.decode_threads):
+            with (
+                torch.inference_mode(),
+                forward_threads(kwargs["input_ids"].shape[1], self.config.decode_threads),
+                applied as written,
+            ):
                 out = (
                     self._compiled.forward()(**kwargs) if compiled else self.model(**kwargs)
-                )  # updates self.cache in place
-        except BaseException:
-            self._restore(cache_len)
+                )  # updates self.cache in place (and the press shortens it, during the prefill of an empty cache)
+        except BaseException as exc:
+            self._restore(cache_len, lengths)
+            if press and isinstance(exc, (AssertionError, ValueError, RuntimeError, IndexError)):
+                failed = f"--press {self.config.press} failed on a prefill of {len(fed)} tokens: {exc}"
+                raise PressError(failed) from exc
             raise
+        if press and self._press is not None:
+            self._held, said = self._press.read(written, self.cache, len(self._tokens), len(fed), step)
+            found += said
+        elif self._held is not None:
+            self._held.fed(len(fed))
         logits = out.logits[0, -1].float()  # [vocab]
         forward_ms = (self._clock() - started) * 1000
         compile_ms = self._compiled.compile_ms(graphs_before, forward_ms) if compiled else None
@@ -356,7 +407,14 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
             ms,
             self._quant_bits() if quantized else None,
         )
-        if not result.ok:
+        if self._held is not None:  # lossy by design: the cost of what the press dropped, not a mismatch
+            kl, top1 = compression_cost(self._logits, fresh)
+            result = replace(result, ok=True, compressed_kl=kl, compressed_top1=top1)
+            self.compression_costs.append((kl, top1))
+            held = max((len(layer[0]) for layer in self._held.slots), default=0) + self._held.appended
+            who = f"the cache (--press {self._press.spec.text if self._press else '?'})"
+            self._record([cost_note(self.compression_costs, who, held, len(chat), self.steps)])
+        elif not result.ok:
             primed = f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""
             bound = " (quantized cache bound)" if quantized else ""
             self._record([mismatch_alarm(result, "cached logits", self.steps, bound, primed)])
@@ -368,6 +426,4 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
 
 
 def _replace(config: SessionConfig, **changes) -> SessionConfig:
-    from dataclasses import replace
-
     return replace(config, **changes)

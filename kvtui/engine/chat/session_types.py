@@ -16,6 +16,10 @@ class SessionError(Exception):
     """A request the session refused; the session is unchanged and usable."""
 
 
+class PressError(SessionError):
+    """The press failed on a prefill (kvpress's own assertion, a shape it does not take): the cache is as before."""
+
+
 class CacheOverflowError(SessionError):
     def __init__(self, capacity: int, used: int, requested: int):
         self.capacity, self.used, self.requested = capacity, used, requested
@@ -43,6 +47,7 @@ class SessionConfig:
     attention: bool = False  # opt-in: every layer's attention of the newest query, O(heads x cache) per layer per step
     compile: bool = False  # static cache only: torch.compile the one-token decode forward
     decode_threads: int | None = None  # CPU threads for one-token forwards (None: the threads of every other one)
+    press: str | None = None  # --press SPEC (chat/press_spec.py): a kvpress press on the prefill of an empty cache
 
 
 @dataclass

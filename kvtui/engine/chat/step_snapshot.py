@@ -19,6 +19,7 @@ from ..reading import introspect
 from ..reading.alarms import Alarms
 from ..reading.attention import AttentionCapture, AttentionStep
 from ..reading.diagnostics import SpecialIds, check_attention
+from ..reading.introspect.held import Held, held_infos
 from ..reading.token_texts import TokenTexts
 from ..reading.topk import chosen_from_top, top_tokens, watched_tokens
 from ..records.listeners import Listeners
@@ -48,6 +49,7 @@ class StepSnapshots:
     _no_history: torch.Tensor  # [1, 0]
     _window: int | None
     _alarms: Alarms
+    _held: Held | None  # a compressed cache's held positions (--press), else None
     _attention: AttentionCapture | None
     _attention_memory: dict
     _texts: TokenTexts
@@ -130,7 +132,12 @@ class StepSnapshots:
         else:
             layers = introspect.layer_infos(self.cache, self._window)
             cache_len = self.cache_length
-            found += self._alarms.check_cursor(self.steps, self._next_position, cache_len)
+            held = self._held
+            if held is not None:  # a compressed cache: which positions each layer holds, and the count fed
+                layers = held_infos(layers, held)
+            found += self._alarms.check_cursor(
+                self.steps, self._next_position, held.fed_total if held is not None else cache_len
+            )
             found += self._alarms.check_layers(self.steps, layers, self.capacity, cache_len, reserve=1)
         if attention is not None:
             detail = attention.detail

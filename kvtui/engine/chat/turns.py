@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..reading.introspect.held import Held
 from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TopToken
 from .render import render_chat, rendered_prefix, tokenize
-from .session_types import CacheOverflowError, Message, SessionConfig
+from .session_types import CacheOverflowError, Message, PressError, SessionConfig
 
 
 class ChatTurns:
@@ -31,6 +32,7 @@ class ChatTurns:
     _turn_open: bool
     _turn_recorded: bool
     _new_in_turn: int
+    _held: Held | None  # a compressed cache's held positions (--press)
 
     if TYPE_CHECKING:  # the session's own (session.py, edits.py)
 
@@ -85,6 +87,9 @@ class ChatTurns:
         common, drift = rendered_prefix(self._tokens[self._primed :], rendered, self.piece, self.steps + 1)
         if common == len(rendered):  # nothing new: re-feed the last token to get fresh logits
             common -= 1
+        held = self._held
+        if held is not None and self._primed + common < held.logical:
+            common = 0  # the re-rendered chat differs inside the prefill a press compressed: prefill it all again
         self._turn += 1
         self._truncate(self._primed + common)
         fed = [
@@ -117,7 +122,7 @@ class ChatTurns:
         """A send's prefill; refused before any forward (a full static cache), the turn it counted did not begin."""
         try:
             return self._prefill(fed, extra)
-        except CacheOverflowError:
+        except (CacheOverflowError, PressError):
             self._turn -= 1
             raise
 

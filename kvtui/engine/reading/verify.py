@@ -41,6 +41,22 @@ def compression_cost(cached: torch.Tensor, fresh: torch.Tensor) -> tuple[float, 
     return max(kl, 0.0), int(fresh.argmax()) == int(cached.argmax())
 
 
+def cost_note(costs: list[tuple[float, bool]], who: str, held: int, tokens: int, step: int) -> Diagnostic:
+    """The `compression-cost` note of a verify on a compressed cache: this verify's (KL, top-1 agrees), the last of
+    `costs`, and the run's; `who` names the cache, `held` the most slots a layer holds, `tokens` the tokens fed."""
+    kl, top1 = costs[-1]
+    agree = sum(1 for _, same in costs if same)
+    mean = sum(k for k, _ in costs) / len(costs)
+    return Diagnostic(
+        "compression-cost",
+        "info",
+        f"{who} holds at most {held} of {tokens} fed tokens per layer: against the uncompressed "
+        f"recompute the next token {'agrees' if top1 else 'differs'} (top-1), KL(full ‖ compressed) {kl:.4g} nats; "
+        f"over the run {agree}/{len(costs)} verifies agree on top-1, mean KL {mean:.4g}",
+        step,
+    )
+
+
 def mismatch_alarm(result: VerifyResult, what: str, step: int, bound: str = "", tail: str = "") -> Diagnostic:
     """The `cache-mismatch` error of a failed verify; `what` names the logits ("cached logits", "the
     program's cached logits (DynamicCache#1)"); `bound` says which tolerance, `tail` what else explains it."""

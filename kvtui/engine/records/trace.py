@@ -74,6 +74,7 @@ def header_record(session, model_source: str, model_path: str) -> dict:
             if session.config.cache == "quantized"
             else {}
         ),
+        **({"press": session.config.press} if getattr(session.config, "press", None) else {}),
         **({"compile": True} if session.config.compile else {}),
         "capacity": session.capacity,
         "mode": session.config.mode,

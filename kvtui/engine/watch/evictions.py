@@ -10,12 +10,10 @@ forward); a layer whose K/V is no longer that tensor was changed inside the forw
 
 from __future__ import annotations
 
-from itertools import chain
-
 import torch
 
-from ...fmt import runs_text
-from ..reading.introspect.held import Held, LayerKept, count, ranges, read_kept
+from ..reading.evictions import eviction_notes, held_from_kept
+from ..reading.introspect.held import Held, read_kept
 from ..reading.introspect.layers import is_linear, is_quantized, kind_of
 from ..records.snapshot import Diagnostic
 from .patches import PATCHES, Registry, defining_class, update_wrapper
@@ -103,8 +101,12 @@ def after_forward(watcher, call, track, cache, step: int) -> list[Diagnostic]:
     now = [(layer.keys, layer.values) for layer in layers]
     kept = read_kept(sources, now, _inv_freq(call.probe))
     who = _press_name(call.probe.model) or "the forward"
-    track.held = _held(kept, logical + call.n, f"{who} at step {step}", rerotated=held is not None and held.rerotated)
-    return _said(kept, sources, who, f"kept {{kept}} of {logical + call.n} context tokens", step, f" [{call.caller}]")
+    track.held = held_from_kept(
+        kept, logical + call.n, f"{who} at step {step}", rerotated=held is not None and held.rerotated
+    )
+    return eviction_notes(
+        kept, sources, who, f"kept {{kept}} of {logical + call.n} context tokens", step, f" [{call.caller}]"
+    )
 
 
 def unread(call, track, cache, cache_len: int, step: int) -> list[Diagnostic]:
@@ -173,78 +175,11 @@ def between(watcher, call, track, layers_before: list, cache) -> Diagnostic | No
         logical = min(dropped)
         track.truncate(logical)
     rerotated = held is not None and held.rerotated
-    track.held = _held(
+    track.held = held_from_kept(
         kept, logical, f"the eviction noticed at step {watcher.steps + 1} [{call.caller}]", rerotated=rerotated
     )
     where = f" (noticed at [{call.caller}])"
-    said = _said(kept, sources, f"{track.name}: the program", "kept {kept}", watcher.steps + 1, where, tail_cut)
+    said = eviction_notes(
+        kept, sources, f"{track.name}: the program", "kept {kept}", watcher.steps + 1, where, tail_cut
+    )
     return said[0] if said else None
-
-
-def _held(kept: list[LayerKept], logical: int, cause: str, rerotated: bool) -> Held | None:
-    slots = [layer.positions for layer in kept]
-    if all(head == list(range(logical)) for layer in slots for head in layer):
-        return None  # everything fed is held, in order: a plain cache again
-    rerotated = rerotated or any(layer.rerotated_to_slots for layer in kept)
-    return Held(slots=slots, logical=logical, rerotated=rerotated, cause=cause)
-
-
-def _said(
-    kept: list[LayerKept], sources: list, who: str, verb: str, step: int, at: str, tail_cut: bool = False
-) -> list[Diagnostic]:
-    """The eviction in words: one info line (what every layer kept, or the layers that differ), or the error a
-    broken press earns (a layer left empty, K and V from different tokens)."""
-    empty = [i for i, layer in enumerate(kept) if not layer.positions or not layer.positions[0]]
-    split = [(i, layer.split) for i, layer in enumerate(kept) if layer.split]
-    if empty:
-        shown = ", ".join(map(str, empty[:6]))
-        return [Diagnostic("cache-evicted", "error", f"{who} left {len(empty)} layer(s) empty ({shown}){at}", step)]
-    if split:
-        i, n = split[0]
-        return [
-            Diagnostic(
-                "cache-evicted",
-                "error",
-                f"{who} kept different tokens for K and V in {n} slots of layer {i}"
-                + (f" (and {len(split) - 1} more layers)" if len(split) > 1 else "")
-                + at,
-                step,
-            )
-        ]
-    runs = [ranges(chain.from_iterable(layer.positions)) for layer in kept]
-    source_count = len({p for head in sources[0][2] for p in head})
-    dropped = source_count - count(runs[0])
-    slot_counts = {len(layer.positions[0]) for layer in kept}
-    heads_differ = any(len({tuple(sorted(h)) for h in layer.positions}) > 1 for layer in kept)
-    if heads_differ and len(slot_counts) == 1 and not tail_cut:  # a per-head press (ScorerPress's top-k per head)
-        per_head = slot_counts.pop()
-        text = (
-            f"{who} {verb.format(kept=per_head)} per KV head in every layer, each head its own ones "
-            f"(layer 0's heads together hold {count(runs[0])}: {runs_text(runs[0], 4, sentence=True)})"
-        )
-    elif all(r == runs[0] for r in runs):
-        verb_text = verb.format(kept=count(runs[0]))
-        text = (
-            f"{who} cut the tail: every layer holds {runs_text(runs[0], 4, sentence=True)}"
-            if tail_cut
-            else f"{who} evicted {dropped} tokens from every layer, {verb_text}: {runs_text(runs[0], 4, sentence=True)}"
-        )
-    else:
-        sizes = sorted({count(r) for r in runs})
-        text = (
-            f"{who} evicted per layer: layers keep {sizes[0]}–{sizes[-1]} tokens "
-            f"(layer 0 {verb.format(kept=count(runs[0]))}: {runs_text(runs[0], 4, sentence=True)})"
-        )
-    differing = [i for i, layer in enumerate(kept) if len({tuple(sorted(h)) for h in layer.positions}) > 1]
-    if differing and "per KV head" not in text:
-        text += f"; heads keep different positions in {len(differing)} of {len(kept)} layers"
-    rerotated = sum(layer.rerotated for layer in kept)
-    if rerotated:
-        to_slots = all(layer.rerotated_to_slots for layer in kept if layer.rerotated)
-        text += f"; {rerotated} kept keys re-rotated " + (
-            "to their slots' positions (0..held-1)" if to_slots else "(to positions kvtui could not read)"
-        )
-    merged = sum(layer.merged for layer in kept)
-    if merged:
-        text += f"; {merged} kept values changed (merged)"
-    return [Diagnostic("cache-evicted", "info", text + at, step)]

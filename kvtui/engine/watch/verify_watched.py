@@ -8,9 +8,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import replace
 
-from ..reading.verify import compression_cost, judge_recompute, mismatch_alarm, recompute_last_logits
+from ..reading.verify import compression_cost, cost_note, judge_recompute, mismatch_alarm, recompute_last_logits
 from ..records.codec import to_record, verify_record
-from ..records.snapshot import Diagnostic
 from .hooks import STATE
 
 
@@ -42,7 +41,8 @@ def verify_watched(watcher, snapshot, logits, probe) -> dict:
         kl, top1 = compression_cost(logits, fresh)
         result = replace(result, ok=True, compressed_kl=kl, compressed_top1=top1)
         watcher.compression_costs.append((kl, top1))
-        watcher._diagnose([_cost_note(watcher.compression_costs, snapshot, len(tokens), watcher.steps)])
+        held = max((layer.filled for layer in snapshot.layers), default=0)
+        watcher._diagnose([cost_note(watcher.compression_costs, snapshot.cache_id, held, len(tokens), watcher.steps)])
     elif not result.ok:
         watcher._diagnose([mismatch_alarm(result, f"the program's cached logits ({snapshot.cache_id})", watcher.steps)])
     if watcher.recorder is not None:
@@ -68,18 +68,3 @@ def _hooks_set_aside(model):
         for hooks, items in held:
             hooks.clear()
             hooks.update(items)
-
-
-def _cost_note(costs: list[tuple[float, bool]], snapshot, tokens: int, step: int) -> Diagnostic:
-    kl, top1 = costs[-1]
-    held = max((layer.filled for layer in snapshot.layers), default=0)
-    agree = sum(1 for _, same in costs if same)
-    mean = sum(k for k, _ in costs) / len(costs)
-    return Diagnostic(
-        "compression-cost",
-        "info",
-        f"{snapshot.cache_id} holds at most {held} of {tokens} fed tokens per layer: against the uncompressed "
-        f"recompute the next token {'agrees' if top1 else 'differs'} (top-1), KL(full ‖ compressed) {kl:.4g} nats; "
-        f"over the run {agree}/{len(costs)} verifies agree on top-1, mean KL {mean:.4g}",
-        step,
-    )

@@ -29,7 +29,7 @@ PRODUCERS = {
     "chat/session.py": "static-capacity",
     "watch/cache_edits.py": "cache-edited",  # watched programs: edits between forwards
     "watch/evictions.py": "cache-evicted",  # compressed caches
-    "watch/verify_watched.py": "compression-cost",  # verify of a compressed cache
+    "reading/evictions.py": "cache-evicted",  # a press's eviction in words, kvtui's chat (--press) and watched programs
     "batching/checks.py": "request-requeued",  # a packed batch
     "server/rules.py": "varying-start",  # a server's prefix cache
 }
