@@ -116,6 +116,14 @@ def _restore(only: Callable[[object], bool] = lambda owner: True) -> None:
             setattr(owner, key, original)
 
 
+def _through_interface(module_name: str) -> bool:
+    """Whether a modeling module calls transformers' attention interface (it imports the registry or defines the
+    eager function kvtui wraps): Falcon's does neither, it calls torch's sdpa itself."""
+    module = sys.modules.get(module_name)
+    names = vars(module) if module is not None else {}
+    return "ALL_ATTENTION_FUNCTIONS" in names or callable(names.get("eager_attention_forward"))
+
+
 def patched() -> bool:
     """Whether any attention function is wrapped (for the transparency tests)."""
     return bool(_WRAPPED)
@@ -191,6 +199,22 @@ class AttentionCapture:
     def clear(self) -> None:
         """Forget the rows of a forward whose step is not built (an error, a packed forward)."""
         self._rows.clear()
+
+    def off_reason(self) -> str:
+        """Why the forward just taken carries no attention (`take`/`stage` gave None), in one line: kvtui captures
+        the calls that go through transformers' attention interface, and this forward made none it could read."""
+        if self.errors:
+            return f"attention off: the capture failed ({self.errors[-1]})"
+        modules = [module for module in (ref() for ref in self._modules) if module is not None]
+        if not modules:
+            return "attention off: no attention module found (none has a layer_idx): nothing to capture"
+        kind = type(modules[0]).__name__
+        if not any(_through_interface(name) for name in self._eager):
+            return (
+                f"attention off: {kind} computes attention itself, not through transformers' attention interface "
+                "(ALL_ATTENTION_FUNCTIONS): kvtui has nothing to capture"
+            )
+        return f"attention off: no call of this forward's {kind} layers went through transformers' attention interface"
 
     # ---- during the forward: called by the wrapper, in the program's thread -------------------------
 
