@@ -210,10 +210,7 @@ class AttentionCapture:
             return "attention off: no attention module found (none has a layer_idx): nothing to capture"
         kind = type(modules[0]).__name__
         if not any(_through_interface(name) for name in self._eager):
-            return (
-                f"attention off: {kind} computes attention itself, not through transformers' attention interface "
-                "(ALL_ATTENTION_FUNCTIONS): kvtui has nothing to capture"
-            )
+            return f"attention off: {kind} bypasses transformers' attention interface"
         return f"attention off: no call of this forward's {kind} layers went through transformers' attention interface"
 
     # ---- during the forward: called by the wrapper, in the program's thread -------------------------

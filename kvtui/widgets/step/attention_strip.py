@@ -123,16 +123,25 @@ class AttentionStrip(LiveText):
     AttentionStrip { height: auto; max-height: 5; padding: 0 1; background: $panel; display: none; }
     """
 
+    _shown: tuple[StepSnapshot, int | None, int | None] | None = None
+
     def show(self, snapshot: StepSnapshot | None, layer: int | None, head: int | None) -> None:
         shown = snapshot is not None and (snapshot.attention is not None or bool(snapshot.attention_off))
         self.display = shown
         if not shown:
+            self._shown = None
             return
         assert snapshot is not None
+        self._shown = (snapshot, layer, head)
         if snapshot.attention is None:  # capture on, none this step: the engine's reason, where the strip would be
             self.show_text(Text(snapshot.attention_off or "", style=role_style(None, "muted")))
         else:
             self.show_text(render_strip(snapshot, layer, head, max(20, self.size.width - 2)))
+
+    def on_resize(self) -> None:
+        """Drawn again to its width (it was drawn before its first layout, hidden, at 20 cells)."""
+        if self._shown is not None and self.display:
+            self.show(*self._shown)
 
 
 HEAT = " ░▒▓█"
