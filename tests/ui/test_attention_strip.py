@@ -56,7 +56,7 @@ async def test_the_regions_of_a_second_turn_add_to_100(size, tiny_model, tmp_pat
     last = record_chat(model, tok, path, messages, system="You are terse and exact.")
     text, region = await strip_text(path, size)
     lines = text.splitlines()
-    assert lines[0].startswith("attn all 2 layers")
+    assert lines[0].startswith("attn all 2 layers · #")  # drawn to its width: the top weights too
     rows = re.findall(r"([a-z][a-z0-9 –]*?) +[ ▁▂▃▄▅▆▇█]+ +(\d+)%", "\n".join(lines[1:]))
     names = [name.strip() for name, _ in rows]
     assert {"sink", "special", "system", "turn 1", "this turn"} <= set(names), text
