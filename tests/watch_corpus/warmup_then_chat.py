@@ -1,6 +1,7 @@
 """Warm-up forwards before the real chat, as benchmark and torch.compile recipes write them: one token through
 the model with no cache (the model makes one, the program drops it), the whole prompt with use_cache=False, and
-the prompt through the chat's own cache, emptied with `reset()` right after. Then a three-turn chat through
+the prompt through the chat's own cache, emptied right after (`crop(-n)`: `reset()` empties a DynamicCache on 5.x but
+only zeroes it on 4.57). Then a three-turn chat through
 generate() that keeps that cache. None of the warm-ups is a turn of the chat: the chat's turns are 1, 2, 3.
 
 kvtui-model: tiny:qwen2
@@ -26,7 +27,7 @@ with torch.no_grad():  # warm-up: kernels, allocator, lazy imports
     model(ids[:, :1])
     model(ids, use_cache=False)
     model(input_ids=ids, past_key_values=cache, use_cache=True)
-cache.reset()
+cache.crop(-int(cache.get_seq_length()))
 print("cache after the warm-up:", int(cache.get_seq_length()))
 for turn, question in enumerate(questions):
     if turn:
