@@ -300,7 +300,8 @@ class AttentionCapture:
         regions.scan(head, pad_id, pad_distinct)
         sums = torch.zeros((len(order), regions.class_count()), dtype=torch.float32, device=device)
         sums.index_add_(1, regions.device_classes(count, device), means[:, :count])  # [layers, classes]
-        # from the column before the new ones (a pad run the new token makes) or the window's first, the earlier
+        # the columns read back as they are: from the window's first or the one before the new ones (a pad run the
+        # new token makes), whichever is earlier
         tail_from = max(min(count - 1, total - window), 0)
         staged = _Staged(
             rows=rows,
@@ -310,7 +311,6 @@ class AttentionCapture:
             known=count,
             items=getattr(known, "_items", known),
             region_items=regions.items,
-            means=means,
             heads=heads.shape[0],
             ranked=ranked.shape[0],
             classes=regions.classes[tail_from:count],
@@ -400,7 +400,6 @@ class _Staged:
     known: int  # positions whose tokens were known (scanned) at stage
     items: object  # the buffer's list at stage
     region_items: object  # what the region index had scanned
-    means: torch.Tensor  # [layers, total] float32, on the device
     heads: int
     ranked: int  # rows of the top-k
     classes: list[int]  # the region classes of the known positions from `tail_from`, as staged

@@ -63,3 +63,30 @@ def test_no_reason_where_the_attention_is_there_or_capture_is_off(tiny_model):
             model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True)
         assert (snapshots[0].attention is not None) == attention and snapshots[0].attention_off is None
         assert "attention_off" not in step_record(snapshots[0])
+
+
+def test_headless_watch_says_it_once_with_its_count(tiny_dir, tmp_path):
+    import subprocess
+
+    program = tmp_path / "falcon_loop.py"
+    program.write_text(
+        "import sys\nimport torch\nfrom transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache\n"
+        "tok = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+        "model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)\n"
+        "ids = tok('The attention layer reads the keys', return_tensors='pt')['input_ids']\n"
+        "cache = DynamicCache(config=model.config)\n"
+        "with torch.no_grad():\n"
+        "    out = model(input_ids=ids, past_key_values=cache, use_cache=True)\n"
+        "    model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--attention", str(program)]
+        + [str(tiny_dir("falcon"))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("attention off:")]
+    assert lines == ["attention off: FalconAttention bypasses transformers' attention interface (2 step(s))"], lines
