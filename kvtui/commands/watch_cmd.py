@@ -147,8 +147,18 @@ def run_headless(
     from ..fmt import printable
     from ..headless import alarm_summary, request_summary
 
+    off: dict[str, int] = {}  # --attention: why steps carried none (one line each, with their count)
+
+    def seen(snapshot) -> None:
+        if snapshot.attention_off:
+            off[snapshot.attention_off] = off.get(snapshot.attention_off, 0) + 1
+
     watcher = Watcher(
-        trace=str(trace_path) if trace_path else None, top_k=top_k, program=[target, *args], attention=attention
+        trace=str(trace_path) if trace_path else None,
+        top_k=top_k,
+        program=[target, *args],
+        attention=attention,
+        on_snapshot=seen if attention else None,
     )
     code, watched = run_watched(watcher, target, args, module=module)
     models = ", ".join(watched) or "none"
@@ -161,6 +171,8 @@ def run_headless(
         click.echo(line, file=err)
     for line in request_summary(watcher.requests):  # continuous batching: one line per request
         click.echo(printable(line), file=err)
+    for reason, count in off.items():
+        click.echo(f"{printable(reason)} ({count} step(s))", file=err)
     click.echo(f"waste: {watcher.summary()}", file=err)
     if trace_path:
         click.echo(f"trace written to {trace_path}", file=err)

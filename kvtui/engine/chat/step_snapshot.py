@@ -174,6 +174,7 @@ class StepSnapshots:
             attention=attention.layers if attention else None,
             attention_layer=attention.detail.layer if attention else None,
             attention_detail=attention.detail if attention else None,
+            attention_off=self._attention.off_reason() if self._attention is not None and not attention else None,
             compiled=self.config.compile,
             compile_ms=compile_ms,
             recompiles=self.recompiles,

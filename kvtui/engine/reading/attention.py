@@ -31,6 +31,8 @@ from functools import partial
 import torch
 
 from ..records.snapshot import AttentionDetail, BufferToken, TokenBuffer
+from .attention_regions import RegionIndex
+from .attention_regions import shares as region_shares
 from .introspect.transfer import HostReads
 
 TOP = 100  # at most 100 positions can weigh >= 0.01: the top 100 hold every one of them
@@ -114,6 +116,14 @@ def _restore(only: Callable[[object], bool] = lambda owner: True) -> None:
             setattr(owner, key, original)
 
 
+def _through_interface(module_name: str) -> bool:
+    """Whether a modeling module calls transformers' attention interface (it imports the registry or defines the
+    eager function kvtui wraps): Falcon's does neither, it calls torch's sdpa itself."""
+    module = sys.modules.get(module_name)
+    names = vars(module) if module is not None else {}
+    return "ALL_ATTENTION_FUNCTIONS" in names or callable(names.get("eager_attention_forward"))
+
+
 def patched() -> bool:
     """Whether any attention function is wrapped (for the transparency tests)."""
     return bool(_WRAPPED)
@@ -146,7 +156,7 @@ class AttentionCapture:
         self.errors: list[str] = []
         self.memory: dict[str, dict] = {}  # per cache: what the attention alarms last said (check_attention)
         self._rows: dict[int, Scores] = {}  # layer -> its newest query's scores (this forward)
-        self._regions = _RegionIndex()
+        self._regions = RegionIndex()
         self._modules: list[weakref.ref] = []
         self._eager: list[str] = []
         with _LOCK:
@@ -189,6 +199,19 @@ class AttentionCapture:
     def clear(self) -> None:
         """Forget the rows of a forward whose step is not built (an error, a packed forward)."""
         self._rows.clear()
+
+    def off_reason(self) -> str:
+        """Why the forward just taken carries no attention (`take`/`stage` gave None), in one line: kvtui captures
+        the calls that go through transformers' attention interface, and this forward made none it could read."""
+        if self.errors:
+            return f"attention off: the capture failed ({self.errors[-1]})"
+        modules = [module for module in (ref() for ref in self._modules) if module is not None]
+        if not modules:
+            return "attention off: no attention module found (none has a layer_idx): nothing to capture"
+        kind = type(modules[0]).__name__
+        if not any(_through_interface(name) for name in self._eager):
+            return f"attention off: {kind} bypasses transformers' attention interface"
+        return f"attention off: no call of this forward's {kind} layers went through transformers' attention interface"
 
     # ---- during the forward: called by the wrapper, in the program's thread -------------------------
 
@@ -267,11 +290,19 @@ class AttentionCapture:
         every = means.mean(dim=0, keepdim=True)  # [1, positions]: all layers
         ranked = torch.cat([means, every, heads, kv_groups])  # [layers + 1 + heads + kv_heads, positions]
         values, indices = ranked.topk(min(TOP, total), dim=-1)  # [rows, k]
-        # region shares: the sums over the known positions now (on the device), the new positions' columns read
-        # as they are (a decode step's one column), added up on the host once their tokens are known
+        # region shares (attention_regions.py: a partition of the positions): one index_add over the classes of
+        # the known positions now (on the device); the new positions' columns and the recent window's read as they
+        # are, added up on the host once the new tokens are known
         count = min(len(known), total)
-        sums = self._regions.known_sums(known, count, total, window, pad_id, pad_distinct, device)
-        tail_from = max(count - 1, 0)  # the column before the new ones too: a pad run that the new token makes
+        items = getattr(known, "_items", None)
+        head = TokenBuffer(items, count) if items is not None else known if count == len(known) else known[:count]
+        regions = self._regions
+        regions.scan(head, pad_id, pad_distinct)
+        sums = torch.zeros((len(order), regions.class_count()), dtype=torch.float32, device=device)
+        sums.index_add_(1, regions.device_classes(count, device), means[:, :count])  # [layers, classes]
+        # the columns read back as they are: from the window's first or the one before the new ones (a pad run the
+        # new token makes), whichever is earlier
+        tail_from = max(min(count - 1, total - window), 0)
         staged = _Staged(
             rows=rows,
             order=order,
@@ -279,15 +310,14 @@ class AttentionCapture:
             total=total,
             known=count,
             items=getattr(known, "_items", known),
-            region_items=self._regions.items,
-            means=means,
+            region_items=regions.items,
             heads=heads.shape[0],
             ranked=ranked.shape[0],
-            sums={key[:3]: i for i, key in enumerate(sums)},
+            classes=regions.classes[tail_from:count],
             tail_from=tail_from,
             values=reads.add(values),
             indices=reads.add(indices),
-            sum_handle=reads.add(torch.stack([_sum(key, means) for key in sums], dim=-1)) if sums else None,
+            sum_handle=reads.add(sums),
             tail=reads.add(means[:, tail_from:]),  # [layers, total - tail_from]
             reads=reads,
         )
@@ -307,17 +337,9 @@ class AttentionCapture:
         order, total = staged.order, staged.total
         k = min(TOP, total)
         values, indices = reads.flat(staged.values), reads.flat(staged.indices)
-        shares = self._shares(staged, buffer, turn, window, pad_id, pad_distinct)  # [layers][regions] or None
+        shares = self._shares(staged, buffer, turn, window, pad_id, pad_distinct)  # (names, [layers][regions]) | None
         if shares is None:  # the buffer is not the one staged (an edit cut it): reduce it again, one more read
-            names, columns = self._regions.columns(buffer, turn, window, pad_id, pad_distinct)
-            means = staged.means
-            if len(buffer) != total:
-                self._rows = staged.rows
-                again = self.stage(HostReads(), buffer, len(buffer), pad_id, pad_distinct, window)
-                assert again is not None
-                return self.finish(again, buffer, turn, pad_id, pad_distinct, window)
-            flat = torch.stack([column(means) for column in columns], dim=-1).tolist()  # [layers, regions]
-            shares = (names, [tuple(row) for row in flat])
+            return self._again(staged, buffer, turn, pad_id, pad_distinct, window)
         names, share_rows = shares
         rows_count = staged.ranked
         tops = [_top(values[r * k : (r + 1) * k], indices[r * k : (r + 1) * k]) for r in range(rows_count)]
@@ -337,34 +359,34 @@ class AttentionCapture:
         )
         return AttentionStep(tuple(per_layer), detail, tuple(self._regions.pads()))
 
-    def _shares(self, staged: _Staged, buffer, turn: int, window: int, pad_id, pad_distinct):
-        """(region names, per layer the share of each region) from the staged sums and the new columns; None
-        when the buffer is not the one staged (then the caller reduces it again)."""
+    def _again(self, staged: _Staged, buffer, turn: int, pad_id, pad_distinct: bool, window: int) -> AttentionStep:
+        """The staged rows reduced over `buffer` whole (its tokens all known), read in a transfer of their own."""
+        self._rows = staged.rows
+        again = self.stage(HostReads(), buffer, len(buffer), pad_id, pad_distinct, window)
+        assert again is not None
+        return self.finish(again, buffer, turn, pad_id, pad_distinct, window)
+
+    def _shares(self, staged: _Staged, buffer, turn: int, window: int, pad_id, pad_distinct: bool):
+        """(region names, per layer the share of each region) from the staged class sums and the columns read as
+        they are; None when the buffer is not the one staged (then the caller reduces it again)."""
         if len(buffer) != staged.total or getattr(buffer, "_items", buffer) is not staged.items:
             return None
         regions = self._regions
-        if regions.scanned != staged.known or regions.items is not staged.region_items:
-            return None  # the index started over: the staged sums are of other positions
-        names, spans = regions.spans(buffer, turn, window, pad_id, pad_distinct)
-        reads, known, tail_from = staged.reads, staged.known, staged.tail_from
-        sums = reads.rows(staged.sum_handle) if staged.sum_handle is not None else [[] for _ in staged.order]
-        tail = reads.rows(staged.tail)  # [layers][total - tail_from]
-        result: list[list[float]] = [[] for _ in staged.order]
-        for key in spans:
-            old, new = _split(key, known)
-            if old is not None and old not in staged.sums:
-                # the new token made a run of the pad id: the column before it (read with the new ones) joined the pads
-                joined = old[0] == "sparse" and tail_from == known - 1 and key[2][old[2] - 1] == known - 1
-                before = ("sparse", old[1], old[2] - 1) if old[2] > 1 else None
-                if not joined or (before is not None and before not in staged.sums):
-                    return None
-                old, new = before, [known - 1, *new]
-            for layer, row in enumerate(result):
-                share = sums[layer][staged.sums[old]] if old is not None else 0.0
-                for position in new:
-                    share += tail[layer][position - tail_from]
-                row.append(share)
-        return names, [tuple(row) for row in result]
+        if regions.scanned != staged.known or regions.items is not staged.region_items or regions.pad_id != pad_id:
+            return None  # the index started over (or will): the staged sums are of other positions
+        regions.scan(buffer, pad_id, pad_distinct)
+        reads = staged.reads
+        return region_shares(
+            regions,
+            reads.rows(staged.sum_handle),
+            staged.classes,
+            reads.rows(staged.tail),
+            staged.tail_from,
+            staged.known,
+            staged.total,
+            window,
+            turn,
+        )
 
 
 @dataclass
@@ -378,35 +400,15 @@ class _Staged:
     known: int  # positions whose tokens were known (scanned) at stage
     items: object  # the buffer's list at stage
     region_items: object  # what the region index had scanned
-    means: torch.Tensor  # [layers, total] float32, on the device
     heads: int
     ranked: int  # rows of the top-k
-    sums: dict[tuple, int]  # a region's part over the known positions -> its column in `sum_handle`
+    classes: list[int]  # the region classes of the known positions from `tail_from`, as staged
     tail_from: int  # first position of the columns read as they are
     values: int  # handles in `reads`
     indices: int
-    sum_handle: int | None
+    sum_handle: int  # [layers, classes]: the known positions' weight per region class
     tail: int
     reads: HostReads
-
-
-def _sum(key: tuple, means: torch.Tensor) -> torch.Tensor:
-    """A staged region part of `means` [layers, positions]: [layers]."""
-    if key[0] == "span":
-        return means[:, key[1] : key[2]].sum(-1)
-    return means.index_select(1, key[3]).sum(-1)
-
-
-def _split(key: tuple, known: int) -> tuple[tuple | None, list[int]]:
-    """A region (`_RegionIndex.spans`) as its part over the first `known` positions (a staged key, None: empty)
-    and its positions from `known` on."""
-    if key[0] == "span":
-        first, end = key[1], key[2]
-        old = ("span", first, min(end, known)) if first < min(end, known) else None
-        return old, list(range(max(first, known), end))
-    positions = key[2]
-    count = sum(1 for p in positions if p < known)
-    return (("sparse", key[1], count) if count else None), [p for p in positions if p >= known]
 
 
 def _slots(held: int, total: int) -> tuple[int, int, int]:
@@ -519,142 +521,6 @@ def _block_mask_row(mask, queries: int, held: int, device) -> torch.Tensor:
     q_index = torch.full((held,), int(mask.seq_lengths[0]) - 1 if hasattr(mask, "seq_lengths") else queries - 1)
     kv_index = torch.arange(held, device=device)
     return mask.mask_mod(b, b, q_index.to(device), kv_index).reshape(1, held).bool()
-
-
-def _span_share(first: int, end: int, means: torch.Tensor) -> torch.Tensor:
-    return means[:, first:end].sum(-1)  # [layers, positions] -> [layers]
-
-
-class _RegionIndex:
-    """Positions of the regions kvtui knows, kept up to date as the (append-only) buffer grows."""
-
-    def __init__(self):
-        self._items: object = None
-        self._scanned = 0
-        self._pad_id: int | None = None
-        self._user_seen = False  # template tokens before the first user token are the system prompt
-        self._sparse: dict[str, list[int]] = {}
-        self._turns: dict[int, list[int]] = {}  # turn -> [first, last + 1]
-        self._device_cache: dict[str, tuple[int, torch.Tensor]] = {}
-
-    def pads(self) -> list[int]:
-        return self._sparse.get("pad", [])
-
-    @property
-    def items(self) -> object:
-        return self._items
-
-    @property
-    def scanned(self) -> int:
-        return self._scanned
-
-    def known_sums(self, known, count: int, total: int, window: int, pad_id, distinct: bool, device) -> list[tuple]:
-        """Scan the first `count` tokens of `known`; the keys of the region parts over them that `spans` can ask
-        for once the buffer holds `total` (sparse keys carry their index tensor for the device)."""
-        items = getattr(known, "_items", None)
-        head = TokenBuffer(items, count) if items is not None else known if count == len(known) else known[:count]
-        self._scan(head, pad_id, distinct)
-        keys: list[tuple] = []
-        if count:
-            keys.append(("span", 0, 1))  # the sink
-        for name, positions in self._sparse.items():
-            if positions:
-                keys.append(("sparse", name, len(positions), self._index(name, positions, device)))
-        for number in sorted(self._turns):
-            first, end = self._turns[number]
-            keys.append(("span", first, end))
-        if self._turns:  # the newest turn may go on with the new tokens
-            first, end = self._turns[max(self._turns)]
-            if end < count:
-                keys.append(("span", first, count))
-        recent = total - min(window, total)
-        if recent < count:
-            keys.append(("span", recent, count))
-        seen: dict[tuple, tuple] = {}
-        for key in keys:
-            seen.setdefault(key[:3], key)
-        return list(seen.values())
-
-    def spans(self, buffer, turn: int, window: int, pad_id, distinct: bool) -> tuple[tuple[str, ...], list[tuple]]:
-        """(names, regions) of every region present, as ("span", first, end) or ("sparse", name, positions)."""
-        self._scan(buffer, pad_id, distinct)
-        total = len(buffer)
-        names: list[str] = ["sink"]
-        keys: list[tuple] = [("span", 0, 1)]
-        for name in ("system", "special", "pad", "unknown"):
-            positions = self._sparse[name]
-            if positions:
-                names.append(name)
-                keys.append(("sparse", name, positions))
-        for number in sorted(self._turns):
-            first, end = self._turns[number]
-            names.append("this turn" if number == turn else f"turn {number}")
-            keys.append(("span", first, end))
-        recent = min(window, total)
-        names.append(f"last {recent}")
-        keys.append(("span", total - recent, total))
-        return tuple(names), keys
-
-    def _scan(self, buffer: Sequence[BufferToken], pad_id: int | None, pad_distinct: bool) -> None:
-        items = getattr(buffer, "_items", None)
-        if items is None or items is not self._items or len(buffer) < self._scanned or pad_id != self._pad_id:
-            self._items, self._scanned, self._pad_id = items, 0, pad_id
-            self._sparse = {"special": [], "pad": [], "system": [], "unknown": []}
-            self._turns = {}
-            self._device_cache = {}
-            self._user_seen = False
-        pads = self._sparse["pad"]
-        for position in range(self._scanned, len(buffer)):
-            token = buffer[position]
-            if token.special and token.origin not in ("pad", "primed"):
-                self._sparse["special"].append(position)
-            if token.origin == "user":
-                self._user_seen = True
-            system = token.origin == "system" or (token.origin == "template" and not self._user_seen)
-            if token.origin in ("system", "unknown"):
-                self._sparse[token.origin].append(position)
-            elif system:  # the template's own system prompt
-                self._sparse["system"].append(position)
-            if token.origin in ("pad", "primed") or (token.id == pad_id and pad_distinct):
-                pads.append(position)
-            elif token.id == pad_id and pad_id is not None and position and buffer[position - 1].id == pad_id:
-                if not pads or pads[-1] != position - 1:  # a run of the pad id (a pad that doubles as EOS)
-                    pads.append(position - 1)
-                pads.append(position)
-            if not system:  # a turn's share is its own tokens': the system prompt is a region of its own
-                span = self._turns.setdefault(token.turn, [position, position + 1])
-                span[1] = position + 1
-        self._scanned = len(buffer)
-
-    def columns(self, buffer: Sequence[BufferToken], turn: int, window: int, pad_id: int | None, distinct: bool):
-        """(names, functions means [layers, positions] -> share [layers]) of every region present."""
-        self._scan(buffer, pad_id, distinct)
-        total = len(buffer)
-        names: list[str] = ["sink"]
-        columns: list[Callable[[torch.Tensor], torch.Tensor]] = [partial(_span_share, 0, 1)]
-        for name in ("system", "special", "pad", "unknown"):
-            positions = self._sparse[name]
-            if positions:
-                names.append(name)
-                columns.append(partial(self._sparse_share, name, positions))
-        for number in sorted(self._turns):
-            first, end = self._turns[number]
-            names.append("this turn" if number == turn else f"turn {number}")
-            columns.append(partial(_span_share, first, end))
-        recent = min(window, total)
-        names.append(f"last {recent}")
-        columns.append(partial(_span_share, total - recent, total))
-        return tuple(names), columns
-
-    def _sparse_share(self, name: str, positions: list[int], means: torch.Tensor) -> torch.Tensor:
-        return means.index_select(1, self._index(name, positions, means.device)).sum(-1)  # [layers]
-
-    def _index(self, name: str, positions: list[int], device) -> torch.Tensor:
-        cached = self._device_cache.get(name)
-        if cached is None or cached[0] != len(positions):
-            cached = (len(positions), torch.tensor(positions, dtype=torch.long, device=device))
-            self._device_cache[name] = cached
-        return cached[1]
 
 
 # ---- reading a snapshot's attention (the UI, the notebook, the rulebook) ------------------------------

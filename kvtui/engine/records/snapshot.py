@@ -293,7 +293,9 @@ class AttentionDetail:
     heads: tuple[tuple[tuple[int, float], ...], ...]  # per query head: (position, weight), as `attention`
     groups: tuple[tuple[tuple[int, float], ...], ...]  # per KV head group (GQA: the mean of its query heads)
     all_layers: tuple[tuple[int, float], ...]  # the mean over every layer with attention
-    regions: tuple[str, ...]  # "sink", "system", "special", "pad", "unknown", "turn N", "this turn", "last W"
+    # a partition of the positions (reading/attention_regions.py): "sink", "pad", "special", "last W", "system",
+    # "unknown", "turn N", "this turn", each position in one (older traces: overlapping regions)
+    regions: tuple[str, ...]
     shares: tuple[tuple[float, ...] | None, ...]  # per layer: the head-mean weight on each region (None: no attention)
 
 
@@ -324,6 +326,9 @@ class StepSnapshot:
     attention: tuple[tuple[tuple[int, float], ...] | None, ...] | None = None
     attention_layer: int | None = None  # the layer whose per-head rows `attention_detail` holds
     attention_detail: AttentionDetail | None = None
+    # capture on but this step carries no attention: why, in one line (a model whose attention bypasses the
+    # interface kvtui captures from, a packed forward, a compressed cache's slots); None otherwise and in old traces
+    attention_off: str | None = None
     # watched programs (kvtui.watch): what the caller asked for, next to what the model applied
     source: str = "session"  # "session" (kvtui's own chat) | "watch" (a probed program)
     caller: str | None = None  # "file.py:42": the line of the user's code that made this forward

@@ -37,7 +37,7 @@ class CacheTrack:
     copied_at: int | None = None  # the parent's length when copied
     unknown: int = 0  # leading tokens kvtui never saw (lowered when the cache is cut below them)
     capacity: int | None = None  # a static cache's slots (fixed for its life); None: it grows
-    turn: int = 0  # prefills into this cache so far
+    turn: int = 0  # prefills into this cache whose tokens it still holds (truncate: a cut turn is not counted)
     alarms: Alarms = field(default_factory=Alarms)  # its own repeat state
     fingerprint: Fingerprint | None = None  # after its last forward or edit; spent at the next check
     # after a forward with a 2-D mask: ((its columns, the cache's length after it), attended tokens per row)
@@ -54,12 +54,18 @@ class CacheTrack:
         return [t.id for t in self.rows[row]] if row < len(self.rows) else []
 
     def truncate(self, length: int) -> None:
-        """The cache now holds `length` tokens (a crop, a reset, an edit seen between forwards)."""
+        """The cache now holds `length` tokens (a crop, a reset, an edit seen between forwards).
+
+        A turn is a prefill the cache still holds: the counter goes back to the turn of the last token kept (0:
+        none), as kvtui's own chat does at a rewind. So a throwaway forward whose tokens the program discards
+        (a warm-up, then `reset()` or `crop`) is not counted, and the next prefill is that turn's successor."""
         for i, row in enumerate(self.rows):
             if len(row) > length:
                 self.rows[i] = row[:length]  # a new list: views handed out earlier stay valid
         self.unknown = min(self.unknown, length)
         self.attended = None
+        kept = self.rows[0] if self.rows else []
+        self.turn = min(self.turn, kept[-1].turn if kept else 0)
 
     def record(self) -> dict:
         """The trace's `cache` line: a cache kvtui saw for the first time."""

@@ -30,6 +30,7 @@ from ..batching.checks import (
 )
 from ..batching.lanes import Lane, LaneChanges, RequestLanes
 from ..batching.packed import PackedForward, PackedRequest, find_batch_processor, int_list, read_packed_forward
+from ..reading.attention import PAGED_NOTE
 from ..reading.diagnostics import check_feed
 from ..reading.edits import edit_words
 from ..reading.prefixes import only_template_differs
@@ -181,6 +182,7 @@ def build_packed(builder, call: Call, step: int, track, logits, forward_ms: floa
         recomputed=recomputed,
         requests=_request_views(run, packed),
         token_bytes=builder.token_bytes,
+        attention_off=f"attention off: {PAGED_NOTE}" if call.probe.attention is not None else None,
         paged=tuple(
             PagedGroupView(g.name, len(g.layers), g.block_tokens, g.total, g.used, g.free, g.shared, g.cached)
             for g in packed.groups

@@ -385,8 +385,19 @@ class StepBuilder:
             attention=seen.layers if seen is not None else None,
             attention_layer=seen.detail.layer if seen is not None else None,
             attention_detail=seen.detail if seen is not None else None,
+            attention_off=self._attention_off(call, seen),
             token_bytes=self._texts.token_bytes,
         )
+
+    @staticmethod
+    def _attention_off(call: Call, seen) -> str | None:
+        """Why a step of a watch with attention on carries none (None: it carries it, or capture is off)."""
+        capture = call.probe.attention
+        if capture is None or seen is not None:
+            return None
+        if call.expected_start is not None:
+            return "attention off: a compressed cache's key slots are not the buffer's positions (not mapped yet)"
+        return capture.off_reason()
 
     # the steps of build(), in its order: each one that raises alarms appends them to build's `found`
 

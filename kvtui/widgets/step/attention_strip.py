@@ -1,6 +1,8 @@
-"""Where the step looked (--attention): a header with the selection and its largest weights, and one line per
-region kvtui knows (sink, system, pads, this turn, the last W tokens) with one cell per layer, shaded by the
-share of the newest query's attention that layer put there.
+"""Where the step looked (--attention): a header with the selection and its largest weights, and one row per
+region of the step's partition of the positions (sink, pad, special, the last W tokens, system, unknown, the
+earlier turns together, this turn: each position in one, so the rows add to 100 %), with one cell per layer,
+shaded by the share of the newest query's attention that layer put there; two rows to a line where they are
+more than four. A step whose capture is on but carries no attention shows the engine's one line of why.
 
 `attention_view(snapshot, layer, head)` and `render_strip(...)` are pure (testable without an App); the app
 shades the token buffer with `shading(...)`. Layer None: the mean over every layer; head None: the head mean.
@@ -18,8 +20,8 @@ from kvtui.widgets.shared.palette import role_style
 from kvtui.widgets.step.token_pieces import piece_labels
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
-SHOWN = ("sink", "system", "pad", "this turn")  # the strip's lines, where the step holds them
-LABEL = 10
+LABEL = 11
+LINES = 4  # region lines at most: more rows go two to a line
 Entries = Sequence[tuple[int, float]]
 
 
@@ -67,25 +69,51 @@ def render_strip(snapshot: StepSnapshot, layer: int | None, head: int | None, wi
     detail = snapshot.attention_detail
     if detail is None:
         return text
-    rows = detail.shares
-    layers = [i for i, row in enumerate(rows) if row is not None]
-    cells = max(1, width - LABEL - 6)
+    shares = detail.shares
+    layers = [i for i, row in enumerate(shares) if row is not None]
+    if not layers:
+        return text
+    rows = region_rows(detail.regions, shares)
+    across = 2 if len(rows) > LINES else 1
+    column = (width - 2 * (across - 1)) // across  # two columns: 2 cells between them
+    cells = max(1, column - LABEL - 5)
     per = max(1, -(-len(layers) // cells))  # layers per cell
     buckets = [layers[i : i + per] for i in range(0, len(layers), per)]
-    for name in SHOWN:
-        if name not in detail.regions:
-            continue
-        column = detail.regions.index(name)
+    chosen = [layer] if layer is not None and shares[layer] is not None else layers
+    for start in range(0, len(rows), across):
         text.append("\n")
-        text.append(f"{name:<{LABEL}}", style=role_style(palette, "muted"))
-        for bucket in buckets:
-            share = max(rows[i][column] for i in bucket)  # type: ignore[index]
-            mark = "reverse" if layer is not None and layer in bucket else ""
-            text.append(BLOCKS[min(len(BLOCKS) - 1, round(share * (len(BLOCKS) - 1)))], style=mark)
-        chosen = [layer] if layer is not None and rows[layer] is not None else layers
-        mean = sum(rows[i][column] for i in chosen) / len(chosen)  # type: ignore[index]
-        text.append(f" {mean:4.0%}")
+        for i, (name, values) in enumerate(rows[start : start + across]):
+            text.append("  " if i else "")
+            text.append(f"{name[: LABEL - 1]:<{LABEL}}", style=role_style(palette, "muted"))
+            for bucket in buckets:
+                share = max(values[j] for j in bucket)
+                mark = "reverse" if layer is not None and layer in bucket else ""
+                text.append(BLOCKS[max(0, min(len(BLOCKS) - 1, round(share * (len(BLOCKS) - 1))))], style=mark)
+            mean = sum(values[j] for j in chosen) / len(chosen)
+            text.append(f" {mean:4.0%}")
+            text.append(" " * max(0, column - LABEL - len(buckets) - 5) if i + 1 < across else "")
     return text
+
+
+def region_rows(regions: Sequence[str], shares) -> list[tuple[str, list[float]]]:
+    """(name, per layer its share) of each row the strip shows: the step's regions in their order, the turns
+    before this one added up into one row (`turn 1`, or `turns 1–3`): still a partition, still 100 % in all."""
+    count = len(shares)
+    rows: list[tuple[str, list[float]]] = []
+    earlier: list[int] = []
+    for column, name in enumerate(regions):
+        values = [row[column] if row is not None else 0.0 for row in shares]
+        if name.startswith("turn "):
+            earlier.append(column)
+            continue
+        rows.append((name, values))
+    if earlier:
+        numbers = [regions[c].split()[1] for c in earlier]
+        name = f"turn {numbers[0]}" if len(numbers) == 1 else f"turns {numbers[0]}–{numbers[-1]}"
+        values = [sum(shares[i][c] for c in earlier) if shares[i] is not None else 0.0 for i in range(count)]
+        at = next((i for i, (n, _) in enumerate(rows) if n == "this turn"), len(rows))
+        rows.insert(at, (name, values))
+    return rows
 
 
 class AttentionStrip(LiveText):
@@ -95,12 +123,25 @@ class AttentionStrip(LiveText):
     AttentionStrip { height: auto; max-height: 5; padding: 0 1; background: $panel; display: none; }
     """
 
+    _shown: tuple[StepSnapshot, int | None, int | None] | None = None
+
     def show(self, snapshot: StepSnapshot | None, layer: int | None, head: int | None) -> None:
-        shown = snapshot is not None and snapshot.attention is not None
+        shown = snapshot is not None and (snapshot.attention is not None or bool(snapshot.attention_off))
         self.display = shown
-        if shown:
-            assert snapshot is not None
+        if not shown:
+            self._shown = None
+            return
+        assert snapshot is not None
+        self._shown = (snapshot, layer, head)
+        if snapshot.attention is None:  # capture on, none this step: the engine's reason, where the strip would be
+            self.show_text(Text(snapshot.attention_off or "", style=role_style(None, "muted")))
+        else:
             self.show_text(render_strip(snapshot, layer, head, max(20, self.size.width - 2)))
+
+    def on_resize(self) -> None:
+        """Drawn again to its width (it was drawn before its first layout, hidden, at 20 cells)."""
+        if self._shown is not None and self.display:
+            self.show(*self._shown)
 
 
 HEAT = " ░▒▓█"

@@ -73,37 +73,56 @@ def test_primed_pads_are_seen_attended(tiny_model):
         clean.close_attention()
 
 
-def test_region_shares_equal_eager_sums_over_their_tokens(tiny_dir):
-    """The strip's numbers: each region's share is the head-mean weight on its tokens (eager's `output_attentions`
-    summed over the region's positions, independently of kvtui's regions code), and the turns do not overlap the
-    system prompt (a first turn's share is its own tokens', not the whole buffer)."""
+def test_regions_partition_the_positions_and_add_to_one(tiny_dir):
+    """The strip's numbers on a two-turn chat with a system prompt: the regions are a partition of the buffer's
+    positions (sink > special > last 16 > system > its turn), computed here from eager attention's
+    `output_attentions` (a full forward, no cache), the tokenizer's special ids, each turn's first position (its
+    prefill's) and the system prompt's tokens: every row equals eager's weight summed over its positions, and
+    each layer's rows add to 1 (the turns before this one have rows too)."""
     directory = tiny_dir("llama")
     loaded = load_model(str(directory), dtype="float32", device="cpu")
-    config = SessionConfig(max_new_tokens=2, attention=True, system="You are terse.")
+    config = SessionConfig(max_new_tokens=3, attention=True, system="You are terse and exact.")
     session = ChatSession(loaded.model, loaded.tokenizer, config)
+    tokenizer = loaded.tokenizer  # special: its special tokens and the added tokens marked special (<|start|>)
+    special = set(tokenizer.all_special_ids) | {i for i, a in tokenizer.added_tokens_decoder.items() if a.special}
+    messages = ("What is k? It is the key of a token in the cache.", "And what is v? Say it in a few words please.")
+    starts = []  # each turn's first position: where its prefill wrote
     try:
-        for message in ("What is k?", "And j?"):
-            session.send(message)
+        for message in messages:
+            starts.append(session.send(message).positions[0])
             snapshot = session.step()
             buffer = snapshot.buffer
-            references = eager_rows(directory, torch.tensor([buffer.ids()]))
-            detail = snapshot.attention_detail
-            user_seen, system, turns = False, [], {}
-            for position, token in enumerate(buffer):
-                user_seen = user_seen or token.origin == "user"
+            ids, total = buffer.ids(), len(buffer)
+            references = eager_rows(directory, torch.tensor([ids]))
+            user_seen, system = False, set()
+            for position, token in enumerate(buffer):  # the system prompt: its tokens, and the template's before
+                user_seen = user_seen or token.origin == "user"  # the first user token
                 if token.origin == "system" or (token.origin == "template" and not user_seen):
-                    system.append(position)
+                    system.add(position)
+            expected: dict[str, list[int]] = {}
+            for position in range(total):
+                if position == 0:
+                    name = "sink"
+                elif ids[position] in special:
+                    name = "special"
+                elif position >= total - 16:
+                    name = "last 16"
+                elif position in system:
+                    name = "system"
                 else:
-                    turns.setdefault(token.turn, []).append(position)
-            expected = {"sink": [0], "system": system}
-            for number, positions in turns.items():
-                expected["this turn" if number == snapshot.turn else f"turn {number}"] = positions
-            assert system and not set(system) & {p for positions in turns.values() for p in positions}
-            for name, positions in expected.items():
-                column = detail.regions.index(name)
-                for layer, reference in enumerate(references):
+                    number = max(i + 1 for i, start in enumerate(starts) if start <= position)
+                    name = "this turn" if number == len(starts) else f"turn {number}"
+                expected.setdefault(name, []).append(position)
+            detail = snapshot.attention_detail
+            assert set(detail.regions) == set(expected), (detail.regions, sorted(expected))
+            assert {"sink", "special", "system", "last 16"} <= set(expected)
+            if len(starts) == 2:
+                assert {"turn 1", "this turn"} <= set(expected)  # the earlier turn is a row of its own
+            for layer, reference in enumerate(references):
+                row = detail.shares[layer]
+                assert abs(sum(row) - 1) < 1e-5, (layer, sum(row))
+                for name, positions in expected.items():
                     share = reference[positions].sum().item()
-                    assert abs(detail.shares[layer][column] - share) < 1e-4, (name, layer)
-            assert detail.shares[0][detail.regions.index("this turn")] < 1  # the system prompt is looked at too
+                    assert abs(row[detail.regions.index(name)] - share) < 1e-4, (name, layer)
     finally:
         session.close_attention()

@@ -287,19 +287,20 @@ def test_staged_shares_equal_the_whole_buffers():
             got = capture.finish(staged, TokenBuffer(items), turn, eos, False)
             fresh = capture_module.AttentionCapture.__new__(capture_module.AttentionCapture)
             fresh.__dict__.update(capture.__dict__)
-            fresh._regions = capture_module._RegionIndex()  # a reduction over the whole finished buffer
+            fresh._regions = capture_module.RegionIndex()  # a reduction over the whole finished buffer
             fresh._rows = dict(rows)
             want = fresh.take(list(items), turn, eos, False)
             assert got.detail.regions == want.detail.regions
             for a, b in zip(got.detail.shares, want.detail.shares):
                 assert a == pytest.approx(b, abs=1e-6)
+                assert sum(a) == pytest.approx(1, abs=1e-5)  # a partition of the positions: every weight once
             assert got.layers == want.layers and got.pads == want.pads
             return got
 
         def again(*args, **kwargs):  # the staged sums served every step: no reduction over the buffer again
             raise AssertionError("finish reduced the buffer again")
 
-        capture._regions.columns = again
+        capture._again = again
         items: list = []
         step(items, [token(0, 1, 1), token(1, 5, 1), token(2, 6, 1)], 1)  # the first prefill: the sink is new
         for position in range(3, 20):  # decode steps going on with turn 1, past the last-16 window

@@ -155,6 +155,23 @@ def test_attention_joins_the_one_read(tiny_dir, tiny_model, tmp_path, layers):
     from transformers import AutoModelForCausalLM
 
     model, tokenizer = tiny_model("llama", layers=layers)
+    special = set(tokenizer.all_special_ids) | {i for i, a in tokenizer.added_tokens_decoder.items() if a.special}
+
+    def partition(ids: list[int], special: set[int]) -> dict[str, list[int]]:
+        """The regions, written from the token ids: the masked pad at 0 (it takes the sink's place), the special
+        tokens, the last 16 positions, the rest (one turn)."""
+        total, regions = len(ids), {"pad": [0]}
+        for position in range(1, total):
+            name = (
+                "special"
+                if ids[position] in special
+                else f"last {min(16, total)}"
+                if position >= total - 16
+                else ("this turn")
+            )
+            regions.setdefault(name, []).append(position)
+        return regions
+
     ids = tokenizer("the cache holds every token", return_tensors="pt")["input_ids"]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.cat([torch.tensor([[pad]]), ids], dim=1)  # [1, 1 + n]: one left pad
@@ -199,10 +216,10 @@ def test_attention_joins_the_one_read(tiny_dir, tiny_model, tmp_path, layers):
             for position, weight in snapshot.attention[layer]:
                 assert abs(reference[position].item() - weight) < 1e-5
             shares = dict(zip(detail.regions, detail.shares[layer]))
-            assert shares["pad"] == pytest.approx(reference[0].item(), abs=1e-5)  # the masked pad: 0
-            assert shares["this turn"] == pytest.approx(reference[1:].sum().item(), abs=1e-5)
-            recent = min(16, total)
-            assert shares[f"last {recent}"] == pytest.approx(reference[total - recent :].sum().item(), abs=1e-5)
+            assert sum(shares.values()) == pytest.approx(1, abs=1e-5)  # a partition: every position once
+            for name, where in partition(tokens[0, :total].tolist(), special).items():
+                assert shares[name] == pytest.approx(reference[where].sum().item(), abs=1e-5), name
+            assert set(shares) == set(partition(tokens[0, :total].tolist(), special))
 
 
 def test_a_continuing_mask_is_counted_not_summed(tiny_model, tmp_path):
