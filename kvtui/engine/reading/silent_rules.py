@@ -45,7 +45,11 @@ def check_edit_changed_nothing(
     if before <= 0:
         return []
     if method == "reset" and after > 0:
-        what = f"left {after} of {before} tokens: the next forward continues them"
+        what = (
+            f"left {after} of {before} tokens: the next forward continues at position {after}, attending to what those"
+            " slots hold now (transformers 4.x's reset() zeroes the keys and values in place and keeps the length;"
+            " to empty the cache use crop(0) there, or a new cache)"
+        )
     elif method == "crop" and after == before and first_argument == 0:
         what = (
             f"kept all {before} tokens: crop's argument is the number of tokens to remove on transformers 5.x "

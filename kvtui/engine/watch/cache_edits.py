@@ -33,7 +33,7 @@ def edited(watcher, track: CacheTrack, cache, name: str, args, run):
             track.rows = [list(track.rows[i]) for i in order if i < len(track.rows)]
         elif name == "batch_repeat_interleave" and args:
             track.rows = [list(r) for r in track.rows for _ in range(int(args[0]))]
-        elif name == "reset":
+        elif name == "reset" and after == 0:  # 4.x's reset zeroes K/V in place and keeps the length: rows kept
             track.rows = [[] for _ in track.rows]
         track.held = None  # its own method: held positions are followed only through forwards and slicing
         track.truncate(after)

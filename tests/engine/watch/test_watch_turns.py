@@ -48,8 +48,11 @@ def test_turns_count_only_the_prefills_the_cache_still_holds(tiny_model):
     assert [s.turn for s in snapshots[:2]] == [0, 0]  # a 1-token forward on its own cache; no cache
     n, m = a.shape[1], b.shape[1]
     assert [t.turn for t in snapshots[-2].buffer] == [1] * (n + 1) + [2] * (m - 1) + [3] * 3
-    if emptied:  # (4.57: kvtui empties its rows at reset() though the cache keeps its length: a separate matter)
+    if emptied:
         assert chat[-1].turn == 1
+    else:  # 4.57: the slots stay (zeroed), so kvtui's rows stay too, and the next prefill continues them
+        assert chat[-1].turn == 4 and len(chat[-1].buffer) == len(snapshots[-2].buffer) + n
+        assert chat[-1].positions[0] == len(snapshots[-2].buffer)
 
 
 def test_a_warm_up_before_the_chat_is_not_a_turn(tmp_path):
