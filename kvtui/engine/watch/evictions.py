@@ -64,7 +64,7 @@ def _inv_freq(probe) -> torch.Tensor | None:
     return None
 
 
-def _press_name(model) -> str | None:
+def press_name(model) -> str | None:
     """The object whose forward hook sits on an attention module (a kvpress press), by its class name."""
     if model is None:
         return None
@@ -102,7 +102,7 @@ def after_forward(watcher, call, track, cache, step: int) -> list[Diagnostic]:
         sources.append((keys, values, [h + fed for h in before]))
     now = [(layer.keys, layer.values) for layer in layers]
     kept = read_kept(sources, now, _inv_freq(call.probe))
-    who = _press_name(call.probe.model) or "the forward"
+    who = press_name(call.probe.model) or "the forward"
     track.held = _held(kept, logical + call.n, f"{who} at step {step}", rerotated=held is not None and held.rerotated)
     return _said(kept, sources, who, f"kept {{kept}} of {logical + call.n} context tokens", step, f" [{call.caller}]")
 
@@ -116,7 +116,7 @@ def unread(call, track, cache, cache_len: int, step: int) -> list[Diagnostic]:
     layers = list(cache.layers)
     fed = call.cache_length_before + call.n
     slots = [[[-1] * layer.keys.shape[-2]] * layer.keys.shape[1] for layer in layers if hasattr(layer, "keys")]
-    who = _press_name(call.probe.model) or "the forward"
+    who = press_name(call.probe.model) or "the forward"
     track.held = Held(slots=slots, logical=fed, rerotated=False, cause=f"{who} at step {step}")
     text = (
         f"{who} shrank {track.name} inside a decoding forward: {fed} fed tokens, {cache_len} slots held; "
@@ -231,8 +231,9 @@ def _said(
         )
     else:
         sizes = sorted({count(r) for r in runs})
+        keep = f"{sizes[0]} tokens each, not the same ones" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]} tokens"
         text = (
-            f"{who} evicted per layer: layers keep {sizes[0]}–{sizes[-1]} tokens "
+            f"{who} evicted per layer: layers keep {keep} "
             f"(layer 0 {verb.format(kept=count(runs[0]))}: {runs_text(runs[0], 4, sentence=True)})"
         )
     differing = [i for i, layer in enumerate(kept) if len({tuple(sorted(h)) for h in layer.positions}) > 1]

@@ -106,6 +106,15 @@ class Probe:
             GENERATE_CODES.add(inspect.unwrap(owner.__dict__["generate"]).__code__)
         # the newest query's attention in every layer (watch(attention=True)): kvtui's own registry, off by default
         self.attention = AttentionCapture(model) if getattr(watcher, "attention", False) else None
+        # each layer's attention module (the deepest module carrying that `layer_idx`), held weakly: where a press
+        # hangs its hooks and kvpress keeps the keys it masks per head (`masked_key_indices`, read by masks.py)
+        attention: dict[int, torch.nn.Module] = {}
+        for module in model.modules():
+            index = getattr(module, "layer_idx", None)
+            if isinstance(index, int) and module is not model:
+                attention[index] = module  # modules() is pre-order: a layer's own attention comes after the layer
+        self.attention_modules = [(index, weakref.ref(module)) for index, module in sorted(attention.items())]
+        self.masks_seen: dict[int, tuple] = {}  # layer -> the masked_key_indices last read (weak refs, versions)
         self._position_modules = []
         for module, source in position_modules(model):
             self._position_modules.append(weakref.ref(module))
