@@ -203,9 +203,8 @@ def test_masked_heads_equal_what_the_press_masked(model, name, monkeypatch):
         seen = snapshot.layers[0].seen
         for layer in snapshot.layers:
             batch, head, slot = (t.tolist() for t in masked[layer.index])
-            expected = [
-                set(range(seen)) - {s for b, h, s in zip(batch, head, slot) if b == 0 and h == kv} for kv in range(heads)
-            ]
+            gone = [{s for b, h, s in zip(batch, head, slot) if b == 0 and h == kv} for kv in range(heads)]
+            expected = [set(range(seen)) - g for g in gone]
             runs = layer.held_heads or (layer.held,) * heads
             assert [{p for a, b in h for p in range(a, b)} for h in runs] == expected, (snapshot.step, layer.index)
             assert layer.filled == seen  # masked keys stay in their slots
@@ -239,7 +238,8 @@ def test_decoding_press_held_positions_exact_after_each_recompression(model):
         heads = keys.shape[1]
         source = [(known[h] if known else []) + list(range(before, fed)) for h in range(heads)]
         assert all(len(s) == keys.shape[2] for s in source)
-        same = (new_keys[0][:, :, None] == keys[0][:, None]).all(-1) & (new_values[0][:, :, None] == values[0][:, None]).all(-1)
+        same_k = (new_keys[0][:, :, None] == keys[0][:, None]).all(-1)  # [heads, kept, input]
+        same = same_k & (new_values[0][:, :, None] == values[0][:, None]).all(-1)
         assert bool((same.sum(-1) == 1).all())  # every kept row is exactly one input row
         at = same.float().argmax(-1).tolist()  # [heads][kept]
         rounds.setdefault(layer, []).append((fed, [[source[h][i] for i in at[h]] for h in range(heads)]))

@@ -110,11 +110,12 @@ class Probe:
         # hangs its hooks and kvpress keeps the keys it masks per head (`masked_key_indices`, read by masks.py)
         attention: dict[int, torch.nn.Module] = {}
         for module in model.modules():
-            index = getattr(module, "layer_idx", None)
-            if isinstance(index, int) and module is not model:
-                attention[index] = module  # modules() is pre-order: a layer's own attention comes after the layer
-        self.attention_modules = [(index, weakref.ref(module)) for index, module in sorted(attention.items())]
-        self.masks_seen: dict[int, tuple] = {}  # layer -> the masked_key_indices last read (weak refs, versions)
+            layer = getattr(module, "layer_idx", None)
+            if isinstance(layer, int) and module is not model:
+                attention[layer] = module  # modules() is pre-order: a layer's own attention comes after the layer
+        self.attention_modules = [(layer, weakref.ref(module)) for layer, module in sorted(attention.items())]
+        # layer -> the masked_key_indices last read (its id, its first tensor held weakly)
+        self.masks_seen: dict[int, tuple] = {}
         self._position_modules = []
         for module, source in position_modules(model):
             self._position_modules.append(weakref.ref(module))

@@ -4,8 +4,9 @@ attention module; kvpress's attention patch then overwrites those keys with a fa
 later forward, until the next prefill clears them. kvtui reads that state after each forward (never sets or changes
 it) and takes the masked slots out of what each KV head holds (`held.Masked`, `LayerInfo.held_heads`).
 
-Cost: a step where no attention module carries masked keys, or where they are the objects (and versions) read before,
-is one dict lookup per layer on the host; new masks ride the step's one transfer (`HostReads`)."""
+Cost: a step where no attention module carries masked keys, or where they are the objects read before, is one dict
+lookup per layer on the host; new masks ride the step's one transfer (`HostReads`). (Index tensors a press edits in
+place, keeping the object, are not seen: kvpress's presses set a new tuple or list each time.)"""
 
 from __future__ import annotations
 
@@ -32,38 +33,39 @@ def press_hooked(probe) -> bool:
     return False
 
 
-def _state(module) -> tuple | None:
-    """The module's masked keys as kvpress leaves them: three index tensors (batch, head, slot), else None."""
-    state = module.__dict__.get("masked_key_indices")  # the instance's own attribute, read without __getattr__
+def _state(state) -> tuple | None:
+    """A module's masked keys as kvpress leaves them: three index tensors (batch, head, slot), else None."""
     if isinstance(state, (tuple, list)) and len(state) == 3 and all(isinstance(t, torch.Tensor) for t in state):
         return tuple(state)
     return None
 
 
-def _same(seen: tuple, state: tuple) -> bool:
-    return all(ref() is tensor and tensor._version == version for (ref, version), tensor in zip(seen, state))
+def _same(seen: tuple, state) -> bool:
+    """The object read before (kvpress sets a new tuple each time: identity and its first tensor, held weakly)."""
+    return seen[0] == id(state) and isinstance(state, (tuple, list)) and bool(state) and seen[1]() is state[0]
 
 
 def stage(call: Call) -> None:
-    """After the forward, before the step's transfer: the layers whose masked keys changed (set, replaced, edited
-    in place or cleared), their index tensors registered in the step's reads."""
+    """After the forward, before the step's transfer: the layers whose masked keys changed (set, replaced or
+    cleared), their index tensors registered in the step's reads."""
     probe = call.probe
     seen_all = probe.masks_seen
-    changed: list[tuple[int, tuple | None, tuple[int, ...] | None]] = []
+    changed: list[tuple[int, object, tuple | None, tuple[int, ...] | None]] = []
     for index, ref in probe.attention_modules:
         module = ref()
         if module is None:
             continue
-        state = _state(module)
+        raw = module.__dict__.get("masked_key_indices")  # the instance's own attribute, read without __getattr__
         seen = seen_all.get(index)
+        if raw is not None and seen is not None and _same(seen, raw):
+            continue
+        state = _state(raw)
         if state is None:
             if seen is not None:
-                changed.append((index, None, None))
-            continue
-        if seen is not None and _same(seen, state):
+                changed.append((index, None, None, None))
             continue
         handles = tuple(call.reads.add(t.reshape(-1)) for t in state) if call.reads is not None else None
-        changed.append((index, state, handles))
+        changed.append((index, raw, state, handles))
     call.masks_staged = changed or None
 
 
@@ -77,12 +79,12 @@ def take(call: Call, track, cache, step: int) -> list[Diagnostic]:
     slots = dict(track.masked.slots) if track.masked is not None else {}
     layers = list(getattr(cache, "layers", ()))
     fresh = []
-    for index, state, handles in changed:
+    for index, raw, state, handles in changed:
         if state is None:
             probe.masks_seen.pop(index, None)
             slots.pop(index, None)
             continue
-        probe.masks_seen[index] = tuple((weakref.ref(t), t._version) for t in state)
+        probe.masks_seen[index] = (id(raw), weakref.ref(state[0]))
         if handles is not None and call.reads is not None:
             batch, head, slot = (call.reads.flat(h) for h in handles)
         else:
