@@ -299,3 +299,55 @@ def test_merging_press_says_the_merged_values(model):
     for layer in snapshots[0].layers:
         runs = layer.held_heads or (layer.held,) * len(kept[layer.index])
         assert [{p for a, b in h for p in range(a, b)} for h in runs] == kept[layer.index]
+
+
+def test_masked_keys_cost_no_device_read_of_their_own(model):
+    """Under AdaKVPress every watched step still reads the device once: the masks the prefill set ride its one
+    transfer, and decoding steps (the same masks) read nothing more. Counted from kvtui's frames only (the device
+    reads of torch methods called by kvtui's code; kvpress's and generate()'s own are not kvtui's)."""
+    import os
+
+    import kvpress
+
+    import kvtui
+
+    kvtui_dir = os.path.dirname(os.path.abspath(kvtui.__file__)) + os.sep
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    here = os.path.abspath(__file__)
+    seen: list[str] = []
+    undo = []
+
+    def from_kvtui() -> bool:
+        frame = sys._getframe(2)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not name.startswith(torch_dir) and name != here:
+                return name.startswith(kvtui_dir)
+            frame = frame.f_back
+        return False
+
+    for name in ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            if from_kvtui():
+                seen.append(_name)
+            return _original(*args, **kwargs)
+
+        undo.append((name, original))
+        setattr(torch.Tensor, name, counted)
+    per_step: list[list[str]] = []
+
+    def on_snapshot(snapshot):
+        per_step.append(list(seen))
+        seen.clear()
+
+    press = kvpress.AdaKVPress(kvpress.KnormPress(compression_ratio=0.5))
+    try:
+        with watch(model, on_snapshot=on_snapshot) as watcher, torch.no_grad(), press(model):
+            model.generate(_prompt(model), max_new_tokens=4, do_sample=False, min_new_tokens=4)
+    finally:
+        for name, original in undo:
+            setattr(torch.Tensor, name, original)
+    assert "AdaKVPress masked" in watcher.diagnostics[0].message  # the masks were read (in the prefill's transfer)
+    assert per_step == [["tolist"]] * 4
