@@ -138,3 +138,216 @@ def test_verify_between_two_forwards_of_a_press_reports_its_cost(model):
     assert hooks == model.config.num_hidden_layers  # the press's hooks are back where they were
     assert len(results) == 1 and results[0]["ok"] and results[0]["compressed_kl"] > 0
     assert {d.code for d in watcher.diagnostics} == {"cache-evicted", "compression-cost"}
+
+
+def _duo_attention(kp, monkeypatch):
+    """DuoAttentionPress with a head pattern made here (its own comes from the DuoAttention repository or a BookSum
+    run, neither reachable offline): 4 sink and 8 recent tokens, the heads scored below 0.5 streaming."""
+    import numpy as np
+
+    scores = np.array([[0.9, 0.1], [0.2, 0.8]])
+    monkeypatch.setattr(kp.DuoAttentionPress, "load_attention_pattern", staticmethod(lambda model: (4, 8, scores)))
+    return kp.DuoAttentionPress(head_compression_ratio=0.5)
+
+
+MASKING = {
+    "adakv": lambda kp, mp: kp.AdaKVPress(kp.KnormPress(compression_ratio=0.5)),
+    "critical-adakv": lambda kp, mp: kp.CriticalAdaKVPress(kp.KnormPress(compression_ratio=0.5)),
+    "duo-attention": _duo_attention,
+}
+
+
+@pytest.mark.parametrize("name", list(MASKING))
+def test_masked_heads_equal_what_the_press_masked(model, name, monkeypatch):
+    """A press that masks keys per head (kvpress's masked_key_indices) keeps every slot: each KV head's held
+    positions are the context minus what the press masked in that head, read here from the press itself (its
+    compress wrapped, the indices it left on the module copied). No position alarm (masked keys keep their slots);
+    a verify in the middle leaves the masks as the press set them; the tokens are those of the run unwatched."""
+    import kvpress
+
+    ids = _prompt(model)
+    with torch.no_grad(), MASKING[name](kvpress, monkeypatch)(model):
+        plain = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+    press = MASKING[name](kvpress, monkeypatch)
+    masked: dict[int, tuple] = {}
+    original = press.compress
+
+    def compress(module, hidden_states, keys, values, attentions, kwargs):
+        out = original(module, hidden_states, keys, values, attentions, kwargs)
+        masked[module.layer_idx] = tuple(module.masked_key_indices)  # the objects the press set
+        return out
+
+    press.compress = compress
+    snapshots, verified = [], []
+
+    class VerifyAtStep2(Gate):
+        def after_step(self, watcher, snapshot):
+            if snapshot.step == 2:
+                verified.append(watcher.verify())
+
+    with watch(model, on_snapshot=snapshots.append, gate=VerifyAtStep2()) as watcher, torch.no_grad(), press(model):
+        watched = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+    assert torch.equal(plain, watched)
+    attention = [layer.self_attn for layer in model.model.layers]
+    assert sorted(masked) == list(range(model.config.num_hidden_layers))
+    # still the press's own objects on its modules (kvtui's verify prefilled in between: kvpress's patch clears them)
+    assert all(all(a is b for a, b in zip(m.masked_key_indices, masked[i])) for i, m in enumerate(attention))
+    assert len(verified) == 1 and verified[0]["compressed_kl"] is not None
+    assert {d.code for d in watcher.diagnostics} == {"cache-evicted", "compression-cost"}, watcher.diagnostics
+    assert all(d.severity == "info" for d in watcher.diagnostics)
+    note = next(d for d in watcher.diagnostics if d.code == "cache-evicted")
+    assert note.step == 1 and f"{type(press).__name__} masked" in note.message
+    heads = model.config.num_key_value_heads
+    total = 0
+    for snapshot in snapshots:
+        seen = snapshot.layers[0].seen
+        for layer in snapshot.layers:
+            batch, head, slot = (t.tolist() for t in masked[layer.index])
+            gone = [{s for b, h, s in zip(batch, head, slot) if b == 0 and h == kv} for kv in range(heads)]
+            expected = [set(range(seen)) - g for g in gone]
+            runs = layer.held_heads or (layer.held,) * heads
+            assert [{p for a, b in h for p in range(a, b)} for h in runs] == expected, (snapshot.step, layer.index)
+            assert layer.filled == seen  # masked keys stay in their slots
+            total += sum(len(set(range(seen)) - h) for h in expected)
+    assert total > 0  # the press masked something
+    assert [s.layers[0].seen for s in snapshots] == list(range(ids.shape[-1], ids.shape[-1] + 4))
+
+
+def test_decoding_press_held_positions_exact_after_each_recompression(model):
+    """DecodingPress re-compresses inside decoding forwards (every 3 steps, to 48 slots): after each round, and on
+    every step between, each KV head's held positions equal what its compress kept, worked out here from the
+    compress's own input and output (rows found by dense equality of K and V; positions carried from round to
+    round, the tokens fed since appended)."""
+    import kvpress
+
+    def make():
+        return kvpress.DecodingPress(kvpress.KnormPress(), compression_interval=3, target_size=48)
+
+    ids = _prompt(model)
+    with torch.no_grad(), make()(model):
+        plain = model.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+    press = make()
+    rounds: dict[int, list[tuple[int, list[list[int]]]]] = {}  # layer -> [(tokens fed, per-head positions)]
+    original = press.compress
+
+    def compress(module, hidden_states, keys, values, attentions, kwargs):
+        new_keys, new_values = original(module, hidden_states, keys, values, attentions, kwargs)
+        fed = int(kwargs["cache_position"][-1]) + 1
+        layer = module.layer_idx
+        known, before = (rounds[layer][-1][1], rounds[layer][-1][0]) if layer in rounds else (None, 0)
+        heads = keys.shape[1]
+        source = [(known[h] if known else []) + list(range(before, fed)) for h in range(heads)]
+        assert all(len(s) == keys.shape[2] for s in source)
+        same_k = (new_keys[0][:, :, None] == keys[0][:, None]).all(-1)  # [heads, kept, input]
+        same = same_k & (new_values[0][:, :, None] == values[0][:, None]).all(-1)
+        assert bool((same.sum(-1) == 1).all())  # every kept row is exactly one input row
+        at = same.float().argmax(-1).tolist()  # [heads][kept]
+        rounds.setdefault(layer, []).append((fed, [[source[h][i] for i in at[h]] for h in range(heads)]))
+        return new_keys, new_values
+
+    press.compress = compress
+    snapshots = []
+    with watch(model, on_snapshot=snapshots.append) as watcher, torch.no_grad(), press(model):
+        watched = model.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+    assert torch.equal(plain, watched)
+    assert {d.code for d in watcher.diagnostics} == {"cache-evicted"}, watcher.diagnostics
+    assert len(rounds[0]) == 2  # two rounds in 8 steps (after decoding steps 3 and 6)
+    assert [d.step for d in watcher.diagnostics] == [fed - ids.shape[-1] + 1 for fed, _ in rounds[0]]
+    heads = model.config.num_key_value_heads
+    for snapshot in snapshots:
+        for layer in snapshot.layers:
+            seen = layer.seen
+            done = [(fed, kept) for fed, kept in rounds[layer.index] if fed <= seen]
+            if done:
+                fed, kept = done[-1]
+                expected = [set(k) | set(range(fed, seen)) for k in kept]
+            else:
+                expected = [set(range(seen))] * heads
+            runs = layer.held_heads or (layer.held,) * heads if layer.held is not None else None
+            got = [{p for a, b in h for p in range(a, b)} for h in runs] if runs else [set(range(seen))] * heads
+            assert got == expected, (snapshot.step, layer.index)
+            assert layer.filled == max(len(e) for e in expected)
+
+
+def test_merging_press_says_the_merged_values(model):
+    """MergingPress keeps keys as they were and folds evicted values into kept ones: kvtui places each kept slot by
+    its key and says how many kept values changed, counted here from the press's own input and output."""
+    import kvpress
+
+    ids = _prompt(model)
+    press = kvpress.MergingPress(kvpress.KnormPress(compression_ratio=0.5))
+    kept: dict[int, list[set[int]]] = {}
+    merged = [0]
+    original = press.compress
+
+    def compress(module, hidden_states, keys, values, attentions, kwargs):
+        new_keys, new_values = original(module, hidden_states, keys, values, attentions, kwargs)
+        same = (new_keys[0][:, :, None] == keys[0][:, None]).all(-1)  # [heads, kept, input]: keys are kept as written
+        at = same.float().argmax(-1)
+        kept[module.layer_idx] = [set(row) for row in at.tolist()]
+        source = values[0].gather(1, at.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
+        merged[0] += int((source != new_values[0]).any(-1).sum())
+        return new_keys, new_values
+
+    press.compress = compress
+    snapshots = []
+    with watch(model, on_snapshot=snapshots.append) as watcher, torch.no_grad(), press(model):
+        model.generate(ids, max_new_tokens=2, do_sample=False, min_new_tokens=2)
+    assert merged[0] > 0
+    assert {d.code for d in watcher.diagnostics} == {"cache-evicted"}, watcher.diagnostics
+    assert f"; {merged[0]} kept values changed (merged)" in watcher.diagnostics[0].message
+    for layer in snapshots[0].layers:
+        runs = layer.held_heads or (layer.held,) * len(kept[layer.index])
+        assert [{p for a, b in h for p in range(a, b)} for h in runs] == kept[layer.index]
+
+
+def test_masked_keys_cost_no_device_read_of_their_own(model):
+    """Under AdaKVPress every watched step still reads the device once: the masks the prefill set ride its one
+    transfer, and decoding steps (the same masks) read nothing more. Counted from kvtui's frames only (the device
+    reads of torch methods called by kvtui's code; kvpress's and generate()'s own are not kvtui's)."""
+    import os
+
+    import kvpress
+
+    import kvtui
+
+    kvtui_dir = os.path.dirname(os.path.abspath(kvtui.__file__)) + os.sep
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    here = os.path.abspath(__file__)
+    seen: list[str] = []
+    undo = []
+
+    def from_kvtui() -> bool:
+        frame = sys._getframe(2)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not name.startswith(torch_dir) and name != here:
+                return name.startswith(kvtui_dir)
+            frame = frame.f_back
+        return False
+
+    for name in ("tolist", "item", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            if from_kvtui():
+                seen.append(_name)
+            return _original(*args, **kwargs)
+
+        undo.append((name, original))
+        setattr(torch.Tensor, name, counted)
+    per_step: list[list[str]] = []
+
+    def on_snapshot(snapshot):
+        per_step.append(list(seen))
+        seen.clear()
+
+    press = kvpress.AdaKVPress(kvpress.KnormPress(compression_ratio=0.5))
+    try:
+        with watch(model, on_snapshot=on_snapshot) as watcher, torch.no_grad(), press(model):
+            model.generate(_prompt(model), max_new_tokens=4, do_sample=False, min_new_tokens=4)
+    finally:
+        for name, original in undo:
+            setattr(torch.Tensor, name, original)
+    assert "AdaKVPress masked" in watcher.diagnostics[0].message  # the masks were read (in the prefill's transfer)
+    assert per_step == [["tolist"]] * 4

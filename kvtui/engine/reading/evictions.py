@@ -63,8 +63,9 @@ def eviction_notes(
         )
     else:
         sizes = sorted({count(r) for r in runs})
+        keep = f"{sizes[0]} tokens each, not the same ones" if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]} tokens"
         text = (
-            f"{who} evicted per layer: layers keep {sizes[0]}–{sizes[-1]} tokens "
+            f"{who} evicted per layer: layers keep {keep} "
             f"(layer 0 {verb.format(kept=count(runs[0]))}: {runs_text(runs[0], 4, sentence=True)})"
         )
     differing = [i for i, layer in enumerate(kept) if len({tuple(sorted(h)) for h in layer.positions}) > 1]

@@ -62,7 +62,7 @@ def _inv_freq(probe) -> torch.Tensor | None:
     return None
 
 
-def _press_name(model) -> str | None:
+def press_name(model) -> str | None:
     """The object whose forward hook sits on an attention module (a kvpress press), by its class name."""
     if model is None:
         return None
@@ -100,7 +100,7 @@ def after_forward(watcher, call, track, cache, step: int) -> list[Diagnostic]:
         sources.append((keys, values, [h + fed for h in before]))
     now = [(layer.keys, layer.values) for layer in layers]
     kept = read_kept(sources, now, _inv_freq(call.probe))
-    who = _press_name(call.probe.model) or "the forward"
+    who = press_name(call.probe.model) or "the forward"
     track.held = held_from_kept(
         kept, logical + call.n, f"{who} at step {step}", rerotated=held is not None and held.rerotated
     )
@@ -118,7 +118,7 @@ def unread(call, track, cache, cache_len: int, step: int) -> list[Diagnostic]:
     layers = list(cache.layers)
     fed = call.cache_length_before + call.n
     slots = [[[-1] * layer.keys.shape[-2]] * layer.keys.shape[1] for layer in layers if hasattr(layer, "keys")]
-    who = _press_name(call.probe.model) or "the forward"
+    who = press_name(call.probe.model) or "the forward"
     track.held = Held(slots=slots, logical=fed, rerotated=False, cause=f"{who} at step {step}")
     text = (
         f"{who} shrank {track.name} inside a decoding forward: {fed} fed tokens, {cache_len} slots held; "

@@ -106,6 +106,16 @@ class Probe:
             GENERATE_CODES.add(inspect.unwrap(owner.__dict__["generate"]).__code__)
         # the newest query's attention in every layer (watch(attention=True)): kvtui's own registry, off by default
         self.attention = AttentionCapture(model) if getattr(watcher, "attention", False) else None
+        # each layer's attention module (the deepest module carrying that `layer_idx`), held weakly: where a press
+        # hangs its hooks and kvpress keeps the keys it masks per head (`masked_key_indices`, read by masks.py)
+        attention: dict[int, torch.nn.Module] = {}
+        for module in model.modules():
+            layer = getattr(module, "layer_idx", None)
+            if isinstance(layer, int) and module is not model:
+                attention[layer] = module  # modules() is pre-order: a layer's own attention comes after the layer
+        self.attention_modules = [(layer, weakref.ref(module)) for layer, module in sorted(attention.items())]
+        # layer -> the masked_key_indices last read (its id, its first tensor held weakly)
+        self.masks_seen: dict[int, tuple] = {}
         self._position_modules = []
         for module, source in position_modules(model):
             self._position_modules.append(weakref.ref(module))

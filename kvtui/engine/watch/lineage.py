@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..reading.alarms import Alarms
 from ..reading.introspect import Fingerprint
-from ..reading.introspect.held import Held
+from ..reading.introspect.held import Held, Masked
 from ..records.snapshot import BufferToken, unknown_token
 from .patches import Registry
 
@@ -43,6 +43,7 @@ class CacheTrack:
     # after a forward with a 2-D mask: ((its columns, the cache's length after it), attended tokens per row)
     attended: tuple[tuple[int, int], list] | None = None
     held: Held | None = None  # a compressed cache: the positions each layer and head holds (evictions.py)
+    masked: Masked | None = None  # keys a press masked per KV head, kept in their slots (masks.py)
 
     def release(self) -> None:
         """Drop the fingerprint's views of the cache's storage (the cache died, or kvtui detached)."""
@@ -133,6 +134,7 @@ class Lineage:
             capacity=parent.capacity,
             turn=parent.turn,
             held=deepcopy(parent.held),
+            masked=deepcopy(parent.masked),
         )
         return self._add(copy, track)
 

@@ -39,7 +39,7 @@ from ..reading import introspect
 from ..reading.diagnostics import check_refed
 from ..records.codec import diagnostic_record
 from ..records.snapshot import Diagnostic, RequestView, StepSnapshot
-from . import cache_edits, evictions
+from . import cache_edits, evictions, masks
 from .auto_attach import AutoAttach, run_watched
 from .callers import caller_and_generate, caller_line, library_dirs, thread_caller
 from .hooks import Probe, WatchRefused
@@ -329,8 +329,8 @@ class Watcher:
                 if track.held is not None:  # a compressed cache: positions continue what its kept keys encode
                     call.expected_start = track.held.expected_next(call.cache_length_before)
                     evictions.begin(call, track)
-                elif call.n > 1:  # a prefill may compress (a press's hook)
-                    evictions.begin(call, track)
+                elif call.n > 1 or masks.press_hooked(probe):  # a prefill, or any forward under a press's
+                    evictions.begin(call, track)  # hooks (DecodingPress compresses inside decoding forwards)
             call.count_attended()
             return call
 
@@ -388,6 +388,7 @@ class Watcher:
                 logits = output[0]
             if call.packed is None:
                 self.builder.use(call.probe)
+                masks.stage(call)  # a press's masked keys, when they changed: read in the step's transfer
                 self.builder.prepare(call, logits)  # the applied positions and the top-k, in the same transfer
                 self._read_call(call)
             if not self._started:
@@ -408,6 +409,8 @@ class Watcher:
                     call.found += written_without_use_cache(call, self.steps)
                 if call.capturing or (track is not None and track.held is not None):
                     call.found += evictions.after_forward(self, call, track, cache, self.steps)
+                if call.masks_staged:
+                    call.found += masks.take(call, track, cache, self.steps)
                 snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_probe = call.probe

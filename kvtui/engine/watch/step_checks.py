@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..reading import introspect
 from ..reading.diagnostics import check_padding_side, check_row_positions
-from ..reading.introspect.held import held_infos
+from ..reading.introspect.held import held_infos, masked_infos
 from ..reading.silent_rules import (
     check_window_positions,
     counted_under_padding,
@@ -55,6 +55,9 @@ def checked_layers(alarms, call, step: int, cache, cache_len: int) -> tuple[tupl
     held = call.track.held if call.track is not None and cache is call.cache else None
     if held is not None:  # a compressed cache: which positions each layer holds, not a prefix
         layers = held_infos(layers, held)
+    masked = call.track.masked if call.track is not None and cache is call.cache else None
+    if masked is not None:  # keys a press masked per head: in their slots, out of what each head attends
+        layers = masked_infos(layers, masked, held)
     # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
     # and check_request names it before the forward; here only sliding eviction is said
     return layers, [at_caller(d, call.caller) for d in alarms.check_layers(step, layers, None, cache_len, reserve=1)]

@@ -55,16 +55,23 @@ def _hooks_set_aside(model):
     """The model as it computes without the forward hooks the program registered (a kvpress press compresses, and
     reads a cache the recompute does not have): each module's hook dicts emptied for kvtui's one forward and
     refilled with the same entries in the same order (their handles stay valid). The program is held between two
-    of its forwards in this thread, so nothing of it runs meanwhile."""
+    of its forwards in this thread, so nothing of it runs meanwhile. The keys a press masked per head
+    (`masked_key_indices`: kvpress's attention patch clears them at any prefill, kvtui's recompute included) are put
+    back as the same object."""
     held = []
+    masked = []
     for module in model.modules():
         for hooks in (module._forward_hooks, module._forward_pre_hooks):
             if hooks:
                 held.append((hooks, list(hooks.items())))
                 hooks.clear()
+        if "masked_key_indices" in module.__dict__:
+            masked.append((module.__dict__, module.__dict__["masked_key_indices"]))
     try:
         yield
     finally:
         for hooks, items in held:
             hooks.clear()
             hooks.update(items)
+        for state, indices in masked:
+            state["masked_key_indices"] = indices

@@ -74,6 +74,7 @@ class Call:
     last_logits: torch.Tensor | None = None  # [1, vocab] float32 copy of the last position's logits (`prepare`)
     capturing: bool = False  # what its layers write is kept (evictions.begin): it may compress the cache
     expected_start: int | None = None  # a compressed cache: the position its kept keys continue (else its length)
+    masks_staged: list | None = None  # layers whose masked keys changed: (index, indices or None, handles) (masks.py)
 
     def take_reads(self) -> None:
         """Fill the call's values from its resolved transfer (what `read_call` left as handles)."""

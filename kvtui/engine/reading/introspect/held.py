@@ -237,3 +237,70 @@ def held_infos(infos: tuple[LayerInfo, ...], held: Held) -> tuple[LayerInfo, ...
             )
         )
     return tuple(out)
+
+
+@dataclass
+class Masked:
+    """Keys a press masked per KV head (kvpress's `module.masked_key_indices`: AdaKVPress, CriticalAdaKVPress,
+    DuoAttentionPress…): they keep their slots and the positions they encode, and attention gives them weight 0
+    from the next forward on. What each head then holds is worked out once per change of the masks or of the
+    positions under them (O(slots), on the host), then extended by the tokens fed since (every head holds those):
+    O(layers x heads) a step."""
+
+    slots: dict[int, list[list[int]]]  # layer -> per KV head, the masked slot indices (batch row 0), sorted
+    who: str  # the press (or module) that masked them, in words
+    # layer -> (the Held it was worked out on, the tokens fed then, per-head runs, union runs, slots then, whether
+    # heads differ)
+    _bases: dict = field(default_factory=dict)
+
+    def base(self, info: LayerInfo, held: Held | None) -> tuple[tuple, tuple, int, bool]:
+        """(per-head runs, union runs, tokens fed when worked out, whether heads differ) of the layer's unmasked
+        positions."""
+        known = self._bases.get(info.index)
+        if known is not None and known[0] is held and _only_grew(known, info, held):
+            return known[2], known[3], known[1], known[5]
+        heads = info.k_shape[1] if len(info.k_shape) == 4 else len(self.slots[info.index])
+        if held is not None and info.index < len(held.slots):
+            positions = held.positions(info.index)
+        else:
+            positions = [list(range(info.held_from, info.held_from + info.filled))] * heads
+        masked = self.slots[info.index]
+        per_head = []
+        for head, slots in enumerate(positions):
+            gone = set(masked[head]) if head < len(masked) else set()
+            per_head.append(ranges(p for j, p in enumerate(slots) if j not in gone))
+        union = ranges(p for head in per_head for a, b in head for p in range(a, b))
+        differ = len(set(per_head)) > 1
+        self._bases[info.index] = (held, info.seen, tuple(per_head), union, info.filled, differ)
+        return tuple(per_head), union, info.seen, differ
+
+
+def _only_grew(known: tuple, info: LayerInfo, held: Held | None) -> bool:
+    """Whether the layer only had tokens appended since its base was worked out (a compressed cache's Held is
+    replaced on every shrink; a plain cache grew by as many slots as tokens fed)."""
+    grown = info.seen - known[1]
+    return grown >= 0 and (held is not None or info.filled - known[4] == grown)
+
+
+def masked_infos(infos: tuple[LayerInfo, ...], masked: Masked, held: Held | None) -> tuple[LayerInfo, ...]:
+    """The layers' infos with the keys a press masked taken out of what each KV head holds (`held_heads`; `held`
+    the positions any head still attends). Slots and `filled` are unchanged: masked keys stay in memory."""
+    out = []
+    for info in infos:
+        if not masked.slots.get(info.index):
+            out.append(info)
+            continue
+        per_head, union, end, differ = masked.base(info, held)
+        if info.seen > end:  # the tokens fed since: every head holds them
+            tail = (end, info.seen)
+            per_head = tuple(_extend(h, tail) for h in per_head)
+            union = _extend(union, tail)
+        out.append(
+            replace(
+                info,
+                held=union,
+                held_heads=per_head if differ else None,
+                held_from=union[0][0] if union else info.seen,
+            )
+        )
+    return tuple(out)
