@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from functools import lru_cache
 
@@ -107,3 +108,16 @@ def runs_text(runs: tuple[tuple[int, int], ...], limit: int = 3, *, sentence: bo
     if len(parts) < 2:
         return parts[0] if parts else "nothing"
     return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def quantization_text(errors: tuple[tuple[float, float], ...] | None) -> str:
+    """`errors` (quantized_errors) in a few words: the worst layer's K and V error, or nothing."""
+    known = [(i, k, v) for i, (k, v) in enumerate(errors or ()) if not (math.isnan(k) or math.isnan(v))]
+    if not known:
+        return ""
+    i, k, v = max(known, key=lambda row: max(row[1], row[2]))
+    mean = sum(max(k, v) for _, k, v in known) / len(known)
+    return (
+        f", quantization error (dequantized K/V against the recompute's, of their range) worst in layer {i}: "
+        f"K {k:.2%}, V {v:.2%}; mean over {len(known)} layers {mean:.2%}"
+    )

@@ -366,6 +366,8 @@ class EngineHost:
                 self._run(cancel)
             return f"forced {token.text!r} (id {token.id}, rank {token.rank})", "information", None
         elif word == "verify":
+            from ...fmt import quantization_text
+
             result = session.verify()
             if result.compressed_kl is not None:  # --press: what the compression cost, not a match
                 return (
@@ -378,8 +380,8 @@ class EngineHost:
             verdict = "matches" if result.ok else "DIFFERS FROM"
             return (
                 f"cache {verdict} a full recompute of {result.tokens} tokens: max |diff| {result.max_abs_diff:.2e} "
-                f"(tolerance {result.tolerance:g}), top-k {'agrees' if result.topk_agree else 'differs'} · "
-                f"{result.ms:.0f} ms",
+                f"(tolerance {result.tolerance:g}), top-k {'agrees' if result.topk_agree else 'differs'}"
+                f"{quantization_text(result.layer_errors)} · {result.ms:.0f} ms",
                 "information" if result.ok else "error",
                 result,
             )

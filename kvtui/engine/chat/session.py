@@ -32,7 +32,14 @@ from ..reading.diagnostics import check_feed
 from ..reading.introspect.held import Held
 from ..reading.token_texts import tokenizer_texts
 from ..reading.tokens import special_token_ids
-from ..reading.verify import compression_cost, cost_note, judge_recompute, mismatch_alarm, recompute_last_logits
+from ..reading.verify import (
+    compression_cost,
+    cost_note,
+    judge_recompute,
+    mismatch_alarm,
+    quantized_errors,
+    recompute_last_logits,
+)
 from ..records.listeners import Listeners
 from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TokenBuffer, TopToken, VerifyResult
 from .edits import CacheEdits
@@ -394,10 +401,12 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
         if self._logits is None or not chat:
             raise SessionError("nothing to verify: send a message first")
         threads = forward_threads(len(chat), self.config.decode_threads)
-        fresh, ms = recompute_last_logits(
-            self.model, [t.id for t in chat], self._accepts_logits_to_keep, threads, self._clock
-        )
         quantized = self.config.cache == "quantized"
+        # a quantized cache: the recompute keeps its full-precision K/V, to say each layer's quantization error
+        reference = introspect.make_cache("dynamic", self.model.config) if quantized and not self._primed else None
+        fresh, ms = recompute_last_logits(
+            self.model, [t.id for t in chat], self._accepts_logits_to_keep, threads, self._clock, reference
+        )
         result = judge_recompute(
             self._logits,
             fresh,
@@ -407,6 +416,8 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
             ms,
             self._quant_bits() if quantized else None,
         )
+        if reference is not None:
+            result = replace(result, layer_errors=quantized_errors(self.cache, reference))
         if self._held is not None:  # lossy by design: the cost of what the press dropped, not a mismatch
             kl, top1 = compression_cost(self._logits, fresh)
             result = replace(result, ok=True, compressed_kl=kl, compressed_top1=top1)

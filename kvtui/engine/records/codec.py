@@ -317,6 +317,7 @@ def _verify_record(v: VerifyResult) -> dict:
             if v.compressed_kl is not None
             else {}
         ),
+        **({"layer_errors": [list(pair) for pair in v.layer_errors]} if v.layer_errors is not None else {}),
     }
 
 
@@ -427,6 +428,7 @@ def _verify(record: dict) -> VerifyResult:
         ms=record["ms"],
         compressed_kl=record.get("compressed_kl"),
         compressed_top1=record.get("compressed_top1"),
+        layer_errors=tuple(map(tuple, record["layer_errors"])) if record.get("layer_errors") is not None else None,
     )
 
 

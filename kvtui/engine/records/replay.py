@@ -7,6 +7,7 @@ before it (buffer_length - fed) and appends the fed tokens; lists are shared bet
 
 from __future__ import annotations
 
+from ...fmt import quantization_text
 from .codec import from_record
 from .snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, unknown_token
 from .token_bytes import TokenBytes
@@ -224,7 +225,11 @@ def describe_event(event: dict) -> str:
         return f"watching {event.get('text')!r} (id {event.get('id')})"
     if kind == "verify":
         verdict = "matched" if event.get("ok") else "DIFFERED FROM"
-        return f"verify: the cache {verdict} a full recompute (max |diff| {event.get('max_abs_diff', 0):.2e})"
+        errors = [tuple(pair) for pair in event.get("layer_errors") or ()]
+        return (
+            f"verify: the cache {verdict} a full recompute (max |diff| {event.get('max_abs_diff', 0):.2e})"
+            + quantization_text(tuple(errors) or None)
+        )
     if kind == "diagnostic":
         return f"{event.get('severity')} {event.get('code')}: {event.get('message')}"
     if kind == "reset":

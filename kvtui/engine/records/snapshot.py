@@ -425,3 +425,6 @@ class VerifyResult:
     # compressed) of the next-token distributions in nats, and whether both pick the same top-1; None otherwise
     compressed_kl: float | None = None
     compressed_top1: bool | None = None
+    # a quantized cache: per layer, the largest |error| of the K and of the V attention got (dequantized, residual
+    # included) against the full-precision recompute's, over the recompute's largest |value| (reading/verify.py)
+    layer_errors: tuple[tuple[float, float], ...] | None = None

@@ -35,7 +35,7 @@ from .config import attention_heads, config_window, declares_state
 from .fingerprints import Fingerprint, PendingEdit, changed, check_edits, describe_change, fingerprint
 from .forward import CACHE_ARGUMENTS, cache_argument, cache_in, forward_accepts, output_cache
 from .infos import layer_infos, static_capacity
-from .layers import seq_length
+from .layers import dequantized_kv, seq_length
 from .transfer import HostReads
 from .truncation import (
     activate_past_recording,
@@ -78,6 +78,7 @@ __all__ = [
     "quant_backends",
     "records_past",
     "seq_length",
+    "dequantized_kv",
     "static_capacity",
     "truncate",
     "truncate_blocker",

@@ -22,6 +22,22 @@ def is_quantized(layer) -> bool:
     return hasattr(layer, "_quantized_keys")
 
 
+def dequantized_kv(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """What a quantized layer gives attention, read without changing it: its quantized part dequantized (with
+    a beam reorder it deferred, 5.x) and its full-precision residual after it, K and V [batch, heads, seq, dim];
+    None for a layer that is not quantized or holds nothing yet (a verify's cost: O(cache), never per step)."""
+    if not is_quantized(layer) or getattr(layer, "_quantized_keys", None) is None:
+        return None
+    keys, values = layer._dequantize(layer._quantized_keys), layer._dequantize(layer._quantized_values)
+    reorder = getattr(layer, "_apply_pending_reorder", None)
+    if reorder is not None:
+        keys, values = reorder(keys, values)
+    if has_kv(layer) and layer.keys.shape[-2]:  # the residual: tokens not yet quantized
+        keys = torch.cat([keys, layer.keys.to(keys.dtype)], dim=-2)
+        values = torch.cat([values, layer.values.to(values.dtype)], dim=-2)
+    return keys, values
+
+
 def has_kv(layer) -> bool:
     keys = getattr(layer, "keys", None)
     return isinstance(keys, torch.Tensor) and keys.dim() == 4 and bool(getattr(layer, "is_initialized", True))
