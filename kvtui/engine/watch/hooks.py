@@ -114,6 +114,7 @@ class Probe:
             if isinstance(layer, int) and module is not model:
                 attention[layer] = module  # modules() is pre-order: a layer's own attention comes after the layer
         self.attention_modules = [(layer, weakref.ref(module)) for layer, module in sorted(attention.items())]
+        self.attention_refs = tuple(ref for _, ref in self.attention_modules)  # for masks.py's C-level passes
         # layer -> the masked_key_indices last read (its id, its first tensor held weakly)
         self.masks_seen: dict[int, tuple] = {}
         self._position_modules = []

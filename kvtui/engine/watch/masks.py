@@ -10,7 +10,9 @@ place, keeping the object, are not seen: kvpress's presses set a new tuple or li
 
 from __future__ import annotations
 
+import operator
 import weakref
+from operator import attrgetter, methodcaller
 
 import torch
 
@@ -23,14 +25,26 @@ from .watch_step import Call
 HEADS_SHOWN = 4  # heads whose kept positions the note spells out
 
 
+_HOOKS = attrgetter("_forward_hooks")
+_OWN_STATE = attrgetter("__dict__")
+_MASKED = methodcaller("get", "masked_key_indices")  # the instance's own attribute, read without __getattr__
+_NONE = {id(None)}
+
+
+def _live(probe) -> list | None:
+    """The attention modules, their weak references called in C (no Python line per layer); None when one is
+    gone (then the per-module loop below handles it)."""
+    modules = list(map(operator.call, probe.attention_refs))
+    return None if None in modules else modules
+
+
 def press_hooked(probe) -> bool:
     """Whether a forward hook sits on an attention module (a press: it may compress inside any forward, a
-    decoding-time press such as DecodingPress among them). O(layers), no device op."""
-    for _, ref in probe.attention_modules:
-        module = ref()
-        if module is not None and module._forward_hooks:
-            return True
-    return False
+    decoding-time press such as DecodingPress among them). O(layers) in C, no device op."""
+    modules = _live(probe)
+    if modules is not None:
+        return any(map(_HOOKS, modules))
+    return any(module is not None and module._forward_hooks for module in map(operator.call, probe.attention_refs))
 
 
 def _state(state) -> tuple | None:
@@ -50,6 +64,10 @@ def stage(call: Call) -> None:
     cleared), their index tensors registered in the step's reads."""
     probe = call.probe
     seen_all = probe.masks_seen
+    modules = _live(probe)
+    if not seen_all and modules is not None and set(map(id, map(_MASKED, map(_OWN_STATE, modules)))) <= _NONE:
+        call.masks_staged = None  # no module carries masked keys, none did: a few lines whatever the layer count
+        return
     changed: list[tuple[int, object, tuple | None, tuple[int, ...] | None]] = []
     for index, ref in probe.attention_modules:
         module = ref()
