@@ -16,7 +16,7 @@ from textual.worker import get_current_worker
 from ..engine.records.replay import Replay
 from ..engine.records.snapshot import Diagnostic, StepSnapshot
 from ..engine.records.trace import Trace
-from ..fmt import printable
+from ..fmt import printable, quantization_text
 from ..messages import Call, SnapshotReady
 from ..widgets.step.chat_pane import ChatPane, program_step_text
 from ..widgets.step.program_input import ProgramInput
@@ -176,7 +176,8 @@ interrupts it, Esc gives the keys back). n shows the next batch row; M one model
             verdict = "matches" if record["ok"] else "DIFFERS FROM"
             app.notify(
                 f"the program's cache {verdict} a full recompute of {record['tokens']} tokens: max |diff| "
-                f"{record['max_abs_diff']:.2e} (tolerance {record['tolerance']:g})",
+                f"{record['max_abs_diff']:.2e} (tolerance {record['tolerance']:g})"
+                + quantization_text(tuple(map(tuple, record["layer_errors"])) if record.get("layer_errors") else None),
                 severity="information" if record["ok"] else "error",
                 timeout=10,
             )

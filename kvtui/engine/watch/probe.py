@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -133,6 +134,7 @@ class Watcher:
         self._cache_classes: set[type] = set()
         self._last_logits: torch.Tensor | None = None
         self._last_probe: Probe | None = None  # the model of the last forward (not its call: that holds the cache)
+        self._last_quantized: weakref.ref | None = None  # the last forward's cache when it is quantized (verify)
         self.errors: list[str] = []
         self.refused: list[str] = []  # why a model the program built is not watched (one line each)
 
@@ -414,6 +416,7 @@ class Watcher:
                 snapshot = self.builder.build(call, self.steps, cache, track, logits, forward_ms, snap_started)
             self.last = snapshot
             self._last_probe = call.probe
+            self._last_quantized = weakref.ref(cache) if snapshot.layers and snapshot.layers[0].quant_bits else None
             if call.last_logits is not None:  # the top-k's float32 copy (a model in another dtype): row 0
                 self._last_logits = call.last_logits[0]
             elif logits is not None and logits.dim() == 3:

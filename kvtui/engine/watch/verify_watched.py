@@ -8,7 +8,15 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import replace
 
-from ..reading.verify import compression_cost, cost_note, judge_recompute, mismatch_alarm, recompute_last_logits
+from ..reading import introspect
+from ..reading.verify import (
+    compression_cost,
+    cost_note,
+    judge_recompute,
+    mismatch_alarm,
+    quantized_errors,
+    recompute_last_logits,
+)
 from ..records.codec import to_record, verify_record
 from .hooks import STATE
 
@@ -28,15 +36,20 @@ def verify_watched(watcher, snapshot, logits, probe) -> dict:
     model = probe.model
     if model is None:
         raise ValueError(f"cannot check {snapshot.cache_id}: the program has let go of its model ({probe.name})")
+    # a quantized cache (still alive): the recompute keeps its full-precision K/V, to say each layer's error
+    quantized = watcher._last_quantized() if watcher._last_quantized is not None else None
+    reference = introspect.make_cache("dynamic", model.config) if quantized is not None else None
     STATE.stack.append(None)  # kvtui's own forward, not one of the program's: no step, never held by the gate
     try:
         with _hooks_set_aside(model):
-            fresh, ms = recompute_last_logits(model, tokens)
+            fresh, ms = recompute_last_logits(model, tokens, into=reference)
     finally:
         STATE.stack.pop()
     dtype = str(model.dtype).removeprefix("torch.")
     quant_bits = next((layer.quant_bits for layer in snapshot.layers if layer.quant_bits), None)
     result = judge_recompute(logits, fresh, dtype, watcher.top_k, len(tokens), ms, quant_bits)
+    if reference is not None:  # per layer (nan where the program's cache holds other slots than its tokens')
+        result = replace(result, layer_errors=quantized_errors(quantized, reference))
     if any(layer.held is not None for layer in snapshot.layers):
         kl, top1 = compression_cost(logits, fresh)
         result = replace(result, ok=True, compressed_kl=kl, compressed_top1=top1)

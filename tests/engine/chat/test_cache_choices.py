@@ -7,6 +7,7 @@ import importlib.util
 
 import pytest
 import torch
+from quantized_truth import quantization_errors
 
 from kvtui.engine import ChatSession, SessionConfig
 from kvtui.engine.chat.session import SessionError
@@ -61,27 +62,6 @@ def _storage(obj, seen) -> int:
     return 0
 
 
-def _quantization_errors(model, session) -> tuple[tuple[float, float], ...]:
-    """Per layer: max |attention's K (V) - the full-precision recompute's| / max |the recompute's|, worked out here."""
-    from transformers import DynamicCache
-
-    ids = torch.tensor([[t.id for t in session.buffer]])  # [1, n]
-    fresh = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(input_ids=ids, past_key_values=fresh, use_cache=True)
-    out = []
-    # update() with no new token on the session's own cache (a quanto tensor has no deepcopy): its residual is
-    # below its flush length, so nothing is re-quantized, only joined again; the test is done with the session
-    for layer, reference in zip(session.cache.layers, fresh.layers, strict=True):
-        empty = reference.keys[:, :, :0]  # [1, heads, 0, dim]: nothing new, what attention would get
-        keys, values = layer.update(empty, reference.values[:, :, :0])
-        pair = []
-        for mine, truth in ((keys, reference.keys), (values, reference.values)):
-            pair.append(float((mine.float() - truth.float()).abs().max()) / float(truth.float().abs().max()))
-        out.append(tuple(pair))
-    return tuple(out)
-
-
 @pytest.mark.parametrize("backend,bits", BACKENDS, ids=[f"{b}-{n}bit" for b, n in BACKENDS])
 def test_quantized_cache_reports_storage_and_measured_error(tiny_model, backend, bits):
     module, pip_name = PACKAGES.get(backend, (None, None))
@@ -116,7 +96,8 @@ def test_quantized_cache_reports_storage_and_measured_error(tiny_model, backend,
     # each layer's K/V error, against what attention really gets: a copy of the cache asked for its K/V by its own
     # update() (no new token: transformers dequantizes and joins the residual itself), and the recompute's K/V
     assert result.layer_errors is not None and len(result.layer_errors) == len(session.cache.layers)
-    assert result.layer_errors == _quantization_errors(model, session), (backend, bits)
+    # (update() with no new token on the session's own cache: the test is done with the session)
+    assert result.layer_errors == quantization_errors(model, session.cache, [t.id for t in session.buffer]), backend
     assert all(0 < max(pair) < 0.5 for pair in result.layer_errors), result.layer_errors
     # in the record (replay reads them back) and in words: the worst layer named
     assert from_record(VerifyResult, to_record(result)).layer_errors == result.layer_errors

@@ -280,11 +280,13 @@ def _quantized_shape(q) -> tuple[int, ...]:
 
 def _quantized_info(index: int, layer, offloaded: bool) -> LayerInfo:
     residual = layer.keys.shape[-2] if has_kv(layer) else 0
-    stored = _quantized_shape(layer._quantized_keys) if layer._quantized_keys is not None else ()
-    stored_v = _quantized_shape(layer._quantized_values) if layer._quantized_values is not None else ()
-    seen = int(layer.cumulative_length)
+    quantized_keys = getattr(layer, "_quantized_keys", None)  # 4.57: set at the first update only
+    quantized_values = getattr(layer, "_quantized_values", None)
+    stored = _quantized_shape(quantized_keys) if quantized_keys is not None else ()
+    stored_v = _quantized_shape(quantized_values) if quantized_values is not None else ()
+    seen = int(getattr(layer, "cumulative_length", 0))
     seen_ids: set = set()
-    quant_bytes = _tensor_bytes(layer._quantized_keys, seen_ids) + _tensor_bytes(layer._quantized_values, seen_ids)
+    quant_bytes = _tensor_bytes(quantized_keys, seen_ids) + _tensor_bytes(quantized_values, seen_ids)
     residual_bytes = (storage_bytes(layer.keys) + storage_bytes(layer.values)) if residual else 0
     dtype = getattr(layer, "dtype", None)
     # K/V shapes: what the layer answers for (quantized part + full-precision window), [b, heads, seen, dim]

@@ -19,7 +19,9 @@ def is_linear(layer) -> bool:
 
 
 def is_quantized(layer) -> bool:
-    return hasattr(layer, "_quantized_keys")
+    """A QuantizedCache layer, before its first update too (4.57 sets `_quantized_keys` only then: a class judged
+    from an empty layer must not be taken for a plain one, plain_kv caches its verdict per class)."""
+    return hasattr(layer, "_quantized_keys") or (hasattr(layer, "_quantize") and hasattr(layer, "_dequantize"))
 
 
 def dequantized_kv(layer) -> tuple[torch.Tensor, torch.Tensor] | None:
