@@ -121,3 +121,16 @@ def quantization_text(errors: tuple[tuple[float, float], ...] | None) -> str:
         f", quantization error (dequantized K/V against the recompute's, of their range) worst in layer {i}: "
         f"K {k:.2%}, V {v:.2%}; mean over {len(known)} layers {mean:.2%}"
     )
+
+
+def evicted_text(shares: tuple[float | None, ...] | None) -> str:
+    """What the uncompressed recompute's newest query puts on the evicted positions (per layer), in a few words."""
+    known = [(i, s) for i, s in enumerate(shares or ()) if s is not None]
+    if not known:
+        return ""
+    worst, share = max(known, key=lambda row: row[1])
+    mean = sum(s for _, s in known) / len(known)
+    return (
+        f"; the recompute puts {mean:.1%} of the newest query's attention on the evicted positions (mean over"
+        f" {len(known)} layers; layer {worst}: {share:.1%})"
+    )

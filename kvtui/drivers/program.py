@@ -16,7 +16,7 @@ from textual.worker import get_current_worker
 from ..engine.records.replay import Replay
 from ..engine.records.snapshot import Diagnostic, StepSnapshot
 from ..engine.records.trace import Trace
-from ..fmt import printable, quantization_text
+from ..fmt import evicted_text, printable, quantization_text
 from ..messages import Call, SnapshotReady
 from ..widgets.step.chat_pane import ChatPane, program_step_text
 from ..widgets.step.program_input import ProgramInput
@@ -169,7 +169,8 @@ interrupts it, Esc gives the keys back). n shows the next batch row; M one model
         elif kind == "verify" and record.get("compressed_kl") is not None:  # a compressed cache: its cost
             app.notify(
                 f"the program's compressed cache against the uncompressed recompute of {record['tokens']} tokens: "
-                f"top-1 {'agrees' if record['compressed_top1'] else 'differs'}, KL {record['compressed_kl']:.4g} nats",
+                f"top-1 {'agrees' if record['compressed_top1'] else 'differs'}, KL {record['compressed_kl']:.4g} nats"
+                + evicted_text(tuple(record["evicted_attention"]) if record.get("evicted_attention") else None),
                 timeout=10,
             )
         elif kind == "verify":

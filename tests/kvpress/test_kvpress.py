@@ -351,3 +351,43 @@ def test_masked_keys_cost_no_device_read_of_their_own(model):
             setattr(torch.Tensor, name, original)
     assert "AdaKVPress masked" in watcher.diagnostics[0].message  # the masks were read (in the prefill's transfer)
     assert per_step == [["tolist"]] * 4
+
+
+def test_verify_with_attention_says_what_the_recompute_looks_at_among_the_evicted(model):
+    """With --attention, verify on a compressed cache says, per layer, the share of the newest query's attention
+    that the uncompressed recompute puts on the positions the press evicted: worked out here from an eager copy of
+    the model's own attention weights over the same tokens and the positions the press's compress kept."""
+    from kvpress import KnormPress
+
+    ids = _prompt(model)
+    press = KnormPress(compression_ratio=0.5)
+    kept = _kept_by_press(press)
+    results = []
+
+    class VerifyAtStep3(Gate):
+        def after_step(self, watcher, snapshot):
+            if snapshot.step == 3:
+                results.append(watcher.verify())
+
+    with watch(model, gate=VerifyAtStep3(), attention=True) as watcher, torch.no_grad(), press(model):
+        watched = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+    (result,) = results
+    shares = result["evicted_attention"]
+    assert len(shares) == model.config.num_hidden_layers and all(s is not None for s in shares)
+    n = ids.shape[-1] + 2  # after step 3: the prompt and the two tokens fed by steps 2 and 3
+    eager = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir("tiny:llama"), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        weights = eager(input_ids=watched[:, :n], output_attentions=True).attentions  # per layer [1, heads, n, n]
+    for layer, (share, attention) in enumerate(zip(shares, weights, strict=True)):
+        row = attention[0, :, -1, :]  # [heads, n]
+        group = row.shape[0] // len(kept[layer])
+        outside = [
+            sum(float(row[h, p]) for p in range(n) if p < ids.shape[-1] and p not in kept[layer][h // group])
+            for h in range(row.shape[0])
+        ]
+        assert abs(share - sum(outside) / len(outside)) < 1e-4, (layer, share, outside)
+    assert max(shares) > 0.0  # the press evicted what the model looks at, a little at least
+    cost = next(d for d in watcher.diagnostics if d.code == "compression-cost")
+    assert "of the newest query's attention on the evicted positions" in cost.message

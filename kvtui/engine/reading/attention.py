@@ -200,6 +200,31 @@ class AttentionCapture:
         """Forget the rows of a forward whose step is not built (an error, a packed forward)."""
         self._rows.clear()
 
+    def shares_outside(self, kept: Sequence[Sequence[set[int]] | None]) -> tuple[float | None, ...]:
+        """After a forward over a whole sequence (verify's recompute: slot = position): per layer, the share of
+        the newest query's attention, averaged over query heads, on the positions that layer's KV heads no
+        longer hold (`kept[layer][kv_head]`: the positions held; None: not compressed, nothing to say). What a
+        press threw away that the model would have looked at. The rows are taken (forgotten); one transfer."""
+        rows, shares, where = dict(self._rows), [], []
+        self._rows.clear()
+        for layer, held in enumerate(kept):
+            scores = rows.get(layer)
+            if scores is None or held is None or len(held) != scores.kv_heads:
+                continue
+            probs = _softmax([scores])[0]  # [heads, n]
+            keep = torch.zeros(scores.kv_heads, probs.shape[-1], dtype=torch.bool)  # [kv_heads, n]
+            for head, positions in enumerate(held):
+                keep[head, [p for p in positions if p < probs.shape[-1]]] = True
+            group = probs.shape[0] // scores.kv_heads
+            keep = keep.repeat_interleave(group, 0).to(probs.device)  # [heads, n]: each query head's KV head
+            shares.append(probs.masked_fill(keep, 0.0).sum(-1).mean())
+            where.append(layer)
+        found = torch.stack(shares).tolist() if shares else []
+        out: list[float | None] = [None] * len(kept)
+        for layer, share in zip(where, found, strict=True):
+            out[layer] = share
+        return tuple(out)
+
     def off_reason(self) -> str:
         """Why the forward just taken carries no attention (`take`/`stage` gave None), in one line: kvtui captures
         the calls that go through transformers' attention interface, and this forward made none it could read."""

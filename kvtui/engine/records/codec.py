@@ -318,6 +318,7 @@ def _verify_record(v: VerifyResult) -> dict:
             else {}
         ),
         **({"layer_errors": [list(pair) for pair in v.layer_errors]} if v.layer_errors is not None else {}),
+        **({"evicted_attention": list(v.evicted_attention)} if v.evicted_attention is not None else {}),
     }
 
 
@@ -429,6 +430,7 @@ def _verify(record: dict) -> VerifyResult:
         compressed_kl=record.get("compressed_kl"),
         compressed_top1=record.get("compressed_top1"),
         layer_errors=tuple(map(tuple, record["layer_errors"])) if record.get("layer_errors") is not None else None,
+        evicted_attention=tuple(record["evicted_attention"]) if record.get("evicted_attention") is not None else None,
     )
 
 

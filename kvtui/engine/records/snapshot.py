@@ -428,3 +428,6 @@ class VerifyResult:
     # a quantized cache: per layer, the largest |error| of the K and of the V attention got (dequantized, residual
     # included) against the full-precision recompute's, over the recompute's largest |value| (reading/verify.py)
     layer_errors: tuple[tuple[float, float], ...] | None = None
+    # a compressed cache watched with --attention: per layer, the share of the newest query's attention that the
+    # uncompressed recompute puts on the positions the layer no longer holds (None: a layer not measured)
+    evicted_attention: tuple[float | None, ...] | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import replace
 
+from ...fmt import evicted_text
 from ..reading import introspect
 from ..reading.verify import (
     compression_cost,
@@ -39,6 +40,10 @@ def verify_watched(watcher, snapshot, logits, probe) -> dict:
     # a quantized cache (still alive): the recompute keeps its full-precision K/V, to say each layer's error
     quantized = watcher._last_quantized() if watcher._last_quantized is not None else None
     reference = introspect.make_cache("dynamic", model.config) if quantized is not None else None
+    compressed = any(layer.held is not None for layer in snapshot.layers)
+    capture = probe.attention  # --attention: the recompute's newest query is recorded as any forward's
+    if capture is not None:
+        capture.clear()
     STATE.stack.append(None)  # kvtui's own forward, not one of the program's: no step, never held by the gate
     try:
         with _hooks_set_aside(model):
@@ -50,17 +55,33 @@ def verify_watched(watcher, snapshot, logits, probe) -> dict:
     result = judge_recompute(logits, fresh, dtype, watcher.top_k, len(tokens), ms, quant_bits)
     if reference is not None:  # per layer (nan where the program's cache holds other slots than its tokens')
         result = replace(result, layer_errors=quantized_errors(quantized, reference))
-    if any(layer.held is not None for layer in snapshot.layers):
+    evicted = None
+    if capture is not None:  # the recompute's rows are no step's: measured here (compressed, no pads) or dropped
+        pads = len(tokens) != len(snapshot.buffer)
+        if compressed and not pads:
+            evicted = capture.shares_outside([_held_sets(layer, model) for layer in snapshot.layers])
+        capture.clear()
+    if compressed:
         kl, top1 = compression_cost(logits, fresh)
-        result = replace(result, ok=True, compressed_kl=kl, compressed_top1=top1)
+        result = replace(result, ok=True, compressed_kl=kl, compressed_top1=top1, evicted_attention=evicted)
         watcher.compression_costs.append((kl, top1))
         held = max((layer.filled for layer in snapshot.layers), default=0)
-        watcher._diagnose([cost_note(watcher.compression_costs, snapshot.cache_id, held, len(tokens), watcher.steps)])
+        note = cost_note(watcher.compression_costs, snapshot.cache_id, held, len(tokens), watcher.steps)
+        watcher._diagnose([replace(note, message=note.message + evicted_text(evicted))])
     elif not result.ok:
         watcher._diagnose([mismatch_alarm(result, f"the program's cached logits ({snapshot.cache_id})", watcher.steps)])
     if watcher.recorder is not None:
         watcher.recorder.record(verify_record(result, watcher.steps))
     return to_record(result)
+
+
+def _held_sets(layer, model) -> list[set[int]] | None:
+    """A compressed layer's held positions per KV head (the same for every head where heads do not differ); None
+    for a layer that holds everything it was fed."""
+    if layer.held is None:
+        return None
+    runs = layer.held_heads or (layer.held,) * (introspect.attention_heads(model.config)[1] or 1)
+    return [{p for start, stop in head for p in range(start, stop)} for head in runs]
 
 
 @contextmanager
