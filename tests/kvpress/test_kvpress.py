@@ -208,6 +208,8 @@ def test_masked_heads_equal_what_the_press_masked(model, name, monkeypatch):
             runs = layer.held_heads or (layer.held,) * heads
             assert [{p for a, b in h for p in range(a, b)} for h in runs] == expected, (snapshot.step, layer.index)
             assert layer.filled == seen  # masked keys stay in their slots
+            # what the layers pane's strip draws: the heads' mean fraction, not the slots (which stay all there)
+            assert abs(layer.kept_fraction - sum(map(len, expected)) / len(expected) / seen) < 1e-9
             total += sum(len(set(range(seen)) - h) for h in expected)
     assert total > 0  # the press masked something
     assert [s.layers[0].seen for s in snapshots] == list(range(ids.shape[-1], ids.shape[-1] + 4))

@@ -200,8 +200,17 @@ class LayerInfo:
 
     @property
     def kept_fraction(self) -> float:
-        """Slots held over tokens fed (1.0 for a layer that evicted nothing)."""
-        return min(1.0, self.filled / self.seen) if self.seen else 1.0
+        """Tokens held over tokens fed (1.0 for a layer that evicted nothing): where heads hold different positions,
+        the mean over KV heads of each head's own (a press that masks keys per head keeps the slots: its fraction
+        is what the heads still attend to, not the slots)."""
+        if not self.seen:
+            return 1.0
+        if self.held_heads:
+            counts = [sum(stop - start for start, stop in head) for head in self.held_heads]
+            return min(1.0, sum(counts) / len(counts) / self.seen)
+        if self.held is not None:
+            return min(1.0, sum(stop - start for start, stop in self.held) / self.seen)
+        return min(1.0, self.filled / self.seen)
 
 
 @frozen

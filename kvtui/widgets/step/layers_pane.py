@@ -212,8 +212,9 @@ _LEVELS = "▁▂▃▄▅▆▇█"
 
 
 def kept_strip(layers: tuple[LayerInfo, ...], palette: Palette | None = None) -> Text:
-    """A compressed cache: one cell per layer, its height the fraction of fed tokens the layer still holds (per KV
-    head: its slots), then the range: 'kept ▄▄▃▅ 41–52% of 98 fed · heads differ in 2 layers'."""
+    """A compressed cache: one cell per layer, its height the fraction of fed tokens the layer still holds (the mean
+    of its KV heads' where they differ: a per-head mask keeps the slots), then the range:
+    'kept ▄▄▃▅ 41–52% of 98 fed · heads differ in 2 layers'."""
     fractions = [layer.kept_fraction for layer in layers]
     text = Text("kept ", style=role_style(palette, "muted"))
     text.append("".join(_LEVELS[min(7, int(f * 8))] for f in fractions), style=role_style(palette, "accent"))
