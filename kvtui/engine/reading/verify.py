@@ -61,8 +61,8 @@ def quantized_errors(cache, fresh) -> tuple[tuple[float, float], ...]:
 def compression_cost(cached: torch.Tensor, fresh: torch.Tensor) -> tuple[float, bool]:
     """What a compressed cache costs one step: KL(full ‖ compressed) of the next-token distributions, in nats, and
     whether both pick the same top-1 ([vocab] logits each; `fresh` from the uncompressed recompute)."""
-    full = torch.log_softmax(fresh.float(), -1)
-    compressed = torch.log_softmax(cached.float().to(full.device), -1)
+    full = torch.log_softmax(fresh.detach().float(), -1)  # a program's logits may carry autograd: only values
+    compressed = torch.log_softmax(cached.detach().float().to(full.device), -1)
     kl = float((full.exp() * (full - compressed)).sum())
     return max(kl, 0.0), int(fresh.argmax()) == int(cached.argmax())
 
