@@ -403,7 +403,7 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
         threads = forward_threads(len(chat), self.config.decode_threads)
         quantized = self.config.cache == "quantized"
         # a quantized cache: the recompute keeps its full-precision K/V, to say each layer's quantization error
-        reference = introspect.make_cache("dynamic", self.model.config) if quantized and not self._primed else None
+        reference: list | None = [] if quantized and not self._primed else None  # gets the recompute's own cache
         fresh, ms = recompute_last_logits(
             self.model, [t.id for t in chat], self._accepts_logits_to_keep, threads, self._clock, reference
         )
@@ -416,8 +416,8 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
             ms,
             self._quant_bits() if quantized else None,
         )
-        if reference is not None:
-            result = replace(result, layer_errors=quantized_errors(self.cache, reference))
+        if reference and reference[0] is not None:
+            result = replace(result, layer_errors=quantized_errors(self.cache, reference[0]))
         if self._held is not None:  # lossy by design: the cost of what the press dropped, not a mismatch
             kl, top1 = compression_cost(self._logits, fresh)
             result = replace(result, ok=True, compressed_kl=kl, compressed_top1=top1)

@@ -16,24 +16,27 @@ VERIFY_TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 0.5, "float16"
 
 
 def recompute_last_logits(
-    model, tokens: list[int], logits_to_keep: bool = False, threads=None, clock=time.perf_counter, into=None
+    model, tokens: list[int], logits_to_keep: bool = False, threads=None, clock=time.perf_counter, kept=None
 ) -> tuple[torch.Tensor, float]:
     """One no-cache forward over `tokens` at positions 0..n-1 (what `model(ids)` does): its last logits
     [vocab] in float32 and the milliseconds it took. `threads`: a context manager to
-    run it under; `clock`: the caller's (a session's is injectable for stable screenshots); `into`: an empty
-    full-precision cache that keeps the recompute's K/V (for `quantized_errors`)."""
+    run it under; `clock`: the caller's (a session's is injectable for stable screenshots); `kept`: a list that gets
+    the full-precision cache the model made for this forward (its K/V, for `quantized_errors`; none is passed in)."""
     from contextlib import nullcontext
 
     device = model.get_input_embeddings().weight.device
     ids = torch.tensor([tokens], device=device)  # [1, n]
     kwargs = dict(input_ids=ids, use_cache=False, position_ids=torch.arange(len(tokens), device=device).unsqueeze(0))
-    if into is not None:
-        kwargs.update({"use_cache": True, introspect.cache_argument(model): into})
+    if kept is not None:
+        kwargs["use_cache"] = True  # the model makes its own DynamicCache and returns it
     if logits_to_keep:
         kwargs["logits_to_keep"] = 1
     started = clock()
     with torch.inference_mode(), threads or nullcontext():
-        fresh = model(**kwargs).logits[0, -1].float()  # [vocab]
+        output = model(**kwargs)
+        fresh = output.logits[0, -1].float()  # [vocab]
+    if kept is not None:
+        kept.append(introspect.output_cache(output))
     return fresh, (clock() - started) * 1000
 
 

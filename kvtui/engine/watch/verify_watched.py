@@ -39,7 +39,7 @@ def verify_watched(watcher, snapshot, logits, probe) -> dict:
         raise ValueError(f"cannot check {snapshot.cache_id}: the program has let go of its model ({probe.name})")
     # a quantized cache (still alive): the recompute keeps its full-precision K/V, to say each layer's error
     quantized = watcher._last_quantized() if watcher._last_quantized is not None else None
-    reference = introspect.make_cache("dynamic", model.config) if quantized is not None else None
+    reference: list | None = [] if quantized is not None else None  # gets the recompute's own cache
     compressed = any(layer.held is not None for layer in snapshot.layers)
     capture = probe.attention  # --attention: the recompute's newest query is recorded as any forward's
     if capture is not None:
@@ -47,14 +47,16 @@ def verify_watched(watcher, snapshot, logits, probe) -> dict:
     STATE.stack.append(None)  # kvtui's own forward, not one of the program's: no step, never held by the gate
     try:
         with _hooks_set_aside(model):
-            fresh, ms = recompute_last_logits(model, tokens, into=reference)
+            fresh, ms = recompute_last_logits(model, tokens, kept=reference)
     finally:
         STATE.stack.pop()
     dtype = str(model.dtype).removeprefix("torch.")
     quant_bits = next((layer.quant_bits for layer in snapshot.layers if layer.quant_bits), None)
     result = judge_recompute(logits, fresh, dtype, watcher.top_k, len(tokens), ms, quant_bits)
-    if reference is not None:  # per layer (nan where the program's cache holds other slots than its tokens')
-        result = replace(result, layer_errors=quantized_errors(quantized, reference))
+    if (
+        reference and reference[0] is not None
+    ):  # per layer (nan where the program's cache holds other slots than its tokens')
+        result = replace(result, layer_errors=quantized_errors(quantized, reference[0]))
     evicted = None
     if capture is not None:  # the recompute's rows are no step's: measured here (compressed, no pads) or dropped
         pads = len(tokens) != len(snapshot.buffer)
