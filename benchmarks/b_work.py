@@ -155,36 +155,11 @@ def count(layers: int, steps: int, tmp: Path, context: int = 0, top: int = 12) -
             loop.token = out.logits[:, -1].argmax(-1, keepdim=True)
         for _ in range(4):  # warm: first-step caches filled (pieces, specials, call sites)
             loop.step()
-        lines, reads = LineCounter(), ReadCounter()
-        reads.start()
-        try:
-            with OpCounter() as ops:
-                lines.start()
-                try:
-                    for _ in range(steps):
-                        loop.step()
-                finally:
-                    lines.stop()
-        finally:
-            reads.stop()
+        row = _counted(loop.step, steps, top)
         assert watcher.steps == steps + 5 + (1 if context else 0), watcher.steps
         length = loop.cache.get_seq_length()
         errors = list(watcher.errors)
-    busiest = lines.by_file.most_common(top)
-    return {
-        "layers": layers,
-        "steps": steps,
-        "cached_tokens": length,
-        "lines_per_step": lines.lines / steps,
-        "ops_per_step": sum(ops.ops.values()) / steps,
-        "ops": {name: n / steps for name, n in sorted(ops.ops.items())},
-        "reads_per_step": sum(reads.reads.values()) / steps,
-        "reads": {name: n / steps for name, n in sorted(reads.reads.items())},
-        "top_functions": [
-            {"where": f"{os.path.relpath(f, KVTUI_DIR)}:{fn}", "lines_per_step": n / steps} for (f, fn), n in busiest
-        ],
-        "errors": errors,
-    }
+    return {"layers": layers, "steps": steps, "cached_tokens": length, **row, "errors": errors}
 
 
 def _counted(step, steps: int, top: int) -> dict:
