@@ -22,11 +22,17 @@ async def wait_idle(pilot, app, timeout: float = 30.0):
     await pilot.pause(0.1)
 
 
+# A model load starts a Python that imports torch and transformers (kvpress too under --press): seconds alone, a
+# minute on CI's two cores shared by both suites. The wait is not what these tests check.
+LOAD_TIMEOUT = 180.0
+
+
 async def start(pilot, app, text="What is k?", step_mode=True):
     """Wait for the model, then send `text` from the input (step mode: only the prefill runs)."""
     from textual.widgets import Input
 
-    await wait_for(pilot, lambda: app.view.session is not None or app.view.driver.load_failed, what="the model to load")
+    loaded = lambda: app.view.session is not None or app.view.driver.load_failed  # noqa: E731
+    await wait_for(pilot, loaded, LOAD_TIMEOUT, "the model to load")
     assert app.view.session is not None, app.view.model_text
     app.view.step_mode = step_mode
     chat_input = app.query_one("#message", Input)

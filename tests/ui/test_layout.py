@@ -14,7 +14,7 @@ from kvtui import viewers
 from kvtui.options import AppConfig
 from kvtui.widgets.step.diagnostics_pane import DiagnosticsPane
 from kvtui.widgets.step.layers_pane import LayersPane, compact_shape
-from pilot_helpers import FakeClock, wait_for, wait_idle
+from pilot_helpers import LOAD_TIMEOUT, FakeClock, wait_for, wait_idle
 
 SIZES = [(80, 24), (120, 36), (140, 45), (160, 48), (200, 50), (240, 60)]
 
@@ -43,7 +43,7 @@ def make_app(tiny_loaded, **options):
 
 async def one_turn(pilot):
     app = pilot.app
-    await wait_for(pilot, lambda: app.view.session is not None, what="the model to load")
+    await wait_for(pilot, lambda: app.view.session is not None, LOAD_TIMEOUT, "the model to load")
     chat_input = app.query_one("#message", Input)
     chat_input.cursor_blink = False
     chat_input.focus()  # the panes hold the keys at start-up

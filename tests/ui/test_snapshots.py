@@ -13,13 +13,13 @@ from textual.widgets import Input
 
 from kvtui import viewers
 from kvtui.options import AppConfig
-from pilot_helpers import FakeClock, wait_for, wait_idle
+from pilot_helpers import LOAD_TIMEOUT, FakeClock, wait_for, wait_idle
 from test_layout import assert_facts, screen_text
 
 
 async def three_steps(pilot):
     app = pilot.app
-    await wait_for(pilot, lambda: app.view.session is not None, what="the model to load")
+    await wait_for(pilot, lambda: app.view.session is not None, LOAD_TIMEOUT, "the model to load")
     app.view.step_mode = True
     chat_input = app.query_one("#message", Input)
     chat_input.cursor_blink = False
