@@ -14,7 +14,8 @@
   of n finished requests, with Q queried, H hit and G generated tokens and blocks of B tokens, the full blocks of
   what the prefills computed are at least (Q - H) - n * (B - 1) tokens (each prompt's last partial block aside),
   and everything stored was computed: at most (Q - H) + G. Outside that range the note gives both numbers, once
-  it held at two settled polls in a row (late events get one more poll).
+  it held at every settled poll for CONFIRM_S seconds of the polls' own time (late events are applied by then: a
+  loaded host delivered a replica's events more than two polls after its /metrics counted the request).
 
 Per poll O(origins of the server + histogram buckets); never O(blocks held).
 """
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 
 from ..records.snapshot import Diagnostic, Where
 from .blocks import OriginStats
+
+CONFIRM_S = 10.0  # how long a disagreement must last at settled polls before it is noted
 
 
 @dataclass
@@ -47,7 +50,8 @@ class _Server:
 
     counters: tuple | None = None  # the last poll's counters, requests running and waiting
     settled: _Point | None = None  # the last settled poll an interval is judged from
-    pending: bool = False  # the interval disagreed at one settled poll: noted if it still does at the next
+    pending: bool = False  # the interval disagreed at a settled poll: noted if it still does CONFIRM_S later
+    pending_since: float = 0.0  # the poll time (ts) it first disagreed at
     requests: float | None = None  # the histogram's count, sum and buckets at the last poll
     prompt_tokens: float | None = None
     buckets: dict[float, float] | None = None
@@ -63,15 +67,15 @@ class MetricRules:
     def __init__(self) -> None:
         self.servers: dict[str, _Server] = {}
 
-    def judge(self, origin: str, metrics, origins: dict[str, OriginStats], batch: int) -> list[Diagnostic]:
-        """One poll of `origin`'s /metrics (server_http.CacheMetrics); `origins`: the stats of every origin kvtui
-        follows. The notes it raises."""
+    def judge(self, origin: str, metrics, origins: dict[str, OriginStats], batch: int, ts: float) -> list[Diagnostic]:
+        """One poll of `origin`'s /metrics (server_http.CacheMetrics) at time `ts` (the poll's, as the trace keeps
+        it); `origins`: the stats of every origin kvtui follows. The notes it raises."""
         server = self.servers.setdefault(origin, _Server())
         mine = [s for name, s in origins.items() if name == origin or name.startswith(origin + "/")]
         block = next((s.block_size for s in mine if s.block_size), 0) or (metrics.block_size or 0)
         notes: list[Diagnostic] = []
         self._short_prompts(origin, server, metrics, block, batch, notes)
-        self._cross_check(origin, server, metrics, mine, block, batch, notes)
+        self._cross_check(origin, server, metrics, mine, block, batch, ts, notes)
         return notes
 
     # ---- short-prompt --------------------------------------------------------------------------------
@@ -118,7 +122,9 @@ class MetricRules:
 
     # ---- metrics-disagree ----------------------------------------------------------------------------
 
-    def _cross_check(self, origin, server: _Server, metrics, mine: list, block: int, batch: int, notes: list) -> None:
+    def _cross_check(
+        self, origin, server: _Server, metrics, mine: list, block: int, batch: int, ts: float, notes: list
+    ) -> None:
         needed = (metrics.queries, metrics.hits, metrics.generated, metrics.requests, metrics.running, metrics.waiting)
         if None in needed or not mine or block <= 0:
             return  # not a server that gives these (SGLang gives a rate), or no publisher of its own seen yet
@@ -166,7 +172,9 @@ class MetricRules:
             server.compared += 1
             return
         if not server.pending:
-            server.pending = True  # one more settled poll: events still on their way are applied by then
+            server.pending, server.pending_since = True, ts  # events still on their way are applied within CONFIRM_S
+            return
+        if ts - server.pending_since < CONFIRM_S:
             return
         server.settled, server.pending = point, False
         server.compared += 1

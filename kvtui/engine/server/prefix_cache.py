@@ -84,7 +84,7 @@ class PrefixCache(Removals):
         (a prefix hit stores nothing, so events alone cannot tell it), and the metric rules judge it beside the
         events (metric_rules.py); the notes they raise are kept as every note is, and added to `notes`."""
         sample = add_sample(self.metrics.setdefault(origin, deque(maxlen=METRICS_KEPT)), ts, metrics)
-        raised = self.metric_rules.judge(origin, metrics, self.origins, self.batches)
+        raised = self.metric_rules.judge(origin, metrics, self.origins, self.batches, ts)
         admitted = [shown for note in raised if (shown := self.gate.admit(note)) is not None]
         self.notes.extend(admitted)
         if notes is not None:

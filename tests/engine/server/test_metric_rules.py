@@ -11,6 +11,7 @@ import pytest
 
 from kvtui.engine.reading.token_texts import TokenTexts
 from kvtui.engine.server.kv_events import BlocksStored, EventBatch
+from kvtui.engine.server.metric_rules import CONFIRM_S
 from kvtui.engine.server.prefix_cache import PrefixCache
 from kvtui.engine.server.server_http import CacheMetrics, parse_metrics
 from kvtui.engine.server.server_trace import ServerTraceWriter, load_server_trace
@@ -86,8 +87,8 @@ def server() -> FakeServer:
 
 
 def settle(fake: FakeServer) -> list:
-    """Polls until settled twice (the counters unchanged, nothing running)."""
-    return fake.poll() + fake.poll() + fake.poll()
+    """Polls (one a second) until settled (the counters unchanged, nothing running) and a disagreement confirmed."""
+    return [note for _ in range(int(CONFIRM_S) + 3) for note in fake.poll()]
 
 
 def test_events_that_agree_with_the_counters_raise_nothing_and_are_counted_as_compared():
@@ -160,10 +161,22 @@ def test_late_events_get_one_more_settled_poll_and_a_busy_interval_is_never_judg
     fake.running = 1.0
     assert fake.poll() == [] and fake.poll() == []  # busy: not judged, however far apart the numbers
     fake.running = 0.0
-    assert fake.poll() + fake.poll() == []  # settled once: the events may be on their way
+    # settled, disagreeing for most of CONFIRM_S: the events may be on their way (a loaded host delays them seconds)
+    assert [note for _ in range(int(CONFIRM_S)) for note in fake.poll()] == []
     fake.send(12)  # ... and here they are (late): they agree now
-    assert fake.poll() + fake.poll() == [] and fake.cache.notes == []
+    assert settle(fake) == [] and fake.cache.notes == []
     assert fake.cache.metric_rules.servers[ORIGIN].compared == 1
+
+
+def test_a_disagreement_is_noted_once_it_lasted_confirm_s_at_settled_polls():
+    fake = server()
+    settle(fake)
+    fake.serve(200, events=False)
+    polls = [fake.poll() for _ in range(int(CONFIRM_S) + 3)]
+    noted = [i for i, notes in enumerate(polls) if notes]
+    # settled at the second poll after serving (counters unchanged since the first): disagreeing from there, noted at
+    # the first settled poll CONFIRM_S after that (the fake's clock: a second a poll), once
+    assert noted == [1 + int(CONFIRM_S)] and polls[noted[0]][0].code == "metrics-disagree"
 
 
 def test_preemptions_lost_batches_or_no_own_publisher_are_not_compared():
@@ -225,7 +238,7 @@ def test_vllm_metrics_text_is_read_and_a_trace_replays_the_notes(tmp_path):
     trace = tmp_path / "server.jsonl"
     writer = fake.writer = ServerTraceWriter(trace, [], fake.cache)
     fake.send(1)
-    for step in range(5):
+    for step in range(5 + int(CONFIRM_S)):  # served at the third poll; noted CONFIRM_S after it first disagreed
         if step == 2:
             fake.serve(200, events=False)
         fake.ts += 1.0
