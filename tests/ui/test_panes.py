@@ -18,6 +18,7 @@ from kvtui.engine.records.snapshot import (
     TokenBuffer,
     TopToken,
 )
+from kvtui.widgets.step.chat_pane import ChatPane
 from kvtui.widgets.step.cursor_pane import CursorPane, capacity_bar, format_positions, kind_summary, render_cursor
 from kvtui.widgets.step.diagnostics_pane import (
     DiagnosticsPane,
@@ -779,3 +780,30 @@ def test_the_server_table_adds_the_media_columns_once_a_server_offloads_or_names
     names, (cells,) = stat_columns(stats_view(cache))
     shown = dict(zip(names, cells))
     assert (shown["unknown medium"], shown["kept on a tier"], shown["loaded back"]) == ("1", "2", "2")
+
+
+# ---------------------------------------------------------------------------------------------
+# chat pane
+# ---------------------------------------------------------------------------------------------
+
+
+class ChatHost(App):
+    def compose(self) -> ComposeResult:
+        yield ChatPane(id="chat")
+
+
+async def test_chat_pane_repaints_a_rewritten_transcript_before_its_old_messages_are_removed():
+    """A followed trace rewritten (or a rewind) starts the transcript again; the next repaint can come before
+    Textual has removed the old messages: it shows the new ones, never the old, and raises nothing."""
+    user = {"role": "user", "content": "What is k?"}
+    app = ChatHost()
+    async with app.run_test() as pilot:
+        chat = app.query_one(ChatPane)
+        chat.show_messages([user, {"role": "assistant", "content": "k is 5."}])
+        await pilot.pause()
+        again = {"role": "user", "content": "Again?"}
+        chat.show_messages([again])  # starts again: the old two are being removed (Textual prunes them later)
+        chat.show_messages([again, {"role": "assistant", "content": "Yes"}, {"role": "user", "content": "And?"}])
+        await pilot.pause()
+        shown = [str(widget.visual) for widget in app.query("#transcript LiveText")]
+        assert shown == ["user: Again?", "assistant: Yes", "user: And?"]

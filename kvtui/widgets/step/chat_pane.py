@@ -62,6 +62,9 @@ class ChatPane(Vertical):
         super().__init__(**kwargs)
         self.border_title = "chat"
         self._shown: list[tuple[str, str]] = []
+        # the message widgets, in order: kept here, since the transcript's children lag a removal or mount (both
+        # complete later), and a repaint can come first
+        self._widgets: list[LiveText] = []
 
     def compose(self) -> ComposeResult:
         yield VerticalScroll(id="transcript")
@@ -78,22 +81,23 @@ class ChatPane(Vertical):
         rows = [(m["role"], m["content"]) for m in messages]
         if pending and rows and rows[-1][0] == "assistant":
             rows[-1] = ("assistant", rows[-1][1] + pending)
-        children = list(transcript.children)
-        if len(rows) < len(children) or any(
+        widgets = self._widgets
+        if len(rows) < len(widgets) or any(
             self._shown[i][0] != rows[i][0] for i in range(min(len(rows), len(self._shown)))
         ):
             transcript.remove_children()
-            children, self._shown = [], []
+            widgets, self._shown = [], []
+            self._widgets = widgets
         grew = False  # follow the end only when the transcript's height changed (a reply that wrapped, a new message)
         for index, (role, content) in enumerate(rows):
-            if index < len(children):
+            if index < len(widgets):
                 if self._shown[index] != (role, content):
                     text = self._message_text(role, content, streaming=index == len(rows) - 1 and bool(pending))
-                    grew = children[index].show_text(text) or grew
+                    grew = widgets[index].show_text(text) or grew
             else:
-                transcript.mount(
-                    LiveText(self._message_text(role, content), classes=f"message {ROLE_STYLE.get(role, '')}")
-                )
+                widget = LiveText(self._message_text(role, content), classes=f"message {ROLE_STYLE.get(role, '')}")
+                widgets.append(widget)
+                transcript.mount(widget)
                 grew = True
         self._shown = rows
         if grew:
