@@ -423,10 +423,11 @@ class Watcher:
                 last = logits[0, -1].detach()  # [vocab], for verify: a copy (the program may edit its logits)
                 self._last_logits = last.clone() if last.dtype == torch.float32 else last.float()
             self.diagnostics.extend(snapshot.diagnostics)
-            for view in snapshot.requests or ():
-                self.requests[(snapshot.cache_id, view.request_id)] = view
-            while len(self.requests) > REQUESTS_KEPT:  # a long-running server: the newest requests are summarised
-                del self.requests[next(iter(self.requests))]
+            if snapshot.requests:  # a packed forward's (continuous batching)
+                for view in snapshot.requests:
+                    self.requests[(snapshot.cache_id, view.request_id)] = view
+                while len(self.requests) > REQUESTS_KEPT:  # a long-running server: the newest requests are summarised
+                    del self.requests[next(iter(self.requests))]
             if self.recorder is not None:
                 self.recorder.record(snapshot)  # written and flushed before the program's next line
             if self.on_snapshot is not None:

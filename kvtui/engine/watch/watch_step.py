@@ -42,15 +42,16 @@ class Call:
     probe: Any  # the probe of the model called (a hooks.Probe: hooks imports this module, not the reverse)
     caller: str
     thread: str | None  # the thread's name, off the main thread
-    input_ids: list[list[int]] | None  # [batch][n]; None when only inputs_embeds were passed
     n: int
     batch: int
-    mask_new: list[list[int]] | None  # [batch][n] attention mask of the fed tokens
-    real_before: list[int] | None  # [batch] attended tokens already cached (None: no 2-D mask)
-    requested_positions: list[list[int]] | None
-    requested_cache_position: list[int] | None
     cache: object | None
     cache_length_before: int
+    # the call's values, filled from its transfer (`take_reads`): None until then, or when not passed
+    input_ids: list[list[int]] | None = None  # [batch][n]; None when only inputs_embeds were passed
+    mask_new: list[list[int]] | None = None  # [batch][n] attention mask of the fed tokens
+    real_before: list[int] | None = None  # [batch] attended tokens already cached (None: no 2-D mask)
+    requested_positions: list[list[int]] | None = None
+    requested_cache_position: list[int] | None = None
     use_cache: bool | None = None  # as passed (None: not passed, the model's config decides)
     track: CacheTrack | None = None  # the cache's
     found: list[Diagnostic] = field(default_factory=list)
@@ -157,13 +158,8 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         probe=probe,
         caller=caller,
         thread=thread,
-        input_ids=None,
         n=n,
         batch=batch,
-        mask_new=None,
-        real_before=None,
-        requested_positions=None,
-        requested_cache_position=None,
         cache=cache,
         cache_length_before=cache_len,
         use_cache=values.get("use_cache"),
@@ -327,8 +323,9 @@ class StepBuilder:
         rows, turn = self._cache_rows(call, track)
         masks = call.mask_new if call.mask_new is not None else [[1] * call.n] * call.batch  # [batch][n]
         fed_ids = self._feed(call, step, rows, turn, applied, masks, found, stale, at)
-        found += check_positions(self._alarms(call), call, step, applied, masks, stale, at)
-        layers, said = checked_layers(self._alarms(call), call, step, cache, cache_len)
+        alarms = self._alarms(call)
+        found += check_positions(alarms, call, step, applied, masks, stale, at)
+        layers, said = checked_layers(alarms, call, step, cache, cache_len)
         found += said
         recomputed = self._count_waste(call, step, cache, track, forward_ms, found, at)
         top_rows = self._top(call, logits, call.batch)
