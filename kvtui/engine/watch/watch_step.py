@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -27,7 +28,16 @@ from ..reading.diagnostics import (
 from ..reading.token_texts import TokenTexts, tokenizer_texts
 from ..reading.tokens import special_token_ids
 from ..reading.topk import top_rows_from, top_tensors, watched_tokens
-from ..records.snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, TopToken, fast_init
+from ..records.snapshot import (
+    BufferToken,
+    Diagnostic,
+    RowView,
+    StepSnapshot,
+    TokenBuffer,
+    TopToken,
+    fast_init,
+    from_columns,
+)
 from . import evictions
 from .lineage import CacheTrack
 from .patches import Registry
@@ -168,6 +178,27 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         handles=handles,
         mask_cached=mask_cached,
     )
+
+
+def _fed_tokens(
+    n: int, positions: list[int], ids: list[int], pieces: list[str], special, turn: int, mask: list[int], added
+) -> list[BufferToken]:
+    """A row's `n` fed tokens, pads and tokenizer-added ids marked (`added`: their indices). Every token fed, as
+    many positions as tokens (most forwards): made field by field in C-level passes, no Python line per token."""
+    if len(positions) >= n and not added and all(mask):
+        columns = (positions, ids, pieces, map(special.__contains__, ids), repeat("fed"), repeat(turn))
+        return from_columns(BufferToken, n, columns)
+    return [
+        BufferToken(
+            position=positions[i],
+            id=ids[i],
+            piece=pieces[i],
+            special=ids[i] in special,
+            turn=turn,
+            origin="pad" if not mask[i] else "tokenizer-added" if i in added else "fed",
+        )
+        for i in range(n)
+    ]
 
 
 class StepBuilder:
@@ -437,17 +468,7 @@ class StepBuilder:
             mask = masks[row]
             before = rows[row][-1] if rows[row] else None
             pieces = self._texts.pieces_of(ids)  # the known ones in one pass
-            fed = [
-                BufferToken(
-                    position=applied[row][i],
-                    id=ids[i],
-                    piece=pieces[i],
-                    special=ids[i] in special,
-                    turn=turn,
-                    origin="pad" if not mask[i] else "tokenizer-added" if (row == 0 and i in added) else "fed",
-                )
-                for i in range(call.n)
-            ]
+            fed = _fed_tokens(call.n, applied[row], ids, pieces, special, turn, mask, added if row == 0 else ())
             if row == 0:  # alarms read row 0; a program's rows share its code path
                 found += check_feed(
                     step,
