@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import torch
@@ -307,12 +308,12 @@ class Watcher:
 
     # ---- the forward -----------------------------------------------------------------------------
 
-    def begin_forward(self, probe: Probe, args, kwargs) -> Call:
+    def begin_forward(self, probe: Probe, args, kwargs, frame: FrameType | None = None) -> Call:
         with self.lock:
             self.builder.use(probe)  # messages before the step (stale prompt, re-fed prefix) name its pieces
             if self._skip is None:
                 self._skip = library_dirs()
-            line, generating = caller_and_generate(self._skip)
+            line, generating = caller_and_generate(self._skip, frame)
             caller, thread = thread_caller(line)
             if is_packed_forward(kwargs):  # continuous batching: read per request (packed_step.py)
                 return self.packed.begin(self, probe, kwargs, cache_argument(kwargs), caller, thread)
