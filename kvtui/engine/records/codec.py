@@ -128,7 +128,7 @@ def _add_step_bytes(record: dict, s: StepSnapshot) -> None:
 
 
 def _pairs(entries) -> list:
-    return [[position, weight] for position, weight in entries]
+    return list(map(list, entries))  # [[position, weight], ...] from its (position, weight) pairs, in C
 
 
 def attention_record(s: StepSnapshot) -> dict:
