@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from itertools import compress
-from operator import ne
+from functools import reduce
+from itertools import compress, groupby, repeat
+from operator import add, itemgetter, ne, sub
 
 import torch
 
@@ -157,9 +158,17 @@ def shares(
     rows = [c for c in ORDER if present.get(c)]
     rows += [c for c in sorted(present) if c >= CONTENT and present[c]]
     names = region_names(rows, turn)
+    window_at = len([c for c in rows if c < CONTENT])  # `last W` comes after the rows that do not give way to it
     if windowed:
-        names.insert(len([c for c in rows if c < CONTENT]), f"last {min(window, total)}")
+        names.insert(window_at, f"last {min(window, total)}")
     size = max(index.class_count(), len(sums[0]) if sums else 0) + 1
+    # the window's columns, in order, and per class its own (the same in every layer): each layer subtracts them
+    # from their class and adds them to `last W` by C-level folds, one weight after the other as a loop would
+    window_columns = list(map(sub, windowed, repeat(tail_from)))
+    window_by_class = [
+        (c, list(map(itemgetter(1), run)))
+        for c, run in groupby(sorted(zip(map(classes.__getitem__, windowed), window_columns)), key=itemgetter(0))
+    ]  # sorted by class, then position: each class's columns keep their order
     out: list[tuple[float, ...]] = []
     for layer, columns in enumerate(tail):
         acc = list(sums[layer]) if sums else []
@@ -170,12 +179,10 @@ def shares(
             acc[new] += columns[p - tail_from]
         for p in range(known, total):
             acc[classes[p]] += columns[p - tail_from]
-        recent = 0.0
-        for p in windowed:
-            acc[classes[p]] -= columns[p - tail_from]
-            recent += columns[p - tail_from]
-        values = [acc[c] for c in rows]
+        for c, taken in window_by_class:
+            acc[c] = reduce(sub, map(columns.__getitem__, taken), acc[c])
+        values = list(map(acc.__getitem__, rows))
         if windowed:
-            values.insert(len([c for c in rows if c < CONTENT]), recent)
+            values.insert(window_at, reduce(add, map(columns.__getitem__, window_columns), 0.0))
         out.append(tuple(values))
     return tuple(names), out
