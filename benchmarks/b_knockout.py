@@ -43,7 +43,7 @@ PARTS = {
     "top-k (topk, log_softmax, gather, its share of the read, TopTokens)": (watch_step, "top_tensors", _no_top),
     "fingerprint (end-slot copies; the next forward's check)": (introspect, "fingerprint", lambda cache: None),
     "layer infos (and their share of the record)": (introspect, "layer_infos", lambda cache, window=None: ()),
-    "caller line (the stack walk)": (probe, "caller_and_generate", lambda skip: ("program.py:1", [])),
+    "caller line (the stack walk)": (probe, "caller_and_generate", lambda skip, start=None: ("program.py:1", [])),
     "trace record (building, serialising, writing)": ("recorder", "record", lambda snapshot: None),
 }
 

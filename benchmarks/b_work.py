@@ -8,7 +8,8 @@ frames. A watched hand-written greedy loop (DynamicCache, inference mode, a trac
 On a GPU the host work is what a watched step costs: ~80 lines per layer per step were ~1.4 ms on a 30-layer
 model on an H100 (issue 43). What grows with the layer count is what this counts.
 
-Usage: python benchmarks/b_work.py [--layers 3,32] [--steps 20] [--json OUT] [--verbose] [--top N]
+Usage: python benchmarks/b_work.py [--layers 3,32] [--steps 20] [--json OUT] [--verbose] [--top N] [--attention]
+(`--attention`: the watched rows with attention capture on, `watch(attention=True)`)
 """
 
 from __future__ import annotations
@@ -140,13 +141,13 @@ def _model(layers: int, tmp: Path):
     return loaded.model, loaded.tokenizer
 
 
-def count(layers: int, steps: int, tmp: Path, context: int = 0, top: int = 12) -> dict:
+def count(layers: int, steps: int, tmp: Path, context: int = 0, top: int = 12, attention: bool = False) -> dict:
     """Per decode step of a watched greedy loop (a trace written): kvtui's lines, ops and device reads.
     `context`: tokens fed after the prompt (one more prefill) before the counted steps."""
     from kvtui.engine.watch import probe
 
     model, tokenizer = _model(layers, tmp)
-    with probe.watch(model, tokenizer, trace=tmp / f"work-{layers}-{context}.jsonl") as watcher:
+    with probe.watch(model, tokenizer, trace=tmp / f"work-{layers}-{context}.jsonl", attention=attention) as watcher:
         loop = UserLoop(model, tokenizer)  # the prefill
         if context:
             ids = torch.randint(3, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
@@ -209,19 +210,19 @@ def count_session(layers: int, steps: int, tmp: Path, top: int = 12) -> dict:
     return {"layers": layers, "steps": steps, "cached_tokens": session.cache_length, **row}
 
 
-def bench(layer_counts=(3, 32), steps: int = 20, context: int = 3000, top: int = 12) -> dict:
+def bench(layer_counts=(3, 32), steps: int = 20, context: int = 3000, top: int = 12, attention: bool = False) -> dict:
     """The rows by layer count; then the first layer count again after `context` more cached tokens (the work
     must not grow with the context either)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with tempfile.TemporaryDirectory(prefix="kvtui-work-") as tmp:
-            rows = [count(n, steps, Path(tmp), top=top) for n in layer_counts]
-            long = count(layer_counts[0], steps, Path(tmp), context, top) if context else None
+            rows = [count(n, steps, Path(tmp), top=top, attention=attention) for n in layer_counts]
+            long = count(layer_counts[0], steps, Path(tmp), context, top, attention) if context else None
             sessions = [count_session(n, steps, Path(tmp), top) for n in layer_counts]
     finally:
         torch.set_num_threads(threads)
-    out: dict = {"rows": rows, "session_rows": sessions}
+    out: dict = {"rows": rows, "session_rows": sessions, "attention": attention}
     if len(rows) >= 2:
         out["lines_ratio"] = rows[-1]["lines_per_step"] / rows[0]["lines_per_step"]
     if long is not None:
@@ -256,8 +257,9 @@ def describe(result: dict) -> str:
 
 def table(result: dict) -> list[str]:
     rows = result["rows"] + ([result["long_context"]] if result.get("long_context") else [])
+    attention = ", attention on" if result.get("attention") else ""
     lines = [
-        "| per decode step (watched greedy loop, trace written) | "
+        f"| per decode step (watched greedy loop, trace written{attention}) | "
         + " | ".join(f"{r['layers']} layers, {r.get('cached_tokens', '?')} cached" for r in rows)
         + " |",
         "|---|" + "---|" * len(rows),
@@ -292,8 +294,10 @@ def main() -> None:
     parser.add_argument("--json", help="write the raw numbers here")
     parser.add_argument("--verbose", action="store_true", help="the ops, reads and busiest functions per row")
     parser.add_argument("--top", type=int, default=12, help="how many of the busiest functions (with --verbose)")
+    parser.add_argument("--attention", action="store_true", help="the watched rows with attention capture on")
     args = parser.parse_args()
-    result = bench(tuple(int(n) for n in args.layers.split(",")), args.steps, args.context, args.top)
+    layers = tuple(int(n) for n in args.layers.split(","))
+    result = bench(layers, args.steps, args.context, args.top, args.attention)
     log(describe(result))
     print("\n".join(table(result)))
     if args.verbose:

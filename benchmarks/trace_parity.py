@@ -1,11 +1,11 @@
 """Trace parity: the traces a watched program writes, from two checkouts of kvtui, compared line by line.
 
-`python benchmarks/trace_parity.py write OUT_DIR` writes four traces with the kvtui on PYTHONPATH (a greedy loop
+`python benchmarks/trace_parity.py write OUT_DIR` writes six traces with the kvtui on PYTHONPATH (a greedy loop
 watched with top-k 10 and with top-k 5, a loop whose cache is edited in place between two forwards, a left-padded
-batch of 2); `python benchmarks/trace_parity.py compare BEFORE_SRC [AFTER_SRC]` runs `write` under each checkout
-(AFTER_SRC defaults to this one) and says whether every line is the same, apart from the `ms` timings and the
-temporary paths. A change to the watched step's code that should not change what it records is checked with it
-(e.g. against main: `compare /work/main`).
+batch of 2, and that loop and that batch again with attention capture on); `python benchmarks/trace_parity.py
+compare BEFORE_SRC [AFTER_SRC]` runs `write` under each checkout (AFTER_SRC defaults to this one) and says whether
+every line is the same, apart from the `ms` timings and the temporary paths. A change to the watched step's code
+that should not change what it records is checked with it (e.g. against main: `compare /work/main`).
 """
 
 from __future__ import annotations
@@ -77,6 +77,10 @@ def write(out: Path) -> None:
     with kvtui.watch(model, tokenizer, trace=out / "edit.jsonl"):
         _greedy(model, tokenizer, edit_at=4)
     with kvtui.watch(model, tokenizer, trace=out / "batch.jsonl"):
+        _batch(model, tokenizer)
+    with kvtui.watch(model, tokenizer, trace=out / "attention.jsonl", attention=True):  # the regions' shares too
+        _greedy(model, tokenizer)
+    with kvtui.watch(model, tokenizer, trace=out / "attention-batch.jsonl", attention=True):  # pads among them
         _batch(model, tokenizer)
 
 

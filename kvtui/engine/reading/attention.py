@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import compress
 
 import torch
 
@@ -447,13 +448,11 @@ def _slots(held: int, total: int) -> tuple[int, int, int]:
 
 
 def _top(values: list[float], indices: list[float]) -> tuple[tuple[int, float], ...]:
-    """(position, weight) by weight descending: at least the KEEP largest and every one >= FLOOR."""
-    kept = []
-    for rank, (weight, index) in enumerate(zip(values, indices)):
-        if rank >= KEEP and weight < FLOOR:
-            break
-        kept.append((int(index), weight))
-    return tuple(kept)
+    """(position, weight) by weight descending: at least the KEEP largest and every one >= FLOOR. The rows are
+    long (every head's and layer's top): the first rank from KEEP on below FLOOR is found by C-level passes, no
+    Python line per entry."""
+    end = next(compress(range(KEEP, len(values)), map(FLOOR.__gt__, values[KEEP:])), len(values))  # w < FLOOR
+    return tuple(zip(map(int, indices[:end]), values[:end]))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,11 @@ are added on the host from the columns read back with them (`shares`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
+from functools import reduce
+from itertools import compress, groupby, repeat
+from operator import add, itemgetter, ne, sub
 
 import torch
 
@@ -142,36 +146,43 @@ def shares(
     [layers][classes], as classed at stage: `staged_classes` from `tail_from`) and the columns read as they are
     from `tail_from` to `total` (`tail` [layers][total - tail_from]): the new positions added to their classes,
     the positions whose class changed since moved, the window's content positions moved to `last W`."""
-    classes = index.classes
+    classes = index.classes  # scanned up to `total` at least
     first = max(total - window, 0)
-    windowed = [p for p in range(first, total) if classes[p] >= CONTENT]
+    # the window's content positions, and the positions classed otherwise since stage: found by C-level passes (no
+    # Python line per position; the weights below are still added one by one, in order, as floats are)
+    windowed = list(compress(range(first, total), map(CONTENT.__le__, classes[first:total])))
+    moved = list(compress(range(tail_from, known), map(ne, staged_classes, classes[tail_from:known])))
     present = dict(index.counts)
-    for p in windowed:
-        present[classes[p]] -= 1
+    for c, count in Counter(map(classes.__getitem__, windowed)).items():
+        present[c] -= count
     rows = [c for c in ORDER if present.get(c)]
     rows += [c for c in sorted(present) if c >= CONTENT and present[c]]
     names = region_names(rows, turn)
+    window_at = len([c for c in rows if c < CONTENT])  # `last W` comes after the rows that do not give way to it
     if windowed:
-        names.insert(len([c for c in rows if c < CONTENT]), f"last {min(window, total)}")
+        names.insert(window_at, f"last {min(window, total)}")
     size = max(index.class_count(), len(sums[0]) if sums else 0) + 1
+    # the window's columns, in order, and per class its own (the same in every layer): each layer subtracts them
+    # from their class and adds them to `last W` by C-level folds, one weight after the other as a loop would
+    window_columns = list(map(sub, windowed, repeat(tail_from)))
+    window_by_class = [
+        (c, list(map(itemgetter(1), run)))
+        for c, run in groupby(sorted(zip(map(classes.__getitem__, windowed), window_columns)), key=itemgetter(0))
+    ]  # sorted by class, then position: each class's columns keep their order
     out: list[tuple[float, ...]] = []
     for layer, columns in enumerate(tail):
-        acc = [0.0] * size
-        for c, value in enumerate(sums[layer] if sums else ()):
-            acc[c] = value
-        for p in range(tail_from, known):  # classed at stage; a pad run may have taken one since
+        acc = list(sums[layer]) if sums else []
+        acc += [0.0] * (size - len(acc))
+        for p in moved:  # classed at stage; a pad run may have taken one since
             old, new = staged_classes[p - tail_from], classes[p]
-            if old != new:
-                acc[old] -= columns[p - tail_from]
-                acc[new] += columns[p - tail_from]
+            acc[old] -= columns[p - tail_from]
+            acc[new] += columns[p - tail_from]
         for p in range(known, total):
             acc[classes[p]] += columns[p - tail_from]
-        recent = 0.0
-        for p in windowed:
-            acc[classes[p]] -= columns[p - tail_from]
-            recent += columns[p - tail_from]
-        values = [acc[c] for c in rows]
+        for c, taken in window_by_class:
+            acc[c] = reduce(sub, map(columns.__getitem__, taken), acc[c])
+        values = list(map(acc.__getitem__, rows))
         if windowed:
-            values.insert(len([c for c in rows if c < CONTENT]), recent)
+            values.insert(window_at, reduce(add, map(columns.__getitem__, window_columns), 0.0))
         out.append(tuple(values))
     return tuple(names), out

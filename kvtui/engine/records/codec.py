@@ -75,7 +75,7 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
     topk = _top_records(s.topk)
     # the same tuple (a watched step's, a greedy session's): its dicts once, when the record is only serialised
     same = objects and s.topk_processed is s.topk
-    return {
+    record = {
         "type": "step",
         "step": s.step,
         "phase": s.phase,
@@ -95,17 +95,26 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         "diagnostics": [_alarm_record(d) for d in s.diagnostics],  # the step's number is the line's
         "ms": {"forward": round(s.forward_ms, 3), "snapshot": round(s.snapshot_ms, 3)},
         "buffer_length": len(s.buffer),
-        **({"attention": attention_record(s)} if s.attention is not None else {}),
-        **({"attention_off": s.attention_off} if s.attention_off else {}),
-        **(_watch_record(s) if s.source != "session" else {}),
-        **({"compile": {"compile_ms": s.compile_ms, "recompiles": s.recompiles}} if s.compiled else {}),
-        **({"uncached": True} if s.uncached else {}),
-        **({"tensor_parallel": s.tensor_parallel} if s.tensor_parallel else {}),
-        **(_step_bytes(s) if s.token_bytes else {}),  # none for a text all of whose pieces are whole characters
     }
+    # the fields of the less usual steps, in this order, only when they apply (no empty dict made for the others)
+    if s.attention is not None:
+        record["attention"] = attention_record(s)
+    if s.attention_off:
+        record["attention_off"] = s.attention_off
+    if s.source != "session":
+        _add_watch_fields(record, s)
+    if s.compiled:
+        record["compile"] = {"compile_ms": s.compile_ms, "recompiles": s.recompiles}
+    if s.uncached:
+        record["uncached"] = True
+    if s.tensor_parallel:
+        record["tensor_parallel"] = s.tensor_parallel
+    if s.token_bytes:  # none for a text all of whose pieces are whole characters
+        _add_step_bytes(record, s)
+    return record
 
 
-def _step_bytes(s: StepSnapshot) -> dict:
+def _add_step_bytes(record: dict, s: StepSnapshot) -> None:
     """The step line's `"bytes"`: the bytes of the tokens it names (fed, top-k, watched, chosen, rows) whose
     piece is not their bytes, so that a reader rebuilds any text exactly from the lines it has read."""
     ids = [*s.input_ids, *map(_ID, chain(s.topk, s.topk_processed, s.watched))]  # ids read in C: no line each
@@ -114,11 +123,12 @@ def _step_bytes(s: StepSnapshot) -> dict:
     for row in s.rows or ():
         ids += [*row.input_ids, *map(_ID, row.topk)]
     found = bytes_record(ids, s.token_bytes)
-    return {"bytes": found} if found else {}
+    if found:
+        record["bytes"] = found
 
 
 def _pairs(entries) -> list:
-    return [[position, weight] for position, weight in entries]
+    return list(map(list, entries))  # [[position, weight], ...] from its (position, weight) pairs, in C
 
 
 def attention_record(s: StepSnapshot) -> dict:
@@ -178,36 +188,37 @@ def sharded_step_record(record: dict, ranks: int) -> dict:
     return {**record, "tensor_parallel": ranks}
 
 
-def _watch_record(s: StepSnapshot) -> dict:
+def _add_watch_fields(record: dict, s: StepSnapshot) -> None:
     """A watched program's step: what the caller asked for, which cache, its lineage, every batch row."""
-    record: dict[str, Any] = {
-        "source": s.source,
-        "caller": s.caller,
-        "cache_id": s.cache_id,
-        "cache_length_before": s.cache_length_before,
-        "requested": {
-            "position_ids": _maybe_list(s.requested_positions),
-            "cache_position": _maybe_list(s.requested_cache_position),
-        },
-        "positions_source": s.positions_source,
-        "batch": s.batch,
-        "row": s.row,
-        "lineage": {
-            "parent": s.cache_parent,
-            "copied_at": s.cache_copied_at,
-            "unknown_prefix": s.cache_unknown,
-        },
-        "model": s.model,
-        "thread": s.thread,
-        "recomputed": s.recomputed,
-    }
+    record.update(
+        {
+            "source": s.source,
+            "caller": s.caller,
+            "cache_id": s.cache_id,
+            "cache_length_before": s.cache_length_before,
+            "requested": {
+                "position_ids": _maybe_list(s.requested_positions),
+                "cache_position": _maybe_list(s.requested_cache_position),
+            },
+            "positions_source": s.positions_source,
+            "batch": s.batch,
+            "row": s.row,
+            "lineage": {
+                "parent": s.cache_parent,
+                "copied_at": s.cache_copied_at,
+                "unknown_prefix": s.cache_unknown,
+            },
+            "model": s.model,
+            "thread": s.thread,
+            "recomputed": s.recomputed,
+        }
+    )
     if s.rows:
         record["rows"] = [_row_record(r) for r in s.rows]
     if s.requests is not None:  # a continuous-batching forward: its requests and the paged cache's groups
         record["requests"] = [_request_record(r) for r in s.requests]
     if s.paged is not None:
         record["paged"] = [_paged_record(g) for g in s.paged]
-    return record
 
 
 # ---- values to dicts ----------------------------------------------------------------------------------

@@ -52,7 +52,21 @@ def frozen(cls: type[_T]) -> type[_T]:
     slot's member descriptor from C (map, chain: no Python line per field) and builds the same object: same
     fields, defaults and factories, and assigning to it afterwards still raises FrozenInstanceError."""
     made: Any = dataclass(frozen=True, slots=True)(cls)  # a new class (slots): its __init__ is replaced below
-    made.__init__ = _bulk_init(made, [made.__dict__[f.name].__set__ for f in fields(made)])
+    setters = [made.__dict__[f.name].__set__ for f in fields(made)]
+    made.__init__ = _bulk_init(made, setters)
+    _SETTERS[made] = setters
+    return made
+
+
+_SETTERS: dict[type, list] = {}  # a @frozen class -> its slots' setters, in field order
+
+
+def from_columns(cls: type[_T], count: int, columns: Sequence) -> list[_T]:
+    """`count` instances of a @frozen class from one column per field, in field order (each at least `count`
+    long): the objects its __init__ makes, their slots set by their descriptors in C-level passes (no Python line
+    per instance)."""
+    made = list(map(object.__new__, repeat(cls, count)))
+    deque(chain.from_iterable(map(map, _SETTERS[cls], repeat(made), columns)), maxlen=0)
     return made
 
 

@@ -70,9 +70,9 @@ def tokenizer_bytes(tokenizer) -> Callable[[dict[int, str]], dict[int, bytes]]:
         if not isinstance(raw, str):
             return None
         if kind == "byte-level":
-            if not all(c in BYTE_OF_CHAR for c in raw):
+            if not BYTE_OF_CHAR.keys() >= set(raw):
                 return None  # not spelled in the byte table (a token added to the vocab): its piece is its text
-            return bytes(BYTE_OF_CHAR[c] for c in raw)
+            return bytes(map(BYTE_OF_CHAR.__getitem__, raw))  # char by char, in C
         fallback = _FALLBACK_BYTE.fullmatch(raw)
         return bytes([int(fallback.group(1), 16)]) if fallback else raw.replace("\u2581", " ").encode()
 

@@ -45,13 +45,13 @@ def caller_line(skip: tuple[str, ...] | None = None) -> str:
 GENERATE_CODES: set = set()  # code objects of the watched models' generate(): their frames hold the prompt
 
 
-def caller_and_generate(skip: tuple[str, ...]) -> tuple[str, list]:
-    """The user's line (as caller_line) and the generate() frames between it and here, innermost first.
-    generate() is read from its frame, not wrapped: a wrapper would become the caller that its warnings
-    (stacklevel) point at, and the program's stderr would change."""
+def caller_and_generate(skip: tuple[str, ...], start: FrameType | None = None) -> tuple[str, list]:
+    """The user's line (as caller_line) and the generate() frames between it and here (or `start`, a frame of
+    this stack), innermost first. generate() is read from its frame, not wrapped: a wrapper would become the
+    caller that its warnings (stacklevel) point at, and the program's stderr would change."""
     frames = []
     library = _LIBRARY_CODES.setdefault(skip, set())
-    frame: FrameType | None = sys._getframe(1)
+    frame: FrameType | None = start if start is not None else sys._getframe(1)
     while frame is not None:
         while frame is not None and frame.f_code in library:  # frames met before: two lines each
             if frame.f_code in GENERATE_CODES:

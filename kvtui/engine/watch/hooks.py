@@ -4,9 +4,11 @@ on each thread, and the positions its rotary / position-embedding module applied
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 import time
 import weakref
+from types import FrameType
 from typing import Any, Protocol
 
 import torch
@@ -28,8 +30,9 @@ class WatcherHooks(Protocol):
     steps: int  # forwards made so far
     gate: Any  # watch.child's Gate (pause / step / run), or a gate that never holds
 
-    def begin_forward(self, probe: Probe, args: tuple, kwargs: dict) -> Call:
-        """A watched model's forward starts: what it was handed, read before it runs."""
+    def begin_forward(self, probe: Probe, args: tuple, kwargs: dict, frame: FrameType | None = None) -> Call:
+        """A watched model's forward starts: what it was handed, read before it runs (`frame`: the one that called
+        the model, where the walk to the user's line starts)."""
         ...
 
     def finish_forward(self, call: Call, output: Any) -> None:
@@ -162,7 +165,9 @@ def before_forward(probe: Probe, module, args, kwargs):
         return None
     watcher = probe.watcher
     try:
-        call = watcher.begin_forward(probe, args, kwargs)
+        # the walk to the user's line starts at the model's caller: this frame and the class's __call__ below it
+        # (patches.call_wrapper) are kvtui's own
+        call = watcher.begin_forward(probe, args, kwargs, sys._getframe(2))
     except Exception as exc:  # noqa: BLE001  never break the user's program
         watcher.internal_error("before a forward", exc)
         call = None

@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import torch
@@ -307,12 +308,12 @@ class Watcher:
 
     # ---- the forward -----------------------------------------------------------------------------
 
-    def begin_forward(self, probe: Probe, args, kwargs) -> Call:
+    def begin_forward(self, probe: Probe, args, kwargs, frame: FrameType | None = None) -> Call:
         with self.lock:
             self.builder.use(probe)  # messages before the step (stale prompt, re-fed prefix) name its pieces
             if self._skip is None:
                 self._skip = library_dirs()
-            line, generating = caller_and_generate(self._skip)
+            line, generating = caller_and_generate(self._skip, frame)
             caller, thread = thread_caller(line)
             if is_packed_forward(kwargs):  # continuous batching: read per request (packed_step.py)
                 return self.packed.begin(self, probe, kwargs, cache_argument(kwargs), caller, thread)
@@ -423,10 +424,11 @@ class Watcher:
                 last = logits[0, -1].detach()  # [vocab], for verify: a copy (the program may edit its logits)
                 self._last_logits = last.clone() if last.dtype == torch.float32 else last.float()
             self.diagnostics.extend(snapshot.diagnostics)
-            for view in snapshot.requests or ():
-                self.requests[(snapshot.cache_id, view.request_id)] = view
-            while len(self.requests) > REQUESTS_KEPT:  # a long-running server: the newest requests are summarised
-                del self.requests[next(iter(self.requests))]
+            if snapshot.requests:  # a packed forward's (continuous batching)
+                for view in snapshot.requests:
+                    self.requests[(snapshot.cache_id, view.request_id)] = view
+                while len(self.requests) > REQUESTS_KEPT:  # a long-running server: the newest requests are summarised
+                    del self.requests[next(iter(self.requests))]
             if self.recorder is not None:
                 self.recorder.record(snapshot)  # written and flushed before the program's next line
             if self.on_snapshot is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -27,7 +28,16 @@ from ..reading.diagnostics import (
 from ..reading.token_texts import TokenTexts, tokenizer_texts
 from ..reading.tokens import special_token_ids
 from ..reading.topk import top_rows_from, top_tensors, watched_tokens
-from ..records.snapshot import BufferToken, Diagnostic, RowView, StepSnapshot, TokenBuffer, TopToken, fast_init
+from ..records.snapshot import (
+    BufferToken,
+    Diagnostic,
+    RowView,
+    StepSnapshot,
+    TokenBuffer,
+    TopToken,
+    fast_init,
+    from_columns,
+)
 from . import evictions
 from .lineage import CacheTrack
 from .patches import Registry
@@ -42,15 +52,16 @@ class Call:
     probe: Any  # the probe of the model called (a hooks.Probe: hooks imports this module, not the reverse)
     caller: str
     thread: str | None  # the thread's name, off the main thread
-    input_ids: list[list[int]] | None  # [batch][n]; None when only inputs_embeds were passed
     n: int
     batch: int
-    mask_new: list[list[int]] | None  # [batch][n] attention mask of the fed tokens
-    real_before: list[int] | None  # [batch] attended tokens already cached (None: no 2-D mask)
-    requested_positions: list[list[int]] | None
-    requested_cache_position: list[int] | None
     cache: object | None
     cache_length_before: int
+    # the call's values, filled from its transfer (`take_reads`): None until then, or when not passed
+    input_ids: list[list[int]] | None = None  # [batch][n]; None when only inputs_embeds were passed
+    mask_new: list[list[int]] | None = None  # [batch][n] attention mask of the fed tokens
+    real_before: list[int] | None = None  # [batch] attended tokens already cached (None: no 2-D mask)
+    requested_positions: list[list[int]] | None = None
+    requested_cache_position: list[int] | None = None
     use_cache: bool | None = None  # as passed (None: not passed, the model's config decides)
     track: CacheTrack | None = None  # the cache's
     found: list[Diagnostic] = field(default_factory=list)
@@ -157,13 +168,8 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         probe=probe,
         caller=caller,
         thread=thread,
-        input_ids=None,
         n=n,
         batch=batch,
-        mask_new=None,
-        real_before=None,
-        requested_positions=None,
-        requested_cache_position=None,
         cache=cache,
         cache_length_before=cache_len,
         use_cache=values.get("use_cache"),
@@ -172,6 +178,27 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         handles=handles,
         mask_cached=mask_cached,
     )
+
+
+def _fed_tokens(
+    n: int, positions: list[int], ids: list[int], pieces: list[str], special, turn: int, mask: list[int], added
+) -> list[BufferToken]:
+    """A row's `n` fed tokens, pads and tokenizer-added ids marked (`added`: their indices). Every token fed, as
+    many positions as tokens (most forwards): made field by field in C-level passes, no Python line per token."""
+    if len(positions) >= n and not added and all(mask):
+        columns = (positions, ids, pieces, map(special.__contains__, ids), repeat("fed"), repeat(turn))
+        return from_columns(BufferToken, n, columns)
+    return [
+        BufferToken(
+            position=positions[i],
+            id=ids[i],
+            piece=pieces[i],
+            special=ids[i] in special,
+            turn=turn,
+            origin="pad" if not mask[i] else "tokenizer-added" if i in added else "fed",
+        )
+        for i in range(n)
+    ]
 
 
 class StepBuilder:
@@ -327,8 +354,9 @@ class StepBuilder:
         rows, turn = self._cache_rows(call, track)
         masks = call.mask_new if call.mask_new is not None else [[1] * call.n] * call.batch  # [batch][n]
         fed_ids = self._feed(call, step, rows, turn, applied, masks, found, stale, at)
-        found += check_positions(self._alarms(call), call, step, applied, masks, stale, at)
-        layers, said = checked_layers(self._alarms(call), call, step, cache, cache_len)
+        alarms = self._alarms(call)
+        found += check_positions(alarms, call, step, applied, masks, stale, at)
+        layers, said = checked_layers(alarms, call, step, cache, cache_len)
         found += said
         recomputed = self._count_waste(call, step, cache, track, forward_ms, found, at)
         top_rows = self._top(call, logits, call.batch)
@@ -440,17 +468,7 @@ class StepBuilder:
             mask = masks[row]
             before = rows[row][-1] if rows[row] else None
             pieces = self._texts.pieces_of(ids)  # the known ones in one pass
-            fed = [
-                BufferToken(
-                    position=applied[row][i],
-                    id=ids[i],
-                    piece=pieces[i],
-                    special=ids[i] in special,
-                    turn=turn,
-                    origin="pad" if not mask[i] else "tokenizer-added" if (row == 0 and i in added) else "fed",
-                )
-                for i in range(call.n)
-            ]
+            fed = _fed_tokens(call.n, applied[row], ids, pieces, special, turn, mask, added if row == 0 else ())
             if row == 0:  # alarms read row 0; a program's rows share its code path
                 found += check_feed(
                     step,

@@ -312,3 +312,26 @@ def test_staged_shares_equal_the_whole_buffers():
         step(items, [token(24, 0, 2, origin="pad")], 2)  # a pad the mask says
     finally:
         capture.detach()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [],
+        [0.5, 0.3],
+        [0.3, 0.2, 0.1, 0.1, 0.05, 0.05, 0.04, 0.03, 0.02, 0.01, 0.009, 0.5],  # the first below the floor ends it
+        [0.2] * 8 + [0.001] * 4,  # the KEEP largest, whatever they weigh
+        [float("nan")] * 10 + [0.001],  # NaN is not below the floor (as `<` says)
+    ],
+)
+def test_the_kept_top_is_the_rank_loop(values):
+    """`_top` (C-level passes) keeps what the loop over the ranks kept: the KEEP largest, then to the first below
+    FLOOR; indices as ints."""
+    indices = [float(i * 3) for i in range(len(values))]
+    kept = []
+    for rank, (weight, index) in enumerate(zip(values, indices)):
+        if rank >= capture_module.KEEP and weight < capture_module.FLOOR:
+            break
+        kept.append((int(index), weight))
+    assert repr(capture_module._top(values, indices)) == repr(tuple(kept))
+    assert repr(capture_module._top(values, indices[:3])) == repr(tuple(kept[:3]))  # the shorter one bounds it

@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import threading
+from itertools import repeat
 
 import pytest
 import torch
@@ -19,8 +20,9 @@ from transformers import DynamicCache, LlamaConfig, StaticCache
 from kvtui.engine.chat.sampling import Sampler, SamplerSettings, chosen_from_top, top_token_rows, top_tokens
 from kvtui.engine.reading import introspect
 from kvtui.engine.records.codec import to_record
-from kvtui.engine.records.snapshot import BufferToken, LayerInfo, StepSnapshot, TokenBuffer, TopToken
+from kvtui.engine.records.snapshot import BufferToken, LayerInfo, StepSnapshot, TokenBuffer, TopToken, from_columns
 from kvtui.engine.records.trace import LineWriter, TraceWriter, record_line
+from kvtui.engine.watch.watch_step import _fed_tokens
 
 
 def _reference(scores: torch.Tensor, k: int) -> list[tuple[int, float, float]]:
@@ -107,6 +109,46 @@ def test_frozen_dataclasses_build_what_dataclasses_builds():
     )
     assert snapshot.source == "session" and snapshot.line == [] and snapshot.rows is None
     assert dataclasses.replace(snapshot, step=2).line is not snapshot.line  # a record box of its own
+
+
+def test_objects_built_from_columns_are_what_their_init_builds():
+    made = from_columns(BufferToken, 2, ([3, 4], [7, 8], ["a", "b"], [True, False], repeat("fed"), repeat(2)))
+    assert made == [BufferToken(3, 7, "a", True, "fed", 2), BufferToken(4, 8, "b", False, "fed", 2)]
+    assert pickle.loads(pickle.dumps(made[0])) == made[0] and hash(made[0]) == hash(
+        BufferToken(3, 7, "a", True, "fed", 2)
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made[0].id = 1
+
+
+@pytest.mark.parametrize(
+    "positions, mask, added",
+    [
+        ([5, 6, 7], [1, 1, 1], ()),  # the C-level path
+        ([5, 6, 7, 8], [1, 1, 1], ()),  # more positions than tokens: the first n
+        ([5, 6, 7], [0, 1, 1], ()),  # a pad: token by token
+        ([5, 6, 7], [1, 1, 1], {0}),  # a tokenizer-added id
+    ],
+)
+def test_fed_tokens_are_the_same_on_either_path(positions, mask, added):
+    ids, pieces = [1, 9, 4], ["<s>", "x", "y"]
+    expected = [
+        BufferToken(
+            positions[i],
+            ids[i],
+            pieces[i],
+            ids[i] in {1},
+            "pad" if not mask[i] else "tokenizer-added" if i in added else "fed",
+            3,
+        )
+        for i in range(3)
+    ]
+    assert _fed_tokens(3, positions, ids, pieces, frozenset({1}), 3, mask, added) == expected
+
+
+def test_fed_tokens_with_too_few_positions_fail_as_indexing_them_does():
+    with pytest.raises(IndexError):
+        _fed_tokens(3, [5, 6], [1, 9, 4], ["a", "b", "c"], frozenset(), 0, [1, 1, 1], ())
 
 
 def test_a_step_is_serialised_once_for_every_sink():

@@ -205,15 +205,14 @@ def check_edits(before: Fingerprint, cache, reads: HostReads) -> tuple[str | Non
     read). Releases `before`."""
     try:
         layers = list(getattr(cache, "layers", ()))
-        reader = CountReader(cache)
-        if before.plain is not None and _plain_same(before.plain, layers):
-            pass
-        elif len(layers) != len(before.layers) or not all(
-            _same(e, layer, reader) for e, layer in zip(before.layers, layers)
-        ):
-            change = describe_change(before.rows(), _rows(cache))  # None: replaced by equal ones (a no-op)
-            if change is not None:
-                return change, None
+        if before.plain is None or not _plain_same(before.plain, layers):
+            reader = CountReader(cache)  # layer by layer (the plain comparison above reads no counter)
+            if len(layers) != len(before.layers) or not all(
+                _same(e, layer, reader) for e, layer in zip(before.layers, layers)
+            ):
+                change = describe_change(before.rows(), _rows(cache))  # None: replaced by equal ones (a no-op)
+                if change is not None:
+                    return change, None
         if not before.values:
             return None, None
         groups = []

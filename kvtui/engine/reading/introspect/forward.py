@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from functools import lru_cache
+from itertools import compress, repeat
 
 
 @lru_cache(maxsize=64)
@@ -32,8 +33,9 @@ def _is_cache(value) -> bool:
 
 
 def cache_in(arguments: dict):
-    """The cache object among a forward's arguments (by any of its names), or None."""
-    return next((arguments[name] for name in CACHE_ARGUMENTS if _is_cache(arguments.get(name))), None)
+    """The cache object among a forward's arguments (by any of its names, in their order), or None."""
+    found = list(map(arguments.get, CACHE_ARGUMENTS))  # read by C-level passes: this runs on every forward
+    return next(compress(found, map(hasattr, found, repeat("get_seq_length"))), None)
 
 
 def output_cache(output):

@@ -23,6 +23,7 @@ _INT = "int"  # int64 words as they are
 _PAIRS = "f32"  # float32 pairs viewed as int64 words
 _DOUBLE = "f64"  # float64 (any other float dtype converted) viewed as int64 words
 _INT64 = torch.int64
+_FLOAT32 = torch.float32
 
 
 class HostReads:
@@ -90,10 +91,10 @@ class HostReads:
         kind, shape, first, end = self._parts[handle]  # as `flat`, without a call of it per read
         values = self._host[first:end] if kind == _INT else _decode(kind, self._host[first:end])  # type: ignore[index]
         width = shape[-1] if shape else 1
+        if width and width == len(values):  # one row (most reads)
+            return [values]
         if width == 0:
             return [[] for _ in range(_rows_of(shape))]
-        if width == len(values):
-            return [values]
         return [values[i : i + width] for i in range(0, len(values), width)]
 
 
@@ -104,15 +105,12 @@ _NUMEL, _DEVICE = methodcaller("numel"), attrgetter("device")
 def _words(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], torch.Tensor]:
     """A tensor that is not int64 as (encoding, shape, int64 words [m])."""
     flat = tensor.detach().reshape(-1)  # a view when contiguous
-    if not flat.is_floating_point() and not flat.is_complex():
+    if tensor.dtype is _FLOAT32:  # the top-k's values (the common float case first)
+        aligned = flat.numel() % 2 == 0 and flat.storage_offset() % 2 == 0 and flat.is_contiguous()
+        if aligned:
+            return _PAIRS, tensor.shape, flat.view(torch.int64)  # [numel / 2]: a view, no kernel
+    elif not flat.is_floating_point() and not flat.is_complex():
         return _INT, tensor.shape, flat.to(torch.int64)
-    if (
-        tensor.dtype == torch.float32
-        and flat.numel() % 2 == 0
-        and flat.is_contiguous()
-        and flat.storage_offset() % 2 == 0
-    ):
-        return _PAIRS, tensor.shape, flat.view(torch.int64)  # [numel / 2]: a view, no kernel
     return _DOUBLE, tensor.shape, flat.to(torch.float64).view(torch.int64)
 
 
