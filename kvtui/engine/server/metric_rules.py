@@ -50,8 +50,9 @@ class _Server:
 
     counters: tuple | None = None  # the last poll's counters, requests running and waiting
     settled: _Point | None = None  # the last settled poll an interval is judged from
-    pending: bool = False  # the interval disagreed at a settled poll: noted if it still does CONFIRM_S later
-    pending_since: float = 0.0  # the poll time (ts) it first disagreed at
+    # the poll time (ts) the interval first disagreed at a settled poll (None: it did not): noted if it still does
+    # CONFIRM_S later
+    pending_since: float | None = None
     requests: float | None = None  # the histogram's count, sum and buckets at the last poll
     prompt_tokens: float | None = None
     buckets: dict[float, float] | None = None
@@ -133,7 +134,7 @@ class MetricRules:
         quiet = metrics.running == 0 and metrics.waiting == 0 and now == server.counters  # idle at both polls
         server.counters = now
         if not quiet:
-            server.pending = False  # served on: the longer interval is judged (and confirmed) on its own
+            server.pending_since = None  # served on: the longer interval is judged (and confirmed) on its own
             return
         point = _Point(
             *counters,
@@ -147,7 +148,7 @@ class MetricRules:
             point.generated,
             point.requests,
         ):
-            if base is None or not server.pending:
+            if base is None or server.pending_since is None:
                 server.settled = point  # nothing served since: the later of two settled polls is the start
                 return
         comparable = (
@@ -159,7 +160,7 @@ class MetricRules:
             and all(len(s.groups) <= 1 for s in mine)
         )
         if not comparable:
-            server.settled, server.pending = point, False
+            server.settled, server.pending_since = point, None
             return
         computed = (point.queries - base.queries) - (point.hits - base.hits)
         finished = point.requests - base.requests
@@ -168,15 +169,15 @@ class MetricRules:
         least = computed - finished * (block - 1)
         most = computed + generated
         if least <= stored <= most:
-            server.settled, server.pending = point, False
+            server.settled, server.pending_since = point, None
             server.compared += 1
             return
-        if not server.pending:
-            server.pending, server.pending_since = True, ts  # events still on their way are applied within CONFIRM_S
+        if server.pending_since is None:
+            server.pending_since = ts  # events still on their way are applied within CONFIRM_S
             return
         if ts - server.pending_since < CONFIRM_S:
             return
-        server.settled, server.pending = point, False
+        server.settled, server.pending_since = point, None
         server.compared += 1
         server.disagreed += 1
         if stored < least:
