@@ -136,16 +136,20 @@ class PlainPythons:
         """Begin `python ARGV...` (`python -m ARGV...` with module): returns at once, `wait` collects it. `env`:
         the child's whole environment, else this process's (a variable torch or transformers read at import keeps
         its value from when the pre-imported Python started)."""
-        if not self.idle:
-            self.all.append(PlainPython())
-            self.idle.append(self.all[-1])
-        python = self.idle.pop()
+        python = self.take()
         try:
             python.start(argv, cwd, stdin, module, env)
         except BaseException:
             self.idle.append(python)
             raise
         return Run(self, python)
+
+    def take(self) -> PlainPython:
+        """An idle pre-imported Python (a new one when none is); the caller puts it back in `idle` after its run."""
+        if not self.idle:
+            self.all.append(PlainPython())
+            self.idle.append(self.all[-1])
+        return self.idle.pop()
 
     def run(
         self,
@@ -254,10 +258,7 @@ def popen_forking_engines(command, *, pass_fds=(), stdin=None, stdout=None, stde
     files = [_pipe_end(stdin, True, theirs, handed), _pipe_end(stdout, False, theirs, handed)]
     files.append(_pipe_end(stderr, False, theirs, handed))
     pool = pythons()
-    if not pool.idle:
-        pool.all.append(PlainPython())
-        pool.idle.append(pool.all[-1])
-    python = pool.idle.pop()
+    python = pool.take()
     try:
         environment = {str(k): str(v) for k, v in (os.environ if env is None else env).items()}
         pid = python.fork(
@@ -320,6 +321,8 @@ def _child(request: dict, fds: list[int]) -> None:
     if fds:
         for fd, given in enumerate(fds[:3]):
             os.dup2(given, fd)
+        for given in set(fds[:3]) - {0, 1, 2}:  # the copies received: the child keeps only its 0-2
+            os.close(given)
         numbers = {str(number): str(fd) for number, fd in zip(request["fd_args"], fds[3:], strict=True)}
         argv = request["argv"]
         request["argv"] = [numbers.get(a, a) if i and argv[i - 1].endswith("-fd") else a for i, a in enumerate(argv)]
