@@ -273,10 +273,10 @@ class TokenBufferPane(ScrollView, can_focus=True):
         height = max(old_height, self.scrollable_content_region.height)
         at_end = old.width == 0 or self.scroll_offset.y + height >= old.rows
         self._relayout()
-        if self._selected is not None:
-            self._scroll_to_index(self._selected)
-        elif at_end:  # keep following the tail (also: the first layout after a show() before mount)
+        if at_end:  # keep following the tail (also: the first layout after a show() before mount)
             self.scroll_end(animate=False, immediate=True, x_axis=False)
+        if self._selected is not None:  # and the selection in view (it wins when both do not fit)
+            self._scroll_to_index(self._selected)
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
