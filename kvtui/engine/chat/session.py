@@ -3,8 +3,9 @@
 Its methods are spread over mixins of `ChatSession`, the same session's methods: turns.py (send renders the
 chat and prefills only what the cache lacks; the transcript; when a turn ends), step_snapshot.py (after each
 forward: the next token chosen, the step's checks, its frozen `StepSnapshot`), edits.py (rewind, force, reset,
-restore). This file and edits.py are the only code that feeds past_key_values, writes the cache and moves the
-cursor; forward_speed.py only wraps the forward (torch.compile, threads); render.py turns a chat into tokens.
+restore), verifying.py (the cache's last logits against a recompute). This file and edits.py are the only code
+that feeds past_key_values, writes the cache and moves the cursor; forward_speed.py only wraps the forward
+(torch.compile, threads); render.py turns a chat into tokens.
 
 The decode loop is small typed steps (gpt-fast style): `send` prefills, `step` feeds the pending token and
 samples the next, `generate` repeats `step`. Every forward yields a frozen `StepSnapshot` built from shapes and
@@ -32,16 +33,8 @@ from ..reading.diagnostics import check_feed
 from ..reading.introspect.held import Held
 from ..reading.token_texts import tokenizer_texts
 from ..reading.tokens import special_token_ids
-from ..reading.verify import (
-    compression_cost,
-    cost_note,
-    judge_recompute,
-    mismatch_alarm,
-    quantized_errors,
-    recompute_last_logits,
-)
 from ..records.listeners import Listeners
-from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TokenBuffer, TopToken, VerifyResult
+from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TokenBuffer, TopToken
 from .edits import CacheEdits
 from .forward_speed import CompiledDecode, forward_threads, graph_count
 from .press import SessionPress
@@ -50,11 +43,12 @@ from .sampling import Sampler, SamplerSettings
 from .session_types import CacheOverflowError, Message, PressError, SessionConfig, SessionError
 from .step_snapshot import StepSnapshots
 from .turns import ChatTurns
+from .verifying import SessionVerify
 
 __all__ = ["CacheOverflowError", "ChatSession", "SessionConfig", "SessionError"]
 
 
-class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
+class ChatSession(ChatTurns, StepSnapshots, CacheEdits, SessionVerify):
     def __init__(
         self,
         model,
@@ -366,7 +360,7 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
 
     def set_sampler(self, settings: SamplerSettings) -> None:
         self.sampler = Sampler(settings, self.device)
-        self.config = _replace(self.config, sampler=settings)
+        self.config = replace(self.config, sampler=settings)
         self._emit(
             "sampler",
             {
@@ -386,55 +380,3 @@ class ChatSession(ChatTurns, StepSnapshots, CacheEdits):
 
     def note_export(self, path) -> None:
         self._emit("export", {"path": str(path)})
-
-    def _quant_bits(self) -> int:
-        return 4 if self.config.cache_backend == "fp8" else self.config.cache_bits  # e4m3: 3 mantissa bits + sign
-
-    # ---- verify ----------------------------------------------------------------------------------
-
-    def verify(self) -> VerifyResult:
-        """Compare the cached last logits with one no-cache forward over the chat's tokens.
-
-        The reference is what the cache should hold: every token of the chat, at positions 0..n-1,
-        and no primed pads (they are not part of the conversation, which is the point of that alarm)."""
-        chat = self._tokens[self._primed :]
-        if self._logits is None or not chat:
-            raise SessionError("nothing to verify: send a message first")
-        threads = forward_threads(len(chat), self.config.decode_threads)
-        quantized = self.config.cache == "quantized"
-        # a quantized cache: the recompute keeps its full-precision K/V, to say each layer's quantization error
-        reference: list | None = [] if quantized and not self._primed else None  # gets the recompute's own cache
-        fresh, ms = recompute_last_logits(
-            self.model, [t.id for t in chat], self._accepts_logits_to_keep, threads, self._clock, reference
-        )
-        result = judge_recompute(
-            self._logits,
-            fresh,
-            self.dtype,
-            self.config.top_k_shown,
-            len(chat),
-            ms,
-            self._quant_bits() if quantized else None,
-        )
-        if reference and reference[0] is not None:
-            result = replace(result, layer_errors=quantized_errors(self.cache, reference[0]))
-        if self._held is not None:  # lossy by design: the cost of what the press dropped, not a mismatch
-            kl, top1 = compression_cost(self._logits, fresh)
-            result = replace(result, ok=True, compressed_kl=kl, compressed_top1=top1)
-            self.compression_costs.append((kl, top1))
-            held = max((len(layer[0]) for layer in self._held.slots), default=0) + self._held.appended
-            who = f"the cache (--press {self._press.spec.text if self._press else '?'})"
-            self._record([cost_note(self.compression_costs, who, held, len(chat), self.steps)])
-        elif not result.ok:
-            primed = f" (the cache also holds {self._primed} primed pad tokens)" if self._primed else ""
-            bound = " (quantized cache bound)" if quantized else ""
-            self._record([mismatch_alarm(result, "cached logits", self.steps, bound, primed)])
-        self._emit("verify", result)
-        return result
-
-
-# ---- helpers -------------------------------------------------------------------------------------
-
-
-def _replace(config: SessionConfig, **changes) -> SessionConfig:
-    return replace(config, **changes)
