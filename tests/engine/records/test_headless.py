@@ -139,6 +139,7 @@ def test_a_turn_refused_before_its_prefill_starts_no_turn_in_the_summary(tmp_pat
     assert rows == ["-", "1"], run.stdout
 
 
+@pytest.mark.version_free("the CLI refuses these before any model or transformers code loads")
 def test_clear_errors_for_bad_input(tmp_path):
     missing = real_kvtui(tmp_path / "nope", "--headless", "--script", tmp_path / "x.json")
     assert missing.returncode != 0 and "no such script file" in missing.stderr
@@ -213,6 +214,7 @@ print("PROBE", seen)
 """
 
 
+@pytest.mark.version_free("OpenMP's wait policy, set by kvtui before torch loads: no transformers code")
 @pytest.mark.parametrize("user_setting", [None, "PASSIVE"])
 def test_headless_threads_wait_as_the_engines_do_unless_the_user_says(tiny_dir, tmp_path, user_setting):
     from kvtui.engine.records.child import openmp_wait
