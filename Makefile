@@ -1,7 +1,8 @@
 # Two entry points: `make demo` (the TUI on the embedded SmolLM2) and `make test` (the whole suite).
 # Both build .venv from nothing; re-running is quick because the install is stamped.
-# Two jobs: the two test environments install side by side (pip is mostly one core's work), lint beside the
-# second install. Output is not synced per target: the suites' progress must show as it runs (pip is quiet).
+# Two jobs: .venv and .venv-vllm install side by side (pip is mostly one core's work); .venv-compat (built on
+# .venv), quanto's kernels and lint follow .venv. Output is not synced per target: the suites' progress must show
+# as it runs (pip is quiet).
 MAKEFLAGS += -j2
 PYTHON ?= python3
 # Installs skip pip's byte-compilation (a minute of CPU per torch, for modules never imported): a Python compiles

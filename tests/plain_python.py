@@ -146,10 +146,11 @@ class PlainPythons:
 
     def take(self) -> PlainPython:
         """An idle pre-imported Python (a new one when none is); the caller puts it back in `idle` after its run."""
-        if not self.idle:
-            self.all.append(PlainPython())
-            self.idle.append(self.all[-1])
-        return self.idle.pop()
+        if self.idle:
+            return self.idle.pop()
+        python = PlainPython()
+        self.all.append(python)
+        return python
 
     def run(
         self,
