@@ -53,26 +53,34 @@ def _from_kvtui(depth: int = 2) -> bool:
 
 class LineCounter:
     """Line events in kvtui's files and in the code kvtui generates (`exec`), on every thread (threads started
-    while counting too)."""
+    while counting too); and the bytecode instructions those frames execute, which no layout of the source
+    changes (a call or a dict literal written over ten lines is ten line events, and the same instructions)."""
 
     def __init__(self):
         self.lines = 0
+        self.instructions = 0
         self.by_file: Counter = Counter()
+        self.instructions_by_file: Counter = Counter()
         self._lock = threading.Lock()
 
     def _local(self, frame, event, arg):
-        if event == "line":
+        if event == "opcode":
+            self.instructions += 1
+            self.instructions_by_file[(frame.f_code.co_filename, frame.f_code.co_name)] += 1
+        elif event == "line":
             self.lines += 1  # one thread at a time runs Python: the GIL orders these
             self.by_file[(frame.f_code.co_filename, frame.f_code.co_name)] += 1
         return self._local
 
     def _global(self, frame, event, arg):
         name = frame.f_code.co_filename
-        if name.startswith(KVTUI_DIR):
-            return self._local
         caller = frame.f_back
-        if name == "<string>" and caller is not None and caller.f_code.co_filename.startswith(KVTUI_DIR):
-            return self._local  # code kvtui generated (its record values' __init__, its codec's field readers)
+        if name.startswith(KVTUI_DIR) or (
+            # code kvtui generated (its record values' __init__, its codec's field readers)
+            name == "<string>" and caller is not None and caller.f_code.co_filename.startswith(KVTUI_DIR)
+        ):
+            frame.f_trace_opcodes = True
+            return self._local
         return None
 
     def start(self) -> None:
@@ -179,6 +187,7 @@ def _counted(step, steps: int, top: int) -> dict:
         reads.stop()
     return {
         "lines_per_step": lines.lines / steps,
+        "instructions_per_step": lines.instructions / steps,
         "ops_per_step": sum(ops.ops.values()) / steps,
         "reads_per_step": sum(reads.reads.values()) / steps,
         "ops": {name: n / steps for name, n in sorted(ops.ops.items())},
@@ -186,6 +195,10 @@ def _counted(step, steps: int, top: int) -> dict:
         "top_functions": [
             {"where": f"{os.path.relpath(f, KVTUI_DIR)}:{fn}", "lines_per_step": n / steps}
             for (f, fn), n in lines.by_file.most_common(top)
+        ],
+        "top_functions_by_instructions": [
+            {"where": f"{os.path.relpath(f, KVTUI_DIR)}:{fn}", "instructions_per_step": n / steps}
+            for (f, fn), n in lines.instructions_by_file.most_common(top)
         ],
     }
 
@@ -264,6 +277,9 @@ def table(result: dict) -> list[str]:
         + " |",
         "|---|" + "---|" * len(rows),
         "| lines of kvtui's Python (every thread) | " + " | ".join(f"{r['lines_per_step']:.0f}" for r in rows) + " |",
+        "| bytecode instructions of kvtui's Python | "
+        + " | ".join(f"{r['instructions_per_step']:.0f}" for r in rows)
+        + " |",
         "| tensor ops kvtui adds (non-view) | " + " | ".join(f"{r['ops_per_step']:.1f}" for r in rows) + " |",
         "| device reads from kvtui (`tolist`, `item`, `int()`, `torch.equal`, ...) | "
         + " | ".join(f"{r['reads_per_step']:.1f}" for r in rows)
@@ -280,6 +296,7 @@ def table(result: dict) -> list[str]:
             "| lines of kvtui's Python (every thread) | "
             + " | ".join(f"{r['lines_per_step']:.0f}" for r in sessions)
             + " |",
+            "| bytecode instructions | " + " | ".join(f"{r['instructions_per_step']:.0f}" for r in sessions) + " |",
             "| tensor ops (non-view) | " + " | ".join(f"{r['ops_per_step']:.1f}" for r in sessions) + " |",
             "| device reads | " + " | ".join(f"{r['reads_per_step']:.1f}" for r in sessions) + " |",
         ]
@@ -305,6 +322,9 @@ def main() -> None:
             print(f"\n{row['layers']} layers: ops {row['ops']}, reads {row['reads']}, errors {row['errors']}")
             for entry in row["top_functions"]:
                 print(f"  {entry['lines_per_step']:7.1f}  {entry['where']}")
+            print("  by bytecode instructions:")
+            for entry in row["top_functions_by_instructions"]:
+                print(f"  {entry['instructions_per_step']:7.0f}  {entry['where']}")
         for row in result.get("session_rows") or []:
             print(f"\nkvtui's own chat, {row['layers']} layers: ops {row['ops']}, reads {row['reads']}")
             for entry in row["top_functions"]:
