@@ -29,6 +29,7 @@ from textual.worker import Worker, WorkerState
 from ..drivers.base import Driver
 from ..engine.chat.remote import RemoteSession
 from ..engine.records.snapshot import Diagnostic, RequestView, StepSnapshot
+from ..engine.records.token_bytes import unfinished_tail
 from ..keys import APP_KEYS
 from ..messages import Call, SessionState, SnapshotReady
 from ..options import AppConfig
@@ -388,8 +389,12 @@ class StepScreen(StepKeys):
 
     def _show_chat(self) -> None:
         chat = self.query_one(ChatPane)
-        chat.show_messages(self.messages)
         snapshot = self.latest
+        unfinished = b""
+        if snapshot is not None:  # a character the cache ends inside of (its last 3 tokens hold its first bytes)
+            buffer = snapshot.buffer
+            unfinished = unfinished_tail(((t.id, t.piece) for t in buffer[-3:]), snapshot.token_bytes)
+        chat.show_messages(self.messages, unfinished=unfinished)
         chat.show_reuse((self.driver.reuse_text(snapshot) if snapshot is not None else None) or "")
 
     def show_diagnostics(self, diagnostics: tuple[Diagnostic, ...] | None = None) -> None:

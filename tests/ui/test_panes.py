@@ -807,3 +807,21 @@ async def test_chat_pane_repaints_a_rewritten_transcript_before_its_old_messages
         await pilot.pause()
         shown = [str(widget.visual) for widget in app.query("#transcript LiveText")]
         assert shown == ["user: Again?", "assistant: Yes", "user: And?"]
+
+
+async def test_chat_pane_shows_the_unfinished_character_a_reply_ends_on_as_its_bytes():
+    """A reply generated into the middle of an emoji ends on bytes a decoder shows as U+FFFD: one for Python's and
+    byte-level BPE's decode, one per byte for SentencePiece's byte fallback. The pane shows those bytes instead, and
+    leaves a message alone when the cache does not end inside a character."""
+    app = ChatHost()
+    async with app.run_test() as pilot:
+        chat = app.query_one(ChatPane)
+        user = {"role": "user", "content": "Say hi \ufffd"}  # a U+FFFD the user typed: not the cache's tail
+        for content in ("Hi 🌟\ufffd", "Hi 🌟\ufffd\ufffd"):
+            chat.show_messages([user, {"role": "assistant", "content": content}], unfinished=b"\xf0\x9f")
+            await pilot.pause()
+            shown = [str(widget.visual) for widget in app.query("#transcript LiveText")]
+            assert shown == ["user: Say hi \ufffd", "assistant: Hi 🌟⟨f0 9f⟩"], content
+        chat.show_messages([user, {"role": "assistant", "content": "Hi 🌟🌟"}])
+        await pilot.pause()
+        assert str(list(app.query("#transcript LiveText"))[-1].visual) == "assistant: Hi 🌟🌟"

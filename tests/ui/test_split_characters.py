@@ -200,3 +200,48 @@ async def test_a_replayed_chat_in_a_notebook_shows_no_replacement_character(repl
     path, _ = replayed_chat
     shown = html(Replay(read_trace(path)), strip_limit=None)
     assert "\ufffd" not in shown and CONTINUED in shown and "你" in shown
+
+
+def _open_tail(data: bytes) -> bytes:
+    """The bytes a run ends on that begin a character not complete yet, read from UTF-8's lead bytes."""
+    for n in (1, 2, 3):
+        if len(data) < n:
+            return b""
+        byte = data[-n]
+        if byte < 0x80:
+            return b""
+        if byte >= 0xC0:  # a lead byte: the length of its character
+            length = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data[-n:] if n < length else b""
+    return b""
+
+
+async def test_a_chat_that_stops_inside_a_character_shows_its_bytes_at_every_step(replayed_chat):
+    """Step by step through the replayed reply: where the cache ends inside a character (its first bytes generated,
+    the rest not yet), the chat pane shows those bytes, `⟨e5 86⟩`, as the buffer does, and never U+FFFD."""
+    from kvtui.engine.records.token_bytes import hex_bytes
+    from kvtui.widgets.step.chat_pane import ChatPane
+
+    path, _ = replayed_chat
+    app = viewers.replay(path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.view.latest is not None, what="the first recorded step")
+        driver, pane = app.view.driver, app.query_one(ChatPane)
+        inside = 0
+        for position in range(len(driver.replay)):
+            if position:
+                await pilot.press("space")
+            shown = lambda at=position: driver.position == at and app.view._paint_timer is None  # noqa: E731
+            await wait_for(pilot, shown, what="a step")
+            await pilot.pause(0.05)
+            snapshot = app.view.latest
+            held = b"".join(snapshot.token_bytes.get(t.id, t.piece.encode()) for t in snapshot.buffer)
+            rows = pane._shown
+            assert rows and not any("\ufffd" in content for _, content in rows), (position, rows)
+            tail = _open_tail(held)
+            if tail:
+                inside += 1
+                assert rows[-1][1].endswith(hex_bytes(tail)), (position, rows[-1], tail)
+            else:
+                assert "⟨" not in rows[-1][1], (position, rows[-1])
+        assert inside >= 3  # the reply's split characters stopped the cache inside one at several steps

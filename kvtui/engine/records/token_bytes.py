@@ -10,6 +10,7 @@ library: a tokenizer is read through the methods transformers' tokenizers have.
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -107,6 +108,15 @@ def run_text(tokens: Iterable[tuple[int, str]], table: TokenBytes) -> str:
     """The text of a run of (id, piece) tokens: their bytes joined, decoded once (a character split across
     tokens comes back whole; bytes that never complete a character stay U+FFFD, as tokenizer.decode gives)."""
     return run_bytes(tokens, table).decode("utf-8", errors="replace")
+
+
+def unfinished_tail(tokens: Iterable[tuple[int, str]], table: TokenBytes) -> bytes:
+    """The bytes at the end of the last few (id, piece) tokens of a run that begin a character whose rest is not
+    there yet (a reply generated into the middle of an emoji, or cut there by its token limit); b"" when the run
+    ends on a whole character. A decoder of the joined bytes shows this tail as one U+FFFD."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(run_bytes(tokens, table), final=False)
+    return decoder.getstate()[0]  # what it holds back, waiting for the rest of a character
 
 
 def valid_utf8(data: bytes) -> bool:

@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input
 
+from ...engine.records.token_bytes import hex_bytes
 from ...fmt import printable
 from ..shared.live_text import LiveText
 
@@ -75,10 +76,19 @@ class ChatPane(Vertical):
     def input(self) -> Input:
         return self.query_one("#message", Input)
 
-    def show_messages(self, messages: list[dict], pending: str | None = None) -> None:
-        """Update only what changed: new messages are mounted, the streaming reply is re-rendered."""
+    def show_messages(self, messages: list[dict], pending: str | None = None, unfinished: bytes = b"") -> None:
+        """Update only what changed: new messages are mounted, the streaming reply is re-rendered. `unfinished`:
+        the bytes the cache ends on that begin a character not complete yet (`unfinished_tail`); the last message,
+        which ends there, shows them as bytes (`⟨f0 9f⟩`), as the token buffer does, not as the U+FFFD a decoder
+        gives them."""
         transcript = self.query_one("#transcript", VerticalScroll)
         rows = [(m["role"], m["content"]) for m in messages]
+        if unfinished and rows and rows[-1][1].endswith("\ufffd"):
+            # a decoder gives those bytes one U+FFFD (Python's, byte-level BPE's) or one per byte (byte fallback's)
+            role, content = rows[-1]
+            cut = max(0, len(content) - len(unfinished))
+            kept = content[:cut] + content[cut:].rstrip("\ufffd")
+            rows[-1] = (role, kept + hex_bytes(unfinished))
         if pending and rows and rows[-1][0] == "assistant":
             rows[-1] = ("assistant", rows[-1][1] + pending)
         widgets = self._widgets
