@@ -15,6 +15,7 @@ from .engine.reading.export import export_cache
 from .engine.records.diagnostic_groups import group_diagnostics, group_last, group_summary
 from .engine.records.recorder import Recorder, failing
 from .engine.records.snapshot import Diagnostic, RequestView, StepSnapshot
+from .engine.records.token_bytes import ending_on, unfinished_tail
 from .fmt import one_line, printable
 
 STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
@@ -161,6 +162,8 @@ def _run_turn(session: ChatSession, text: str, shown: Callable[[str], str]) -> t
         generated = session.steps - prefill.step
     elapsed = time.perf_counter() - started
     reply = session.messages[-1]["content"] if session.messages and session.messages[-1]["role"] == "assistant" else ""
+    tail = unfinished_tail(((t.id, t.piece) for t in session.buffer[-3:]), session.token_bytes)
+    reply = ending_on(reply, tail)  # a reply cut inside a character ends on its bytes, as the TUI shows it
     codes = ", ".join(sorted({d.code for d in session.diagnostics[before_diag:]}))
     return (
         turn,

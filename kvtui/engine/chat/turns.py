@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..reading.introspect.held import Held
 from ..records.snapshot import BufferToken, Diagnostic, StepSnapshot, TopToken
+from ..records.token_bytes import run_text
 from .render import render_chat, rendered_prefix, tokenize
 from .session_types import CacheOverflowError, Message, PressError, SessionConfig
 
@@ -37,6 +38,8 @@ class ChatTurns:
     if TYPE_CHECKING:  # the session's own (session.py, edits.py)
 
         def piece(self, token_id: int) -> str: ...
+        @property
+        def token_bytes(self) -> dict[int, bytes]: ...
         def _emit(self, kind: str, payload) -> None: ...
         def _prime(self) -> None: ...
         def _truncate(self, length: int) -> None: ...
@@ -63,7 +66,13 @@ class ChatTurns:
     def messages(self) -> list[dict]:
         out = [{"role": m.role, "content": m.content} for m in self._messages]
         if out and out[-1]["role"] == "assistant" and self._turn_open:
-            out[-1]["content"] = self._reply_text()
+            text = self._reply_text()
+            if "\ufffd" in text:  # the reply so far ends inside a character (or holds bytes that make none)
+                # SentencePiece's byte fallback makes a whole byte run U+FFFD, its whole characters too; from the
+                # tokens' bytes only what makes no character is, as a replay rebuilds it (records/replay.transcript)
+                reply = self._tokens[self._messages[-1].start :]
+                text = run_text(((t.id, t.piece) for t in reply if not t.special), self.token_bytes)
+            out[-1]["content"] = text
         return out
 
     def _stops(self, token_id: int) -> bool:

@@ -119,6 +119,16 @@ def unfinished_tail(tokens: Iterable[tuple[int, str]], table: TokenBytes) -> byt
     return decoder.getstate()[0]  # what it holds back, waiting for the rest of a character
 
 
+def ending_on(text: str, unfinished: bytes) -> str:
+    """`text`, decoded from tokens the cache ends on, with the U+FFFD its decoder gave their `unfinished` tail (one
+    for Python's and byte-level BPE's decode, one per byte for SentencePiece's byte fallback) shown as those bytes,
+    `⟨f0 9f⟩`; as it is when the cache ends on a whole character or the text does not end on U+FFFD."""
+    if not unfinished or not text.endswith("\ufffd"):
+        return text
+    cut = max(0, len(text) - len(unfinished))
+    return text[:cut] + text[cut:].rstrip("\ufffd") + hex_bytes(unfinished)
+
+
 def valid_utf8(data: bytes) -> bool:
     try:
         data.decode("utf-8")

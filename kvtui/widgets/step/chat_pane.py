@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input
 
-from ...engine.records.token_bytes import hex_bytes
+from ...engine.records.token_bytes import ending_on
 from ...fmt import printable
 from ..shared.live_text import LiveText
 
@@ -83,12 +83,8 @@ class ChatPane(Vertical):
         gives them."""
         transcript = self.query_one("#transcript", VerticalScroll)
         rows = [(m["role"], m["content"]) for m in messages]
-        if unfinished and rows and rows[-1][1].endswith("\ufffd"):
-            # a decoder gives those bytes one U+FFFD (Python's, byte-level BPE's) or one per byte (byte fallback's)
-            role, content = rows[-1]
-            cut = max(0, len(content) - len(unfinished))
-            kept = content[:cut] + content[cut:].rstrip("\ufffd")
-            rows[-1] = (role, kept + hex_bytes(unfinished))
+        if unfinished and rows:
+            rows[-1] = (rows[-1][0], ending_on(rows[-1][1], unfinished))
         if pending and rows and rows[-1][0] == "assistant":
             rows[-1] = ("assistant", rows[-1][1] + pending)
         widgets = self._widgets

@@ -14,7 +14,14 @@ from kvtui.engine.reading.token_texts import tokenizer_texts
 from kvtui.engine.records.diff import token_pieces
 from kvtui.engine.records.recorder import Recorder
 from kvtui.engine.records.replay import Replay, transcript
-from kvtui.engine.records.token_bytes import bytes_record, learn_bytes, run_text
+from kvtui.engine.records.token_bytes import (
+    bytes_record,
+    ending_on,
+    hex_bytes,
+    learn_bytes,
+    run_text,
+    unfinished_tail,
+)
 from kvtui.engine.records.trace import read_trace
 
 TEXTS = [
@@ -119,6 +126,49 @@ def test_a_replayed_chat_equals_the_live_one_character_for_character(tiny_model,
     assert exported.text() == tok.decode(
         exported.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
     )
+
+
+@pytest.mark.parametrize("arch, kwargs", [("qwen2", {}), ("llama", {"byte_fallback": True})])
+def test_a_reply_seen_inside_a_character_is_the_same_live_and_replayed_and_never_u_fffd(
+    tiny_model, tmp_path, arch, kwargs
+):
+    """At every step of a reply whose characters are split across tokens, the open reply as a pane shows it
+    (`ending_on` its `unfinished_tail`) holds no U+FFFD, and the live session's equals its replay's; where the cache
+    ends inside a character it ends on that character's first bytes, the decode of everything before them whole."""
+    model, tok = tiny_model(arch, **kwargs)
+    path = tmp_path / "chat.jsonl"
+    session = ChatSession(model, tok, SessionConfig(max_new_tokens=64))
+    recorder = Recorder(session, path)
+    session.send("Hi")
+    live: list[str] = []
+    reply = tok("再见 👨‍👩‍👧 déjà", add_special_tokens=False)["input_ids"]
+    for token_id in reply:
+        session.force(token_id)
+        session.step()
+        tail = unfinished_tail([(t.id, t.piece) for t in session.buffer[-3:]], session.token_bytes)
+        live.append(ending_on(session.messages[-1]["content"], tail))
+    recorder.close()
+    inside = 0
+    replayed = Replay(read_trace(path)).snapshots[1:]  # the steps after the prefill: one per forced token
+    assert len(replayed) == len(reply) == len(live)
+    for count, (shown, snapshot) in enumerate(zip(live, replayed, strict=True), start=1):
+        assert "\ufffd" not in shown, (count, shown)
+        tail = unfinished_tail([(t.id, t.piece) for t in snapshot.buffer[-3:]], snapshot.token_bytes)
+        assert ending_on(transcript(snapshot.buffer, snapshot.token_bytes)[-1]["content"], tail) == shown, count
+        if tail:
+            inside += 1
+            assert shown.endswith(hex_bytes(tail)), (count, shown)
+            # what comes before those bytes is the text as it reads once the character is complete: the tokenizer's
+            # own decode of the reply up to the first later step that holds no U+FFFD
+            whole = next(
+                text
+                for text in (
+                    tok.decode(reply[:end], clean_up_tokenization_spaces=False) for end in range(count + 1, 99)
+                )
+                if "\ufffd" not in text
+            )
+            assert whole.startswith(shown.removesuffix(hex_bytes(tail))), (count, whole, shown)
+    assert inside >= 2  # the emoji and CJK pieces stopped the cache inside a character
 
 
 def test_bytes_are_written_only_where_a_piece_is_not_its_bytes(tiny_model, tmp_path):
