@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .engine.records.token_bytes import learn_bytes, token_bytes
+from .engine.records.token_bytes import learn_bytes, shown_text, token_bytes
 
 STRATEGIES = ("none", "dynamic", "static", "static+compile")
 ENGINE_OVERHEAD = 600 * 2**20  # what an engine process holds besides the weights (torch, transformers, buffers)
@@ -183,8 +183,9 @@ class Lane:
 
     @property
     def reply_text(self) -> str:
-        """The current turn's reply, decoded once from its bytes (a split character comes back whole)."""
-        return b"".join(self.reply).decode("utf-8", errors="replace")
+        """The current turn's reply, decoded once from its bytes (a split character comes back whole; one not
+        complete yet at the end is shown as its bytes)."""
+        return shown_text(b"".join(self.reply))
 
     @property
     def press(self) -> bool:

@@ -114,9 +114,19 @@ def unfinished_tail(tokens: Iterable[tuple[int, str]], table: TokenBytes) -> byt
     """The bytes at the end of the last few (id, piece) tokens of a run that begin a character whose rest is not
     there yet (a reply generated into the middle of an emoji, or cut there by its token limit); b"" when the run
     ends on a whole character. A decoder of the joined bytes shows this tail as one U+FFFD."""
+    return _unfinished(run_bytes(tokens, table))
+
+
+def _unfinished(data: bytes) -> bytes:
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    decoder.decode(run_bytes(tokens, table), final=False)
+    decoder.decode(data, final=False)
     return decoder.getstate()[0]  # what it holds back, waiting for the rest of a character
+
+
+def shown_text(data: bytes) -> str:
+    """Bytes generated so far as a pane shows them: decoded, a character not complete yet at the end as its
+    bytes (`🌟⟨f0 9f⟩`)."""
+    return ending_on(data.decode("utf-8", errors="replace"), _unfinished(data[-3:]))
 
 
 def ending_on(text: str, unfinished: bytes) -> str:

@@ -223,3 +223,19 @@ def test_a_watched_program_s_trace_rebuilds_its_text(tiny_model, tmp_path, arch,
     truth = tok.decode(ids[0], skip_special_tokens=False, clean_up_tokenization_spaces=False)
     assert run_text([(t.id, t.piece) for t in last.buffer], last.token_bytes) == truth
     assert any("\ufffd" in t.piece for t in last.buffer)  # split characters: the bytes were needed
+
+
+def test_a_compare_lane_s_reply_ends_on_the_bytes_of_a_character_not_complete_yet():
+    """`kvtui compare` shows each lane's reply from its tokens' bytes: a whole split character once, one cut short
+    at the end by its bytes, never U+FFFD (a byte that can never begin a character stays U+FFFD: it is no cut)."""
+    from kvtui.compare import Lane
+
+    star = "🌟".encode()  # f0 9f 8c 9f
+    lane = Lane("dynamic")
+    for cut, shown in [(4, "Hi 🌟"), (1, "Hi ⟨f0⟩"), (3, "Hi ⟨f0 9f 8c⟩")]:
+        lane.reply = [b"Hi", b" ", star[:cut]]
+        assert lane.reply_text == shown
+    lane.reply = [b"Hi ", star, star[:2]]
+    assert lane.reply_text == "Hi 🌟⟨f0 9f⟩"
+    lane.reply = [b"Hi \x9f"]  # a continuation byte alone: no character was cut, and none can be
+    assert lane.reply_text == "Hi \ufffd"
