@@ -162,7 +162,7 @@ def _run_turn(session: ChatSession, text: str, shown: Callable[[str], str]) -> t
         generated = session.steps - prefill.step
     elapsed = time.perf_counter() - started
     reply = session.messages[-1]["content"] if session.messages and session.messages[-1]["role"] == "assistant" else ""
-    tail = unfinished_tail(((t.id, t.piece) for t in session.buffer[-3:]), session.token_bytes)
+    tail = unfinished_tail(session.buffer, session.token_bytes)
     reply = ending_on(reply, tail)  # a reply cut inside a character ends on its bytes, as the TUI shows it
     codes = ", ".join(sorted({d.code for d in session.diagnostics[before_diag:]}))
     return (

@@ -390,10 +390,8 @@ class StepScreen(StepKeys):
     def _show_chat(self) -> None:
         chat = self.query_one(ChatPane)
         snapshot = self.latest
-        unfinished = b""
-        if snapshot is not None:  # a character the cache ends inside of (its last 3 tokens hold its first bytes)
-            buffer = snapshot.buffer
-            unfinished = unfinished_tail(((t.id, t.piece) for t in buffer[-3:]), snapshot.token_bytes)
+        # a character the cache ends inside of: the last message ends on its first bytes
+        unfinished = unfinished_tail(snapshot.buffer, snapshot.token_bytes) if snapshot is not None else b""
         chat.show_messages(self.messages, unfinished=unfinished)
         chat.show_reuse((self.driver.reuse_text(snapshot) if snapshot is not None else None) or "")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import compress, repeat
 
 TokenBytes = Mapping[int, bytes]  # id -> its bytes, for the ids whose decoded piece is not exact
@@ -110,11 +110,12 @@ def run_text(tokens: Iterable[tuple[int, str]], table: TokenBytes) -> str:
     return run_bytes(tokens, table).decode("utf-8", errors="replace")
 
 
-def unfinished_tail(tokens: Iterable[tuple[int, str]], table: TokenBytes) -> bytes:
-    """The bytes at the end of the last few (id, piece) tokens of a run that begin a character whose rest is not
-    there yet (a reply generated into the middle of an emoji, or cut there by its token limit); b"" when the run
-    ends on a whole character. A decoder of the joined bytes shows this tail as one U+FFFD."""
-    return _unfinished(run_bytes(tokens, table))
+def unfinished_tail(buffer: Sequence, table: TokenBytes) -> bytes:
+    """The bytes a token buffer (its tokens' `id` and `piece`) ends on that begin a character whose rest is not
+    there yet (a reply generated into the middle of an emoji, or cut there by its token limit); b"" when it ends
+    on a whole character. Such a beginning is at most 3 bytes, so its last 3 tokens hold it. A decoder of the
+    joined bytes shows this tail as one U+FFFD."""
+    return _unfinished(run_bytes(((t.id, t.piece) for t in buffer[-3:]), table))
 
 
 def _unfinished(data: bytes) -> bytes:

@@ -145,7 +145,7 @@ def test_a_reply_seen_inside_a_character_is_the_same_live_and_replayed_and_never
     for token_id in reply:
         session.force(token_id)
         session.step()
-        tail = unfinished_tail([(t.id, t.piece) for t in session.buffer[-3:]], session.token_bytes)
+        tail = unfinished_tail(session.buffer, session.token_bytes)
         live.append(ending_on(session.messages[-1]["content"], tail))
     recorder.close()
     inside = 0
@@ -153,7 +153,7 @@ def test_a_reply_seen_inside_a_character_is_the_same_live_and_replayed_and_never
     assert len(replayed) == len(reply) == len(live)
     for count, (shown, snapshot) in enumerate(zip(live, replayed, strict=True), start=1):
         assert "\ufffd" not in shown, (count, shown)
-        tail = unfinished_tail([(t.id, t.piece) for t in snapshot.buffer[-3:]], snapshot.token_bytes)
+        tail = unfinished_tail(snapshot.buffer, snapshot.token_bytes)
         assert ending_on(transcript(snapshot.buffer, snapshot.token_bytes)[-1]["content"], tail) == shown, count
         if tail:
             inside += 1
