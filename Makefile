@@ -75,8 +75,14 @@ XDIST ?= -n 2 --dist loadgroup
 MAKE_STARTED := $(shell date +%s)
 COMPAT_XDIST ?=
 COMPAT_LOG ?= $(COMPAT)/last-test.log
+# How fast this (shared) machine is while the suite runs: the seconds of a fixed pure-Python workload, the median of 5,
+# before and after the suite (0.8 s on the reference machine when it is quick), and the CPU the suite used (bash's
+# `times`: every process it waited for). A slow wall time with slow workloads is the machine; more CPU is the suite.
+HOST_SPEED := $(PYTHON) -c "import statistics; from timeit import repeat; \
+  print('%.2f s' % statistics.median(repeat('sum(i * i for i in range(10_000_000))', number=1, repeat=5)))"
 test: $(STAMP) $(COMPAT)/.kvtui-installed $(VLLM_ENV)/.kvtui-installed $(VENV)/.prepared $(COMPAT)/.prepared browser lint
-	@$(COMPAT)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_XDIST) --durations=15 $(COMPAT_TESTS) $(PYTEST_ARGS) \
+	@echo "---- host speed before the suite: $$($(HOST_SPEED))"; \
+	$(COMPAT)/bin/python -m pytest -q -p no:cacheprovider $(COMPAT_XDIST) --durations=15 $(COMPAT_TESTS) $(PYTEST_ARGS) \
 	  </dev/null >$(COMPAT_LOG) 2>&1 & compat=$$!; \
 	rc=0; started=$$(date +%s); \
 	$(BIN)/python -m pytest -q $(XDIST) --durations=30 --ignore=tests/kvpress $(PYTEST_ARGS) || rc=1; \
@@ -84,6 +90,8 @@ test: $(STAMP) $(COMPAT)/.kvtui-installed $(VLLM_ENV)/.kvtui-installed $(VENV)/.
 	wait $$compat || rc=1; \
 	echo "---- transformers 4.57 (.venv-compat): $(COMPAT_TESTS), done $$(( $$(date +%s) - started )) s after the start"; \
 	cat $(COMPAT_LOG); \
+	times >$(COMPAT)/times.txt; \
+	echo "---- host speed after the suite: $$($(HOST_SPEED)); CPU the suites used (user, system): $$(tail -1 $(COMPAT)/times.txt)"; \
 	echo "---- make test: wall time $$(( $$(date +%s) - $(MAKE_STARTED) )) s from make's start (installs, lint, both suites)"; \
 	exit $$rc
 
