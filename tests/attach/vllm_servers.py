@@ -4,13 +4,16 @@ of them killed and started again on the same ports by the restart test."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ VLLM_PYTHON = Path(os.environ.get("KVTUI_VLLM_PYTHON", ROOT / ".venv-vllm" / "bi
 START_TIMEOUT_S = 420  # 1-2 min on 2 cores (eager); more while the rest of the suite runs beside it
 BLOCK_SIZE = 32  # the CPU attention backend takes multiples of 32
 BLOCKS = 40  # a small cache (1280 tokens): long prompts evict, so BlockRemoved events happen too
+_IPC_DIRS: list[str] = []  # this test process's folder for the servers' IPC sockets (made at the first start)
 
 
 def _port() -> int:
@@ -135,6 +139,9 @@ def launch_vllm(log: Path, port: int, events: int, replay: int) -> subprocess.Po
         "LD_PRELOAD": str(python.parent.parent / "lib" / "libiomp5.so"),
         "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache: the AllBlocksCleared event
         "HF_HUB_OFFLINE": "1",
+        # vLLM's ZMQ IPC sockets: `/tmp/<uuid>` by default, and a server stopped by a signal leaves them there (~50
+        # a suite); here in one short folder (a socket's path has 107 bytes at most), removed when this process ends
+        "VLLM_RPC_BASE_PATH": _ipc_dir(),
     }
     env.pop("PYTHONPATH", None)
     config = {
@@ -156,6 +163,13 @@ def launch_vllm(log: Path, port: int, events: int, replay: int) -> subprocess.Po
     ]  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _ipc_dir() -> str:
+    if not _IPC_DIRS:
+        _IPC_DIRS.append(tempfile.mkdtemp(prefix="kvtui-vllm-"))
+        atexit.register(shutil.rmtree, _IPC_DIRS[0], True)
+    return _IPC_DIRS[0]
 
 
 def wait_healthy(process: subprocess.Popen, url: str, log: Path) -> None:
