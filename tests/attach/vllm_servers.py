@@ -5,6 +5,7 @@ of them killed and started again on the same ports by the restart test."""
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import select
@@ -26,7 +27,6 @@ VLLM_PYTHON = Path(os.environ.get("KVTUI_VLLM_PYTHON", ROOT / ".venv-vllm" / "bi
 START_TIMEOUT_S = 420  # 1-2 min on 2 cores (eager); more while the rest of the suite runs beside it
 BLOCK_SIZE = 32  # the CPU attention backend takes multiples of 32
 BLOCKS = 40  # a small cache (1280 tokens): long prompts evict, so BlockRemoved events happen too
-_IPC_DIRS: list[str] = []  # this test process's folder for the servers' IPC sockets (made at the first start)
 
 
 def _port() -> int:
@@ -165,11 +165,12 @@ def launch_vllm(log: Path, port: int, events: int, replay: int) -> subprocess.Po
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
+@functools.cache
 def _ipc_dir() -> str:
-    if not _IPC_DIRS:
-        _IPC_DIRS.append(tempfile.mkdtemp(prefix="kvtui-vllm-"))
-        atexit.register(shutil.rmtree, _IPC_DIRS[0], True)
-    return _IPC_DIRS[0]
+    """This test process's folder for the servers' IPC sockets: made at the first start, removed at its end."""
+    folder = tempfile.mkdtemp(prefix="kvtui-vllm-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def wait_healthy(process: subprocess.Popen, url: str, log: Path) -> None:
