@@ -140,12 +140,9 @@ def watch(
 def run_headless(
     target: str, args: list[str], module: bool, trace_path, fail_on: str, top_k: int = 10, attention: bool = False
 ) -> int:
-    """Run the program in this process under the probe; exit 1 if an alarm at/above fail_on fired,
-    else the program's own exit code."""
-    from ..engine.records.recorder import failing
-    from ..engine.watch.probe import Watcher, run_watched
-    from ..fmt import printable
-    from ..headless import alarm_summary, request_summary
+    """Run the program in this process under the probe (made when its imports reach transformers: deferred.py);
+    exit 1 if an alarm at/above fail_on fired, else the program's own exit code."""
+    from ..engine.watch.deferred import run_deferred
 
     off: dict[str, int] = {}  # --attention: why steps carried none (one line each, with their count)
 
@@ -153,20 +150,32 @@ def run_headless(
         if snapshot.attention_off:
             off[snapshot.attention_off] = off.get(snapshot.attention_off, 0) + 1
 
-    watcher = Watcher(
-        trace=str(trace_path) if trace_path else None,
-        top_k=top_k,
-        program=[target, *args],
-        attention=attention,
-        on_snapshot=seen if attention else None,
-    )
-    code, watched = run_watched(watcher, target, args, module=module)
+    def make_watcher():
+        from ..engine.watch.probe import Watcher
+
+        return Watcher(
+            trace=str(trace_path) if trace_path else None,
+            top_k=top_k,
+            program=[target, *args],
+            attention=attention,
+            on_snapshot=seen if attention else None,
+        )
+
+    code, watcher, watched = run_deferred(make_watcher, target, args, module=module)
+    from ..fmt import printable
+
     models = ", ".join(watched) or "none"
     err = click.get_text_stream("stderr")
+    steps = watcher.steps if watcher is not None else 0
     click.echo(
-        f"kvtui watch: {watcher.steps} forwards watched · models: {printable(models)} · program exit code {code}",
-        file=err,
+        f"kvtui watch: {steps} forwards watched · models: {printable(models)} · program exit code {code}", file=err
     )
+    if watcher is None:  # the program never imported transformers' model or tokenizer code
+        return code
+    # the report's modules after the program (imported before it, they would import torch ahead of it)
+    from ..engine.records.recorder import failing
+    from ..headless import alarm_summary, request_summary
+
     for line in alarm_summary(watcher.diagnostics):  # one line per code and cache, errors first
         click.echo(line, file=err)
     for line in request_summary(watcher.requests):  # continuous batching: one line per request

@@ -1,5 +1,5 @@
 """Watching a whole program: `AutoAttach` watches every causal LM it builds and every tokenizer it loads,
-`run_watched` runs a script or module under it (`kvtui watch SCRIPT`, and each process of a watched tree)."""
+made when the program first imports transformers (deferred.py: `run_deferred`, `run_watched`)."""
 
 from __future__ import annotations
 
@@ -75,21 +75,6 @@ class AutoAttach:
     def uninstall(self) -> None:
         while self._undo:
             self._undo.pop()()
-
-
-def run_watched(watcher: AnyWatcher, target: str, args: list[str], module: bool = False) -> tuple[int, list[str]]:
-    """Run a program (script or module) with every causal LM it builds watched by `watcher`; the patches are
-    gone afterwards. Returns (the program's exit code, "name (Class)" of each model it watched)."""
-    from .program import run_program
-
-    attach = AutoAttach(watcher).install()
-    try:
-        code = run_program(target, args, module=module)
-    finally:
-        attach.uninstall()
-        models = [f"{p.name} ({p.class_name})" for p in watcher.probes]
-        watcher.detach()
-    return code, models
 
 
 def _is_causal_lm(model) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..records.child import ChildSource
 from ..records.stream import RecordPipe, parse_command
-from .probe import Gate, Watcher, run_watched
+from .deferred import Gate, run_deferred
 
 
 def control_gate(
@@ -120,18 +120,23 @@ def child_main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     pipe = RecordPipe(options.records_fd)
     gate = control_gate(options.control_fd, pipe, options.paused, options.break_on_alarm)
-    watcher = Watcher(
-        trace=options.trace,
-        top_k=options.top_k,
-        gate=gate,
-        program=[options.target, *options.args],
-        on_snapshot=pipe.send,
-        on_event=pipe.send,
-        attention=options.attention,
-    )
-    gate.watcher = watcher
-    code, _ = run_watched(watcher, options.target, options.args, module=options.module)
-    pipe.send({"type": "program-exit", "code": code, "steps": watcher.steps})
+
+    def make_watcher():  # when the program's imports reach transformers (deferred.py): torch is imported then
+        from .probe import Watcher
+
+        gate.watcher = Watcher(
+            trace=options.trace,
+            top_k=options.top_k,
+            gate=gate,
+            program=[options.target, *options.args],
+            on_snapshot=pipe.send,
+            on_event=pipe.send,
+            attention=options.attention,
+        )
+        return gate.watcher
+
+    code, watcher, _ = run_deferred(make_watcher, options.target, options.args, module=options.module)
+    pipe.send({"type": "program-exit", "code": code, "steps": watcher.steps if watcher is not None else 0})
     pipe.close()
     return code
 

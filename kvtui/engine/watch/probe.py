@@ -42,8 +42,9 @@ from ..reading.diagnostics import check_refed
 from ..records.codec import diagnostic_record
 from ..records.snapshot import Diagnostic, RequestView, StepSnapshot
 from . import cache_edits, evictions, masks
-from .auto_attach import AutoAttach, run_watched
+from .auto_attach import AutoAttach
 from .callers import caller_and_generate, caller_line, library_dirs, thread_caller
+from .deferred import Gate, run_watched
 from .hooks import Probe, WatchRefused
 from .lineage import CacheTrack, Lineage
 from .packed_step import PackedReader, build_packed
@@ -58,22 +59,12 @@ from .watch_step import Call, StepBuilder, read_call
 if TYPE_CHECKING:
     from ..records.recorder import Recorder  # imported when a trace starts
 
-# AutoAttach and run_watched live in auto_attach.py, WatchRefused in hooks.py: re-exported, as kvtui, the
-# commands and the process tree import them from here
+# AutoAttach lives in auto_attach.py, Gate and run_watched in deferred.py, WatchRefused in hooks.py: re-exported,
+# as kvtui, the commands and the process tree import them from here
 __all__ = ["AutoAttach", "Gate", "WatchRefused", "Watcher", "run_watched", "watch"]
 
 TOP_K = 10
 EDIT_METHODS = ("crop", "reset", "reorder_cache", "batch_select_indices", "batch_repeat_interleave")
-
-
-class Gate:
-    """Where a front end may hold the program: before each watched forward, after each step."""
-
-    def before_forward(self, watcher: Watcher) -> None:
-        pass
-
-    def after_step(self, watcher: Watcher, snapshot: StepSnapshot) -> None:
-        pass
 
 
 _WATCHERS: list[Watcher] = []  # attached watchers (caches are found through them)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import hmac
-import importlib.util
 import json
 import os
 import signal
@@ -32,9 +31,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .deferred import TOKENIZERS, TRIGGER, at_first_tokenizer_load, when_imported
+
 ENV = "KVTUI_WATCH_TREE"  # JSON: {"connect": "HOST:PORT", "token", "top_k", "paused", "break_on_alarm", "attention"}
-TRIGGER = "transformers.modeling_utils"  # where PreTrainedModel lives: imported before any model is built
-TOKENIZERS = "transformers.tokenization_utils_base"  # a tokenizer may be loaded before any model code
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 HELLO_TIMEOUT_S = 10.0
 
@@ -136,62 +135,15 @@ def environment(
 
 def start_in_process() -> None:
     """Called by the hook: when transformers' tokenizer code loads, remember the tokenizers this process
-    loads; when its modeling code loads, watch every causal LM it builds."""
+    loads (from its first tokenizer load); when its modeling code loads, watch every causal LM it builds
+    (deferred.py: never before the program's own imports reach transformers)."""
     config = json.loads(os.environ[ENV])
 
-    def then_for(module: str, part: str):
-        if module == TOKENIZERS:
-            return lambda: _tokenizers_at_first_load(config)
-        return lambda: getattr(_watcher(config), part)()
+    def tokenizer_code_loaded() -> None:
+        at_first_tokenizer_load(lambda: _watcher(config).install_tokenizers())
 
-    for module, part in ((TOKENIZERS, "install_tokenizers"), (TRIGGER, "install_models")):
-        then = then_for(module, part)
-        if module in sys.modules:  # imported already (a hook run twice): at once
-            then()
-        else:
-            sys.meta_path.insert(0, _AfterImport(module, then))
-
-
-def _tokenizers_at_first_load(config: dict) -> None:
-    """The tokenizer patch, installed at the first tokenizer load rather than when its module executes: on 4.57
-    that module runs in the middle of `transformers.configuration_utils`' own imports, and making the watcher
-    then (kvtui's probe imports transformers' cache code) would import that half-made module (an ImportError
-    in the user's program). A stand-in `from_pretrained` makes the watcher at the first call, puts the real
-    patch in place and calls it."""
-    base = sys.modules[TOKENIZERS].PreTrainedTokenizerBase
-    original = base.__dict__["from_pretrained"]  # a classmethod object
-
-    def from_pretrained(cls, *args, **kwargs):
-        if base.__dict__.get("from_pretrained") is stand_in:
-            base.from_pretrained = original
-            _watcher(config).install_tokenizers()
-        return base.__dict__["from_pretrained"].__func__(cls, *args, **kwargs)
-
-    stand_in = classmethod(from_pretrained)
-    base.from_pretrained = stand_in
-
-
-class _AfterImport:  # a meta path finder (duck-typed: importlib.abc costs ~10 ms in every process)
-    """Runs `then()` right after the module `name` has executed, once; finds nothing itself."""
-
-    def __init__(self, name: str, then):
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # once, and not while the real finders look
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module, then = spec.loader.exec_module, self.then
-
-        def exec_then(module):
-            exec_module(module)
-            then()
-
-        spec.loader.exec_module = exec_then  # type: ignore[method-assign]  # this one import's loader, this once
-        return spec
+    when_imported(TOKENIZERS, tokenizer_code_loaded)
+    when_imported(TRIGGER, lambda: _watcher(config).install_models())
 
 
 _RUN: dict = {}  # this process's watcher and its connection to the viewer

@@ -2,9 +2,11 @@
 with its plain run in test_transparency.py): output and exit codes pass through, interactive programs, traces."""
 
 import json
+import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,54 @@ def test_module_mode_runs_with_its_args(tmp_path):
     result = watch("--headless", "-m", "mytool", "--flag", "x", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "args ['--flag', 'x']\n"
+
+
+# A program that reads its own process before its imports, then sets a variable that torch reads when it loads
+IMPORTS_FIRST = textwrap.dedent("""
+    import os, sys
+    print("loaded before the program's imports:", sorted(m for m in ("torch", "transformers") if m in sys.modules))
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    from transformers import AutoModelForCausalLM
+    print("threads:", torch.get_num_threads(), flush=True)
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+    with torch.no_grad():
+        print("next id:", model(input_ids=torch.tensor([[1, 2, 3]])).logits[0, -1].argmax().item())
+""")
+
+
+def test_kvtui_imports_torch_and_transformers_after_the_program_does(tmp_path, tiny_dir):
+    """kvtui's probe loads once the program's own imports reach transformers' model or tokenizer code (headless and
+    in the TUI's child process alike): the program sees its own sys.modules and keeps the OMP_NUM_THREADS it set
+    before importing torch, prints what it prints without kvtui, and its model is still watched."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kvtui.engine.watch.child import ProgramSource
+
+    script, model = tmp_path / "imports_first.py", str(tiny_dir("llama"))
+    script.write_text(IMPORTS_FIRST)
+    with torch.no_grad():  # what the program prints without kvtui (its next id, computed here)
+        logits = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)(input_ids=torch.tensor([[1, 2, 3]]))
+    plain = f"loaded before the program's imports: []\nthreads: 1\nnext id: {logits.logits[0, -1].argmax().item()}\n"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # what the program sets is what counts
+    headless = subprocess.run(
+        [sys.executable, "-m", "kvtui.cli", "watch", "--headless", str(script), model],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert headless.returncode == 0, headless.stderr[-2000:]
+    assert headless.stdout == plain
+    assert "kvtui watch: 1 forwards watched" in headless.stderr, headless.stderr
+    saved = os.environ.pop("OMP_NUM_THREADS", None)  # the child inherits this process's environment
+    try:
+        records = list(ProgramSource(str(script), [model]).records())
+    finally:
+        if saved is not None:
+            os.environ["OMP_NUM_THREADS"] = saved
+    printed = "".join(r["text"] + "\n" for r in records if r["type"] == "output" and r["stream"] == "stdout")
+    assert printed == plain
+    assert [r["step"] for r in records if r["type"] == "step"] == [1]
