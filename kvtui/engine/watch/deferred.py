@@ -102,11 +102,23 @@ class DeferredAttach:
         self.watcher: Any = None  # a probe.Watcher, once made
         self.attach: Any = None  # its auto_attach.AutoAttach
         self._undo: list[Callable[[], None]] = []
+        self.failed: str | None = None  # why the watcher could not be made or installed (the program ran on)
 
     def install(self) -> DeferredAttach:
         self._undo.append(when_imported(TOKENIZERS, self._tokenizer_code_loaded))
-        self._undo.append(when_imported(TRIGGER, lambda: self.now().install_models()))
+        self._undo.append(when_imported(TRIGGER, lambda: self._safely(lambda attach: attach.install_models())))
         return self
+
+    def _safely(self, part: Callable[[Any], None]) -> None:
+        """`part(the AutoAttach)`; if kvtui fails there, one line on stderr and the program runs on unwatched: it
+        runs inside the program's own import or tokenizer load, which kvtui must never break."""
+        if self.failed is not None:
+            return
+        try:
+            part(self.now())
+        except Exception as error:  # noqa: BLE001  never break the user's program
+            self.failed = f"{type(error).__name__}: {error}"
+            print(f"kvtui watch: not watching this program: {self.failed}", file=sys.stderr, flush=True)
 
     def now(self):
         """The AutoAttach, made (with its watcher) at the first call."""
@@ -118,7 +130,7 @@ class DeferredAttach:
         return self.attach
 
     def _tokenizer_code_loaded(self) -> None:
-        self._undo.append(at_first_tokenizer_load(lambda: self.now().install_tokenizers()))
+        self._undo.append(at_first_tokenizer_load(lambda: self._safely(lambda attach: attach.install_tokenizers())))
 
     def uninstall(self) -> None:
         """Every wait and patch taken back (the watcher itself is the caller's to detach)."""

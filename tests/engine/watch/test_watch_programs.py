@@ -165,3 +165,22 @@ def test_kvtui_imports_torch_and_transformers_after_the_program_does(tmp_path, t
     printed = "".join(r["text"] + "\n" for r in records if r["type"] == "output" and r["stream"] == "stdout")
     assert printed == plain
     assert [r["step"] for r in records if r["type"] == "step"] == [1]
+
+
+@LAUNCHER
+def test_a_watcher_that_cannot_be_made_leaves_the_program_running(tmp_path, capsys):
+    """kvtui's failure inside the program's own import of transformers is one line on stderr, never the program's
+    error: the program runs to its end unwatched and its exit code is its own."""
+    from kvtui.engine.watch.deferred import run_deferred
+
+    script = tmp_path / "uses_transformers.py"
+    script.write_text("import sys\nimport transformers.modeling_utils\nprint('ran to the end')\nsys.exit(4)\n")
+
+    def make_watcher():
+        raise RuntimeError("no watcher today")
+
+    code, watcher, models = run_deferred(make_watcher, str(script), [])
+    out, err = capsys.readouterr()
+    assert (code, watcher, models) == (4, None, [])
+    assert out == "ran to the end\n"
+    assert "kvtui watch: not watching this program: RuntimeError: no watcher today" in err
