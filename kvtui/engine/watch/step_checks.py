@@ -22,6 +22,8 @@ def check_positions(
     """A prefill's padding side, and each row's applied positions against what its cache attended (`call`: the
     forward's watch_step.Call, which imports this module)."""
     found: list[Diagnostic] = []
+    if call.pads_unknown:  # a mask kvtui cannot map to the cache's slots, and no count to continue: no claim
+        return found
     if call.n > 1:
         padded = check_padding_side(step, masks, at)
         note_right_padding(alarms, bool(padded))

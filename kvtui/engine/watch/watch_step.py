@@ -2,8 +2,9 @@
 the model applied, the cache's rows and layers, top-k, and the alarms the rulebook (`diagnostics.py`)
 raises on them. Pure bookkeeping over what the probe read; it never calls the model.
 
-Shapes: input_ids / position_ids [batch, n]; attention_mask [batch, cached + n] (2-D; other forms
-are not read); logits [batch, n or 1, vocab].
+Shapes: input_ids / position_ids [batch, n]; attention_mask [batch, cached + n] (2-D), or the 4-D mask
+[batch, heads, n, slots] generate() builds for a static cache (a dict of them per layer type: the full layers'
+is read); logits [batch, n or 1, vocab].
 """
 
 from __future__ import annotations
@@ -81,6 +82,10 @@ class Call:
     pending_edit: introspect.PendingEdit | None = None  # the cache's in-place edit check, waiting for the transfer
     edits_at: int = 0  # where in `found` that alarm goes (what was said before it stays before it)
     mask_cached: torch.Tensor | None = None  # [batch, cached] columns of a 2-D mask, until `count_attended`
+    # a mask was passed whose columns are not the cache's slots (a sliding window's 4-D mask): its pads are the
+    # cache's running count (`count_attended`) when it has one; else they cannot be told (`pads_unknown`)
+    mask_unread: bool = False
+    pads_unknown: bool = False
     attention: Any = None  # the step's attention reduced on the device, its values in `reads` (AttentionCapture.stage)
     last_logits: torch.Tensor | None = None  # [1, vocab] float32 copy of the last position's logits (`prepare`)
     capturing: bool = False  # what its layers write is kept (evictions.begin): it may compress the cache
@@ -119,6 +124,13 @@ class Call:
         tokens), so a step reads only its new columns; else one reduction of the cached columns, in the step's
         transfer. (A program that rewrites earlier columns of a mask it keeps extending is counted as it was.)"""
         cached, self.mask_cached = self.mask_cached, None
+        if self.mask_unread:  # the count the cache's last forward left, the fed tokens real (generate's steps)
+            kept = self.track.attended if self.track is not None else None
+            if kept is not None and kept[0] == (self.cache_length_before, self.cache_length_before):
+                self.real_before, self.mask_new = list(kept[1]), [[1] * self.n] * self.batch
+            else:
+                self.pads_unknown = True
+            return
         if cached is None or self.reads is None:
             return
         kept = self.track.attended if self.track is not None else None
@@ -149,11 +161,19 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     cache = introspect.cache_in(values)
     cache_len = introspect.seq_length(cache) if cache is not None else 0
     mask = values.get("attention_mask")
+    mask_unread = False
+    if isinstance(mask, dict):  # one 4-D mask per layer type (a model with sliding and full layers)
+        mask = mask.get("full_attention", mask)
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        mask = _as_2d(mask, cache_len, n)
+        mask_unread = mask is None
     mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
         handles["mask_new"] = reads.add(mask[:, mask.shape[-1] - n :])  # [batch, n]
         if mask.shape[-1] > n:
             mask_cached = mask[:, : mask.shape[-1] - n]  # [batch, cached]: counted by `count_attended`
+    elif mask_unread or isinstance(mask, dict):
+        mask_unread, mask_length = True, cache_len + n  # as long as a 2-D mask of this forward would be
     cache_position = values.get("cache_position")
     if isinstance(cache_position, torch.Tensor):
         handles["cache_position"] = reads.add(cache_position.reshape(-1))
@@ -177,7 +197,21 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         reads=reads,
         handles=handles,
         mask_cached=mask_cached,
+        mask_unread=mask_unread,
     )
+
+
+def _as_2d(mask: torch.Tensor, cached: int, n: int) -> torch.Tensor | None:
+    """A 4-D mask [batch, heads, n, slots] (what generate() passes a model with a static cache; bool, or additive
+    with 0 where attended) as the 2-D mask [batch, cached + n] it was built from: the cached slots the newest
+    token attends, then whether each fed token attends its own slot (a pad attends nothing). A view, but for an
+    additive mask's comparison. None when its columns are not the cache's slots (a sliding window's, fewer)."""
+    if mask.shape[-2] != n or mask.shape[-1] < cached + n or n == 0:
+        return None
+    rows = mask[:, 0]  # [batch, n, slots]
+    attends = rows if rows.dtype == torch.bool else rows == 0 if rows.is_floating_point() else rows != 0
+    own = attends[:, :, cached : cached + n].diagonal(dim1=-2, dim2=-1)  # [batch, n]
+    return torch.cat([attends[:, -1, :cached], own], dim=-1) if cached else own  # [batch, cached + n]
 
 
 def _fed_tokens(
