@@ -161,10 +161,8 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     cache = introspect.cache_in(values)
     cache_len = introspect.seq_length(cache) if cache is not None else 0
     mask = values.get("attention_mask")
-    mask_unread = False
-    if isinstance(mask, dict):  # one 4-D mask per layer type (a model with sliding and full layers)
-        mask = mask.get("full_attention", mask)
-    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+    mask_unread = mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2)
+    if mask_unread:  # a 4-D mask (a dict of them per layer type): read as the 2-D mask it was built from
         mask = _as_2d(mask, cache_len, n)
         mask_unread = mask is None
     mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
@@ -172,8 +170,8 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         handles["mask_new"] = reads.add(mask[:, mask.shape[-1] - n :])  # [batch, n]
         if mask.shape[-1] > n:
             mask_cached = mask[:, : mask.shape[-1] - n]  # [batch, cached]: counted by `count_attended`
-    elif mask_unread or isinstance(mask, dict):
-        mask_unread, mask_length = True, cache_len + n  # as long as a 2-D mask of this forward would be
+    elif mask_unread:
+        mask_length = cache_len + n  # as long as a 2-D mask of this forward would be
     cache_position = values.get("cache_position")
     if isinstance(cache_position, torch.Tensor):
         handles["cache_position"] = reads.add(cache_position.reshape(-1))
@@ -201,12 +199,17 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     )
 
 
-def _as_2d(mask: torch.Tensor, cached: int, n: int) -> torch.Tensor | None:
+def _as_2d(mask, cached: int, n: int) -> torch.Tensor | None:
     """A 4-D mask [batch, heads, n, slots] (what generate() passes a model with a static cache; bool, or additive
-    with 0 where attended) as the 2-D mask [batch, cached + n] it was built from: the cached slots the newest
-    token attends, then whether each fed token attends its own slot (a pad attends nothing). A view, but for an
-    additive mask's comparison. None when its columns are not the cache's slots (a sliding window's, fewer)."""
-    if mask.shape[-2] != n or mask.shape[-1] < cached + n or n == 0:
+    with 0 where attended; a dict of them per layer type, whose full layers' is read) as the 2-D mask
+    [batch, cached + n] it was built from: the cached slots the newest token attends, then whether each fed token
+    attends its own slot (a pad attends nothing). None when its columns are not the cache's slots (a sliding
+    window's, fewer) or it is another form."""
+    if isinstance(mask, dict):
+        mask = mask.get("full_attention")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[-2] != n or mask.shape[-1] < cached + n:
+        return None
+    if n == 0:
         return None
     rows = mask[:, 0]  # [batch, n, slots]
     attends = rows if rows.dtype == torch.bool else rows == 0 if rows.is_floating_point() else rows != 0
