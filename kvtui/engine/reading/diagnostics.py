@@ -246,7 +246,12 @@ def check_layers(
                     "sliding-eviction",
                     "info",
                     f"{len(evicting)} of {len(layers)} layers ({first.kind}, window {first.window}) no longer hold "
-                    f"positions < {first.held_from}; full layers still hold all {cache_len}",
+                    f"positions < {first.held_from}; "
+                    + (
+                        f"the other layers still hold all {cache_len}"
+                        if len(evicting) < len(layers)
+                        else "no layer holds them any more (every layer is sliding)"
+                    ),
                     step,
                 )
             )

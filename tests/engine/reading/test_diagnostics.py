@@ -147,12 +147,23 @@ def test_sliding_eviction_is_reported_and_rewind_past_the_window_recomputes(tiny
     eviction = [d for d in snapshot.diagnostics if d.code == "sliding-eviction"]
     assert eviction and eviction[0].severity == "info"
     assert all(layer.filled == 7 and layer.held_from == snapshot.cache_seq_length - 7 for layer in snapshot.layers)
+    assert eviction[0].message.endswith("no layer holds them any more (every layer is sliding)")  # no full layer
     session.generate()
     before = session.cache_length
     session.rewind(5)  # states the sliding layers dropped are needed again: recomputed, and said so
     assert session.cache_length == before - 5 == session.cursor
     assert any("recomputing" in d.message for d in session.diagnostics)
     assert session.verify().ok
+
+
+def test_sliding_eviction_beside_full_layers_says_they_still_hold_everything(tiny_model):
+    model, tok = tiny_model("gemma2", sliding_window=8)
+    snapshot = ChatSession(model, tok, SessionConfig(max_new_tokens=2)).send("What is k?")
+    (eviction,) = [d for d in snapshot.diagnostics if d.code == "sliding-eviction"]
+    kinds = [layer.kind for layer in snapshot.layers]
+    assert "full" in kinds and any("sliding" in kind for kind in kinds)
+    assert f"1 of {len(kinds)} layers" in eviction.message
+    assert eviction.message.endswith(f"the other layers still hold all {snapshot.cache_seq_length}")
 
 
 def test_verify_catches_a_cache_modified_behind_the_sessions_back(tiny_model):
