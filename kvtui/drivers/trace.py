@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from textual.binding import Binding
 from textual.worker import get_current_worker
 
 from ..engine.records.replay import Replay, describe_event, transcript
@@ -29,8 +30,10 @@ class TraceDriver(Driver):
     EMPTY = "no step recorded yet"
     HELP = """
 A recorded trace, read-only: space (or s) steps forward, u and backspace step back, r plays it, p or Esc stop
-playing. With --follow the steps another process appends arrive as it writes them.
+playing. With --follow the steps another process appends arrive as it writes them. n shows a recorded batch's
+next row.
 """
+    BINDINGS = [Binding("n", "next_row", "next batch row", show=False)]
 
     UNAVAILABLE = {
         "verify": "replay is read-only: verify needs the live model (the verifies that ran are in the recording)",
@@ -56,6 +59,7 @@ playing. With --follow the steps another process appends arrive as it writes the
         self._player: Any = None
         self._appended = False  # an "appended" call is on its way: the follower posts no other
         self.meter = ReuseMeter()  # a chat's trace: the line under the chat, as it was live
+        self.row = 0  # the batch row the panes show (a watched batch's trace records every row)
 
     def start(self) -> None:
         app = self.app
@@ -162,12 +166,14 @@ playing. With --follow the steps another process appends arrive as it writes the
         if self.replay.header.get("mode") != "watch":
             return transcript(snapshot.buffer, snapshot.token_bytes)
         name = snapshot.lineage or "no cache"
-        held = run_text(((t.id, t.piece) for t in snapshot.buffer), snapshot.token_bytes)
+        buffer = snapshot.for_row(self.row).buffer
+        held = run_text(((t.id, t.piece) for t in buffer), snapshot.token_bytes)
         return [{"role": f"{name} holds", "content": held}]
 
     def reuse_text(self, snapshot: StepSnapshot) -> str:
         if self.replay.header.get("mode") == "watch":  # a watched program's trace: where each forward came from
-            return program_step_text(snapshot, 0, self.replay.recomputed_through(max(self.position, 0)))
+            row = self.row if self.row < snapshot.batch else 0  # a step of a smaller batch shows its first row
+            return program_step_text(snapshot, row, self.replay.recomputed_through(max(self.position, 0)))
         return self.meter.text(snapshot)
 
     def command(self, action: str, argument: Any = None) -> None:
@@ -193,6 +199,18 @@ playing. With --follow the steps another process appends arrive as it writes the
 
     def find_step(self, step: int) -> StepSnapshot | None:
         return self.replay.snapshot_at(step)
+
+    def shown(self, snapshot: StepSnapshot | None) -> StepSnapshot | None:
+        return snapshot.for_row(self.row) if snapshot is not None else None
+
+    def next_row(self) -> None:
+        """n: the panes show the step as the next batch row saw it (as live, ProgramDriver.next_row)."""
+        batch = self.replay.snapshots[self.position].batch if self.position >= 0 else 1
+        if batch == 1:
+            self.app.notify("batch of one: no other row", timeout=2)
+            return
+        self.row = (self.row + 1) % batch
+        self._goto(self.position, quiet=True)
 
     def _advance(self) -> None:
         if self.position >= len(self.replay) - 1:

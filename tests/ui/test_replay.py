@@ -114,3 +114,34 @@ def test_shipped_traces_replay():
         assert replay.header["model_class"] and len(read_trace(path).buffers) >= 1
         roles = [m["role"] for m in transcript(last.buffer)]
         assert roles.count("user") == len(read_trace(path).buffers)
+
+
+async def test_replay_of_a_watched_batch_shows_each_row_with_n(tiny_dir, tmp_path):
+    """A watched left-padded batch's trace: n shows the step as the next row saw it (its own buffer, pads marked),
+    as live; a second n comes back to the first row."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import kvtui
+
+    directory = tiny_dir("llama")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    batch = tokenizer(["a longer first prompt here", "Hi"], return_tensors="pt", padding=True)
+    path = tmp_path / "batch.jsonl"
+    with kvtui.watch(model, tokenizer, trace=path), torch.no_grad():
+        model.generate(**batch, max_new_tokens=2, do_sample=False)
+    recorded = Replay(read_trace(path)).snapshots[0]  # the prefill, each row's buffer as the trace holds it
+    pads = int((batch["attention_mask"][1] == 0).sum())
+    assert recorded.batch == 2 and [t.origin for t in recorded.rows[1].buffer].count("pad") == pads > 0
+    app = viewers.replay(path)
+    async with app.run_test(size=(140, 45)) as pilot:
+        await wait_for(pilot, lambda: app.view.latest is not None, what="the first recorded step")
+        pane = app.query_one(TokenBufferPane)
+        assert pane.snapshot.buffer.ids() == recorded.rows[0].buffer.ids()
+        await pilot.press("n")
+        await wait_for(pilot, lambda: pane.snapshot.buffer.ids() == recorded.rows[1].buffer.ids(), what="row 2")
+        assert [t.origin for t in pane.snapshot.buffer].count("pad") == pads
+        await pilot.press("n")
+        await wait_for(pilot, lambda: pane.snapshot.buffer.ids() == recorded.rows[0].buffer.ids(), what="row 1")
