@@ -167,6 +167,8 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         mask_unread = mask is None
     mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
+        if mask.shape[0] == 1 < batch:  # one mask for every row (broadcast): each row's own
+            mask = mask.expand(batch, -1)
         handles["mask_new"] = reads.add(mask[:, mask.shape[-1] - n :])  # [batch, n]
         if mask.shape[-1] > n:
             mask_cached = mask[:, : mask.shape[-1] - n]  # [batch, cached]: counted by `count_attended`

@@ -64,3 +64,16 @@ def test_positions_that_count_a_4d_masks_pads_are_named(tiny_dir):
         if expected:
             message = loud(watcher)[0]
             assert f"row 1 token {pads} was applied at position {pads} but 0 attended tokens precede it" in message
+
+
+def test_one_4d_mask_for_every_row_is_read_for_each_row(tiny_dir):
+    """A mask of batch 1 broadcast over the batch (a causal 4-D mask shared by unpadded rows, or a [1, n] 2-D one):
+    each row reads it, nothing is padded, no alarm and no internal error."""
+    model, tokenizer = load(tiny_dir, "llama")
+    ids = tokenizer(["the same prompt", "the other one"], return_tensors="pt", padding=True)["input_ids"]
+    n = ids.shape[1]
+    for mask in (torch.tril(torch.ones(n, n, dtype=torch.bool))[None, None], torch.ones(1, n, dtype=torch.long)):
+        with kvtui.watch(model, tokenizer) as watcher, torch.no_grad():
+            model(input_ids=ids, attention_mask=mask)
+        assert watcher.steps == 1 and not watcher.errors and loud(watcher) == []
+        assert [[t.origin for t in view.buffer] for view in watcher.last.rows] == [["fed"] * n] * 2
