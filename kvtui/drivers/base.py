@@ -159,6 +159,7 @@ class Driver:
     app: Viewer  # the screen showing this source (StepScreen; set by attach, before it is mounted)
     # a live session's facts as its records say (kvtui's own chat, once its model is loaded); None for others
     session: RemoteSession | None = None
+    row = 0  # the batch row the panes show (`n`; kvtui's own chat is one row)
 
     def attach(self, app: Viewer) -> None:
         self.app = app
@@ -195,8 +196,8 @@ class Driver:
         return "", self.app.title
 
     def shown(self, snapshot: StepSnapshot | None) -> StepSnapshot | None:
-        """The snapshot the panes draw for a step (a watched batch: the selected row)."""
-        return snapshot
+        """The snapshot the panes draw for a step (a watched batch, live or recorded: the selected row)."""
+        return snapshot.for_row(self.row) if snapshot is not None else None
 
     def reuse_text(self, snapshot: StepSnapshot) -> str:
         """The line under the chat (kvtui's chat: the reuse meter, drivers/reuse.py)."""
@@ -241,8 +242,17 @@ class Driver:
         self.command("break_on_alarm")
 
     def next_row(self) -> None:
-        """n: show the next row of a batch."""
-        self.command("next_row")
+        """n (bound by the sources whose steps may be batches): show the next row of the step's batch."""
+        latest = self.app.latest
+        batch = latest.batch if latest is not None else 1
+        self.row = (self.row + 1) % batch
+        if batch == 1:
+            self.app.notify("batch of one: no other row", timeout=2)
+        self.show_row()
+
+    def show_row(self) -> None:
+        """Repaint the step shown, now seen from `row`."""
+        self.app.show_live()
 
     def next_model(self) -> None:
         """M: show one model's steps, then the next model's, then every model's."""

@@ -91,7 +91,6 @@ interrupts it, Esc gives the keys back). n shows the next batch row; M one model
         self.source: Any = source
         self.label = title or (f"{'-m ' if module else ''}{target}" if target else "stream")
         self.replay = Replay(Trace(Path(self.label), {}))
-        self.row = 0
         self.paused = paused
         self.break_on_alarm = break_on_alarm
         self.ended: int | None = None  # the program's exit code once it ended
@@ -203,9 +202,6 @@ interrupts it, Esc gives the keys back). n shows the next batch row; M one model
 
     # ---- what the panes show ----------------------------------------------------------------------
 
-    def shown(self, snapshot: StepSnapshot | None) -> StepSnapshot | None:
-        return snapshot.for_row(self.row) if snapshot is not None else None
-
     def reuse_text(self, snapshot: StepSnapshot) -> str | None:
         return program_step_text(snapshot, self.row, self.replay.recomputed_through(len(self.replay) - 1))
 
@@ -308,14 +304,6 @@ interrupts it, Esc gives the keys back). n shows the next batch row; M one model
     def toggle_break_on_alarm(self) -> None:
         self.break_on_alarm = not self.break_on_alarm
         self._send("break", "on" if self.break_on_alarm else "off")
-
-    def next_row(self) -> None:
-        app = self.app
-        batch = app.latest.batch if app.latest is not None else 1
-        self.row = (self.row + 1) % batch
-        if batch == 1:
-            app.notify("batch of one: no other row", timeout=2)
-        app.show_live()
 
     def next_model(self) -> None:
         """Show one model's steps (a draft and its target, two models in threads), then all again."""

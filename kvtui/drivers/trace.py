@@ -59,7 +59,6 @@ next row.
         self._player: Any = None
         self._appended = False  # an "appended" call is on its way: the follower posts no other
         self.meter = ReuseMeter()  # a chat's trace: the line under the chat, as it was live
-        self.row = 0  # the batch row the panes show (a watched batch's trace records every row)
 
     def start(self) -> None:
         app = self.app
@@ -200,17 +199,9 @@ next row.
     def find_step(self, step: int) -> StepSnapshot | None:
         return self.replay.snapshot_at(step)
 
-    def shown(self, snapshot: StepSnapshot | None) -> StepSnapshot | None:
-        return snapshot.for_row(self.row) if snapshot is not None else None
-
-    def next_row(self) -> None:
-        """n: the panes show the step as the next batch row saw it (as live, ProgramDriver.next_row)."""
-        batch = self.replay.snapshots[self.position].batch if self.position >= 0 else 1
-        if batch == 1:
-            self.app.notify("batch of one: no other row", timeout=2)
-            return
-        self.row = (self.row + 1) % batch
-        self._goto(self.position, quiet=True)
+    def show_row(self) -> None:  # the recorded step again: its chat text is the row's too
+        if self.position >= 0:
+            self._goto(self.position, quiet=True)
 
     def _advance(self) -> None:
         if self.position >= len(self.replay) - 1:
