@@ -143,6 +143,7 @@ def run_headless(
     """Run the program in this process under the probe (made when its imports reach transformers: deferred.py);
     exit 1 if an alarm at/above fail_on fired, else the program's own exit code."""
     from ..engine.watch.deferred import run_deferred
+    from ..fmt import printable
 
     off: dict[str, int] = {}  # --attention: why steps carried none (one line each, with their count)
 
@@ -162,8 +163,6 @@ def run_headless(
         )
 
     code, watcher, watched = run_deferred(make_watcher, target, args, module=module)
-    from ..fmt import printable
-
     models = ", ".join(watched) or "none"
     err = click.get_text_stream("stderr")
     steps = watcher.steps if watcher is not None else 0

@@ -20,7 +20,7 @@ PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py"))
 LAUNCHER = pytest.mark.version_free("the launcher's plumbing around a program that builds no model")
 
 
-def watch(*args, cwd=ROOT, input=None):
+def watch(*args, cwd=ROOT, input=None, env=None):
     """The CLI; the program's stdin is `input` (else /dev/null: an interactive sample reads EOF and ends)."""
     stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
     return subprocess.run(
@@ -29,6 +29,7 @@ def watch(*args, cwd=ROOT, input=None):
         text=True,
         timeout=600,
         cwd=cwd,
+        env=env,
         **stdin,
     )
 
@@ -145,14 +146,7 @@ def test_kvtui_imports_torch_and_transformers_after_the_program_does(tmp_path, t
         logits = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)(input_ids=torch.tensor([[1, 2, 3]]))
     plain = f"loaded before the program's imports: []\nthreads: 1\nnext id: {logits.logits[0, -1].argmax().item()}\n"
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # what the program sets is what counts
-    headless = subprocess.run(
-        [sys.executable, "-m", "kvtui.cli", "watch", "--headless", str(script), model],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+    headless = watch("--headless", script, model, env=env)
     assert headless.returncode == 0, headless.stderr[-2000:]
     assert headless.stdout == plain
     assert "kvtui watch: 1 forwards watched" in headless.stderr, headless.stderr
