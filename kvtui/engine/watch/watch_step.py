@@ -416,6 +416,18 @@ class StepBuilder:
                     step, seen.pads, seen.detail.regions, seen.detail.shares, memory, at, len(buffers[0]) - 1
                 )
         requested = call.requested_positions[0] if call.requested_positions else None
+        # the fields of less usual steps, only when they apply (a plain step leaves them at their defaults)
+        extra: dict[str, Any] = {}
+        if requested is not None:
+            extra["requested_positions"] = tuple(requested)
+        if call.requested_cache_position:
+            extra["requested_cache_position"] = tuple(call.requested_cache_position)
+        if track is not None and (track.parent is not None or track.unknown):
+            extra.update(cache_parent=track.parent, cache_copied_at=track.copied_at, cache_unknown=track.unknown)
+        if call.probe.attention is not None:
+            extra.update(attention_off=self._attention_off(call, seen))
+            if seen is not None:
+                extra.update(attention=seen.layers, attention_layer=seen.detail.layer, attention_detail=seen.detail)
         return StepSnapshot(
             step=step,
             phase="prefill" if call.n > 1 else "decode",
@@ -428,7 +440,7 @@ class StepBuilder:
             layers=layers,
             topk=top_rows[0] if top_rows else (),
             topk_processed=top_rows[0] if top_rows else (),
-            watched=self._watched(logits),
+            watched=self._watched(logits) if self.watcher.watch_ids else (),
             chosen=None,
             chosen_forced=False,
             diagnostics=tuple(found),
@@ -439,33 +451,24 @@ class StepBuilder:
             caller=call.caller,
             cache_id=track.name if track else None,
             cache_length_before=call.cache_length_before,
-            requested_positions=tuple(requested) if requested is not None else None,
-            requested_cache_position=tuple(call.requested_cache_position) if call.requested_cache_position else None,
             positions_source=call.positions_source,
             batch=call.batch,
             rows=row_views,
-            cache_parent=track.parent if track else None,
-            cache_copied_at=track.copied_at if track else None,
-            cache_unknown=track.unknown if track else 0,
             model=call.probe.label,
             thread=call.thread,
             recomputed=recomputed,
-            attention=seen.layers if seen is not None else None,
-            attention_layer=seen.detail.layer if seen is not None else None,
-            attention_detail=seen.detail if seen is not None else None,
-            attention_off=self._attention_off(call, seen),
             token_bytes=self._texts.token_bytes,
+            **extra,
         )
 
     @staticmethod
     def _attention_off(call: Call, seen) -> str | None:
-        """Why a step of a watch with attention on carries none (None: it carries it, or capture is off)."""
-        capture = call.probe.attention
-        if capture is None or seen is not None:
+        """Why a step of a watch with attention on carries none (None: it carries it)."""
+        if seen is not None:
             return None
         if call.expected_start is not None:
             return "attention off: a compressed cache's key slots are not the buffer's positions (not mapped yet)"
-        return capture.off_reason()
+        return call.probe.attention.off_reason()
 
     # the steps of build(), in its order: each one that raises alarms appends them to build's `found`
 
@@ -570,8 +573,8 @@ class StepBuilder:
         return cache_len
 
     def _watched(self, logits) -> tuple[TopToken, ...]:
-        """The probabilities of the ids the front end watches, at row 0's last position."""
-        if self.watcher.watch_ids and logits is not None:
+        """The probabilities of the ids the front end watches (when it watches some), at row 0's last position."""
+        if logits is not None:
             return watched_tokens(logits[0, -1].float(), self.watcher.watch_ids, self.piece)
         return ()
 
