@@ -188,31 +188,60 @@ def sharded_step_record(record: dict, ranks: int) -> dict:
     return {**record, "tensor_parallel": ranks}
 
 
+# a watched step's fields that stay the same from one step to the next of a loop (its caller, cache, lineage...)
+_WATCH_KEY = operator.attrgetter(
+    "source",
+    "caller",
+    "cache_id",
+    "positions_source",
+    "batch",
+    "row",
+    "cache_parent",
+    "cache_copied_at",
+    "cache_unknown",
+    "model",
+    "thread",
+    "recomputed",
+)
+_WATCH_TEMPLATES: dict[tuple, dict] = {}  # those values -> their fields, in the record's order
+_TEMPLATES_KEPT = 256
+
+
+def _watch_template(
+    source, caller, cache_id, positions_source, batch, row, parent, copied_at, unknown, model, thread, recomputed
+) -> dict:
+    return {
+        "source": source,
+        "caller": caller,
+        "cache_id": cache_id,
+        "cache_length_before": None,  # set per step
+        "requested": None,  # set per step
+        "positions_source": positions_source,
+        "batch": batch,
+        "row": row,
+        "lineage": {"parent": parent, "copied_at": copied_at, "unknown_prefix": unknown},
+        "model": model,
+        "thread": thread,
+        "recomputed": recomputed,
+    }
+
+
 def _add_watch_fields(record: dict, s: StepSnapshot) -> None:
-    """A watched program's step: what the caller asked for, which cache, its lineage, every batch row."""
-    record.update(
-        {
-            "source": s.source,
-            "caller": s.caller,
-            "cache_id": s.cache_id,
-            "cache_length_before": s.cache_length_before,
-            "requested": {
-                "position_ids": _maybe_list(s.requested_positions),
-                "cache_position": _maybe_list(s.requested_cache_position),
-            },
-            "positions_source": s.positions_source,
-            "batch": s.batch,
-            "row": s.row,
-            "lineage": {
-                "parent": s.cache_parent,
-                "copied_at": s.cache_copied_at,
-                "unknown_prefix": s.cache_unknown,
-            },
-            "model": s.model,
-            "thread": s.thread,
-            "recomputed": s.recomputed,
-        }
-    )
+    """A watched program's step: what the caller asked for, which cache, its lineage, every batch row. The fields
+    that stay the same over a loop's steps are made once (their dict kept per set of values) and copied in."""
+    key = _WATCH_KEY(s)
+    template = _WATCH_TEMPLATES.get(key)
+    if template is None:
+        if len(_WATCH_TEMPLATES) >= _TEMPLATES_KEPT:
+            _WATCH_TEMPLATES.clear()
+        template = _WATCH_TEMPLATES[key] = _watch_template(*key)
+    record.update(template)  # in the template's order; the values that change per step replaced in place below
+    record["cache_length_before"] = s.cache_length_before
+    record["requested"] = {
+        "position_ids": None if s.requested_positions is None else list(s.requested_positions),
+        "cache_position": None if s.requested_cache_position is None else list(s.requested_cache_position),
+    }
+    record["lineage"] = dict(template["lineage"])  # each record its own (a reader may keep and change it)
     if s.rows:
         record["rows"] = [_row_record(r) for r in s.rows]
     if s.requests is not None:  # a continuous-batching forward: its requests and the paged cache's groups

@@ -40,6 +40,7 @@ def cache_in(arguments: dict):
 
 def output_cache(output):
     """The cache a forward returned, or None; read without tripping 5.24's deprecated-name warning."""
-    if isinstance(output, dict):  # ModelOutput: an OrderedDict of the fields that are set (get() would warn)
-        return next((value for name, value in output.items() if name in CACHE_ARGUMENTS and _is_cache(value)), None)
+    if isinstance(output, dict):  # ModelOutput: an OrderedDict of the fields that are set (its get() would warn)
+        found = list(map(dict.get, repeat(output), CACHE_ARGUMENTS))  # dict's own get, in C: every forward
+        return next(compress(found, map(hasattr, found, repeat("get_seq_length"))), None)
     return next((v for name in CACHE_ARGUMENTS if _is_cache(v := getattr(output, name, None))), None)
