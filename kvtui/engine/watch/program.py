@@ -1,38 +1,87 @@
-"""Run a user's program (a script path or `-m module`) as `python` would, and return its exit code."""
+"""Run a user's program (a script path or `-m module`) as `python` would, and return its exit code.
+
+As `python PROG` / `python -m MOD` have them: a fresh `__main__` module (its `__file__` absolute, its loader, no
+`__package__`, the builtins module), `sys.argv`, `sys.path[0]`, the compiler flags (none of kvtui's `from
+__future__` imports), and an uncaught exception handed to the program's own `sys.excepthook` with a traceback that
+starts where python's does (kvtui's frames left out)."""
 
 from __future__ import annotations
 
+import builtins
 import os
 import runpy
 import sys
-import traceback
+import types
+from importlib.machinery import SourceFileLoader
 
 
 def run_program(target: str, args: list[str], module: bool = False) -> int:
-    """Run it in this interpreter with its own argv; an uncaught exception prints its traceback (exit 1)."""
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    """Run it in this interpreter with its own argv and `__main__`; an uncaught exception goes to
+    `sys.excepthook` as python hands it (exit 1; ctrl+c: 130, 128 + SIGINT)."""
+    saved_argv, saved_path, saved_main = sys.argv[:], sys.path[:], sys.modules.get("__main__")
+    main = sys.modules["__main__"] = _fresh_main()
     try:
-        if module:
-            sys.argv = [target, *args]
+        sys.argv = [target, *args]
+        if module:  # python -m's own entry: the module's file becomes argv[0], its code runs in `main`
             sys.path.insert(0, os.getcwd())
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = [target, *args]
+            runpy._run_module_as_main(target)  # type: ignore[attr-defined]
+        elif os.path.isfile(target) and not target.endswith((".pyc", ".pyz", ".zip")):
+            sys.path.insert(0, os.path.dirname(os.path.realpath(target)))  # a linked script: its real folder
+            _run_source(target, main)
+        else:  # a folder or archive with a __main__.py (or a compiled file): runpy, as python itself
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             runpy.run_path(target, run_name="__main__")
         return 0
     except SystemExit as exc:
         return _exit_code(exc.code)
-    except KeyboardInterrupt:  # ctrl+c: python prints the traceback and exits 130 (128 + SIGINT)
-        traceback.print_exc()
-        return 130
-    except BaseException:  # noqa: BLE001  the program's own error: shown as python shows it
-        traceback.print_exc()
-        return 1
+    except BaseException as exc:  # noqa: BLE001  the program's own error: reported as python reports it
+        _uncaught(exc)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
     finally:
         sys.argv[:], sys.path[:] = saved_argv, saved_path
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _fresh_main() -> types.ModuleType:
+    """The `__main__` module python starts a program in: name, doc, no package or spec, empty annotations."""
+    main = types.ModuleType("__main__")
+    main.__annotations__ = {}
+    main.__builtins__ = builtins  # type: ignore[attr-defined]  # the module, as in python's __main__ (not its dict)
+    return main
+
+
+def _run_source(target: str, main: types.ModuleType) -> None:
+    """A source file as python runs it: named by its absolute path (python 3.9+; not normalised, as python's:
+    `sub/../x.py` stays so), with its own compiler flags only."""
+    path = target if os.path.isabs(target) else os.path.join(os.getcwd(), target)
+    with open(path, "rb") as handle:  # bytes: the file's own coding cookie decides
+        source = handle.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    main.__file__, main.__cached__ = path, None  # type: ignore[attr-defined]
+    main.__loader__ = SourceFileLoader("__main__", path)
+    exec(code, main.__dict__)  # noqa: S102  (the user's program, run as python runs it)
+
+
+_OWN_FRAMES = {run_program.__code__, _run_source.__code__}
+
+
+def _uncaught(exc: BaseException) -> None:
+    """The program's sys.excepthook with what python would pass it: the traceback from the program's first frame
+    (under -m, runpy's, as python's own -m shows)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code in _OWN_FRAMES:
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except BaseException as hook_error:  # noqa: BLE001  python's words for a hook that fails, then its own report
+        print("Error in sys.excepthook:", file=sys.stderr)
+        sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+        print("\nOriginal exception was:", file=sys.stderr)
+        sys.__excepthook__(type(exc), exc, tb)
 
 
 def _exit_code(code) -> int:

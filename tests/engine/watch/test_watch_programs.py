@@ -178,3 +178,65 @@ def test_a_watcher_that_cannot_be_made_leaves_the_program_running(tmp_path, caps
     assert (code, watcher, models) == (4, None, [])
     assert out == "ran to the end\n"
     assert "kvtui watch: not watching this program: RuntimeError: no watcher today" in err
+
+
+# ---- the program's own __main__, argv and traceback ---------------------------------------------------------
+
+IDENTITY = """\
+import sys, traceback
+def annotated(x: int) -> str: ...
+print(__file__, sys.argv, sys.path[0], __name__, __package__, __spec__, type(__loader__).__name__)
+print(type(__builtins__).__name__, sorted(k for k in globals() if k.startswith("__")), annotated.__annotations__)
+traceback.print_stack(limit=1)
+def nested():
+    raise ValueError("the program's own error")
+nested()
+"""
+OWN_HOOK = """\
+import sys
+def hook(kind, value, tb):
+    print("the program's hook:", kind.__name__, value, tb.tb_frame.f_code.co_filename, tb.tb_lineno, file=sys.stderr)
+sys.excepthook = hook
+raise RuntimeError("to the hook")
+"""
+MODULE = """\
+import sys
+print(sys.argv, __file__, __name__, __package__, __spec__.name, type(__builtins__).__name__)
+def nested():
+    raise KeyError("k")
+nested()
+"""
+
+
+def _without_report(stderr: str) -> str:
+    """stderr without the headless report's own lines (kvtui's summary after the program's output)."""
+    return "".join(line for line in stderr.splitlines(True) if not line.startswith(("kvtui watch:", "waste:")))
+
+
+@LAUNCHER
+@pytest.mark.parametrize("how", ["script", "own hook", "module"])
+def test_a_watched_program_runs_as_python_runs_it(tmp_path, how):
+    """Its `__main__` (an absolute, unnormalised `__file__`, the loader, no package, the builtins module, no
+    `from __future__` of kvtui's), argv, sys.path[0], and an uncaught exception given to its own sys.excepthook
+    with python's traceback (no frame of kvtui's, the script named by its absolute path): stdout, stderr and exit
+    code as `python PROG` / `python -m MOD` from a subfolder, the headless report aside."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text(MODULE)
+    (tmp_path / "identity.py").write_text(IDENTITY)
+    (tmp_path / "own_hook.py").write_text(OWN_HOOK)
+    cwd = tmp_path / "sub" if how != "module" else tmp_path
+    argv = {
+        "script": ["../identity.py", "an argument"],
+        "own hook": ["../own_hook.py"],
+        "module": ["-m", "pkg.mod", "x"],
+    }
+    plain = subprocess.run(
+        [sys.executable, *argv[how]], capture_output=True, text=True, timeout=120, cwd=cwd, stdin=subprocess.DEVNULL
+    )
+    watched = watch("--headless", *argv[how], cwd=cwd)
+    assert plain.returncode == 1 and plain.stderr  # the program's error, to compare
+    assert (watched.returncode, watched.stdout) == (plain.returncode, plain.stdout)
+    assert _without_report(watched.stderr) == plain.stderr
+    assert "kvtui/engine" not in _without_report(watched.stderr)
