@@ -92,7 +92,9 @@ def watch(
 
         check_theme(theme)
     if module:
-        if importlib.util.find_spec(target.split(".")[0]) is None and not Path(target.replace(".", "/")).exists():
+        top = target.split(".")[0]  # found as python -m finds it: the current folder first (a console script's
+        # own sys.path lacks it), then the installed ones
+        if not (Path(top).is_dir() or Path(f"{top}.py").is_file()) and importlib.util.find_spec(top) is None:
             raise click.BadParameter(f"no module named {target!r}", param_hint="-m")
     elif not _is_script(target):
         if target.endswith(".py"):

@@ -11,15 +11,35 @@ import builtins
 import os
 import runpy
 import sys
+import threading
 import types
 from importlib.machinery import SourceFileLoader
 
 
 def run_program(target: str, args: list[str], module: bool = False) -> int:
     """Run it in this interpreter with its own argv and `__main__`; an uncaught exception goes to
-    `sys.excepthook` as python hands it (exit 1; ctrl+c: 130, 128 + SIGINT)."""
+    `sys.excepthook` as python hands it (exit 1; ctrl+c: 130, 128 + SIGINT). Returns once its threads that are
+    not daemons have ended too, as python exits only then (their forwards are watched to the last)."""
     saved_argv, saved_path, saved_main = sys.argv[:], sys.path[:], sys.modules.get("__main__")
     main = sys.modules["__main__"] = _fresh_main()
+    try:
+        code = _run(target, args, module, main)
+        try:
+            _wait_for_threads()
+        except KeyboardInterrupt as exc:  # ctrl+c while python would wait for them
+            _uncaught(exc)
+            code = 130
+        return code
+    finally:
+        sys.argv[:], sys.path[:] = saved_argv, saved_path
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _run(target: str, args: list[str], module: bool, main: types.ModuleType) -> int:
+    """The program's main thread, to its end: its exit code."""
     try:
         sys.argv = [target, *args]
         if module:  # python -m's own entry: the module's file becomes argv[0], its code runs in `main`
@@ -37,12 +57,15 @@ def run_program(target: str, args: list[str], module: bool = False) -> int:
     except BaseException as exc:  # noqa: BLE001  the program's own error: reported as python reports it
         _uncaught(exc)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
-    finally:
-        sys.argv[:], sys.path[:] = saved_argv, saved_path
-        if saved_main is not None:
-            sys.modules["__main__"] = saved_main
-        sys.stdout.flush()
-        sys.stderr.flush()
+
+
+def _wait_for_threads() -> None:
+    """What python does after the main thread's code ends (threading._shutdown): wait for every thread that is
+    not a daemon (kvtui's own are daemons)."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon and thread.is_alive():
+            thread.join()
 
 
 def _fresh_main() -> types.ModuleType:
@@ -65,7 +88,7 @@ def _run_source(target: str, main: types.ModuleType) -> None:
     exec(code, main.__dict__)  # noqa: S102  (the user's program, run as python runs it)
 
 
-_OWN_FRAMES = {run_program.__code__, _run_source.__code__}
+_OWN_FRAMES = {_run.__code__, _run_source.__code__}
 
 
 def _uncaught(exc: BaseException) -> None:

@@ -240,3 +240,57 @@ def test_a_watched_program_runs_as_python_runs_it(tmp_path, how):
     assert (watched.returncode, watched.stdout) == (plain.returncode, plain.stdout)
     assert _without_report(watched.stderr) == plain.stderr
     assert "kvtui/engine" not in _without_report(watched.stderr)
+
+
+@LAUNCHER
+def test_the_kvtui_command_runs_a_module_of_the_current_folder(tmp_path):
+    """`kvtui watch -m pkg.mod` through the installed console script (whose sys.path, unlike `python -m kvtui.cli`'s,
+    lacks the current folder) finds the module where `python -m pkg.mod` does."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text("import sys\nprint(sys.argv)\n")
+    command = Path(sys.executable).with_name("kvtui")
+    watched = subprocess.run(
+        [command, "watch", "--headless", "-m", "pkg.mod", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+    )
+    assert watched.returncode == 0, watched.stderr
+    assert watched.stdout == f"{[str(tmp_path / 'pkg' / 'mod.py'), 'x']}\n"
+
+
+THREAD_OUTLIVES_MAIN = textwrap.dedent("""
+    import sys, threading
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+    started = threading.Event()
+    def decode():
+        started.wait()  # the main thread's code has ended by then
+        cache = DynamicCache()
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([[1, 2, 4]]), past_key_values=cache)
+            for _ in range(4):
+                out = model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache)
+        print("thread done at", cache.get_seq_length())
+    threading.Thread(target=decode).start()
+    print("main done")
+    threading.Timer(0.5, started.set).start()
+""")
+
+
+def test_forwards_of_a_thread_that_outlives_the_main_thread_are_watched(tmp_path, tiny_dir):
+    """python exits once the threads that are not daemons have ended: kvtui watches their forwards to the last and
+    reports after them (it reported 0 forwards and wrote no trace when the main thread's code ended first)."""
+    script, trace = tmp_path / "outlives.py", tmp_path / "run.jsonl"
+    script.write_text(THREAD_OUTLIVES_MAIN)
+    watched = watch("--headless", "--trace", trace, script, tiny_dir("llama"))
+    assert watched.returncode == 0, watched.stderr[-2000:]
+    assert watched.stdout == "main done\nthread done at 7\n"
+    assert "kvtui watch: 5 forwards watched" in watched.stderr, watched.stderr
+    steps = [json.loads(line) for line in trace.read_text().splitlines() if '"type":"step"' in line]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
+    assert steps[-1]["cache_seq_length"] == 7
