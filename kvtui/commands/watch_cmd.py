@@ -157,7 +157,7 @@ def run_headless(
         from ..engine.watch.probe import Watcher
 
         return Watcher(
-            trace=str(trace_path) if trace_path else None,
+            trace=str(trace_path.absolute()) if trace_path else None,  # made later: the program may have changed folder
             top_k=top_k,
             program=[target, *args],
             attention=attention,

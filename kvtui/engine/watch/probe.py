@@ -27,6 +27,7 @@ here).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -104,7 +105,8 @@ class Watcher:
         self.gate = gate or Gate()
         self.on_snapshot, self.on_event = on_snapshot, on_event
         self.program = program
-        self.trace_path = trace
+        # the file opens at the first forward: where the path pointed when the watch began (a program may chdir)
+        self.trace_path = os.path.abspath(trace) if isinstance(trace, (str, os.PathLike)) else trace
         self.recorder: Recorder | None = None
         self.probes: list[Probe] = []
         self.steps = 0

@@ -507,3 +507,16 @@ def test_two_model_families_in_one_program_each_read_with_its_own_tokenizer(tiny
         assert [t.piece for t in fed] == [tok.decode([i], skip_special_tokens=False) for i in snapshot.input_ids]
         assert [t.text for t in snapshot.topk] == [tok.decode([t.id], skip_special_tokens=False) for t in snapshot.topk]
     assert "".join(t.piece for t in snapshots[3].buffer).endswith("The capital of France is")
+
+
+def test_a_relative_trace_path_is_where_it_pointed_when_the_watch_began(tiny_model, tmp_path, monkeypatch):
+    """The trace file opens at the first forward: a program (or notebook) that changed folder since `watch()` still
+    gets its trace where the path pointed then."""
+    model, tokenizer = tiny_model("llama")
+    (tmp_path / "later").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with watch(model, tokenizer, trace="run.jsonl"):
+        monkeypatch.chdir(tmp_path / "later")
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[1, 2, 4]]), use_cache=True)
+    assert (tmp_path / "run.jsonl").exists() and not (tmp_path / "later" / "run.jsonl").exists()

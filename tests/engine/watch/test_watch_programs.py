@@ -294,3 +294,22 @@ def test_forwards_of_a_thread_that_outlives_the_main_thread_are_watched(tmp_path
     steps = [json.loads(line) for line in trace.read_text().splitlines() if '"type":"step"' in line]
     assert [s["step"] for s in steps] == [1, 2, 3, 4, 5]
     assert steps[-1]["cache_seq_length"] == 7
+
+
+def test_the_trace_goes_where_the_command_line_said_when_the_program_changes_folder(tmp_path, tiny_dir):
+    """`--trace run.jsonl` is relative to where kvtui was started, not to the folder the program is in at its first
+    forward (kvtui's watcher is made, and the file opened, only then)."""
+    script = tmp_path / "moves.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)\n"
+        "os.chdir(sys.argv[2])\n"
+        "with torch.no_grad():\n"
+        "    model(input_ids=torch.tensor([[1, 2, 4]]))\n"
+    )
+    (tmp_path / "later").mkdir()
+    watched = watch("--headless", "--trace", "run.jsonl", script, tiny_dir("llama"), tmp_path / "later", cwd=tmp_path)
+    assert watched.returncode == 0, watched.stderr[-2000:]
+    assert "trace written to run.jsonl" in watched.stderr
+    assert (tmp_path / "run.jsonl").exists() and not (tmp_path / "later" / "run.jsonl").exists()
