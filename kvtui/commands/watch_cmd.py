@@ -166,7 +166,7 @@ def run_headless(
 
     code, watcher, watched = run_deferred(make_watcher, target, args, module=module)
     models = ", ".join(watched) or "none"
-    err = click.get_text_stream("stderr")
+    err = sys.stderr
     steps = watcher.steps if watcher is not None else 0
     click.echo(
         f"kvtui watch: {steps} forwards watched · models: {printable(models)} · program exit code {code}", file=err
@@ -267,7 +267,7 @@ def run_tree_headless(
     this machine's processes report to a viewer elsewhere, and this one only runs the command."""
     from ..engine.watch import tree
 
-    err = click.get_text_stream("stderr")
+    err = sys.stderr
     server = None
     if connect is None:
         host, _, port = (listen or "127.0.0.1:0").rpartition(":")

@@ -1,9 +1,9 @@
 """Run a user's program (a script path or `-m module`) as `python` would, and return its exit code.
 
 As `python PROG` / `python -m MOD` have them: a fresh `__main__` module (its `__file__` absolute, its loader, no
-`__package__`, the builtins module), `sys.argv`, `sys.path[0]`, the compiler flags (none of kvtui's `from
-__future__` imports), and an uncaught exception handed to the program's own `sys.excepthook` with a traceback that
-starts where python's does (kvtui's frames left out)."""
+`__package__`, the builtins module), `sys.argv`, `sys.path[0]`, the compiler flags (none of kvtui's `from __future__`
+imports), and an uncaught exception handed to the program's own `sys.excepthook` with a traceback that starts where
+python's does (kvtui's frames left out). Its argv, sys.path, `__main__` and warning filters are taken back after it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import runpy
 import sys
 import threading
 import types
+import warnings
 from importlib.machinery import SourceFileLoader
 
 
@@ -23,12 +24,13 @@ def run_program(target: str, args: list[str], module: bool = False) -> int:
     saved_argv, saved_path, saved_main = sys.argv[:], sys.path[:], sys.modules.get("__main__")
     main = sys.modules["__main__"] = _fresh_main()
     try:
-        code = _run(target, args, module, main)
-        try:
-            _wait_for_threads()
-        except KeyboardInterrupt as exc:  # ctrl+c while python would wait for them
-            _uncaught(exc)
-            code = 130
+        with warnings.catch_warnings():  # the program's filters are its own (kvtui's report runs after it)
+            code = _run(target, args, module, main)
+            try:
+                _wait_for_threads()
+            except KeyboardInterrupt as exc:  # ctrl+c while python would wait for them
+                _uncaught(exc)
+                code = 130
         return code
     finally:
         sys.argv[:], sys.path[:] = saved_argv, saved_path

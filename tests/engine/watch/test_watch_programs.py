@@ -313,3 +313,29 @@ def test_the_trace_goes_where_the_command_line_said_when_the_program_changes_fol
     assert watched.returncode == 0, watched.stderr[-2000:]
     assert "trace written to run.jsonl" in watched.stderr
     assert (tmp_path / "run.jsonl").exists() and not (tmp_path / "later" / "run.jsonl").exists()
+
+
+WARNINGS_ARE_ERRORS = textwrap.dedent("""
+    import sys, warnings
+    warnings.simplefilter("error")  # every warning raised from here on is an exception, kvtui's code's too
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+    ids = torch.tensor([[1, 2, 4, 5]])
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    print(out.tolist())
+""")
+
+
+def test_a_program_that_makes_warnings_errors_runs_and_ends_as_plain(tmp_path, tiny_dir):
+    """A program's warning filters apply to the code kvtui runs inside its forwards (kvtui raises no warning there)
+    and not to kvtui's report after it: a program that turns every warning into an error prints and exits as plain,
+    every forward watched, no kvtui failure (the report's deprecated click call raised, exit code 1)."""
+    script, model = tmp_path / "strict.py", str(tiny_dir("llama"))
+    script.write_text(WARNINGS_ARE_ERRORS)
+    plain = subprocess.run([sys.executable, script, model], capture_output=True, text=True, timeout=300)
+    watched = watch("--headless", script, model)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert (watched.returncode, watched.stdout) == (0, plain.stdout), watched.stderr[-2000:]
+    assert "kvtui watch: 4 forwards watched" in watched.stderr
+    assert "worker-error" not in watched.stderr and "Traceback" not in watched.stderr, watched.stderr[-2000:]
