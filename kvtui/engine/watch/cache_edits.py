@@ -19,10 +19,14 @@ from .silent_writes import edit_changed_nothing
 from .watch_step import Call
 
 
-def edited(watcher, track: CacheTrack, cache, name: str, args, run):
-    internal = inside_transformers()
-    before = introspect.seq_length(cache)
-    result = run()
+def edit_begins(cache) -> tuple[bool, int]:
+    """Before a cache's own edit method runs: (whether transformers itself called it, the cache's length)."""
+    return inside_transformers(), introspect.seq_length(cache)
+
+
+def edit_ended(watcher, track: CacheTrack, cache, name: str, args, begun: tuple[bool, int]) -> None:
+    """After it returned: the cache's rows and fingerprint follow it; a call of the program's own is said."""
+    internal, before = begun
     with watcher.lock:
         after = introspect.seq_length(cache)
         if name == "reorder_cache" and args:
@@ -52,7 +56,6 @@ def edited(watcher, track: CacheTrack, cache, name: str, args, run):
                     )
                 ]
             )
-    return result
 
 
 def check_edits(watcher, call: Call, track: CacheTrack, cache) -> None:

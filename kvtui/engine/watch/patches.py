@@ -173,10 +173,11 @@ def peek_wrapper(lookup: Callable[[object], object], seen: Callable):
 _EDITING = threading.local()
 
 
-def edit_wrapper(name: str, lookup: Callable[[object], object], edited: Callable):
-    """A cache's own edit method (crop, reset, reorder_cache, ...): `edited(handler, cache, name, args, run)`
-    runs the original through `run()` and follows what it did. Re-entrant calls
-    (an edit method calling another on the same cache) are the outer call's business."""
+def edit_wrapper(name: str, lookup: Callable[[object], object], before: Callable, after: Callable):
+    """A cache's own edit method (crop, reset, reorder_cache, ...): `before(handler, cache, name, args) -> token`,
+    the original (called from this frame: a traceback through it shows one frame of kvtui's), then
+    `after(handler, token, cache, name, args)` follows what it did. Re-entrant calls (an edit method calling
+    another on the same cache) are the outer call's business."""
 
     def make(original):
         @functools.wraps(original)
@@ -187,11 +188,14 @@ def edit_wrapper(name: str, lookup: Callable[[object], object], edited: Callable
                 return original(self, *args, **kwargs)
             if active is None:
                 active = _EDITING.caches = set()
+            token = before(handler, self, name, args)
             active.add(id(self))
             try:
-                return edited(handler, self, name, args, lambda: original(self, *args, **kwargs))
+                result = original(self, *args, **kwargs)
             finally:
                 active.discard(id(self))
+            after(handler, token, self, name, args)
+            return result
 
         return wrapper
 

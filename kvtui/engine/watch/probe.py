@@ -287,7 +287,7 @@ class Watcher:
         for name in EDIT_METHODS:
             owner = defining_class(cls, name)
             if owner is not None and callable(owner.__dict__[name]):
-                PATCHES.acquire(self, owner, name, edit_wrapper(name, _cache_owner, _edited))
+                PATCHES.acquire(self, owner, name, edit_wrapper(name, _cache_owner, _edit_begins, _edit_ended))
         acquire_copy_patches(self, cls, _cache_owner, _copied)
 
     def _copied(self, parent: CacheTrack, copy, how: str, length: int) -> None:
@@ -463,9 +463,22 @@ def _passed_to_generate(cache, frame) -> bool:
     return any(value is cache for value in arguments.values())
 
 
-def _edited(handler, cache, name: str, args, run):
+def _edit_begins(handler, cache, name: str, args):
+    try:
+        return cache_edits.edit_begins(cache)
+    except Exception as exc:  # noqa: BLE001  never break the program's own call
+        handler[0].internal_error(f"before {name}()", exc)
+        return None
+
+
+def _edit_ended(handler, begun, cache, name: str, args) -> None:
     watcher, track = handler
-    return cache_edits.edited(watcher, track, cache, name, args, run)
+    if begun is None:
+        return
+    try:
+        cache_edits.edit_ended(watcher, track, cache, name, args, begun)
+    except Exception as exc:  # noqa: BLE001  never break the program's own call
+        watcher.internal_error(f"following {name}()", exc)
 
 
 def _copied(handler, original, copy, how: str) -> None:

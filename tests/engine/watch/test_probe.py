@@ -520,3 +520,32 @@ def test_a_relative_trace_path_is_where_it_pointed_when_the_watch_began(tiny_mod
         with torch.inference_mode():
             model(input_ids=torch.tensor([[1, 2, 4]]), use_cache=True)
     assert (tmp_path / "run.jsonl").exists() and not (tmp_path / "later" / "run.jsonl").exists()
+
+
+def test_a_cache_method_that_raises_shows_one_frame_of_kvtui_and_kvtuis_failure_never_breaks_it(
+    tiny_model, monkeypatch
+):
+    """A cache's own edit method runs from kvtui's wrapper frame itself: the program's traceback through it holds
+    one frame of kvtui's (it held four), and a failure of kvtui's while following the edit is a worker-error of
+    kvtui's, never the program's exception."""
+    import traceback
+
+    from kvtui.engine.watch import cache_edits
+
+    model, tokenizer = tiny_model("llama")
+    cache = DynamicCache()
+    with watch(model, tokenizer) as watcher:
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[1, 2, 4, 5]]), past_key_values=cache, use_cache=True)
+        with pytest.raises(IndexError) as raised:
+            cache.batch_select_indices(torch.tensor([3]))  # a batch of one has no row 3
+        kvtui_frames = [f for f in traceback.extract_tb(raised.value.__traceback__) if "kvtui" in f.filename]
+        assert [f.name for f in kvtui_frames] == ["wrapper"]
+
+        def broken(*args):
+            raise RuntimeError("kvtui's own bug")
+
+        monkeypatch.setattr(cache_edits, "edit_ended", broken)
+        cache.crop(-1)  # the program's call: done, whatever kvtui's bookkeeping does
+        assert cache.get_seq_length() == 3
+    assert any("following crop()" in e and "kvtui's own bug" in e for e in watcher.errors), watcher.errors
