@@ -105,8 +105,8 @@ def watch(
             sys.exit(2)
         if connect is not None and not token:
             raise click.BadParameter("--connect needs the --token the viewer printed", param_hint="--token")
-        if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
-            raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
+        if trace_path is not None:
+            _check_trace(trace_path)
         if headless or connect is not None:
             sys.exit(
                 run_tree_headless(
@@ -118,8 +118,8 @@ def watch(
                 executable, target, list(args), trace_path, show_top, listen, paused, break_on_alarm, theme, attention
             )
         )
-    if trace_path is not None and trace_path.parent and not trace_path.parent.exists():
-        raise click.BadParameter(f"{trace_path.parent}: no such directory", param_hint="--trace")
+    if trace_path is not None:
+        _check_trace(trace_path)
     if headless:
         sys.exit(run_headless(target, list(args), module, trace_path, fail_on, show_top, attention))
     from .. import viewers
@@ -172,6 +172,8 @@ def run_headless(
         f"kvtui watch: {steps} forwards watched · models: {printable(models)} · program exit code {code}", file=err
     )
     if watcher is None:  # the program never imported transformers' model or tokenizer code
+        if trace_path:
+            click.echo(f"no trace written to {trace_path}: no forward was watched", file=err)
         return code
     # the report's modules after the program (imported before it, they would import torch ahead of it)
     from ..engine.records.recorder import failing
@@ -184,13 +186,34 @@ def run_headless(
     for reason, count in off.items():
         click.echo(f"{printable(reason)} ({count} step(s))", file=err)
     click.echo(f"waste: {watcher.summary()}", file=err)
-    if trace_path:
-        click.echo(f"trace written to {trace_path}", file=err)
+    if trace_path:  # the file opens at the first forward
+        if watcher.recorder is not None:
+            click.echo(f"trace written to {trace_path}", file=err)
+        elif watcher.steps:
+            click.echo(f"no trace written to {trace_path}: it could not be opened (the worker-error above)", file=err)
+        else:
+            click.echo(f"no trace written to {trace_path}: no forward was watched", file=err)
     failed = failing(watcher.diagnostics, fail_on)
     if failed:
         click.echo(f"{len(failed)} alarm(s) at or above {fail_on}", file=err)
         return 1
     return code
+
+
+def _check_trace(path: Path) -> None:
+    """The trace can be written there: else a clear error before the program runs (its file opens only at the
+    program's first forward). A file this check makes is removed again."""
+    if path.parent and not path.parent.exists():
+        raise click.BadParameter(f"{path.parent}: no such directory", param_hint="--trace")
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise click.BadParameter(f"{path}: cannot write the trace: {reason}", param_hint="--trace") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def _is_script(target: str) -> bool:

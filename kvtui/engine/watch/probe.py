@@ -220,10 +220,14 @@ class Watcher:
 
     def _start(self, probe: Probe) -> None:
         from ..records.recorder import Recorder
+        from ..records.trace import TraceError
 
         header = self.header(probe)
         if self.trace_path is not None:
-            self.recorder = Recorder.for_records(self.trace_path, header)
+            try:
+                self.recorder = Recorder.for_records(self.trace_path, header)
+            except TraceError as exc:  # said once; the steps go on, unrecorded
+                self.internal_error("opening the trace", exc)
         self._started = True
         if self.on_event is not None:
             self.on_event(header)

@@ -549,3 +549,16 @@ def test_a_cache_method_that_raises_shows_one_frame_of_kvtui_and_kvtuis_failure_
         cache.crop(-1)  # the program's call: done, whatever kvtui's bookkeeping does
         assert cache.get_seq_length() == 3
     assert any("following crop()" in e and "kvtui's own bug" in e for e in watcher.errors), watcher.errors
+
+
+def test_a_trace_that_cannot_be_opened_leaves_the_steps_watched(tiny_model, tmp_path):
+    """A trace file that cannot be opened at the first forward (its folder is a file, a full disk...) is one
+    worker-error of kvtui's; the forwards are still watched and counted."""
+    model, tokenizer = tiny_model("llama")
+    (tmp_path / "a_file").write_text("")
+    with watch(model, tokenizer, trace=tmp_path / "a_file" / "run.jsonl") as watcher:
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([[1, 2, 4]]), use_cache=True)
+            model(input_ids=torch.tensor([[5]]), past_key_values=out.past_key_values, use_cache=True)
+    assert watcher.steps == 2 and watcher.last.cache_seq_length == 4
+    assert [e for e in watcher.errors if "opening the trace" in e], watcher.errors

@@ -339,3 +339,19 @@ def test_a_program_that_makes_warnings_errors_runs_and_ends_as_plain(tmp_path, t
     assert (watched.returncode, watched.stdout) == (0, plain.stdout), watched.stderr[-2000:]
     assert "kvtui watch: 4 forwards watched" in watched.stderr
     assert "worker-error" not in watched.stderr and "Traceback" not in watched.stderr, watched.stderr[-2000:]
+
+
+@LAUNCHER
+def test_a_trace_that_cannot_be_written_is_refused_before_the_program_runs(tmp_path):
+    """The trace file opens at the program's first forward: a destination that cannot be written is said at once, the
+    program not started; a trace asked for but never opened (no forward) is said as such, no file left behind."""
+    script = tmp_path / "says.py"
+    script.write_text("print('ran')\n")
+    (tmp_path / "a_file").write_text("")
+    refused = watch("--headless", "--trace", tmp_path / "a_file" / "run.jsonl", script)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "cannot write the trace" in refused.stderr, refused.stderr
+    ran = watch("--headless", "--trace", tmp_path / "run.jsonl", script)
+    assert ran.returncode == 0 and ran.stdout == "ran\n"
+    assert "no trace written to" in ran.stderr and "no forward was watched" in ran.stderr, ran.stderr
+    assert not (tmp_path / "run.jsonl").exists()
