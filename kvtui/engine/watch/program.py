@@ -62,11 +62,11 @@ def _run(target: str, args: list[str], module: bool, main: types.ModuleType) -> 
 
 
 def _wait_for_threads() -> None:
-    """What python does after the main thread's code ends (threading._shutdown): wait for every thread that is
-    not a daemon (kvtui's own are daemons)."""
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon and thread.is_alive():
+    """What python does after the main thread's code ends (threading._shutdown): wait until no thread that is not a
+    daemon is left, those they start too (kvtui's own are daemons)."""
+    ours = {threading.current_thread(), threading.main_thread()}
+    while pending := [t for t in threading.enumerate() if t not in ours and not t.daemon and t.is_alive()]:
+        for thread in pending:
             thread.join()
 
 
