@@ -54,8 +54,7 @@ def end(call) -> dict | None:
 
 
 def _inv_freq(probe) -> torch.Tensor | None:
-    for ref in getattr(probe, "_position_modules", ()):
-        module = ref()
+    for module in probe.positions_read():
         inv_freq = getattr(module, "inv_freq", None)
         if isinstance(inv_freq, torch.Tensor):
             return inv_freq

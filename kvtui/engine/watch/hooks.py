@@ -29,6 +29,7 @@ class WatcherHooks(Protocol):
     probes: list  # the watched models' Probes, in attach order
     steps: int  # forwards made so far
     gate: Any  # watch.child's Gate (pause / step / run), or a gate that never holds
+    refused: list[str]  # why a model it attached is not (or no longer) watched by it, one line each
 
     def begin_forward(self, probe: Probe, args: tuple, kwargs: dict, frame: FrameType | None = None) -> Call:
         """A watched model's forward starts: what it was handed, read before it runs (`frame`: the one that called
@@ -120,11 +121,16 @@ class Probe:
         self.attention_refs = tuple(ref for _, ref in self.attention_modules)  # for masks.py's C-level passes
         # layer -> the masked_key_indices last read (its id, its first tensor held weakly)
         self.masks_seen: dict[int, tuple] = {}
-        self._position_modules = []
+        self._position_modules = []  # (module held weakly, its POSITIONS entry)
         for module, source in position_modules(model):
-            self._position_modules.append(weakref.ref(module))
-            POSITIONS.add(module, (self, source))
+            entry = (self, source)
+            self._position_modules.append((weakref.ref(module), entry))
+            POSITIONS.add(module, entry)
             PATCHES.acquire(watcher, type(module), "__call__", peek_wrapper(POSITIONS.get, saw_positions))
+
+    def positions_read(self) -> list:
+        """The live modules whose input is the positions this model applies (rotary / position embeddings)."""
+        return [module for module in (ref() for ref, _ in self._position_modules) if module is not None]
 
     @property
     def model(self):
@@ -149,12 +155,18 @@ class Probe:
         return f"model {self.index}" + (f": {self.role}" if self.role else "")
 
     def detach(self) -> None:
+        """Its registry entries go (a collected object's are dead already); not those of a newer watch of the same
+        model, which replaced them."""
         if self.attention is not None:
             self.attention.detach()
-        for ref in (self._model, *((self._inner,) if self._inner else ()), *self._position_modules):
+        for ref in (self._model, self._inner):
+            held = ref() if ref is not None else None
+            if held is not None:
+                MODELS.discard(held, self)
+        for ref, entry in self._position_modules:
             held = ref()
-            if held is not None:  # a collected one's entry is dead already
-                (MODELS if ref in (self._model, self._inner) else POSITIONS).discard(held)
+            if held is not None:
+                POSITIONS.discard(held, entry)
 
 
 def before_forward(probe: Probe, module, args, kwargs):

@@ -109,9 +109,10 @@ class Registry(Generic[V]):
         entry = self._items.get(id(obj))
         return entry[1] if entry is not None and entry[0]() is obj else None
 
-    def discard(self, obj) -> None:
+    def discard(self, obj, value: object = None) -> None:
+        """Forget obj; with `value`, only while its entry still holds that value (not one added after it)."""
         entry = self._items.get(id(obj))
-        if entry is not None and entry[0]() is obj:
+        if entry is not None and entry[0]() is obj and (value is None or entry[1] is value):
             del self._items[id(obj)]
 
     def prune(self) -> list[V]:

@@ -46,7 +46,7 @@ from . import cache_edits, evictions, masks
 from .auto_attach import AutoAttach
 from .callers import caller_and_generate, caller_line, library_dirs, thread_caller
 from .deferred import Gate, run_watched
-from .hooks import Probe, WatchRefused
+from .hooks import MODELS, Probe, WatchRefused
 from .lineage import CacheTrack, Lineage
 from .packed_step import PackedReader, build_packed
 from .patches import PATCHES, acquire_copy_patches, defining_class, edit_wrapper, thread_start_wrapper
@@ -147,6 +147,9 @@ class Watcher:
         if self not in _WATCHERS:
             _WATCHERS.append(self)
             PATCHES.acquire(self, threading.Thread, "start", thread_start_wrapper(lambda: caller_line(self._skip)))
+        earlier = MODELS.get(model)
+        if earlier is not None and earlier.watcher is not self:  # a notebook cell run again: the newest watch sees it
+            earlier.watcher.refused.append(f"{earlier.name}: watched by a newer kvtui.watch() from now on")
         probe = Probe(self, model, len(self.probes))
         self.probes.append(probe)
         own = TOKENIZERS.loaded_from(getattr(model, "name_or_path", None))

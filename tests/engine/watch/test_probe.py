@@ -562,3 +562,29 @@ def test_a_trace_that_cannot_be_opened_leaves_the_steps_watched(tiny_model, tmp_
             model(input_ids=torch.tensor([[5]]), past_key_values=out.past_key_values, use_cache=True)
     assert watcher.steps == 2 and watcher.last.cache_seq_length == 4
     assert [e for e in watcher.errors if "opening the trace" in e], watcher.errors
+
+
+def test_watching_a_watched_model_again_hands_it_to_the_newer_watch(tiny_model):
+    """A notebook cell run twice: the newer `watch()` sees the model's forwards from then on (the earlier one says
+    why it no longer does), and detaching the earlier one leaves the newer one watching (it removed the newer one's
+    registry entries before: both went silent); detaching both leaves the class as it was."""
+    model, tokenizer = tiny_model("llama")
+    call_before = type(model).__call__
+
+    def forward(text):
+        with torch.inference_mode():
+            model(**tokenizer(text, return_tensors="pt"), use_cache=True)
+
+    first = watch(model, tokenizer)
+    forward("a")
+    second = watch(model, tokenizer)
+    forward("b")
+    assert (first.steps, second.steps) == (1, 1)
+    assert any("newer kvtui.watch()" in line for line in first.refused), first.refused
+    first.detach()
+    forward("c")
+    assert second.steps == 2 and second.last.positions == tuple(range(len(second.last.positions)))
+    second.detach()
+    forward("d")
+    assert (first.steps, second.steps) == (1, 2)
+    assert type(model).__call__ is call_before
