@@ -91,6 +91,8 @@ def watch(
         from . import check_theme
 
         check_theme(theme)
+    if trace_path is not None:  # whichever runs the program (one process, a tree, the TUI): before it starts
+        _check_trace(trace_path)
     if module:
         top = target.split(".")[0]  # found as python -m finds it: the current folder first (a console script's
         # own sys.path lacks it), then the installed ones
@@ -105,8 +107,6 @@ def watch(
             sys.exit(2)
         if connect is not None and not token:
             raise click.BadParameter("--connect needs the --token the viewer printed", param_hint="--token")
-        if trace_path is not None:
-            _check_trace(trace_path)
         if headless or connect is not None:
             sys.exit(
                 run_tree_headless(
@@ -118,8 +118,6 @@ def watch(
                 executable, target, list(args), trace_path, show_top, listen, paused, break_on_alarm, theme, attention
             )
         )
-    if trace_path is not None:
-        _check_trace(trace_path)
     if headless:
         sys.exit(run_headless(target, list(args), module, trace_path, fail_on, show_top, attention))
     from .. import viewers

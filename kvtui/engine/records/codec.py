@@ -238,8 +238,8 @@ def _add_watch_fields(record: dict, s: StepSnapshot) -> None:
     record.update(template)  # in the template's order; the values that change per step replaced in place below
     record["cache_length_before"] = s.cache_length_before
     record["requested"] = {
-        "position_ids": None if s.requested_positions is None else list(s.requested_positions),
-        "cache_position": None if s.requested_cache_position is None else list(s.requested_cache_position),
+        "position_ids": _maybe_list(s.requested_positions),
+        "cache_position": _maybe_list(s.requested_cache_position),
     }
     record["lineage"] = dict(template["lineage"])  # each record its own (a reader may keep and change it)
     if s.rows:
