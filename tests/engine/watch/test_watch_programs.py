@@ -20,17 +20,21 @@ PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py"))
 LAUNCHER = pytest.mark.version_free("the launcher's plumbing around a program that builds no model")
 
 
-def watch(*args, cwd=ROOT, input=None, env=None):
-    """The CLI; the program's stdin is `input` (else /dev/null: an interactive sample reads EOF and ends)."""
+def watch(*args, cwd=ROOT, input=None, env=None, cli=(sys.executable, "-m", "kvtui.cli")):
+    """The CLI (`cli`: how kvtui is started); the program's stdin is `input` (else /dev/null: an interactive sample
+    reads EOF and ends)."""
+    return _run([*cli, "watch", *args], cwd, input, env)
+
+
+def plain(*args, cwd=ROOT):
+    """`python ARGS`, as `watch` runs the CLI: the same program without kvtui."""
+    return _run([sys.executable, *args], cwd)
+
+
+def _run(command, cwd, input=None, env=None):
     stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
     return subprocess.run(
-        [sys.executable, "-m", "kvtui.cli", "watch", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        env=env,
-        **stdin,
+        list(map(str, command)), capture_output=True, text=True, timeout=600, cwd=cwd, env=env, **stdin
     )
 
 
@@ -144,11 +148,11 @@ def test_kvtui_imports_torch_and_transformers_after_the_program_does(tmp_path, t
     script.write_text(IMPORTS_FIRST)
     with torch.no_grad():  # what the program prints without kvtui (its next id, computed here)
         logits = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)(input_ids=torch.tensor([[1, 2, 3]]))
-    plain = f"loaded before the program's imports: []\nthreads: 1\nnext id: {logits.logits[0, -1].argmax().item()}\n"
+    expected = f"loaded before the program's imports: []\nthreads: 1\nnext id: {logits.logits[0, -1].argmax().item()}\n"
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # what the program sets is what counts
     headless = watch("--headless", script, model, env=env)
     assert headless.returncode == 0, headless.stderr[-2000:]
-    assert headless.stdout == plain
+    assert headless.stdout == expected
     assert "kvtui watch: 1 forwards watched" in headless.stderr, headless.stderr
     saved = os.environ.pop("OMP_NUM_THREADS", None)  # the child inherits this process's environment
     try:
@@ -157,7 +161,7 @@ def test_kvtui_imports_torch_and_transformers_after_the_program_does(tmp_path, t
         if saved is not None:
             os.environ["OMP_NUM_THREADS"] = saved
     printed = "".join(r["text"] + "\n" for r in records if r["type"] == "output" and r["stream"] == "stdout")
-    assert printed == plain
+    assert printed == expected
     assert [r["step"] for r in records if r["type"] == "step"] == [1]
 
 
@@ -232,13 +236,11 @@ def test_a_watched_program_runs_as_python_runs_it(tmp_path, how):
         "own hook": ["../own_hook.py"],
         "module": ["-m", "pkg.mod", "x"],
     }
-    plain = subprocess.run(
-        [sys.executable, *argv[how]], capture_output=True, text=True, timeout=120, cwd=cwd, stdin=subprocess.DEVNULL
-    )
+    unwatched = plain(*argv[how], cwd=cwd)
     watched = watch("--headless", *argv[how], cwd=cwd)
-    assert plain.returncode == 1 and plain.stderr  # the program's error, to compare
-    assert (watched.returncode, watched.stdout) == (plain.returncode, plain.stdout)
-    assert _without_report(watched.stderr) == plain.stderr
+    assert unwatched.returncode == 1 and unwatched.stderr  # the program's error, to compare
+    assert (watched.returncode, watched.stdout) == (unwatched.returncode, unwatched.stdout)
+    assert _without_report(watched.stderr) == unwatched.stderr
     assert "kvtui/engine" not in _without_report(watched.stderr)
 
 
@@ -249,15 +251,7 @@ def test_the_kvtui_command_runs_a_module_of_the_current_folder(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "mod.py").write_text("import sys\nprint(sys.argv)\n")
-    command = Path(sys.executable).with_name("kvtui")
-    watched = subprocess.run(
-        [command, "watch", "--headless", "-m", "pkg.mod", "x"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-    )
+    watched = watch("--headless", "-m", "pkg.mod", "x", cwd=tmp_path, cli=[Path(sys.executable).with_name("kvtui")])
     assert watched.returncode == 0, watched.stderr
     assert watched.stdout == f"{[str(tmp_path / 'pkg' / 'mod.py'), 'x']}\n"
 
@@ -333,10 +327,10 @@ def test_a_program_that_makes_warnings_errors_runs_and_ends_as_plain(tmp_path, t
     every forward watched, no kvtui failure (the report's deprecated click call raised, exit code 1)."""
     script, model = tmp_path / "strict.py", str(tiny_dir("llama"))
     script.write_text(WARNINGS_ARE_ERRORS)
-    plain = subprocess.run([sys.executable, script, model], capture_output=True, text=True, timeout=300)
+    unwatched = plain(script, model)
     watched = watch("--headless", script, model)
-    assert plain.returncode == 0, plain.stderr[-2000:]
-    assert (watched.returncode, watched.stdout) == (0, plain.stdout), watched.stderr[-2000:]
+    assert unwatched.returncode == 0, unwatched.stderr[-2000:]
+    assert (watched.returncode, watched.stdout) == (0, unwatched.stdout), watched.stderr[-2000:]
     assert "kvtui watch: 4 forwards watched" in watched.stderr
     assert "worker-error" not in watched.stderr and "Traceback" not in watched.stderr, watched.stderr[-2000:]
 
