@@ -55,6 +55,12 @@ _ID, _ORIGIN = operator.attrgetter("id"), operator.attrgetter("origin")
 _NOTABLE_ORIGINS = frozenset(("tokenizer-added", "primed"))  # the origins check_feed speaks of whatever the id
 
 
+def feed_is_plain(fed: Sequence[BufferToken], ids: SpecialIds) -> bool:
+    """No BOS, pad or end id, nothing the tokenizer added or primed (most feeds): check_feed has nothing to say
+    (a caller that asks first skips passing it the rest)."""
+    return ids.notable.isdisjoint(map(_ID, fed)) and _NOTABLE_ORIGINS.isdisjoint(map(_ORIGIN, fed))
+
+
 def check_feed(
     step: int,
     fed: Sequence[BufferToken],
@@ -69,8 +75,8 @@ def check_feed(
     """Alarms about the tokens one forward is about to write (before: the token already cached last), for
     kvtui's own chat and a watched program alike. `prompt_end`: the forward feeds a whole prompt (a
     watched prefill), so an end token as its last token ends the text. `label(t)` names a token."""
-    if ids.notable.isdisjoint(map(_ID, fed)) and _NOTABLE_ORIGINS.isdisjoint(map(_ORIGIN, fed)):
-        return []  # no BOS, pad or end id, nothing the tokenizer added or primed (most feeds): nothing to say
+    if feed_is_plain(fed, ids):
+        return []
     label = label or (lambda t: token_text(piece(t.id), t.id))
     attended = [t for t in fed if t.origin != "pad"]
     found = _tokenizer_added(step, attended, before, ids, label, at)
@@ -284,6 +290,17 @@ def span(values: Sequence[int]) -> str:
     return str(values[:8])[:-1] + (", ...]" if len(values) > 8 else "]")
 
 
+def request_unasked(alarms: AlarmMemory, cache_position: Sequence[int] | None, capacity: int | None) -> bool:
+    """Nothing asked, nothing static (most forwards): no argument is ignored and the cursor is the cache's own, so
+    both of check_request's states end here and it has nothing to check (a caller that asks first skips passing
+    it the rest)."""
+    if cache_position is None and capacity is None:
+        alarms.active.pop("ignored-argument", None)
+        alarms.active.pop("cursor-mismatch", None)
+        return True
+    return False
+
+
 def check_request(
     alarms: AlarmMemory,
     step: int,
@@ -297,9 +314,7 @@ def check_request(
 ) -> list[Diagnostic]:
     """What the caller asked for: an argument this version ignores, its own cursor against the cache's,
     and a static cache this forward is about to overflow. State-like: each fires when it starts or changes."""
-    if cache_position is None and capacity is None:  # nothing asked, nothing static (most forwards): no argument is
-        alarms.active.pop("ignored-argument", None)  # ignored and the cursor is the cache's own: both states end
-        alarms.active.pop("cursor-mismatch", None)
+    if request_unasked(alarms, cache_position, capacity):
         return []
     found = alarms.transition(
         "ignored-argument",

@@ -91,11 +91,12 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         "topk_processed": topk if same else _top_records(s.topk_processed),
         "watched": _top_records(s.watched),
         "chosen": None if s.chosen is None else {**_top_record(s.chosen), "forced": s.chosen_forced},
-        "turn_done": s.turn_done,
-        "diagnostics": [_alarm_record(d) for d in s.diagnostics],  # the step's number is the line's
-        "ms": {"forward": round(s.forward_ms, 3), "snapshot": round(s.snapshot_ms, 3)},
-        "buffer_length": len(s.buffer),
     }
+    # set one by one: CPython builds a display of more than 15 entries an entry at a time (twice the bytecode)
+    record["turn_done"] = s.turn_done
+    record["diagnostics"] = [_alarm_record(d) for d in s.diagnostics]  # the step's number is the line's
+    record["ms"] = {"forward": round(s.forward_ms, 3), "snapshot": round(s.snapshot_ms, 3)}
+    record["buffer_length"] = len(s.buffer)
     # the fields of the less usual steps, in this order, only when they apply (no empty dict made for the others)
     if s.attention is not None:
         record["attention"] = attention_record(s)

@@ -46,7 +46,8 @@ class Recorder:
         return cls(None, path, header=header)
 
     def record(self, record: dict | StepSnapshot) -> None:  # a step: serialised once for every sink
-        self._write(record)
+        if self.writer is not None:
+            self.writer.write(record)
 
     def on_event(self, kind: str, payload) -> None:
         session = self.session

@@ -216,12 +216,20 @@ def _write_through(file: IO[bytes], data: bytes) -> None:
         file.write(data)
         file.flush()
         return
-    view = memoryview(data)  # an unbuffered write may take part of the bytes (a signal, a full disk)
-    while view:
-        written = file.write(view)
-        if not written:  # None (would block) or 0: nothing more can go
-            raise OSError(f"wrote {len(data) - len(view)} of {len(data)} bytes")
+    written = file.write(data)
+    if written != len(data):  # an unbuffered write may take part of the bytes (a signal, a full disk)
+        _write_rest(file, data, written)
+
+
+def _write_rest(file: IO[bytes], data: bytes, written: int | None) -> None:
+    view = memoryview(data)
+    while written:
         view = view[written:]
+        if not view:
+            return
+        written = file.write(view)
+    # None (would block) or 0: nothing more can go
+    raise OSError(f"wrote {len(data) - len(view)} of {len(data)} bytes")
 
 
 class TraceWriter:

@@ -16,7 +16,7 @@ import torch
 from ..reading import introspect
 from ..reading.attention import AttentionCapture
 from .callers import GENERATE_CODES
-from .patches import PATCHES, Registry, call_wrapper, defining_class, peek_wrapper
+from .patches import PASS, PATCHES, Registry, call_wrapper, defining_class, peek_wrapper
 from .watch_step import Call
 
 
@@ -61,15 +61,7 @@ class Forwards(threading.local):
         # assistant's generate() nested in the model's is a call of its own, not the start of a new outer one
         self.prompts: dict[int, weakref.ref] = {}
 
-    @property
-    def current(self) -> Call | None:
-        top = self.stack[-1] if self.stack else None
-        if top is INSIDE and len(self.stack) > 1:  # the model's own decoder inside its forward: the outer call's
-            return self.stack[-2]
-        return None if top is INSIDE else top
 
-
-INSIDE: Any = object()  # on the stack for a watched model's decoder called inside that model's own forward
 STATE = Forwards()
 MODELS: Registry[Probe] = Registry()  # watched model -> its Probe
 POSITIONS: Registry[tuple[Probe, str]] = Registry()  # position module -> (its Probe, "rotary" | "embedding")
@@ -172,8 +164,9 @@ class Probe:
 def before_forward(probe: Probe, module, args, kwargs):
     if STATE.stack:  # a nested call (a model inside a watched forward): the outer one is the step
         outer = STATE.stack[-1]
-        inside = outer is not None and outer is not INSIDE and outer.probe is probe
-        STATE.stack.append(INSIDE if inside else None)  # its own decoder: the outer call still reads positions
+        if outer is not None and outer.probe is probe:  # its own decoder: the outer call reads on, nothing pushed
+            return PASS
+        STATE.stack.append(None)  # another model inside it: not a step, and its positions are not the outer's
         return None
     watcher = probe.watcher
     try:
@@ -192,7 +185,7 @@ def before_forward(probe: Probe, module, args, kwargs):
 
 def after_forward(probe: Probe, token, output) -> None:
     call = STATE.stack.pop() if STATE.stack else None
-    if call is None or call is INSIDE:
+    if call is None:
         return
     try:
         probe.watcher.finish_forward(call, output)
@@ -202,7 +195,7 @@ def after_forward(probe: Probe, token, output) -> None:
 
 def saw_positions(entry, args, kwargs) -> None:
     probe, source = entry
-    call = STATE.current
+    call = STATE.stack[-1] if STATE.stack else None  # the forward in flight on this thread (None: a nested one)
     if call is None or call.probe is not probe or call.applied is not None:
         return
     if source == "rotary":

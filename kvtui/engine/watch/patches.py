@@ -130,9 +130,13 @@ class Registry(Generic[V]):
         return len(self._items)
 
 
+PASS = object()  # what a `before` returns for a call it leaves alone (a model's decoder inside its own forward)
+
+
 def call_wrapper(lookup: Callable[[object], object], before: Callable, after: Callable):
     """`__call__` of a model class: `before(handler, module, args, kwargs) -> token` and
-    `after(handler, token, output_or_None)` around the original, for registered instances only."""
+    `after(handler, token, output_or_None)` around the original, for registered instances only (and no `after`
+    when `before` returned PASS)."""
 
     def make(original):
         @functools.wraps(original)
@@ -141,6 +145,8 @@ def call_wrapper(lookup: Callable[[object], object], before: Callable, after: Ca
             if handler is None or compiling():
                 return original(self, *args, **kwargs)
             token = before(handler, self, args, kwargs)
+            if token is PASS:
+                return original(self, *args, **kwargs)
             try:
                 output = original(self, *args, **kwargs)
             except BaseException:

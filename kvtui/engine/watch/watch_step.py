@@ -24,7 +24,9 @@ from ..reading.diagnostics import (
     check_drift,
     check_feed,
     check_request,
+    feed_is_plain,
     recomputed_prefix,
+    request_unasked,
 )
 from ..reading.token_texts import TokenTexts, tokenizer_texts
 from ..reading.tokens import special_token_ids
@@ -245,21 +247,23 @@ class StepBuilder:
 
     def __init__(self, watcher):
         self.watcher = watcher
-        self._probe: Any = None  # the model whose forward is read now: its tokenizer decodes the pieces
+        self.probe: Any = None  # the model whose forward is read now: its tokenizer decodes the pieces
         self._tok: Any = None
         self._texts = tokenizer_texts(None)  # the token texts of the tokenizer in use (one per tokenizer)
         self._by_tokenizer: Registry[TokenTexts] = Registry()
         self._specials_key: tuple | None = None
         self._specials_value: tuple = ()
         self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
+        self._adding: list[tuple[tuple[int, ...], frozenset[int]]] = []  # those of them that added tokens
         self._no_cache_alarms = Alarms()  # forwards with no cache share one repeat state
+        self._sites: dict[tuple, dict[str, Any]] = {}  # a snapshot's fields that stay over a loop, per set of values
 
     # ---- tokens ----------------------------------------------------------------------------------
 
     def use(self, probe) -> None:
         """Read the next tokens with this model's tokenizer (a program that runs two model families has
         two vocabularies: an id is a different piece in each)."""
-        self._probe = probe
+        self.probe = probe
         tok = self.watcher.tokenizer_of(probe)
         if tok is self._tok and self._tok is not None:
             return
@@ -289,7 +293,7 @@ class StepBuilder:
         return self._texts.label(token_id)
 
     def specials(self) -> tuple[SpecialIds, frozenset[int]]:
-        tok, probe = self._tok, self._probe
+        tok, probe = self._tok, self.probe
         key = (id(tok), id(probe))
         if self._specials_key != key:  # read once per tokenizer: the sets cost more than a forward's bookkeeping
             self._specials_key, self._specials_value = key, self._read_specials(tok, probe)
@@ -310,30 +314,28 @@ class StepBuilder:
     def saw_encoding(self, ids: list[int], added: set[int]) -> None:
         self._encodings.append((tuple(ids), frozenset(added)))
         del self._encodings[:-16]
+        self._adding = [(encoding, added) for encoding, added in self._encodings if added]
 
     def _tokenizer_added(self, call: Call) -> set[int]:
         """Indices of fed tokens (row 0) that a seen tokenizer call added (BOS/EOS the text did not contain)."""
-        if call.input_ids is None or not self._encodings:
+        if call.input_ids is None or not self._adding:
             return set()
         ids = tuple(call.input_ids[0])
-        for encoding, added in reversed(self._encodings):
-            if added and len(encoding) >= len(ids) and encoding[len(encoding) - len(ids) :] == ids:
+        for encoding, added in reversed(self._adding):
+            if len(encoding) >= len(ids) and encoding[len(encoding) - len(ids) :] == ids:
                 offset = len(encoding) - len(ids)
                 return {i - offset for i in added if i >= offset}
         return set()
 
     # ---- caches ----------------------------------------------------------------------------------
 
-    def _alarms(self, call: Call):
-        """The repeat state of the cache this forward uses (each cache its own)."""
-        if call.track is not None:
-            return call.track.alarms
-        return self._no_cache_alarms
-
     def check_request(self, call: Call) -> None:
-        capacity = call.track.capacity if call.track is not None else None
+        track = call.track  # the repeat state of the cache the forward uses (each cache its own)
+        alarms, capacity = (track.alarms, track.capacity) if track is not None else (self._no_cache_alarms, None)
+        if request_unasked(alarms, call.requested_cache_position, capacity):
+            return
         call.found += check_request(
-            self._alarms(call),
+            alarms,
             self.watcher.steps + 1,
             cache_position=call.requested_cache_position,
             accepts_cache_position=call.probe.accepts_cache_position,
@@ -393,7 +395,7 @@ class StepBuilder:
         rows, turn = self._cache_rows(call, track)
         masks = call.mask_new if call.mask_new is not None else [[1] * call.n] * call.batch  # [batch][n]
         fed_ids = self._feed(call, step, rows, turn, applied, masks, found, stale, at)
-        alarms = self._alarms(call)
+        alarms = call.track.alarms if call.track is not None else self._no_cache_alarms  # each cache its own
         found += check_positions(alarms, call, step, applied, masks, stale, at)
         layers, said = checked_layers(alarms, call, step, cache, cache_len)
         found += said
@@ -428,38 +430,57 @@ class StepBuilder:
             extra.update(attention_off=self._attention_off(call, seen))
             if seen is not None:
                 extra.update(attention=seen.layers, attention_layer=seen.detail.layer, attention_detail=seen.detail)
+        if row_views is not None:
+            extra["rows"] = row_views
+        if recomputed:
+            extra["recomputed"] = recomputed
+        top = top_rows[0] if top_rows else ()
         return StepSnapshot(
+            **self._site(call, track),
+            **extra,
             step=step,
-            phase="prefill" if call.n > 1 else "decode",
             turn=turn,
             input_ids=tuple(fed_ids[0]) if fed_ids else (),
             positions=tuple(applied[0]) if applied else (),
             cursor=self._cursor(call, requested, cache_len),
             cache_seq_length=cache_len,
-            capacity=track.capacity if track is not None else None,
             layers=layers,
-            topk=top_rows[0] if top_rows else (),
-            topk_processed=top_rows[0] if top_rows else (),
+            topk=top,
+            topk_processed=top,
             watched=self._watched(logits) if self.watcher.watch_ids else (),
-            chosen=None,
-            chosen_forced=False,
             diagnostics=tuple(found),
             forward_ms=forward_ms,
             snapshot_ms=(time.perf_counter() - snap_started) * 1000,
             buffer=buffers[0] if buffers else TokenBuffer([]),
-            source="watch",
-            caller=call.caller,
-            cache_id=track.name if track else None,
             cache_length_before=call.cache_length_before,
-            positions_source=call.positions_source,
-            batch=call.batch,
-            rows=row_views,
-            model=call.probe.label,
-            thread=call.thread,
-            recomputed=recomputed,
-            token_bytes=self._texts.token_bytes,
-            **extra,
         )
+
+    def _site(self, call: Call, track: CacheTrack | None) -> dict[str, Any]:
+        """A watched snapshot's fields that stay the same over a loop's steps (its phase, call site, cache, model,
+        thread and tokenizer), made once per set of values: a step passes only what changes (a call of more than
+        15 keywords CPython builds an entry at a time, at twice the bytecode)."""
+        label, phase = call.probe.label, "prefill" if call.n > 1 else "decode"
+        name, capacity = (track.name, track.capacity) if track is not None else (None, None)
+        key = (phase, call.caller, name, capacity, label, call.thread, call.positions_source, call.batch, self._texts)
+        site = self._sites.get(key)
+        if site is None:
+            if len(self._sites) >= 64:  # a program of many call sites or caches: the newest are kept
+                self._sites.clear()
+            site = self._sites[key] = dict(
+                phase=phase,
+                capacity=capacity,
+                chosen=None,
+                chosen_forced=False,
+                source="watch",
+                caller=call.caller,
+                cache_id=name,
+                positions_source=call.positions_source,
+                batch=call.batch,
+                model=label,
+                thread=call.thread,
+                token_bytes=self._texts.token_bytes,
+            )
+        return site
 
     @staticmethod
     def _attention_off(call: Call, seen) -> str | None:
@@ -512,16 +533,17 @@ class StepBuilder:
             pieces = self._texts.pieces_of(ids)  # the known ones in one pass
             fed = _fed_tokens(call.n, applied[row], ids, pieces, special, turn, mask, added if row == 0 else ())
             if row == 0:  # alarms read row 0; a program's rows share its code path
-                found += check_feed(
-                    step,
-                    fed,
-                    before,
-                    ids_info,
-                    self.piece,
-                    prompt_end=call.n > 1,
-                    at=at,
-                    label=lambda t: self.label(t.id),
-                )
+                if not feed_is_plain(fed, ids_info):
+                    found += check_feed(
+                        step,
+                        fed,
+                        before,
+                        ids_info,
+                        self.piece,
+                        prompt_end=call.n > 1,
+                        at=at,
+                        label=lambda t: self.label(t.id),
+                    )
                 if not stale:
                     found += self._check_drift(step, rows[0], ids, at)
             rows[row].extend(fed)

@@ -40,9 +40,8 @@ class HostReads:
 
     def add(self, tensor: torch.Tensor) -> int:
         """Register `tensor` (any shape; ints, bools or floats); returns its handle. Nothing is read yet (its words'
-        offsets and devices are worked out at `resolve`, for every tensor at once)."""
-        if self._host is not None:
-            raise RuntimeError("these reads were resolved already: a tensor added now would never be read")
+        offsets and devices are worked out at `resolve`, for every tensor at once). Once resolved, `add` raises
+        (a ResolvedReads: no check on the way here)."""
         if tensor.dtype is _INT64:  # ids, positions, counts (never requiring grad): as they are, flattened when not 1-D
             self._parts.append((_INT, tensor.shape, tensor if tensor.dim() == 1 else tensor.reshape(-1)))  # a view
         else:
@@ -51,8 +50,6 @@ class HostReads:
 
     def resolve(self) -> None:
         """The one transfer (one per device when tensors live on several): reads every added tensor."""
-        if self._host is not None:
-            return
         parts = self._parts
         words = list(map(_WORDS, parts))  # let go of the device tensors below: only their places are kept
         ends = list(accumulate(map(_NUMEL, words)))
@@ -75,19 +72,35 @@ class HostReads:
                     host[first:end] = values[at : at + end - first]
                     at += end - first
             self._host = host
+        self.__class__ = ResolvedReads  # its reads answer without a check of whether this ran; adds are refused
 
     def flat(self, handle: int) -> list:
-        """The tensor's values, flattened (ints for integer and bool tensors, floats otherwise)."""
-        if self._host is None:
-            self.resolve()
-        assert self._host is not None
-        kind, _, first, end = self._parts[handle]
-        return self._host[first:end] if kind == _INT else _decode(kind, self._host[first:end])
+        """The tensor's values, flattened (ints for integer and bool tensors, floats otherwise). Resolves the
+        reads when they were not (after that, ResolvedReads's own `flat` answers directly)."""
+        self.resolve()
+        return self.flat(handle)
 
     def rows(self, handle: int) -> list[list]:
-        """A tensor's values as rows of its last dimension ([rows][last]; a 0-d or 1-d tensor is one row)."""
-        if self._host is None:
-            self.resolve()
+        """A tensor's values as rows of its last dimension ([rows][last]; a 0-d or 1-d tensor is one row). Resolves
+        the reads when they were not (after that, ResolvedReads's own `rows` answers directly)."""
+        self.resolve()
+        return self.rows(handle)
+
+
+class ResolvedReads(HostReads):
+    """A HostReads once its transfer is done (`resolve` makes it one): the values are on the host."""
+
+    def add(self, tensor: torch.Tensor) -> int:
+        raise RuntimeError("these reads were resolved already: a tensor added now would never be read")
+
+    def resolve(self) -> None:
+        return
+
+    def flat(self, handle: int) -> list:
+        kind, _, first, end = self._parts[handle]
+        return self._host[first:end] if kind == _INT else _decode(kind, self._host[first:end])  # type: ignore[index]
+
+    def rows(self, handle: int) -> list[list]:
         kind, shape, first, end = self._parts[handle]  # as `flat`, without a call of it per read
         values = self._host[first:end] if kind == _INT else _decode(kind, self._host[first:end])  # type: ignore[index]
         width = shape[-1] if shape else 1
