@@ -59,22 +59,33 @@ def top_rows_from(
     return _top_rows(zip(logits, logprobs, ids), piece, pieces)
 
 
+def top_row_from(
+    logits: list[float], logprobs: list[float], ids: list[int], piece, pieces=None
+) -> tuple[TopToken, ...]:
+    """`top_rows_from` of one row (a batch of one: no loop over rows)."""
+    fast = _fast_row(logits, logprobs, ids, piece, pieces)
+    return fast if fast is not None else _checked_row(logits, logprobs, ids, piece)
+
+
 def _top_rows(found, piece, pieces=None) -> list[tuple[TopToken, ...]]:
     """(logits, log-probabilities, ids) per row -> its TopTokens."""
     out = []
     for logits, row_logprobs, row_ids in found:
         fast = _fast_row(logits, row_logprobs, row_ids, piece, pieces)
-        if fast is not None:
-            out.append(fast)
-            continue
-        tops = []
-        for rank, (token_id, logit, logprob) in enumerate(zip(row_ids, logits, row_logprobs)):
-            # a NaN (a broken model) fails the test: 0, never a NaN in the trace
-            prob = math.exp(logprob) if logprob > -math.inf else 0.0
-            if prob > 0 or rank == 0:
-                tops.append(TopToken(token_id, piece(token_id), _finite(logit), prob, rank + 1))
-        out.append(tuple(tops))
+        out.append(fast if fast is not None else _checked_row(logits, row_logprobs, row_ids, piece))
     return out
+
+
+def _checked_row(logits: list[float], logprobs: list[float], ids: list[int], piece) -> tuple[TopToken, ...]:
+    """A row with a -inf, a NaN or a masked logit: each token as it is, those of probability 0 left out (but the
+    first)."""
+    tops = []
+    for rank, (token_id, logit, logprob) in enumerate(zip(ids, logits, logprobs)):
+        # a NaN (a broken model) fails the test: 0, never a NaN in the trace
+        prob = math.exp(logprob) if logprob > -math.inf else 0.0
+        if prob > 0 or rank == 0:
+            tops.append(TopToken(token_id, piece(token_id), _finite(logit), prob, rank + 1))
+    return tuple(tops)
 
 
 # TopToken's slots' setters, in field order (id, text, logit, prob, rank): the row's tokens are filled field by
@@ -87,7 +98,7 @@ def _fast_row(
     logits: list[float], logprobs: list[float], ids: list[int], piece, pieces=None
 ) -> tuple[TopToken, ...] | None:
     """A row whose every log-probability is finite with a probability above 0 and whose every logit is above the
-    floor (every row of a sane model): its TopTokens, the same as the loop in `_top_rows` makes; else None."""
+    floor (every row of a sane model): its TopTokens, the same as `_checked_row` makes; else None."""
     if not (all(map(_ABOVE_NEG_INF, logprobs)) and all(map(_ABOVE_FLOOR, logits))):
         return None  # a -inf, a NaN or a masked logit: the loop says what each one is
     probs = list(map(math.exp, logprobs))

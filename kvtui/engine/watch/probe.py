@@ -334,7 +334,8 @@ class Watcher:
                     evictions.begin(call, track)
                 elif call.n > 1 or masks.press_hooked(probe):  # a prefill, or any forward under a press's
                     evictions.begin(call, track)  # hooks (DecodingPress compresses inside decoding forwards)
-            call.count_attended()
+            if call.mask_cached is not None or call.mask_unread:  # a mask's cached columns, or a 4-D mask
+                call.count_attended()
             return call
 
     def _read_call(self, call: Call) -> None:

@@ -30,7 +30,7 @@ from ..reading.diagnostics import (
 )
 from ..reading.token_texts import TokenTexts, tokenizer_texts
 from ..reading.tokens import special_token_ids
-from ..reading.topk import top_rows_from, top_tensors, watched_tokens
+from ..reading.topk import top_row_from, top_rows_from, top_tensors, watched_tokens
 from ..records.snapshot import (
     BufferToken,
     Diagnostic,
@@ -645,5 +645,8 @@ class StepBuilder:
         values, logprobs = reads.rows(handles["top_values"]), reads.rows(handles["top_logprobs"])
         # the texts in use (`use` set them), asked directly: the known pieces in one pass, no call per token
         texts = self._texts
-        rows = top_rows_from(values, logprobs, reads.rows(handles["top_ids"]), texts.piece, texts.pieces_of)
+        ids = reads.rows(handles["top_ids"])
+        if batch == 1 and len(ids) == 1:  # one row: no loop over rows
+            return [top_row_from(values[0], logprobs[0], ids[0], texts.piece, texts.pieces_of)]
+        rows = top_rows_from(values, logprobs, ids, texts.piece, texts.pieces_of)
         return rows[:batch] + [()] * max(0, batch - len(rows))

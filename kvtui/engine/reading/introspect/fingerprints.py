@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ...records.snapshot import fast_init
 from .infos import plain_kv
 from .layers import CountReader, kind_of, layer_counts
 from .transfer import HostReads
@@ -20,6 +21,7 @@ _SHAPE, _STRIDE, _AS_STRIDED = attrgetter("shape"), methodcaller("stride"), torc
 _LAYER, _VIEW = itemgetter(0), itemgetter(1)  # of a (layer index, view) entry
 
 
+@fast_init  # made after every forward: its fields filled in one call, not one line each
 @dataclass
 class Fingerprint:
     """What a cache held after a forward, to tell at the next one whether the program touched it between.
@@ -35,8 +37,8 @@ class Fingerprint:
     layers: list  # [(layer, keys, values, counter or None, (K, V) write counters or None)]
     views: list = field(default_factory=list)  # [(layer index, K or V end-slots view)]
     values: list = field(default_factory=list)  # per group of equal-shaped views: (indices, stacked copy)
-    # plain full-attention caches (most): the layers, K and V tensors and their write counters (None: inference
-    # tensors) as lists, compared with C-level passes at the check (no Python per layer)
+    # plain full-attention caches (most): the layers, then every K, then every V as one list, and their write
+    # counters ((K counters, V counters); None: inference tensors), compared with C-level passes at the check
     plain: tuple | None = None
 
     def release(self) -> None:
@@ -114,7 +116,7 @@ def _plain_fingerprint(layers: list) -> Fingerprint | None:
     else:  # autograd's counters of in-place writes: free to read
         versions = (list(map(_VERSION, keys)), list(map(_VERSION, values)))
     entries = list(zip(layers, keys, values, repeat(None), zip(*versions) if versions else repeat(None)))
-    return Fingerprint(entries, views, _stack(views), (layers, keys, values, versions))
+    return Fingerprint(entries, views, _stack(views), ([*layers, *keys, *values], versions))
 
 
 def _end_slots(keys: list, values: list, filled: int):
@@ -134,17 +136,18 @@ def _end_slots(keys: list, values: list, filled: int):
 
 def _plain_same(plain: tuple, layers: list) -> bool:
     """Whether a plain fingerprint's layers still hold the same K/V tensors, unwritten (C-level passes)."""
-    held, keys, values, versions = plain
+    held, versions = plain
     try:
-        same = (
-            len(layers) == len(held)
-            and all(map(is_, layers, held))
-            and all(map(is_, map(_KEYS, layers), keys))
-            and all(map(is_, map(_VALUES, layers), values))
-        )
+        now = [*layers, *map(_KEYS, layers), *map(_VALUES, layers)]
     except AttributeError:  # a layer lost its tensors: the per-layer comparison says how
         return False
-    return same and (versions is None or (list(map(_VERSION, keys)), list(map(_VERSION, values))) == versions)
+    if len(now) != len(held) or not all(map(is_, now, held)):
+        return False
+    count = len(layers)
+    return (
+        versions is None
+        or (list(map(_VERSION, now[count : 2 * count])), list(map(_VERSION, now[2 * count :]))) == versions
+    )
 
 
 def _stack(views: list) -> list:
@@ -180,6 +183,7 @@ def changed(before: Fingerprint, cache) -> str | None:
     return change if pending is None else pending.describe(reads)
 
 
+@fast_init  # made before every forward of an inference cache
 @dataclass
 class PendingEdit:
     """The in-place edit check of a fingerprint whose shapes and tensors were unchanged, waiting for its values:

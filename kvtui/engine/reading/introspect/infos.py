@@ -152,17 +152,33 @@ def uniform_infos(layers) -> tuple[LayerInfo, ...] | None:
     count = len(layers)
     return _bulk_layer_infos(
         count,
-        index=range(count),
-        kind=repeat("full", count),
+        **_uniform_columns(count, keys[0].dtype, keys[0].device),
         k_shape=k_shapes,
         v_shape=map(tuple, map(_SHAPE, values)),
-        dtype=repeat(_text(keys[0].dtype), count),
-        device=repeat(_text(keys[0].device), count),
         bytes=sizes,
         filled=slots,
         seen=slots,
-        held_from=repeat(0, count),
     )
+
+
+_UNIFORM: dict[tuple, dict[str, Any]] = {}  # (layer count, dtype, device) -> the columns every step repeats
+
+
+def _uniform_columns(count: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """The columns of a uniform cache's LayerInfos that do not change from step to step (sequences, not iterators:
+    made once, read by every step's C-level passes)."""
+    key = (count, dtype, device)
+    columns = _UNIFORM.get(key)
+    if columns is None:
+        text = (_text(dtype), _text(device))
+        columns = _UNIFORM[key] = dict(
+            index=range(count),
+            kind=("full",) * count,
+            dtype=(text[0],) * count,
+            device=(text[1],) * count,
+            held_from=(0,) * count,
+        )
+    return columns
 
 
 # LayerInfo's fields: their slots' setters (member descriptors) and defaults (none is a factory)
