@@ -88,7 +88,7 @@ class Probe:
         parameters = list(inspect.signature(type(model).forward).parameters.values())[1:]  # after self
         self.positional = tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
         MODELS.add(model, self)
-        PATCHES.acquire(watcher, type(model), "__call__", call_wrapper(MODELS.get, before_forward, after_forward))
+        PATCHES.acquire(watcher, type(model), "__call__", call_wrapper(MODELS, before_forward, after_forward))
         # its decoder without the LM head, called directly (kvpress's pipeline prefills with `model.model`): a
         # step of this model with no logits; inside the model's own forward it is nested, so not a step
         self._inner: weakref.ref | None = None
@@ -96,7 +96,7 @@ class Probe:
         if isinstance(inner, torch.nn.Module) and inner is not model and hasattr(inner, "layers"):
             self._inner = weakref.ref(inner)
             MODELS.add(inner, self)
-            PATCHES.acquire(watcher, type(inner), "__call__", call_wrapper(MODELS.get, before_forward, after_forward))
+            PATCHES.acquire(watcher, type(inner), "__call__", call_wrapper(MODELS, before_forward, after_forward))
         owner = defining_class(type(model), "generate")
         if owner is not None:
             GENERATE_CODES.add(inspect.unwrap(owner.__dict__["generate"]).__code__)
@@ -118,7 +118,7 @@ class Probe:
             entry = (self, source)
             self._position_modules.append((weakref.ref(module), entry))
             POSITIONS.add(module, entry)
-            PATCHES.acquire(watcher, type(module), "__call__", peek_wrapper(POSITIONS.get, saw_positions))
+            PATCHES.acquire(watcher, type(module), "__call__", peek_wrapper(POSITIONS, saw_positions))
 
     def positions_read(self) -> list:
         """The live modules whose input is the positions this model applies (rotary / position embeddings)."""

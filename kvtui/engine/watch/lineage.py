@@ -90,7 +90,7 @@ class Lineage:
         self.discarded: deque[tuple[str, int | None, tuple[int, ...]]] = deque(maxlen=DISCARDED_KEPT)
 
     def get(self, cache) -> CacheTrack | None:
-        return self._tracks.get(cache)
+        return self._tracks.by_id(id(cache))
 
     def _name(self, cache) -> str:
         self._count += 1

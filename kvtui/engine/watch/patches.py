@@ -96,14 +96,29 @@ def defining_class(cls: type, name: str) -> type | None:
 
 class Registry(Generic[V]):
     """Objects kvtui watches, by identity, without touching them: id -> (weak ref, value). A dead or
-    reused id never matches (the weak ref is checked)."""
+    reused id never matches (the weak ref is checked by `get`; `by_id` loses an object's entry as it dies)."""
 
     def __init__(self):
         self._items: dict[int, tuple[weakref.ref, V]] = {}
+        # id -> value of the live objects only: an entry goes in its object's weak-ref callback, which CPython runs
+        # as the object is freed, before its id can be another object's. `by_id(id(obj))` is a dict lookup in C,
+        # for the wrappers every watched forward goes through
+        self._live: dict[int, V] = {}
+        self.by_id: Callable[[int], V | None] = self._live.get
 
     def add(self, obj, value: V, on_dead: Callable[[], None] | None = None) -> None:
         """`on_dead`: called when obj is collected (it must only let go of what the value holds)."""
-        self._items[id(obj)] = (weakref.ref(obj, on_dead and (lambda _ref: on_dead())), value)
+        key = id(obj)
+
+        def dead(ref: weakref.ref) -> None:
+            entry = self._items.get(key)
+            if entry is not None and entry[0] is ref:  # not an entry a later object with this id made
+                self._live.pop(key, None)
+            if on_dead is not None:
+                on_dead()
+
+        self._items[key] = (weakref.ref(obj, dead), value)
+        self._live[key] = value
 
     def get(self, obj) -> V | None:
         entry = self._items.get(id(obj))
@@ -114,6 +129,7 @@ class Registry(Generic[V]):
         entry = self._items.get(id(obj))
         if entry is not None and entry[0]() is obj and (value is None or entry[1] is value):
             del self._items[id(obj)]
+            self._live.pop(id(obj), None)
 
     def prune(self) -> list[V]:
         """Forget dead objects; return their values."""
@@ -125,6 +141,7 @@ class Registry(Generic[V]):
 
     def clear(self) -> None:
         self._items.clear()
+        self._live.clear()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -133,15 +150,16 @@ class Registry(Generic[V]):
 PASS = object()  # what a `before` returns for a call it leaves alone (a model's decoder inside its own forward)
 
 
-def call_wrapper(lookup: Callable[[object], object], before: Callable, after: Callable):
+def call_wrapper(registry: Registry, before: Callable, after: Callable):
     """`__call__` of a model class: `before(handler, module, args, kwargs) -> token` and
-    `after(handler, token, output_or_None)` around the original, for registered instances only (and no `after`
-    when `before` returned PASS)."""
+    `after(handler, token, output_or_None)` around the original, for the instances in `registry` only (and no
+    `after` when `before` returned PASS)."""
+    lookup = registry.by_id
 
     def make(original):
         @functools.wraps(original)
         def __call__(self, *args, **kwargs):
-            handler = lookup(self)
+            handler = lookup(id(self))
             if handler is None or compiling():
                 return original(self, *args, **kwargs)
             token = before(handler, self, args, kwargs)
@@ -160,14 +178,15 @@ def call_wrapper(lookup: Callable[[object], object], before: Callable, after: Ca
     return make
 
 
-def peek_wrapper(lookup: Callable[[object], object], seen: Callable):
+def peek_wrapper(registry: Registry, seen: Callable):
     """`__call__` of a submodule whose input kvtui reads (rotary / position embedding): `seen(handler,
-    args, kwargs)` then the original."""
+    args, kwargs)` then the original, for the instances in `registry`."""
+    lookup = registry.by_id
 
     def make(original):
         @functools.wraps(original)
         def __call__(self, *args, **kwargs):
-            handler = lookup(self)
+            handler = lookup(id(self))
             if handler is not None and not compiling():
                 seen(handler, args, kwargs)
             return original(self, *args, **kwargs)
