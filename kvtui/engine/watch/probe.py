@@ -391,7 +391,7 @@ class Watcher:
             if logits is None and isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
                 logits = output[0]
             if call.packed is None:
-                if self.builder.probe is not call.probe:  # another thread's forward read with its own model since
+                if self.builder.probe is not call.probe:  # another thread read a forward of another model meanwhile
                     self.builder.use(call.probe)
                 masks.stage(call)  # a press's masked keys, when they changed: read in the step's transfer
                 self.builder.prepare(call, logits)  # the applied positions and the top-k, in the same transfer
