@@ -12,6 +12,7 @@ import os
 import runpy
 import sys
 import threading
+import traceback
 import types
 import warnings
 from importlib.machinery import SourceFileLoader
@@ -23,11 +24,12 @@ def run_program(target: str, args: list[str], module: bool = False) -> int:
     not daemons have ended too, as python exits only then (their forwards are watched to the last)."""
     saved_argv, saved_path, saved_main = sys.argv[:], sys.path[:], sys.modules.get("__main__")
     main = sys.modules["__main__"] = _fresh_main()
+    before = _Before()
     try:
         with warnings.catch_warnings():  # the program's filters are its own (kvtui's report runs after it)
             code = _run(target, args, module, main)
             try:
-                _wait_for_threads()
+                _shut_down(before)
             except KeyboardInterrupt as exc:  # ctrl+c while python would wait for them
                 _uncaught(exc)
                 code = 130
@@ -61,13 +63,67 @@ def _run(target: str, args: list[str], module: bool, main: types.ModuleType) -> 
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
 
 
-def _wait_for_threads() -> None:
-    """What python does after the main thread's code ends (threading._shutdown): wait until no thread that is not a
-    daemon is left, those they start too (kvtui's own are daemons)."""
-    ours = {threading.current_thread(), threading.main_thread()}
-    while pending := [t for t in threading.enumerate() if t not in ours and not t.daemon and t.is_alive()]:
+class _Before:
+    """What this interpreter had before the program ran (kvtui's threads, or a host process's when kvtui runs a
+    program in it): python's shutdown is the program's own threads' business, not theirs."""
+
+    def __init__(self):
+        self.threads = set(threading.enumerate())
+        self.atexits = len(_ATEXITS)
+
+
+_ATEXITS: list = getattr(threading, "_threading_atexits", [])  # python's callbacks before it joins threads
+
+
+def _shut_down(before: _Before) -> None:
+    """What python does after the main thread's code ends (threading._shutdown), for the program's threads: its
+    exit callbacks first (concurrent.futures' stop the pool threads the program left open once their queued work is
+    done: an executor never shut down does not hold python), then it waits until no thread that is not a daemon is
+    left, those they start too (kvtui's own are daemons)."""
+    _stop_pools(before.threads)
+    for callback in reversed(_ATEXITS[before.atexits :]):  # those of modules the program imported first
+        try:
+            callback()
+        except Exception:  # noqa: BLE001  python prints it and goes on shutting down
+            traceback.print_exc()
+    del _ATEXITS[before.atexits :]
+    while pending := [
+        t
+        for t in threading.enumerate()
+        if t not in before.threads and not t.daemon and t.is_alive() and t is not threading.current_thread()
+    ]:
         for thread in pending:
             thread.join()
+
+
+# concurrent.futures' exit callbacks, for the threads the program started only (a host process's pools, when kvtui
+# runs a program in it, go on working): (module, its shutdown flag, its live threads -> what wakes one)
+_POOLS = (
+    ("concurrent.futures.thread", "_shutdown", "_threads_queues", lambda queue: queue.put(None)),
+    ("concurrent.futures.process", "_global_shutdown", "_threads_wakeups", lambda wakeup: wakeup.wakeup()),
+)
+
+
+def _stop_pools(earlier: set) -> None:
+    """Each pool thread the program started told to stop after its queued work (the module's flag a woken thread
+    checks, set as its `_python_exit` sets it), and joined; the flag then as it was."""
+    for name, flag, registry, wake in _POOLS:
+        module = sys.modules.get(name)
+        threads = getattr(module, registry, None)
+        if threads is None or not hasattr(module, flag):
+            continue
+        started = [(thread, waker) for thread, waker in list(threads.items()) if thread not in earlier]
+        if not started:
+            continue
+        was = getattr(module, flag)
+        setattr(module, flag, True)
+        try:
+            for _, waker in started:
+                wake(waker)
+            for thread, _ in started:
+                thread.join()
+        finally:
+            setattr(module, flag, was)
 
 
 def _fresh_main() -> types.ModuleType:

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,10 @@ PROGRAMS = sorted((ROOT / "samples" / "programs").glob("*.py"))
 LAUNCHER = pytest.mark.version_free("the launcher's plumbing around a program that builds no model")
 
 
-def watch(*args, cwd=ROOT, input=None, env=None, cli=(sys.executable, "-m", "kvtui.cli")):
+def watch(*args, cwd=ROOT, input=None, env=None, cli=(sys.executable, "-m", "kvtui.cli"), timeout=600):
     """The CLI (`cli`: how kvtui is started); the program's stdin is `input` (else /dev/null: an interactive sample
     reads EOF and ends)."""
-    return _run([*cli, "watch", *args], cwd, input, env)
+    return _run([*cli, "watch", *args], cwd, input, env, timeout)
 
 
 def plain(*args, cwd=ROOT):
@@ -31,10 +32,10 @@ def plain(*args, cwd=ROOT):
     return _run([sys.executable, *args], cwd)
 
 
-def _run(command, cwd, input=None, env=None):
+def _run(command, cwd, input=None, env=None, timeout=600):
     stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
     return subprocess.run(
-        list(map(str, command)), capture_output=True, text=True, timeout=600, cwd=cwd, env=env, **stdin
+        list(map(str, command)), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, **stdin
     )
 
 
@@ -349,3 +350,65 @@ def test_a_trace_that_cannot_be_written_is_refused_before_the_program_runs(tmp_p
     assert ran.returncode == 0 and ran.stdout == "ran\n"
     assert "no trace written to" in ran.stderr and "no forward was watched" in ran.stderr, ran.stderr
     assert not (tmp_path / "run.jsonl").exists()
+
+
+POOLS_LEFT_OPEN = textwrap.dedent("""\
+    import sys
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+    def decode(first):
+        cache = DynamicCache()
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([[first, 2, 4]]), past_key_values=cache)
+            model(input_ids=out.logits[:, -1:].argmax(-1), past_key_values=cache)
+        print("decoded", first, cache.get_seq_length(), flush=True)
+    threads = ThreadPoolExecutor(1)  # never shut down: python stops its thread at exit, after the queued work
+    for first in (1, 3):
+        threads.submit(decode, first)
+    processes = ProcessPoolExecutor(1)  # never shut down either
+    print("pow", processes.submit(pow, 6, 2).result(), flush=True)
+    print("main done", flush=True)
+""")
+
+
+def test_pools_the_program_never_shut_down_end_as_python_ends_them(tmp_path, tiny_dir):
+    """python stops the pool threads a program left open at exit (concurrent.futures' exit callbacks, before it
+    joins the threads that are not daemons), once their queued work is done: under kvtui the run hung for good,
+    waiting for an idle pool thread. Their forwards are watched to the last."""
+    script, trace = tmp_path / "pools.py", tmp_path / "run.jsonl"
+    script.write_text(POOLS_LEFT_OPEN)
+    ran = plain(script, tiny_dir("llama"))
+    watched = watch("--headless", "--trace", trace, script, tiny_dir("llama"), timeout=300)
+    assert ran.returncode == watched.returncode == 0, watched.stderr[-2000:]
+    lines = ["decoded 1 4", "decoded 3 4", "main done", "pow 36"]
+    assert sorted(ran.stdout.splitlines()) == sorted(watched.stdout.splitlines()) == lines  # the pool's lines race
+    assert "kvtui watch: 4 forwards watched" in watched.stderr, watched.stderr
+    assert sum('"type":"step"' in line for line in trace.read_text().splitlines()) == 4
+
+
+@LAUNCHER
+def test_a_program_run_in_a_process_leaves_that_processs_own_pools_working(tmp_path):
+    """kvtui ends only the pools the program started: a host process's executors (a test runner's, an event loop's
+    default one) keep working after it, and their idle threads never hold the program's end."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvtui.engine.watch.program import run_program
+
+    host = ThreadPoolExecutor(1)
+    assert host.submit(int, "1").result() == 1  # its idle thread, alive before the program
+    script = tmp_path / "pool.py"
+    script.write_text(
+        "from concurrent.futures import ThreadPoolExecutor\npool = ThreadPoolExecutor(1)\n"
+        "print(pool.submit(pow, 2, 5).result())\n"
+    )
+    codes = []
+    runner = threading.Thread(target=lambda: codes.append(run_program(str(script), [])), daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    assert not runner.is_alive(), "run_program is still waiting after 60 s"
+    assert codes == [0]
+    assert host.submit(int, "2").result(timeout=10) == 2
+    assert ThreadPoolExecutor(1).submit(int, "3").result(timeout=10) == 3
+    host.shutdown()
