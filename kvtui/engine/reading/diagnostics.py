@@ -235,13 +235,14 @@ def check_layers(
 ) -> list[Diagnostic]:
     """sliding-eviction when sliding layers start dropping positions, static-capacity when a static cache
     nears full (`reserve` slots, or a tenth)."""
+    # the common case (nothing evicted, nothing static) in one C-level pass: no Python per layer on every step
+    evicted = max(map(_HELD_FROM, layers), default=0) > 0
+    if not evicted and capacity is None:
+        alarms.active.pop("sliding-eviction", None)
+        return []
     found = []
-    # the common case (nothing evicted) in one C-level pass: no Python per layer on every step
-    evicting = (
-        [layer for layer in layers if layer.held_from > 0 and layer.held is None]  # a press's eviction: cache-evicted
-        if max(map(_HELD_FROM, layers), default=0) > 0
-        else []
-    )
+    # a press's eviction (positions held per layer) is cache-evicted's, not this one's
+    evicting = [layer for layer in layers if layer.held_from > 0 and layer.held is None] if evicted else []
     key = None
     if evicting:
         key = "on"
