@@ -9,6 +9,7 @@ a record value field by field, so a field added to a value type is written and r
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
@@ -204,10 +205,9 @@ _WATCH_KEY = operator.attrgetter(
     "thread",
     "recomputed",
 )
-_WATCH_TEMPLATES: dict[tuple, dict] = {}  # those values -> their fields, in the record's order
-_TEMPLATES_KEPT = 256
 
 
+@functools.lru_cache(maxsize=256)  # those values -> their fields, in the record's order (shared: only copied from)
 def _watch_template(
     source, caller, cache_id, positions_source, batch, row, parent, copied_at, unknown, model, thread, recomputed
 ) -> dict:
@@ -230,12 +230,7 @@ def _watch_template(
 def _add_watch_fields(record: dict, s: StepSnapshot) -> None:
     """A watched program's step: what the caller asked for, which cache, its lineage, every batch row. The fields
     that stay the same over a loop's steps are made once (their dict kept per set of values) and copied in."""
-    key = _WATCH_KEY(s)
-    template = _WATCH_TEMPLATES.get(key)
-    if template is None:
-        if len(_WATCH_TEMPLATES) >= _TEMPLATES_KEPT:
-            _WATCH_TEMPLATES.clear()
-        template = _WATCH_TEMPLATES[key] = _watch_template(*key)
+    template = _watch_template(*_WATCH_KEY(s))
     record.update(template)  # in the template's order; the values that change per step replaced in place below
     record["cache_length_before"] = s.cache_length_before
     record["requested"] = {

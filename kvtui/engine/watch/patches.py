@@ -96,7 +96,7 @@ def defining_class(cls: type, name: str) -> type | None:
 
 class Registry(Generic[V]):
     """Objects kvtui watches, by identity, without touching them: id -> (weak ref, value). A dead or
-    reused id never matches (the weak ref is checked by `get`; `by_id` loses an object's entry as it dies)."""
+    reused id never matches: a live object's entry leaves as it dies (`get`, `by_id`, `values` read only those)."""
 
     def __init__(self):
         self._items: dict[int, tuple[weakref.ref, V]] = {}
@@ -112,7 +112,7 @@ class Registry(Generic[V]):
 
         def dead(ref: weakref.ref) -> None:
             entry = self._items.get(key)
-            if entry is not None and entry[0] is ref:  # not an entry a later object with this id made
+            if entry is None or entry[0] is ref:  # its own entry (or pruned already), not one a later object made
                 self._live.pop(key, None)
             if on_dead is not None:
                 on_dead()
@@ -121,8 +121,7 @@ class Registry(Generic[V]):
         self._live[key] = value
 
     def get(self, obj) -> V | None:
-        entry = self._items.get(id(obj))
-        return entry[1] if entry is not None and entry[0]() is obj else None
+        return self._live.get(id(obj))
 
     def discard(self, obj, value: object = None) -> None:
         """Forget obj; with `value`, only while its entry still holds that value (not one added after it)."""
@@ -137,7 +136,7 @@ class Registry(Generic[V]):
         return [self._items.pop(key)[1] for key in dead]
 
     def values(self) -> list[V]:
-        return [value for ref, value in self._items.values() if ref() is not None]
+        return list(self._live.values())
 
     def clear(self) -> None:
         self._items.clear()

@@ -9,6 +9,7 @@ is read); logits [batch, n or 1, vocab].
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -242,6 +243,27 @@ def _fed_tokens(
     ]
 
 
+@functools.lru_cache(maxsize=64)  # a program of many call sites or caches: the newest kept
+def _site_fields(
+    phase, caller, cache_id, capacity, model, thread, positions_source, batch, texts: TokenTexts
+) -> dict[str, Any]:
+    """StepBuilder._site's fields for one set of values (shared by the steps: only passed on with `**`)."""
+    return dict(
+        phase=phase,
+        capacity=capacity,
+        chosen=None,
+        chosen_forced=False,
+        source="watch",
+        caller=caller,
+        cache_id=cache_id,
+        positions_source=positions_source,
+        batch=batch,
+        model=model,
+        thread=thread,
+        token_bytes=texts.token_bytes,
+    )
+
+
 class StepBuilder:
     """Builds a watcher's snapshots; keeps what it needs across steps (pieces, specials, encodings)."""
 
@@ -256,7 +278,6 @@ class StepBuilder:
         self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
         self._adding: list[tuple[tuple[int, ...], frozenset[int]]] = []  # those of them that added tokens
         self._no_cache_alarms = Alarms()  # forwards with no cache share one repeat state
-        self._sites: dict[tuple, dict[str, Any]] = {}  # a snapshot's fields that stay over a loop, per set of values
 
     # ---- tokens ----------------------------------------------------------------------------------
 
@@ -459,28 +480,19 @@ class StepBuilder:
         """A watched snapshot's fields that stay the same over a loop's steps (its phase, call site, cache, model,
         thread and tokenizer), made once per set of values: a step passes only what changes (a call of more than
         15 keywords CPython builds an entry at a time, at twice the bytecode)."""
-        label, phase = call.probe.label, "prefill" if call.n > 1 else "decode"
         name, capacity = (track.name, track.capacity) if track is not None else (None, None)
-        key = (phase, call.caller, name, capacity, label, call.thread, call.positions_source, call.batch, self._texts)
-        site = self._sites.get(key)
-        if site is None:
-            if len(self._sites) >= 64:  # a program of many call sites or caches: the newest are kept
-                self._sites.clear()
-            site = self._sites[key] = dict(
-                phase=phase,
-                capacity=capacity,
-                chosen=None,
-                chosen_forced=False,
-                source="watch",
-                caller=call.caller,
-                cache_id=name,
-                positions_source=call.positions_source,
-                batch=call.batch,
-                model=label,
-                thread=call.thread,
-                token_bytes=self._texts.token_bytes,
-            )
-        return site
+        phase = "prefill" if call.n > 1 else "decode"
+        return _site_fields(
+            phase,
+            call.caller,
+            name,
+            capacity,
+            call.probe.label,
+            call.thread,
+            call.positions_source,
+            call.batch,
+            self._texts,
+        )
 
     @staticmethod
     def _attention_off(call: Call, seen) -> str | None:

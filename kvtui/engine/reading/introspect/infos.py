@@ -6,6 +6,7 @@ names and kinds are remembered per class, dtype and device.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import MISSING, fields
 from itertools import chain, repeat
@@ -161,24 +162,17 @@ def uniform_infos(layers) -> tuple[LayerInfo, ...] | None:
     )
 
 
-_UNIFORM: dict[tuple, dict[str, Any]] = {}  # (layer count, dtype, device) -> the columns every step repeats
-
-
+@functools.lru_cache(maxsize=64)  # (layer count, dtype, device) -> the columns every step repeats
 def _uniform_columns(count: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
     """The columns of a uniform cache's LayerInfos that do not change from step to step (sequences, not iterators:
-    made once, read by every step's C-level passes)."""
-    key = (count, dtype, device)
-    columns = _UNIFORM.get(key)
-    if columns is None:
-        text = (_text(dtype), _text(device))
-        columns = _UNIFORM[key] = dict(
-            index=range(count),
-            kind=("full",) * count,
-            dtype=(text[0],) * count,
-            device=(text[1],) * count,
-            held_from=(0,) * count,
-        )
-    return columns
+    made once, read by every step's C-level passes; shared: only passed on with `**`)."""
+    return dict(
+        index=range(count),
+        kind=("full",) * count,
+        dtype=(_text(dtype),) * count,
+        device=(_text(device),) * count,
+        held_from=(0,) * count,
+    )
 
 
 # LayerInfo's fields: their slots' setters (member descriptors) and defaults (none is a factory)
