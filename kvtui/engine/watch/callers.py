@@ -60,9 +60,11 @@ def caller_and_generate(skip: tuple[str, ...], start: FrameType | None = None) -
         if frame is None:
             break
         code = frame.f_code
-        name = code.co_filename
-        if not name.startswith(skip) and not name.startswith("<frozen"):
-            return f"{_short_path(name)}:{frame.f_lineno}{_fixture(code, frame.f_globals)}", frames
+        user = _USER_CODES.get(code)  # (its short path, " in fixture NAME" or ""): the user's code met before
+        if user is None and not code.co_filename.startswith(skip) and not code.co_filename.startswith("<frozen"):
+            user = _user_code(code, frame.f_globals)
+        if user is not None:
+            return f"{user[0]}:{frame.f_lineno}{user[1]}", frames
         if len(library) >= _LIBRARY_KEPT:  # code made at run time (exec, compiled graphs) never grows it unbounded
             library.clear()
         library.add(code)  # torch's, transformers', kvtui's: looked at again from the set above
@@ -76,20 +78,21 @@ _LIBRARY_CODES: dict[tuple[str, ...], set] = {}  # per tuple of library folders:
 _LIBRARY_KEPT = 4096
 
 
-_FIXTURES: dict = {}  # code object -> " in fixture NAME" or ""
+_USER_CODES: dict = {}  # the user's code objects met: code -> (short path, " in fixture NAME" or "")
 
 
-def _fixture(code, module_globals: dict) -> str:
-    """ " in fixture NAME" when the user's line is inside a pytest fixture (a session-scoped fixture that
-    tokenizes is where "prompt of 862 tokens, cache of 863" hides); looked up once per function."""
-    found = _FIXTURES.get(code)
-    if found is None:
-        definition = module_globals.get(code.co_name) if "pytest" in sys.modules else None
-        is_fixture = (
-            type(definition).__name__ == "FixtureFunctionDefinition"  # pytest >= 8.4
-            or hasattr(definition, "_pytestfixturefunction")
-        )  # older pytest marks the function
-        found = _FIXTURES[code] = f" in fixture {code.co_name}" if is_fixture else ""
+def _user_code(code, module_globals: dict) -> tuple[str, str]:
+    """A user's function as a caller names it, once per function: its short path, and " in fixture NAME" when it
+    is a pytest fixture (a session-scoped fixture that tokenizes is where "prompt of 862 tokens, cache of 863"
+    hides)."""
+    definition = module_globals.get(code.co_name) if "pytest" in sys.modules else None
+    is_fixture = (
+        type(definition).__name__ == "FixtureFunctionDefinition"  # pytest >= 8.4
+        or hasattr(definition, "_pytestfixturefunction")
+    )  # older pytest marks the function
+    if len(_USER_CODES) >= _LIBRARY_KEPT:  # code made at run time (exec'd programs) never grows it unbounded
+        _USER_CODES.clear()
+    found = _USER_CODES[code] = (_short_path(code.co_filename), f" in fixture {code.co_name}" if is_fixture else "")
     return found
 
 

@@ -140,6 +140,11 @@ class Probe:
         self._tokenizer = weakref.ref(tokenizer)
 
     @property
+    def tokenizer_ref(self) -> weakref.ref | None:
+        """The weak reference to its own tokenizer (None: none was found): the same object while it is the same."""
+        return self._tokenizer
+
+    @property
     def label(self) -> str | None:
         """`model 1: draft` when the program runs several models (or this one drafts), else None."""
         if self.role is None and len(self.watcher.probes) < 2:

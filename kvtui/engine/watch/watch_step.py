@@ -101,7 +101,8 @@ class Call:
             return
         handles, reads = self.handles, self.reads
         if "input_ids" in handles:
-            self.input_ids = reads.rows(handles["input_ids"])  # [batch][n]
+            h = handles["input_ids"]
+            self.input_ids = [reads.flat(h)] if self.batch == 1 else reads.rows(h)  # [batch][n]
         if "mask_new" in handles:
             self.mask_new = reads.rows(handles["mask_new"])  # [batch][n]
         if "real_before" in handles:
@@ -264,6 +265,9 @@ def _site_fields(
     )
 
 
+_TOP_HANDLES = ("top_values", "top_logprobs", "top_ids")  # the handles of the top-k's reads, in that order
+
+
 class StepBuilder:
     """Builds a watcher's snapshots; keeps what it needs across steps (pieces, specials, encodings)."""
 
@@ -271,6 +275,7 @@ class StepBuilder:
         self.watcher = watcher
         self.probe: Any = None  # the model whose forward is read now: its tokenizer decodes the pieces
         self._tok: Any = None
+        self._refs: tuple = ()  # (the probe's own tokenizer's weak reference, the watcher's tokenizer) last read
         self._texts = tokenizer_texts(None)  # the token texts of the tokenizer in use (one per tokenizer)
         self._by_tokenizer: Registry[TokenTexts] = Registry()
         self._specials_key: tuple | None = None
@@ -284,7 +289,10 @@ class StepBuilder:
     def use(self, probe) -> None:
         """Read the next tokens with this model's tokenizer (a program that runs two model families has
         two vocabularies: an id is a different piece in each)."""
-        self.probe = probe
+        refs = (probe.tokenizer_ref, self.watcher.tokenizer)
+        if probe is self.probe and refs == self._refs:  # the same model, both tokenizers named as last time
+            return  # (the one in use is held here: what a weak reference names cannot change while it is)
+        self.probe, self._refs = probe, refs
         tok = self.watcher.tokenizer_of(probe)
         if tok is self._tok and self._tok is not None:
             return
@@ -642,6 +650,8 @@ class StepBuilder:
     def _applied(self, call: Call) -> list[list[int]]:
         """The positions the model used, [batch][n]: read at its position module, else what it derives."""
         if "applied" in call.handles and call.reads is not None:
+            if call.batch == 1:  # its [1, n] positions as read (prepare made them [batch, n])
+                return [call.reads.flat(call.handles["applied"])]
             rows = call.reads.rows(call.handles["applied"])
             return rows if len(rows) == call.batch else [rows[0]] * call.batch
         if call.requested_positions is not None:
@@ -652,13 +662,11 @@ class StepBuilder:
     def _top(self, call: Call, logits, batch: int) -> list[tuple]:
         if "top_ids" not in call.handles or call.reads is None:
             return [()] * batch
-        reads = call.reads
-        handles = call.handles
-        values, logprobs = reads.rows(handles["top_values"]), reads.rows(handles["top_logprobs"])
-        # the texts in use (`use` set them), asked directly: the known pieces in one pass, no call per token
-        texts = self._texts
-        ids = reads.rows(handles["top_ids"])
-        if batch == 1 and len(ids) == 1:  # one row: no loop over rows
-            return [top_row_from(values[0], logprobs[0], ids[0], texts.piece, texts.pieces_of)]
-        rows = top_rows_from(values, logprobs, ids, texts.piece, texts.pieces_of)
+        reads, (values, logprobs, ids) = call.reads, map(call.handles.__getitem__, _TOP_HANDLES)
+        texts = self._texts  # the texts in use (`use` set them), asked directly: known pieces in one pass
+        if batch == 1:  # one row of the model's [1, k] top-k: its values as read, no split into rows
+            return [
+                top_row_from(reads.flat(values), reads.flat(logprobs), reads.flat(ids), texts.piece, texts.pieces_of)
+            ]
+        rows = top_rows_from(reads.rows(values), reads.rows(logprobs), reads.rows(ids), texts.piece, texts.pieces_of)
         return rows[:batch] + [()] * max(0, batch - len(rows))
