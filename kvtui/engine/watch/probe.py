@@ -366,9 +366,9 @@ class Watcher:
 
     def finish_forward(self, call: Call, output) -> None:
         with self.lock:
-            if call.probe.attention is not None and (output is None or call.packed is not None):
-                call.probe.attention.clear()  # paged attention is not covered (reading/attention.py PAGED_NOTE)
             if output is None:  # the forward raised: what it would have been is still worth an alarm
+                if call.probe.attention is not None:
+                    call.probe.attention.clear()
                 evictions.end(call)
                 self._read_call(call)
                 self._diagnose(
@@ -399,18 +399,20 @@ class Watcher:
             if not self._started:
                 self._start(call.probe)
             self.steps += 1
-            track = None
-            if cache is not None:
-                track = call.track if call.cache is cache else self.lineage.get(cache)
-                if track is None:  # made by this forward (no cache was passed), or a cache it swapped in
-                    track = self._new_track(
-                        cache, call.probe, 0 if call.cache is None else call.cache_length_before, call.batch, "forward"
-                    )
+            track = call.track if call.cache is cache else self.lineage.get(cache) if cache is not None else None
+            if track is None and cache is not None:  # made by this forward (no cache was passed), or swapped in
+                track = self._new_track(
+                    cache, call.probe, 0 if call.cache is None else call.cache_length_before, call.batch, "forward"
+                )
             if call.packed is not None:
+                if call.probe.attention is not None:
+                    call.probe.attention.clear()  # paged attention is not covered (reading/attention.py PAGED_NOTE)
                 self.builder.use(call.probe)
                 snapshot = build_packed(self.builder, call, self.steps, track, logits, forward_ms, snap_started)
             else:
-                if call.cache is not None and call.track is not None:
+                if (
+                    call.use_cache is not True and call.cache is not None and call.track is not None
+                ):  # (passed True: wrote)
                     call.found += written_without_use_cache(call, self.steps)
                 if call.capturing or (track is not None and track.held is not None):
                     call.found += evictions.after_forward(self, call, track, cache, self.steps)

@@ -39,11 +39,12 @@ def check_positions(
             f"continue at position {call.expected_start}"
         )
     # the repeat state is kept either way; a stale cache's gap is said by stale-cache
-    if positions_stuck_at_window(applied, attended_before, call.probe.window):  # one cause: a sliding layer's length
-        gaps = check_window_positions(alarms, step, applied[0][0], attended_before[0], call.probe.window, at)
+    window = call.probe.window  # a model with sliding layers: positions stuck at one's length have one cause
+    if window and positions_stuck_at_window(applied, attended_before, window):
+        gaps = check_window_positions(alarms, step, applied[0][0], attended_before[0], window, at)
     else:
         gaps = check_row_positions(alarms, step, applied, masks, attended_before, at, because)
-    if not stale:
+    if gaps and not stale:
         found += counted_under_padding(alarms, gaps)
     return found
 

@@ -13,6 +13,7 @@ import functools
 import time
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -46,6 +47,9 @@ from . import evictions
 from .lineage import CacheTrack
 from .patches import Registry
 from .step_checks import check_positions, checked_layers
+
+_CODE = attrgetter("code")  # of a Diagnostic
+_SHAPING_READS = frozenset(("mask_new", "real_before", "cache_position", "position_ids"))  # a Call's handles
 
 
 @fast_init  # made on every forward: its ~35 fields filled in one call, not one line each
@@ -103,17 +107,18 @@ class Call:
         if "input_ids" in handles:
             h = handles["input_ids"]
             self.input_ids = [reads.flat(h)] if self.batch == 1 else reads.rows(h)  # [batch][n]
-        if "mask_new" in handles:
-            self.mask_new = reads.rows(handles["mask_new"])  # [batch][n]
-        if "real_before" in handles:
-            self.real_before = reads.flat(handles["real_before"])  # [batch]
-        elif self.mask_new is not None and self.real_before is None:
-            self.real_before = [self.cache_length_before] * self.batch
-        if "cache_position" in handles:
-            self.requested_cache_position = reads.flat(handles["cache_position"])
-        if "position_ids" in handles:
-            rows = reads.rows(handles["position_ids"])
-            self.requested_positions = rows if len(rows) == self.batch else [rows[0]] * self.batch
+        if not _SHAPING_READS.isdisjoint(handles):  # what a mask, cache_position or position_ids passed holds
+            if "mask_new" in handles:
+                self.mask_new = reads.rows(handles["mask_new"])  # [batch][n]
+            if "real_before" in handles:
+                self.real_before = reads.flat(handles["real_before"])  # [batch]
+            elif self.mask_new is not None and self.real_before is None:
+                self.real_before = [self.cache_length_before] * self.batch
+            if "cache_position" in handles:
+                self.requested_cache_position = reads.flat(handles["cache_position"])
+            if "position_ids" in handles:
+                rows = reads.rows(handles["position_ids"])
+                self.requested_positions = rows if len(rows) == self.batch else [rows[0]] * self.batch
         track = self.track
         if track is not None:  # the count the next forward's mask continues from (`count_attended`)
             track.attended = None
@@ -278,8 +283,7 @@ class StepBuilder:
         self._refs: tuple = ()  # (the probe's own tokenizer's weak reference, the watcher's tokenizer) last read
         self._texts = tokenizer_texts(None)  # the token texts of the tokenizer in use (one per tokenizer)
         self._by_tokenizer: Registry[TokenTexts] = Registry()
-        self._specials_key: tuple | None = None
-        self._specials_value: tuple = ()
+        self._specials: tuple[SpecialIds, frozenset[int]] | None = None  # of the model and tokenizer in use
         self._encodings: list[tuple[tuple[int, ...], frozenset[int]]] = []  # recent tokenizer outputs
         self._adding: list[tuple[tuple[int, ...], frozenset[int]]] = []  # those of them that added tokens
         self._no_cache_alarms = Alarms()  # forwards with no cache share one repeat state
@@ -292,7 +296,7 @@ class StepBuilder:
         refs = (probe.tokenizer_ref, self.watcher.tokenizer)
         if probe is self.probe and refs == self._refs:  # the same model, both tokenizers named as last time
             return  # (the one in use is held here: what a weak reference names cannot change while it is)
-        self.probe, self._refs = probe, refs
+        self.probe, self._refs, self._specials = probe, refs, None
         tok = self.watcher.tokenizer_of(probe)
         if tok is self._tok and self._tok is not None:
             return
@@ -322,11 +326,9 @@ class StepBuilder:
         return self._texts.label(token_id)
 
     def specials(self) -> tuple[SpecialIds, frozenset[int]]:
-        tok, probe = self._tok, self.probe
-        key = (id(tok), id(probe))
-        if self._specials_key != key:  # read once per tokenizer: the sets cost more than a forward's bookkeeping
-            self._specials_key, self._specials_value = key, self._read_specials(tok, probe)
-        return self._specials_value
+        if self._specials is None:  # read once per model and tokenizer (`use` forgets them when either changes)
+            self._specials = self._read_specials(self._tok, self.probe)  # the sets cost more than a step's bookkeeping
+        return self._specials
 
     def _read_specials(self, tok, probe) -> tuple[SpecialIds, frozenset[int]]:
         if tok is None:
@@ -384,9 +386,9 @@ class StepBuilder:
             return
         if call.applied is not None:
             positions = call.applied
-            if positions.dim() == 3:  # multimodal RoPE: [3, batch, n], the text axis first
-                positions = positions[0]
             if positions.dim() != 2 or positions.shape[-1] != call.n:  # else already [batch, n]
+                if positions.dim() == 3:  # multimodal RoPE: [3, batch, n], the text axis first
+                    positions = positions[0]
                 positions = positions.reshape(-1, positions.shape[-1])[:, -call.n :] if call.n else positions
             call.handles["applied"] = reads.add(positions)
         if logits is not None and logits.dim() == 3:
@@ -396,13 +398,13 @@ class StepBuilder:
                 if scores.shape[0] == 1:  # verify keeps it (of a batch, only row 0: copied after the forward)
                     call.last_logits = scores.detach()
             values, logprobs, ids = top_tensors(scores, self.watcher.top_k)  # [batch, k] each
-            handles = call.handles
-            handles["top_values"], handles["top_logprobs"] = reads.add(values), reads.add(logprobs)
-            handles["top_ids"] = reads.add(ids)
+            call.handles.update(top_values=reads.add(values), top_logprobs=reads.add(logprobs), top_ids=reads.add(ids))
         capture = call.probe.attention
-        if capture is not None and call.expected_start is not None:
+        if capture is None:
+            return
+        if call.expected_start is not None:
             capture.clear()  # a compressed cache: its key slots are not the buffer's positions (not mapped yet)
-        elif capture is not None:  # the newest query's attention over the row the fed tokens extend
+        else:  # the newest query's attention over the row the fed tokens extend
             rows = call.track.rows if call.track is not None else []
             known = TokenBuffer(rows[0]) if rows else TokenBuffer([])
             specials = self.specials()[0]
@@ -420,7 +422,7 @@ class StepBuilder:
         found = list(call.found)
         if cache_len < call.cache_length_before and track is not None and track.held is None and cache is call.cache:
             found += evictions.unread(call, track, cache, cache_len, step)  # a shrink no capture was set for
-        stale = any(d.code == "stale-cache" for d in found)  # its drift and position gap are the same cause
+        stale = "stale-cache" in map(_CODE, found)  # its drift and position gap are the same cause
         rows, turn = self._cache_rows(call, track)
         masks = call.mask_new if call.mask_new is not None else [[1] * call.n] * call.batch  # [batch][n]
         fed_ids = self._feed(call, step, rows, turn, applied, masks, found, stale, at)
@@ -544,7 +546,7 @@ class StepBuilder:
         against what it follows (`check_feed`, and drift from a tokenizer's rendering unless the cache is
         stale). Returns the fed ids, [batch][n] (-1 for inputs_embeds)."""
         ids_info, special = self.specials()
-        added = self._tokenizer_added(call)
+        added = self._tokenizer_added(call) if self._adding else ()  # (only encodings that added some are kept)
         fed_ids = []
         for row in range(call.batch):
             ids = call.input_ids[row] if call.input_ids is not None else [-1] * call.n
@@ -564,7 +566,7 @@ class StepBuilder:
                         at=at,
                         label=lambda t: self.label(t.id),
                     )
-                if not stale:
+                if not stale and len(ids) > 1:  # a feed of several tokens may be the tail of a rendering
                     found += self._check_drift(step, rows[0], ids, at)
             rows[row].extend(fed)
             fed_ids.append(ids)

@@ -19,6 +19,7 @@ _KEYS, _VALUES, _VERSION = attrgetter("keys"), attrgetter("values"), attrgetter(
 _IS_INFERENCE, _SLOTS = methodcaller("is_inference"), methodcaller("size", -2)
 _SHAPE, _STRIDE, _AS_STRIDED = attrgetter("shape"), methodcaller("stride"), torch.Tensor.as_strided
 _LAYER, _VIEW = itemgetter(0), itemgetter(1)  # of a (layer index, view) entry
+_HANDLE, _INDICES = itemgetter(0), itemgetter(1)  # of a PendingEdit's (reads handle, view positions) group
 
 
 @fast_init  # made after every forward: its fields filled in one call, not one line each
@@ -195,9 +196,10 @@ class PendingEdit:
 
     def describe(self, reads: HostReads) -> str | None:
         """The change in words once `reads` is resolved; None if nothing was edited."""
-        edited: set[int] = set()
-        for handle, indices in self.groups:
-            edited.update(compress(map(self.view_layers.__getitem__, indices), reads.flat(handle)))
+        flags = chain.from_iterable(map(reads.flat, map(_HANDLE, self.groups)))  # per view, in the groups' order
+        edited = set(
+            compress(map(self.view_layers.__getitem__, chain.from_iterable(map(_INDICES, self.groups))), flags)
+        )
         if edited:
             return f"K/V values edited in place in {_layer_list(sorted(edited), self.layers)}"
         return None
