@@ -182,7 +182,8 @@ def before_forward(probe: Probe, module, args, kwargs):
         watcher.internal_error("before a forward", exc)
         call = None
     if call is not None:
-        watcher.gate.before_forward(watcher)  # may hold the program here, or raise (its ctrl+c): nothing pushed yet
+        if watcher.gate is not None:  # may hold the program here, or raise (its ctrl+c): nothing pushed yet
+            watcher.gate.before_forward(watcher)
         call.started = time.perf_counter()
     STATE.stack.append(call)
     return None

@@ -66,8 +66,7 @@ def stage(call: Call) -> None:
     seen_all = probe.masks_seen
     modules = _live(probe)
     if not seen_all and modules is not None and set(map(id, map(_MASKED, map(_OWN_STATE, modules)))) <= _NONE:
-        call.masks_staged = None  # no module carries masked keys, none did: a few lines whatever the layer count
-        return
+        return  # no module carries masked keys, none did (masks_staged stays None): a few lines whatever the layers
     changed: list[tuple[int, object, tuple | None, tuple[int, ...] | None]] = []
     for index, ref in probe.attention_modules:
         module = ref()

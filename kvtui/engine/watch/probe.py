@@ -102,7 +102,7 @@ class Watcher:
         self.tokenizer = tokenizer
         self.attention = attention  # capture every layer's attention of the newest query (reading/attention.py)
         self.top_k = top_k
-        self.gate = gate or Gate()
+        self.gate = gate  # None: nothing holds the program (no front end steps it)
         self.on_snapshot, self.on_event = on_snapshot, on_event
         self.program = program
         # the file opens at the first forward: where the path pointed when the watch began (a program may chdir)
@@ -314,8 +314,12 @@ class Watcher:
             if self._skip is None:
                 self._skip = library_dirs()
             line, generating = caller_and_generate(self._skip, frame)
-            caller, thread = thread_caller(line)
-            if is_packed_forward(kwargs):  # continuous batching: read per request (packed_step.py)
+            caller, thread = (
+                (line, None) if threading.current_thread() is threading.main_thread() else thread_caller(line)
+            )
+            if "cu_seq_lens_q" in kwargs and is_packed_forward(
+                kwargs
+            ):  # continuous batching: read per request (packed_step.py)
                 return self.packed.begin(self, probe, kwargs, cache_argument(kwargs), caller, thread)
             call = read_call(probe, args, kwargs, caller, thread)
             call.generating = generating
@@ -352,12 +356,12 @@ class Watcher:
             if change is not None:
                 cache_edits.edit_found(self, call, track, change)
         if call.cache is not None and track is not None:
-            if not generating:  # generate() builds its own mask: a stale cache there is stale-cache's
-                call.found += mask_against_cache(call, self.steps + 1)
-            if track.made == "generate" and call.cache_length_before == 0 and generating:
-                call.found += static_size_ignored(call, generating[0], self.steps + 1)
             if generating:
+                if track.made == "generate" and call.cache_length_before == 0:
+                    call.found += static_size_ignored(call, generating[0], self.steps + 1)
                 cache_edits.generate_started(self, call, generating)
+            elif call.mask_length is not None:  # generate() builds its own mask: a stale cache there is stale-cache's
+                call.found += mask_against_cache(call, self.steps + 1)
             if call.n > 1 and call.input_ids is not None and not any(d.code == "stale-cache" for d in call.found):
                 call.found += check_refed(
                     self.steps + 1, track.name, track.ids(), call.input_ids[0], f" [{call.caller}]"
@@ -437,7 +441,8 @@ class Watcher:
                 self.recorder.record(snapshot)  # written and flushed before the program's next line
             if self.on_snapshot is not None:
                 self.on_snapshot(snapshot)
-        self.gate.after_step(self, snapshot)
+        if self.gate is not None:
+            self.gate.after_step(self, snapshot)
 
     # ---- verify ----------------------------------------------------------------------------------
 

@@ -55,12 +55,12 @@ def checked_layers(alarms, call, step: int, cache, cache_len: int) -> tuple[tupl
     layers: tuple[LayerInfo, ...] = (
         introspect.layer_infos(cache, call.probe.window) if cache is not None and hasattr(cache, "layers") else ()
     )
-    held = call.track.held if call.track is not None and cache is call.cache else None
-    if held is not None:  # a compressed cache: which positions each layer holds, not a prefix
-        layers = held_infos(layers, held)
-    masked = call.track.masked if call.track is not None and cache is call.cache else None
-    if masked is not None:  # keys a press masked per head: in their slots, out of what each head attends
-        layers = masked_infos(layers, masked, held)
+    track = call.track if cache is call.cache else None
+    if track is not None and (track.held is not None or track.masked is not None):
+        if track.held is not None:  # a compressed cache: which positions each layer holds, not a prefix
+            layers = held_infos(layers, track.held)
+        if track.masked is not None:  # keys a press masked per head: in their slots, out of what each head attends
+            layers = masked_infos(layers, track.masked, track.held)
     # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
     # and check_request names it before the forward; here only sliding eviction is said
     return layers, [at_caller(d, call.caller) for d in alarms.check_layers(step, layers, None, cache_len, reserve=1)]

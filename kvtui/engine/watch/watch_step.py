@@ -49,6 +49,7 @@ from .patches import Registry
 from .step_checks import check_positions, checked_layers
 
 _CODE = attrgetter("code")  # of a Diagnostic
+_SHAPING_ARGUMENTS = frozenset(("attention_mask", "cache_position", "position_ids"))  # of a forward
 _SHAPING_READS = frozenset(("mask_new", "real_before", "cache_position", "position_ids"))  # a Call's handles
 
 
@@ -156,7 +157,7 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     values = {**dict(zip(probe.positional, args)), **kwargs} if args else kwargs
     reads = introspect.HostReads()
     handles: dict[str, int] = {}
-    mask_cached = None
+    mask_cached, mask_length, mask_unread = None, None, False  # no mask passed
     input_ids = values.get("input_ids")
     embeds = values.get("inputs_embeds")
     if isinstance(input_ids, torch.Tensor):
@@ -169,30 +170,31 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         batch, n = 1, 0
     cache = introspect.cache_in(values)
     cache_len = introspect.seq_length(cache) if cache is not None else 0
-    mask = values.get("attention_mask")
-    mask_unread = mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2)
-    if mask_unread:  # a 4-D mask (a dict of them per layer type): read as the 2-D mask it was built from
-        mask = _as_2d(mask, cache_len, n)
-        mask_unread = mask is None
-    mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
-        if mask.shape[0] == 1 < batch:  # one mask for every row (broadcast): each row's own
-            mask = mask.expand(batch, -1)
-        handles["mask_new"] = reads.add(mask[:, mask.shape[-1] - n :])  # [batch, n]
-        if mask.shape[-1] > n:
-            mask_cached = mask[:, : mask.shape[-1] - n]  # [batch, cached]: counted by `count_attended`
-    elif mask_unread:
-        mask_length = cache_len + n  # as long as a 2-D mask of this forward would be
-    cache_position = values.get("cache_position")
-    if isinstance(cache_position, torch.Tensor):
-        handles["cache_position"] = reads.add(cache_position.reshape(-1))
-    position_ids = values.get("position_ids")
-    if isinstance(position_ids, torch.Tensor):
-        if position_ids.dim() == 3:  # multimodal RoPE [3, batch, n]
-            position_ids = position_ids[0]
-        handles["position_ids"] = reads.add(
-            position_ids if position_ids.dim() == 2 else position_ids.reshape(-1, position_ids.shape[-1])
-        )
+    if not _SHAPING_ARGUMENTS.isdisjoint(values):  # a mask, cache_position or position_ids (a plain loop: none)
+        mask = values.get("attention_mask")
+        mask_unread = mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2)
+        if mask_unread:  # a 4-D mask (a dict of them per layer type): read as the 2-D mask it was built from
+            mask = _as_2d(mask, cache_len, n)
+            mask_unread = mask is None
+        mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
+            if mask.shape[0] == 1 < batch:  # one mask for every row (broadcast): each row's own
+                mask = mask.expand(batch, -1)
+            handles["mask_new"] = reads.add(mask[:, mask.shape[-1] - n :])  # [batch, n]
+            if mask.shape[-1] > n:
+                mask_cached = mask[:, : mask.shape[-1] - n]  # [batch, cached]: counted by `count_attended`
+        elif mask_unread:
+            mask_length = cache_len + n  # as long as a 2-D mask of this forward would be
+        cache_position = values.get("cache_position")
+        if isinstance(cache_position, torch.Tensor):
+            handles["cache_position"] = reads.add(cache_position.reshape(-1))
+        position_ids = values.get("position_ids")
+        if isinstance(position_ids, torch.Tensor):
+            if position_ids.dim() == 3:  # multimodal RoPE [3, batch, n]
+                position_ids = position_ids[0]
+            handles["position_ids"] = reads.add(
+                position_ids if position_ids.dim() == 2 else position_ids.reshape(-1, position_ids.shape[-1])
+            )
     return Call(
         probe=probe,
         caller=caller,
@@ -550,16 +552,14 @@ class StepBuilder:
         fed_ids = []
         for row in range(call.batch):
             ids = call.input_ids[row] if call.input_ids is not None else [-1] * call.n
-            mask = masks[row]
-            before = rows[row][-1] if rows[row] else None
             pieces = self._texts.pieces_of(ids)  # the known ones in one pass
-            fed = _fed_tokens(call.n, applied[row], ids, pieces, special, turn, mask, added if row == 0 else ())
+            fed = _fed_tokens(call.n, applied[row], ids, pieces, special, turn, masks[row], added if row == 0 else ())
             if row == 0:  # alarms read row 0; a program's rows share its code path
                 if not feed_is_plain(fed, ids_info):
                     found += check_feed(
                         step,
                         fed,
-                        before,
+                        rows[0][-1] if rows[0] else None,  # the token it follows
                         ids_info,
                         self.piece,
                         prompt_end=call.n > 1,

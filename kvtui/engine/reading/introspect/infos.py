@@ -100,7 +100,7 @@ def layer_infos(cache, config_window: int | None = None) -> tuple[LayerInfo, ...
 
 
 _KEYS, _VALUES, _SHAPE = attrgetter("keys"), attrgetter("values"), attrgetter("shape")
-_DTYPE, _DEVICE, _INITIALIZED = attrgetter("dtype"), attrgetter("device"), attrgetter("is_initialized")
+_DTYPE, _DEVICE = attrgetter("dtype"), attrgetter("device")
 _DIM, _STORAGE, _NBYTES = methodcaller("dim"), methodcaller("untyped_storage"), methodcaller("nbytes")
 _PLAIN: set[type] = set()  # layer classes that are full attention holding only K/V (checked once per class)
 
@@ -120,11 +120,8 @@ def plain_kv(layers) -> tuple[list, list] | None:
                 _PLAIN.add(cls)
         if not classes <= _PLAIN:
             return None
-    try:
-        if not all(map(_INITIALIZED, layers)):
-            return None
-    except AttributeError:  # layers without the flag (4.x): their tensors tell
-        pass
+    if not all(map(getattr, layers, repeat("is_initialized"), repeat(True))):  # (4.x has no flag: its tensors tell)
+        return None
     keys, values = list(map(_KEYS, layers)), list(map(_VALUES, layers))
     if {*map(type, keys), *map(type, values)} != {torch.Tensor} or {*map(_DIM, keys), *map(_DIM, values)} != {4}:
         return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 from itertools import accumulate, chain
 from operator import attrgetter, itemgetter, methodcaller
+from typing import Literal
 
 import torch
 
@@ -135,9 +136,9 @@ def _rows_of(shape: tuple[int, ...]) -> int:
 
 
 def _decode(kind: str, words: list[int]) -> list:
-    if kind == _INT or not words:
-        return words
-    packed = struct.pack(f"={len(words)}q", *words)
-    if kind == _PAIRS:
-        return list(struct.unpack(f"={2 * len(words)}f", packed))
-    return list(struct.unpack(f"={len(words)}d", packed))
+    """Float words back to floats: their bytes (native order, as the device wrote them) read as float32 pairs or
+    float64 (`kind`: not _INT)."""
+    return memoryview(struct.pack(f"={len(words)}q", *words)).cast(_FORMAT[kind]).tolist()
+
+
+_FORMAT: dict[str, Literal["f", "d"]] = {_PAIRS: "f", _DOUBLE: "d"}  # a float encoding's struct format
