@@ -99,18 +99,20 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
     record["ms"] = {"forward": round(s.forward_ms, 3), "snapshot": round(s.snapshot_ms, 3)}
     record["buffer_length"] = len(s.buffer)
     # the fields of the less usual steps, in this order, only when they apply (no empty dict made for the others)
-    if s.attention is not None:
-        record["attention"] = attention_record(s)
-    if s.attention_off:
-        record["attention_off"] = s.attention_off
+    if s.attention is not None or s.attention_off:
+        if s.attention is not None:
+            record["attention"] = attention_record(s)
+        if s.attention_off:
+            record["attention_off"] = s.attention_off
     if s.source != "session":
         _add_watch_fields(record, s)
-    if s.compiled:
-        record["compile"] = {"compile_ms": s.compile_ms, "recompiles": s.recompiles}
-    if s.uncached:
-        record["uncached"] = True
-    if s.tensor_parallel:
-        record["tensor_parallel"] = s.tensor_parallel
+    if s.compiled or s.uncached or s.tensor_parallel:  # a session's compiled or uncached step, a sharded one
+        if s.compiled:
+            record["compile"] = {"compile_ms": s.compile_ms, "recompiles": s.recompiles}
+        if s.uncached:
+            record["uncached"] = True
+        if s.tensor_parallel:
+            record["tensor_parallel"] = s.tensor_parallel
     if s.token_bytes:  # none for a text all of whose pieces are whole characters
         _add_step_bytes(record, s)
     return record
@@ -233,17 +235,19 @@ def _add_watch_fields(record: dict, s: StepSnapshot) -> None:
     template = _watch_template(*_WATCH_KEY(s))
     record.update(template)  # in the template's order; the values that change per step replaced in place below
     record["cache_length_before"] = s.cache_length_before
+    positions, cache_position = s.requested_positions, s.requested_cache_position
     record["requested"] = {
-        "position_ids": _maybe_list(s.requested_positions),
-        "cache_position": _maybe_list(s.requested_cache_position),
+        "position_ids": None if positions is None else list(positions),
+        "cache_position": None if cache_position is None else list(cache_position),
     }
     record["lineage"] = dict(template["lineage"])  # each record its own (a reader may keep and change it)
-    if s.rows:
-        record["rows"] = [_row_record(r) for r in s.rows]
-    if s.requests is not None:  # a continuous-batching forward: its requests and the paged cache's groups
-        record["requests"] = [_request_record(r) for r in s.requests]
-    if s.paged is not None:
-        record["paged"] = [_paged_record(g) for g in s.paged]
+    if s.rows or s.requests is not None or s.paged is not None:  # a batch's rows, a continuous-batching forward's
+        if s.rows:
+            record["rows"] = [_row_record(r) for r in s.rows]
+        if s.requests is not None:  # its requests and the paged cache's groups
+            record["requests"] = [_request_record(r) for r in s.requests]
+        if s.paged is not None:
+            record["paged"] = [_paged_record(g) for g in s.paged]
 
 
 # ---- values to dicts ----------------------------------------------------------------------------------
@@ -282,10 +286,6 @@ def _layers_as_is(layers: tuple[LayerInfo, ...]) -> list[dict]:
 
 def _plain(value):
     return [_plain(v) for v in value] if isinstance(value, tuple) else value
-
-
-def _maybe_list(values):
-    return None if values is None else list(values)
 
 
 def _layer_record(layer: LayerInfo) -> dict:
