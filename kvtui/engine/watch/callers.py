@@ -49,9 +49,12 @@ def caller_and_generate(skip: tuple[str, ...], start: FrameType | None = None) -
     """The user's line (as caller_line) and the generate() frames between it and here (or `start`, a frame of
     this stack), innermost first. generate() is read from its frame, not wrapped: a wrapper would become the
     caller that its warnings (stacklevel) point at, and the program's stderr would change."""
+    frame: FrameType | None = start if start is not None else sys._getframe(1)
+    user = _USER_CODES.get(frame.f_code) if frame is not None else None
+    if user is not None:  # called from the user's code met before (a hand-written loop): nothing between
+        return f"{user[0]}:{frame.f_lineno}{user[1]}", []  # type: ignore[union-attr]
     frames = []
     library = _LIBRARY_CODES.setdefault(skip, set())
-    frame: FrameType | None = start if start is not None else sys._getframe(1)
     while frame is not None:
         while frame is not None and frame.f_code in library:  # frames met before: two lines each
             if frame.f_code in GENERATE_CODES:

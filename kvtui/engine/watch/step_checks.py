@@ -4,7 +4,6 @@ layers' infos with the sliding eviction they show."""
 
 from __future__ import annotations
 
-from ..reading import introspect
 from ..reading.diagnostics import check_padding_side, check_row_positions
 from ..reading.introspect.held import held_infos, masked_infos
 from ..reading.silent_rules import (
@@ -49,12 +48,11 @@ def check_positions(
     return found
 
 
-def checked_layers(alarms, call, step: int, cache, cache_len: int) -> tuple[tuple[LayerInfo, ...], list]:
-    """The cache's per-layer infos (a compressed cache's with the positions each layer holds), and the sliding
-    eviction they show."""
-    layers: tuple[LayerInfo, ...] = (
-        introspect.layer_infos(cache, call.probe.window) if cache is not None and hasattr(cache, "layers") else ()
-    )
+def checked_layers(
+    alarms, call, step: int, cache, cache_len: int, layers: tuple[LayerInfo, ...]
+) -> tuple[tuple[LayerInfo, ...], list]:
+    """The cache's per-layer infos (`layers`; a compressed cache's with the positions each layer holds), and the
+    sliding eviction they show."""
     track = call.track if cache is call.cache else None
     if track is not None and (track.held is not None or track.masked is not None):
         if track.held is not None:  # a compressed cache: which positions each layer holds, not a prefix

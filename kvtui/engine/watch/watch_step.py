@@ -430,9 +430,14 @@ class StepBuilder:
         fed_ids = self._feed(call, step, rows, turn, applied, masks, found, stale, at)
         alarms = call.track.alarms if call.track is not None else self._no_cache_alarms  # each cache its own
         found += check_positions(alarms, call, step, applied, masks, stale, at)
-        layers, said = checked_layers(alarms, call, step, cache, cache_len)
+        infos, fingerprint = (
+            introspect.infos_and_fingerprint(cache, call.probe.window) if cache is not None else ((), None)
+        )
+        if track is not None:  # (a cache the forward used: it has one)
+            track.fingerprint = fingerprint  # for the next forward's edit check
+        layers, said = checked_layers(alarms, call, step, cache, cache_len, infos)
         found += said
-        recomputed = self._count_waste(call, step, cache, track, forward_ms, found, at)
+        recomputed = self._count_waste(call, step, track, forward_ms, found, at) if call.n > 1 else 0
         top_rows = self._top(call, logits, call.batch)
         buffers = [TokenBuffer(r) for r in rows]
         row_views = self._row_views(call, fed_ids, applied, top_rows, buffers) if call.batch > 1 else None
@@ -576,19 +581,14 @@ class StepBuilder:
         self,
         call: Call,
         step: int,
-        cache,
         track: CacheTrack | None,
         forward_ms: float,
         found: list[Diagnostic],
         at: str,
     ) -> int:
-        """The cache's fingerprint for the next forward's edit check; for a prefill, the tokens it re-encoded
-        that another cache of the same model held (`recomputed-prefix`), added to the watcher's totals.
-        Returns that count."""
-        if track is None:
-            return 0
-        track.fingerprint = introspect.fingerprint(cache)
-        if call.n <= 1 or call.input_ids is None:
+        """For a prefill, the tokens it re-encoded that another cache of the same model held (`recomputed-prefix`),
+        added to the watcher's totals. Returns that count."""
+        if track is None or call.n <= 1 or call.input_ids is None:
             return 0
         watcher = self.watcher
         waste, count, cost = recomputed_prefix(

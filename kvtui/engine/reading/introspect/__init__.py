@@ -32,7 +32,15 @@ from .building import (
     quant_backends,
 )
 from .config import attention_heads, config_window, declares_state
-from .fingerprints import Fingerprint, PendingEdit, changed, check_edits, describe_change, fingerprint
+from .fingerprints import (
+    Fingerprint,
+    PendingEdit,
+    changed,
+    check_edits,
+    describe_change,
+    fingerprint,
+    infos_and_fingerprint,
+)
 from .forward import CACHE_ARGUMENTS, cache_argument, cache_in, forward_accepts, output_cache
 from .infos import layer_infos, static_capacity
 from .layers import dequantized_kv, seq_length
@@ -67,6 +75,7 @@ __all__ = [
     "declares_state",
     "describe_change",
     "fingerprint",
+    "infos_and_fingerprint",
     "forward_accepts",
     "has_linear_layers",
     "hybrid_refusal",

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from ...records.snapshot import fast_init
-from .infos import plain_kv
+from ...records.snapshot import LayerInfo, fast_init
+from .infos import layer_infos, plain_kv, uniform_infos
 from .layers import CountReader, kind_of, layer_counts
 from .transfer import HostReads
 
@@ -96,11 +96,23 @@ def fingerprint(cache) -> Fingerprint:
     return Fingerprint(layers, views, _stack(views))
 
 
-def _plain_fingerprint(layers: list) -> Fingerprint | None:
+def infos_and_fingerprint(cache, window: int | None = None) -> tuple[tuple[LayerInfo, ...], Fingerprint]:
+    """A cache after a forward: its layers' infos (none for a cache without layers) and its fingerprint for the
+    next forward's edit check, its layers' K and V listed once for both when they are plain (most caches)."""
+    if not hasattr(cache, "layers"):
+        return (), fingerprint(cache)
+    layers = list(cache.layers)
+    kv = plain_kv(layers) if layers and not getattr(cache, "offloading", False) else None
+    infos = uniform_infos(layers, kv) if kv is not None else None
+    plain = _plain_fingerprint(layers, kv) if kv is not None else None
+    return (layer_infos(cache, window) if infos is None else infos), (fingerprint(cache) if plain is None else plain)
+
+
+def _plain_fingerprint(layers: list, kv: tuple[list, list] | None = None) -> Fingerprint | None:
     """A cache of plain full-attention layers with one slot count (a dynamic cache): the same Fingerprint, built
     by C-level passes (attrgetter, map, zip), with one stacked copy of every layer's end slots when its tensors
-    keep no write counter."""
-    kv = plain_kv(layers) if layers else None
+    keep no write counter. `kv`: their `plain_kv`, when the caller read it already."""
+    kv = kv if kv is not None else plain_kv(layers) if layers else None
     if kv is None:
         return None
     keys, values = kv

@@ -128,13 +128,12 @@ def plain_kv(layers) -> tuple[list, list] | None:
     return keys, values
 
 
-def uniform_infos(layers) -> tuple[LayerInfo, ...] | None:
+def uniform_infos(layers, kv: tuple[list, list] | None = None) -> tuple[LayerInfo, ...] | None:
     """Every layer's LayerInfo when all are plain full-attention layers on one dtype and device (the same
-    LayerInfos `_plain_info` gives one by one), built by C-level maps; None for any other cache."""
+    LayerInfos `_plain_info` gives one by one), built by C-level maps; None for any other cache. `kv`: their
+    `plain_kv`, when the caller read it already."""
     layers = list(layers)
-    if not layers:
-        return None
-    kv = plain_kv(layers)
+    kv = kv if kv is not None else plain_kv(layers) if layers else None
     if kv is None:
         return None
     keys, values = kv

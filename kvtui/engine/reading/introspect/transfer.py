@@ -56,10 +56,10 @@ class HostReads:
         ends = list(accumulate(map(_NUMEL, words)))
         self._parts = list(zip(map(_KIND, parts), map(_SHAPE, parts), chain((0,), ends), ends))
         devices = set(map(_DEVICE, words))
-        if not words:
-            self._host = []
-        elif len(devices) == 1:
+        if len(devices) == 1:
             self._host = (words[0] if len(words) == 1 else torch.cat(words)).tolist()  # [every word]
+        elif not words:
+            self._host = []
         else:
             host: list[int] = [0] * ends[-1]
             by_device: dict[torch.device, list[int]] = {}
@@ -119,9 +119,8 @@ _NUMEL, _DEVICE = methodcaller("numel"), attrgetter("device")
 def _words(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], torch.Tensor]:
     """A tensor that is not int64 as (encoding, shape, int64 words [m])."""
     flat = tensor.detach().reshape(-1)  # a view when contiguous
-    if tensor.dtype is _FLOAT32:  # the top-k's values (the common float case first)
-        aligned = flat.numel() % 2 == 0 and flat.storage_offset() % 2 == 0 and flat.is_contiguous()
-        if aligned:
+    if tensor.dtype is _FLOAT32:  # the top-k's values (the common float case first): as pairs when aligned
+        if flat.numel() % 2 == 0 and flat.storage_offset() % 2 == 0 and flat.is_contiguous():
             return _PAIRS, tensor.shape, flat.view(torch.int64)  # [numel / 2]: a view, no kernel
     elif not flat.is_floating_point() and not flat.is_complex():
         return _INT, tensor.shape, flat.to(torch.int64)
