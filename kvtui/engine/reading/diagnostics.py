@@ -296,8 +296,9 @@ def request_unasked(alarms: AlarmMemory, cache_position: Sequence[int] | None, c
     both of check_request's states end here and it has nothing to check (a caller that asks first skips passing
     it the rest)."""
     if cache_position is None and capacity is None:
-        alarms.active.pop("ignored-argument", None)
-        alarms.active.pop("cursor-mismatch", None)
+        if alarms.active:  # (most steps: no repeat state is active)
+            alarms.active.pop("ignored-argument", None)
+            alarms.active.pop("cursor-mismatch", None)
         return True
     return False
 

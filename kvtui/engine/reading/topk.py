@@ -104,10 +104,9 @@ def _fast_row(
     probs = list(map(math.exp, logprobs))
     if not all(probs):  # a probability that underflows to 0: the loop drops it
         return None
-    count = len(ids)
-    made = list(map(object.__new__, repeat(TopToken, count)))
+    made = list(map(object.__new__, repeat(TopToken, len(ids))))
     texts = pieces(ids) if pieces else map(piece, ids)
-    columns = (ids, texts, logits, probs, range(1, count + 1))  # setter(token, value) for every field, in C:
+    columns = (ids, texts, logits, probs, range(1, len(ids) + 1))  # setter(token, value) for every field, in C:
     deque(chain.from_iterable(map(map, _TOP_SETTERS, repeat(made), columns)), maxlen=0)
     return tuple(made)
 

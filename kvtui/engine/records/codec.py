@@ -83,7 +83,7 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
         "turn": s.turn,
         "input_ids": list(s.input_ids),
         "positions": list(s.positions),
-        "fed": _token_records(s.buffer[len(s.buffer) - len(s.input_ids) :]),
+        "fed": _token_records(s.buffer.tail(len(s.input_ids))),
         "cursor": s.cursor,
         "cache_seq_length": s.cache_seq_length,
         "capacity": s.capacity,
@@ -95,7 +95,7 @@ def step_record(s: StepSnapshot, objects: bool = False) -> dict:
     }
     # set one by one: CPython builds a display of more than 15 entries an entry at a time (twice the bytecode)
     record["turn_done"] = s.turn_done
-    record["diagnostics"] = [_alarm_record(d) for d in s.diagnostics]  # the step's number is the line's
+    record["diagnostics"] = list(map(_alarm_record, s.diagnostics))  # the step's number is the line's
     record["ms"] = {"forward": round(s.forward_ms, 3), "snapshot": round(s.snapshot_ms, 3)}
     record["buffer_length"] = len(s.buffer)
     # the fields of the less usual steps, in this order, only when they apply (no empty dict made for the others)

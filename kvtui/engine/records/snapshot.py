@@ -165,6 +165,10 @@ class TokenBuffer(Sequence[BufferToken]):
             raise IndexError(index)
         return self._items[index]
 
+    def tail(self, count: int) -> list[BufferToken]:
+        """Its last `count` tokens (a step's fed tokens), as `self[len(self) - count :]` gives them."""
+        return self._items[max(0, self._length - count) : self._length]
+
     def __iter__(self) -> Iterator[BufferToken]:
         items = self._items
         for i in range(self._length):

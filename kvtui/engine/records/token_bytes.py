@@ -63,26 +63,35 @@ def tokenizer_bytes(tokenizer) -> Callable[[dict[int, str]], dict[int, bytes]]:
         getattr(tokenizer, "all_special_ids", None) or ()
     )
 
-    def exact_bytes(token_id: int) -> bytes | None:
+    def byte_level_bytes(token_id: int) -> bytes | None:
+        try:
+            raw = tokenizer.convert_ids_to_tokens(token_id)
+        except Exception:  # noqa: BLE001  an id the tokenizer does not have: its piece is all there is
+            return None
+        if isinstance(raw, str) and BYTE_OF_CHAR.keys() >= set(raw):
+            return bytes(map(BYTE_OF_CHAR.__getitem__, raw))  # char by char, in C
+        return None  # not spelled in the byte table (a token added to the vocab): its piece is its text
+
+    def fallback_bytes(token_id: int) -> bytes | None:
         try:
             raw = tokenizer.convert_ids_to_tokens(token_id)
         except Exception:  # noqa: BLE001  an id the tokenizer does not have: its piece is all there is
             return None
         if not isinstance(raw, str):
             return None
-        if kind == "byte-level":
-            if not BYTE_OF_CHAR.keys() >= set(raw):
-                return None  # not spelled in the byte table (a token added to the vocab): its piece is its text
-            return bytes(map(BYTE_OF_CHAR.__getitem__, raw))  # char by char, in C
         fallback = _FALLBACK_BYTE.fullmatch(raw)
         return bytes([int(fallback.group(1), 16)]) if fallback else raw.replace("\u2581", " ").encode()
 
+    exact_bytes = byte_level_bytes if kind == "byte-level" else fallback_bytes
+
     def inexact(found: dict[int, str]) -> dict[int, bytes]:
-        if kind == "text":
-            return {}
         ids: Iterable[int] = found
         if kind == "byte-level":  # a byte-level piece is its bytes unless they are no whole character (U+FFFD)
-            ids = compress(found, map(str.__contains__, found.values(), repeat("\ufffd")))
+            ids = list(compress(found, map(str.__contains__, found.values(), repeat("\ufffd"))))
+            if not ids:  # (most new tokens)
+                return {}
+        elif kind == "text":
+            return {}
         out = {}
         for token_id in ids:
             exact = None if token_id in added else exact_bytes(token_id)

@@ -96,7 +96,7 @@ def record_line(item) -> bytes:
         return orjson.dumps(item) + b"\n"
     box = item.line
     if not box:
-        box.append(record_line(codec.step_record(item, objects=True)))
+        box.append(orjson.dumps(codec.step_record(item, objects=True)) + b"\n")
     return box[0]
 
 
@@ -146,8 +146,11 @@ class LineWriter:
             self._queue.put(data)
             return
         with self._lock:
-            if self._open:  # a put racing close() on another thread writes nothing rather than fail
-                self._write(data)
+            if self._open and self.error is None:  # a put racing close() on another thread writes nothing
+                try:
+                    _write_through(self._file, data)
+                except Exception as exc:  # noqa: BLE001  said at the next put (or dropped: a viewer gone)
+                    self.error = exc
 
     def _write(self, data: bytes) -> None:
         if self.error is not None:

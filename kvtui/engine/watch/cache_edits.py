@@ -5,6 +5,7 @@ model named): the Watcher's checks between forwards, kept here so the Watcher st
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
 import torch
 
@@ -90,7 +91,7 @@ def edit_found(watcher, call: Call, track: CacheTrack, change: str) -> None:
     )
 
 
-def generate_started(watcher, call: Call, frames: list) -> None:
+def generate_started(watcher, call: Call, frames: Sequence) -> None:
     """The forward runs inside generate(): name a draft model, and at generate's first forward check the
     cache against the whole prompt (generate feeds only the prompt tokens past the cache's length,
     whatever the cache holds)."""

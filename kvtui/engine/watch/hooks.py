@@ -185,8 +185,7 @@ def before_forward(probe: Probe, module, args, kwargs):
         if watcher.gate is not None:  # may hold the program here, or raise (its ctrl+c): nothing pushed yet
             watcher.gate.before_forward(watcher)
         call.started = time.perf_counter()
-    STATE.stack.append(call)
-    return None
+    STATE.stack.append(call)  # (None returned: the forward runs, its result comes to after_forward)
 
 
 def after_forward(probe: Probe, token, output) -> None:

@@ -62,11 +62,11 @@ def _same(seen: tuple, state) -> bool:
 def stage(call: Call) -> None:
     """After the forward, before the step's transfer: the layers whose masked keys changed (set, replaced or
     cleared), their index tensors registered in the step's reads."""
-    probe = call.probe
-    seen_all = probe.masks_seen
-    modules = _live(probe)
+    seen_all = call.probe.masks_seen
+    modules = _live(call.probe)
     if not seen_all and modules is not None and set(map(id, map(_MASKED, map(_OWN_STATE, modules)))) <= _NONE:
         return  # no module carries masked keys, none did (masks_staged stays None): a few lines whatever the layers
+    probe = call.probe
     changed: list[tuple[int, object, tuple | None, tuple[int, ...] | None]] = []
     for index, ref in probe.attention_modules:
         module = ref()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..batching.checks import (
@@ -255,7 +256,7 @@ def _forget_finished(run: PackedRun) -> None:
             del run.buffers[request_id]
 
 
-def _top_per_request(builder, packed: PackedForward, indices: list[int], logits) -> list[tuple[TopToken, ...]]:
+def _top_per_request(builder, packed: PackedForward, indices: Sequence[int], logits) -> list[tuple[TopToken, ...]]:
     """Top-k of each request whose next token this forward samples. Logits come back [1, len(indices), vocab]
     with logits_to_keep (the rows at logits_indices), or [1, total, vocab] without it."""
     empty: list[tuple[TopToken, ...]] = [() for _ in packed.requests]

@@ -352,7 +352,6 @@ class Watcher:
         generating, track = call.generating, call.track
         if call.pending_edit is not None and track is not None:
             change = call.pending_edit.describe(call.reads)
-            call.pending_edit = None
             if change is not None:
                 cache_edits.edit_found(self, call, track, change)
         if call.cache is not None and track is not None:

@@ -29,8 +29,8 @@ def check_positions(
         found += padded
     attended_before = call.real_before if call.real_before is not None else [call.cache_length_before] * call.batch
     because = ""
-    track = call.track
-    if call.expected_start is not None and track is not None and track.held is not None:
+    if call.expected_start is not None and call.track is not None and call.track.held is not None:
+        track = call.track
         # a compressed cache: the kept keys encode where they were fed (or their slots, re-rotated)
         attended_before = [call.expected_start] * call.batch
         because = (
@@ -49,10 +49,10 @@ def check_positions(
 
 
 def checked_layers(
-    alarms, call, step: int, cache, cache_len: int, layers: tuple[LayerInfo, ...]
-) -> tuple[tuple[LayerInfo, ...], list]:
-    """The cache's per-layer infos (`layers`; a compressed cache's with the positions each layer holds), and the
-    sliding eviction they show."""
+    alarms, call, step: int, cache, cache_len: int, layers: tuple[LayerInfo, ...], found: list[Diagnostic]
+) -> tuple[LayerInfo, ...]:
+    """The cache's per-layer infos (`layers`; a compressed cache's with the positions each layer holds); the
+    sliding eviction they show added to `found`."""
     track = call.track if cache is call.cache else None
     if track is not None and (track.held is not None or track.masked is not None):
         if track.held is not None:  # a compressed cache: which positions each layer holds, not a prefix
@@ -61,7 +61,8 @@ def checked_layers(
             layers = masked_infos(layers, track.masked, track.held)
     # the program sizes its own static cache (generate() sizes it exactly): only an overflow is news,
     # and check_request names it before the forward; here only sliding eviction is said
-    return layers, [at_caller(d, call.caller) for d in alarms.check_layers(step, layers, None, cache_len, reserve=1)]
+    found += [at_caller(d, call.caller) for d in alarms.check_layers(step, layers, None, cache_len, reserve=1)]
+    return layers
 
 
 def at_caller(d: Diagnostic, caller: str) -> Diagnostic:

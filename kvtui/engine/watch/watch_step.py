@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
@@ -81,12 +82,12 @@ class Call:
     # a continuous-batching forward (packed_step.py): its reading, its run's lanes, the rows its logits are at
     packed: Any = None  # serving.packed.PackedForward
     packed_run: Any = None  # packed_step.PackedRun
-    logits_indices: list[int] = field(default_factory=list)
+    logits_indices: Sequence[int] = ()  # (a packed forward's: set by packed_step)
     # the step's one transfer (read_call registers the call's tensors, the step its positions and top-k; the
     # alarms that need their values run once it is resolved) and the handles of what it reads
     reads: introspect.HostReads | None = None
     handles: dict[str, int] = field(default_factory=dict)
-    generating: list = field(default_factory=list)  # generate() frames between the caller and the forward
+    generating: Sequence = ()  # generate() frames between the caller and the forward (begin_forward sets them)
     pending_edit: introspect.PendingEdit | None = None  # the cache's in-place edit check, waiting for the transfer
     edits_at: int = 0  # where in `found` that alarm goes (what was said before it stays before it)
     mask_cached: torch.Tensor | None = None  # [batch, cached] columns of a 2-D mask, until `count_attended`
@@ -120,8 +121,8 @@ class Call:
             if "position_ids" in handles:
                 rows = reads.rows(handles["position_ids"])
                 self.requested_positions = rows if len(rows) == self.batch else [rows[0]] * self.batch
-        track = self.track
-        if track is not None:  # the count the next forward's mask continues from (`count_attended`)
+        track = self.track  # the count the next forward's mask continues from (`count_attended`): kept or forgotten
+        if track is not None and (self.mask_new is not None or track.attended is not None):
             track.attended = None
             if self.mask_new is not None and self.real_before is not None and self.mask_length is not None:
                 attended = [before + sum(row) for before, row in zip(self.real_before, self.mask_new)]
@@ -157,45 +158,18 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
     values = {**dict(zip(probe.positional, args)), **kwargs} if args else kwargs
     reads = introspect.HostReads()
     handles: dict[str, int] = {}
-    mask_cached, mask_length, mask_unread = None, None, False  # no mask passed
     input_ids = values.get("input_ids")
-    embeds = values.get("inputs_embeds")
     if isinstance(input_ids, torch.Tensor):
         ids = input_ids if input_ids.dim() == 2 else input_ids.reshape(1, -1)  # [batch, n]
         batch, n = ids.shape
         handles["input_ids"] = reads.add(ids)
-    elif isinstance(embeds, torch.Tensor):
+    elif isinstance(embeds := values.get("inputs_embeds"), torch.Tensor):
         batch, n = embeds.shape[0], embeds.shape[1]
     else:
         batch, n = 1, 0
     cache = introspect.cache_in(values)
     cache_len = introspect.seq_length(cache) if cache is not None else 0
-    if not _SHAPING_ARGUMENTS.isdisjoint(values):  # a mask, cache_position or position_ids (a plain loop: none)
-        mask = values.get("attention_mask")
-        mask_unread = mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2)
-        if mask_unread:  # a 4-D mask (a dict of them per layer type): read as the 2-D mask it was built from
-            mask = _as_2d(mask, cache_len, n)
-            mask_unread = mask is None
-        mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
-        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
-            if mask.shape[0] == 1 < batch:  # one mask for every row (broadcast): each row's own
-                mask = mask.expand(batch, -1)
-            handles["mask_new"] = reads.add(mask[:, mask.shape[-1] - n :])  # [batch, n]
-            if mask.shape[-1] > n:
-                mask_cached = mask[:, : mask.shape[-1] - n]  # [batch, cached]: counted by `count_attended`
-        elif mask_unread:
-            mask_length = cache_len + n  # as long as a 2-D mask of this forward would be
-        cache_position = values.get("cache_position")
-        if isinstance(cache_position, torch.Tensor):
-            handles["cache_position"] = reads.add(cache_position.reshape(-1))
-        position_ids = values.get("position_ids")
-        if isinstance(position_ids, torch.Tensor):
-            if position_ids.dim() == 3:  # multimodal RoPE [3, batch, n]
-                position_ids = position_ids[0]
-            handles["position_ids"] = reads.add(
-                position_ids if position_ids.dim() == 2 else position_ids.reshape(-1, position_ids.shape[-1])
-            )
-    return Call(
+    call = Call(
         probe=probe,
         caller=caller,
         thread=thread,
@@ -204,12 +178,44 @@ def read_call(probe, args, kwargs, caller: str, thread: str | None) -> Call:
         cache=cache,
         cache_length_before=cache_len,
         use_cache=values.get("use_cache"),
-        mask_length=mask_length,
         reads=reads,
         handles=handles,
-        mask_cached=mask_cached,
-        mask_unread=mask_unread,
     )
+    if not _SHAPING_ARGUMENTS.isdisjoint(values):  # a mask, cache_position or position_ids (a plain loop: none)
+        _read_shaping(call, values, reads, handles)
+    return call
+
+
+def _read_shaping(call: Call, values: dict, reads: introspect.HostReads, handles: dict[str, int]) -> None:
+    """A forward's attention mask, cache_position and position_ids: their values registered in its transfer,
+    the mask's length and cached columns kept on the call."""
+    n, batch, cache_len = call.n, call.batch, call.cache_length_before
+    mask_cached = None
+    mask = values.get("attention_mask")
+    mask_unread = mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2)
+    if mask_unread:  # a 4-D mask (a dict of them per layer type): read as the 2-D mask it was built from
+        mask = _as_2d(mask, cache_len, n)
+        mask_unread = mask is None
+    mask_length = mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= n:
+        if mask.shape[0] == 1 < batch:  # one mask for every row (broadcast): each row's own
+            mask = mask.expand(batch, -1)
+        handles["mask_new"] = reads.add(mask[:, mask.shape[-1] - n :])  # [batch, n]
+        if mask.shape[-1] > n:
+            mask_cached = mask[:, : mask.shape[-1] - n]  # [batch, cached]: counted by `count_attended`
+    elif mask_unread:
+        mask_length = cache_len + n  # as long as a 2-D mask of this forward would be
+    cache_position = values.get("cache_position")
+    if isinstance(cache_position, torch.Tensor):
+        handles["cache_position"] = reads.add(cache_position.reshape(-1))
+    position_ids = values.get("position_ids")
+    if isinstance(position_ids, torch.Tensor):
+        if position_ids.dim() == 3:  # multimodal RoPE [3, batch, n]
+            position_ids = position_ids[0]
+        handles["position_ids"] = reads.add(
+            position_ids if position_ids.dim() == 2 else position_ids.reshape(-1, position_ids.shape[-1])
+        )
+    call.mask_length, call.mask_cached, call.mask_unread = mask_length, mask_cached, mask_unread
 
 
 def _as_2d(mask, cached: int, n: int) -> torch.Tensor | None:
@@ -435,25 +441,24 @@ class StepBuilder:
         )
         if track is not None:  # (a cache the forward used: it has one)
             track.fingerprint = fingerprint  # for the next forward's edit check
-        layers, said = checked_layers(alarms, call, step, cache, cache_len, infos)
-        found += said
+        layers = checked_layers(alarms, call, step, cache, cache_len, infos, found)
         recomputed = self._count_waste(call, step, track, forward_ms, found, at) if call.n > 1 else 0
         top_rows = self._top(call, logits, call.batch)
-        buffers = [TokenBuffer(r) for r in rows]
-        row_views = self._row_views(call, fed_ids, applied, top_rows, buffers) if call.batch > 1 else None
+        buffer = TokenBuffer(rows[0]) if rows else TokenBuffer([])  # row 0's: the snapshot's own
+        row_views = self._row_views(call, fed_ids, applied, top_rows, buffer, rows) if call.batch > 1 else None
         seen = None
-        if call.probe.attention is not None and buffers and call.expected_start is None:
+        if call.probe.attention is not None and rows and call.expected_start is None:
             ids = self.specials()[0]
             capture = call.probe.attention
             seen = (
-                capture.finish(call.attention, buffers[0], turn, ids.pad, ids.pad_is_distinct)
+                capture.finish(call.attention, buffer, turn, ids.pad, ids.pad_is_distinct)
                 if call.attention is not None
-                else capture.take(buffers[0], turn, ids.pad, ids.pad_is_distinct)
+                else capture.take(buffer, turn, ids.pad, ids.pad_is_distinct)
             )
             if seen is not None:
                 memory = call.probe.attention.memory.setdefault(track.name if track else "", {})
                 found += check_attention(
-                    step, seen.pads, seen.detail.regions, seen.detail.shares, memory, at, len(buffers[0]) - 1
+                    step, seen.pads, seen.detail.regions, seen.detail.shares, memory, at, len(buffer) - 1
                 )
         requested = call.requested_positions[0] if call.requested_positions else None
         # the fields of less usual steps, only when they apply (a plain step leaves them at their defaults)
@@ -489,7 +494,7 @@ class StepBuilder:
             diagnostics=tuple(found),
             forward_ms=forward_ms,
             snapshot_ms=(time.perf_counter() - snap_started) * 1000,
-            buffer=buffers[0] if buffers else TokenBuffer([]),
+            buffer=buffer,
             cache_length_before=call.cache_length_before,
         )
 
@@ -552,7 +557,7 @@ class StepBuilder:
         """Each row's fed tokens onto its cache row (pads and tokenizer-added ids marked), row 0's checked
         against what it follows (`check_feed`, and drift from a tokenizer's rendering unless the cache is
         stale). Returns the fed ids, [batch][n] (-1 for inputs_embeds)."""
-        ids_info, special = self.specials()
+        ids_info, special = self._specials or self.specials()
         added = self._tokenizer_added(call) if self._adding else ()  # (only encodings that added some are kept)
         fed_ids = []
         for row in range(call.batch):
@@ -624,9 +629,15 @@ class StepBuilder:
 
     @staticmethod
     def _row_views(
-        call: Call, fed_ids: list[list[int]], applied: list[list[int]], top_rows: list[tuple], buffers: list
+        call: Call,
+        fed_ids: list[list[int]],
+        applied: list[list[int]],
+        top_rows: list[tuple],
+        first: TokenBuffer,
+        rows: list[list[BufferToken]],
     ) -> tuple[RowView, ...]:
-        """Every row of a batched forward (the snapshot's own fields are row 0)."""
+        """Every row of a batched forward (the snapshot's own fields are row 0, `first` its buffer)."""
+        buffers = [first, *map(TokenBuffer, rows[1:])]
         return tuple(
             RowView(
                 row=r,

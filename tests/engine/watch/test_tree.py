@@ -5,6 +5,7 @@ trace holds one `process` record per watched process with that process's steps."
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -305,11 +306,18 @@ def _gone(pid: int) -> bool:
     return "\nState:\tZ" in state  # a zombie has ended; only its parent's wait is missing
 
 
+READY = "ready {} {}\n"  # a rank's pid and its launcher's
+
+
 @PLUMBING
 def test_a_killed_viewer_leaves_no_rank_behind(tmp_path, llama_dir, tp_loop_with):
     program = tmp_path / "forever.py"
     program.write_text(
-        tp_loop_with("print('ready', os.getpid(), os.getppid(), flush=True)\nNEW_TOKENS = 10**9", "out_ids = []")
+        # one write per line: under torchrun a rank's stdout is unbuffered (`python -u`), where print() writes each
+        # piece apart, and two ranks' pieces can interleave into lines that never name all three processes
+        tp_loop_with(
+            f"os.write(1, {READY!r}.format(os.getpid(), os.getppid()).encode())\nNEW_TOKENS = 10**9", "out_ids = []"
+        )
     )
     viewer = subprocess.Popen(
         [sys.executable, "-m", "kvtui.cli", "watch", "--headless", "--", *torchrun(program, llama_dir)],
@@ -318,13 +326,21 @@ def test_a_killed_viewer_leaves_no_rank_behind(tmp_path, llama_dir, tp_loop_with
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        start_new_session=True,  # its group: what is left of the tree if the ranks never say they are ready
     )
     pids = set()
-    for line in viewer.stdout:
-        if line.startswith("ready"):
-            pids.update(int(p) for p in line.split()[1:])
-        if len(pids) == 3:  # two ranks and their launcher
-            break
+    # the ranks never end by themselves: a test that waits for them ends, its tree killed
+    watchdog = threading.Timer(300, os.killpg, (viewer.pid, signal.SIGKILL))
+    watchdog.start()
+    try:
+        for line in viewer.stdout:
+            if line.startswith("ready"):
+                pids.update(int(p) for p in line.split()[1:])
+            if len(pids) == 3:  # two ranks and their launcher
+                break
+    finally:
+        watchdog.cancel()
+    assert len(pids) == 3, f"the two ranks did not both say they were ready within 300 s: {pids}"
     time.sleep(1.0)  # both ranks are past their first forwards: watched and connected
     viewer.kill()
     viewer.wait()

@@ -120,14 +120,12 @@ def _plain_fingerprint(layers: list, kv: tuple[list, list] | None = None) -> Fin
     if len(slots) != 1:
         return None
     filled = slots.pop()
-    count = len(layers)
-    views: list = []
+    views: list
     if any(map(_IS_INFERENCE, keys)) or any(map(_IS_INFERENCE, values)):
-        versions = None
-        if filled > 0:  # slots 0 and filled-1 of every K, then of every V (views, no copy)
-            views = list(zip(chain(range(count), range(count)), _end_slots(keys, values, filled)))
+        versions = None  # slots 0 and filled-1 of every K, then of every V (views, no copy); none of an empty cache
+        views = list(zip(chain(range(len(keys)), range(len(keys))), _end_slots(keys, values, filled))) if filled else []
     else:  # autograd's counters of in-place writes: free to read
-        versions = (list(map(_VERSION, keys)), list(map(_VERSION, values)))
+        versions, views = (list(map(_VERSION, keys)), list(map(_VERSION, values))), []
     entries = list(zip(layers, keys, values, repeat(None), zip(*versions) if versions else repeat(None)))
     return Fingerprint(entries, views, _stack(views), ([*layers, *keys, *values], versions))
 
@@ -140,8 +138,8 @@ def _end_slots(keys: list, values: list, filled: int):
     shapes, strides = set(map(_SHAPE, tensors)), set(map(_STRIDE, tensors))
     if len(shapes) == 1 and len(strides) == 1:
         (batch, heads, _, width), (s0, s1, s2, s3) = shapes.pop(), strides.pop()
-        step = max(1, filled - 1)  # the index below: slice(0, filled, step) takes 1 slot (filled 1) or 2
-        size, stride = (batch, heads, 1 if filled == 1 else 2, width), (s0, s1, s2 * step, s3)
+        # the index below: slice(0, filled, max(1, filled - 1)) takes 1 slot (filled 1) or 2
+        size, stride = (batch, heads, 1 if filled == 1 else 2, width), (s0, s1, s2 * max(1, filled - 1), s3)
         return map(_AS_STRIDED, tensors, repeat(size), repeat(stride))
     ends = (slice(None), slice(None), slice(0, filled, max(1, filled - 1)))
     return map(getitem, tensors, repeat(ends))
@@ -156,11 +154,10 @@ def _plain_same(plain: tuple, layers: list) -> bool:
         return False
     if len(now) != len(held) or not all(map(is_, now, held)):
         return False
+    if versions is None:  # inference tensors: their values are compared in the step's transfer
+        return True
     count = len(layers)
-    return (
-        versions is None
-        or (list(map(_VERSION, now[count : 2 * count])), list(map(_VERSION, now[2 * count :]))) == versions
-    )
+    return (list(map(_VERSION, now[count : 2 * count])), list(map(_VERSION, now[2 * count :]))) == versions
 
 
 def _stack(views: list) -> list:

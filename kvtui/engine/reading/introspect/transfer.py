@@ -30,11 +30,12 @@ _FLOAT32 = torch.float32
 class HostReads:
     """Tensors to bring to the host at once (`add`), then their values (`resolve`, `flat`, `rows`)."""
 
+    _host: list[int] | None = None  # every word, in the order added, once resolved
+
     def __init__(self):
         # (encoding, shape, its int64 words [m] on its tensor's device) per handle; once resolved, (encoding,
         # shape, first word, end) per handle
         self._parts: list[tuple] = []
-        self._host: list[int] | None = None  # every word, in the order added, once resolved
 
     def __len__(self) -> int:
         return len(self._parts)
