@@ -317,9 +317,8 @@ class Watcher:
             caller, thread = (
                 (line, None) if threading.current_thread() is threading.main_thread() else thread_caller(line)
             )
-            if "cu_seq_lens_q" in kwargs and is_packed_forward(
-                kwargs
-            ):  # continuous batching: read per request (packed_step.py)
+            # continuous batching, read per request (packed_step.py): its own keyword asked first, a dict lookup
+            if "cu_seq_lens_q" in kwargs and is_packed_forward(kwargs):
                 return self.packed.begin(self, probe, kwargs, cache_argument(kwargs), caller, thread)
             call = read_call(probe, args, kwargs, caller, thread)
             call.generating = generating
@@ -413,9 +412,8 @@ class Watcher:
                 self.builder.use(call.probe)
                 snapshot = build_packed(self.builder, call, self.steps, track, logits, forward_ms, snap_started)
             else:
-                if (
-                    call.use_cache is not True and call.cache is not None and call.track is not None
-                ):  # (passed True: wrote)
+                # a forward handed a cache with use_cache off (passed True: it wrote, as asked)
+                if call.use_cache is not True and call.cache is not None and call.track is not None:
                     call.found += written_without_use_cache(call, self.steps)
                 if call.capturing or (track is not None and track.held is not None):
                     call.found += evictions.after_forward(self, call, track, cache, self.steps)

@@ -394,13 +394,15 @@ class StepBuilder:
             return
         if call.applied is not None:
             positions = call.applied
-            if positions.dim() != 2 or positions.shape[-1] != call.n:  # else already [batch, n]
+            # [batch, n] as most models pass them; else made so (the rows past the call's batch are never read)
+            if positions.dim() != 2 or positions.shape[-1] != call.n or positions.shape[0] > call.batch:
                 if positions.dim() == 3:  # multimodal RoPE: [3, batch, n], the text axis first
                     positions = positions[0]
-                positions = positions.reshape(-1, positions.shape[-1])[:, -call.n :] if call.n else positions
+                positions = positions.reshape(-1, positions.shape[-1])[: call.batch]  # [batch or 1, m]
+                positions = positions[:, -call.n :] if call.n else positions
             call.handles["applied"] = reads.add(positions)
         if logits is not None and logits.dim() == 3:
-            scores = logits[:, -1]  # [batch, vocab]
+            scores = logits[: call.batch, -1]  # [batch, vocab] (rows past the call's batch are never read)
             if scores.dtype != torch.float32:  # converted once: a copy, not the program's tensor
                 scores = scores.float()
                 if scores.shape[0] == 1:  # verify keeps it (of a batch, only row 0: copied after the forward)
