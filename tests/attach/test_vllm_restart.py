@@ -52,6 +52,20 @@ async def wait_until(condition, timeout: float, what: str) -> None:
         await asyncio.sleep(0.2)
 
 
+async def steady(read, seconds: float, timeout: float, what: str):
+    """`read()` once it has not changed for `seconds` (events still arriving, or a clear not yet caught up with,
+    would make a count read at once a moment's)."""
+    deadline = time.monotonic() + timeout
+    last, since = read(), time.monotonic()
+    while time.monotonic() - since < seconds:
+        assert time.monotonic() < deadline, f"{what} kept changing for {timeout} s (last {last})"
+        await asyncio.sleep(0.2)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def status_text(app: KvtuiApp) -> str:
     return str(app.query_one("#status #status-text").content)
 
@@ -90,7 +104,7 @@ async def test_a_killed_server_restarted_on_the_same_ports_is_followed(vllm_spar
                 await asyncio.sleep(3)  # both subscriptions reach the publisher
                 await asyncio.to_thread(server.chat, FIRST, "When is the bread ready?")
                 await wait_until(lambda: (c := counts()) is not None and c.held >= 2, 60, "the first server's blocks")
-                held_before = counts().held
+                held_before = await steady(lambda: (c := counts()) and c.held, 2.0, 60, "the held blocks")
 
                 os.killpg(server.process.pid, signal.SIGKILL)  # the API server and its engine: a crash
                 server.process.wait()
