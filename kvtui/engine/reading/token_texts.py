@@ -9,7 +9,7 @@ from functools import partial
 from itertools import compress
 from operator import is_, le
 
-from ..records.token_bytes import hex_bytes, tokenizer_bytes
+from ..records.token_bytes import hex_bytes, raw_token, tokenizer_bytes
 from .diagnostics import token_text
 
 _is_none = partial(is_, None)
@@ -135,11 +135,5 @@ def tokenizer_texts(tokenizer) -> TokenTexts:
                 out[token_id] = f"#{token_id}"
         return out
 
-    def raw(token_id: int) -> str | None:
-        try:
-            found = tokenizer.convert_ids_to_tokens(token_id) if tokenizer is not None else None
-        except Exception:  # noqa: BLE001  a tokenizer without this id's token: shown by its piece
-            return None
-        return found if isinstance(found, str) else None
-
+    raw = partial(raw_token, tokenizer) if tokenizer is not None else None  # an id without one: shown by its piece
     return TokenTexts(resolve, raw=raw, lazy=True, bytes_of=tokenizer_bytes(tokenizer))

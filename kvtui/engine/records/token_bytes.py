@@ -53,6 +53,15 @@ def decoder_kind(tokenizer) -> str:
     return "text"
 
 
+def raw_token(tokenizer, token_id: int) -> str | None:
+    """The vocab's own spelling of a token (`convert_ids_to_tokens`), None for an id the tokenizer does not have."""
+    try:
+        found = tokenizer.convert_ids_to_tokens(token_id)
+    except Exception:  # noqa: BLE001  a tokenizer without this id's token
+        return None
+    return found if isinstance(found, str) else None
+
+
 def tokenizer_bytes(tokenizer) -> Callable[[dict[int, str]], dict[int, bytes]]:
     """`inexact(found)`: of the ids just decoded (`{id: piece}`), those whose piece is not their bytes, with their
     bytes (special and added tokens: their text, never listed). Called once per batch of new ids (TokenTexts
@@ -64,20 +73,14 @@ def tokenizer_bytes(tokenizer) -> Callable[[dict[int, str]], dict[int, bytes]]:
     )
 
     def byte_level_bytes(token_id: int) -> bytes | None:
-        try:
-            raw = tokenizer.convert_ids_to_tokens(token_id)
-        except Exception:  # noqa: BLE001  an id the tokenizer does not have: its piece is all there is
-            return None
-        if isinstance(raw, str) and BYTE_OF_CHAR.keys() >= set(raw):
+        raw = raw_token(tokenizer, token_id)
+        if raw is not None and BYTE_OF_CHAR.keys() >= set(raw):
             return bytes(map(BYTE_OF_CHAR.__getitem__, raw))  # char by char, in C
-        return None  # not spelled in the byte table (a token added to the vocab): its piece is its text
+        return None  # no such token, or not spelled in the byte table (added to the vocab): its piece is its text
 
     def fallback_bytes(token_id: int) -> bytes | None:
-        try:
-            raw = tokenizer.convert_ids_to_tokens(token_id)
-        except Exception:  # noqa: BLE001  an id the tokenizer does not have: its piece is all there is
-            return None
-        if not isinstance(raw, str):
+        raw = raw_token(tokenizer, token_id)
+        if raw is None:  # an id the tokenizer does not have: its piece is all there is
             return None
         fallback = _FALLBACK_BYTE.fullmatch(raw)
         return bytes([int(fallback.group(1), 16)]) if fallback else raw.replace("\u2581", " ").encode()

@@ -146,11 +146,8 @@ class LineWriter:
             self._queue.put(data)
             return
         with self._lock:
-            if self._open and self.error is None:  # a put racing close() on another thread writes nothing
-                try:
-                    _write_through(self._file, data)
-                except Exception as exc:  # noqa: BLE001  said at the next put (or dropped: a viewer gone)
-                    self.error = exc
+            if self._open:  # a put racing close() on another thread writes nothing rather than fail
+                self._write(data)
 
     def _write(self, data: bytes) -> None:
         if self.error is not None:

@@ -559,7 +559,7 @@ class StepBuilder:
         """Each row's fed tokens onto its cache row (pads and tokenizer-added ids marked), row 0's checked
         against what it follows (`check_feed`, and drift from a tokenizer's rendering unless the cache is
         stale). Returns the fed ids, [batch][n] (-1 for inputs_embeds)."""
-        ids_info, special = self._specials or self.specials()
+        ids_info, special = self.specials()
         added = self._tokenizer_added(call) if self._adding else ()  # (only encodings that added some are kept)
         fed_ids = []
         for row in range(call.batch):
